@@ -1,0 +1,454 @@
+/* main.c — the `tfuse` command. A client of include/tfuse.h and nothing
+ * else, like any host program: what the CLI can do, the API can do.
+ *
+ *   tfuse print FILE       parse, verify, print the canonical module
+ *   tfuse opt FILE         run passes, print the result
+ *   tfuse compile FILE     the full pipeline; --stats, --dump-ir, -o
+ *   tfuse run FILE         inference on .npy inputs, .safetensors params
+ *   tfuse train / bench    arrive with later work; they say so
+ *
+ * Exit codes: 0 success, 1 an error in the input or while running, 2 bad
+ * command-line usage. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tfuse.h"
+
+enum { MAX_ITEMS = 256 };
+
+typedef struct kv { const char *key, *val; } kv;
+
+typedef struct args {
+    const char *cmd, *file;
+    tf_dim_override dims[MAX_ITEMS];
+    size_t ndims;
+    uint64_t seed;
+    tf_mode mode;
+    bool mode_set;
+    tf_target target;
+    const char *passes, *dump_ir, *dump_dir, *out, *params;
+    bool stats, random_inputs, help;
+    kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
+    size_t ninputs, noutputs;
+} args;
+
+static void usage_cmd(const char *cmd, FILE *f);
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "tfuse: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see 'tfuse %s --help')\n", cmd ? cmd : "");
+    return 2;
+}
+
+/* "--name=value" or "--name value": the value, or NULL if the flag differs. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name)
+{
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] == 0 && *i + 1 < argc) return argv[++*i];
+    return NULL;
+}
+
+static bool split_kv(const char *s, kv *out)
+{
+    const char *eq = strchr(s, '=');
+    if (!eq || eq == s || !eq[1]) return false;
+    char *key = strndup(s, (size_t)(eq - s));
+    if (!key) return false;
+    out->key = key;
+    out->val = eq + 1;
+    return true;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!*s || *s == '-') return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+static void free_args(args *a)
+{
+    for (size_t i = 0; i < a->ndims; i++) free((char *)a->dims[i].name);
+    for (size_t i = 0; i < a->ninputs; i++) free((char *)a->inputs[i].key);
+    for (size_t i = 0; i < a->noutputs; i++) free((char *)a->outputs[i].key);
+}
+
+static int parse_args(int argc, char **argv, args *a)
+{
+    const char *cmd = a->cmd;
+    for (int i = 2; i < argc; i++) {
+        const char *s = argv[i], *v;
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) { a->help = true; continue; }
+        if ((v = flag_value(argc, argv, &i, "--dim"))) {
+            kv p;
+            uint64_t n;
+            if (a->ndims == MAX_ITEMS) return usage_error(cmd, "too many --dim flags%s", "");
+            if (!split_kv(v, &p)) return usage_error(cmd, "--dim expects NAME=VALUE, found '%s'", v);
+            if (!parse_u64(p.val, &n) || n < 1 || n > ((uint64_t)1 << 40)) {
+                free((char *)p.key);
+                return usage_error(cmd, "--dim value must be an integer in [1, 2^40], found '%s'", v);
+            }
+            a->dims[a->ndims++] = (tf_dim_override){p.key, (int64_t)n};
+        } else if ((v = flag_value(argc, argv, &i, "--seed"))) {
+            if (!parse_u64(v, &a->seed)) return usage_error(cmd, "--seed expects a non-negative integer, found '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--mode"))) {
+            if (!strcmp(v, "train")) a->mode = TF_MODE_TRAIN;
+            else if (!strcmp(v, "infer")) a->mode = TF_MODE_INFER;
+            else return usage_error(cmd, "--mode expects train or infer, found '%s'", v);
+            a->mode_set = true;
+        } else if ((v = flag_value(argc, argv, &i, "--target"))) {
+            if (!strcmp(v, "interp")) a->target = TF_TARGET_INTERP;
+            else if (!strcmp(v, "cpu")) a->target = TF_TARGET_CPU;
+            else if (!strcmp(v, "cuda")) a->target = TF_TARGET_CUDA;
+            else return usage_error(cmd, "--target expects interp, cpu or cuda, found '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--passes"))) {
+            a->passes = v;
+        } else if ((v = flag_value(argc, argv, &i, "--dump-ir"))) {
+            a->dump_ir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
+            a->dump_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--params"))) {
+            a->params = v;
+        } else if ((v = flag_value(argc, argv, &i, "--input")) || (v = flag_value(argc, argv, &i, "--output"))) {
+            bool in = !strncmp(s, "--input", 7);
+            kv *list = in ? a->inputs : a->outputs;
+            size_t *n = in ? &a->ninputs : &a->noutputs;
+            if (*n == MAX_ITEMS) return usage_error(cmd, "too many --input/--output flags%s", "");
+            if (!split_kv(v, &list[*n])) return usage_error(cmd, "expected NAME=FILE.npy, found '%s'", v);
+            (*n)++;
+        } else if (!strcmp(s, "-o") && i + 1 < argc) {
+            a->out = argv[++i];
+        } else if (!strcmp(s, "--stats")) {
+            a->stats = true;
+        } else if (!strcmp(s, "--random-inputs")) {
+            a->random_inputs = true;
+        } else if (s[0] == '-' && s[1]) {
+            return usage_error(cmd, "unknown or incomplete option '%s'", s);
+        } else if (!a->file) {
+            a->file = s;
+        } else {
+            return usage_error(cmd, "more than one model file given ('%s')", s);
+        }
+    }
+    if (!a->help && !a->file) return usage_error(cmd, "no model file given%s", "");
+    return 0;
+}
+
+static int fail(tf_context_t *ctx)
+{
+    fprintf(stderr, "%s\n", tf_context_last_error(ctx));
+    return 1;
+}
+
+static tf_model_t *load_model(tf_context_t *ctx, const args *a)
+{
+    tf_model_t *m = NULL;
+    if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m)) return NULL;
+    return m;
+}
+
+static int cmd_print(tf_context_t *ctx, const args *a)
+{
+    tf_model_t *m = load_model(ctx, a);
+    char *text = NULL;
+    if (!m || tf_model_print(ctx, m, &text)) {
+        tf_model_free(m);
+        return fail(ctx);
+    }
+    fputs(text, stdout);
+    free(text);
+    tf_model_free(m);
+    return 0;
+}
+
+static int cmd_opt(tf_context_t *ctx, const args *a)
+{
+    tf_model_t *m = load_model(ctx, a);
+    char *text = NULL;
+    if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", a->mode) || tf_model_print(ctx, m, &text)) {
+        tf_model_free(m);
+        return fail(ctx);
+    }
+    fputs(text, stdout);
+    free(text);
+    tf_model_free(m);
+    return 0;
+}
+
+static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
+{
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = a->mode;
+    o.target = a->target;
+    o.dump_ir = a->dump_ir;
+    o.dump_dir = a->dump_dir;
+    tf_program_t *p = NULL;
+    if (tf_program_compile(ctx, m, &o, &p)) return NULL;
+    return p;
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "%s: error: cannot write: %s\n", path, strerror(errno));
+        if (f) fclose(f);
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_compile(tf_context_t *ctx, const args *a)
+{
+    tf_model_t *m = load_model(ctx, a);
+    if (!m) return fail(ctx);
+    tf_program_t *p = compile(ctx, m, a);
+    int rc = 0;
+    if (!p) rc = fail(ctx);
+    if (!rc && a->stats)
+        for (size_t i = 0; i < tf_program_stat_count(p); i++) {
+            const char *name;
+            int64_t v;
+            tf_program_stat(p, i, &name, &v);
+            printf("%s: %" PRId64 "\n", name, v);
+        }
+    if (!rc && a->out) {
+        char *text = NULL;
+        if (tf_program_print(ctx, p, &text)) rc = fail(ctx);
+        else rc = write_file(a->out, text);
+        free(text);
+    }
+    tf_program_free(p);
+    tf_model_free(m);
+    return rc;
+}
+
+/* ---- run ---- */
+
+static void print_tensor(const char *name, const tf_tensor_view *t)
+{
+    int64_t n = 1;
+    printf("%s : %s[", name, tf_dtype_str(t->dtype));
+    for (int i = 0; i < t->rank; i++) {
+        printf("%s%" PRId64, i ? ", " : "", t->shape[i]);
+        n *= t->shape[i];
+    }
+    printf("] =");
+    int64_t show = n <= 64 ? n : 8;
+    for (int64_t i = 0; i < show; i++) {
+        switch (t->dtype) {
+        case TF_DTYPE_F32: printf(" %.7g", (double)((const float *)t->data)[i]); break;
+        case TF_DTYPE_F64: printf(" %.10g", ((const double *)t->data)[i]); break;
+        case TF_DTYPE_I64: printf(" %" PRId64, ((const int64_t *)t->data)[i]); break;
+        case TF_DTYPE_I32: printf(" %" PRId32, ((const int32_t *)t->data)[i]); break;
+        case TF_DTYPE_BOOL: printf(" %s", ((const unsigned char *)t->data)[i] ? "true" : "false"); break;
+        default: printf(" 0x%04x", ((const uint16_t *)t->data)[i]); break;   /* f16/bf16 bits */
+        }
+    }
+    if (show < n) printf(" ... (%" PRId64 " values; write them with --output %s=FILE.npy)", n, name);
+    printf("\n");
+}
+
+/* Deterministic inputs for trying a model: floats ~ N(0, 1); integers uniform
+ * in [0, bound) where a use (labels, ids) gives a bound, else {0, 1}. */
+static void *random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dtype dt, const int64_t *shape, int rank)
+{
+    int64_t n = 1, bound = 0;
+    for (int k = 0; k < rank; k++) n *= shape[k];
+    tf_program_input_bound(p, i, &bound);
+    if (bound <= 0) bound = 2;
+    void *data = malloc((size_t)n * (size_t)tf_dtype_size(dt) + 1);
+    if (!data) return NULL;
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + i + 1;
+    for (int64_t k = 0; k < n; k++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        double u = (double)(s >> 11) / 9007199254740992.0;
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        double u2 = (double)(s >> 11) / 9007199254740992.0;
+        double g = sqrt(-2 * log(u > 1e-300 ? u : 1e-300)) * cos(6.283185307179586 * u2);
+        switch (dt) {
+        case TF_DTYPE_F32: ((float *)data)[k] = (float)g; break;
+        case TF_DTYPE_F64: ((double *)data)[k] = g; break;
+        case TF_DTYPE_I64: ((int64_t *)data)[k] = (int64_t)(u * (double)bound); break;
+        case TF_DTYPE_I32: ((int32_t *)data)[k] = (int32_t)(u * (double)bound); break;
+        case TF_DTYPE_BOOL: ((unsigned char *)data)[k] = u < 0.5; break;
+        default: ((uint16_t *)data)[k] = 0; break;
+        }
+    }
+    return data;
+}
+
+static int cmd_run(tf_context_t *ctx, args *a)
+{
+    if (a->mode_set && a->mode != TF_MODE_INFER)
+        return usage_error("run", "run is inference; training is 'tfuse train'%s", "");
+    a->mode = TF_MODE_INFER;
+    tf_model_t *m = load_model(ctx, a);
+    if (!m) return fail(ctx);
+    tf_program_t *p = compile(ctx, m, a);
+    tf_session_t *s = NULL;
+    tf_array_t *arrays[MAX_ITEMS] = {0};
+    void *randoms[MAX_ITEMS] = {0};
+    int rc = 0;
+    if (!p || tf_session_create(ctx, p, a->target, a->seed, &s)) rc = fail(ctx);
+    if (!rc && a->params && tf_session_load_state(s, a->params)) rc = fail(ctx);
+    for (size_t i = 0; !rc && i < a->ninputs; i++) {
+        tf_tensor_view v;
+        if (tf_array_load_npy(ctx, a->inputs[i].val, &arrays[i])) { rc = fail(ctx); break; }
+        tf_array_view(arrays[i], &v);
+        if (tf_session_bind(s, a->inputs[i].key, v.dtype, v.shape, v.rank, v.data)) {
+            fprintf(stderr, "%s: %s\n", a->inputs[i].val, tf_context_last_error(ctx));
+            rc = 1;
+        }
+    }
+    size_t nin = p ? tf_program_io_count(p, TF_IO_INPUT) : 0;
+    for (size_t i = 0; !rc && i < nin && i < MAX_ITEMS; i++) {
+        const char *name;
+        tf_dtype dt;
+        int rank;
+        int64_t shape[8];
+        tf_program_io(p, TF_IO_INPUT, i, &name, &dt, &rank, shape);
+        bool given = false;
+        for (size_t k = 0; k < a->ninputs; k++) given |= !strcmp(a->inputs[k].key, name);
+        if (given) continue;
+        if (!a->random_inputs) {
+            fprintf(stderr, "tfuse: error: input '%s' (%s) has no data: pass --input %s=FILE.npy, or --random-inputs\n",
+                    name, tf_dtype_str(dt), name);
+            rc = 1;
+            break;
+        }
+        if (dt == TF_DTYPE_F16 || dt == TF_DTYPE_BF16) {
+            fprintf(stderr, "tfuse: error: --random-inputs does not fill %s input '%s'\n", tf_dtype_str(dt), name);
+            rc = 1;
+            break;
+        }
+        if (!(randoms[i] = random_input(p, i, a->seed, dt, shape, rank))) {
+            fprintf(stderr, "tfuse: error: out of memory\n");
+            rc = 1;
+        } else if (tf_session_bind(s, name, dt, shape, rank, randoms[i])) {
+            rc = fail(ctx);
+        }
+    }
+    if (!rc && tf_session_run(s)) rc = fail(ctx);
+    for (size_t i = 0; !rc && i < a->noutputs; i++) {
+        tf_tensor_view v;
+        if (tf_session_output(s, a->outputs[i].key, &v) || tf_array_save_npy(ctx, a->outputs[i].val, &v)) rc = fail(ctx);
+    }
+    if (!rc && a->noutputs == 0)
+        for (size_t i = 0; i < tf_program_io_count(p, TF_IO_OUTPUT); i++) {
+            const char *name;
+            tf_tensor_view v;
+            tf_program_io(p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
+            tf_session_output(s, name, &v);
+            print_tensor(name, &v);
+        }
+    for (size_t i = 0; i < MAX_ITEMS; i++) {
+        tf_array_free(arrays[i]);
+        free(randoms[i]);
+    }
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_model_free(m);
+    return rc;
+}
+
+static const struct {
+    const char *name, *synopsis, *help;
+} commands[] = {
+    {"print", "FILE [--dim K=V]",
+     "Parse and verify a model, then print its canonical text (every value typed)."},
+    {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--dim K=V]",
+     "Run passes (default: lower) and print the module. Passes: lower."},
+    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--dim K=V] [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
+     "Run the full pipeline. --stats prints key: value lines (ops, kernels, params, peak_bytes, ...);\n"
+     "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); -o writes the compiled IR."},
+    {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...] [--seed N] [--target=...]",
+     "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
+     "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
+    {"train", "FILE --data NAME=FILE.npy,... [--steps N]", "Not available yet: training arrives with autodiff and the optimizers."},
+    {"bench", "FILE [--mode=train|infer] [--target] [--iters N]", "Not available yet: benchmarking arrives with the CPU backend."},
+};
+
+static void usage_cmd(const char *cmd, FILE *f)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(commands[i].name, cmd)) {
+            fprintf(f, "usage: tfuse %s %s\n\n%s\n\nEvery command also takes --dim K=V (repeatable), --seed N and --help.\n",
+                    cmd, commands[i].synopsis, commands[i].help);
+            return;
+        }
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "tfuse %s — a graph compiler and kernel fuser for training and inference\n\nusage:\n", TFUSE_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  tfuse %-8s %s\n", commands[i].name, commands[i].synopsis);
+    fprintf(f, "\n'tfuse COMMAND --help' describes one command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("tfuse %s\n", TFUSE_VERSION);
+        return 0;
+    }
+    bool known = false;
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) known |= !strcmp(commands[i].name, cmd);
+    if (!known) {
+        fprintf(stderr, "tfuse: error: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    args a = {.cmd = cmd, .mode = TF_MODE_TRAIN};
+    int rc = parse_args(argc, argv, &a);
+    if (rc || a.help) {
+        if (a.help) usage_cmd(cmd, stdout);
+        free_args(&a);
+        return rc;
+    }
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "bench")) {
+        fprintf(stderr, "tfuse %s: not available yet: %s\n", cmd,
+                !strcmp(cmd, "train") ? "training arrives with autodiff and the optimizers (use 'tfuse run' for inference)"
+                                      : "benchmarking arrives with the CPU backend (use 'tfuse compile --stats' for counts)");
+        free_args(&a);
+        return 1;
+    }
+    tf_context_t *ctx;
+    if (tf_context_create(&ctx)) {
+        fprintf(stderr, "tfuse: error: out of memory\n");
+        free_args(&a);
+        return 1;
+    }
+    if (!strcmp(cmd, "print")) rc = cmd_print(ctx, &a);
+    else if (!strcmp(cmd, "opt")) rc = cmd_opt(ctx, &a);
+    else if (!strcmp(cmd, "compile")) rc = cmd_compile(ctx, &a);
+    else rc = cmd_run(ctx, &a);
+    tf_context_free(ctx);
+    free_args(&a);
+    return rc;
+}

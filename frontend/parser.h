@@ -1,0 +1,21 @@
+/* parser.h — text format -> tf_module.
+ *
+ * tf_parse reads a whole module, then verifies it (types, shapes, SSA), so a
+ * module it returns is well-formed. `dims` override `dim` declarations by
+ * name before any shape is computed; naming a dim the module lacks is an
+ * error. The first error is reported as "file:line:col: error: ...". */
+#ifndef TF_FRONTEND_PARSER_H
+#define TF_FRONTEND_PARSER_H
+
+#include "ir.h"
+
+typedef struct tf_dim_set { const char *name; int64_t value; } tf_dim_set;
+
+/* Largest source accepted: a model description is text a person writes or a
+ * dump; beyond this it is not one. */
+#define TF_MAX_SOURCE_BYTES ((size_t)64 << 20)
+
+tf_ir_status tf_parse(const char *file, const char *src, size_t len, const tf_dim_set *dims, int ndims,
+                      tf_module **out, tf_diag *d);
+
+#endif

@@ -1,0 +1,160 @@
+/* tfuse.h — the public C API of libtfuse, the only header a host program includes.
+ *
+ * tfuse compiles a model written in its text format (see README.md) and runs
+ * it on a target: `interp` (the float64 reference interpreter), `cpu`
+ * (LLVM JIT + OpenBLAS) or `cuda` (NVRTC + cuBLASLt/cuDNN). The objects:
+ *
+ *   tf_context_t   error state and settings; one per thread of use
+ *   tf_model_t     a parsed, verified module (the IR)
+ *   tf_program_t   a compiled model: passes run, plan made, stats known
+ *   tf_session_t   a program on a target: state (params, buffers) + bindings
+ *   tf_array_t     a host tensor owned by tfuse (loaded .npy, say)
+ *
+ * Ownership is explicit: every *_create/_parse/_compile/_load has one *_free;
+ * a child holds no reference on its parent, so free children first. Every
+ * call returns tf_status; on failure tf_context_last_error() says why (for
+ * bad input, as "file:line:col: error: ..."). Nothing here exits or aborts.
+ *
+ *   tf_context_t *ctx; tf_model_t *m; tf_program_t *p; tf_session_t *s;
+ *   tf_context_create(&ctx);
+ *   if (tf_model_parse_file(ctx, "mlp.ir", NULL, 0, &m)) { puts(tf_context_last_error(ctx)); ... }
+ *   tf_compile_options o; tf_compile_options_init(&o); o.mode = TF_MODE_INFER;
+ *   tf_program_compile(ctx, m, &o, &p);
+ *   tf_session_create(ctx, p, TF_TARGET_INTERP, 42, &s);
+ *   int64_t shape[2] = {64, 784};
+ *   tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x_data);   // no copy: x_data must outlive run
+ *   tf_session_run(s);
+ *   tf_tensor_view out; tf_session_output(s, "logits", &out);   // valid until the next run
+ *   tf_session_free(s); tf_program_free(p); tf_model_free(m); tf_context_free(ctx);
+ */
+#ifndef TFUSE_H
+#define TFUSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TFUSE_VERSION "0.1.0"
+
+typedef enum tf_status {
+    TF_OK = 0,
+    TF_ERR_INVALID_ARG,     /* a NULL, unknown name, wrong dtype/shape given to the API */
+    TF_ERR_PARSE,           /* the model text is malformed */
+    TF_ERR_VERIFY,          /* well-formed text, ill-typed or ill-shaped model */
+    TF_ERR_LIMIT,           /* sizes beyond what tfuse accepts */
+    TF_ERR_IO,              /* a file could not be read or written */
+    TF_ERR_FORMAT,          /* a .npy/.safetensors file is malformed */
+    TF_ERR_OOM,
+    TF_ERR_UNAVAILABLE,     /* the target cannot run here (no GPU, built without LLVM) */
+    TF_ERR_UNSUPPORTED,     /* a feature that is not built yet, named in the message */
+    TF_ERR_RUNTIME,         /* running failed: bad index in the data, missing input */
+    TF_ERR_INTERNAL,
+} tf_status;
+
+typedef enum tf_dtype {
+    TF_DTYPE_F32, TF_DTYPE_F16, TF_DTYPE_BF16, TF_DTYPE_F64,
+    TF_DTYPE_I64, TF_DTYPE_I32, TF_DTYPE_BOOL,
+} tf_dtype;
+
+typedef enum tf_target { TF_TARGET_INTERP, TF_TARGET_CPU, TF_TARGET_CUDA } tf_target;
+typedef enum tf_mode { TF_MODE_TRAIN, TF_MODE_INFER } tf_mode;
+
+typedef struct tf_context tf_context_t;
+typedef struct tf_model   tf_model_t;
+typedef struct tf_program tf_program_t;
+typedef struct tf_session tf_session_t;
+typedef struct tf_array   tf_array_t;
+
+/* A view of tensor memory owned by someone else. */
+typedef struct tf_tensor_view {
+    tf_dtype dtype;
+    int rank;
+    int64_t shape[8];
+    void *data;              /* row-major, contiguous */
+} tf_tensor_view;
+
+typedef struct tf_dim_override { const char *name; int64_t value; } tf_dim_override;
+
+/* ---- context ---- */
+tf_status   tf_context_create(tf_context_t **out);
+void        tf_context_free(tf_context_t *ctx);
+const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
+const char *tf_status_name(tf_status s);
+const char *tf_dtype_str(tf_dtype t);                      /* "f32", ... */
+int         tf_dtype_size(tf_dtype t);                     /* bytes per element */
+
+/* ---- models ---- */
+/* Parse and verify. `dims` override `dim` declarations by name (an unknown
+ * name is an error). */
+tf_status tf_model_parse_file(tf_context_t *ctx, const char *path,
+                              const tf_dim_override *dims, size_t ndims, tf_model_t **out);
+tf_status tf_model_parse_string(tf_context_t *ctx, const char *name_for_errors,
+                                const char *text, size_t len,
+                                const tf_dim_override *dims, size_t ndims, tf_model_t **out);
+void      tf_model_free(tf_model_t *m);
+/* Canonical text of the model; *out is malloc'd, the caller free()s it. */
+tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out);
+/* Run a comma-separated list of passes on the model in place ("lower"). */
+tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode);
+
+/* ---- compiling ---- */
+typedef struct tf_compile_options {
+    tf_mode   mode;        /* default TF_MODE_TRAIN */
+    tf_target target;      /* default TF_TARGET_INTERP */
+    const char *dump_ir;     /* NULL, "all", or a pass name */
+    const char *dump_dir;    /* where dumps go; default "." */
+} tf_compile_options;
+void      tf_compile_options_init(tf_compile_options *o);
+tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
+                             const tf_compile_options *o, tf_program_t **out);
+void      tf_program_free(tf_program_t *p);
+/* Counters from compiling, as (name, value) pairs in a fixed order. */
+size_t    tf_program_stat_count(const tf_program_t *p);
+tf_status tf_program_stat(const tf_program_t *p, size_t i, const char **name, int64_t *value);
+/* The compiled module's text (after all passes); *out malloc'd. */
+tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out);
+
+/* Names and types of the program's inputs, outputs and state (params+buffers). */
+typedef enum tf_io_kind { TF_IO_INPUT, TF_IO_OUTPUT, TF_IO_PARAM, TF_IO_BUFFER } tf_io_kind;
+size_t    tf_program_io_count(const tf_program_t *p, tf_io_kind kind);
+tf_status tf_program_io(const tf_program_t *p, tf_io_kind kind, size_t i,
+                        const char **name, tf_dtype *dtype, int *rank, int64_t shape[8]);
+
+/* For an integer input used as class labels or embedding ids: the exclusive
+ * upper bound of its valid values (*upper = 0 when no use constrains it). */
+tf_status tf_program_input_bound(const tf_program_t *p, size_t i, int64_t *upper);
+
+/* ---- sessions ---- */
+/* The seed drives initializers and dropout: the same seed gives the same run. */
+tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target target,
+                            uint64_t seed, tf_session_t **out);
+void      tf_session_free(tf_session_t *s);
+/* Bind caller memory to an input, without copying: it must stay valid and
+ * unchanged until the next tf_session_run returns. dtype and shape must match. */
+tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype,
+                          const int64_t *shape, int rank, const void *data);
+tf_status tf_session_run(tf_session_t *s);
+/* A view of an output after a run; valid until the next run or free. */
+tf_status tf_session_output(tf_session_t *s, const char *output, tf_tensor_view *out);
+/* Read/write a param or buffer (copying) by its IR name. */
+tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out);
+tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tensor_view *value);
+/* Load params/buffers from a safetensors file (names = IR names; every tensor
+ * must match a param or buffer; params the file lacks keep their initial
+ * values) and save all of them. Saving is atomic: temp file, fsync, rename. */
+tf_status tf_session_load_state(tf_session_t *s, const char *path);
+tf_status tf_session_save_state(tf_session_t *s, const char *path);
+
+/* ---- host arrays (.npy files) ---- */
+tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **out);
+tf_status tf_array_save_npy(tf_context_t *ctx, const char *path, const tf_tensor_view *t);
+tf_status tf_array_view(const tf_array_t *a, tf_tensor_view *out);
+void      tf_array_free(tf_array_t *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,109 @@
+/* core.c — diagnostics, dtypes and shape helpers. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ir.h"
+
+tf_ir_status tf_diag_error(tf_diag *d, tf_ir_status st, const tf_loc *loc, const char *fmt, ...)
+{
+    if (!d || d->status != TF_IR_OK) return d ? d->status : st;
+    d->status = st;
+    int k = 0;
+    if (loc && loc->line > 0)
+        k = snprintf(d->msg, sizeof d->msg, "%s:%d:%d: error: ", loc->file ? loc->file : "<input>", loc->line, loc->col);
+    else if (loc && loc->file)
+        k = snprintf(d->msg, sizeof d->msg, "%s: error: ", loc->file);
+    else
+        k = snprintf(d->msg, sizeof d->msg, "error: ");
+    if (k < 0 || (size_t)k >= sizeof d->msg) k = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->msg + k, sizeof d->msg - (size_t)k, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void tf_diag_clear(tf_diag *d)
+{
+    d->status = TF_IR_OK;
+    d->msg[0] = 0;
+}
+
+static const struct { const char *name; int bytes; bool fl; } dt_info[TF_DT_COUNT] = {
+#define X(e, n, b, f) [TF_DT_##e] = {n, b, f},
+    TF_DTYPES(X)
+#undef X
+};
+
+const char *tf_dtype_name(tf_dt t) { return (unsigned)t < TF_DT_COUNT ? dt_info[t].name : "?"; }
+int tf_dtype_bytes(tf_dt t) { return (unsigned)t < TF_DT_COUNT ? dt_info[t].bytes : 0; }
+bool tf_dtype_is_float(tf_dt t) { return (unsigned)t < TF_DT_COUNT && dt_info[t].fl; }
+
+bool tf_dtype_from_name(const char *s, size_t n, tf_dt *out)
+{
+    for (int i = 0; i < TF_DT_COUNT; i++)
+        if (strlen(dt_info[i].name) == n && memcmp(dt_info[i].name, s, n) == 0) {
+            *out = (tf_dt)i;
+            return true;
+        }
+    return false;
+}
+
+/* Round to a float format with `mbits` explicit mantissa bits and exponent
+ * range [emin, emax] (IEEE, round to nearest even, subnormals, overflow to inf). */
+static double round_ieee(double v, int mbits, int emin, int emax)
+{
+    if (v != v || isinf(v) || v == 0) return v;
+    int e;
+    frexp(v, &e);                     /* v = f * 2^e, 0.5 <= |f| < 1 */
+    int exp = e - 1;                  /* v = 1.xxx * 2^exp */
+    if (exp < emin) exp = emin;       /* subnormal: fixed quantum */
+    double q = ldexp(1.0, exp - mbits);
+    double r = nearbyint(v / q) * q;  /* default rounding mode: nearest even */
+    double maxv = ldexp(2.0 - ldexp(1.0, -mbits), emax);
+    if (fabs(r) > maxv) return v > 0 ? INFINITY : -INFINITY;
+    return r;
+}
+
+double tf_dtype_round(tf_dt t, double v)
+{
+    switch (t) {
+    case TF_DT_F32: return (double)(float)v;
+    case TF_DT_F64: return v;
+    case TF_DT_F16: return round_ieee(v, 10, -14, 15);
+    case TF_DT_BF16: return round_ieee(v, 7, -126, 127);
+    case TF_DT_BOOL: return v != 0 ? 1.0 : 0.0;
+    case TF_DT_I32:
+        if (v != v) return 0;
+        v = trunc(v);
+        return v > 2147483647.0 ? 2147483647.0 : v < -2147483648.0 ? -2147483648.0 : v;
+    case TF_DT_I64:
+        if (v != v) return 0;
+        v = trunc(v);
+        return v > 9.2e18 ? 9.2e18 : v < -9.2e18 ? -9.2e18 : v;
+    default: return v;
+    }
+}
+
+int64_t tf_type_numel(const tf_type *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->dims[i].n <= 0) return 0;
+        if (n > TF_MAX_NUMEL / t->dims[i].n) return -1;   /* overflow: callers report it */
+        n *= t->dims[i].n;
+    }
+    return n;
+}
+
+bool tf_type_same_shape(const tf_type *a, const tf_type *b)
+{
+    if (a->rank != b->rank) return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i].n != b->dims[i].n) return false;
+    return true;
+}
+
+bool tf_type_equal(const tf_type *a, const tf_type *b) { return a->dtype == b->dtype && tf_type_same_shape(a, b); }

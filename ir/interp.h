@@ -1,0 +1,53 @@
+/* interp.h — the reference interpreter: the oracle every backend and pass is
+ * tested against.
+ *
+ * Values are tf_tensors of doubles (ops.h), each element rounded to its
+ * dtype after every op; sums and dot products accumulate in float64. Slow on
+ * purpose: clarity over speed. Layer ops have kernels of their own (not a
+ * detour through `lower`), so lowering is checked against an independent
+ * computation.
+ *
+ * A context holds one tensor per value. Params and buffers persist across
+ * runs; buffer updates (batchnorm running statistics, `update` statements)
+ * are applied after the whole step, so every op of a step reads the old
+ * state. Randomness (initializers, dropout) is a counter-based hash of
+ * (seed, stream, index): reproducible for a seed, independent of run order. */
+#ifndef TF_IR_INTERP_H
+#define TF_IR_INTERP_H
+
+#include "ops.h"
+
+/* Largest tensor the interpreter allocates (elements); beyond it a clear
+ * error, never an attempt that brings the machine down. */
+#define TF_INTERP_MAX_NUMEL ((int64_t)1 << 28)
+
+tf_interp_ctx *tf_interp_create(tf_module *m, tf_ir_mode mode, uint64_t seed);
+void tf_interp_free(tf_interp_ctx *ip);
+
+/* The tensor of a value (allocated, zeroed, on first request; NULL on OOM or
+ * size limit, with the diag filled). */
+tf_tensor *tf_interp_tensor(tf_interp_ctx *ip, const tf_value *v, tf_diag *d);
+/* Run every param/buffer initializer (seeded per value name). */
+tf_ir_status tf_interp_init_state(tf_interp_ctx *ip, tf_diag *d);
+/* One forward step: every input must have been written. Applies updates. */
+tf_ir_status tf_interp_run(tf_interp_ctx *ip, tf_diag *d);
+
+/* For kernels. */
+tf_ir_mode tf_interp_mode(const tf_interp_ctx *ip);
+uint64_t tf_interp_seed(const tf_interp_ctx *ip);
+uint64_t tf_interp_step(const tf_interp_ctx *ip);      /* 0 for the first run */
+tf_diag *tf_interp_diag(tf_interp_ctx *ip);
+tf_module *tf_interp_module(const tf_interp_ctx *ip);
+/* Schedule `buffer := value` for the end of the current step (copied now). */
+tf_ir_status tf_interp_defer_update(tf_interp_ctx *ip, const tf_value *buffer, const tf_tensor *value);
+
+/* Tensor helpers. */
+tf_ir_status tf_tensor_alloc(tf_tensor *t, const tf_type *ty, tf_diag *d);
+void tf_tensor_release(tf_tensor *t);
+
+/* Counter-based random numbers: uniform in [0, 1), and a stream id from a name. */
+double tf_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+double tf_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+uint64_t tf_rng_stream(const char *name);
+
+#endif

@@ -1,0 +1,301 @@
+/* ir.h — the tfuse IR: dtypes, shapes, attributes, values, nodes, modules.
+ *
+ * A module is a straight-line SSA graph: declarations (input/param/buffer),
+ * one op per node with exactly one result, outputs, buffer updates and the
+ * train block. Every object lives in the module's arena. This layer needs
+ * nothing but libc; errors go into a tf_diag, never to stderr or exit().
+ *
+ * Shapes carry, per dimension, the index of the `dim` declaration it came
+ * from (sym), so `input x : f32[B, 784]` still prints as `[B, 784]` after B
+ * was resolved to 64, and a dump compiles again under another `--dim B=...`. */
+#ifndef TF_IR_IR_H
+#define TF_IR_IR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+
+/* ---- status and diagnostics ------------------------------------------- */
+
+typedef enum tf_ir_status {
+    TF_IR_OK = 0,
+    TF_IR_ERR_SYNTAX,      /* lexer/parser */
+    TF_IR_ERR_VERIFY,      /* types, shapes, SSA, attributes */
+    TF_IR_ERR_LIMIT,       /* sizes beyond what tfuse accepts */
+    TF_IR_ERR_OOM,
+    TF_IR_ERR_RUNTIME,     /* interpreter: bad input data, missing binding */
+    TF_IR_ERR_INTERNAL,
+} tf_ir_status;
+
+typedef struct tf_loc {
+    const char *file;      /* arena-owned or static; never NULL when line > 0 */
+    int line, col;         /* 1-based; line 0 = no location */
+} tf_loc;
+
+/* The first error wins; later ones are dropped so the message names the cause. */
+typedef struct tf_diag {
+    tf_ir_status status;
+    char msg[1024];
+} tf_diag;
+
+tf_ir_status tf_diag_error(tf_diag *d, tf_ir_status st, const tf_loc *loc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void tf_diag_clear(tf_diag *d);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+#define TF_DTYPES(X) \
+    /* enum   name    bytes float */ \
+    X(F32,  "f32",  4, 1) \
+    X(F16,  "f16",  2, 1) \
+    X(BF16, "bf16", 2, 1) \
+    X(F64,  "f64",  8, 1) \
+    X(I64,  "i64",  8, 0) \
+    X(I32,  "i32",  4, 0) \
+    X(BOOL, "bool", 1, 0)
+
+typedef enum tf_dt {
+#define X(e, n, b, f) TF_DT_##e,
+    TF_DTYPES(X)
+#undef X
+    TF_DT_COUNT
+} tf_dt;
+
+const char *tf_dtype_name(tf_dt t);
+int  tf_dtype_bytes(tf_dt t);
+bool tf_dtype_is_float(tf_dt t);
+bool tf_dtype_from_name(const char *s, size_t n, tf_dt *out);
+/* Round a value to what the dtype can hold (f32/f16/bf16 rounding to nearest
+ * even, integers truncated toward zero, bool to 0/1). */
+double tf_dtype_round(tf_dt t, double v);
+
+/* ---- shapes and types ----------------------------------------------------- */
+
+enum { TF_MAX_RANK = 8 };
+/* One dimension may not exceed 2^40, a tensor 2^48 elements: beyond that a
+ * model is a typo, and products stay far from int64 overflow. */
+#define TF_MAX_DIM   ((int64_t)1 << 40)
+#define TF_MAX_NUMEL ((int64_t)1 << 48)
+
+typedef struct tf_dim {
+    int64_t n;
+    int32_t sym;           /* index into module->dims, or -1 */
+} tf_dim;
+
+typedef struct tf_type {
+    tf_dt dtype;
+    int rank;
+    tf_dim dims[TF_MAX_RANK];
+} tf_type;
+
+int64_t tf_type_numel(const tf_type *t);
+bool tf_type_same_shape(const tf_type *a, const tf_type *b);
+bool tf_type_equal(const tf_type *a, const tf_type *b);   /* dtype + shape, syms ignored */
+
+/* ---- attributes -------------------------------------------------------------- */
+
+typedef enum tf_attr_kind {
+    TF_ATTR_NONE = 0,
+    TF_ATTR_INT,
+    TF_ATTR_FLOAT,
+    TF_ATTR_BOOL,
+    TF_ATTR_STR,           /* also bare identifiers that name a choice: approx=tanh */
+    TF_ATTR_INTS,          /* list of ints; a scalar is accepted and kept as scalar */
+    TF_ATTR_DTYPE,
+} tf_attr_kind;
+
+typedef struct tf_ival {
+    int64_t v;
+    int32_t sym;           /* a dim name written in place of the number, or -1 */
+} tf_ival;
+
+typedef struct tf_attr {
+    tf_attr_kind kind;
+    bool set;              /* written by the user (printed); else the default */
+    bool scalar;           /* TF_ATTR_INTS written as a single int */
+    union {
+        tf_ival i;
+        double f;
+        bool b;
+        const char *s;
+        tf_dt dt;
+        struct { int n; tf_ival *v; } ints;
+    } u;
+} tf_attr;
+
+/* Schema of one attribute. Defaults are text in the format's own syntax
+ * ("0.1", "[]", "f32", "\"none\""), read by tf_attr_parse_default and then
+ * coerced and checked exactly like a value the user wrote. */
+typedef struct tf_attr_spec {
+    const char *name;
+    tf_attr_kind kind;
+    const char *dflt;      /* NULL: required */
+    double min, max;       /* inclusive range for INT/FLOAT/INTS elements (min>max: none) */
+    const char *choices;   /* STR: '|'-separated allowed values, or NULL */
+} tf_attr_spec;
+
+/* ---- values and nodes ------------------------------------------------------- */
+
+typedef enum tf_value_kind {
+    TF_VAL_INPUT,
+    TF_VAL_PARAM,
+    TF_VAL_BUFFER,
+    TF_VAL_NODE,           /* result of a node */
+    TF_VAL_CONST,          /* a number written as an operand; rank 0 */
+} tf_value_kind;
+
+typedef struct tf_node tf_node;
+
+/* A call-like value that is not an op: initializers (`= kaiming_uniform()`)
+ * and the train block's optimizer and schedule. fn indexes the matching
+ * function table of ops.h; attrs follow that function's schema. */
+typedef struct tf_call {
+    int fn;                 /* -1 if unset */
+    int nattr;
+    tf_attr *attrs;
+    tf_loc loc;
+} tf_call;
+typedef tf_call tf_init;
+
+typedef struct tf_value {
+    const char *name;      /* NULL for constants */
+    tf_value_kind kind;
+    tf_type type;
+    tf_node *def;          /* TF_VAL_NODE only */
+    double cval;           /* TF_VAL_CONST only */
+    tf_init init;          /* TF_VAL_PARAM / TF_VAL_BUFFER */
+    int id;                /* dense index within the module, set by tf_module_renumber */
+    tf_loc loc;
+} tf_value;
+
+typedef struct tf_node {
+    int op;                /* tf_op */
+    int nin;
+    tf_value **in;
+    tf_value *out;
+    tf_attr *attrs;        /* one per entry of the op's schema */
+    bool annotated;        /* the source wrote `name : type = ...` */
+    tf_type annot;         /* that type, checked by the verifier */
+    tf_loc loc;
+} tf_node;
+
+typedef struct tf_dim_decl {
+    const char *name;
+    int64_t value;
+    tf_loc loc;
+} tf_dim_decl;
+
+typedef struct tf_output {
+    const char *name;      /* the output's name (defaults to the value's) */
+    tf_value *value;
+    tf_loc loc;
+} tf_output;
+
+typedef struct tf_update {  /* buffer <- value after each step (batchnorm stats) */
+    tf_value *buffer;
+    tf_value *value;
+    tf_loc loc;
+} tf_update;
+
+/* ---- the train block ---------------------------------------------------------- */
+
+typedef enum tf_precision { TF_PREC_FP32, TF_PREC_FP16, TF_PREC_BF16 } tf_precision;
+
+typedef struct tf_train {
+    bool present;
+    tf_loc loc;
+    tf_call optimizer;      /* fn indexes tf_optimizer_fns */
+    tf_call schedule;       /* fn indexes tf_schedule_fns */
+    bool has_precision, has_clip, has_accumulate;
+    tf_precision precision;
+    double clip_grad_norm;  /* 0: off */
+    int64_t accumulate;     /* >= 1 */
+} tf_train;
+
+/* ---- module ------------------------------------------------------------------------ */
+
+typedef struct tf_vec { void **items; int n, cap; } tf_vec;
+
+typedef struct tf_module {
+    tf_arena arena;
+    const char *name;       /* `module NAME`, or NULL */
+    const char *file;       /* source file for diagnostics */
+    tf_dim_decl *dims; int ndims, cap_dims;
+    tf_vec decls;           /* tf_value*: input/param/buffer in source order */
+    tf_vec nodes;           /* tf_node*: topological (source) order */
+    tf_output *outputs; int noutputs, cap_outputs;
+    tf_update *updates; int nupdates, cap_updates;
+    tf_train train;
+    struct { tf_value **slots; int cap, count; } names;   /* name -> value hash */
+    int next_id;
+} tf_module;
+
+tf_module *tf_module_create(const char *file);
+void tf_module_free(tf_module *m);
+tf_ir_status tf_vec_push(tf_module *m, tf_vec *v, void *item);
+
+/* Name lookups. Values are found through a hash table kept by
+ * tf_module_add_name (the parser and tf_build register every name). */
+tf_value *tf_module_find_value(const tf_module *m, const char *name);
+tf_value *tf_module_find_valuen(const tf_module *m, const char *name, size_t len);
+tf_ir_status tf_module_add_name(tf_module *m, tf_value *v);
+void tf_module_remove_name(tf_module *m, const tf_value *v);
+int tf_module_find_dim(const tf_module *m, const char *name, size_t len);
+
+/* Builders for passes. tf_build appends a node to m->nodes, checks the given
+ * attributes against the op's schema and fills the rest with defaults,
+ * infers the result type and names the result uniquely from `hint`. Returns
+ * NULL and fills d on error. A pass that rewrites in place takes the node
+ * list out of the module, then re-appends or rebuilds node by node. */
+typedef struct tf_named_attr { const char *name; tf_attr attr; } tf_named_attr;
+tf_value *tf_build(tf_module *m, tf_diag *d, int op, tf_value **in, int nin,
+                   const tf_named_attr *attrs, int nattrs, const char *hint, const tf_loc *loc);
+tf_value *tf_const(tf_module *m, double v, tf_dt dt);
+/* Attribute constructors for tf_build. */
+tf_attr tf_attr_int(int64_t v);
+tf_attr tf_attr_float(double v);
+tf_attr tf_attr_bool(bool v);
+tf_attr tf_attr_str(const char *s);
+tf_attr tf_attr_dtype(tf_dt t);
+tf_attr tf_attr_ints(tf_module *m, const int64_t *v, int n);
+
+/* Replace every use of `from` (operands, outputs, updates) by `to`. */
+void tf_module_replace_uses(tf_module *m, tf_value *from, tf_value *to);
+/* Unique name derived from hint: hint, hint.1, hint.2, ... */
+const char *tf_module_unique_name(tf_module *m, const char *hint);
+void tf_module_renumber(tf_module *m);
+
+/* Copy of a whole module (new arena). NULL on OOM. Renumbers m. */
+tf_module *tf_module_clone(tf_module *m);
+/* Append an existing node (from the module's own arena) to m->nodes. */
+tf_ir_status tf_module_append_node(tf_module *m, tf_node *n);
+
+/* Fill attrs[] of a node/call with defaults for every spec entry not set.
+ * Parses default texts; returns non-OK only on an internal schema error. */
+tf_ir_status tf_attrs_fill_defaults(tf_module *m, const tf_attr_spec *specs, int nspecs,
+                                    tf_attr *attrs, tf_diag *d);
+/* Parse a default text (trusted, from a schema) into *a. */
+tf_ir_status tf_attr_parse_default(tf_module *m, const char *text, tf_attr *a);
+/* Check a value against its spec (range, choices), reporting at loc. */
+tf_ir_status tf_attr_check(const tf_attr_spec *spec, const tf_attr *a, const tf_loc *loc, tf_diag *d);
+/* Convert a written value to the spec's kind (int -> float, ident -> str,
+ * ident -> dtype, int -> ints). Reports a type mismatch at loc. */
+tf_ir_status tf_attr_coerce(tf_module *m, const tf_attr_spec *spec, tf_attr *a,
+                            const tf_loc *loc, tf_diag *d);
+
+/* ---- verifier, printer ------------------------------------------------------------- */
+
+/* Infer every node's result type and check SSA, arity, attributes, shapes,
+ * annotations, outputs and updates. The first error is reported. */
+tf_ir_status tf_verify(tf_module *m, tf_diag *d);
+/* Infer the type of one node (its inputs already typed). */
+tf_ir_status tf_infer_node(tf_module *m, tf_node *n, tf_diag *d);
+
+/* Canonical text. Returns a malloc'd string (caller frees) or NULL on OOM. */
+char *tf_print_module(const tf_module *m);
+/* Text of one type, e.g. "f32[B, 784]". buf must hold 256 bytes. */
+const char *tf_type_str(const tf_module *m, const tf_type *t, char buf[256]);
+
+#endif

@@ -1,0 +1,104 @@
+/* ops.h — the op table's C face: enum, kinds, flags and per-op descriptors.
+ *
+ * Everything here is an expansion of ops.def. Passes ask about properties
+ * (tf_op_has(op, TF_OPF_LAYER), tf_op_info(op)->kind) rather than listing ops. */
+#ifndef TF_IR_OPS_H
+#define TF_IR_OPS_H
+
+#include "ir.h"
+
+typedef enum tf_op {
+#define TF_OP(E, ...) TF_OP_##E,
+#include "ops.def"
+#undef TF_OP
+    TF_OP_COUNT
+} tf_op;
+
+typedef enum tf_op_kind {
+    TF_OPK_POINTWISE, TF_OPK_REDUCTION, TF_OPK_MATMUL, TF_OPK_CONV, TF_OPK_POOL,
+    TF_OPK_LAYOUT, TF_OPK_GATHER, TF_OPK_NORM, TF_OPK_LOSS, TF_OPK_RNG, TF_OPK_GENERATOR,
+} tf_op_kind;
+
+enum {
+    TF_OPF_LAYER       = 1 << 0,
+    TF_OPF_BOOLOUT     = 1 << 1,
+    TF_OPF_FLOATIN     = 1 << 2,
+    TF_OPF_MODE        = 1 << 3,
+    TF_OPF_COMMUTATIVE = 1 << 4,
+};
+
+typedef enum tf_amp_policy { TF_AMP_ALLOW, TF_AMP_DENY, TF_AMP_FOLLOW } tf_amp_policy;
+
+/* Interpreter tensors: every element is a double holding a value already
+ * rounded to the tensor's dtype, so the oracle computes in float64 while
+ * storage precision is still honoured. Row-major, contiguous. */
+typedef struct tf_tensor {
+    tf_dt dtype;
+    int rank;
+    int64_t dims[TF_MAX_RANK];
+    int64_t numel;
+    double *data;
+} tf_tensor;
+
+typedef enum tf_ir_mode { TF_IR_TRAIN, TF_IR_INFER } tf_ir_mode;
+
+typedef struct tf_interp_ctx tf_interp_ctx;  /* interp.h */
+
+typedef tf_ir_status (*tf_shape_fn)(tf_module *m, tf_node *n, tf_type *out, tf_diag *d);
+typedef tf_ir_status (*tf_interp_fn)(tf_interp_ctx *ip, const tf_node *n,
+                                     const tf_tensor *const *in, tf_tensor *out);
+typedef double (*tf_scalar_fn)(double a, double b);
+
+typedef struct tf_op_info {
+    const char *name;
+    int min_in, max_in;
+    tf_op_kind kind;
+    unsigned flags;
+    const tf_attr_spec *attrs;
+    int nattrs;
+    tf_shape_fn shape;
+    tf_interp_fn interp;
+    tf_scalar_fn scalar;
+    tf_amp_policy amp;
+} tf_op_info;
+
+extern const tf_op_info tf_op_table[TF_OP_COUNT];
+
+static inline const tf_op_info *tf_op_info_of(int op) { return &tf_op_table[op]; }
+static inline bool tf_op_has(int op, unsigned flag) { return (tf_op_table[op].flags & flag) != 0; }
+/* -1 if no op has that name. */
+int tf_op_lookup(const char *name, size_t len);
+/* Index of attribute `name` in the op's schema, -1 if none. */
+int tf_op_attr_index(int op, const char *name);
+static inline const tf_attr *tf_node_attr(const tf_node *n, int idx) { return &n->attrs[idx]; }
+/* Convenience getters by name for code outside the table (passes, kernels). */
+int64_t tf_node_int(const tf_node *n, const char *name);
+double tf_node_float(const tf_node *n, const char *name);
+bool tf_node_bool(const tf_node *n, const char *name);
+const char *tf_node_str(const tf_node *n, const char *name);
+const tf_attr *tf_node_attr_named(const tf_node *n, const char *name);
+
+/* Normalize an axis (negative counts from the end) against a rank; false if
+ * out of range. */
+bool tf_axis_norm(int64_t axis, int rank, int *out);
+
+/* ---- initializers and train-block functions (also tables) ---- */
+
+typedef struct tf_fn_info {       /* a call-like thing that is not an op */
+    const char *name;
+    const tf_attr_spec *attrs;
+    int nattrs;
+} tf_fn_info;
+
+enum { TF_INIT_ZEROS, TF_INIT_ONES, TF_INIT_CONST, TF_INIT_NORMAL, TF_INIT_UNIFORM,
+       TF_INIT_KAIMING_UNIFORM, TF_INIT_XAVIER_UNIFORM, TF_INIT_COUNT };
+enum { TF_OPT_SGD, TF_OPT_ADAM, TF_OPT_ADAMW, TF_OPT_LAMB, TF_OPT_COUNT };
+enum { TF_SCHED_CONSTANT, TF_SCHED_STEP, TF_SCHED_COSINE, TF_SCHED_ONECYCLE, TF_SCHED_COUNT };
+
+extern const tf_fn_info tf_init_fns[TF_INIT_COUNT];
+extern const tf_fn_info tf_optimizer_fns[TF_OPT_COUNT];
+extern const tf_fn_info tf_schedule_fns[TF_SCHED_COUNT];
+int tf_fn_lookup(const tf_fn_info *fns, int n, const char *name, size_t len);
+double tf_call_float(const tf_fn_info *fns, const tf_call *c, const char *name);
+
+#endif

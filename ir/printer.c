@@ -1,0 +1,199 @@
+/* printer.c — the canonical text of a module.
+ *
+ * The output is the input format: print(parse(text)) parses back to the same
+ * module and prints identically. Canonical means: sections in a fixed order
+ * (module, dims, declarations, ops, outputs, updates, train), every op result
+ * typed, attributes the user left at their defaults omitted, keyword form for
+ * every call argument, numbers in the shortest text that reads back exactly. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+typedef struct sb { char *p; size_t n, cap; bool oom; } sb;
+
+static void sb_printf(sb *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sb *s, const char *fmt, ...)
+{
+    if (s->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? s->cap - s->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) { s->oom = true; return; }
+        if (s->p && s->n + (size_t)k < s->cap) { s->n += (size_t)k; return; }
+        size_t cap = s->cap ? s->cap * 2 : 4096;
+        while (cap < s->n + (size_t)k + 1) cap *= 2;
+        char *p = realloc(s->p, cap);
+        if (!p) { s->oom = true; return; }
+        s->p = p;
+        s->cap = cap;
+    }
+}
+
+/* Shortest %g that reads back to the same double; always looks like a float. */
+static void fmt_double(double v, char *buf, size_t n)
+{
+    if (isnan(v)) { snprintf(buf, n, "nan"); return; }
+    if (isinf(v)) { snprintf(buf, n, v > 0 ? "inf" : "-inf"); return; }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    if (!strpbrk(buf, ".eEn")) strncat(buf, ".0", n - strlen(buf) - 1);
+}
+
+const char *tf_type_str(const tf_module *m, const tf_type *t, char buf[256])
+{
+    size_t k = (size_t)snprintf(buf, 256, "%s[", tf_dtype_name(t->dtype));
+    for (int i = 0; i < t->rank && k < 256; i++) {
+        const tf_dim *dm = &t->dims[i];
+        if (m && dm->sym >= 0 && dm->sym < m->ndims && m->dims[dm->sym].value == dm->n)
+            k += (size_t)snprintf(buf + k, 256 - k, "%s%s", i ? ", " : "", m->dims[dm->sym].name);
+        else
+            k += (size_t)snprintf(buf + k, 256 - k, "%s%lld", i ? ", " : "", (long long)dm->n);
+    }
+    if (k < 255) snprintf(buf + k, 256 - k, "]");
+    return buf;
+}
+
+static void print_ival(sb *s, const tf_module *m, tf_ival v)
+{
+    if (v.sym >= 0 && v.sym < m->ndims && m->dims[v.sym].value == v.v) sb_printf(s, "%s", m->dims[v.sym].name);
+    else sb_printf(s, "%lld", (long long)v.v);
+}
+
+static void print_attr_value(sb *s, const tf_module *m, const tf_attr *a)
+{
+    char buf[64];
+    switch (a->kind) {
+    case TF_ATTR_INT: print_ival(s, m, a->u.i); break;
+    case TF_ATTR_FLOAT: fmt_double(a->u.f, buf, sizeof buf); sb_printf(s, "%s", buf); break;
+    case TF_ATTR_BOOL: sb_printf(s, "%s", a->u.b ? "true" : "false"); break;
+    case TF_ATTR_STR: sb_printf(s, "\"%s\"", a->u.s); break;
+    case TF_ATTR_DTYPE: sb_printf(s, "%s", tf_dtype_name(a->u.dt)); break;
+    case TF_ATTR_INTS:
+        if (a->scalar && a->u.ints.n == 1) { print_ival(s, m, a->u.ints.v[0]); break; }
+        sb_printf(s, "[");
+        for (int i = 0; i < a->u.ints.n; i++) {
+            if (i) sb_printf(s, ", ");
+            print_ival(s, m, a->u.ints.v[i]);
+        }
+        sb_printf(s, "]");
+        break;
+    default: break;
+    }
+}
+
+/* key=value for every attribute set by the user; `sep` starts the first. */
+static void print_attrs(sb *s, const tf_module *m, const tf_attr_spec *specs, int n, const tf_attr *attrs, bool first)
+{
+    for (int i = 0; i < n; i++) {
+        if (!attrs[i].set) continue;
+        sb_printf(s, "%s%s=", first ? "" : ", ", specs[i].name);
+        print_attr_value(s, m, &attrs[i]);
+        first = false;
+    }
+}
+
+static void print_call(sb *s, const tf_module *m, const tf_fn_info *fns, const tf_call *c)
+{
+    const tf_fn_info *f = &fns[c->fn];
+    sb_printf(s, "%s(", f->name);
+    print_attrs(s, m, f->attrs, f->nattrs, c->attrs, true);
+    sb_printf(s, ")");
+}
+
+static void print_operand(sb *s, const tf_value *v)
+{
+    if (v->kind != TF_VAL_CONST) { sb_printf(s, "%s", v->name); return; }
+    char buf[64];
+    if (tf_dtype_is_float(v->type.dtype)) fmt_double(v->cval, buf, sizeof buf);
+    else snprintf(buf, sizeof buf, "%lld", (long long)v->cval);
+    sb_printf(s, "%s", buf);
+}
+
+
+static void print_node(sb *s, const tf_module *m, const tf_node *n, const char *indent)
+{
+    const tf_op_info *oi = tf_op_info_of(n->op);
+    char b[256];
+    sb_printf(s, "%s%s : %s = %s(", indent, n->out->name, tf_type_str(m, &n->out->type, b), oi->name);
+    for (int i = 0; i < n->nin; i++) {
+        if (i) sb_printf(s, ", ");
+        print_operand(s, n->in[i]);
+    }
+    print_attrs(s, m, oi->attrs, oi->nattrs, n->attrs, n->nin == 0);
+    sb_printf(s, ")\n");
+}
+
+char *tf_print_module(const tf_module *m)
+{
+    sb s = {0};
+    char b[256];
+    static const char *kinds[] = {"input", "param", "buffer"};
+    if (m->name) sb_printf(&s, "module %s\n", m->name);
+    if (m->ndims) {
+        if (s.n) sb_printf(&s, "\n");
+        for (int i = 0; i < m->ndims; i++) sb_printf(&s, "dim %s = %lld\n", m->dims[i].name, (long long)m->dims[i].value);
+    }
+    if (m->decls.n) {
+        if (s.n) sb_printf(&s, "\n");
+        for (int i = 0; i < m->decls.n; i++) {
+            const tf_value *v = m->decls.items[i];
+            sb_printf(&s, "%-6s %s : %s", kinds[v->kind], v->name, tf_type_str(m, &v->type, b));
+            if (v->kind != TF_VAL_INPUT) {
+                sb_printf(&s, " = ");
+                print_call(&s, m, tf_init_fns, &v->init);
+            }
+            sb_printf(&s, "\n");
+        }
+    }
+    if (m->nodes.n) {
+        if (s.n) sb_printf(&s, "\n");
+        for (int i = 0; i < m->nodes.n; i++) print_node(&s, m, m->nodes.items[i], "");
+    }
+    if (m->noutputs || m->nupdates) {
+        if (s.n) sb_printf(&s, "\n");
+        for (int i = 0; i < m->noutputs; i++) {
+            const tf_output *o = &m->outputs[i];
+            if (strcmp(o->name, o->value->name) == 0) sb_printf(&s, "output %s\n", o->name);
+            else sb_printf(&s, "output %s = %s\n", o->name, o->value->name);
+        }
+        for (int i = 0; i < m->nupdates; i++)
+            sb_printf(&s, "update %s = %s\n", m->updates[i].buffer->name, m->updates[i].value->name);
+    }
+    const tf_train *t = &m->train;
+    if (t->present) {
+        static const char *prec[] = {"fp32", "fp16", "bf16"};
+        if (s.n) sb_printf(&s, "\n");
+        sb_printf(&s, "train {\n");
+        if (t->optimizer.fn >= 0) {
+            sb_printf(&s, "  optimizer = ");
+            print_call(&s, m, tf_optimizer_fns, &t->optimizer);
+            sb_printf(&s, "\n");
+        }
+        if (t->schedule.fn >= 0) {
+            sb_printf(&s, "  schedule = ");
+            print_call(&s, m, tf_schedule_fns, &t->schedule);
+            sb_printf(&s, "\n");
+        }
+        if (t->has_precision) sb_printf(&s, "  precision = %s\n", prec[t->precision]);
+        if (t->has_clip) {
+            fmt_double(t->clip_grad_norm, b, sizeof b);
+            sb_printf(&s, "  clip_grad_norm = %s\n", b);
+        }
+        if (t->has_accumulate) sb_printf(&s, "  accumulate = %lld\n", (long long)t->accumulate);
+        sb_printf(&s, "}\n");
+    }
+    if (s.oom) {
+        free(s.p);
+        return NULL;
+    }
+    if (!s.p) sb_printf(&s, "%s", "");
+    return s.p;
+}

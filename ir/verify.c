@@ -1,0 +1,159 @@
+/* verify.c — type inference and the module verifier.
+ *
+ * Runs after parsing and (in debug builds) after every pass. It re-derives
+ * every node's type from its operands through the op table's shape rule, so a
+ * pass that builds a wrong graph is caught where it did so. Numbers written
+ * as operands take the dtype of the op's other operands (a float constant
+ * next to an i64 tensor is an error, not a silent conversion). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+static tf_ir_status check_limits(tf_module *m, const tf_type *t, const tf_loc *loc, const char *what, tf_diag *d)
+{
+    char b[256];
+    int64_t numel = 1;
+    for (int i = 0; i < t->rank; i++) {
+        int64_t n = t->dims[i].n;
+        if (n < 1 || n > TF_MAX_DIM)
+            return tf_diag_error(d, TF_IR_ERR_LIMIT, loc, "%s has axis %d of size %lld; sizes must be in [1, 2^40]", what,
+                                 i, (long long)n);
+        if (numel > TF_MAX_NUMEL / n)
+            return tf_diag_error(d, TF_IR_ERR_LIMIT, loc, "%s %s has more than 2^48 elements", what,
+                                 tf_type_str(m, t, b));
+        numel *= n;
+    }
+    return TF_IR_OK;
+}
+
+/* Give constants the dtype of their op's first non-constant, non-bool
+ * operand (or of any non-constant operand for comparisons of bools). */
+static tf_ir_status type_constants(tf_node *n, tf_diag *d)
+{
+    tf_dt dt = TF_DT_COUNT;
+    for (int i = 0; i < n->nin && dt == TF_DT_COUNT; i++)
+        if (n->in[i]->kind != TF_VAL_CONST && n->in[i]->type.dtype != TF_DT_BOOL) dt = n->in[i]->type.dtype;
+    for (int i = 0; i < n->nin && dt == TF_DT_COUNT; i++)
+        if (n->in[i]->kind != TF_VAL_CONST) dt = n->in[i]->type.dtype;
+    if (dt == TF_DT_COUNT) dt = TF_DT_F32;
+    for (int i = 0; i < n->nin; i++) {
+        tf_value *c = n->in[i];
+        if (c->kind != TF_VAL_CONST) continue;
+        if (!tf_dtype_is_float(dt) && (c->cval != trunc(c->cval) || !isfinite(c->cval)))
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc,
+                                 "%s: operand %d is the number %g, which a %s operation cannot hold", tf_op_info_of(n->op)->name,
+                                 i + 1, c->cval, tf_dtype_name(dt));
+        c->type.dtype = dt;
+        c->type.rank = 0;
+    }
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_infer_node(tf_module *m, tf_node *n, tf_diag *d)
+{
+    const tf_op_info *oi = tf_op_info_of(n->op);
+    char b[256];
+    if (n->nin < oi->min_in || n->nin > oi->max_in)
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s takes %d to %d operands, found %d", oi->name, oi->min_in,
+                             oi->max_in, n->nin);
+    for (int i = 0; i < oi->nattrs; i++) {
+        const tf_attr *a = &n->attrs[i];
+        if (a->kind == TF_ATTR_NONE)
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s: missing required attribute '%s'", oi->name,
+                                 oi->attrs[i].name);
+        if (a->kind != oi->attrs[i].kind)
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s: attribute '%s' has the wrong kind", oi->name,
+                                 oi->attrs[i].name);
+        if (tf_attr_check(&oi->attrs[i], a, &n->loc, d)) return d->status;
+    }
+    if (type_constants(n, d)) return d->status;
+    if (tf_op_has(n->op, TF_OPF_FLOATIN))
+        for (int i = 0; i < n->nin; i++)
+            if (!tf_dtype_is_float(n->in[i]->type.dtype))
+                return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc,
+                                     "%s: operand %d must be floating (f32, f16, bf16, f64), found %s", oi->name, i + 1,
+                                     tf_type_str(m, &n->in[i]->type, b));
+    tf_type t = {0};
+    if (oi->shape(m, n, &t, d)) return d->status;
+    if (check_limits(m, &t, &n->loc, oi->name, d)) return d->status;
+    if (n->annotated && !tf_type_equal(&t, &n->annot)) {
+        char b2[256];
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s: the annotated type %s does not match the inferred %s",
+                             oi->name, tf_type_str(m, &n->annot, b), tf_type_str(m, &t, b2));
+    }
+    n->out->type = t;
+    return TF_IR_OK;
+}
+
+static tf_ir_status verify_decl(tf_module *m, tf_value *v, tf_diag *d)
+{
+    char b[256];
+    if (check_limits(m, &v->type, &v->loc, v->name, d)) return d->status;
+    if (v->kind == TF_VAL_PARAM && !tf_dtype_is_float(v->type.dtype))
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, &v->loc, "param '%s' must be floating to be trained, found %s; "
+                             "declare integer state as a buffer", v->name, tf_type_str(m, &v->type, b));
+    if (v->kind == TF_VAL_INPUT) return TF_IR_OK;
+    int fn = v->init.fn;
+    if (fn < 0 || fn >= TF_INIT_COUNT)
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, &v->loc, "'%s' has no initializer", v->name);
+    bool random = fn == TF_INIT_NORMAL || fn == TF_INIT_UNIFORM || fn == TF_INIT_KAIMING_UNIFORM ||
+                  fn == TF_INIT_XAVIER_UNIFORM;
+    if (random && !tf_dtype_is_float(v->type.dtype))
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, &v->init.loc, "%s() fills floating tensors; '%s' is %s",
+                             tf_init_fns[fn].name, v->name, tf_type_str(m, &v->type, b));
+    if ((fn == TF_INIT_KAIMING_UNIFORM || fn == TF_INIT_XAVIER_UNIFORM) && v->type.rank < 1)
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, &v->init.loc, "%s() needs a weight with at least one axis",
+                             tf_init_fns[fn].name);
+    if (fn == TF_INIT_UNIFORM) {
+        double lo = v->init.attrs[0].u.f, hi = v->init.attrs[1].u.f;
+        if (!(lo < hi))
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &v->init.loc, "uniform(low, high) needs low < high, found %g, %g",
+                                 lo, hi);
+    }
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_verify(tf_module *m, tf_diag *d)
+{
+    tf_module_renumber(m);
+    for (int i = 0; i < m->decls.n; i++) {
+        tf_value *v = m->decls.items[i];
+        if (v->kind != TF_VAL_INPUT && v->kind != TF_VAL_PARAM && v->kind != TF_VAL_BUFFER)
+            return tf_diag_error(d, TF_IR_ERR_INTERNAL, &v->loc, "internal: declaration '%s' of the wrong kind", v->name);
+        if (verify_decl(m, v, d)) return d->status;
+    }
+    for (int i = 0; i < m->nodes.n; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (n->out->def != n || n->out->kind != TF_VAL_NODE)
+            return tf_diag_error(d, TF_IR_ERR_INTERNAL, &n->loc, "internal: node result '%s' is not linked to its node",
+                                 n->out->name);
+        for (int k = 0; k < n->nin; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind == TF_VAL_CONST) continue;
+            bool ok = v->id >= 0 && v->id < n->out->id;
+            if (ok && v->kind == TF_VAL_NODE) ok = v->id >= m->decls.n && m->nodes.items[v->id - m->decls.n] == v->def;
+            else if (ok) ok = v->id < m->decls.n && m->decls.items[v->id] == v;
+            if (!ok)
+                return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s: operand '%s' is used before it is defined%s",
+                                     tf_op_info_of(n->op)->name, v->name, v->id == n->out->id ? " (a cycle)" : "");
+        }
+        if (tf_infer_node(m, n, d)) return d->status;
+    }
+    for (int i = 0; i < m->nupdates; i++) {
+        tf_update *u = &m->updates[i];
+        char b1[256], b2[256];
+        if (u->buffer->kind != TF_VAL_BUFFER)
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: '%s' is not a buffer", u->buffer->name);
+        if (!tf_type_equal(&u->buffer->type, &u->value->type))
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: buffer '%s' is %s but '%s' is %s", u->buffer->name,
+                                 tf_type_str(m, &u->buffer->type, b1), u->value->name, tf_type_str(m, &u->value->type, b2));
+        for (int j = 0; j < i; j++)
+            if (m->updates[j].buffer == u->buffer)
+                return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: buffer '%s' is updated twice (also at line %d)",
+                                     u->buffer->name, m->updates[j].loc.line);
+    }
+    return TF_IR_OK;
+}

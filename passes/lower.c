@@ -1,0 +1,321 @@
+/* lower.c — rewrite layer ops into core ops.
+ *
+ * Each layer op becomes the core-op graph that computes the same thing, so
+ * every backend only needs core ops and fusion sees every pointwise step.
+ * The last op of a rewrite takes the layer op's name (`h = linear(...)`
+ * becomes `... h = add(h.mm, b1)`), intermediates are named after it, and
+ * nothing else in the module changes. Behaviour that depends on the mode is
+ * decided here: batchnorm uses batch statistics and updates its running
+ * buffers in train mode, running statistics in infer mode; dropout is a
+ * random mask in train mode and disappears in infer mode.
+ *
+ * Losses and normalization statistics are computed in fp32 even for fp16/
+ * bf16 inputs (the op table's policy); the interpreter's layer kernels agree
+ * because every result is rounded only to its own dtype. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct lw {
+    tf_module *m;
+    const tf_options *o;
+    tf_diag *d;
+    const tf_node *n;       /* the layer op being rewritten */
+    const char *base;       /* its result's name */
+    bool failed;
+} lw;
+
+/* Build one core op; names are base.hint. Failure sticks in l->failed. */
+static tf_value *op(lw *l, int opc, const char *hint, int nin, tf_value **in, const tf_named_attr *attrs, int na)
+{
+    if (l->failed) return NULL;
+    char name[512];
+    if (hint) snprintf(name, sizeof name, "%s.%s", l->base, hint);
+    tf_value *v = tf_build(l->m, l->d, opc, in, nin, attrs, na, hint ? name : l->base, &l->n->loc);
+    if (!v) l->failed = true;
+    return v;
+}
+
+static tf_value *op1(lw *l, int opc, const char *hint, tf_value *a) { return op(l, opc, hint, 1, &a, NULL, 0); }
+static tf_value *op2(lw *l, int opc, const char *hint, tf_value *a, tf_value *b)
+{
+    tf_value *in[2] = {a, b};
+    return op(l, opc, hint, 2, in, NULL, 0);
+}
+static tf_value *num(lw *l, double v)
+{
+    if (l->failed) return NULL;
+    tf_value *c = tf_const(l->m, v, TF_DT_F32);
+    if (!c) {
+        tf_diag_error(l->d, TF_IR_ERR_OOM, &l->n->loc, "out of memory");
+        l->failed = true;
+    }
+    return c;
+}
+
+static tf_value *reduce(lw *l, int opc, const char *hint, tf_value *x, const int64_t *axes, int naxes, bool keep)
+{
+    if (l->failed) return NULL;
+    tf_named_attr a[2] = {{"axes", tf_attr_ints(l->m, axes, naxes)}, {"keepdims", tf_attr_bool(keep)}};
+    return op(l, opc, hint, 1, &x, a, 2);
+}
+
+static tf_value *reshape(lw *l, const char *hint, tf_value *x, const tf_dim *dims, int rank)
+{
+    if (l->failed) return NULL;
+    int64_t v[TF_MAX_RANK];
+    for (int i = 0; i < rank; i++) v[i] = dims[i].n;
+    tf_named_attr a = {"shape", tf_attr_ints(l->m, v, rank)};
+    if (a.attr.kind == TF_ATTR_NONE) {
+        l->failed = true;
+        tf_diag_error(l->d, TF_IR_ERR_OOM, &l->n->loc, "out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < rank; i++) a.attr.u.ints.v[i].sym = dims[i].sym;
+    return op(l, TF_OP_RESHAPE, hint, 1, &x, &a, 1);
+}
+
+static tf_value *to_f32(lw *l, const char *hint, tf_value *x)
+{
+    if (x->type.dtype != TF_DT_F16 && x->type.dtype != TF_DT_BF16) return x;
+    tf_named_attr a = {"to", tf_attr_dtype(TF_DT_F32)};
+    return op(l, TF_OP_CAST, hint, 1, &x, &a, 1);
+}
+
+/* softmax / log_softmax along one axis, max-subtracted. */
+static tf_value *softmax(lw *l, tf_value *x, int64_t axis, bool log_, const char *final)
+{
+    tf_value *mx = reduce(l, TF_OP_REDUCE_MAX, "max", x, &axis, 1, true);
+    tf_value *xm = op2(l, TF_OP_SUB, "shifted", x, mx);
+    tf_value *e = op1(l, TF_OP_EXP, "exp", xm);
+    tf_value *s = reduce(l, TF_OP_REDUCE_SUM, "sum", e, &axis, 1, true);
+    if (log_) return op2(l, TF_OP_SUB, final, xm, op1(l, TF_OP_LOG, "logsum", s));
+    return op2(l, TF_OP_DIV, final, e, s);
+}
+
+static tf_value *lower_batchnorm(lw *l, tf_value **in)
+{
+    tf_value *x = in[0], *g = in[1], *b = in[2], *rm = in[3], *rv = in[4];
+    const tf_node *n = l->n;
+    double mom = tf_node_float(n, "momentum"), eps = tf_node_float(n, "eps");
+    int rank = x->type.rank;
+    tf_dim bshape[TF_MAX_RANK], cshape[1] = {x->type.dims[1]};
+    int64_t axes[TF_MAX_RANK];
+    int na = 0;
+    for (int i = 0; i < rank; i++) {
+        bshape[i] = i == 1 ? x->type.dims[1] : (tf_dim){1, -1};
+        if (i != 1) axes[na++] = i;
+    }
+    tf_value *gr = reshape(l, "gamma", g, bshape, rank), *br = reshape(l, "beta", b, bshape, rank);
+    if (l->o->mode == TF_IR_INFER) {
+        tf_value *inv = op1(l, TF_OP_RSQRT, "inv_std", op2(l, TF_OP_ADD, "var_eps", rv, num(l, eps)));
+        tf_value *scale = op2(l, TF_OP_MUL, "scale", g, inv);
+        tf_value *shift = op2(l, TF_OP_SUB, "shift", b, op2(l, TF_OP_MUL, "mean_scaled", rm, scale));
+        tf_value *y = op2(l, TF_OP_MUL, "scaled", x, reshape(l, "scale_b", scale, bshape, rank));
+        return op2(l, TF_OP_ADD, NULL, y, reshape(l, "shift_b", shift, bshape, rank));
+    }
+    tf_value *mu = reduce(l, TF_OP_REDUCE_MEAN, "mean", x, axes, na, true);
+    tf_value *xc = op2(l, TF_OP_SUB, "centered", x, mu);
+    tf_value *var = reduce(l, TF_OP_REDUCE_MEAN, "var", op2(l, TF_OP_MUL, "sq", xc, xc), axes, na, true);
+    tf_value *inv = op1(l, TF_OP_RSQRT, "inv_std", op2(l, TF_OP_ADD, "var_eps", var, num(l, eps)));
+    tf_value *y = op2(l, TF_OP_ADD, NULL, op2(l, TF_OP_MUL, "scaled", op2(l, TF_OP_MUL, "normed", xc, inv), gr), br);
+    /* running statistics: PyTorch's update, unbiased variance */
+    double cnt = (double)(tf_type_numel(&x->type) / x->type.dims[1].n);
+    double unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0;
+    tf_value *rm_new = op2(l, TF_OP_ADD, "running_mean", op2(l, TF_OP_MUL, "rm_keep", rm, num(l, 1 - mom)),
+                           op2(l, TF_OP_MUL, "rm_take", reshape(l, "mean_c", mu, cshape, 1), num(l, mom)));
+    tf_value *rv_new = op2(l, TF_OP_ADD, "running_var", op2(l, TF_OP_MUL, "rv_keep", rv, num(l, 1 - mom)),
+                           op2(l, TF_OP_MUL, "rv_take", reshape(l, "var_c", var, cshape, 1), num(l, mom * unbias)));
+    if (l->failed) return NULL;
+    tf_value *bufs[2] = {rm, rv}, *vals[2] = {rm_new, rv_new};
+    for (int i = 0; i < 2; i++) {
+        if (bufs[i]->kind != TF_VAL_BUFFER) {
+            tf_diag_error(l->d, TF_IR_ERR_VERIFY, &n->loc,
+                          "batchnorm in train mode updates its running statistics: '%s' must be a buffer, not a %s",
+                          bufs[i]->name, bufs[i]->kind == TF_VAL_PARAM ? "param" : "computed value");
+            l->failed = true;
+            return NULL;
+        }
+        tf_module *m = l->m;
+        if (m->nupdates == m->cap_updates) {
+            int cap = m->cap_updates ? m->cap_updates * 2 : 8;
+            tf_update *u = realloc(m->updates, (size_t)cap * sizeof *u);
+            if (!u) {
+                tf_diag_error(l->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
+                l->failed = true;
+                return NULL;
+            }
+            m->updates = u;
+            m->cap_updates = cap;
+        }
+        m->updates[m->nupdates++] = (tf_update){bufs[i], vals[i], n->loc};
+    }
+    return y;
+}
+
+static tf_value *lower_attention(lw *l, tf_value **in)
+{
+    tf_value *q = in[0], *k = in[1], *v = in[2];
+    tf_named_attr tb = {"transpose_b", tf_attr_bool(true)};
+    tf_value *qk[2] = {q, k};
+    tf_value *s = op(l, TF_OP_MATMUL, "scores", 2, qk, &tb, 1);
+    s = op2(l, TF_OP_MUL, "scaled", s, num(l, 1.0 / sqrt((double)q->type.dims[3].n)));
+    if (tf_node_bool(l->n, "causal")) {
+        int64_t shape[2] = {q->type.dims[2].n, k->type.dims[2].n};
+        tf_named_attr rows[2] = {{"shape", tf_attr_ints(l->m, shape, 2)}, {"axis", tf_attr_int(0)}};
+        tf_named_attr cols[2] = {{"shape", tf_attr_ints(l->m, shape, 2)}, {"axis", tf_attr_int(1)}};
+        tf_value *ri = op(l, TF_OP_IOTA, "row", 0, NULL, rows, 2);
+        tf_value *ci = op(l, TF_OP_IOTA, "col", 0, NULL, cols, 2);
+        tf_value *mask = op2(l, TF_OP_LE, "causal", ci, ri);
+        tf_value *w[3] = {mask, s, num(l, -INFINITY)};
+        s = op(l, TF_OP_WHERE, "masked", 3, w, NULL, 0);
+    }
+    tf_value *p = softmax(l, s, -1, false, "probs");
+    tf_value *pv[2] = {p, v};
+    return op(l, TF_OP_MATMUL, NULL, 2, pv, NULL, 0);
+}
+
+static tf_value *lower_node(lw *l, tf_value **in)
+{
+    const tf_node *n = l->n;
+    tf_value *x = in[0];
+    int rank = x->type.rank;
+    switch (n->op) {
+    case TF_OP_LINEAR: {
+        bool vec = rank == 1;
+        if (vec) {
+            tf_dim row[2] = {{1, -1}, x->type.dims[0]};
+            x = reshape(l, "row", x, row, 2);
+        }
+        tf_value *xw[2] = {x, in[1]};
+        tf_value *y = op(l, TF_OP_MATMUL, n->nin == 3 || vec ? "mm" : NULL, 2, xw, NULL, 0);
+        if (vec) {
+            tf_dim out[1] = {in[1]->type.dims[1]};
+            y = reshape(l, n->nin == 3 ? "mm_vec" : NULL, y, out, 1);
+        }
+        return n->nin == 3 ? op2(l, TF_OP_ADD, NULL, y, in[2]) : y;
+    }
+    case TF_OP_CONV2D: {   /* only with a bias: conv2d(x, w) + b[O, 1, 1] */
+        tf_named_attr a[4];
+        const tf_op_info *oi = tf_op_info_of(TF_OP_CONV2D);
+        int na = 0;
+        for (int i = 0; i < oi->nattrs; i++)
+            if (n->attrs[i].set) a[na++] = (tf_named_attr){oi->attrs[i].name, n->attrs[i]};
+        tf_value *c = op(l, TF_OP_CONV2D, "conv", 2, in, a, na);
+        tf_dim bs[3] = {in[1]->type.dims[0], {1, -1}, {1, -1}};
+        return op2(l, TF_OP_ADD, NULL, c, reshape(l, "bias", in[2], bs, 3));
+    }
+    case TF_OP_BATCHNORM: return lower_batchnorm(l, in);
+    case TF_OP_LAYERNORM: {
+        int64_t ax = -1;
+        tf_value *mu = reduce(l, TF_OP_REDUCE_MEAN, "mean", x, &ax, 1, true);
+        tf_value *xc = op2(l, TF_OP_SUB, "centered", x, mu);
+        tf_value *var = reduce(l, TF_OP_REDUCE_MEAN, "var", op2(l, TF_OP_MUL, "sq", xc, xc), &ax, 1, true);
+        tf_value *inv = op1(l, TF_OP_RSQRT, "inv_std", op2(l, TF_OP_ADD, "var_eps", var, num(l, tf_node_float(n, "eps"))));
+        tf_value *y = op2(l, TF_OP_MUL, "scaled", op2(l, TF_OP_MUL, "normed", xc, inv), in[1]);
+        return op2(l, TF_OP_ADD, NULL, y, in[2]);
+    }
+    case TF_OP_SOFTMAX: return softmax(l, x, tf_node_int(n, "axis"), false, NULL);
+    case TF_OP_LOG_SOFTMAX: return softmax(l, x, tf_node_int(n, "axis"), true, NULL);
+    case TF_OP_GELU:
+        if (!strcmp(tf_node_str(n, "approx"), "tanh")) {
+            tf_value *x3 = op2(l, TF_OP_MUL, "cube", op2(l, TF_OP_MUL, "sq", x, x), x);
+            tf_value *inner = op2(l, TF_OP_ADD, "inner", x, op2(l, TF_OP_MUL, "cube_s", x3, num(l, 0.044715)));
+            tf_value *t = op1(l, TF_OP_TANH, "tanh", op2(l, TF_OP_MUL, "inner_s", inner, num(l, 0.7978845608028654)));
+            return op2(l, TF_OP_MUL, NULL, op2(l, TF_OP_MUL, "half", x, num(l, 0.5)), op2(l, TF_OP_ADD, "one_plus", t, num(l, 1)));
+        } else {
+            tf_value *e = op1(l, TF_OP_ERF, "erf", op2(l, TF_OP_MUL, "scaled", x, num(l, 0.7071067811865476)));
+            return op2(l, TF_OP_MUL, NULL, op2(l, TF_OP_MUL, "half", x, num(l, 0.5)), op2(l, TF_OP_ADD, "one_plus", e, num(l, 1)));
+        }
+    case TF_OP_SILU: return op2(l, TF_OP_MUL, NULL, x, op1(l, TF_OP_SIGMOID, "sigmoid", x));
+    case TF_OP_ATTENTION: return lower_attention(l, in);
+    case TF_OP_EMBEDDING: return op2(l, TF_OP_GATHER, NULL, in[0], in[1]);
+    case TF_OP_DROPOUT: {
+        if (l->o->mode == TF_IR_INFER || tf_node_float(n, "p") == 0) return x;   /* identity */
+        tf_named_attr a[2] = {{"p", tf_attr_float(tf_node_float(n, "p"))}, {"salt", tf_attr_int(tf_node_int(n, "salt"))}};
+        tf_value *mask = op(l, TF_OP_DROPOUT_MASK, "mask", 1, &x, a, 2);
+        return op2(l, TF_OP_MUL, NULL, x, mask);
+    }
+    case TF_OP_GLOBAL_AVGPOOL: {
+        int64_t axes[TF_MAX_RANK];
+        for (int i = 2; i < rank; i++) axes[i - 2] = i;
+        return reduce(l, TF_OP_REDUCE_MEAN, NULL, x, axes, rank - 2, false);
+    }
+    case TF_OP_FLATTEN: return reshape(l, NULL, x, n->out->type.dims, 2);
+    case TF_OP_CROSS_ENTROPY: {
+        tf_value *lg = to_f32(l, "f32", x);
+        tf_value *ls = softmax(l, lg, -1, true, "log_probs");
+        tf_named_attr a[2] = {{"depth", tf_attr_int(x->type.dims[rank - 1].n)}, {"dtype", tf_attr_dtype(lg ? lg->type.dtype : TF_DT_F32)}};
+        a[0].attr.u.i.sym = x->type.dims[rank - 1].sym;
+        tf_value *oh = op(l, TF_OP_ONE_HOT, "onehot", 1, &in[1], a, 2);
+        int64_t last = -1;
+        tf_value *pick = reduce(l, TF_OP_REDUCE_SUM, "picked", op2(l, TF_OP_MUL, "masked", ls, oh), &last, 1, false);
+        tf_value *mean = reduce(l, TF_OP_REDUCE_MEAN, "mean", pick, NULL, 0, false);
+        return op1(l, TF_OP_NEG, NULL, mean);
+    }
+    case TF_OP_MSE_LOSS: {
+        tf_value *d = op2(l, TF_OP_SUB, "diff", to_f32(l, "pred_f32", x), to_f32(l, "target_f32", in[1]));
+        return reduce(l, TF_OP_REDUCE_MEAN, NULL, op2(l, TF_OP_MUL, "sq", d, d), NULL, 0, false);
+    }
+    case TF_OP_SUM: case TF_OP_MEAN: case TF_OP_MAX: {
+        int core = n->op == TF_OP_SUM ? TF_OP_REDUCE_SUM : n->op == TF_OP_MEAN ? TF_OP_REDUCE_MEAN : TF_OP_REDUCE_MAX;
+        tf_named_attr a[2] = {{"axes", *tf_node_attr_named(n, "axes")}, {"keepdims", *tf_node_attr_named(n, "keepdims")}};
+        a[0].attr.set = a[1].attr.set = true;
+        return op(l, core, NULL, 1, &x, a, 2);
+    }
+    default:
+        tf_diag_error(l->d, TF_IR_ERR_INTERNAL, &n->loc, "internal: lower has no rule for layer op %s",
+                      tf_op_info_of(n->op)->name);
+        l->failed = true;
+        return NULL;
+    }
+}
+
+static bool needs_lowering(const tf_node *n)
+{
+    return tf_op_has(n->op, TF_OPF_LAYER) || (n->op == TF_OP_CONV2D && n->nin == 3);
+}
+
+tf_ir_status pass_lower(tf_module *m, const tf_options *o)
+{
+    tf_module_renumber(m);
+    tf_value **map = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
+    tf_vec old = m->nodes;
+    if (!map) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
+    memset(&m->nodes, 0, sizeof m->nodes);
+    tf_ir_status st = TF_IR_OK;
+    int nupdates = m->nupdates;   /* those written by the user; batchnorm adds more */
+    for (int i = 0; i < old.n && !st; i++) {
+        tf_node *n = old.items[i];
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k]->kind != TF_VAL_CONST && map[n->in[k]->id]) n->in[k] = map[n->in[k]->id];
+        if (!needs_lowering(n)) {
+            if (tf_module_append_node(m, n)) st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
+            continue;
+        }
+        lw l = {m, o, o->diag, n, n->out->name, false};
+        tf_module_remove_name(m, n->out);   /* the rewrite's last op takes the name */
+        tf_value *r = lower_node(&l, n->in);
+        if (!r) { st = o->diag->status ? o->diag->status : TF_IR_ERR_INTERNAL; break; }
+        if (!tf_type_equal(&r->type, &n->out->type)) {
+            char b1[256], b2[256];
+            st = tf_diag_error(o->diag, TF_IR_ERR_INTERNAL, &n->loc, "internal: lowering %s gave %s, expected %s",
+                               tf_op_info_of(n->op)->name, tf_type_str(m, &r->type, b1), tf_type_str(m, &n->out->type, b2));
+            break;
+        }
+        map[n->out->id] = r;
+    }
+    if (!st) {
+        for (int i = 0; i < m->noutputs; i++)
+            if (map[m->outputs[i].value->id]) m->outputs[i].value = map[m->outputs[i].value->id];
+        for (int i = 0; i < nupdates; i++)
+            if (map[m->updates[i].value->id]) m->updates[i].value = map[m->updates[i].value->id];
+    }
+    free(map);
+    free(old.items);
+    if (st) return st;
+    tf_module_renumber(m);
+    return TF_IR_OK;
+}

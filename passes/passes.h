@@ -1,0 +1,44 @@
+/* passes.h — the pass interface and the pass manager.
+ *
+ * A pass is `tf_ir_status pass_NAME(tf_module *, const tf_options *)`: it
+ * rewrites the module in place and reports problems into o->diag. The pass
+ * manager runs a named pipeline (one list per mode), verifies the module
+ * after every pass, and writes `--dump-ir` files as NN-NAME.ir, each of which
+ * parses again. */
+#ifndef TF_PASSES_H
+#define TF_PASSES_H
+
+#include <stdio.h>
+
+#include "ops.h"
+
+typedef struct tf_options {
+    tf_ir_mode mode;
+    const char *dump_ir;    /* NULL, "all" or a pass name */
+    const char *dump_dir;   /* default "." */
+    FILE *explain;          /* one line per decision, or NULL */
+    tf_diag *diag;
+} tf_options;
+
+typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
+
+typedef struct tf_pass_info {
+    const char *name;
+    tf_pass_fn run;
+    const char *what;       /* one line for --help */
+} tf_pass_info;
+
+tf_ir_status pass_lower(tf_module *m, const tf_options *o);
+
+/* Every registered pass, and lookup by name (NULL if none). */
+extern const tf_pass_info tf_passes[];
+extern const int tf_npasses;
+const tf_pass_info *tf_pass_find(const char *name, size_t len);
+
+/* The default pipeline of a mode, comma-separated. */
+const char *tf_pipeline_default(tf_ir_mode mode);
+/* Run a comma-separated pass list (NULL: the mode's default). Unknown names
+ * are reported before anything runs. */
+tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o);
+
+#endif

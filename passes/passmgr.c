@@ -1,0 +1,84 @@
+/* passmgr.c — pipelines, verification between passes, IR dumps. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+const tf_pass_info tf_passes[] = {
+    {"lower", pass_lower, "rewrite layer ops (linear, batchnorm, attention, ...) into core ops"},
+};
+const int tf_npasses = (int)(sizeof tf_passes / sizeof tf_passes[0]);
+
+/* One list per mode; later issues add the optimizing passes here. */
+static const char *const pipelines[] = {
+    [TF_IR_TRAIN] = "lower",
+    [TF_IR_INFER] = "lower",
+};
+
+const char *tf_pipeline_default(tf_ir_mode mode) { return pipelines[mode]; }
+
+const tf_pass_info *tf_pass_find(const char *name, size_t len)
+{
+    for (int i = 0; i < tf_npasses; i++)
+        if (strlen(tf_passes[i].name) == len && memcmp(tf_passes[i].name, name, len) == 0) return &tf_passes[i];
+    return NULL;
+}
+
+static tf_ir_status dump(tf_module *m, const tf_options *o, int index, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%02d-%s.ir", o->dump_dir ? o->dump_dir : ".", index, name);
+    char *text = tf_print_module(m);
+    if (!text) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory printing the module");
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(text);
+        tf_loc l = {path, 0, 0};
+        return tf_diag_error(o->diag, TF_IR_ERR_RUNTIME, &l, "cannot write IR dump: %s", strerror(errno));
+    }
+    fprintf(f, "# after pass %s (%s mode)\n%s", name, o->mode == TF_IR_TRAIN ? "train" : "infer", text);
+    free(text);
+    if (fclose(f) != 0) {
+        tf_loc l = {path, 0, 0};
+        return tf_diag_error(o->diag, TF_IR_ERR_RUNTIME, &l, "cannot write IR dump: %s", strerror(errno));
+    }
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o)
+{
+    if (!list) list = tf_pipeline_default(o->mode);
+    const tf_pass_info *plan[64];
+    int n = 0;
+    for (const char *p = list; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len) {
+            const tf_pass_info *pi = tf_pass_find(p, len);
+            if (!pi) {
+                char names[512];
+                size_t k = 0;
+                for (int i = 0; i < tf_npasses; i++)
+                    k += (size_t)snprintf(names + k, sizeof names - k, "%s%s", i ? ", " : "", tf_passes[i].name);
+                return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "unknown pass '%.*s'; passes are: %s", (int)len, p,
+                                     names);
+            }
+            if (n == 64) return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "more than 64 passes in one pipeline");
+            plan[n++] = pi;
+        }
+        p += len + (comma ? 1 : 0);
+    }
+    if (o->dump_ir && strcmp(o->dump_ir, "all") && !tf_pass_find(o->dump_ir, strlen(o->dump_ir)))
+        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--dump-ir=%s names no pass", o->dump_ir);
+    if (o->dump_ir && !strcmp(o->dump_ir, "all") && dump(m, o, 0, "input")) return o->diag->status;
+    for (int i = 0; i < n; i++) {
+        if (plan[i]->run(m, o)) return o->diag->status;
+        if (tf_verify(m, o->diag)) return o->diag->status;   /* a pass that breaks the IR is caught here */
+        if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, plan[i]->name)) &&
+            dump(m, o, i + 1, plan[i]->name))
+            return o->diag->status;
+    }
+    return TF_IR_OK;
+}

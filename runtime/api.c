@@ -1,0 +1,614 @@
+/* api.c — include/tfuse.h on top of the IR, the passes and the backends. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "parser.h"
+#include "runtime.h"
+#include "tensorio.h"
+
+_Static_assert((int)TF_DTYPE_F32 == (int)TF_DT_F32 && (int)TF_DTYPE_F16 == (int)TF_DT_F16 &&
+                   (int)TF_DTYPE_BF16 == (int)TF_DT_BF16 && (int)TF_DTYPE_F64 == (int)TF_DT_F64 &&
+                   (int)TF_DTYPE_I64 == (int)TF_DT_I64 && (int)TF_DTYPE_I32 == (int)TF_DT_I32 &&
+                   (int)TF_DTYPE_BOOL == (int)TF_DT_BOOL,
+               "public and IR dtype codes agree");
+_Static_assert((int)TIO_F32 == (int)TF_DT_F32 && (int)TIO_BOOL == (int)TF_DT_BOOL && (int)TIO_I32 == (int)TF_DT_I32,
+               "tensorio and IR dtype codes agree");
+
+/* ---- context and errors ---- */
+
+tf_status tf_context_create(tf_context_t **out)
+{
+    if (!out) return TF_ERR_INVALID_ARG;
+    *out = calloc(1, sizeof **out);
+    return *out ? TF_OK : TF_ERR_OOM;
+}
+
+void tf_context_free(tf_context_t *ctx) { free(ctx); }
+
+const char *tf_context_last_error(const tf_context_t *ctx) { return ctx ? ctx->err : "no context"; }
+
+tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...)
+{
+    if (!ctx) return st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d)
+{
+    static const tf_status map[] = {
+        [TF_IR_OK] = TF_OK,           [TF_IR_ERR_SYNTAX] = TF_ERR_PARSE, [TF_IR_ERR_VERIFY] = TF_ERR_VERIFY,
+        [TF_IR_ERR_LIMIT] = TF_ERR_LIMIT, [TF_IR_ERR_OOM] = TF_ERR_OOM,  [TF_IR_ERR_RUNTIME] = TF_ERR_RUNTIME,
+        [TF_IR_ERR_INTERNAL] = TF_ERR_INTERNAL,
+    };
+    tf_status st = map[d->status];
+    if (st == TF_OK) st = TF_ERR_INTERNAL;   /* a failure without a message is our bug */
+    return tf_set_error(ctx, st, "%s", d->msg[0] ? d->msg : "error: internal: failure without a message");
+}
+
+const char *tf_status_name(tf_status s)
+{
+    static const char *names[] = {"ok", "invalid argument", "parse error", "verify error", "limit exceeded",
+                                  "i/o error", "format error", "out of memory", "target unavailable",
+                                  "unsupported", "runtime error", "internal error"};
+    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "unknown status";
+}
+
+const char *tf_dtype_str(tf_dtype t) { return tf_dtype_name((tf_dt)t); }
+int tf_dtype_size(tf_dtype t) { return tf_dtype_bytes((tf_dt)t); }
+
+/* ---- models ---- */
+
+static tf_status parse_into(tf_context_t *ctx, const char *name, const char *text, size_t len,
+                            const tf_dim_override *dims, size_t ndims, tf_model_t **out)
+{
+    if (ndims > 256) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: more than 256 --dim overrides");
+    tf_dim_set set[256];
+    for (size_t i = 0; i < ndims; i++) {
+        if (!dims[i].name) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: dim override %zu has no name", i);
+        set[i] = (tf_dim_set){dims[i].name, dims[i].value};
+    }
+    tf_diag d = {0};
+    tf_module *m;
+    if (tf_parse(name, text, len, set, (int)ndims, &m, &d)) return tf_from_diag(ctx, &d);
+    tf_model_t *mo = malloc(sizeof *mo);
+    if (!mo) {
+        tf_module_free(m);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    mo->m = m;
+    *out = mo;
+    return TF_OK;
+}
+
+tf_status tf_model_parse_string(tf_context_t *ctx, const char *name, const char *text, size_t len,
+                                const tf_dim_override *dims, size_t ndims, tf_model_t **out)
+{
+    if (!ctx || !out || (!text && len)) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    return parse_into(ctx, name ? name : "<string>", text ? text : "", len, dims, ndims, out);
+}
+
+tf_status tf_model_parse_file(tf_context_t *ctx, const char *path, const tf_dim_override *dims, size_t ndims,
+                              tf_model_t **out)
+{
+    if (!ctx || !path || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > TF_MAX_SOURCE_BYTES) {
+        fclose(f);
+        return tf_set_error(ctx, TF_ERR_LIMIT, "%s: error: file is %lld bytes; model files are limited to %zu bytes",
+                            path, (long long)st.st_size, TF_MAX_SOURCE_BYTES);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return tf_set_error(ctx, TF_ERR_OOM, "%s: error: out of memory reading the file", path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad || got != n) {
+        free(buf);
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: read failed", path);
+    }
+    buf[n] = 0;
+    tf_status s = parse_into(ctx, path, buf, n, dims, ndims, out);
+    free(buf);
+    return s;
+}
+
+void tf_model_free(tf_model_t *m)
+{
+    if (!m) return;
+    tf_module_free(m->m);
+    free(m);
+}
+
+static tf_status print_module(tf_context_t *ctx, const tf_module *m, char **out)
+{
+    if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = tf_print_module(m);
+    return *out ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
+}
+
+tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
+{
+    if (!m) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL model");
+    return print_module(ctx, m->m, out);
+}
+
+tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode)
+{
+    if (!m || !passes) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    tf_diag d = {0};
+    tf_options o = {.mode = mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN, .diag = &d};
+    if (tf_run_pipeline(m->m, passes, &o)) return tf_from_diag(ctx, &d);
+    return TF_OK;
+}
+
+/* ---- compiling ---- */
+
+void tf_compile_options_init(tf_compile_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mode = TF_MODE_TRAIN;
+    o->target = TF_TARGET_INTERP;
+}
+
+const tf_backend *tf_backend_for(tf_target t) { return t == TF_TARGET_INTERP ? &tf_backend_interp : NULL; }
+
+static const char *target_name(tf_target t)
+{
+    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : "?";
+}
+
+/* Planned peak of live tensor bytes: params, buffers and inputs live
+ * throughout; an op's result lives from its op to its last use (outputs to
+ * the end). No reuse within an op; memplan (a later pass) refines this. */
+static int64_t peak_bytes(tf_module *m)
+{
+    tf_module_renumber(m);
+    int *last = malloc((size_t)(m->next_id ? m->next_id : 1) * sizeof *last);
+    if (!last) return -1;
+    for (int i = 0; i < m->next_id; i++) last[i] = -1;
+    int end = m->nodes.n;
+    for (int i = 0; i < m->nodes.n; i++) {
+        tf_node *n = m->nodes.items[i];
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k]->kind != TF_VAL_CONST) last[n->in[k]->id] = i;
+    }
+    for (int i = 0; i < m->noutputs; i++) last[m->outputs[i].value->id] = end;
+    for (int i = 0; i < m->nupdates; i++) last[m->updates[i].value->id] = end;
+    int64_t fixed = 0, live = 0, peak = 0;
+    for (int i = 0; i < m->decls.n; i++) {
+        tf_value *v = m->decls.items[i];
+        fixed += tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype);
+    }
+    int64_t *freed_at = calloc((size_t)(end + 1), sizeof *freed_at);
+    if (!freed_at) {
+        free(last);
+        return -1;
+    }
+    for (int i = 0; i < m->nodes.n; i++) {
+        tf_value *v = ((tf_node *)m->nodes.items[i])->out;
+        int64_t b = tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype);
+        live += b;
+        if (live > peak) peak = live;
+        int lu = last[v->id] < 0 ? i : last[v->id];
+        freed_at[lu] += b;
+        live -= freed_at[i];
+    }
+    free(freed_at);
+    free(last);
+    return fixed + peak;
+}
+
+static void add_stat(tf_program_t *p, const char *name, int64_t v)
+{
+    if (p->nstats < (int)(sizeof p->stats / sizeof *p->stats)) p->stats[p->nstats++] = (tf_stat_entry){name, v};
+}
+
+void tf_program_free(tf_program_t *p)
+{
+    if (!p) return;
+    tf_module_free(p->m);
+    free(p->inputs.items);
+    free(p->params.items);
+    free(p->buffers.items);
+    free(p);
+}
+
+tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
+                             tf_program_t **out)
+{
+    if (!ctx || !model || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    tf_compile_options dflt;
+    if (!opts) {
+        tf_compile_options_init(&dflt);
+        opts = &dflt;
+    }
+    if (!tf_backend_for(opts->target))
+        return tf_set_error(ctx, TF_ERR_UNAVAILABLE,
+                            "error: target '%s' is not part of this build yet (this build has: interp); "
+                            "compile with --target=interp",
+                            target_name(opts->target));
+    tf_program_t *p = calloc(1, sizeof *p);
+    if (!p || !(p->m = tf_module_clone(model->m))) {
+        free(p);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
+    p->target = opts->target;
+    tf_diag d = {0};
+    tf_options o = {.mode = p->mode, .dump_ir = opts->dump_ir, .dump_dir = opts->dump_dir, .diag = &d};
+    if (tf_run_pipeline(p->m, NULL, &o)) {
+        tf_program_free(p);
+        return tf_from_diag(ctx, &d);
+    }
+    int64_t params = 0;
+    for (int i = 0; i < p->m->decls.n; i++) {
+        tf_value *v = p->m->decls.items[i];
+        tf_vec *dst = v->kind == TF_VAL_INPUT ? &p->inputs : v->kind == TF_VAL_PARAM ? &p->params : &p->buffers;
+        if (tf_vec_push(p->m, dst, v)) {
+            tf_program_free(p);
+            return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        }
+        if (v->kind == TF_VAL_PARAM) params += tf_type_numel(&v->type);
+    }
+    add_stat(p, "ops", p->m->nodes.n);
+    add_stat(p, "kernels", p->m->nodes.n);   /* interp: one kernel per op, nothing fused */
+    add_stat(p, "params", params);
+    add_stat(p, "peak_bytes", peak_bytes(p->m));
+    add_stat(p, "inputs", p->inputs.n);
+    add_stat(p, "outputs", p->m->noutputs);
+    *out = p;
+    return TF_OK;
+}
+
+size_t tf_program_stat_count(const tf_program_t *p) { return p ? (size_t)p->nstats : 0; }
+
+tf_status tf_program_stat(const tf_program_t *p, size_t i, const char **name, int64_t *value)
+{
+    if (!p || i >= (size_t)p->nstats || !name || !value) return TF_ERR_INVALID_ARG;
+    *name = p->stats[i].name;
+    *value = p->stats[i].value;
+    return TF_OK;
+}
+
+tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
+{
+    if (!p) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL program");
+    return print_module(ctx, p->m, out);
+}
+
+size_t tf_program_io_count(const tf_program_t *p, tf_io_kind kind)
+{
+    if (!p) return 0;
+    switch (kind) {
+    case TF_IO_INPUT: return (size_t)p->inputs.n;
+    case TF_IO_OUTPUT: return (size_t)p->m->noutputs;
+    case TF_IO_PARAM: return (size_t)p->params.n;
+    case TF_IO_BUFFER: return (size_t)p->buffers.n;
+    }
+    return 0;
+}
+
+static void fill_shape(const tf_type *t, tf_dtype *dtype, int *rank, int64_t shape[8])
+{
+    if (dtype) *dtype = (tf_dtype)t->dtype;
+    if (rank) *rank = t->rank;
+    if (shape)
+        for (int i = 0; i < t->rank; i++) shape[i] = t->dims[i].n;
+}
+
+tf_status tf_program_io(const tf_program_t *p, tf_io_kind kind, size_t i, const char **name, tf_dtype *dtype,
+                        int *rank, int64_t shape[8])
+{
+    if (!p || i >= tf_program_io_count(p, kind)) return TF_ERR_INVALID_ARG;
+    const tf_value *v;
+    const char *nm;
+    if (kind == TF_IO_OUTPUT) {
+        v = p->m->outputs[i].value;
+        nm = p->m->outputs[i].name;
+    } else {
+        const tf_vec *vec = kind == TF_IO_INPUT ? &p->inputs : kind == TF_IO_PARAM ? &p->params : &p->buffers;
+        v = vec->items[i];
+        nm = v->name;
+    }
+    if (name) *name = nm;
+    fill_shape(&v->type, dtype, rank, shape);
+    return TF_OK;
+}
+
+tf_status tf_program_input_bound(const tf_program_t *p, size_t i, int64_t *upper)
+{
+    if (!p || !upper || i >= (size_t)p->inputs.n) return TF_ERR_INVALID_ARG;
+    const tf_value *v = p->inputs.items[i];
+    int64_t bound = 0;
+    for (int k = 0; k < p->m->nodes.n; k++) {
+        const tf_node *n = p->m->nodes.items[k];
+        int64_t b = 0;
+        if ((n->op == TF_OP_ONE_HOT) && n->in[0] == v) b = tf_node_int(n, "depth");
+        if ((n->op == TF_OP_GATHER || n->op == TF_OP_EMBEDDING) && n->in[0] == v) b = n->in[1]->type.dims[0].n;
+        if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) b = n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
+        if (b && (!bound || b < bound)) bound = b;
+    }
+    *upper = bound;
+    return TF_OK;
+}
+
+/* ---- sessions ---- */
+
+static size_t type_bytes(const tf_type *t) { return (size_t)tf_type_numel(t) * (size_t)tf_dtype_bytes(t->dtype); }
+
+tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target target, uint64_t seed,
+                            tf_session_t **out)
+{
+    if (!ctx || !p || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    const tf_backend *be = tf_backend_for(target);
+    if (!be)
+        return tf_set_error(ctx, TF_ERR_UNAVAILABLE,
+                            "error: target '%s' is not part of this build yet (this build has: interp)",
+                            target_name(target));
+    const char *why = be->unavailable();
+    if (why) return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target '%s' cannot run here: %s", be->name, why);
+    tf_session_t *s = calloc(1, sizeof *s);
+    if (!s) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    s->ctx = ctx;
+    s->p = p;
+    s->be = be;
+    s->seed = seed;
+    s->bound = calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *s->bound);
+    s->out = calloc((size_t)(p->m->noutputs ? p->m->noutputs : 1), sizeof *s->out);
+    bool ok = s->bound && s->out;
+    for (int i = 0; ok && i < p->m->noutputs; i++) {
+        size_t b = type_bytes(&p->m->outputs[i].value->type);
+        ok = (s->out[i] = malloc(b ? b : 1)) != NULL;
+    }
+    if (!ok) {
+        tf_session_free(s);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory allocating outputs");
+    }
+    tf_status st = be->session_create(s);
+    if (st) {
+        s->be = NULL;   /* nothing to free in the backend */
+        tf_session_free(s);
+        return st;
+    }
+    *out = s;
+    return TF_OK;
+}
+
+void tf_session_free(tf_session_t *s)
+{
+    if (!s) return;
+    if (s->be && s->impl) s->be->session_free(s);
+    if (s->out)
+        for (int i = 0; i < s->p->m->noutputs; i++) free(s->out[i]);
+    free(s->out);
+    free(s->bound);
+    free(s);
+}
+
+static char *shape_str(char *buf, size_t n, tf_dtype dt, const int64_t *shape, int rank)
+{
+    size_t k = (size_t)snprintf(buf, n, "%s[", tf_dtype_name((tf_dt)dt));
+    for (int i = 0; i < rank && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype, const int64_t *shape, int rank,
+                          const void *data)
+{
+    if (!s || !input || (!shape && rank) || !data)
+        return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    for (int i = 0; i < s->p->inputs.n; i++) {
+        const tf_value *v = s->p->inputs.items[i];
+        if (strcmp(v->name, input) != 0) continue;
+        bool ok = (tf_dt)dtype == v->type.dtype && rank == v->type.rank;
+        for (int k = 0; ok && k < rank; k++) ok = shape[k] == v->type.dims[k].n;
+        if (!ok) {
+            char b1[256], b2[256];
+            return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: input '%s' is %s, the data given is %s", input,
+                                tf_type_str(NULL, &v->type, b1), shape_str(b2, sizeof b2, dtype, shape, rank));
+        }
+        s->bound[i] = data;
+        return TF_OK;
+    }
+    return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no input named '%s'", input);
+}
+
+tf_status tf_session_run(tf_session_t *s)
+{
+    if (!s) return TF_ERR_INVALID_ARG;
+    for (int i = 0; i < s->p->inputs.n; i++)
+        if (!s->bound[i])
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: input '%s' is not bound",
+                                ((tf_value *)s->p->inputs.items[i])->name);
+    return s->be->run(s);
+}
+
+tf_status tf_session_output(tf_session_t *s, const char *name, tf_tensor_view *out)
+{
+    if (!s || !name || !out) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    for (int i = 0; i < s->p->m->noutputs; i++)
+        if (!strcmp(s->p->m->outputs[i].name, name)) {
+            fill_shape(&s->p->m->outputs[i].value->type, &out->dtype, &out->rank, out->shape);
+            out->data = s->out[i];
+            return TF_OK;
+        }
+    return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no output named '%s'", name);
+}
+
+static const tf_value *find_state(const tf_session_t *s, const char *name)
+{
+    for (int i = 0; i < s->p->params.n; i++)
+        if (!strcmp(((tf_value *)s->p->params.items[i])->name, name)) return s->p->params.items[i];
+    for (int i = 0; i < s->p->buffers.n; i++)
+        if (!strcmp(((tf_value *)s->p->buffers.items[i])->name, name)) return s->p->buffers.items[i];
+    return NULL;
+}
+
+tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out)
+{
+    if (!s || !name || !out || !out->data) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    const tf_value *v = find_state(s, name);
+    if (!v) return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no param or buffer named '%s'", name);
+    fill_shape(&v->type, &out->dtype, &out->rank, out->shape);
+    return s->be->state_read(s, v, out->data);
+}
+
+static tf_status check_view(tf_session_t *s, const tf_value *v, const tf_tensor_view *t, const char *what)
+{
+    bool ok = (tf_dt)t->dtype == v->type.dtype && t->rank == v->type.rank;
+    for (int k = 0; ok && k < t->rank; k++) ok = t->shape[k] == v->type.dims[k].n;
+    if (ok) return TF_OK;
+    char b1[256], b2[256];
+    return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "%s: error: '%s' is %s in the model, %s there", what, v->name,
+                        tf_type_str(NULL, &v->type, b1), shape_str(b2, sizeof b2, t->dtype, t->shape, t->rank));
+}
+
+tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tensor_view *t)
+{
+    if (!s || !name || !t || !t->data) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    const tf_value *v = find_state(s, name);
+    if (!v) return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no param or buffer named '%s'", name);
+    tf_status st = check_view(s, v, t, "set_state");
+    return st ? st : s->be->state_write(s, v, t->data);
+}
+
+tf_status tf_session_load_state(tf_session_t *s, const char *path)
+{
+    if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    char err[1024];
+    tio_tensor *ts = NULL;
+    size_t n = 0;
+    tio_status ts_st = tio_safetensors_read(path, &ts, &n, err, sizeof err);
+    if (ts_st)
+        return tf_set_error(s->ctx, ts_st == TIO_ERR_IO ? TF_ERR_IO : ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT,
+                            "%s", err);
+    tf_status st = TF_OK;
+    /* check everything before writing anything: a bad file changes no state */
+    for (size_t i = 0; i < n && !st; i++) {
+        const tf_value *v = find_state(s, ts[i].name);
+        if (!v) {
+            st = tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "%s: error: tensor '%s' matches no param or buffer of the model",
+                              path, ts[i].name);
+            break;
+        }
+        if (ts[i].dtype > TIO_BOOL) {
+            st = tf_set_error(s->ctx, TF_ERR_FORMAT, "%s: error: tensor '%s' has dtype %s, which tfuse does not use", path,
+                              ts[i].name, tio_dtype_name(ts[i].dtype));
+            break;
+        }
+        tf_tensor_view tv = {.dtype = (tf_dtype)ts[i].dtype, .rank = ts[i].rank, .data = ts[i].data};
+        memcpy(tv.shape, ts[i].shape, sizeof tv.shape);
+        st = check_view(s, v, &tv, path);
+    }
+    for (size_t i = 0; i < n && !st; i++) st = s->be->state_write(s, find_state(s, ts[i].name), ts[i].data);
+    tio_tensors_free(ts, n);
+    return st;
+}
+
+tf_status tf_session_save_state(tf_session_t *s, const char *path)
+{
+    if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    size_t n = (size_t)(s->p->params.n + s->p->buffers.n);
+    tio_tensor *ts = calloc(n ? n : 1, sizeof *ts);
+    if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    tf_status st = TF_OK;
+    for (size_t i = 0; i < n && !st; i++) {
+        const tf_value *v = i < (size_t)s->p->params.n ? s->p->params.items[i] : s->p->buffers.items[i - (size_t)s->p->params.n];
+        ts[i].name = (char *)v->name;
+        ts[i].dtype = (tio_dtype)v->type.dtype;
+        ts[i].rank = v->type.rank;
+        for (int k = 0; k < v->type.rank; k++) ts[i].shape[k] = v->type.dims[k].n;
+        ts[i].nbytes = type_bytes(&v->type);
+        if (!(ts[i].data = malloc(ts[i].nbytes ? ts[i].nbytes : 1))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        else st = s->be->state_read(s, v, ts[i].data);
+    }
+    char err[1024];
+    if (!st && tio_safetensors_write(path, ts, n, NULL, err, sizeof err)) st = tf_set_error(s->ctx, TF_ERR_IO, "%s", err);
+    for (size_t i = 0; i < n; i++) free(ts[i].data);
+    free(ts);
+    return st;
+}
+
+/* ---- host arrays ---- */
+
+struct tf_array {
+    tio_tensor t;
+};
+
+tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **out)
+{
+    if (!ctx || !path || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    tf_array_t *a = calloc(1, sizeof *a);
+    if (!a) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    char err[1024];
+    tio_status st = tio_npy_read(path, &a->t, err, sizeof err);
+    if (st) {
+        free(a);
+        return tf_set_error(ctx, st == TIO_ERR_IO ? TF_ERR_IO : st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err);
+    }
+    if (a->t.dtype > TIO_BOOL) {
+        tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: dtype %s is not one tfuse uses (f32 f16 bf16 f64 i64 i32 bool)", path,
+                     tio_dtype_name(a->t.dtype));
+        tf_array_free(a);
+        return TF_ERR_FORMAT;
+    }
+    *out = a;
+    return TF_OK;
+}
+
+tf_status tf_array_save_npy(tf_context_t *ctx, const char *path, const tf_tensor_view *t)
+{
+    if (!ctx || !path || !t || !t->data || t->rank < 0 || t->rank > 8)
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: bad argument");
+    tio_tensor tt = {.dtype = (tio_dtype)t->dtype, .rank = t->rank, .data = t->data};
+    size_t n = 1;
+    for (int i = 0; i < t->rank; i++) {
+        tt.shape[i] = t->shape[i];
+        n *= (size_t)t->shape[i];
+    }
+    tt.nbytes = n * (size_t)tf_dtype_bytes((tf_dt)t->dtype);
+    char err[1024];
+    tio_status st = tio_npy_write(path, &tt, err, sizeof err);
+    return st ? tf_set_error(ctx, st == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : TF_ERR_IO, "%s", err) : TF_OK;
+}
+
+tf_status tf_array_view(const tf_array_t *a, tf_tensor_view *out)
+{
+    if (!a || !out) return TF_ERR_INVALID_ARG;
+    out->dtype = (tf_dtype)a->t.dtype;
+    out->rank = a->t.rank;
+    memcpy(out->shape, a->t.shape, sizeof out->shape);
+    out->data = a->t.data;
+    return TF_OK;
+}
+
+void tf_array_free(tf_array_t *a)
+{
+    if (!a) return;
+    tio_tensor_free(&a->t);
+    free(a);
+}

@@ -1,0 +1,75 @@
+/* runtime.h — what libtfuse's implementation files share: the structures
+ * behind the public handles, element conversion and the backend interface.
+ *
+ * A backend (interp, cpu, cuda) is a struct of function pointers, peers
+ * behind one narrow interface (ggml's backend interface is the model).
+ * `unavailable` says, before anything is created, why a target cannot run
+ * here; no backend silently falls back to another. */
+#ifndef TF_RUNTIME_H
+#define TF_RUNTIME_H
+
+#include <stdbool.h>
+
+#include "../include/tfuse.h"
+#include "ops.h"
+#include "passes.h"
+
+struct tf_context {
+    char err[2048];
+};
+
+struct tf_model {
+    tf_module *m;
+};
+
+typedef struct tf_stat_entry { const char *name; int64_t value; } tf_stat_entry;
+
+struct tf_program {
+    tf_module *m;           /* after every pass; owned */
+    tf_ir_mode mode;
+    tf_target target;
+    tf_stat_entry stats[8];
+    int nstats;
+    tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
+};
+
+typedef struct tf_backend tf_backend;
+
+struct tf_session {
+    tf_context_t *ctx;
+    const tf_program_t *p;
+    const tf_backend *be;
+    void *impl;             /* the backend's state */
+    uint64_t seed;
+    const void **bound;     /* per program input: caller memory, or NULL */
+    void **out;             /* per module output: host buffer in storage dtype */
+};
+
+struct tf_backend {
+    const char *name;
+    /* NULL when the target can run on this machine, else why not. */
+    const char *(*unavailable)(void);
+    /* Set up s->impl: allocate state, run initializers with s->seed. */
+    tf_status (*session_create)(tf_session_t *s);
+    void (*session_free)(tf_session_t *s);
+    /* One step over the bound inputs; fills s->out[i] (storage dtype). */
+    tf_status (*run)(tf_session_t *s);
+    /* Copy a param/buffer out of / into the session (storage dtype). */
+    tf_status (*state_read)(tf_session_t *s, const tf_value *v, void *dst);
+    tf_status (*state_write)(tf_session_t *s, const tf_value *v, const void *src);
+};
+
+extern const tf_backend tf_backend_interp;
+const tf_backend *tf_backend_for(tf_target t);
+
+/* Set the context's message; returns st. */
+tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Carry an IR diagnostic into the context. */
+tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d);
+
+/* Element conversion between doubles and storage dtypes (f16/bf16 as their
+ * 16-bit patterns, rounding to nearest even; bool as one byte). */
+double tf_elem_load(tf_dt t, const void *base, int64_t i);
+void tf_elem_store(tf_dt t, void *base, int64_t i, double v);
+
+#endif

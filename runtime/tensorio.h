@@ -1,0 +1,102 @@
+/* tensorio.h — read and write NumPy .npy and .safetensors files.
+ *
+ * Depends only on libc plus POSIX open/fsync/rename. Every reader loads the
+ * whole file into memory (after checking its size with fstat) and parses from
+ * that buffer, so a malformed file can never make us read past what exists.
+ * Every failure returns a non-OK status and fills `err` with
+ * "PATH: what was expected, what was found"; nothing leaks on any path.
+ *
+ * Decisions:
+ *  - Limits: files over 16 GiB and tensors over 2^40 bytes give TIO_ERR_LIMIT,
+ *    for both formats (we hold the whole file in memory). Rank > 8 is
+ *    TIO_ERR_LIMIT too. Element-count and byte-count products are checked for
+ *    64-bit overflow (TIO_ERR_FORMAT); a shape with a zero dimension is empty.
+ *  - Tensor data in memory is row-major (C order), in host byte order. On a
+ *    little-endian host that is little-endian, as the struct says; on a
+ *    big-endian host the readers and writers byte-swap as needed.
+ *  - bool data is normalized to 0/1 on read, so it is safe to read as _Bool.
+ *  - On success `data` is never NULL (a 1-byte allocation for empty tensors).
+ *    On failure the outputs are zeroed: tio_tensor_free / tio_tensors_free on
+ *    them is harmless.
+ *
+ * .npy:
+ *  - Versions 1.0, 2.0 and 3.0 are read; 1.0 is written. The header dict must
+ *    have exactly the keys 'descr', 'fortran_order', 'shape' (any order, either
+ *    quote style, any Python whitespace, optional trailing comma); anything
+ *    else, including unknown or duplicate keys, is rejected. `(5)` is not a
+ *    tuple and is rejected with a hint; `(5,)` is. A Python 2 `L` suffix on
+ *    dims is accepted (very old NumPy wrote it).
+ *  - descr: <f4 <f2 <f8 <i8 <i4 <i2 and |i1 |u1 |b1. '>' is byte-swapped on
+ *    read; '=' means host order; '<' and '>' are also accepted on the 1-byte
+ *    types, '|' is rejected on multi-byte types. Structured dtypes are not.
+ *  - fortran_order True is accepted and transposed to C order on read.
+ *  - Bytes after the data are ignored, as numpy.load ignores them.
+ *  - bf16 has no NumPy dtype: writing it is TIO_ERR_ARG (use safetensors).
+ *  - Writing produces NumPy's exact header: "{'descr': '<f4', 'fortran_order':
+ *    False, 'shape': (2, 3), }" padded with spaces and a final '\n' so the
+ *    data starts at a multiple of 64 bytes.
+ *
+ * .safetensors:
+ *  - 8-byte little-endian header length N (<= 100 MB, <= file size - 8), then
+ *    N bytes of UTF-8 JSON parsed by a small strict parser (objects, arrays,
+ *    strings with escapes, integers; no floats/true/false/null, nesting <= 64).
+ *    JSON errors name the byte offset in the file.
+ *  - Tensors are returned in header order. "__metadata__" must be an object of
+ *    strings and is skipped. Tensor objects must have exactly dtype, shape and
+ *    data_offsets. Names must be non-empty, unique, and free of NUL.
+ *  - data_offsets must lie in the data area, match numel * dtype size, and
+ *    not overlap other tensors (empty tensors overlap nothing). Gaps between
+ *    tensors and bytes after the last one are accepted and ignored.
+ *  - Writing keeps the caller's tensor order (the format does not require
+ *    sorting), packs data contiguously in that order, and pads the header with
+ *    spaces so the data area starts at a multiple of 8. The metadata argument
+ *    must be a JSON object of string values; it is validated and embedded.
+ *
+ * Writes are atomic: data goes to PATH.tmp.PID in the same directory, which
+ * is fsynced, renamed over PATH, and then the directory is fsynced
+ * (best-effort). On failure the temporary file is removed. */
+#ifndef TIO_TENSORIO_H
+#define TIO_TENSORIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The first seven must stay in this order (other code indexes by them). */
+typedef enum tio_dtype {
+    TIO_F32, TIO_F16, TIO_BF16, TIO_F64, TIO_I64, TIO_I32, TIO_BOOL,
+    TIO_U8, TIO_I8, TIO_I16
+} tio_dtype;
+
+enum { TIO_MAX_RANK = 8 };
+
+typedef struct tio_tensor {
+    char *name;          /* malloc'd; NULL for npy */
+    tio_dtype dtype;
+    int rank;
+    int64_t shape[TIO_MAX_RANK];
+    void *data;          /* malloc'd, row-major contiguous, host byte order */
+    size_t nbytes;
+} tio_tensor;
+
+typedef enum tio_status {
+    TIO_OK = 0, TIO_ERR_IO, TIO_ERR_FORMAT, TIO_ERR_OOM, TIO_ERR_LIMIT, TIO_ERR_ARG
+} tio_status;
+
+/* err: caller buffer of errlen bytes receiving "PATH: what was expected,
+ * what was found" (may be NULL / 0). It is set to "" on success. */
+tio_status tio_npy_read(const char *path, tio_tensor *out, char *err, size_t errlen);
+tio_status tio_npy_write(const char *path, const tio_tensor *t, char *err, size_t errlen);
+/* On success *out is a malloc'd array of *n tensors (NULL when *n == 0);
+ * release it with tio_tensors_free(*out, *n). */
+tio_status tio_safetensors_read(const char *path, tio_tensor **out, size_t *n,
+                                char *err, size_t errlen);
+tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t n,
+                                 const char *metadata_json_object_or_NULL,
+                                 char *err, size_t errlen);
+
+void tio_tensor_free(tio_tensor *t);              /* frees name and data, not t */
+void tio_tensors_free(tio_tensor *ts, size_t n);  /* frees each and the array */
+size_t tio_dtype_size(tio_dtype t);               /* 0 for an invalid dtype */
+const char *tio_dtype_name(tio_dtype t);          /* "f32", ...; "?" if invalid */
+
+#endif
