@@ -1,0 +1,161 @@
+/* test_api.c — the public API's contracts: statuses and messages for misuse,
+ * binding without copies, state save/load round trips, targets that cannot
+ * run, and independence of contexts (two threads, one model each). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "tfuse.h"
+
+static const char *model =
+    "module tiny\ndim B = 3\ninput x : f32[B, 4]\nparam w : f32[4, 2] = normal(std=1.0)\n"
+    "param b : f32[2] = normal(std=1.0)\nbuffer count : f32[2] = zeros()\n"
+    "h = linear(x, w, b)\nc = add(count, 1)\ny = relu(h)\noutput y\noutput pre = h\nupdate count = c\n";
+
+static tf_program_t *compile(tf_context_t *ctx, const char *text, tf_mode mode)
+{
+    tf_model_t *m = NULL;
+    tf_program_t *p = NULL;
+    if (tf_model_parse_string(ctx, "tiny.ir", text, strlen(text), NULL, 0, &m)) return NULL;
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = mode;
+    tf_program_compile(ctx, m, &o, &p);
+    tf_model_free(m);
+    return p;
+}
+
+static void test_misuse(void)
+{
+    tf_context_t *ctx;
+    CHECK(tf_context_create(&ctx) == TF_OK, "context");
+    tf_model_t *m = NULL;
+    CHECK(tf_model_parse_string(ctx, "bad.ir", "x = relu(", 9, NULL, 0, &m) == TF_ERR_PARSE && !m, "parse error");
+    CHECK(strstr(tf_context_last_error(ctx), "bad.ir:1:10: error: expected an operand"), "message: %s",
+          tf_context_last_error(ctx));
+    CHECK(tf_model_parse_file(ctx, "/nonexistent/model.ir", NULL, 0, &m) == TF_ERR_IO, "missing file");
+    CHECK(strstr(tf_context_last_error(ctx), "/nonexistent/model.ir: error: cannot open"), "%s", tf_context_last_error(ctx));
+    tf_dim_override od = {"Z", 4};
+    CHECK(tf_model_parse_string(ctx, "t.ir", model, strlen(model), &od, 1, &m) == TF_ERR_VERIFY, "unknown dim");
+
+    tf_program_t *p = compile(ctx, model, TF_MODE_INFER);
+    CHECK(p != NULL, "compile: %s", tf_context_last_error(ctx));
+    if (!p) { tf_context_free(ctx); return; }
+    tf_session_t *s = NULL;
+    CHECK(tf_session_create(ctx, p, TF_TARGET_CUDA, 0, &s) == TF_ERR_UNAVAILABLE && !s, "cuda unavailable");
+    CHECK(strstr(tf_context_last_error(ctx), "cuda"), "names the target: %s", tf_context_last_error(ctx));
+    CHECK(tf_session_create(ctx, p, TF_TARGET_INTERP, 1, &s) == TF_OK, "session");
+    float x[12];
+    for (int i = 0; i < 12; i++) x[i] = (float)i / 7 - 0.5f;
+    int64_t shape[2] = {3, 4}, wrong[2] = {4, 3};
+    CHECK(tf_session_run(s) == TF_ERR_RUNTIME && strstr(tf_context_last_error(ctx), "'x' is not bound"), "unbound");
+    CHECK(tf_session_bind(s, "nope", TF_DTYPE_F32, shape, 2, x) == TF_ERR_INVALID_ARG, "unknown input");
+    CHECK(tf_session_bind(s, "x", TF_DTYPE_F32, wrong, 2, x) == TF_ERR_INVALID_ARG &&
+              strstr(tf_context_last_error(ctx), "f32[3, 4]") && strstr(tf_context_last_error(ctx), "f32[4, 3]"),
+          "wrong shape: %s", tf_context_last_error(ctx));
+    CHECK(tf_session_bind(s, "x", TF_DTYPE_F64, shape, 2, x) == TF_ERR_INVALID_ARG, "wrong dtype");
+    CHECK(tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x) == TF_OK, "bind");
+    CHECK(tf_session_run(s) == TF_OK, "run: %s", tf_context_last_error(ctx));
+
+    /* no copy: changing the caller's memory changes the next run */
+    tf_tensor_view y, pre;
+    CHECK(tf_session_output(s, "pre", &pre) == TF_OK && pre.rank == 2 && pre.shape[1] == 2, "output pre");
+    float first = ((float *)pre.data)[0];
+    x[0] += 1.0f;
+    CHECK(tf_session_run(s) == TF_OK, "rerun");
+    CHECK(tf_session_output(s, "pre", &pre) == TF_OK && ((float *)pre.data)[0] != first, "bound memory is read in place");
+    CHECK(tf_session_output(s, "y", &y) == TF_OK, "output y");
+    for (int i = 0; i < 6; i++)
+        CHECK(((float *)y.data)[i] == (((float *)pre.data)[i] > 0 ? ((float *)pre.data)[i] : 0), "relu of pre [%d]", i);
+    CHECK(tf_session_output(s, "h", &y) == TF_ERR_INVALID_ARG, "outputs are looked up by output name");
+
+    /* buffers update after each step */
+    float cnt[2] = {0};
+    tf_tensor_view cv = {.data = cnt};
+    CHECK(tf_session_get_state(s, "count", &cv) == TF_OK && cnt[0] == 2 && cnt[1] == 2, "two steps counted: %g", cnt[0]);
+
+    /* save, perturb, load: state restored; a bad file changes nothing */
+    char dir[] = "/tmp/tfuse_api_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char path[256], badpath[256];
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    snprintf(badpath, sizeof badpath, "%s/bad.safetensors", dir);
+    CHECK(tf_session_save_state(s, path) == TF_OK, "save: %s", tf_context_last_error(ctx));
+    float w[8], w2[8], zeros[8] = {0};
+    tf_tensor_view wv = {.data = w};
+    CHECK(tf_session_get_state(s, "w", &wv) == TF_OK && wv.rank == 2, "get w");
+    tf_tensor_view zv = wv;
+    zv.data = zeros;
+    CHECK(tf_session_set_state(s, "w", &zv) == TF_OK, "set w");
+    tf_tensor_view wrongv = zv;
+    wrongv.shape[0] = 2;
+    CHECK(tf_session_set_state(s, "w", &wrongv) == TF_ERR_INVALID_ARG, "set with the wrong shape");
+    FILE *f = fopen(badpath, "wb");
+    if (f) { fputs("not a safetensors file", f); fclose(f); }
+    CHECK(tf_session_load_state(s, badpath) == TF_ERR_FORMAT && strstr(tf_context_last_error(ctx), badpath),
+          "bad file: %s", tf_context_last_error(ctx));
+    CHECK(tf_session_load_state(s, path) == TF_OK, "load: %s", tf_context_last_error(ctx));
+    tf_tensor_view w2v = {.data = w2};
+    CHECK(tf_session_get_state(s, "w", &w2v) == TF_OK && !memcmp(w, w2, sizeof w), "w restored");
+    unlink(path);
+    unlink(badpath);
+    rmdir(dir);
+
+    /* stats */
+    int found = 0;
+    for (size_t i = 0; i < tf_program_stat_count(p); i++) {
+        const char *name;
+        int64_t v;
+        tf_program_stat(p, i, &name, &v);
+        if (!strcmp(name, "params")) found += v == 10;
+        if (!strcmp(name, "ops")) found += v > 0;
+        if (!strcmp(name, "peak_bytes")) found += v > 0;
+    }
+    CHECK(found == 3, "stats params=10, ops, peak_bytes");
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_context_free(ctx);
+}
+
+/* Two threads, each with its own context, compile and run the same model
+ * with the same seed: the results agree, nothing is shared. */
+typedef struct job { float out[6]; int ok; } job;
+
+static void *worker(void *arg)
+{
+    job *j = arg;
+    tf_context_t *ctx;
+    if (tf_context_create(&ctx)) return NULL;
+    tf_program_t *p = compile(ctx, model, TF_MODE_INFER);
+    tf_session_t *s = NULL;
+    float x[12];
+    for (int i = 0; i < 12; i++) x[i] = (float)i / 5;
+    int64_t shape[2] = {3, 4};
+    tf_tensor_view y;
+    j->ok = p && !tf_session_create(ctx, p, TF_TARGET_INTERP, 9, &s) && !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x) &&
+            !tf_session_run(s) && !tf_session_output(s, "pre", &y);
+    if (j->ok) memcpy(j->out, y.data, sizeof j->out);
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_context_free(ctx);
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    pthread_t t[2];
+    job jobs[2] = {{{0}, 0}, {{0}, 0}};
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, worker, &jobs[i]);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    CHECK(jobs[0].ok && jobs[1].ok, "both threads ran");
+    CHECK(!memcmp(jobs[0].out, jobs[1].out, sizeof jobs[0].out), "same seed, same numbers");
+}
+
+int main(void)
+{
+    test_misuse();
+    test_threads();
+    return check_report();
+}

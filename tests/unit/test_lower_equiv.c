@@ -1,0 +1,183 @@
+/* test_lower_equiv.c — `lower` must not change what a model computes.
+ *
+ * For every example model and a set of small models that together use every
+ * layer op, in train and infer mode: run the interpreter on the module as
+ * written (layer ops run their own kernels) and on its lowered form (core ops
+ * only), from the same seed, on the same fresh random inputs, for two steps;
+ * every output and every buffer must agree. The seed comes from
+ * TFUSE_TEST_SEED or the clock and is printed, so a failure can be replayed. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "interp.h"
+#include "parser.h"
+#include "passes.h"
+
+/* Small models covering the layer ops the examples leave out. */
+static const char *extra[] = {
+    "dim N = 5\ninput x : f32[N, 7]\ninput t : f32[N, 3]\nparam w : f32[7, 3] = uniform(low=-1.0, high=1.0)\n"
+    "param g : f32[3] = normal(std=1.0)\nparam b : f32[3] = normal(std=1.0)\nbuffer m : f32[3] = zeros()\n"
+    "buffer v : f32[3] = ones()\nh = linear(x, w)\nn = batchnorm(h, g, b, m, v, momentum=0.3, eps=0.001)\n"
+    "s = silu(n)\nd = dropout(s, p=0.25, salt=3)\nl = mse_loss(d, t)\noutput l\noutput d\n",
+
+    "input x : f32[2, 3, 4]\nparam w : f32[4, 6] = xavier_uniform()\nparam u : f32[4] = normal(std=1.0)\n"
+    "param b : f32[6] = normal(std=1.0)\nh = linear(x, w, b)\ng = gelu(h, approx=\"tanh\")\ne = gelu(h)\n"
+    "s = softmax(g, axis=1)\nl = log_softmax(e, axis=0)\ny = sum(s, axes=[0, 2], keepdims=true)\n"
+    "z = mean(l, axes=[-1])\nq = max(e, axes=[])\nv = linear(u, w, b)\noutput y\noutput z\noutput q\noutput v\n",
+
+    "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 6, 4]\ninput v : f32[2, 3, 6, 2]\n"
+    "a = attention(q, k, v)\nc = attention(q, k, v, causal=true)\noutput a\noutput c\n",
+
+    "input x : f32[2, 4, 9, 7]\nparam w : f32[6, 2, 3, 3] = kaiming_uniform()\nparam b : f32[6] = normal(std=1.0)\n"
+    "c = conv2d(x, w, b, stride=[2, 1], padding=[1, 2], dilation=2, groups=2)\nm = maxpool2d(c, kernel=[2, 3], stride=1, padding=1)\n"
+    "a = avgpool2d(c, kernel=3, stride=2, padding=1)\ng = global_avgpool(m)\nf = flatten(a)\noutput g\noutput f\n",
+
+    "input x : f32[3, 4, 5]\nbuffer rm : f32[4] = normal(std=0.1)\nbuffer rv : f32[4] = uniform(low=0.5, high=2.0)\n"
+    "param g : f32[4] = normal(std=1.0)\nparam b : f32[4] = normal(std=1.0)\n"
+    "n = batchnorm(x, g, b, rm, rv)\noutput n\n",
+};
+
+static uint64_t g_seed;
+
+static double rnd(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return (double)(*s >> 11) / 9007199254740992.0;
+}
+
+/* Exclusive bound for an integer input from its uses (labels, ids). */
+static int64_t int_bound(const tf_module *m, const tf_value *v)
+{
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) return n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
+        if (n->op == TF_OP_EMBEDDING && n->in[0] == v) return n->in[1]->type.dims[0].n;
+    }
+    return 2;
+}
+
+static bool fill_inputs(tf_interp_ctx *a, tf_interp_ctx *b, tf_module *ma, tf_module *mb, uint64_t seed)
+{
+    tf_diag d = {0};
+    for (int i = 0; i < ma->decls.n; i++) {
+        tf_value *va = ma->decls.items[i], *vb = mb->decls.items[i];
+        if (va->kind != TF_VAL_INPUT) continue;
+        tf_tensor *ta = tf_interp_tensor(a, va, &d), *tb = tf_interp_tensor(b, vb, &d);
+        if (!ta || !tb) return false;
+        uint64_t s = seed ^ tf_rng_stream(va->name);
+        int64_t bound = int_bound(ma, va);
+        for (int64_t k = 0; k < ta->numel; k++) {
+            double u = rnd(&s);
+            double x = tf_dtype_is_float(va->type.dtype) ? 4 * u - 2 : (double)(int64_t)(u * (double)bound);
+            ta->data[k] = tb->data[k] = tf_dtype_round(va->type.dtype, x);
+        }
+    }
+    return true;
+}
+
+static void compare(const char *what, const char *name, const tf_tensor *x, const tf_tensor *y)
+{
+    CHECK(x->numel == y->numel, "%s %s: sizes differ", what, name);
+    int bad = 0;
+    for (int64_t k = 0; k < x->numel && k < y->numel && bad < 3; k++)
+        if (!check_close(y->data[k], x->data[k], 2e-5, 2e-6)) {
+            bad++;
+            CHECK(0, "%s %s[%lld]: layer kernel %.9g, lowered %.9g (seed %llu)", what, name, (long long)k, x->data[k],
+                  y->data[k], (unsigned long long)g_seed);
+        }
+    if (!bad) check_passed++;
+}
+
+static void run_pair(const char *label, const char *text, tf_ir_mode mode)
+{
+    tf_diag d = {0};
+    tf_module *m;
+    if (tf_parse(label, text, strlen(text), NULL, 0, &m, &d)) {
+        CHECK(0, "%s does not parse: %s", label, d.msg);
+        return;
+    }
+    tf_module *low = tf_module_clone(m);
+    tf_options o = {.mode = mode, .diag = &d};
+    CHECK(low != NULL, "clone");
+    if (!low) { tf_module_free(m); return; }
+    if (pass_lower(low, &o) || tf_verify(low, &d)) {
+        CHECK(0, "%s: lower failed: %s", label, d.msg);
+        tf_module_free(m);
+        tf_module_free(low);
+        return;
+    }
+    for (int i = 0; i < low->nodes.n; i++) {
+        const tf_node *n = low->nodes.items[i];
+        CHECK(!tf_op_has(n->op, TF_OPF_LAYER) && !(n->op == TF_OP_CONV2D && n->nin == 3),
+              "%s: layer op %s survives lowering", label, tf_op_info_of(n->op)->name);
+    }
+    tf_interp_ctx *a = tf_interp_create(m, mode, g_seed), *b = tf_interp_create(low, mode, g_seed);
+    bool ok = a && b && !tf_interp_init_state(a, &d) && !tf_interp_init_state(b, &d);
+    CHECK(ok, "%s: interpreter setup: %s", label, d.msg);
+    const char *what = mode == TF_IR_TRAIN ? "train" : "infer";
+    for (int step = 0; ok && step < 2; step++) {
+        ok = fill_inputs(a, b, m, low, g_seed + (uint64_t)step);
+        if (ok && (tf_interp_run(a, &d) || tf_interp_run(b, &d))) {
+            CHECK(0, "%s: run failed: %s", label, d.msg);
+            ok = false;
+        }
+        for (int i = 0; ok && i < m->noutputs; i++) {
+            char nm[300];
+            snprintf(nm, sizeof nm, "%s output %s step %d", label, m->outputs[i].name, step);
+            compare(what, nm, tf_interp_tensor(a, m->outputs[i].value, &d), tf_interp_tensor(b, low->outputs[i].value, &d));
+        }
+        for (int i = 0; ok && i < m->decls.n; i++) {
+            tf_value *v = m->decls.items[i];
+            if (v->kind != TF_VAL_BUFFER) continue;
+            char nm[300];
+            snprintf(nm, sizeof nm, "%s buffer %s after step %d", label, v->name, step);
+            compare(what, nm, tf_interp_tensor(a, v, &d), tf_interp_tensor(b, low->decls.items[i], &d));
+        }
+    }
+    tf_interp_free(a);
+    tf_interp_free(b);
+    tf_module_free(m);
+    tf_module_free(low);
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
+    else { free(buf); buf = NULL; }
+    fclose(f);
+    return buf;
+}
+
+int main(void)
+{
+    const char *s = getenv("TFUSE_TEST_SEED");
+    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
+    const char *dir = getenv("TFUSE_EXAMPLES");
+    static const char *examples[] = {"mlp.ir", "cnn.ir", "transformer.ir"};
+    for (int mode = 0; mode < 2; mode++) {
+        for (size_t i = 0; i < sizeof examples / sizeof *examples; i++) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", examples[i]);
+            char *text = read_file(path);
+            CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
+            if (text) run_pair(path, text, (tf_ir_mode)mode);
+            free(text);
+        }
+        for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) {
+            char label[32];
+            snprintf(label, sizeof label, "extra%zu", i);
+            run_pair(label, extra[i], (tf_ir_mode)mode);
+        }
+    }
+    return check_report();
+}
