@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "passes.h"
 
@@ -24,6 +25,27 @@ const tf_pass_info *tf_pass_find(const char *name, size_t len)
     for (int i = 0; i < tf_npasses; i++)
         if (strlen(tf_passes[i].name) == len && memcmp(tf_passes[i].name, name, len) == 0) return &tf_passes[i];
     return NULL;
+}
+
+/* mkdir -p: dumps go where the user asked, whether or not it exists yet. */
+static tf_ir_status make_dirs(const char *dir, tf_diag *d)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "--dump-dir path is too long");
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+                tf_loc l = {dir, 0, 0};
+                return tf_diag_error(d, TF_IR_ERR_RUNTIME, &l, "cannot create the dump directory: %s", strerror(errno));
+            }
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return TF_IR_OK;
 }
 
 static tf_ir_status dump(tf_module *m, const tf_options *o, int index, const char *name)
@@ -72,6 +94,7 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
     }
     if (o->dump_ir && strcmp(o->dump_ir, "all") && !tf_pass_find(o->dump_ir, strlen(o->dump_ir)))
         return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--dump-ir=%s names no pass", o->dump_ir);
+    if (o->dump_ir && o->dump_dir && make_dirs(o->dump_dir, o->diag)) return o->diag->status;
     if (o->dump_ir && !strcmp(o->dump_ir, "all") && dump(m, o, 0, "input")) return o->diag->status;
     for (int i = 0; i < n; i++) {
         if (plan[i]->run(m, o)) return o->diag->status;
