@@ -5,7 +5,7 @@
 set -u
 file=$1 tfuse=$2 filecheck=$3
 # LLVM's `not` lives beside FileCheck
-export PATH="$(dirname "$(readlink -f "$filecheck")"):$PATH"
+export PATH="$(dirname "$(readlink -f "$(command -v "$filecheck")")"):$PATH"
 examples=$(cd "$(dirname "$0")/../examples" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
