@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test_cli.sh TFUSE REPO TMPDIR — the tfuse command as a user meets it: help
+# for every command, exit codes, messages for misuse, reproducible runs.
+set -u
+tfuse=$1 repo=$2 tmp=$3
+ex=$repo/examples
+mkdir -p "$tmp"
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAILED: $*"; }
+# expect RC PATTERN -- CMD...: exit code RC and combined output matching PATTERN
+expect() {
+  local rc=$1 pat=$2; shift 3
+  local out got
+  out=$("$@" 2>&1); got=$?
+  if [ "$got" -ne "$rc" ]; then bad "$* exited $got, wanted $rc: $out"; return; fi
+  if ! grep -qE -- "$pat" <<<"$out"; then bad "$*: output lacks /$pat/: $out"; return; fi
+  ok
+}
+
+for c in print opt compile run train bench; do
+  expect 0 "usage: tfuse $c" -- "$tfuse" "$c" --help
+done
+expect 0 "usage:" -- "$tfuse" --help
+expect 0 "^tfuse [0-9]" -- "$tfuse" --version
+expect 2 "unknown command 'frobnicate'" -- "$tfuse" frobnicate
+expect 2 "no model file given" -- "$tfuse" print
+expect 2 "unknown or incomplete option '--bogus'" -- "$tfuse" print "$ex/mlp.ir" --bogus
+expect 2 "--dim expects NAME=VALUE" -- "$tfuse" print "$ex/mlp.ir" --dim B
+expect 2 "--dim value must be an integer" -- "$tfuse" print "$ex/mlp.ir" --dim B=0
+expect 2 "--mode expects train or infer" -- "$tfuse" compile "$ex/mlp.ir" --mode=eval
+expect 1 "declares no dim named 'Q'" -- "$tfuse" print "$ex/mlp.ir" --dim Q=3
+expect 0 "input  x : f32\[B, 784\]" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
+expect 0 "^dim B = 128" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
+expect 1 "not available yet" -- "$tfuse" train "$ex/mlp.ir"
+expect 1 "not available yet" -- "$tfuse" bench "$ex/mlp.ir"
+expect 1 "target 'cuda' is not part of this build" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda
+expect 1 "target 'cpu' is not part of this build" -- "$tfuse" run "$ex/mlp.ir" --target=cpu --random-inputs
+expect 0 "^peak_bytes: [0-9]+" -- "$tfuse" compile "$ex/cnn.ir" --stats
+expect 0 "^params: 203530" -- "$tfuse" compile "$ex/mlp.ir" --stats
+expect 1 "input 'x' \(f32\) has no data: pass --input x=FILE.npy" -- "$tfuse" run "$ex/mlp.ir"
+expect 1 "cannot open" -- "$tfuse" run "$ex/mlp.ir" --input x=/nonexistent.npy --random-inputs
+expect 1 "no such|cannot open" -- "$tfuse" print /nonexistent/model.ir
+
+# reproducible: the same seed gives the same numbers, another seed others
+a=$("$tfuse" run "$ex/cnn.ir" --random-inputs --seed 3 2>&1)
+b=$("$tfuse" run "$ex/cnn.ir" --random-inputs --seed 3 2>&1)
+c=$("$tfuse" run "$ex/cnn.ir" --random-inputs --seed 4 2>&1)
+if [ "$a" = "$b" ] && [ "$a" != "$c" ] && grep -q "^loss : f32\[\] = " <<<"$a"; then ok; else bad "seeded runs: $a / $b / $c"; fi
+
+# outputs written as .npy, inputs read back from one: logits of a run fed
+# into a model whose input is that tensor
+expect 0 "" -- "$tfuse" run "$ex/mlp.ir" --random-inputs --seed 1 --output "logits=$tmp/lg.npy"
+printf 'input x : f32[64, 10]\ny = relu(x)\ns = reduce_sum(y, axes=[])\noutput s\n' > "$tmp/sum.ir"
+expect 0 "^s : f32\[\] = [0-9]" -- "$tfuse" run "$tmp/sum.ir" --input "x=$tmp/lg.npy"
+expect 1 "'x' is f32\[64, 784\], the data given is f32\[64, 10\]" -- "$tfuse" run "$ex/mlp.ir" --input "x=$tmp/lg.npy" --random-inputs
+printf 'not a numpy file' > "$tmp/junk.npy"
+expect 1 "junk.npy" -- "$tfuse" run "$tmp/sum.ir" --input "x=$tmp/junk.npy"
+expect 1 "has no input named 'nope'" -- "$tfuse" run "$tmp/sum.ir" --input "nope=$tmp/lg.npy" --input "x=$tmp/lg.npy"
+
+# embedding ids and labels from --random-inputs stay in range
+expect 0 "^loss : f32\[\] = " -- "$tfuse" run "$ex/transformer.ir" --random-inputs --dim B=2 --dim T=8
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
