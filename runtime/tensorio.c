@@ -91,17 +91,8 @@ static bool dtype_ok(tio_dtype t) { return (unsigned)t < NDT; }
 size_t tio_dtype_size(tio_dtype t) { return dtype_ok(t) ? DT[t].size : 0; }
 const char *tio_dtype_name(tio_dtype t) { return dtype_ok(t) ? DT[t].name : "?"; }
 
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
-}
+static uint64_t get_le(const uint8_t *p, int n) { uint64_t v = 0; while (n--) v = v << 8 | p[n]; return v; }
+static void put_le(uint8_t *p, uint64_t v, int n) { for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v; }
 
 /* Finish freshly read data: byte-swap big-endian elements, and turn bool
  * bytes other than 0 into 1 (reading 2 through a _Bool is undefined). */
@@ -224,23 +215,18 @@ static tio_status atomic_write(const ectx *E, const chunk *cs, size_t nc)
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     }
     FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
-    const char *what = NULL;
+    const char *what = f ? NULL : "creation";
     int e = errno;
-    if (!f) {
-        if (fd >= 0) close(fd), unlink(tmp);
-        tio_status st = fail(E, TIO_ERR_IO, "cannot create temporary file %s: %s", tmp, strerror(e));
-        free(tmp);
-        return st;
-    }
+    if (!f && fd >= 0) close(fd);
     for (size_t i = 0; i < nc && !what; i++)
         if (cs[i].n && fwrite(cs[i].p, 1, cs[i].n, f) != cs[i].n) what = "write", e = errno;
     if (!what && fflush(f) != 0) what = "write", e = errno;
     if (!what && fsync(fileno(f)) != 0) what = "fsync", e = errno;
-    if (fclose(f) != 0 && !what) what = "close", e = errno;
+    if (f && fclose(f) != 0 && !what) what = "close", e = errno;
     if (!what && rename(tmp, E->path) != 0) what = "rename", e = errno;
     tio_status st = TIO_OK;
     if (what) {
-        unlink(tmp);
+        if (fd >= 0) unlink(tmp);
         st = fail(E, TIO_ERR_IO, "%s of temporary file %s failed: %s", what, tmp, strerror(e));
     } else if ((fd = open(dirname(strcpy(tmp, E->path)), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
         (void)fsync(fd);
@@ -310,10 +296,7 @@ static tio_status expected(const pcur *c, const char *what)
  * a slot is zeroed and counted in n before it is parsed into. */
 static void jfree(jval *v)
 {
-    for (size_t i = 0; i < v->n; i++) {
-        jfree(&v->el[i]);
-        if (v->keys) jfree(&v->keys[i]);
-    }
+    for (size_t i = 0; i < v->n; i++) { jfree(&v->el[i]); if (v->keys) jfree(&v->keys[i]); }
     free(v->el);
     free(v->keys);
     free(v->str);
@@ -520,11 +503,7 @@ static tio_status jcontainer(pcur *c, jval *v, int depth)
         if ((st = jvalue(c, &v->el[v->n - 1], depth + 1))) return st;
         skip_ws(c);
         if (peek(c, close)) break;
-        if (!peek(c, ',')) {
-            char what[32];
-            snprintf(what, sizeof what, "',' or '%c'", close);
-            return expected(c, what);
-        }
+        if (!peek(c, ',')) return expected(c, obj ? "',' or '}'" : v->tuple ? "',' or ')'" : "',' or ']'");
         c->i++;
         v->comma = true;
     }
@@ -897,7 +876,6 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
     if (!path || (!ts && n)) return fail(&E, TIO_ERR_ARG, "NULL %s argument", path ? "tensors" : "path");
     tio_status st = st_check_tensors(&E, ts, n);
     if (st) return st;
-    size_t mstart = 0, mend = 0;
     if (meta) {
         /* Validate with the reader's parser, then embed the text verbatim. */
         pcur c = {&E, "metadata JSON", (const unsigned char *)meta, strlen(meta), 0, 0, false};
@@ -905,8 +883,6 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
         if (!(st = jparse(&c, &m))) st = check_metadata(&c, &m);
         jfree(&m);
         if (st) return st == TIO_ERR_OOM ? st : TIO_ERR_ARG;
-        for (mend = c.n; mstart < mend && strchr(" \t\r\n", meta[mstart]); mstart++) {}
-        while (mend > mstart && strchr(" \t\r\n", meta[mend - 1])) mend--;
     }
     /* Build the header with stdio into a growing buffer (POSIX open_memstream). */
     char *hdr = NULL;
@@ -917,7 +893,7 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
     FILE *m = cs ? open_memstream(&hdr, &hlen) : NULL;
     if (!m) { free(cs); return fail(&E, TIO_ERR_OOM, "out of memory"); }
     fputc('{', m);
-    if (meta) fputs("\"__metadata__\":", m), fwrite(meta + mstart, 1, mend - mstart, m);
+    if (meta) fputs("\"__metadata__\":", m), fputs(meta, m);
     for (size_t i = 0; i < n; i++) {
         const tio_tensor *t = &ts[i];
         fputs(i || meta ? ",\"" : "\"", m);
@@ -959,8 +935,7 @@ void tio_tensor_free(tio_tensor *t)
     if (!t) return;
     free(t->name);
     free(t->data);
-    t->name = t->data = NULL;
-    t->nbytes = 0;
+    t->name = t->data = NULL, t->nbytes = 0;
 }
 
 void tio_tensors_free(tio_tensor *ts, size_t n)

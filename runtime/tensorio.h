@@ -1,60 +1,63 @@
 /* tensorio.h — read and write NumPy .npy and .safetensors files.
  *
- * Depends only on libc plus POSIX open/fsync/rename. Every reader loads the
- * whole file into memory (after checking its size with fstat) and parses from
+ * Depends only on libc plus POSIX (open, fsync, rename, open_memstream,
+ * dirname). Readers fstat the file, load it whole with fread, and parse from
  * that buffer, so a malformed file can never make us read past what exists.
  * Every failure returns a non-OK status and fills `err` with
- * "PATH: what was expected, what was found"; nothing leaks on any path.
+ * "PATH: what was expected, what was found" (parse errors also give the
+ * byte offset in the file); nothing leaks on any path.
  *
  * Decisions:
- *  - Limits: files over 16 GiB and tensors over 2^40 bytes give TIO_ERR_LIMIT,
- *    for both formats (we hold the whole file in memory). Rank > 8 is
- *    TIO_ERR_LIMIT too. Element-count and byte-count products are checked for
- *    64-bit overflow (TIO_ERR_FORMAT); a shape with a zero dimension is empty.
- *  - Tensor data in memory is row-major (C order), in host byte order. On a
- *    little-endian host that is little-endian, as the struct says; on a
- *    big-endian host the readers and writers byte-swap as needed.
+ *  - Limits: files over 16 GiB and tensors over 2^40 bytes give TIO_ERR_LIMIT
+ *    for both formats (the whole file is held in memory), as does rank > 8.
+ *    Element and byte counts are checked for 64-bit overflow (TIO_ERR_FORMAT);
+ *    a shape with a zero dimension is an empty tensor.
+ *  - Data in memory is row-major (C order) little-endian; the host must be
+ *    little-endian (checked at compile time where the compiler says).
  *  - bool data is normalized to 0/1 on read, so it is safe to read as _Bool.
  *  - On success `data` is never NULL (a 1-byte allocation for empty tensors).
- *    On failure the outputs are zeroed: tio_tensor_free / tio_tensors_free on
- *    them is harmless.
+ *    On failure the outputs are zeroed, so freeing them is harmless.
  *
  * .npy:
- *  - Versions 1.0, 2.0 and 3.0 are read; 1.0 is written. The header dict must
- *    have exactly the keys 'descr', 'fortran_order', 'shape' (any order, either
- *    quote style, any Python whitespace, optional trailing comma); anything
- *    else, including unknown or duplicate keys, is rejected. `(5)` is not a
- *    tuple and is rejected with a hint; `(5,)` is. A Python 2 `L` suffix on
- *    dims is accepted (very old NumPy wrote it).
+ *  - Versions 1.0, 2.0 and 3.0 are read; 1.0 is written. The header is parsed
+ *    as a Python literal (dict, tuple, list, quoted string without escapes,
+ *    integer, True/False; any Python whitespace; trailing commas) and must be
+ *    a dict with exactly the keys 'descr', 'fortran_order' and 'shape', in any
+ *    order. Unknown or duplicate keys are rejected. `(5)` is not a tuple and
+ *    is rejected with a hint; `(5,)` is. A Python 2 `L` suffix on dims is
+ *    accepted (very old NumPy wrote it).
  *  - descr: <f4 <f2 <f8 <i8 <i4 <i2 and |i1 |u1 |b1. '>' is byte-swapped on
- *    read; '=' means host order; '<' and '>' are also accepted on the 1-byte
- *    types, '|' is rejected on multi-byte types. Structured dtypes are not.
+ *    read, '=' is the host's (little-endian) order, '<' and '>' are also
+ *    accepted on 1-byte types, '|' is rejected on multi-byte types.
+ *    Structured and other dtypes are rejected.
  *  - fortran_order True is accepted and transposed to C order on read.
  *  - Bytes after the data are ignored, as numpy.load ignores them.
  *  - bf16 has no NumPy dtype: writing it is TIO_ERR_ARG (use safetensors).
- *  - Writing produces NumPy's exact header: "{'descr': '<f4', 'fortran_order':
- *    False, 'shape': (2, 3), }" padded with spaces and a final '\n' so the
- *    data starts at a multiple of 64 bytes.
+ *  - Writing produces NumPy's exact bytes: "{'descr': '<f4', 'fortran_order':
+ *    False, 'shape': (2, 3), }" padded with spaces and a final '\n' so that
+ *    the data starts at a multiple of 64.
  *
  * .safetensors:
  *  - 8-byte little-endian header length N (<= 100 MB, <= file size - 8), then
- *    N bytes of UTF-8 JSON parsed by a small strict parser (objects, arrays,
- *    strings with escapes, integers; no floats/true/false/null, nesting <= 64).
- *    JSON errors name the byte offset in the file.
- *  - Tensors are returned in header order. "__metadata__" must be an object of
- *    strings and is skipped. Tensor objects must have exactly dtype, shape and
- *    data_offsets. Names must be non-empty, unique, and free of NUL.
- *  - data_offsets must lie in the data area, match numel * dtype size, and
- *    not overlap other tensors (empty tensors overlap nothing). Gaps between
+ *    N bytes of UTF-8 JSON read by a small strict parser: objects, arrays,
+ *    strings with escapes (\uXXXX and surrogate pairs), integers; no floats,
+ *    true/false/null, duplicate keys or trailing commas; nesting <= 64.
+ *  - Tensors are returned in header order. "__metadata__" must be an object
+ *    of strings and is otherwise skipped. Each tensor object has exactly
+ *    dtype, shape and data_offsets; names must be non-empty, unique, NUL-free.
+ *  - data_offsets must lie in the data area, span numel * dtype size, and not
+ *    overlap another tensor (empty tensors overlap nothing). Gaps between
  *    tensors and bytes after the last one are accepted and ignored.
  *  - Writing keeps the caller's tensor order (the format does not require
- *    sorting), packs data contiguously in that order, and pads the header with
- *    spaces so the data area starts at a multiple of 8. The metadata argument
- *    must be a JSON object of string values; it is validated and embedded.
+ *    sorting), packs the data contiguously in that order, and pads the header
+ *    with spaces so the data area starts at a multiple of 8. The metadata
+ *    argument must be a JSON object of string values; it is validated with
+ *    the reader's parser and embedded as given.
  *
- * Writes are atomic: data goes to PATH.tmp.PID in the same directory, which
- * is fsynced, renamed over PATH, and then the directory is fsynced
- * (best-effort). On failure the temporary file is removed. */
+ * Writes are atomic: the bytes go to PATH.tmp.PID in the same directory,
+ * which is fsynced and renamed over PATH, then the directory is fsynced
+ * (best-effort). On failure the temporary file is removed and PATH is left
+ * as it was. */
 #ifndef TIO_TENSORIO_H
 #define TIO_TENSORIO_H
 
@@ -74,7 +77,7 @@ typedef struct tio_tensor {
     tio_dtype dtype;
     int rank;
     int64_t shape[TIO_MAX_RANK];
-    void *data;          /* malloc'd, row-major contiguous, host byte order */
+    void *data;          /* malloc'd, row-major contiguous, native little-endian */
     size_t nbytes;
 } tio_tensor;
 
