@@ -116,6 +116,14 @@ static tf_ir_status verify_decl(tf_module *m, tf_value *v, tf_diag *d)
     return TF_IR_OK;
 }
 
+/* After renumbering: is v one of m's declarations or node results? */
+static bool in_module(const tf_module *m, const tf_value *v)
+{
+    if (v->id < 0 || v->id >= m->next_id) return false;
+    if (v->id < m->decls.n) return m->decls.items[v->id] == v;
+    return v->kind == TF_VAL_NODE && ((tf_node *)m->nodes.items[v->id - m->decls.n])->out == v;
+}
+
 tf_ir_status tf_verify(tf_module *m, tf_diag *d)
 {
     tf_module_renumber(m);
@@ -133,17 +141,21 @@ tf_ir_status tf_verify(tf_module *m, tf_diag *d)
         for (int k = 0; k < n->nin; k++) {
             tf_value *v = n->in[k];
             if (v->kind == TF_VAL_CONST) continue;
-            bool ok = v->id >= 0 && v->id < n->out->id;
-            if (ok && v->kind == TF_VAL_NODE) ok = v->id >= m->decls.n && m->nodes.items[v->id - m->decls.n] == v->def;
-            else if (ok) ok = v->id < m->decls.n && m->decls.items[v->id] == v;
-            if (!ok)
+            if (!in_module(m, v) || v->id >= n->out->id)
                 return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s: operand '%s' is used before it is defined%s",
                                      tf_op_info_of(n->op)->name, v->name, v->id == n->out->id ? " (a cycle)" : "");
         }
         if (tf_infer_node(m, n, d)) return d->status;
     }
+    for (int i = 0; i < m->noutputs; i++)
+        if (!in_module(m, m->outputs[i].value))
+            return tf_diag_error(d, TF_IR_ERR_INTERNAL, &m->outputs[i].loc, "internal: output '%s' names a value "
+                                 "that is not in the module", m->outputs[i].name);
     for (int i = 0; i < m->nupdates; i++) {
         tf_update *u = &m->updates[i];
+        if (!in_module(m, u->buffer) || !in_module(m, u->value))
+            return tf_diag_error(d, TF_IR_ERR_INTERNAL, &u->loc, "internal: update of '%s' names a value that is "
+                                 "not in the module", u->buffer->name);
         char b1[256], b2[256];
         if (u->buffer->kind != TF_VAL_BUFFER)
             return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: '%s' is not a buffer", u->buffer->name);
