@@ -65,8 +65,13 @@ static tf_token lex_number(tf_lexer *lx, const char *start)
             while (p < lx->end && isdigit((unsigned char)*p)) p++;
         }
     }
-    if (p < lx->end && ident_char((unsigned char)*p) && *p != '.')
-        return error_at(lx, p, "malformed number: unexpected '%.1s' after digits", p);
+    if (p < lx->end && ident_char((unsigned char)*p)) {
+        const char *q = p;
+        while (q < lx->end && ident_char((unsigned char)*q)) q++;
+        char text[48];
+        snprintf(text, sizeof text, "%.*s", (int)(q - start > 40 ? 40 : q - start), start);
+        return error_at(lx, start, "malformed number '%s'", text);
+    }
     size_t len = (size_t)(p - start);
     if (len > MAX_NUMBER) return error_at(lx, start, "number literal longer than %s characters", "64");
     char buf[MAX_NUMBER + 1];

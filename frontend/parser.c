@@ -626,6 +626,16 @@ static tf_ir_status parse_statement(parser *p, bool *seen_stmt)
     if (t.kind != TK_IDENT) return expected(p, "a statement (module, dim, input, param, buffer, output, update, train, or NAME = op(...))");
     bool first = !*seen_stmt;
     *seen_stmt = true;
+    if (is_keyword(&t)) {   /* `output = relu(x)`: a keyword where a value name was meant */
+        tf_lexer save = p->lx;
+        tf_diag dsave = *p->d;
+        advance(p);
+        bool defines = p->tok.kind == TK_EQ || p->tok.kind == TK_COLON;
+        p->lx = save;
+        p->tok = t;
+        *p->d = dsave;
+        if (defines) return err_at(p, &t, "'%.*s' is a keyword and cannot name a value", (int)t.len, t.p);
+    }
     if (tok_is(&t, "module")) {
         if (!first) return err_at(p, &t, "'module' must be the first statement");
         advance(p);

@@ -350,7 +350,7 @@ tf_value *tf_build(tf_module *m, tf_diag *d, int op, tf_value **in, int nin, con
         tf_diag_error(d, TF_IR_ERR_OOM, &l, "out of memory building %s", oi->name);
         return NULL;
     }
-    memcpy(ins, in, (size_t)nin * sizeof *ins);
+    if (nin) memcpy(ins, in, (size_t)nin * sizeof *ins);
     n->op = op;
     n->nin = nin;
     n->in = ins;

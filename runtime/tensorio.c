@@ -427,7 +427,8 @@ static tio_status jint(pcur *c, jval *v)
     uint64_t x = 0;
     while (digit_at(c, c->i)) {
         unsigned d = c->s[c->i++] - '0';
-        if (x > ((uint64_t)INT64_MAX - d) / 10) return cfail(c, TIO_ERR_FORMAT, v->at, "integer does not fit in 64 bits");
+        if (x > ((uint64_t)INT64_MAX - d) / 10)
+            return cfail(c, TIO_ERR_FORMAT, v->at, "integer does not fit in 64 bits");
         x = x * 10 + d;
     }
     if (c->py && (peek(c, 'L') || peek(c, 'l'))) c->i++;
@@ -576,7 +577,8 @@ static tio_status npy_header(pcur *c, const jval *d, tio_tensor *t, bool *swap, 
     for (int w = 0; w < 3; w++)
         if (!jget(d, keys[w])) return cfail(c, TIO_ERR_FORMAT, d->at, "header dict has no '%s' key", keys[w]);
     const jval *de = jget(d, "descr"), *fo = jget(d, "fortran_order");
-    if (de->kind == J_ARR) return cfail(c, TIO_ERR_FORMAT, de->at, "structured dtypes (a list descr) are not supported");
+    if (de->kind == J_ARR)
+        return cfail(c, TIO_ERR_FORMAT, de->at, "structured dtypes (a list descr) are not supported");
     if (de->kind != J_STR) return cfail(c, TIO_ERR_FORMAT, de->at, "descr must be a string, found %s", jkind_name(de));
     show(de->str, de->len, descr);
     size_t i = 0;
