@@ -375,18 +375,9 @@ static tf_ir_status parse_dim(parser *p)
             p->over_used[i] = true;
         }
     advance(p);
-    if (p->m->ndims == p->m->cap_dims) {
-        int cap = p->m->cap_dims ? p->m->cap_dims * 2 : 8;
-        tf_dim_decl *dd = realloc(p->m->dims, (size_t)cap * sizeof *dd);
-        if (!dd) return oom(p);
-        p->m->dims = dd;
-        p->m->cap_dims = cap;
-    }
-    tf_dim_decl *dd = &p->m->dims[p->m->ndims++];
-    dd->name = tok_str(p, &name);
-    dd->value = v;
-    dd->loc = loc_of(p, &name);
-    return dd->name ? TF_IR_OK : oom(p);
+    char nm[300];
+    snprintf(nm, sizeof nm, "%.*s", (int)name.len, name.p);
+    return tf_module_add_dim(p->m, nm, v, loc_of(p, &name)) ? oom(p) : TF_IR_OK;
 }
 
 static tf_ir_status parse_decl(parser *p, tf_value_kind kind, const tf_token *kw)
@@ -528,18 +519,9 @@ static tf_ir_status parse_output(parser *p)
             return err_at(p, &name, "output name '%.*s' is already the name of another value (line %d)", (int)name.len,
                           name.p, clash->loc.line);
     }
-    if (p->m->noutputs == p->m->cap_outputs) {
-        int cap = p->m->cap_outputs ? p->m->cap_outputs * 2 : 8;
-        tf_output *o = realloc(p->m->outputs, (size_t)cap * sizeof *o);
-        if (!o) return oom(p);
-        p->m->outputs = o;
-        p->m->cap_outputs = cap;
-    }
-    tf_output *o = &p->m->outputs[p->m->noutputs++];
-    o->name = tok_str(p, &name);
-    o->value = v;
-    o->loc = loc_of(p, &name);
-    return o->name ? TF_IR_OK : oom(p);
+    char nm[300];
+    snprintf(nm, sizeof nm, "%.*s", (int)name.len, name.p);
+    return tf_module_add_output(p->m, nm, v, loc_of(p, &name)) ? oom(p) : TF_IR_OK;
 }
 
 static tf_ir_status parse_update(parser *p)
@@ -556,15 +538,7 @@ static tf_ir_status parse_update(parser *p)
     tf_value *v = tf_module_find_valuen(p->m, vt.p, vt.len);
     if (!v) return err_at(p, &vt, "undefined value '%.*s' in update", (int)(vt.len > 60 ? 60 : vt.len), vt.p);
     advance(p);
-    if (p->m->nupdates == p->m->cap_updates) {
-        int cap = p->m->cap_updates ? p->m->cap_updates * 2 : 8;
-        tf_update *u = realloc(p->m->updates, (size_t)cap * sizeof *u);
-        if (!u) return oom(p);
-        p->m->updates = u;
-        p->m->cap_updates = cap;
-    }
-    p->m->updates[p->m->nupdates++] = (tf_update){b, v, loc_of(p, &bt)};
-    return TF_IR_OK;
+    return tf_module_add_update(p->m, b, v, loc_of(p, &bt)) ? oom(p) : TF_IR_OK;
 }
 
 static tf_ir_status parse_train(parser *p, const tf_token *kw)

@@ -235,6 +235,12 @@ typedef struct tf_module {
 tf_module *tf_module_create(const char *file);
 void tf_module_free(tf_module *m);
 tf_ir_status tf_vec_push(tf_module *m, tf_vec *v, void *item);
+/* Make room for one more element in a malloc'd array (*items, *n, *cap). */
+tf_ir_status tf_grow(void **items, int n, int *cap, size_t elem);
+/* Append a dim, an output or a buffer update; OOM is the only failure. */
+tf_ir_status tf_module_add_dim(tf_module *m, const char *name, int64_t value, tf_loc loc);
+tf_ir_status tf_module_add_output(tf_module *m, const char *name, tf_value *v, tf_loc loc);
+tf_ir_status tf_module_add_update(tf_module *m, tf_value *buffer, tf_value *value, tf_loc loc);
 
 /* Name lookups. Values are found through a hash table kept by
  * tf_module_add_name (the parser and tf_build register every name). */

@@ -47,6 +47,42 @@ tf_ir_status tf_vec_push(tf_module *m, tf_vec *v, void *item)
     return TF_IR_OK;
 }
 
+tf_ir_status tf_grow(void **items, int n, int *cap, size_t elem)
+{
+    if (n < *cap) return TF_IR_OK;
+    int c = *cap ? *cap * 2 : 8;
+    void *p = realloc(*items, (size_t)c * elem);
+    if (!p) return TF_IR_ERR_OOM;
+    *items = p;
+    *cap = c;
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_module_add_dim(tf_module *m, const char *name, int64_t value, tf_loc loc)
+{
+    if (tf_grow((void **)&m->dims, m->ndims, &m->cap_dims, sizeof *m->dims)) return TF_IR_ERR_OOM;
+    const char *nm = tf_arena_strdup(&m->arena, name);
+    if (!nm) return TF_IR_ERR_OOM;
+    m->dims[m->ndims++] = (tf_dim_decl){nm, value, loc};
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_module_add_output(tf_module *m, const char *name, tf_value *v, tf_loc loc)
+{
+    if (tf_grow((void **)&m->outputs, m->noutputs, &m->cap_outputs, sizeof *m->outputs)) return TF_IR_ERR_OOM;
+    const char *nm = tf_arena_strdup(&m->arena, name);
+    if (!nm) return TF_IR_ERR_OOM;
+    m->outputs[m->noutputs++] = (tf_output){nm, v, loc};
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_module_add_update(tf_module *m, tf_value *buffer, tf_value *value, tf_loc loc)
+{
+    if (tf_grow((void **)&m->updates, m->nupdates, &m->cap_updates, sizeof *m->updates)) return TF_IR_ERR_OOM;
+    m->updates[m->nupdates++] = (tf_update){buffer, value, loc};
+    return TF_IR_OK;
+}
+
 tf_ir_status tf_module_append_node(tf_module *m, tf_node *n) { return tf_vec_push(m, &m->nodes, n); }
 
 /* ---- name table: open addressing, FNV-1a ---- */
@@ -430,15 +466,9 @@ tf_module *tf_module_clone(tf_module *m)
     tf_value **map = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
     if (!c || !map) goto fail;
     if (m->name && !(c->name = tf_arena_strdup(&c->arena, m->name))) goto fail;
-    c->ndims = c->cap_dims = m->ndims;
-    if (m->ndims) {
-        if (!(c->dims = malloc((size_t)m->ndims * sizeof *c->dims))) goto fail;
-        for (int i = 0; i < m->ndims; i++) {
-            c->dims[i] = m->dims[i];
-            c->dims[i].loc.file = c->file;
-            if (!(c->dims[i].name = tf_arena_strdup(&c->arena, m->dims[i].name))) goto fail;
-        }
-    }
+    for (int i = 0; i < m->ndims; i++)
+        if (tf_module_add_dim(c, m->dims[i].name, m->dims[i].value, (tf_loc){c->file, m->dims[i].loc.line, m->dims[i].loc.col}))
+            goto fail;
     for (int i = 0; i < m->decls.n; i++) {
         tf_value *v = m->decls.items[i];
         if (!(map[v->id] = clone_value(c, v)) || tf_vec_push(c, &c->decls, map[v->id])) goto fail;
@@ -460,25 +490,14 @@ tf_module *tf_module_clone(tf_module *m)
         k->out->def = k;
         if (tf_vec_push(c, &c->nodes, k)) goto fail;
     }
-    if (m->noutputs) {
-        if (!(c->outputs = malloc((size_t)m->noutputs * sizeof *c->outputs))) goto fail;
-        c->noutputs = c->cap_outputs = m->noutputs;
-        for (int i = 0; i < m->noutputs; i++) {
-            c->outputs[i] = m->outputs[i];
-            c->outputs[i].loc.file = c->file;
-            c->outputs[i].value = map[m->outputs[i].value->id];
-            if (!(c->outputs[i].name = tf_arena_strdup(&c->arena, m->outputs[i].name))) goto fail;
-        }
+    for (int i = 0; i < m->noutputs; i++) {
+        const tf_output *o = &m->outputs[i];
+        if (tf_module_add_output(c, o->name, map[o->value->id], (tf_loc){c->file, o->loc.line, o->loc.col})) goto fail;
     }
-    if (m->nupdates) {
-        if (!(c->updates = malloc((size_t)m->nupdates * sizeof *c->updates))) goto fail;
-        c->nupdates = c->cap_updates = m->nupdates;
-        for (int i = 0; i < m->nupdates; i++) {
-            c->updates[i] = m->updates[i];
-            c->updates[i].loc.file = c->file;
-            c->updates[i].buffer = map[m->updates[i].buffer->id];
-            c->updates[i].value = map[m->updates[i].value->id];
-        }
+    for (int i = 0; i < m->nupdates; i++) {
+        const tf_update *u = &m->updates[i];
+        if (tf_module_add_update(c, map[u->buffer->id], map[u->value->id], (tf_loc){c->file, u->loc.line, u->loc.col}))
+            goto fail;
     }
     c->train = m->train;
     c->train.loc.file = c->file;

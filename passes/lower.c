@@ -138,19 +138,11 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
             l->failed = true;
             return NULL;
         }
-        tf_module *m = l->m;
-        if (m->nupdates == m->cap_updates) {
-            int cap = m->cap_updates ? m->cap_updates * 2 : 8;
-            tf_update *u = realloc(m->updates, (size_t)cap * sizeof *u);
-            if (!u) {
-                tf_diag_error(l->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
-                l->failed = true;
-                return NULL;
-            }
-            m->updates = u;
-            m->cap_updates = cap;
+        if (tf_module_add_update(l->m, bufs[i], vals[i], n->loc)) {
+            tf_diag_error(l->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
+            l->failed = true;
+            return NULL;
         }
-        m->updates[m->nupdates++] = (tf_update){bufs[i], vals[i], n->loc};
     }
     return y;
 }

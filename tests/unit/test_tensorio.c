@@ -158,6 +158,18 @@ static bool same_tensor(const tio_tensor *a, const tio_tensor *b)
     return a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0;
 }
 
+/* The data area of a written safetensors file must start at a multiple of 8. */
+static bool st_aligned(const char *path)
+{
+    size_t len;
+    unsigned char *raw = read_file(path, &len);
+    uint64_t hl = 0;
+    for (int i = 7; raw && len >= 8 && i >= 0; i--) hl = hl << 8 | raw[i];
+    bool ok = raw && len >= 8 && hl <= len - 8 && (8 + hl) % 8 == 0;
+    free(raw);
+    return ok;
+}
+
 static bool has_tmp_files(void)
 {
     DIR *d = opendir(dir);
@@ -477,7 +489,7 @@ static void test_st_roundtrip(void)
         make_tensor("mask", TIO_BOOL, 1, s3, 5),      make_tensor("tok", TIO_I32, 2, s22, 6),
         make_tensor("na\"me \xc3\xa9\\x", TIO_U8, 1, s7, 7), make_tensor("a.b.c", TIO_I8, 1, s3, 8),
         make_tensor("i16", TIO_I16, 4, s2222, 9),     make_tensor("d", TIO_F64, 1, s3, 10),
-        make_tensor("last", TIO_F32, 1, s3, 11),
+        make_tensor("w.x", TIO_F32, 1, s3, 11),
     };
     const char *p = tpath("rt.safetensors");
     const char *meta = " {\"format\": \"pt\", \"note\": \"a \\\"quoted\\\" \\u00e9 value\"} ";
@@ -492,23 +504,21 @@ static void test_st_roundtrip(void)
     tio_tensors_free(out, n);
     size_t len;
     unsigned char *raw = read_file(p, &len);
-    uint64_t hl = 0;
-    for (int i = 7; raw && len >= 8 && i >= 0; i--) hl = hl << 8 | raw[i];
-    CHECK(raw && (8 + hl) % 8 == 0 && 8 + hl <= len, "safetensors data area must start 8-aligned");
+    CHECK(st_aligned(p), "safetensors data area must start 8-aligned");
     CHECK(raw && memmem(raw, len, "\"__metadata__\":", 15) && memmem(raw, len, "{\"format\": \"pt\"", 15),
           "metadata missing from header");
     free(raw);
 
     /* no tensors, no metadata */
     st = tio_safetensors_write(tpath("none.safetensors"), NULL, 0, NULL, err, sizeof err);
-    CHECK(st == TIO_OK, "write of zero tensors: %s", err);
+    CHECK(st == TIO_OK && st_aligned(tpath("none.safetensors")), "write of zero tensors: %s", err);
     out = (tio_tensor *)1;
     st = tio_safetensors_read(tpath("none.safetensors"), &out, &n, err, sizeof err);
     CHECK(st == TIO_OK && n == 0 && out == NULL, "read of zero tensors: %s", err);
 
     /* overwriting keeps it atomic and leaves no temporary file */
     st = tio_safetensors_write(p, ts + 10, 1, NULL, err, sizeof err);
-    CHECK(st == TIO_OK, "overwrite: %s", err);
+    CHECK(st == TIO_OK && st_aligned(p), "overwrite: %s", err);
     st = tio_safetensors_read(p, &out, &n, err, sizeof err);
     CHECK(st == TIO_OK && n == 1 && same_tensor(&out[0], &ts[10]), "overwritten file wrong: %s", err);
     if (st == TIO_OK) tio_tensors_free(out, n);
