@@ -5,7 +5,8 @@
  * Each example model (mlp.ir, cnn.ir, transformer.ir from $TFUSE_EXAMPLES)
  * is mutated about 1000 times with a fixed-seed PRNG: bit flips, random
  * bytes, deleted and duplicated ranges, tokens from a small list of
- * troublemakers, deleted/duplicated/swapped lines, truncation. Every mutant
+ * troublemakers, numbers swapped for others (sizes, limits), deleted,
+ * duplicated and moved lines, truncation. Every mutant
  * is parsed from a buffer of exactly its length (so ASan sees any read past
  * the end) and must either
  *   - parse (TF_OK); then its printed text must parse again and print to the
@@ -121,7 +122,7 @@ static void line_bounds(const buf *b, size_t at, size_t *s, size_t *e)
 static void mutate_once(buf *b)
 {
     size_t n = b->n;
-    switch (rng_below(11)) {
+    switch (rng_below(13)) {
     case 0:   /* flip one bit */
         if (n) b->p[rng_below(n)] ^= (char)(1u << rng_below(8));
         break;
@@ -195,6 +196,25 @@ static void mutate_once(buf *b)
     case 10:  /* truncate */
         b->n = rng_below(n + 1);
         break;
+    case 11:
+    case 12: { /* replace a run of digits with another number: shapes, limits */
+        static const char *const nums[] = {"0", "1", "2", "3", "4", "5", "7", "8", "16", "-1", "-2", "1000000",
+                                           "1048576", "16777216", "1099511627776", "1099511627777",
+                                           "9223372036854775807", "0.5", "1e-9"};
+        if (!n) break;
+        size_t at = rng_below(n), end = at;
+        while (at < n && !isdigit((unsigned char)b->p[at])) at++;
+        if (at == n) break;
+        while (at > 0 && isdigit((unsigned char)b->p[at - 1])) at--;
+        end = at;
+        while (end < n && isdigit((unsigned char)b->p[end])) end++;
+        char num[32];
+        if (rng_below(3)) snprintf(num, sizeof num, "%d", 1 + (int)rng_below(64));
+        else snprintf(num, sizeof num, "%s", nums[rng_below(sizeof nums / sizeof *nums)]);
+        buf_erase(b, at, end - at);
+        buf_insert(b, at, num, strlen(num));
+        break;
+    }
     }
 }
 

@@ -636,6 +636,10 @@ static void test_st_malformed(void)
     static const char nul_json[] = "{\"a\":{\"dtype\":\"F32\"\0,\"shape\":[2],\"data_offsets\":[0,8]}}";
     make_st_n(&b, nul_json, sizeof nul_json - 1, d32, 8);
     expect_bad(false, "NUL in JSON", &b, TIO_ERR_FORMAT, "0x00");
+    /* a UTF-8 sequence cut off by the end of the header, although the data
+     * area right after it starts with a continuation byte */
+    make_st(&b, "{\"a\":\"\xc3", "\xa9\xa9\xa9\xa9", 4);
+    expect_bad(false, "UTF-8 cut by header end", &b, TIO_ERR_FORMAT, "UTF-8");
     /* raw control character inside a string */
     make_st(&b, "{\"a\tb\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", d32, 8);
     expect_bad(false, "tab in string", &b, TIO_ERR_FORMAT, "control");
