@@ -37,7 +37,7 @@ static tf_token bad_byte(tf_lexer *lx, const char *p)
 {
     unsigned char c = (unsigned char)*p;
     char what[64];
-    if (c == 0) snprintf(what, sizeof what, "a NUL byte");
+    if (c == 0) snprintf(what, sizeof what, "NUL byte");
     else if (c >= 0x80) snprintf(what, sizeof what, "byte 0x%02x (non-ASCII; allowed only in comments and strings)", c);
     else if (c < 0x20 || c == 0x7f) snprintf(what, sizeof what, "control byte 0x%02x", c);
     else snprintf(what, sizeof what, "'%c'", c);

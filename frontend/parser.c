@@ -147,7 +147,7 @@ static tf_ir_status parse_type(parser *p, tf_type *t)
             if (k < 0) {
                 char b[128];
                 tf_tok_describe(&p->tok, b, sizeof b);
-                return err_at(p, &p->tok, "unknown dim %s (declare it with `dim %.*s = N` first)", b,
+                return err_at(p, &p->tok, "unknown dim %s (declare it first: `dim %.*s = <size>`)", b,
                               (int)(p->tok.len > 60 ? 60 : p->tok.len), p->tok.p);
             }
             dim = (tf_dim){p->m->dims[k].value, k};
@@ -186,6 +186,9 @@ static tf_ir_status parse_scalar_value(parser *p, tf_attr *a, bool in_list)
         break;
     case TK_IDENT: {
         int k = tf_module_find_dim(p->m, t.p, t.len);
+        if (k < 0 && in_list)
+            return err_at(p, &t, "unknown dim '%.*s' in the list (lists hold integers or declared dim names)",
+                          (int)(t.len > 60 ? 60 : t.len), t.p);
         if (k >= 0) {
             a->kind = TF_ATTR_INT;
             a->u.i = (tf_ival){p->m->dims[k].value, k};
@@ -250,6 +253,10 @@ static tf_ir_status finish_attr(parser *p, const tf_attr_spec *spec, tf_attr *sl
     tf_loc l = loc_of(p, &at);
     tf_attr a;
     if (parse_value(p, &a)) return FAIL(p);
+    bool numeric = spec->kind == TF_ATTR_INT || spec->kind == TF_ATTR_FLOAT || spec->kind == TF_ATTR_INTS;
+    if (numeric && at.kind == TK_IDENT && a.kind == TF_ATTR_STR)   /* a bare name that is no dim */
+        return err_at(p, &at, "unknown dim '%.*s' (attribute '%s' expects %s)", (int)(at.len > 60 ? 60 : at.len), at.p,
+                      spec->name, spec->kind == TF_ATTR_INTS ? "integers or declared dim names" : "a number or a declared dim");
     if (tf_attr_coerce(p->m, spec, &a, &l, p->d) || tf_attr_check(spec, &a, &l, p->d)) return FAIL(p);
     *slot = a;
     return TF_IR_OK;
@@ -356,6 +363,12 @@ static tf_ir_status check_new_name(parser *p, const tf_token *t)
         return err_at(p, t, "redefinition of '%.*s' (first defined at line %d)", (int)t->len, t->p, old->loc.line);
     int k = tf_module_find_dim(p->m, t->p, t->len);
     if (k >= 0) return err_at(p, t, "'%.*s' is already a dim (line %d)", (int)t->len, t->p, p->m->dims[k].loc.line);
+    if (tok_is(t, "inf") || tok_is(t, "nan") || tok_is(t, "true") || tok_is(t, "false"))
+        return err_at(p, t, "'%.*s' is a literal and cannot name a value", (int)t->len, t->p);
+    for (int i = 0; i < p->m->noutputs; i++)   /* `output h = x` took the name h */
+        if (strlen(p->m->outputs[i].name) == t->len && !memcmp(p->m->outputs[i].name, t->p, t->len))
+            return err_at(p, t, "'%.*s' is already the name of an output (line %d)", (int)t->len, t->p,
+                          p->m->outputs[i].loc.line);
     return TF_IR_OK;
 }
 

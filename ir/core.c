@@ -11,10 +11,15 @@ tf_ir_status tf_diag_error(tf_diag *d, tf_ir_status st, const tf_loc *loc, const
     if (!d || d->status != TF_IR_OK) return d ? d->status : st;
     d->status = st;
     int k = 0;
+    /* a very long path keeps its tail, so the location survives */
+    const char *file = loc && loc->file ? loc->file : "<input>";
+    size_t flen = strlen(file);
+    const char *ell = flen > 4096 ? "..." : "";
+    if (flen > 4096) file += flen - 4096;
     if (loc && loc->line > 0)
-        k = snprintf(d->msg, sizeof d->msg, "%s:%d:%d: error: ", loc->file ? loc->file : "<input>", loc->line, loc->col);
+        k = snprintf(d->msg, sizeof d->msg, "%s%s:%d:%d: error: ", ell, file, loc->line, loc->col);
     else if (loc && loc->file)
-        k = snprintf(d->msg, sizeof d->msg, "%s: error: ", loc->file);
+        k = snprintf(d->msg, sizeof d->msg, "%s%s: error: ", ell, file);
     else
         k = snprintf(d->msg, sizeof d->msg, "error: ");
     if (k < 0 || (size_t)k >= sizeof d->msg) k = 0;

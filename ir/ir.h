@@ -37,7 +37,7 @@ typedef struct tf_loc {
 /* The first error wins; later ones are dropped so the message names the cause. */
 typedef struct tf_diag {
     tf_ir_status status;
-    char msg[1024];
+    char msg[6144];        /* room for a PATH_MAX path and the message */
 } tf_diag;
 
 tf_ir_status tf_diag_error(tf_diag *d, tf_ir_status st, const tf_loc *loc, const char *fmt, ...)

@@ -24,7 +24,7 @@ static double sf_sqrt(double a, double b) { (void)b; return sqrt(a); }
 static double sf_rsqrt(double a, double b) { (void)b; return 1.0 / sqrt(a); }
 static double sf_tanh(double a, double b) { (void)b; return tanh(a); }
 static double sf_sigmoid(double a, double b) { (void)b; return 1.0 / (1.0 + exp(-a)); }
-static double sf_relu(double a, double b) { (void)b; return a > 0 ? a : 0.0; }
+static double sf_relu(double a, double b) { (void)b; return a > 0 || a != a ? a : 0.0; }   /* NaN stays NaN */
 static double sf_erf(double a, double b) { (void)b; return erf(a); }
 static double sf_silu(double a, double b) { (void)b; return a / (1.0 + exp(-a)); }
 static double sf_add(double a, double b) { return a + b; }
@@ -196,6 +196,15 @@ static tf_ir_status need_vec(tf_module *m, tf_node *n, int i, tf_dim dim, const 
 static tf_ir_status sh_same(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     (void)m; (void)d;
+    *out = *IN(0);
+    return TF_IR_OK;
+}
+
+/* Unary math: numbers in, the same type out (bool has no arithmetic). */
+static tf_ir_status sh_unary(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    char b[256];
+    if (IN(0)->dtype == TF_DT_BOOL) return ERR("%s: operand must be numeric, found %s", OPNAME, tstr(m, IN(0), b));
     *out = *IN(0);
     return TF_IR_OK;
 }
@@ -498,7 +507,7 @@ static tf_ir_status sh_conv2d(tf_module *m, tf_node *n, tf_type *out, tf_diag *d
         if ((st = need_dtype(m, n, 2, x->dtype, "bias", d))) return st;
         if ((st = need_vec(m, n, 2, w->dims[0], "bias", d))) return st;
     }
-    int64_t ho, wo;
+    int64_t ho = 0, wo = 0;
     if ((st = window_out(n, "height", x->dims[2].n, w->dims[2].n, s[0], p[0], dl[0], &ho, d)) ||
         (st = window_out(n, "width", x->dims[3].n, w->dims[3].n, s[1], p[1], dl[1], &wo, d)))
         return st;
@@ -524,7 +533,7 @@ static tf_ir_status sh_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
         if (2 * p[i] > k[i])
             return ERR("%s: padding %lld is more than half the kernel %lld", OPNAME, (long long)p[i],
                        (long long)k[i]);
-    int64_t ho, wo;
+    int64_t ho = 0, wo = 0;
     if ((st = window_out(n, "height", x->dims[2].n, k[0], s[0], p[0], 1, &ho, d)) ||
         (st = window_out(n, "width", x->dims[3].n, k[1], s[1], p[1], 1, &wo, d)))
         return st;

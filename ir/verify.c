@@ -30,21 +30,22 @@ static tf_ir_status check_limits(tf_module *m, const tf_type *t, const tf_loc *l
 }
 
 /* Give constants the dtype of their op's first non-constant, non-bool
- * operand (or of any non-constant operand for comparisons of bools). */
+ * operand, else f32. A number is never a bool: `eq(b, 1)` on a bool b is a
+ * dtype mismatch, not a silent comparison. */
 static tf_ir_status type_constants(tf_node *n, tf_diag *d)
 {
-    tf_dt dt = TF_DT_COUNT;
-    for (int i = 0; i < n->nin && dt == TF_DT_COUNT; i++)
-        if (n->in[i]->kind != TF_VAL_CONST && n->in[i]->type.dtype != TF_DT_BOOL) dt = n->in[i]->type.dtype;
-    for (int i = 0; i < n->nin && dt == TF_DT_COUNT; i++)
-        if (n->in[i]->kind != TF_VAL_CONST) dt = n->in[i]->type.dtype;
-    if (dt == TF_DT_COUNT) dt = TF_DT_F32;
+    tf_dt dt = TF_DT_F32;
+    for (int i = 0; i < n->nin; i++)
+        if (n->in[i]->kind != TF_VAL_CONST && n->in[i]->type.dtype != TF_DT_BOOL) {
+            dt = n->in[i]->type.dtype;
+            break;
+        }
     for (int i = 0; i < n->nin; i++) {
         tf_value *c = n->in[i];
         if (c->kind != TF_VAL_CONST) continue;
         if (!tf_dtype_is_float(dt) && (c->cval != trunc(c->cval) || !isfinite(c->cval)))
             return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc,
-                                 "%s: operand %d is the number %g, which a %s operation cannot hold", tf_op_info_of(n->op)->name,
+                                 "%s: operand %d is the number %g, which %s values cannot hold", tf_op_info_of(n->op)->name,
                                  i + 1, c->cval, tf_dtype_name(dt));
         c->type.dtype = dt;
         c->type.rank = 0;

@@ -24,6 +24,7 @@ typedef struct lw {
     tf_diag *d;
     const tf_node *n;       /* the layer op being rewritten */
     const char *base;       /* its result's name */
+    const char *final_hint; /* non-NULL: the last op is base.final_hint (a cast takes base) */
     bool failed;
 } lw;
 
@@ -32,6 +33,7 @@ static tf_value *op(lw *l, int opc, const char *hint, int nin, tf_value **in, co
 {
     if (l->failed) return NULL;
     char name[512];
+    if (!hint) hint = l->final_hint;
     if (hint) snprintf(name, sizeof name, "%s.%s", l->base, hint);
     tf_value *v = tf_build(l->m, l->d, opc, in, nin, attrs, na, hint ? name : l->base, &l->n->loc);
     if (!v) l->failed = true;
@@ -65,7 +67,7 @@ static tf_value *reduce(lw *l, int opc, const char *hint, tf_value *x, const int
 static tf_value *reshape(lw *l, const char *hint, tf_value *x, const tf_dim *dims, int rank)
 {
     if (l->failed) return NULL;
-    int64_t v[TF_MAX_RANK];
+    int64_t v[TF_MAX_RANK] = {0};
     for (int i = 0; i < rank; i++) v[i] = dims[i].n;
     tf_named_attr a = {"shape", tf_attr_ints(l->m, v, rank)};
     if (a.attr.kind == TF_ATTR_NONE) {
@@ -77,10 +79,12 @@ static tf_value *reshape(lw *l, const char *hint, tf_value *x, const tf_dim *dim
     return op(l, TF_OP_RESHAPE, hint, 1, &x, &a, 1);
 }
 
-static tf_value *to_f32(lw *l, const char *hint, tf_value *x)
+static bool is_half(const tf_value *v) { return v->type.dtype == TF_DT_F16 || v->type.dtype == TF_DT_BF16; }
+
+static tf_value *cast_to(lw *l, const char *hint, tf_value *x, tf_dt dt)
 {
-    if (x->type.dtype != TF_DT_F16 && x->type.dtype != TF_DT_BF16) return x;
-    tf_named_attr a = {"to", tf_attr_dtype(TF_DT_F32)};
+    if (!x || x->type.dtype == dt) return x;
+    tf_named_attr a = {"to", tf_attr_dtype(dt)};
     return op(l, TF_OP_CAST, hint, 1, &x, &a, 1);
 }
 
@@ -99,6 +103,7 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
 {
     tf_value *x = in[0], *g = in[1], *b = in[2], *rm = in[3], *rv = in[4];
     const tf_node *n = l->n;
+    tf_value *bufs[2] = {n->in[3], n->in[4]};   /* in[] may be their fp32 casts */
     double mom = tf_node_float(n, "momentum"), eps = tf_node_float(n, "eps");
     int rank = x->type.rank;
     tf_dim bshape[TF_MAX_RANK], cshape[1] = {x->type.dims[1]};
@@ -124,12 +129,16 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
     /* running statistics: PyTorch's update, unbiased variance */
     double cnt = (double)(tf_type_numel(&x->type) / x->type.dims[1].n);
     double unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0;
-    tf_value *rm_new = op2(l, TF_OP_ADD, "running_mean", op2(l, TF_OP_MUL, "rm_keep", rm, num(l, 1 - mom)),
+    bool narrow = rm != bufs[0];   /* statistics in fp32, stored in the buffers' dtype */
+    tf_value *rm_new = op2(l, TF_OP_ADD, narrow ? "running_mean.f32" : "running_mean",
+                           op2(l, TF_OP_MUL, "rm_keep", rm, num(l, 1 - mom)),
                            op2(l, TF_OP_MUL, "rm_take", reshape(l, "mean_c", mu, cshape, 1), num(l, mom)));
-    tf_value *rv_new = op2(l, TF_OP_ADD, "running_var", op2(l, TF_OP_MUL, "rv_keep", rv, num(l, 1 - mom)),
+    tf_value *rv_new = op2(l, TF_OP_ADD, narrow ? "running_var.f32" : "running_var",
+                           op2(l, TF_OP_MUL, "rv_keep", rv, num(l, 1 - mom)),
                            op2(l, TF_OP_MUL, "rv_take", reshape(l, "var_c", var, cshape, 1), num(l, mom * unbias)));
+    tf_value *vals[2] = {cast_to(l, "running_mean", rm_new, bufs[0]->type.dtype),
+                         cast_to(l, "running_var", rv_new, bufs[1]->type.dtype)};
     if (l->failed) return NULL;
-    tf_value *bufs[2] = {rm, rv}, *vals[2] = {rm_new, rv_new};
     for (int i = 0; i < 2; i++) {
         if (bufs[i]->kind != TF_VAL_BUFFER) {
             tf_diag_error(l->d, TF_IR_ERR_VERIFY, &n->loc,
@@ -164,7 +173,10 @@ static tf_value *lower_attention(lw *l, tf_value **in)
         tf_value *w[3] = {mask, s, num(l, -INFINITY)};
         s = op(l, TF_OP_WHERE, "masked", 3, w, NULL, 0);
     }
-    tf_value *p = softmax(l, s, -1, false, "probs");
+    /* the softmax runs in fp32 whatever the scores' storage */
+    tf_value *p = is_half(s) ? cast_to(l, "probs", softmax(l, cast_to(l, "scores_f32", s, TF_DT_F32), -1, false, "probs_f32"),
+                                       s->type.dtype)
+                             : softmax(l, s, -1, false, "probs");
     tf_value *pv[2] = {p, v};
     return op(l, TF_OP_MATMUL, NULL, 2, pv, NULL, 0);
 }
@@ -237,18 +249,20 @@ static tf_value *lower_node(lw *l, tf_value **in)
     }
     case TF_OP_FLATTEN: return reshape(l, NULL, x, n->out->type.dims, 2);
     case TF_OP_CROSS_ENTROPY: {
-        tf_value *lg = to_f32(l, "f32", x);
-        tf_value *ls = softmax(l, lg, -1, true, "log_probs");
-        tf_named_attr a[2] = {{"depth", tf_attr_int(x->type.dims[rank - 1].n)}, {"dtype", tf_attr_dtype(lg ? lg->type.dtype : TF_DT_F32)}};
+        /* pick log p[label] with a select, not a product with a one-hot:
+         * -inf * 0 would turn an impossible class into NaN */
+        tf_value *ls = softmax(l, x, -1, true, "log_probs");
+        tf_named_attr a[2] = {{"depth", tf_attr_int(x->type.dims[rank - 1].n)}, {"dtype", tf_attr_dtype(TF_DT_BOOL)}};
         a[0].attr.u.i.sym = x->type.dims[rank - 1].sym;
         tf_value *oh = op(l, TF_OP_ONE_HOT, "onehot", 1, &in[1], a, 2);
+        tf_value *w[3] = {oh, ls, num(l, 0)};
         int64_t last = -1;
-        tf_value *pick = reduce(l, TF_OP_REDUCE_SUM, "picked", op2(l, TF_OP_MUL, "masked", ls, oh), &last, 1, false);
+        tf_value *pick = reduce(l, TF_OP_REDUCE_SUM, "picked", op(l, TF_OP_WHERE, "masked", 3, w, NULL, 0), &last, 1, false);
         tf_value *mean = reduce(l, TF_OP_REDUCE_MEAN, "mean", pick, NULL, 0, false);
         return op1(l, TF_OP_NEG, NULL, mean);
     }
     case TF_OP_MSE_LOSS: {
-        tf_value *d = op2(l, TF_OP_SUB, "diff", to_f32(l, "pred_f32", x), to_f32(l, "target_f32", in[1]));
+        tf_value *d = op2(l, TF_OP_SUB, "diff", x, in[1]);
         return reduce(l, TF_OP_REDUCE_MEAN, NULL, op2(l, TF_OP_MUL, "sq", d, d), NULL, 0, false);
     }
     case TF_OP_SUM: case TF_OP_MEAN: case TF_OP_MAX: {
@@ -287,9 +301,28 @@ tf_ir_status pass_lower(tf_module *m, const tf_options *o)
             if (tf_module_append_node(m, n)) st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
             continue;
         }
-        lw l = {m, o, o->diag, n, n->out->name, false};
+        lw l = {m, o, o->diag, n, n->out->name, NULL, false};
         tf_module_remove_name(m, n->out);   /* the rewrite's last op takes the name */
-        tf_value *r = lower_node(&l, n->in);
+        /* Ops the op table keeps in fp32 (norms, softmax, losses, reductions)
+         * compute in fp32 on fp16/bf16 operands; the result is cast back to
+         * the op's own type when that is half precision. */
+        tf_value *ins[64];
+        memcpy(ins, n->in, (size_t)n->nin * sizeof *ins);
+        bool widen = false;
+        if (tf_op_info_of(n->op)->amp == TF_AMP_DENY)
+            for (int k = 0; k < n->nin; k++)
+                if (is_half(ins[k])) {
+                    char hint[32];
+                    snprintf(hint, sizeof hint, "in%d.f32", k);
+                    ins[k] = cast_to(&l, hint, ins[k], TF_DT_F32);
+                    widen = true;
+                }
+        if (widen && is_half(n->out)) l.final_hint = "f32";
+        tf_value *r = lower_node(&l, ins);
+        if (r && widen && is_half(n->out)) {
+            l.final_hint = NULL;
+            r = cast_to(&l, NULL, r, n->out->type.dtype);
+        }
         if (!r) { st = o->diag->status ? o->diag->status : TF_IR_ERR_INTERNAL; break; }
         if (!tf_type_equal(&r->type, &n->out->type)) {
             char b1[256], b2[256];

@@ -498,7 +498,7 @@ tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tenso
 tf_status tf_session_load_state(tf_session_t *s, const char *path)
 {
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
-    char err[1024];
+    char err[5120];
     tio_tensor *ts = NULL;
     size_t n = 0;
     tio_status ts_st = tio_safetensors_read(path, &ts, &n, err, sizeof err);
@@ -545,7 +545,7 @@ tf_status tf_session_save_state(tf_session_t *s, const char *path)
         if (!(ts[i].data = malloc(ts[i].nbytes ? ts[i].nbytes : 1))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         else st = s->be->state_read(s, v, ts[i].data);
     }
-    char err[1024];
+    char err[5120];
     if (!st && tio_safetensors_write(path, ts, n, NULL, err, sizeof err)) st = tf_set_error(s->ctx, TF_ERR_IO, "%s", err);
     for (size_t i = 0; i < n; i++) free(ts[i].data);
     free(ts);
@@ -564,7 +564,7 @@ tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **ou
     *out = NULL;
     tf_array_t *a = calloc(1, sizeof *a);
     if (!a) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-    char err[1024];
+    char err[5120];
     tio_status st = tio_npy_read(path, &a->t, err, sizeof err);
     if (st) {
         free(a);
@@ -591,7 +591,7 @@ tf_status tf_array_save_npy(tf_context_t *ctx, const char *path, const tf_tensor
         n *= (size_t)t->shape[i];
     }
     tt.nbytes = n * (size_t)tf_dtype_bytes((tf_dt)t->dtype);
-    char err[1024];
+    char err[5120];
     tio_status st = tio_npy_write(path, &tt, err, sizeof err);
     return st ? tf_set_error(ctx, st == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : TF_ERR_IO, "%s", err) : TF_OK;
 }

@@ -15,7 +15,7 @@
 #include "passes.h"
 
 struct tf_context {
-    char err[2048];
+    char err[6400];
 };
 
 struct tf_model {

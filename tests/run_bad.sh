@@ -9,8 +9,9 @@
 #    "FILE:LINE:COL: error: " and contains SUBSTRING.
 # 2. Inputs that are awkward to commit are generated into GEN_DIR: binary
 #    garbage, a file over the 64 MiB source limit, 100000 '[' or '(' on one
-#    line, a 10000-character identifier, a directory, a missing file. Each must
-#    be rejected with exit 1 and a message that starts with the path.
+#    line, a 10000-character identifier, a 1200-character path, a directory,
+#    a missing file. Each must be rejected with exit 1 and a message that
+#    starts with the path.
 # 3. An empty file is a valid, empty module (exit 0), and a chain of 20000
 #    relu ops must parse, print and re-parse to the same text (a guard against
 #    quadratic behaviour; its time is printed).
@@ -35,6 +36,8 @@ fail() {
     failed=$((failed + 1))
     echo "FAIL: $*"
 }
+# A path for a failure line: very long ones elided in the middle.
+short() { if [ ${#1} -gt 160 ]; then echo "${1:0:60}...${1: -80}"; else echo "$1"; fi; }
 
 mkdir -p "$GEN_DIR" || exit 1
 OUT=$GEN_DIR/.stdout
@@ -64,16 +67,17 @@ describe() {
 # expect_reject FILE PREFIX_RE [SUBSTRING]: exit 1, empty stdout, first line
 # of stderr matching ^PREFIX_RE and containing SUBSTRING.
 expect_reject() {
-    local f=$1 re=$2 sub=${3:-}
+    local f=$1 re=$2 sub=${3:-} sf
+    sf=$(short "$f")
     run "$f"
     if [ "$rc" -ne 1 ]; then
-        fail "$f: expected exit 1, got $(describe)"
+        fail "$sf: expected exit 1, got $(describe)"
     elif [ -s "$OUT" ]; then
-        fail "$f: rejected but wrote to stdout: $(head -c 200 "$OUT")"
+        fail "$sf: rejected but wrote to stdout: $(head -c 200 "$OUT")"
     elif ! [[ $msg =~ ^$re ]]; then
-        fail "$f: message does not start with the expected prefix /$re/: $msg"
+        fail "$sf: message does not start with the path (and location, if any): $(short "$msg")"
     elif [ -n "$sub" ] && [[ $msg != *"$sub"* ]]; then
-        fail "$f: message lacks '$sub': $msg"
+        fail "$sf: message lacks '$sub': $(short "$msg")"
     else
         pass
     fi
@@ -146,7 +150,7 @@ expect_reject "$g" "$(re_quote "$g"):$LOC_RE"
 # the message says why.
 g=$GEN_DIR/too_big.ir
 head -c 70000000 /dev/zero | tr '\0' ' ' >"$g"
-expect_reject "$g" "$(re_quote "$g"): error: " "limited to"
+expect_reject "$g" "$(re_quote "$g"): error: " "limit"
 rm -f "$g"
 
 # Deep nesting: nothing may recurse per bracket.
@@ -164,6 +168,14 @@ expect_reject "$g" "$(re_quote "$g"):3:10: error: " "expected an operand"
 g=$GEN_DIR/long_identifier.ir
 { printf 'module m\ninput '; head -c 10000 /dev/zero | tr '\0' 'a'; printf ' : f32[2]\n'; } >"$g"
 expect_reject "$g" "$(re_quote "$g"):2:7: error: " "identifier longer than 256 characters"
+
+# A long (but legal) path: the message must still start with all of it.
+d=$GEN_DIR/long_path
+while [ ${#d} -lt 1200 ]; do d=$d/$(printf '%0100d' 0 | tr 0 d); done
+mkdir -p "$d"
+g=$d/bad.ir
+printf 'module m\nh = relu(y)\n' >"$g"
+expect_reject "$g" "$(re_quote "$g"):2:10: error: " "undefined value 'y'"
 
 # Not a file, and no file.
 g=$GEN_DIR/a_directory.ir

@@ -5,10 +5,10 @@
  * Each example model (mlp.ir, cnn.ir, transformer.ir from $TFUSE_EXAMPLES)
  * is mutated about 1000 times with a fixed-seed PRNG: bit flips, random
  * bytes, deleted and duplicated ranges, tokens from a small list of
- * troublemakers, numbers swapped for others (sizes, limits), deleted,
- * duplicated and moved lines, truncation. Every mutant
- * is parsed from a buffer of exactly its length (so ASan sees any read past
- * the end) and must either
+ * troublemakers, numbers swapped for others (sizes, limits), whole
+ * statements inserted, lines deleted, duplicated and moved, truncation.
+ * Every mutant is parsed from a buffer of exactly its length (so ASan sees
+ * any read past the end) and must either
  *   - parse (TF_OK); then its printed text must parse again and print to the
  *     identical text (printing is a fixed point), or
  *   - fail with TF_ERR_PARSE, TF_ERR_VERIFY or TF_ERR_LIMIT and one line of
@@ -16,6 +16,7 @@
  *     "NAME: error: ...".
  * Crashes, leaks and undefined behaviour are caught by the sanitizer build.
  *
+ * TFUSE_EXAMPLES defaults to the examples/ directory of the source tree.
  * TFUSE_FUZZ_ITERS overrides the number of mutants per example (default
  * 1000); TFUSE_FUZZ_SEED the seed. A failing mutant is written to
  * fuzz_fail_N.ir in the working directory for reproduction. */
@@ -108,6 +109,21 @@ static const struct { const char *s; size_t n; } tokens[] = {
 };
 enum { NTOKENS = sizeof tokens / sizeof *tokens };
 
+/* Whole statements, inserted at a line start: names the examples use (x, h,
+ * a, lg, loss, g, x1, te, q) so that they clash, shadow or come too early. */
+static const char *const statements[] = {
+    "output a = x", "output lg = x", "output h = x", "output g = x", "output q = x", "output x = lg",
+    "output loss", "output loss = lg", "output logits", "update x = x", "h = relu(x)", "z = add(x, x)",
+    "z = reduce_sum(x, axes=[])", "z = reshape(x, shape=[-1])", "z = transpose(x, perm=[1, 0])",
+    "z = cast(x, to=f16)", "z = slice(x, axis=0, start=1, end=-1)", "z = concat(x, x, axis=-1)",
+    "z = matmul(x, x, transpose_b=true)", "z = softmax(x)", "z = where(x, x, x)", "z = iota(shape=[2, 3])",
+    "dim B = 7", "dim Z = 3", "input z : f32[B]", "input z : i64[N]", "param z : f32[3] = normal()",
+    "buffer z : f32[3] = zeros()", "buffer x1 : f32[3] = ones()", "update z = z", "train {", "}",
+    "module m2", "te = embedding(x, x)", "z = linear(x, x)", "z = dropout(x, p=0.5)",
+    "optimizer = sgd(lr=0.1)", "precision = fp16",
+};
+enum { NSTATEMENTS = sizeof statements / sizeof *statements };
+
 /* [start, end) of the line holding byte `at` (without its '\n') */
 static void line_bounds(const buf *b, size_t at, size_t *s, size_t *e)
 {
@@ -122,7 +138,7 @@ static void line_bounds(const buf *b, size_t at, size_t *s, size_t *e)
 static void mutate_once(buf *b)
 {
     size_t n = b->n;
-    switch (rng_below(13)) {
+    switch (rng_below(15)) {
     case 0:   /* flip one bit */
         if (n) b->p[rng_below(n)] ^= (char)(1u << rng_below(8));
         break;
@@ -213,6 +229,15 @@ static void mutate_once(buf *b)
         else snprintf(num, sizeof num, "%s", nums[rng_below(sizeof nums / sizeof *nums)]);
         buf_erase(b, at, end - at);
         buf_insert(b, at, num, strlen(num));
+        break;
+    }
+    case 13:
+    case 14: { /* insert a whole statement at a line start */
+        size_t s, e;
+        line_bounds(b, n ? rng_below(n) : 0, &s, &e);
+        const char *st = statements[rng_below(NSTATEMENTS)];
+        buf_insert(b, s, "\n", 1);
+        buf_insert(b, s, st, strlen(st));
         break;
     }
     }
@@ -331,13 +356,43 @@ static int check_text(tf_context_t *ctx, const char *name, const buf *b, const t
     return accepted;
 }
 
+/* $TFUSE_EXAMPLES, else the examples/ next to this source file (found from
+ * __FILE__), else ./examples, ../examples, ../../examples. */
+static const char *examples_dir(void)
+{
+    static char from_src[4096];
+    const char *env = getenv("TFUSE_EXAMPLES");
+    if (env && *env) return env;
+    const char *slash = strrchr(__FILE__, '/');
+    if (slash) {
+        snprintf(from_src, sizeof from_src, "%.*s/../../examples", (int)(slash - __FILE__), __FILE__);
+        char probe[4200];
+        snprintf(probe, sizeof probe, "%s/mlp.ir", from_src);
+        FILE *f = fopen(probe, "rb");
+        if (f) {
+            fclose(f);
+            return from_src;
+        }
+    }
+    static const char *const guesses[] = {"examples", "../examples", "../../examples"};
+    for (size_t i = 0; i < sizeof guesses / sizeof *guesses; i++) {
+        char probe[64];
+        snprintf(probe, sizeof probe, "%s/mlp.ir", guesses[i]);
+        FILE *f = fopen(probe, "rb");
+        if (f) {
+            fclose(f);
+            return guesses[i];
+        }
+    }
+    return "examples";
+}
+
 int main(void)
 {
     static const char *const files[] = {"mlp.ir", "cnn.ir", "transformer.ir"};
     /* a dim each example declares, for --dim style overrides */
     static const char *const dim_of[] = {"B", "N", "T"};
-    const char *dir = getenv("TFUSE_EXAMPLES");
-    if (!dir || !*dir) dir = "examples";
+    const char *dir = examples_dir();
     long iters = 1000;
     const char *e = getenv("TFUSE_FUZZ_ITERS");
     if (e && atol(e) > 0) iters = atol(e);
@@ -352,7 +407,7 @@ int main(void)
     buf b = {0};
     for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+        snprintf(path, sizeof path, "%.3000s/%s", dir, files[f]);
         size_t len;
         char *orig = read_file(path, &len);
         CHECK(orig != NULL, "cannot read %s (set TFUSE_EXAMPLES to the examples directory)", path);

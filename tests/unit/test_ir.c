@@ -65,14 +65,14 @@ static void test_roundtrip_and_canonical(void)
         "module m\n\ndim B = 3\n\ninput  x : f32[B, 4]\nparam  w : f32[4, 2] = uniform(low=-0.5, high=0.5)\n\n"
         "h : f32[B, 2] = linear(x, w)\ny : f32[B, 2] = mul(h, 0.1)\nz : f32[B, 2, 1] = reshape(y, shape=[B, -1, 1])\n\n"
         "output z\n\ntrain {\n  optimizer = sgd(lr=0.5)\n}\n";
-    CHECK(p1 && !strcmp(p1, want), "canonical text:\n%s\nwanted:\n%s", p1, want);
+    CHECK(p1 && !strcmp(p1, want), "canonical text:\n%s\nwanted:\n%s", p1 ? p1 : "(null)", want);
     tf_module *m2 = parse(p1, &d);
     char *p2 = m2 ? tf_print_module(m2) : NULL;
-    CHECK(p2 && !strcmp(p1, p2), "print(parse(print(x))) differs:\n%s", p2);
+    CHECK(p2 && !strcmp(p1, p2), "print(parse(print(x))) differs:\n%s", p2 ? p2 : "(null)");
     /* clones print the same */
     tf_module *c = tf_module_clone(m);
     char *p3 = c ? tf_print_module(c) : NULL;
-    CHECK(p3 && !strcmp(p1, p3), "clone prints differently:\n%s", p3);
+    CHECK(p3 && !strcmp(p1, p3), "clone prints differently:\n%s", p3 ? p3 : "(null)");
     free(p1);
     free(p2);
     free(p3);
@@ -107,7 +107,7 @@ static void test_numbers_print_exactly(void)
     char *p = tf_print_module(m);
     CHECK(p && strstr(p, "mul(x, 0.1)") && strstr(p, "add(a, 1e-07)") && strstr(p, "sub(b, 3.0)") &&
               strstr(p, "maximum(c, -inf)") && strstr(p, "eps=1.5e-05"),
-          "numbers:\n%s", p);
+          "numbers:\n%s", p ? p : "(null)");
     free(p);
     tf_module_free(m);
 }
@@ -155,11 +155,11 @@ static void test_lower_names_and_modes(void)
         if (!m) continue;
         char *p = tf_print_module(m);
         CHECK(p && strstr(p, "h.mm : f32[4, 2] = matmul(x, w)") && strstr(p, "h : f32[4, 2] = add(h.mm, b)"),
-              "lowered names:\n%s", p);
+              "lowered names:\n%s", p ? p : "(null)");
         if (mode == TF_IR_TRAIN)
-            CHECK(p && strstr(p, "dropout_mask(h, p=0.5") && strstr(p, "d : f32[4, 2] = mul(h, d.mask)"), "train dropout:\n%s", p);
+            CHECK(p && strstr(p, "dropout_mask(h, p=0.5") && strstr(p, "d : f32[4, 2] = mul(h, d.mask)"), "train dropout:\n%s", p ? p : "(null)");
         else
-            CHECK(p && !strstr(p, "dropout") && strstr(p, "output d = h"), "infer dropout vanishes:\n%s", p);
+            CHECK(p && !strstr(p, "dropout") && strstr(p, "output d = h"), "infer dropout vanishes:\n%s", p ? p : "(null)");
         free(p);
         tf_module_free(m);
     }

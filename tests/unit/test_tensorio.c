@@ -41,10 +41,10 @@ static void check(bool ok, int line, const char *fmt, ...)
 
 static const char *tpath(const char *name)
 {
-    static char bufs[4][256];
+    static char bufs[4][320];
     static int k;
     char *p = bufs[k++ % 4];
-    snprintf(p, 256, "%s/%s", dir, name);
+    snprintf(p, 320, "%s/%.200s", dir, name);
     return p;
 }
 
