@@ -205,6 +205,7 @@ tf_ir_status tf_interp_run(tf_interp_ctx *ip, tf_diag *d)
     clear_pending(ip);
     tf_ir_status st = TF_IR_OK;
     tf_tensor consts[64];
+    double cvals[64];   /* numbers written as operands, rounded to their dtype like any value */
     for (int i = 0; i < ip->m->nodes.n && !st; i++) {
         tf_node *n = ip->m->nodes.items[i];
         const tf_tensor *in[64];
@@ -216,7 +217,8 @@ tf_ir_status tf_interp_run(tf_interp_ctx *ip, tf_diag *d)
                 memset(c, 0, sizeof *c);
                 c->dtype = v->type.dtype;
                 c->numel = 1;
-                c->data = &v->cval;
+                cvals[nconst - 1] = tf_dtype_round(v->type.dtype, v->cval);
+                c->data = &cvals[nconst - 1];
                 in[k] = c;
             } else if (!(in[k] = tf_interp_tensor(ip, v, d))) {
                 st = d->status;

@@ -11,7 +11,10 @@
  * runs; buffer updates (batchnorm running statistics, `update` statements)
  * are applied after the whole step, so every op of a step reads the old
  * state. Randomness (initializers, dropout) is a counter-based hash of
- * (seed, stream, index): reproducible for a seed, independent of run order. */
+ * (seed, stream, index): reproducible for a seed, independent of run order.
+ *
+ * Limits of the oracle: integers travel as doubles, exact up to 2^53 (ids,
+ * labels and indices are far below); i64 results saturate at +-9.2e18. */
 #ifndef TF_IR_INTERP_H
 #define TF_IR_INTERP_H
 
