@@ -393,7 +393,7 @@ static tf_ir_status parse_dim(parser *p)
     return tf_module_add_dim(p->m, nm, v, loc_of(p, &name)) ? oom(p) : TF_IR_OK;
 }
 
-static tf_ir_status parse_decl(parser *p, tf_value_kind kind, const tf_token *kw)
+static tf_ir_status parse_decl(parser *p, tf_value_kind kind)
 {
     tf_token name = p->tok;
     if (check_new_name(p, &name)) return FAIL(p);
@@ -414,7 +414,6 @@ static tf_ir_status parse_decl(parser *p, tf_value_kind kind, const tf_token *kw
         v->init.fn = TF_INIT_ZEROS;
         v->init.loc = v->loc;
     }
-    (void)kw;
     if (tf_module_add_name(p->m, v) || tf_vec_push(p->m, &p->m->decls, v)) return oom(p);
     return TF_IR_OK;
 }
@@ -632,9 +631,9 @@ static tf_ir_status parse_statement(parser *p, bool *seen_stmt)
         return TF_IR_OK;
     }
     if (tok_is(&t, "dim")) { advance(p); return parse_dim(p); }
-    if (tok_is(&t, "input")) { advance(p); return parse_decl(p, TF_VAL_INPUT, &t); }
-    if (tok_is(&t, "param")) { advance(p); return parse_decl(p, TF_VAL_PARAM, &t); }
-    if (tok_is(&t, "buffer")) { advance(p); return parse_decl(p, TF_VAL_BUFFER, &t); }
+    if (tok_is(&t, "input")) { advance(p); return parse_decl(p, TF_VAL_INPUT); }
+    if (tok_is(&t, "param")) { advance(p); return parse_decl(p, TF_VAL_PARAM); }
+    if (tok_is(&t, "buffer")) { advance(p); return parse_decl(p, TF_VAL_BUFFER); }
     if (tok_is(&t, "output")) { advance(p); return parse_output(p); }
     if (tok_is(&t, "update")) { advance(p); return parse_update(p); }
     if (tok_is(&t, "train")) { advance(p); return parse_train(p, &t); }
