@@ -18,17 +18,34 @@ typedef struct tf_options {
     const char *dump_dir;   /* default "." */
     FILE *explain;          /* one line per decision, or NULL */
     tf_diag *diag;
+    bool opt0;              /* --O0: no TF_PASSF_OPT pass */
+    const char *const *disabled;   /* --disable-pass names */
+    int ndisabled;
+    bool precision_set;     /* --precision overrides the train block */
+    tf_precision precision;
 } tf_options;
 
 typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
 
+enum { TF_PASSF_OPT = 1 << 0, TF_PASSF_CORE = 1 << 1 };
+
 typedef struct tf_pass_info {
     const char *name;
     tf_pass_fn run;
+    unsigned flags;
     const char *what;       /* one line for --help */
 } tf_pass_info;
 
-tf_ir_status pass_lower(tf_module *m, const tf_options *o);
+#define TF_PASS(name, flags, what) tf_ir_status pass_##name(tf_module *m, const tf_options *o);
+#include "passes.def"
+#undef TF_PASS
+
+/* One line of --explain: "[pass] file:line:col: message". No-op without
+ * o->explain. Passes explain every decision they make, and why. */
+void tf_explain(const tf_options *o, const char *pass, const tf_loc *loc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The precision the module trains in: --precision, else the train block's. */
+tf_precision tf_options_precision(const tf_options *o, const tf_module *m);
 
 /* Every registered pass, and lookup by name (NULL if none). */
 extern const tf_pass_info tf_passes[];

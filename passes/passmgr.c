@@ -1,5 +1,6 @@
 /* passmgr.c — pipelines, verification between passes, IR dumps. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +9,9 @@
 #include "passes.h"
 
 const tf_pass_info tf_passes[] = {
-    {"lower", pass_lower, "rewrite layer ops (linear, batchnorm, attention, ...) into core ops"},
+#define TF_PASS(name, flags, what) {#name, pass_##name, flags, what},
+#include "passes.def"
+#undef TF_PASS
 };
 const int tf_npasses = (int)(sizeof tf_passes / sizeof tf_passes[0]);
 
@@ -19,6 +22,41 @@ static const char *const pipelines[] = {
 };
 
 const char *tf_pipeline_default(tf_ir_mode mode) { return pipelines[mode]; }
+
+void tf_explain(const tf_options *o, const char *pass, const tf_loc *loc, const char *fmt, ...)
+{
+    if (!o->explain) return;
+    fprintf(o->explain, "[%s] ", pass);
+    if (loc && loc->line > 0) fprintf(o->explain, "%s:%d:%d: ", loc->file ? loc->file : "<input>", loc->line, loc->col);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(o->explain, fmt, ap);
+    va_end(ap);
+    fputc('\n', o->explain);
+}
+
+tf_precision tf_options_precision(const tf_options *o, const tf_module *m)
+{
+    if (o->precision_set) return o->precision;
+    return m->train.has_precision ? m->train.precision : TF_PREC_FP32;
+}
+
+static bool has_layer_ops(const tf_module *m)
+{
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (tf_op_has(n->op, TF_OPF_LAYER) || (n->op == TF_OP_CONV2D && n->nin == 3)) return true;
+    }
+    return false;
+}
+
+static bool is_disabled(const tf_options *o, const tf_pass_info *pi)
+{
+    if (o->opt0 && (pi->flags & TF_PASSF_OPT)) return true;
+    for (int i = 0; i < o->ndisabled; i++)
+        if (!strcmp(o->disabled[i], pi->name)) return true;
+    return false;
+}
 
 const tf_pass_info *tf_pass_find(const char *name, size_t len)
 {
@@ -94,9 +132,20 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
     }
     if (o->dump_ir && strcmp(o->dump_ir, "all") && !tf_pass_find(o->dump_ir, strlen(o->dump_ir)))
         return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--dump-ir=%s names no pass", o->dump_ir);
+    for (int i = 0; i < o->ndisabled; i++)
+        if (!tf_pass_find(o->disabled[i], strlen(o->disabled[i])))
+            return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--disable-pass=%s names no pass", o->disabled[i]);
     if (o->dump_ir && o->dump_dir && make_dirs(o->dump_dir, o->diag)) return o->diag->status;
     if (o->dump_ir && !strcmp(o->dump_ir, "all") && dump(m, o, 0, "input")) return o->diag->status;
     for (int i = 0; i < n; i++) {
+        if (is_disabled(o, plan[i])) {
+            tf_explain(o, plan[i]->name, NULL, "skipped (%s)", o->opt0 && (plan[i]->flags & TF_PASSF_OPT) ? "--O0" : "--disable-pass");
+            continue;
+        }
+        if ((plan[i]->flags & TF_PASSF_CORE) && has_layer_ops(m))
+            return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL,
+                                 "pass '%s' needs a lowered module: run 'lower' before it (e.g. --passes=lower,%s)",
+                                 plan[i]->name, plan[i]->name);
         if (plan[i]->run(m, o)) return o->diag->status;
         if (tf_verify(m, o->diag)) return o->diag->status;   /* a pass that breaks the IR is caught here */
         if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, plan[i]->name)) &&
