@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -97,15 +98,21 @@ tf_status tf_model_parse_string(tf_context_t *ctx, const char *name_for_errors,
 void      tf_model_free(tf_model_t *m);
 /* Canonical text of the model; *out is malloc'd, the caller free()s it. */
 tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out);
-/* Run a comma-separated list of passes on the model in place ("lower"). */
-tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode);
+/* Run a comma-separated list of passes on the model in place ("lower,cse");
+ * `explain` (or NULL) receives one line per decision. */
+tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode, FILE *explain);
 
 /* ---- compiling ---- */
 typedef struct tf_compile_options {
     tf_mode   mode;        /* default TF_MODE_TRAIN */
     tf_target target;      /* default TF_TARGET_INTERP */
     const char *dump_ir;     /* NULL, "all", or a pass name */
-    const char *dump_dir;    /* where dumps go; default "." */
+    const char *dump_dir;    /* where dumps go; created if missing; default "." */
+    int opt_level;           /* 0: only the passes a target needs (--O0); default 1 */
+    const char *const *disable_passes;   /* pass names left out of the pipeline */
+    size_t ndisable_passes;
+    const char *precision;   /* "fp32", "fp16", "bf16" overrides the train block; NULL keeps it */
+    FILE *explain;           /* one line per compiler decision, or NULL */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,

@@ -152,11 +152,11 @@ tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
     return print_module(ctx, m->m, out);
 }
 
-tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode)
+tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode, FILE *explain)
 {
     if (!m || !passes) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     tf_diag d = {0};
-    tf_options o = {.mode = mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN, .diag = &d};
+    tf_options o = {.mode = mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN, .diag = &d, .explain = explain};
     if (tf_run_pipeline(m->m, passes, &o)) return tf_from_diag(ctx, &d);
     return TF_OK;
 }
@@ -168,6 +168,18 @@ void tf_compile_options_init(tf_compile_options *o)
     memset(o, 0, sizeof *o);
     o->mode = TF_MODE_TRAIN;
     o->target = TF_TARGET_INTERP;
+    o->opt_level = 1;
+}
+
+static bool parse_precision(const char *s, tf_precision *out)
+{
+    static const char *names[] = {[TF_PREC_FP32] = "fp32", [TF_PREC_FP16] = "fp16", [TF_PREC_BF16] = "bf16"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (tf_precision)i;
+            return true;
+        }
+    return false;
 }
 
 const tf_backend *tf_backend_for(tf_target t) { return t == TF_TARGET_INTERP ? &tf_backend_interp : NULL; }
@@ -256,7 +268,13 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
     p->target = opts->target;
     tf_diag d = {0};
-    tf_options o = {.mode = p->mode, .dump_ir = opts->dump_ir, .dump_dir = opts->dump_dir, .diag = &d};
+    tf_options o = {.mode = p->mode, .dump_ir = opts->dump_ir, .dump_dir = opts->dump_dir, .diag = &d,
+                    .explain = opts->explain, .opt0 = opts->opt_level == 0, .disabled = opts->disable_passes,
+                    .ndisabled = (int)opts->ndisable_passes};
+    if (opts->precision && !(o.precision_set = parse_precision(opts->precision, &o.precision))) {
+        tf_program_free(p);
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
+    }
     if (tf_run_pipeline(p->m, NULL, &o)) {
         tf_program_free(p);
         return tf_from_diag(ctx, &d);

@@ -31,8 +31,10 @@ typedef struct args {
     tf_mode mode;
     bool mode_set;
     tf_target target;
-    const char *passes, *dump_ir, *dump_dir, *out, *params;
-    bool stats, random_inputs, help;
+    const char *passes, *dump_ir, *dump_dir, *out, *params, *precision;
+    bool stats, random_inputs, help, explain, o0;
+    const char *disabled[MAX_ITEMS];
+    size_t ndisabled;
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;
 } args;
@@ -121,6 +123,17 @@ static int parse_args(int argc, char **argv, args *a)
             a->dump_ir = v;
         } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
             a->dump_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--disable-pass"))) {
+            if (a->ndisabled == MAX_ITEMS) return usage_error(cmd, "too many --disable-pass flags%s", "");
+            a->disabled[a->ndisabled++] = v;
+        } else if ((v = flag_value(argc, argv, &i, "--precision"))) {
+            if (strcmp(v, "fp32") && strcmp(v, "fp16") && strcmp(v, "bf16"))
+                return usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
+            a->precision = v;
+        } else if (!strcmp(s, "--O0") || !strcmp(s, "-O0")) {
+            a->o0 = true;
+        } else if (!strcmp(s, "--explain")) {
+            a->explain = true;
         } else if ((v = flag_value(argc, argv, &i, "--params"))) {
             a->params = v;
         } else if ((v = flag_value(argc, argv, &i, "--input")) || (v = flag_value(argc, argv, &i, "--output"))) {
@@ -179,7 +192,8 @@ static int cmd_opt(tf_context_t *ctx, const args *a)
 {
     tf_model_t *m = load_model(ctx, a);
     char *text = NULL;
-    if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", a->mode) || tf_model_print(ctx, m, &text)) {
+    if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", a->mode, a->explain ? stderr : NULL) ||
+        tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
         return fail(ctx);
     }
@@ -197,6 +211,11 @@ static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
     o.target = a->target;
     o.dump_ir = a->dump_ir;
     o.dump_dir = a->dump_dir;
+    o.opt_level = a->o0 ? 0 : 1;
+    o.disable_passes = a->disabled;
+    o.ndisable_passes = a->ndisabled;
+    o.precision = a->precision;
+    o.explain = a->explain ? stdout : NULL;
     tf_program_t *p = NULL;
     if (tf_program_compile(ctx, m, &o, &p)) return NULL;
     return p;
@@ -372,12 +391,15 @@ static const struct {
 } commands[] = {
     {"print", "FILE [--dim K=V]",
      "Parse and verify a model, then print its canonical text (every value typed)."},
-    {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--dim K=V]",
-     "Run passes (default: lower) and print the module. Passes: lower."},
-    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--dim K=V] [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
-     "Run the full pipeline. --stats prints key: value lines (ops, kernels, params, peak_bytes, ...);\n"
+    {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
+     "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
+    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
+     "                     [--explain] [--dim K=V] [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
+     "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
+     "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); -o writes the compiled IR."},
-    {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...] [--seed N] [--target=...]",
+    {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
+     "                     [--seed N] [--target=...] [--precision=...] [--O0] [--disable-pass=NAME]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
      "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
     {"train", "FILE --data NAME=FILE.npy,... [--steps N]", "Not available yet: training arrives with autodiff and the optimizers."},
