@@ -9,6 +9,7 @@
  *            | 'output' NAME ('=' NAME)?
  *            | 'update' NAME '=' NAME
  *            | 'train' '{' (NAME '=' tvalue)* '}'
+ *            | 'region' NAME ('kind' '=' KIND)? '{' op-line* 'yield' NAME,* '}'   (no nesting)
  *   type    := DTYPE ('[' (INT|DIM),* ']')?
  *   operand := NAME | number              attr := NAME '=' value
  *   value   := number | STRING | NAME | '[' value,* ']'   (lists hold ints or dims; they do not nest)
@@ -29,6 +30,7 @@ typedef struct parser {
     tf_token tok;
     tf_module *m;
     tf_diag *d;
+    int region;             /* the region being parsed (1-based), 0 outside */
     const tf_dim_set *over;
     int nover;
     bool *over_used;
@@ -73,7 +75,7 @@ static bool tok_is(const tf_token *t, const char *s)
     return t->kind == TK_IDENT && strlen(s) == t->len && memcmp(t->p, s, t->len) == 0;
 }
 
-static const char *const keywords[] = {"module", "dim", "input", "param", "buffer", "output", "update", "train"};
+static const char *const keywords[] = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield"};
 
 static bool is_keyword(const tf_token *t)
 {
@@ -489,6 +491,7 @@ static tf_ir_status parse_op(parser *p)
     advance(p);
     n->op = op;
     n->loc = loc_of(p, &opt);
+    n->region = p->region;
     if (nin < oi->min_in || nin > oi->max_in) {
         if (oi->min_in == oi->max_in)
             return err_at(p, &opt, "%s takes %d operand%s, found %d", oi->name, oi->min_in, oi->min_in == 1 ? "" : "s", nin);
@@ -606,6 +609,80 @@ static tf_ir_status parse_train(parser *p, const tf_token *kw)
     }
 }
 
+static tf_ir_status parse_region(parser *p, const tf_token *kw)
+{
+    tf_token name = p->tok;
+    if (name.kind != TK_IDENT) return expected(p, "the region's name");
+    for (int i = 0; i < p->m->nregions; i++)
+        if (strlen(p->m->regions[i].name) == name.len && !memcmp(p->m->regions[i].name, name.p, name.len))
+            return err_at(p, &name, "region '%.*s' defined twice", (int)name.len, name.p);
+    advance(p);
+    tf_region_kind kind = TF_REGION_POINTWISE;
+    if (tok_is(&p->tok, "kind")) {
+        advance(p);
+        if (expect(p, TK_EQ, "'=' after 'kind'")) return FAIL(p);
+        int k = -1;
+        for (int i = 0; i < TF_REGION_KIND_COUNT; i++)
+            if (tok_is(&p->tok, tf_region_kind_name((tf_region_kind)i))) k = i;
+        if (k < 0) return expected(p, "a region kind (pointwise, reduction, gemm)");
+        kind = (tf_region_kind)k;
+        advance(p);
+    }
+    if (expect(p, TK_LBRACE, "'{' to open the region")) return FAIL(p);
+    char nm[300];
+    snprintf(nm, sizeof nm, "%.*s", (int)name.len, name.p);
+    int id = tf_module_add_region(p->m, nm, kind, loc_of(p, &name));
+    if (!id) return oom(p);
+    p->region = id;
+    tf_value *yields[256];
+    int ny = 0;
+    bool yielded = false, any = false;
+    for (;;) {
+        if (p->tok.kind == TK_NEWLINE) { advance(p); continue; }
+        if (p->tok.kind == TK_EOF)
+            return err_at(p, &p->tok, "unterminated region %s (opened at line %d): expected '}'", nm, kw->line);
+        if (p->tok.kind == TK_RBRACE) {
+            if (!yielded) return err_at(p, &p->tok, "region %s ends without 'yield'", nm);
+            advance(p);
+            break;
+        }
+        if (yielded) return expected(p, "'}' after the yield");
+        if (tok_is(&p->tok, "yield")) {
+            if (!any) return err_at(p, &p->tok, "region %s is empty", nm);
+            advance(p);
+            while (p->tok.kind == TK_IDENT) {
+                tf_token vt = p->tok;
+                tf_value *v = tf_module_find_valuen(p->m, vt.p, vt.len);
+                if (!v || v->kind != TF_VAL_NODE || v->def->region != id)
+                    return err_at(p, &vt, "region %s can only yield values it defines; '%.*s' is not one", nm,
+                                  (int)(vt.len > 60 ? 60 : vt.len), vt.p);
+                for (int k = 0; k < ny; k++)
+                    if (yields[k] == v) return err_at(p, &vt, "'%s' is yielded twice", v->name);
+                if (ny == 256) return err_at(p, &vt, "a region yields at most 256 values");
+                yields[ny++] = v;
+                advance(p);
+                if (p->tok.kind != TK_COMMA) break;
+                advance(p);
+            }
+            if (p->tok.kind != TK_NEWLINE) return expected(p, "a value name to yield, or end of line");
+            yielded = true;
+            continue;
+        }
+        if (tok_is(&p->tok, "region")) return err_at(p, &p->tok, "regions do not nest");
+        if (is_keyword(&p->tok)) return expected(p, "an op (NAME = op(...)), 'yield' or '}' inside a region");
+        if (parse_op(p)) return FAIL(p);
+        any = true;
+        if (p->tok.kind != TK_NEWLINE) return expected(p, "end of line (one statement per line)");
+    }
+    p->region = 0;
+    tf_region *rg = &p->m->regions[id - 1];
+    rg->kind = kind;
+    rg->nyields = ny;
+    if (!(rg->yields = tf_arena_array(&p->m->arena, (size_t)(ny ? ny : 1), sizeof *rg->yields))) return oom(p);
+    memcpy(rg->yields, yields, (size_t)ny * sizeof *yields);
+    return TF_IR_OK;
+}
+
 static tf_ir_status parse_statement(parser *p, bool *seen_stmt)
 {
     tf_token t = p->tok;
@@ -637,6 +714,8 @@ static tf_ir_status parse_statement(parser *p, bool *seen_stmt)
     if (tok_is(&t, "output")) { advance(p); return parse_output(p); }
     if (tok_is(&t, "update")) { advance(p); return parse_update(p); }
     if (tok_is(&t, "train")) { advance(p); return parse_train(p, &t); }
+    if (tok_is(&t, "region")) { advance(p); return parse_region(p, &t); }
+    if (tok_is(&t, "yield")) return err_at(p, &t, "'yield' outside a region");
     return parse_op(p);
 }
 

@@ -177,6 +177,7 @@ typedef struct tf_node {
     tf_value *out;
     tf_attr *attrs;        /* one per entry of the op's schema */
     bool annotated;        /* the source wrote `name : type = ...` */
+    int region;            /* 1 + index into module->regions, 0 = none */
     tf_type annot;         /* that type, checked by the verifier */
     tf_loc loc;
 } tf_node;
@@ -214,6 +215,31 @@ typedef struct tf_train {
     int64_t accumulate;     /* >= 1 */
 } tf_train;
 
+/* ---- fused regions ----------------------------------------------------------------- */
+
+/* A region groups consecutive nodes that run as one kernel. Nodes keep their
+ * place in m->nodes (the interpreter runs them one by one, so a region never
+ * changes what a module computes); a node's `region` field says where it
+ * belongs. Values a region defines are private to it unless yielded: only
+ * yielded values are materialized in memory. In the text format:
+ *
+ *   region fuse.2 kind=reduction {
+ *     s.max : f32[B, 1] = reduce_max(x, axes=[-1], keepdims=true)
+ *     ...
+ *     yield s
+ *   }                                                                        */
+typedef enum tf_region_kind { TF_REGION_POINTWISE, TF_REGION_REDUCTION, TF_REGION_GEMM, TF_REGION_KIND_COUNT } tf_region_kind;
+
+typedef struct tf_region {
+    const char *name;
+    tf_region_kind kind;
+    tf_value **yields;     /* arena */
+    int nyields;
+    tf_loc loc;
+} tf_region;
+
+const char *tf_region_kind_name(tf_region_kind k);
+
 /* ---- module ------------------------------------------------------------------------ */
 
 typedef struct tf_vec { void **items; int n, cap; } tf_vec;
@@ -228,6 +254,7 @@ typedef struct tf_module {
     tf_output *outputs; int noutputs, cap_outputs;
     tf_update *updates; int nupdates, cap_updates;
     tf_train train;
+    tf_region *regions; int nregions, cap_regions;
     struct { tf_value **slots; int cap, count; } names;   /* name -> value hash */
     int next_id;
 } tf_module;
@@ -241,6 +268,10 @@ tf_ir_status tf_grow(void **items, int n, int *cap, size_t elem);
 tf_ir_status tf_module_add_dim(tf_module *m, const char *name, int64_t value, tf_loc loc);
 tf_ir_status tf_module_add_output(tf_module *m, const char *name, tf_value *v, tf_loc loc);
 tf_ir_status tf_module_add_update(tf_module *m, tf_value *buffer, tf_value *value, tf_loc loc);
+/* Add a region (yields filled later); returns its 1-based id, 0 on OOM. */
+int tf_module_add_region(tf_module *m, const char *name, tf_region_kind kind, tf_loc loc);
+/* Forget every region: nodes stay, each runs on its own again. */
+void tf_module_clear_regions(tf_module *m);
 
 /* Name lookups. Values are found through a hash table kept by
  * tf_module_add_name (the parser and tf_build register every name). */

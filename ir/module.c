@@ -28,6 +28,7 @@ void tf_module_free(tf_module *m)
     free(m->dims);
     free(m->outputs);
     free(m->updates);
+    free(m->regions);
     free(m->names.slots);
     tf_arena_release(&m->arena);
     free(m);
@@ -81,6 +82,27 @@ tf_ir_status tf_module_add_update(tf_module *m, tf_value *buffer, tf_value *valu
     if (tf_grow((void **)&m->updates, m->nupdates, &m->cap_updates, sizeof *m->updates)) return TF_IR_ERR_OOM;
     m->updates[m->nupdates++] = (tf_update){buffer, value, loc};
     return TF_IR_OK;
+}
+
+const char *tf_region_kind_name(tf_region_kind k)
+{
+    static const char *names[] = {"pointwise", "reduction", "gemm"};
+    return (unsigned)k < TF_REGION_KIND_COUNT ? names[k] : "?";
+}
+
+int tf_module_add_region(tf_module *m, const char *name, tf_region_kind kind, tf_loc loc)
+{
+    if (tf_grow((void **)&m->regions, m->nregions, &m->cap_regions, sizeof *m->regions)) return 0;
+    const char *nm = tf_arena_strdup(&m->arena, name);
+    if (!nm) return 0;
+    m->regions[m->nregions++] = (tf_region){nm, kind, NULL, 0, loc};
+    return m->nregions;
+}
+
+void tf_module_clear_regions(tf_module *m)
+{
+    for (int i = 0; i < m->nodes.n; i++) ((tf_node *)m->nodes.items[i])->region = 0;
+    m->nregions = 0;
 }
 
 tf_ir_status tf_module_append_node(tf_module *m, tf_node *n) { return tf_vec_push(m, &m->nodes, n); }
@@ -498,6 +520,14 @@ tf_module *tf_module_clone(tf_module *m)
         const tf_update *u = &m->updates[i];
         if (tf_module_add_update(c, map[u->buffer->id], map[u->value->id], (tf_loc){c->file, u->loc.line, u->loc.col}))
             goto fail;
+    }
+    for (int i = 0; i < m->nregions; i++) {
+        const tf_region *r = &m->regions[i];
+        if (!tf_module_add_region(c, r->name, r->kind, (tf_loc){c->file, r->loc.line, r->loc.col})) goto fail;
+        tf_region *cr = &c->regions[i];
+        if (!(cr->yields = tf_arena_array(&c->arena, (size_t)(r->nyields ? r->nyields : 1), sizeof *cr->yields))) goto fail;
+        for (int k = 0; k < r->nyields; k++) cr->yields[k] = map[r->yields[k]->id];
+        cr->nyields = r->nyields;
     }
     c->train = m->train;
     c->train.loc.file = c->file;

@@ -155,7 +155,21 @@ char *tf_print_module(const tf_module *m)
     }
     if (m->nodes.n) {
         if (s.n) sb_printf(&s, "\n");
-        for (int i = 0; i < m->nodes.n; i++) print_node(&s, m, m->nodes.items[i], "");
+        int cur = 0;
+        for (int i = 0; i <= m->nodes.n; i++) {
+            const tf_node *n = i < m->nodes.n ? m->nodes.items[i] : NULL;
+            int r = n ? n->region : 0;
+            if (r != cur && cur) {   /* close the region being printed */
+                const tf_region *rg = &m->regions[cur - 1];
+                sb_printf(&s, "  yield");
+                for (int k = 0; k < rg->nyields; k++) sb_printf(&s, "%s %s", k ? "," : "", rg->yields[k]->name);
+                sb_printf(&s, "\n}\n");
+            }
+            if (r != cur && r)
+                sb_printf(&s, "region %s kind=%s {\n", m->regions[r - 1].name, tf_region_kind_name(m->regions[r - 1].kind));
+            cur = r;
+            if (n) print_node(&s, m, n, r ? "  " : "");
+        }
     }
     if (m->noutputs || m->nupdates) {
         if (s.n) sb_printf(&s, "\n");

@@ -125,6 +125,76 @@ static bool in_module(const tf_module *m, const tf_value *v)
     return v->kind == TF_VAL_NODE && ((tf_node *)m->nodes.items[v->id - m->decls.n])->out == v;
 }
 
+/* Regions: contiguous, non-empty, yields defined inside, private values not
+ * used outside (by nodes, outputs or updates). */
+static tf_ir_status verify_regions(tf_module *m, tf_diag *d)
+{
+    if (!m->nregions) {
+        for (int i = 0; i < m->nodes.n; i++)
+            if (((tf_node *)m->nodes.items[i])->region)
+                return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "internal: a node names a region the module lacks");
+        return TF_IR_OK;
+    }
+    tf_ir_status st = TF_IR_OK;
+    bool *yielded = calloc((size_t)m->next_id + 1, sizeof *yielded);
+    int *count = calloc((size_t)m->nregions + 1, sizeof *count);
+    if (!yielded || !count) {
+        free(yielded);
+        free(count);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    for (int r = 0; r < m->nregions && !st; r++) {
+        const tf_region *rg = &m->regions[r];
+        for (int k = 0; k < rg->nyields && !st; k++) {
+            tf_value *v = rg->yields[k];
+            if (!in_module(m, v) || v->kind != TF_VAL_NODE || v->def->region != r + 1)
+                st = tf_diag_error(d, TF_IR_ERR_VERIFY, &rg->loc, "region %s yields '%s', which it does not define",
+                                   rg->name, v->name ? v->name : "?");
+            else if (yielded[v->id])
+                st = tf_diag_error(d, TF_IR_ERR_VERIFY, &rg->loc, "region %s yields '%s' twice", rg->name, v->name);
+            else
+                yielded[v->id] = true;
+        }
+    }
+    int prev = 0;
+    for (int i = 0; i < m->nodes.n && !st; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (n->region < 0 || n->region > m->nregions) {
+            st = tf_diag_error(d, TF_IR_ERR_INTERNAL, &n->loc, "internal: node '%s' names region %d of %d", n->out->name,
+                               n->region, m->nregions);
+            break;
+        }
+        if (n->region && n->region != prev && count[n->region])
+            st = tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "region %s is not contiguous: '%s' comes after ops outside it",
+                               m->regions[n->region - 1].name, n->out->name);
+        if (n->region) count[n->region]++;
+        prev = n->region;
+        for (int k = 0; k < n->nin && !st; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind == TF_VAL_NODE && v->def->region && v->def->region != n->region && !yielded[v->id])
+                st = tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "'%s' is private to region %s; yield it to use it outside",
+                                   v->name, m->regions[v->def->region - 1].name);
+        }
+    }
+    for (int r = 0; r < m->nregions && !st; r++)
+        if (!count[r + 1]) st = tf_diag_error(d, TF_IR_ERR_VERIFY, &m->regions[r].loc, "region %s is empty", m->regions[r].name);
+    for (int i = 0; i < m->noutputs && !st; i++) {
+        tf_value *v = m->outputs[i].value;
+        if (v->kind == TF_VAL_NODE && v->def->region && !yielded[v->id])
+            st = tf_diag_error(d, TF_IR_ERR_VERIFY, &m->outputs[i].loc, "output '%s' is private to region %s; yield it",
+                               v->name, m->regions[v->def->region - 1].name);
+    }
+    for (int i = 0; i < m->nupdates && !st; i++) {
+        tf_value *v = m->updates[i].value;
+        if (v->kind == TF_VAL_NODE && v->def->region && !yielded[v->id])
+            st = tf_diag_error(d, TF_IR_ERR_VERIFY, &m->updates[i].loc, "update value '%s' is private to region %s; yield it",
+                               v->name, m->regions[v->def->region - 1].name);
+    }
+    free(yielded);
+    free(count);
+    return st;
+}
+
 tf_ir_status tf_verify(tf_module *m, tf_diag *d)
 {
     tf_module_renumber(m);
@@ -148,6 +218,7 @@ tf_ir_status tf_verify(tf_module *m, tf_diag *d)
         }
         if (tf_infer_node(m, n, d)) return d->status;
     }
+    if (verify_regions(m, d)) return d->status;
     for (int i = 0; i < m->noutputs; i++)
         if (!in_module(m, m->outputs[i].value))
             return tf_diag_error(d, TF_IR_ERR_INTERNAL, &m->outputs[i].loc, "internal: output '%s' names a value "

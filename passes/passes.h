@@ -27,7 +27,7 @@ typedef struct tf_options {
 
 typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
 
-enum { TF_PASSF_OPT = 1 << 0, TF_PASSF_CORE = 1 << 1 };
+enum { TF_PASSF_OPT = 1 << 0, TF_PASSF_CORE = 1 << 1, TF_PASSF_REGIONS = 1 << 2 };
 
 typedef struct tf_pass_info {
     const char *name;

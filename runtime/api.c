@@ -289,8 +289,20 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
         }
         if (v->kind == TF_VAL_PARAM) params += tf_type_numel(&v->type);
     }
+    /* kernels: one per fused region, one per op outside a region, none for a
+     * reshape (a view of its operand's memory) */
+    int64_t kernels = 0, casts = 0;
+    for (int i = 0, cur = 0; i < p->m->nodes.n; i++) {
+        const tf_node *n = p->m->nodes.items[i];
+        if (n->op == TF_OP_CAST) casts++;
+        if (n->region) kernels += n->region != cur;
+        else kernels += n->op != TF_OP_RESHAPE;
+        cur = n->region;
+    }
     add_stat(p, "ops", p->m->nodes.n);
-    add_stat(p, "kernels", p->m->nodes.n);   /* interp: one kernel per op, nothing fused */
+    add_stat(p, "kernels", kernels);
+    add_stat(p, "fused_regions", p->m->nregions);
+    add_stat(p, "casts", casts);
     add_stat(p, "params", params);
     add_stat(p, "peak_bytes", peak_bytes(p->m));
     add_stat(p, "inputs", p->inputs.n);

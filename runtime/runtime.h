@@ -28,7 +28,7 @@ struct tf_program {
     tf_module *m;           /* after every pass; owned */
     tf_ir_mode mode;
     tf_target target;
-    tf_stat_entry stats[8];
+    tf_stat_entry stats[12];
     int nstats;
     tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
 };

@@ -1,0 +1,416 @@
+/* fuse.c — group ops into regions that each run as one kernel.
+ *
+ * Three kinds of region (DESIGN.md, "fuse"):
+ *   pointwise  a chain of pointwise ops over one shape (casts included: a
+ *              cast inside a kernel costs nothing, so fp16/fp32 boundaries
+ *              fall inside kernels rather than between them);
+ *   reduction  reductions over one input shape and one set of axes, with
+ *              their pointwise prologue (on the full shape) and epilogue (on
+ *              the full or the reduced shape): softmax, log_softmax,
+ *              layernorm, cross-entropy, batchnorm statistics and apply;
+ *   gemm       a matmul/conv2d with the pointwise epilogue on its output whose
+ *              other operands are vectors or scalars (bias, activation): the
+ *              cuBLASLt epilogue on GPU.
+ * Grouping is greedy in program order: an op joins the region of a producer
+ * when the region's shape rules admit it, and producer regions that fit are
+ * merged. Nothing is ever duplicated (no recomputation), so fusing can only
+ * save memory traffic. A merge must keep the region convex (no path leaves
+ * it and comes back), so the regions can be made contiguous by a
+ * topological order of regions. Reshapes are views: no kernel, no fusion. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+enum { C_OTHER, C_PW, C_RED, C_GEMM, C_VIEW };
+
+typedef struct group {
+    int kind;              /* TF_REGION_* */
+    tf_type S;             /* the iteration shape */
+    unsigned R;            /* reduced axes of S (bit mask), reduction groups */
+    int count, first;      /* members; index of the first */
+} group;
+
+typedef struct fz {
+    tf_module *m;
+    const tf_options *o;
+    int n;                 /* nodes */
+    tf_node **nodes;
+    int *grp;              /* node -> group, -1 none */
+    group *g;
+    int ng;
+    int *stamp, cur;       /* DFS marks */
+    int *stack;
+    const char **why;      /* node -> reason it stayed alone */
+} fz;
+
+static int node_class(const tf_node *n)
+{
+    switch (tf_op_info_of(n->op)->kind) {
+    case TF_OPK_POINTWISE: case TF_OPK_RNG: case TF_OPK_GENERATOR: return C_PW;
+    case TF_OPK_REDUCTION: return C_RED;
+    case TF_OPK_MATMUL: case TF_OPK_CONV: return C_GEMM;
+    default: break;
+    }
+    if (n->op == TF_OP_ONE_HOT) return C_PW;     /* elementwise in its output */
+    if (n->op == TF_OP_RESHAPE) return C_VIEW;
+    return C_OTHER;
+}
+
+static int index_of(const tf_node *n) { return n->out->id; }   /* ids renumbered: decls first */
+
+static unsigned reduce_mask(const tf_node *n)
+{
+    const tf_attr *a = tf_node_attr_named(n, "axes");
+    int rank = n->in[0]->type.rank;
+    unsigned mask = 0;
+    if (a->u.ints.n == 0) return (1u << rank) - 1;
+    for (int i = 0; i < a->u.ints.n; i++) {
+        int ax;
+        if (tf_axis_norm(a->u.ints.v[i].v, rank, &ax)) mask |= 1u << ax;
+    }
+    return mask;
+}
+
+/* Is O the shape S reduced over R (kept as size-1 axes, or dropped)? */
+static bool is_reduced_shape(const tf_type *S, unsigned R, const tf_type *O)
+{
+    if (O->rank == S->rank) {
+        for (int i = 0; i < S->rank; i++)
+            if (O->dims[i].n != ((R >> i) & 1 ? 1 : S->dims[i].n)) return false;
+        return true;
+    }
+    int k = 0;
+    for (int i = 0; i < S->rank; i++) {
+        if ((R >> i) & 1) continue;
+        if (k >= O->rank || O->dims[k].n != S->dims[i].n) return false;
+        k++;
+    }
+    return k == O->rank;
+}
+
+/* May node n (class c) join group g? Sets *why when not. */
+static bool admits(const fz *f, const group *g, const tf_node *n, int c, const char **why)
+{
+    const tf_type *O = &n->out->type;
+    if (c == C_PW) {
+        if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
+        if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
+            return true;
+        if (g->kind == TF_REGION_GEMM && tf_type_same_shape(O, &g->S)) {
+            int64_t last = O->rank ? O->dims[O->rank - 1].n : 1;
+            for (int k = 0; k < n->nin; k++) {
+                const tf_value *v = n->in[k];
+                bool inside = v->kind == TF_VAL_NODE && f->grp[index_of(v->def) - f->m->decls.n] == (int)(g - f->g);
+                if (!inside && tf_type_numel(&v->type) > last) {
+                    *why = "an epilogue operand is larger than a bias vector";
+                    return false;
+                }
+            }
+            return true;
+        }
+        *why = "its shape differs from its producer's kernel";
+        return false;
+    }
+    if (c == C_RED) {
+        const tf_type *I = &n->in[0]->type;
+        unsigned A = reduce_mask(n);
+        if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(I, &g->S)) return true;
+        if (g->kind == TF_REGION_REDUCTION && tf_type_same_shape(I, &g->S) && A == g->R) return true;
+        *why = g->kind == TF_REGION_GEMM ? "a reduction does not fuse into a matmul epilogue"
+                                         : "it reduces another shape or other axes than its producer's kernel";
+        return false;
+    }
+    *why = "not fusible";
+    return false;
+}
+
+/* Would the set of nodes marked in_set (indices into f->nodes) stay convex?
+ * True when no operand from outside the set depends on a node inside it. */
+static bool convex(fz *f, const bool *in_set, int lo)
+{
+    int D = f->m->decls.n;
+    for (int i = lo; i < f->n; i++) {
+        if (!in_set[i]) continue;
+        tf_node *n = f->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind != TF_VAL_NODE) continue;
+            int j = index_of(v->def) - D;
+            if (in_set[j] || j < lo) continue;
+            /* DFS backward from j over nodes after lo: reaching the set is a cycle */
+            f->cur++;
+            int sp = 0;
+            f->stack[sp++] = j;
+            f->stamp[j] = f->cur;
+            while (sp) {
+                int x = f->stack[--sp];
+                tf_node *xn = f->nodes[x];
+                for (int q = 0; q < xn->nin; q++) {
+                    tf_value *w = xn->in[q];
+                    if (w->kind != TF_VAL_NODE) continue;
+                    int y = index_of(w->def) - D;
+                    if (y < lo || f->stamp[y] == f->cur) continue;
+                    if (in_set[y]) return false;
+                    f->stamp[y] = f->cur;
+                    f->stack[sp++] = y;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* Try to put node i into group gi, together with the members of group hi
+ * (or -1). Returns true and updates the groups on success. */
+static bool try_merge(fz *f, bool *mark, int i, int gi, int hi)
+{
+    int lo = f->g[gi].first;
+    if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
+    for (int k = lo; k < f->n; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
+    bool ok = convex(f, mark, lo);
+    for (int k = lo; k < f->n; k++) mark[k] = false;
+    if (!ok) return false;
+    for (int k = 0; k < f->n; k++)
+        if (hi >= 0 && f->grp[k] == hi) f->grp[k] = gi;
+    if (hi >= 0) {
+        f->g[gi].count += f->g[hi].count;
+        f->g[hi].count = 0;
+    }
+    if (f->grp[i] != gi) {
+        f->grp[i] = gi;
+        f->g[gi].count++;
+    }
+    f->g[gi].first = lo;
+    return true;
+}
+
+static int new_group(fz *f, int i, int kind, const tf_type *S, unsigned R)
+{
+    group *g = &f->g[f->ng];
+    g->kind = kind;
+    g->S = *S;
+    g->R = R;
+    g->count = 1;
+    g->first = i;
+    f->grp[i] = f->ng;
+    return f->ng++;
+}
+
+static void group_nodes(fz *f, bool *mark)
+{
+    int D = f->m->decls.n;
+    for (int i = 0; i < f->n; i++) {
+        tf_node *n = f->nodes[i];
+        int c = node_class(n);
+        if (c == C_GEMM) {
+            new_group(f, i, TF_REGION_GEMM, &n->out->type, 0);
+            continue;
+        }
+        if (c != C_PW && c != C_RED) continue;
+        /* join the first producer group that admits n */
+        int target = -1;
+        const char *why = "no producer runs in a fusible kernel";
+        for (int k = 0; k < n->nin && target < 0; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind != TF_VAL_NODE) continue;
+            int gi = f->grp[index_of(v->def) - D];
+            if (gi < 0) continue;
+            if (admits(f, &f->g[gi], n, c, &why)) {
+                if (try_merge(f, mark, i, gi, -1)) target = gi;
+                else why = "joining its producer's kernel would make a cycle";
+            }
+        }
+        if (target < 0) {
+            f->why[i] = why;
+            if (c == C_PW) new_group(f, i, TF_REGION_POINTWISE, &n->out->type, 0);
+            else new_group(f, i, TF_REGION_REDUCTION, &n->in[0]->type, reduce_mask(n));
+            continue;
+        }
+        group *g = &f->g[target];
+        if (c == C_RED && g->kind == TF_REGION_POINTWISE) {
+            g->kind = TF_REGION_REDUCTION;
+            g->R = reduce_mask(n);
+        }
+        /* merge the other producers' groups that fit the same kernel */
+        for (int k = 0; k < n->nin; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind != TF_VAL_NODE) continue;
+            int hi = f->grp[index_of(v->def) - D];
+            if (hi < 0 || hi == target || !f->g[hi].count) continue;
+            group *h = &f->g[hi];
+            bool fits = g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
+                        (h->kind == TF_REGION_POINTWISE || g->kind == TF_REGION_POINTWISE || h->R == g->R);
+            if (fits && try_merge(f, mark, i, target, hi) && h->kind == TF_REGION_REDUCTION) {
+                g->kind = TF_REGION_REDUCTION;
+                g->R = h->R;
+            }
+        }
+    }
+}
+
+/* Order nodes so each region is contiguous: Kahn's algorithm over regions
+ * (and lone nodes), taking the ready unit with the earliest first node. */
+static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
+{
+    int D = f->m->decls.n;
+    int *indeg = calloc((size_t)nunits, sizeof *indeg), *heap = malloc((size_t)nunits * sizeof *heap);
+    tf_node **out = malloc((size_t)f->n * sizeof *out);
+    int *start = calloc((size_t)nunits + 1, sizeof *start), *members = malloc((size_t)f->n * sizeof *members);
+    if (!indeg || !heap || !out || !start || !members) {
+        free(indeg), free(heap), free(out), free(start), free(members);
+        return TF_IR_ERR_OOM;
+    }
+    /* members of each unit in program order */
+    for (int i = 0; i < f->n; i++) start[unit_of[i] + 1]++;
+    for (int u = 0; u < nunits; u++) start[u + 1] += start[u];
+    int *fill = indeg;   /* reuse as cursor, reset below */
+    for (int i = 0; i < f->n; i++) members[start[unit_of[i]] + fill[unit_of[i]]++] = i;
+    memset(indeg, 0, (size_t)nunits * sizeof *indeg);
+    for (int i = 0; i < f->n; i++)
+        for (int k = 0; k < f->nodes[i]->nin; k++) {
+            tf_value *v = f->nodes[i]->in[k];
+            if (v->kind == TF_VAL_NODE && unit_of[index_of(v->def) - D] != unit_of[i]) indeg[unit_of[i]]++;
+        }
+    int hn = 0, no = 0;
+    for (int u = 0; u < nunits; u++)
+        if (!indeg[u]) heap[hn++] = u;
+    while (hn) {
+        int best = 0;   /* units are few per step: a linear pick keeps this short */
+        for (int k = 1; k < hn; k++)
+            if (unit_first[heap[k]] < unit_first[heap[best]]) best = k;
+        int u = heap[best];
+        heap[best] = heap[--hn];
+        for (int p = start[u]; p < start[u + 1]; p++) {
+            int i = members[p];
+            out[no++] = f->nodes[i];
+            /* release consumers */
+            tf_value *v = f->nodes[i]->out;
+            for (int j = i + 1; j < f->n; j++) {
+                tf_node *c = f->nodes[j];
+                if (unit_of[j] == u) continue;
+                for (int k = 0; k < c->nin; k++)
+                    if (c->in[k] == v && --indeg[unit_of[j]] == 0) heap[hn++] = unit_of[j];
+            }
+        }
+    }
+    tf_ir_status st = no == f->n ? TF_IR_OK : TF_IR_ERR_INTERNAL;
+    if (!st) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
+    free(indeg), free(heap), free(out), free(start), free(members);
+    return st;
+}
+
+static bool used_outside(const tf_module *m, const tf_value *v, int region)
+{
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (n->region == region) continue;
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] == v) return true;
+    }
+    for (int i = 0; i < m->noutputs; i++)
+        if (m->outputs[i].value == v) return true;
+    for (int i = 0; i < m->nupdates; i++)
+        if (m->updates[i].value == v) return true;
+    return false;
+}
+
+tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
+{
+    tf_module_clear_regions(m);
+    tf_module_renumber(m);
+    fz f = {.m = m, .o = o, .n = m->nodes.n, .nodes = (tf_node **)m->nodes.items};
+    size_t n = (size_t)(f.n ? f.n : 1);
+    f.grp = malloc(n * sizeof *f.grp);
+    f.g = calloc(n, sizeof *f.g);
+    f.stamp = calloc(n, sizeof *f.stamp);
+    f.stack = malloc(n * sizeof *f.stack);
+    f.why = calloc(n, sizeof *f.why);
+    bool *mark = calloc(n, sizeof *mark);
+    int *unit_of = malloc(n * sizeof *unit_of), *unit_first = malloc(n * sizeof *unit_first), *region_of = calloc(n, sizeof *region_of);
+    tf_ir_status st = TF_IR_OK;
+    if (!f.grp || !f.g || !f.stamp || !f.stack || !f.why || !mark || !unit_of || !unit_first || !region_of) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+        goto done;
+    }
+    for (int i = 0; i < f.n; i++) f.grp[i] = -1;
+    group_nodes(&f, mark);
+
+    /* groups of two or more ops become regions; units for ordering */
+    int nunits = 0, nreg = 0;
+    int *unit_of_group = malloc(n * sizeof *unit_of_group);
+    if (!unit_of_group) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+        goto done;
+    }
+    for (int gi = 0; gi < f.ng; gi++) unit_of_group[gi] = -1;
+    for (int i = 0; i < f.n; i++) {
+        int gi = f.grp[i];
+        bool fused = gi >= 0 && f.g[gi].count >= 2;
+        if (fused && unit_of_group[gi] >= 0) {
+            unit_of[i] = unit_of_group[gi];
+            continue;
+        }
+        unit_of[i] = nunits;
+        unit_first[nunits] = i;
+        if (fused) {
+            unit_of_group[gi] = nunits;
+            char name[32];
+            snprintf(name, sizeof name, "fuse.%d", ++nreg);
+            region_of[nunits] = tf_module_add_region(m, name, (tf_region_kind)f.g[gi].kind, f.nodes[i]->loc);
+            if (!region_of[nunits]) {
+                free(unit_of_group);
+                st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+                goto done;
+            }
+        }
+        nunits++;
+    }
+    for (int i = 0; i < f.n; i++) f.nodes[i]->region = region_of[unit_of[i]];
+    free(unit_of_group);
+
+    /* explain, in program order, before nodes move */
+    for (int i = 0; i < f.n && o->explain; i++) {
+        tf_node *nd = f.nodes[i];
+        const char *op = tf_op_info_of(nd->op)->name;
+        int c = node_class(nd);
+        if (nd->region) continue;
+        if (c == C_VIEW) tf_explain(o, "fuse", &nd->loc, "%s %s: a view, no kernel", op, nd->out->name);
+        else if (c == C_GEMM) tf_explain(o, "fuse", &nd->loc, "%s %s: library call, no pointwise epilogue to fuse", op, nd->out->name);
+        else if (c == C_OTHER) tf_explain(o, "fuse", &nd->loc, "%s %s: not fused: %s ops run as their own kernel", op,
+                                          nd->out->name, op);
+        else tf_explain(o, "fuse", &nd->loc, "%s %s: not fused: %s", op, nd->out->name, f.why[i] ? f.why[i] : "nothing to fuse it with");
+    }
+    if ((st = reorder(&f, unit_of, nunits, unit_first))) {
+        st = tf_diag_error(o->diag, st, NULL, st == TF_IR_ERR_OOM ? "out of memory in fuse" : "internal: fuse made a cycle");
+        goto done;
+    }
+    /* yields: what each region's members give to the rest of the module */
+    for (int r = 1; r <= m->nregions; r++) {
+        tf_region *rg = &m->regions[r - 1];
+        int cnt = 0, total = 0;
+        for (int i = 0; i < f.n; i++) total += f.nodes[i]->region == r;
+        rg->yields = tf_arena_array(&m->arena, (size_t)total, sizeof *rg->yields);
+        if (!rg->yields) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+            goto done;
+        }
+        char list[512];
+        size_t k = 0;
+        list[0] = 0;
+        for (int i = 0; i < f.n; i++) {
+            tf_node *nd = f.nodes[i];
+            if (nd->region != r) continue;
+            if (k < sizeof list) k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", k ? ", " : "", nd->out->name);
+            if (used_outside(m, nd->out, r)) rg->yields[cnt++] = nd->out;
+        }
+        rg->nyields = cnt;
+        tf_explain(o, "fuse", &rg->loc, "%s (%s): %d ops in one kernel, %d value%s leave%s it: %s", rg->name,
+                   tf_region_kind_name(rg->kind), total, cnt, cnt == 1 ? "" : "s", cnt == 1 ? "s" : "", list);
+    }
+    tf_module_renumber(m);
+done:
+    free(f.grp), free(f.g), free(f.stamp), free(f.stack), free(f.why), free(mark);
+    free(unit_of), free(unit_first), free(region_of);
+    return st;
+}
