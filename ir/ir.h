@@ -167,6 +167,7 @@ typedef struct tf_value {
     double cval;           /* TF_VAL_CONST only */
     tf_init init;          /* TF_VAL_PARAM / TF_VAL_BUFFER */
     int id;                /* dense index within the module, set by tf_module_renumber */
+    int64_t offset;        /* memplan: byte offset in the arena; -1 = none (persistent, view, private) */
     tf_loc loc;
 } tf_value;
 
@@ -255,6 +256,12 @@ typedef struct tf_module {
     tf_update *updates; int nupdates, cap_updates;
     tf_train train;
     tf_region *regions; int nregions, cap_regions;
+    struct {                /* memplan's result; valid while planned */
+        bool planned;
+        int64_t arena_bytes;      /* activations: one allocation, carved by offset */
+        int64_t persistent_bytes; /* inputs, params, buffers */
+        int reused;               /* results written in place over a dead operand */
+    } plan;
     struct { tf_value **slots; int cap, count; } names;   /* name -> value hash */
     int next_id;
 } tf_module;

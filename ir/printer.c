@@ -181,6 +181,18 @@ char *tf_print_module(const tf_module *m)
         for (int i = 0; i < m->nupdates; i++)
             sb_printf(&s, "update %s = %s\n", m->updates[i].buffer->name, m->updates[i].value->name);
     }
+    if (m->plan.planned) {   /* comments: a dump still parses, and memplan plans again */
+        if (s.n) sb_printf(&s, "\n");
+        sb_printf(&s, "# memplan: arena %lld bytes, persistent %lld bytes, peak %lld bytes, %d in place\n",
+                  (long long)m->plan.arena_bytes, (long long)m->plan.persistent_bytes,
+                  (long long)(m->plan.arena_bytes + m->plan.persistent_bytes), m->plan.reused);
+        for (int i = 0; i < m->nodes.n; i++) {
+            const tf_value *v = ((const tf_node *)m->nodes.items[i])->out;
+            if (v->offset >= 0)
+                sb_printf(&s, "#   %s @%lld +%lld\n", v->name, (long long)v->offset,
+                          (long long)(tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype)));
+        }
+    }
     const tf_train *t = &m->train;
     if (t->present) {
         static const char *prec[] = {"fp32", "fp16", "bf16"};

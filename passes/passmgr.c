@@ -17,8 +17,8 @@ const int tf_npasses = (int)(sizeof tf_passes / sizeof tf_passes[0]);
 
 /* One list per mode; later issues add the optimizing passes here. */
 static const char *const pipelines[] = {
-    [TF_IR_TRAIN] = "lower,fuse",
-    [TF_IR_INFER] = "lower,fuse",
+    [TF_IR_TRAIN] = "lower,fuse,memplan",
+    [TF_IR_INFER] = "lower,fuse,memplan",
 };
 
 const char *tf_pipeline_default(tf_ir_mode mode) { return pipelines[mode]; }
@@ -150,6 +150,7 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
             tf_explain(o, plan[i]->name, NULL, "dissolves %d fused regions first (run fuse again to regroup)", m->nregions);
             tf_module_clear_regions(m);
         }
+        m->plan.planned = false;   /* any pass may move values; memplan plans again */
         if (plan[i]->run(m, o)) return o->diag->status;
         if (tf_verify(m, o->diag)) return o->diag->status;   /* a pass that breaks the IR is caught here */
         if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, plan[i]->name)) &&

@@ -304,7 +304,8 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     add_stat(p, "fused_regions", p->m->nregions);
     add_stat(p, "casts", casts);
     add_stat(p, "params", params);
-    add_stat(p, "peak_bytes", peak_bytes(p->m));
+    add_stat(p, "peak_bytes", p->m->plan.planned ? p->m->plan.arena_bytes + p->m->plan.persistent_bytes : peak_bytes(p->m));
+    if (p->m->plan.planned) add_stat(p, "arena_bytes", p->m->plan.arena_bytes);
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     *out = p;

@@ -1,0 +1,196 @@
+/* memplan.c — liveness, one static arena, in-place reuse, peak bytes.
+ *
+ * Every value that reaches memory gets a byte offset in one arena allocated
+ * once per session: results of ops outside regions and the values regions
+ * yield. Values private to a region live in registers; a reshape is a view
+ * of its operand's memory (its operand lives as long as the view is used);
+ * inputs, params and buffers are persistent and counted apart. A value
+ * lives from its op to its last use (outputs and buffer updates to the end
+ * of the step). Offsets are first-fit in op order, 256-byte aligned (what
+ * GPU vector loads and cuBLASLt want). In place: an elementwise result may
+ * take the buffer of an operand of the same shape and size that dies at that
+ * op — the "inplace ReLU" trick, made safe by liveness (not under --O0).
+ * peak_bytes = persistent + arena: out-of-memory is a compile-time number. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+enum { ALIGN = 256 };
+
+typedef struct block { int64_t off, size; } block;
+
+typedef struct heap {
+    block *free;           /* free blocks, sorted by offset */
+    int n, cap;
+    int64_t top;           /* arena high-water mark */
+} heap;
+
+static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+static bool heap_alloc(heap *h, int64_t size, int64_t *off)
+{
+    size = align_up(size ? size : 1);
+    for (int i = 0; i < h->n; i++)
+        if (h->free[i].size >= size) {
+            *off = h->free[i].off;
+            h->free[i].off += size;
+            h->free[i].size -= size;
+            if (!h->free[i].size) memmove(&h->free[i], &h->free[i + 1], (size_t)(--h->n - i) * sizeof *h->free);
+            return true;
+        }
+    /* grow: extend a free block that ends at the top, else allocate at the top */
+    if (h->n && h->free[h->n - 1].off + h->free[h->n - 1].size == h->top) {
+        *off = h->free[--h->n].off;
+    } else {
+        *off = h->top;
+    }
+    h->top = *off + size;
+    return true;
+}
+
+static bool heap_free(heap *h, int64_t off, int64_t size)
+{
+    size = align_up(size ? size : 1);
+    if (tf_grow((void **)&h->free, h->n, &h->cap, sizeof *h->free)) return false;
+    int i = 0;
+    while (i < h->n && h->free[i].off < off) i++;
+    memmove(&h->free[i + 1], &h->free[i], (size_t)(h->n - i) * sizeof *h->free);
+    h->free[i] = (block){off, size};
+    h->n++;
+    /* coalesce with neighbours */
+    if (i + 1 < h->n && h->free[i].off + h->free[i].size == h->free[i + 1].off) {
+        h->free[i].size += h->free[i + 1].size;
+        memmove(&h->free[i + 1], &h->free[i + 2], (size_t)(h->n - i - 2) * sizeof *h->free);
+        h->n--;
+    }
+    if (i > 0 && h->free[i - 1].off + h->free[i - 1].size == h->free[i].off) {
+        h->free[i - 1].size += h->free[i].size;
+        memmove(&h->free[i], &h->free[i + 1], (size_t)(h->n - i - 1) * sizeof *h->free);
+        h->n--;
+    }
+    return true;
+}
+
+static int64_t bytes_of(const tf_value *v) { return tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype); }
+
+/* The value whose memory v uses: itself, or what a reshape views. */
+static tf_value *root_of(tf_value *v)
+{
+    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE) v = v->def->in[0];
+    return v;
+}
+
+tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
+{
+    tf_module_renumber(m);
+    int N = m->nodes.n, V = m->next_id;
+    int *last = malloc((size_t)(V ? V : 1) * sizeof *last);
+    bool *mem = calloc((size_t)(V ? V : 1), sizeof *mem), *yielded = calloc((size_t)(V ? V : 1), sizeof *yielded);
+    int *region_end = malloc((size_t)(m->nregions + 1) * sizeof *region_end);
+    heap h = {0};
+    int *dies = NULL, *next = NULL;
+    tf_ir_status st = TF_IR_OK;
+    if (!last || !mem || !yielded || !region_end) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+        goto done;
+    }
+    for (int r = 0; r < m->nregions; r++)
+        for (int k = 0; k < m->regions[r].nyields; k++) yielded[m->regions[r].yields[k]->id] = true;
+    for (int i = 0; i < V; i++) last[i] = -1;
+    for (int i = 0; i < N; i++) {
+        tf_node *n = m->nodes.items[i];
+        n->out->offset = -1;
+        if (n->region) region_end[n->region] = i;
+        /* in memory: results outside regions and yields; not views */
+        mem[n->out->id] = n->op != TF_OP_RESHAPE && (!n->region || yielded[n->out->id]);
+        for (int k = 0; k < n->nin; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind == TF_VAL_CONST) continue;
+            tf_value *r = root_of(v);
+            if (last[r->id] < i) last[r->id] = i;
+        }
+    }
+    for (int i = 0; i < m->noutputs; i++) last[root_of(m->outputs[i].value)->id] = N;
+    for (int i = 0; i < m->nupdates; i++) last[root_of(m->updates[i].value)->id] = N;
+    /* a region's operands stay alive to the region's end: its kernel reads them throughout */
+    for (int i = 0; i < N; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (!n->region) continue;
+        for (int k = 0; k < n->nin; k++) {
+            tf_value *v = n->in[k];
+            if (v->kind == TF_VAL_CONST) continue;
+            tf_value *r = root_of(v);
+            if (!(r->kind == TF_VAL_NODE && r->def->region == n->region) && last[r->id] < region_end[n->region])
+                last[r->id] = region_end[n->region];
+        }
+    }
+    int64_t persistent = 0;
+    for (int i = 0; i < m->decls.n; i++) persistent += bytes_of(m->decls.items[i]);
+
+    /* values by the op after which they die: dies[t] lists node indices */
+    dies = malloc((size_t)(N + 1) * sizeof *dies);
+    next = malloc((size_t)(N ? N : 1) * sizeof *next);
+    if (!dies || !next) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+        goto done;
+    }
+    for (int t = 0; t <= N; t++) dies[t] = -1;
+    for (int i = 0; i < N; i++) {
+        tf_value *v = ((tf_node *)m->nodes.items[i])->out;
+        if (last[v->id] < 0) last[v->id] = i;   /* unused result: lives at its op only */
+        next[i] = dies[last[v->id]];
+        dies[last[v->id]] = i;
+    }
+    int reused = 0;
+    for (int i = 0; i < N; i++) {
+        tf_node *n = m->nodes.items[i];
+        tf_value *v = n->out;
+        /* free what died at the previous op */
+        for (int j = i ? dies[i - 1] : -1; j >= 0; j = next[j]) {
+            tf_value *w = ((tf_node *)m->nodes.items[j])->out;
+            if (mem[w->id] && w->offset >= 0 && !heap_free(&h, w->offset, bytes_of(w))) {
+                st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+                goto done;
+            }
+        }
+        if (!mem[v->id]) continue;
+        /* in place over an operand that dies here */
+        bool elementwise = tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE &&
+                           (!n->region || m->regions[n->region - 1].kind == TF_REGION_POINTWISE);
+        int end = n->region ? region_end[n->region] : i;
+        tf_value *donor = NULL;
+        for (int k = 0; elementwise && !o->opt0 && k < n->nin && !donor; k++) {
+            tf_value *u = root_of(n->in[k]);
+            if (u->kind == TF_VAL_NODE && u->offset >= 0 && mem[u->id] && last[u->id] <= end && last[u->id] >= i &&
+                (!n->region || u->def->region != n->region) && tf_type_same_shape(&u->type, &v->type) &&
+                bytes_of(u) == bytes_of(v) && n->in[k] == u)
+                donor = u;
+        }
+        if (donor) {
+            v->offset = donor->offset;
+            mem[donor->id] = false;   /* handed over: v frees it */
+            reused++;
+            tf_explain(o, "memplan", &n->loc, "%s writes in place over %s (%lld bytes): %s dies here", v->name,
+                       donor->name, (long long)bytes_of(v), donor->name);
+        } else if (!heap_alloc(&h, bytes_of(v), &v->offset)) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+            goto done;
+        }
+    }
+    m->plan.planned = true;
+    m->plan.arena_bytes = h.top;
+    m->plan.persistent_bytes = persistent;
+    m->plan.reused = reused;
+    tf_explain(o, "memplan", NULL, "arena %lld bytes + persistent %lld bytes (inputs, params, buffers) = peak %lld bytes; "
+               "%d results in place", (long long)h.top, (long long)persistent, (long long)(h.top + persistent), reused);
+done:
+    free(h.free);
+    free(dies);
+    free(next);
+    free(last);
+    free(mem);
+    free(yielded);
+    free(region_end);
+    return st;
+}
