@@ -77,7 +77,10 @@ typedef struct tf_tensor_view {
     void *data;              /* row-major, contiguous */
 } tf_tensor_view;
 
+/* value TF_DIM_AUTO: compiling picks the largest value whose planned peak
+ * memory fits tf_compile_options.memory_limit (one auto dim per model). */
 typedef struct tf_dim_override { const char *name; int64_t value; } tf_dim_override;
+#define TF_DIM_AUTO ((int64_t)-1)
 
 /* ---- context ---- */
 tf_status   tf_context_create(tf_context_t **out);
@@ -113,6 +116,7 @@ typedef struct tf_compile_options {
     size_t ndisable_passes;
     const char *precision;   /* "fp32", "fp16", "bf16" overrides the train block; NULL keeps it */
     FILE *explain;           /* one line per compiler decision, or NULL */
+    int64_t memory_limit;    /* bytes, for a TF_DIM_AUTO dim; 0 = none */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,

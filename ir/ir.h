@@ -310,6 +310,9 @@ void tf_module_replace_uses(tf_module *m, tf_value *from, tf_value *to);
 /* Unique name derived from hint: hint, hint.1, hint.2, ... */
 const char *tf_module_unique_name(tf_module *m, const char *hint);
 void tf_module_renumber(tf_module *m);
+/* Give dim k another value: every type and attribute that names it follows,
+ * then the module is verified again (a shape rule may refuse the value). */
+tf_ir_status tf_module_set_dim(tf_module *m, int k, int64_t value, tf_diag *d);
 
 /* Copy of a whole module (new arena). NULL on OOM. Renumbers m. */
 tf_module *tf_module_clone(tf_module *m);

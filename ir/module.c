@@ -440,6 +440,34 @@ tf_value *tf_build(tf_module *m, tf_diag *d, int op, tf_value **in, int nin, con
     return out;
 }
 
+static void retarget_type(tf_type *t, int k, int64_t value)
+{
+    for (int i = 0; i < t->rank; i++)
+        if (t->dims[i].sym == k) t->dims[i].n = value;
+}
+
+static void retarget_attr(tf_attr *a, int k, int64_t value)
+{
+    if (a->kind == TF_ATTR_INT && a->u.i.sym == k) a->u.i.v = value;
+    if (a->kind == TF_ATTR_INTS)
+        for (int i = 0; i < a->u.ints.n; i++)
+            if (a->u.ints.v[i].sym == k) a->u.ints.v[i].v = value;
+}
+
+tf_ir_status tf_module_set_dim(tf_module *m, int k, int64_t value, tf_diag *d)
+{
+    if (k < 0 || k >= m->ndims || value < 1 || value > TF_MAX_DIM)
+        return tf_diag_error(d, TF_IR_ERR_VERIFY, NULL, "dim value %lld out of range", (long long)value);
+    m->dims[k].value = value;
+    for (int i = 0; i < m->decls.n; i++) retarget_type(&((tf_value *)m->decls.items[i])->type, k, value);
+    for (int i = 0; i < m->nodes.n; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (n->annotated) retarget_type(&n->annot, k, value);
+        for (int j = 0; j < tf_op_info_of(n->op)->nattrs; j++) retarget_attr(&n->attrs[j], k, value);
+    }
+    return tf_verify(m, d);
+}
+
 /* ---- clone ---- */
 
 static tf_attr *clone_attrs(tf_module *dst, const tf_attr *src, int n)

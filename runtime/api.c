@@ -71,19 +71,35 @@ static tf_status parse_into(tf_context_t *ctx, const char *name, const char *tex
 {
     if (ndims > 256) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: more than 256 --dim overrides");
     tf_dim_set set[256];
+    const char *auto_name = NULL;
+    int nset = 0;
     for (size_t i = 0; i < ndims; i++) {
         if (!dims[i].name) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: dim override %zu has no name", i);
-        set[i] = (tf_dim_set){dims[i].name, dims[i].value};
+        if (dims[i].value == TF_DIM_AUTO) {
+            if (auto_name)
+                return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: only one dim can be auto (%s and %s are)", auto_name,
+                                    dims[i].name);
+            auto_name = dims[i].name;
+            continue;
+        }
+        set[nset++] = (tf_dim_set){dims[i].name, dims[i].value};
     }
     tf_diag d = {0};
     tf_module *m;
-    if (tf_parse(name, text, len, set, (int)ndims, &m, &d)) return tf_from_diag(ctx, &d);
+    if (tf_parse(name, text, len, set, nset, &m, &d)) return tf_from_diag(ctx, &d);
+    int auto_dim = auto_name ? tf_module_find_dim(m, auto_name, strlen(auto_name)) : -1;
+    if (auto_name && auto_dim < 0) {
+        tf_module_free(m);
+        return tf_set_error(ctx, TF_ERR_VERIFY, "%s: error: --dim %s=auto: the module declares no dim named '%s'", name,
+                            auto_name, auto_name);
+    }
     tf_model_t *mo = malloc(sizeof *mo);
     if (!mo) {
         tf_module_free(m);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     }
     mo->m = m;
+    mo->auto_dim = auto_dim;
     *out = mo;
     return TF_OK;
 }
@@ -189,47 +205,6 @@ static const char *target_name(tf_target t)
     return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : "?";
 }
 
-/* Planned peak of live tensor bytes: params, buffers and inputs live
- * throughout; an op's result lives from its op to its last use (outputs to
- * the end). No reuse within an op; memplan (a later pass) refines this. */
-static int64_t peak_bytes(tf_module *m)
-{
-    tf_module_renumber(m);
-    int *last = malloc((size_t)(m->next_id ? m->next_id : 1) * sizeof *last);
-    if (!last) return -1;
-    for (int i = 0; i < m->next_id; i++) last[i] = -1;
-    int end = m->nodes.n;
-    for (int i = 0; i < m->nodes.n; i++) {
-        tf_node *n = m->nodes.items[i];
-        for (int k = 0; k < n->nin; k++)
-            if (n->in[k]->kind != TF_VAL_CONST) last[n->in[k]->id] = i;
-    }
-    for (int i = 0; i < m->noutputs; i++) last[m->outputs[i].value->id] = end;
-    for (int i = 0; i < m->nupdates; i++) last[m->updates[i].value->id] = end;
-    int64_t fixed = 0, live = 0, peak = 0;
-    for (int i = 0; i < m->decls.n; i++) {
-        tf_value *v = m->decls.items[i];
-        fixed += tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype);
-    }
-    int64_t *freed_at = calloc((size_t)(end + 1), sizeof *freed_at);
-    if (!freed_at) {
-        free(last);
-        return -1;
-    }
-    for (int i = 0; i < m->nodes.n; i++) {
-        tf_value *v = ((tf_node *)m->nodes.items[i])->out;
-        int64_t b = tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype);
-        live += b;
-        if (live > peak) peak = live;
-        int lu = last[v->id] < 0 ? i : last[v->id];
-        freed_at[lu] += b;
-        live -= freed_at[i];
-    }
-    free(freed_at);
-    free(last);
-    return fixed + peak;
-}
-
 static void add_stat(tf_program_t *p, const char *name, int64_t v)
 {
     if (p->nstats < (int)(sizeof p->stats / sizeof *p->stats)) p->stats[p->nstats++] = (tf_stat_entry){name, v};
@@ -243,6 +218,108 @@ void tf_program_free(tf_program_t *p)
     free(p->params.items);
     free(p->buffers.items);
     free(p);
+}
+
+/* Run the pipeline on a copy of src; *peak gets the plan's peak (or -1). */
+static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
+                                tf_program_t **out)
+{
+    tf_program_t *p = calloc(1, sizeof *p);
+    if (!p || !(p->m = tf_module_clone(src))) {
+        free(p);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
+    p->target = opts->target;
+    tf_diag d = {0};
+    tf_options o = {.mode = p->mode, .dump_ir = quiet ? NULL : opts->dump_ir, .dump_dir = opts->dump_dir, .diag = &d,
+                    .explain = quiet ? NULL : opts->explain, .opt0 = opts->opt_level == 0,
+                    .disabled = opts->disable_passes, .ndisabled = (int)opts->ndisable_passes};
+    if (opts->precision && !(o.precision_set = parse_precision(opts->precision, &o.precision))) {
+        tf_program_free(p);
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
+    }
+    if (tf_run_pipeline(p->m, NULL, &o)) {
+        tf_program_free(p);
+        return tf_from_diag(ctx, &d);
+    }
+    *out = p;
+    return TF_OK;
+}
+
+static int64_t planned_peak(const tf_program_t *p)
+{
+    return p->m->plan.planned ? p->m->plan.arena_bytes + p->m->plan.persistent_bytes : -1;
+}
+
+/* Compile with the auto dim set to v; *peak = the plan's peak, or -1 when
+ * the model cannot take that value (a shape rule refuses it). */
+static tf_status probe_dim(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts, int64_t v,
+                           int64_t *peak)
+{
+    tf_module *m = tf_module_clone(model->m);
+    tf_diag d = {0};
+    if (!m) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    *peak = -1;
+    tf_status st = TF_OK;
+    if (!tf_module_set_dim(m, model->auto_dim, v, &d)) {
+        tf_program_t *p = NULL;
+        if (!(st = compile_module(ctx, m, opts, true, &p))) {
+            *peak = planned_peak(p);
+            if (*peak < 0)
+                st = tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: --dim %s=auto needs memplan, which is disabled",
+                                  model->m->dims[model->auto_dim].name);
+        }
+        tf_program_free(p);
+    } else if (v == 1) {
+        st = tf_from_diag(ctx, &d);
+    }
+    tf_module_free(m);
+    return st;
+}
+
+/* --dim NAME=auto: the largest value whose planned peak fits the limit.
+ * Peak grows with a batch-like dim: double until it no longer fits, then
+ * bisect. Each probe is a full compile without dumps or explanations. */
+static tf_status pick_auto_dim(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
+                               int64_t *best, int64_t *fit_peak, int64_t *over_peak)
+{
+    const char *name = model->m->dims[model->auto_dim].name;
+    if (opts->memory_limit <= 0)
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG,
+                            "error: --dim %s=auto picks the largest %s whose planned peak fits a memory limit; "
+                            "give one with --memory-limit=BYTES", name, name);
+    int64_t lo = 0, hi = 0, peak;   /* lo fits, hi does not (0: unknown) */
+    *fit_peak = *over_peak = -1;
+    tf_status st;
+    for (int64_t v = 1;; v = v > TF_MAX_DIM / 2 ? TF_MAX_DIM : 2 * v) {
+        if ((st = probe_dim(ctx, model, opts, v, &peak))) return st;
+        if (peak >= 0 && peak <= opts->memory_limit) {
+            lo = v;
+            *fit_peak = peak;
+            if (v == TF_MAX_DIM) break;
+        } else {
+            hi = v;
+            *over_peak = peak;
+            break;
+        }
+    }
+    while (hi && hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((st = probe_dim(ctx, model, opts, mid, &peak))) return st;
+        if (peak >= 0 && peak <= opts->memory_limit) {
+            lo = mid;
+            *fit_peak = peak;
+        } else {
+            hi = mid;
+            *over_peak = peak;
+        }
+    }
+    if (!lo)
+        return tf_set_error(ctx, TF_ERR_LIMIT, "error: --dim %s=auto: even %s=1 plans %lld bytes, more than --memory-limit=%lld",
+                            name, name, (long long)*over_peak, (long long)opts->memory_limit);
+    *best = lo;
+    return TF_OK;
 }
 
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
@@ -260,25 +337,32 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
                             "error: target '%s' is not part of this build yet (this build has: interp); "
                             "compile with --target=interp",
                             target_name(opts->target));
-    tf_program_t *p = calloc(1, sizeof *p);
-    if (!p || !(p->m = tf_module_clone(model->m))) {
-        free(p);
-        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    tf_program_t *p = NULL;
+    tf_status st;
+    int64_t chosen = 0;
+    if (model->auto_dim >= 0) {
+        int64_t fit_peak, over_peak;
+        if ((st = pick_auto_dim(ctx, model, opts, &chosen, &fit_peak, &over_peak))) return st;
+        tf_module *m = tf_module_clone(model->m);
+        tf_diag d = {0};
+        if (!m) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        if (tf_module_set_dim(m, model->auto_dim, chosen, &d)) {
+            tf_module_free(m);
+            return tf_from_diag(ctx, &d);
+        }
+        if (opts->explain) {
+            const char *nm = m->dims[model->auto_dim].name;
+            fprintf(opts->explain, "[memplan] --dim %s=auto: %s=%lld plans %lld bytes, within --memory-limit=%lld", nm,
+                    nm, (long long)chosen, (long long)fit_peak, (long long)opts->memory_limit);
+            if (over_peak >= 0) fprintf(opts->explain, "; one more would need %lld", (long long)over_peak);
+            fputc('\n', opts->explain);
+        }
+        st = compile_module(ctx, m, opts, false, &p);
+        tf_module_free(m);
+    } else {
+        st = compile_module(ctx, model->m, opts, false, &p);
     }
-    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
-    p->target = opts->target;
-    tf_diag d = {0};
-    tf_options o = {.mode = p->mode, .dump_ir = opts->dump_ir, .dump_dir = opts->dump_dir, .diag = &d,
-                    .explain = opts->explain, .opt0 = opts->opt_level == 0, .disabled = opts->disable_passes,
-                    .ndisabled = (int)opts->ndisable_passes};
-    if (opts->precision && !(o.precision_set = parse_precision(opts->precision, &o.precision))) {
-        tf_program_free(p);
-        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
-    }
-    if (tf_run_pipeline(p->m, NULL, &o)) {
-        tf_program_free(p);
-        return tf_from_diag(ctx, &d);
-    }
+    if (st) return st;
     int64_t params = 0;
     for (int i = 0; i < p->m->decls.n; i++) {
         tf_value *v = p->m->decls.items[i];
@@ -304,8 +388,11 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     add_stat(p, "fused_regions", p->m->nregions);
     add_stat(p, "casts", casts);
     add_stat(p, "params", params);
-    add_stat(p, "peak_bytes", p->m->plan.planned ? p->m->plan.arena_bytes + p->m->plan.persistent_bytes : peak_bytes(p->m));
-    if (p->m->plan.planned) add_stat(p, "arena_bytes", p->m->plan.arena_bytes);
+    if (p->m->plan.planned) {   /* without memplan there is no plan to report */
+        add_stat(p, "peak_bytes", planned_peak(p));
+        add_stat(p, "arena_bytes", p->m->plan.arena_bytes);
+    }
+    if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     *out = p;

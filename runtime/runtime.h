@@ -20,6 +20,7 @@ struct tf_context {
 
 struct tf_model {
     tf_module *m;
+    int auto_dim;           /* index of a --dim NAME=auto, or -1 */
 };
 
 typedef struct tf_stat_entry { const char *name; int64_t value; } tf_stat_entry;

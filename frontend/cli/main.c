@@ -35,6 +35,7 @@ typedef struct args {
     bool stats, random_inputs, help, explain, o0;
     const char *disabled[MAX_ITEMS];
     size_t ndisabled;
+    int64_t memory_limit;
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;
 } args;
@@ -82,6 +83,20 @@ static bool parse_u64(const char *s, uint64_t *out)
     return true;
 }
 
+/* "8000000", "512K", "512M", "16G" (powers of 1024) */
+static bool parse_bytes(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!*s || *s == '-') return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : *end == 'T' ? 40 : 0;
+    if (shift) end++;
+    if (errno || *end || v == 0 || v > (1ull << (62 - shift))) return false;
+    *out = (int64_t)(v << shift);
+    return true;
+}
+
 static void free_args(args *a)
 {
     for (size_t i = 0; i < a->ndims; i++) free((char *)a->dims[i].name);
@@ -100,9 +115,13 @@ static int parse_args(int argc, char **argv, args *a)
             uint64_t n;
             if (a->ndims == MAX_ITEMS) return usage_error(cmd, "too many --dim flags%s", "");
             if (!split_kv(v, &p)) return usage_error(cmd, "--dim expects NAME=VALUE, found '%s'", v);
+            if (!strcmp(p.val, "auto")) {
+                a->dims[a->ndims++] = (tf_dim_override){p.key, TF_DIM_AUTO};
+                continue;
+            }
             if (!parse_u64(p.val, &n) || n < 1 || n > ((uint64_t)1 << 40)) {
                 free((char *)p.key);
-                return usage_error(cmd, "--dim value must be an integer in [1, 2^40], found '%s'", v);
+                return usage_error(cmd, "--dim value must be an integer in [1, 2^40] or auto, found '%s'", v);
             }
             a->dims[a->ndims++] = (tf_dim_override){p.key, (int64_t)n};
         } else if ((v = flag_value(argc, argv, &i, "--seed"))) {
@@ -126,6 +145,9 @@ static int parse_args(int argc, char **argv, args *a)
         } else if ((v = flag_value(argc, argv, &i, "--disable-pass"))) {
             if (a->ndisabled == MAX_ITEMS) return usage_error(cmd, "too many --disable-pass flags%s", "");
             a->disabled[a->ndisabled++] = v;
+        } else if ((v = flag_value(argc, argv, &i, "--memory-limit"))) {
+            if (!parse_bytes(v, &a->memory_limit))
+                return usage_error(cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
         } else if ((v = flag_value(argc, argv, &i, "--precision"))) {
             if (strcmp(v, "fp32") && strcmp(v, "fp16") && strcmp(v, "bf16"))
                 return usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
@@ -216,6 +238,7 @@ static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
     o.ndisable_passes = a->ndisabled;
     o.precision = a->precision;
     o.explain = a->explain ? stdout : NULL;
+    o.memory_limit = a->memory_limit;
     tf_program_t *p = NULL;
     if (tf_program_compile(ctx, m, &o, &p)) return NULL;
     return p;
@@ -394,9 +417,10 @@ static const struct {
     {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
     {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
-     "                     [--explain] [--dim K=V] [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
+     "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
      "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
+     "--dim B=auto picks the largest B whose planned peak fits --memory-limit (512M, 16G, ...);\n"
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); -o writes the compiled IR."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
      "                     [--seed N] [--target=...] [--precision=...] [--O0] [--disable-pass=NAME]",
