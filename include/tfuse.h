@@ -101,9 +101,12 @@ tf_status tf_model_parse_string(tf_context_t *ctx, const char *name_for_errors,
 void      tf_model_free(tf_model_t *m);
 /* Canonical text of the model; *out is malloc'd, the caller free()s it. */
 tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out);
-/* Run a comma-separated list of passes on the model in place ("lower,cse");
- * `explain` (or NULL) receives one line per decision. */
-tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode, FILE *explain);
+/* Run a comma-separated list of passes on the model in place ("lower,cse"),
+ * with the options' mode, precision, explain stream and disabled passes
+ * (NULL options: the defaults). The options are declared below. */
+struct tf_compile_options;
+tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes,
+                              const struct tf_compile_options *opts);
 
 /* ---- compiling ---- */
 typedef struct tf_compile_options {

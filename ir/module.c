@@ -427,6 +427,8 @@ tf_value *tf_build(tf_module *m, tf_diag *d, int op, tf_value **in, int nin, con
     out->kind = TF_VAL_NODE;
     out->def = n;
     out->loc = l;
+    out->id = -1;          /* numbered by the next tf_module_renumber */
+    out->offset = -1;
     n->out = out;
     if (!(out->name = tf_module_unique_name(m, hint))) {
         tf_diag_error(d, TF_IR_ERR_OOM, &l, "out of memory");

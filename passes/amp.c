@@ -9,9 +9,12 @@
  *   DENY    (reductions, exp, log, pow, avgpool)  f16/bf16 operands are cast
  *                                 to f32: reductions accumulate in fp32.
  *   FOLLOW  (everything else)     runs in the widest floating dtype among its
- *                                 tensor operands (f64 > f32 > f16, bf16; f16
- *                                 with bf16 gives f32, as torch.promote_types);
- *                                 narrower operands are cast up.
+ *                                 activation operands (f64 > f32 > f16, bf16;
+ *                                 f16 with bf16 gives f32, as
+ *                                 torch.promote_types); params and buffers
+ *                                 (and views of them) follow the activations:
+ *                                 a bias after a half matmul is cast to half,
+ *                                 as in an autocast linear.
  *
  * Integer and bool operands are never touched, nor are numbers written as
  * operands (the verifier gives them their op's dtype). Result types are
@@ -71,7 +74,8 @@ static tf_value *cast_to(amp *a, tf_value *v, tf_dt dt, const char *name, const 
     if (v->type.dtype == dt) return v;
     if (v->kind == TF_VAL_NODE && v->def->op == TF_OP_CAST) {
         tf_value *src = v->def->in[0];   /* v = cast(src) widened exactly: src is v in dt */
-        if (src->type.dtype == dt && width(dt) > 0 && width(dt) < width(v->type.dtype)) return src;
+        if (src->kind != TF_VAL_CONST && src->type.dtype == dt && width(dt) > 0 && width(dt) < width(v->type.dtype))
+            return src;
     }
     bool cached = v->id >= 0 && v->id < a->nids;
     tf_value **slot = cached ? &a->casts[(size_t)v->id * TF_DT_COUNT + dt] : NULL;
@@ -81,6 +85,7 @@ static tf_value *cast_to(amp *a, tf_value *v, tf_dt dt, const char *name, const 
     tf_named_attr to = {"to", tf_attr_dtype(dt)};
     tf_value *c = tf_build(a->m, a->o->diag, TF_OP_CAST, &v, 1, &to, 1, hint, loc);
     if (!c) return NULL;
+    c->id = -1;   /* not a key of casts[] */
     if (slot) *slot = c;
     a->ninserted++;
     if (a->nnames < sizeof a->names)
@@ -99,26 +104,44 @@ static void remember_cast(amp *a, const tf_node *n)
     if (!*slot) *slot = n->out;
 }
 
+/* Params and buffers, and layout views or casts of them: state that adapts
+ * to the precision of the activations it meets (a bias follows its matmul). */
+static bool is_state(const tf_value *v)
+{
+    for (int depth = 0; depth < 16; depth++) {
+        if (v->kind == TF_VAL_PARAM || v->kind == TF_VAL_BUFFER) return true;
+        if (v->kind != TF_VAL_NODE) return false;
+        const tf_node *d = v->def;
+        if (d->op != TF_OP_CAST && tf_op_info_of(d->op)->kind != TF_OPK_LAYOUT) return false;
+        v = d->in[0];
+    }
+    return false;
+}
+
 /* The dtype the op should compute in under its policy; TF_DT_COUNT: none
- * (no floating tensor operand, or a policy that leaves these operands be). */
+ * (no floating tensor operand, or a policy that leaves these operands be).
+ * FOLLOW: the widest activation operand decides; state operands follow it
+ * (an op on state alone takes the widest state dtype). */
 static tf_dt wanted(const amp *a, const tf_node *n, tf_amp_policy pol)
 {
-    tf_dt want = TF_DT_COUNT;
+    tf_dt want = TF_DT_COUNT, want_state = TF_DT_COUNT;
     for (int k = 0; k < n->nin; k++) {
         const tf_value *v = n->in[k];
         tf_dt t = v->type.dtype;
         if (v->kind == TF_VAL_CONST || width(t) == 0) continue;
         if (pol == TF_AMP_ALLOW && t != TF_DT_F64) return a->half;
         if (pol == TF_AMP_DENY && is_half(t)) return TF_DT_F32;
-        if (pol == TF_AMP_FOLLOW) want = want == TF_DT_COUNT ? t : promote(want, t);
+        if (pol != TF_AMP_FOLLOW) continue;
+        tf_dt *w = is_state(v) ? &want_state : &want;
+        *w = *w == TF_DT_COUNT ? t : promote(*w, t);
     }
-    return want;
+    return want != TF_DT_COUNT ? want : want_state;
 }
 
 static const char *policy_name(tf_amp_policy p)
 {
-    return p == TF_AMP_ALLOW ? "allow" : p == TF_AMP_DENY ? "deny: reductions accumulate in fp32"
-                                                          : "follow: widest operand";
+    return p == TF_AMP_ALLOW ? "allow" : p == TF_AMP_DENY ? "deny: fp32 for range and accumulation"
+                                                          : "follow: widest activation operand";
 }
 
 /* Re-derive the result type; a type annotation the source wrote was checked
@@ -162,7 +185,7 @@ static tf_ir_status rewrite_node(amp *a, tf_node *n)
     return TF_IR_OK;
 }
 
-static tf_ir_status rename(amp *a, tf_value *v, const char *hint)
+static tf_ir_status rename_value(amp *a, tf_value *v, const char *hint)
 {
     tf_module_remove_name(a->m, v);
     if (!(v->name = tf_module_unique_name(a->m, hint)) || tf_module_add_name(a->m, v))
@@ -185,7 +208,7 @@ static tf_ir_status restore_boundaries(amp *a, const tf_dt *out_dt)
         if (clash && clash != out->value) {
             char hint[512];
             snprintf(hint, sizeof hint, "%s.%s", out->name, tf_dtype_name(clash->type.dtype));
-            if (rename(a, clash, hint) || rename(a, out->value, out->name)) return a->o->diag->status;
+            if (rename_value(a, clash, hint) || rename_value(a, out->value, out->name)) return a->o->diag->status;
         }
         tf_explain(a->o, "amp", &out->loc, "output %s keeps %s: %s is %s, read through %s", out->name,
                    tf_dtype_name(out_dt[i]), v->name, tf_dtype_name(v->type.dtype), out->value->name);

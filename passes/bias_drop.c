@@ -230,56 +230,74 @@ static tf_value *fold_bn(fold *f, const tf_node *c)
     return mk(f, c->op, NULL, in, 3, attrs, na);
 }
 
-/* Which batchnorms fold: fold_of[bn id] = the conv2d/linear node. */
-static void plan_folds(tf_module *m, const tf_options *o, const int *uses, tf_node **fold_of)
+/* NULL if batchnorm bn folds into the conv2d/linear that computes its input,
+ * else why not. */
+static const char *fold_blocker(const tf_node *bn, const int *uses)
 {
-    for (int i = 0; i < m->nodes.n; i++) {
-        tf_node *bn = m->nodes.items[i];
-        if (bn->op != TF_OP_BATCHNORM) continue;
-        tf_value *x = bn->in[0];
-        const char *why = NULL;
-        if (x->kind != TF_VAL_NODE || !is_source(x->def)) {
-            tf_explain(o, PASS, &bn->loc, "batchnorm %s not folded: its input %s is not a conv2d or linear result; "
-                       "lower makes it a per-channel scale and shift", bn->out->name, x->name);
-            continue;
-        }
-        if (uses[x->id] != 1) why = "has other uses, which need it unscaled";
-        else if (!bias_on_axis1(x->def)) why = "is not [N, C]: the linear's output axis is not batchnorm's channel axis 1";
-        if (why) {
-            tf_explain(o, PASS, &bn->loc, "batchnorm %s not folded into %s %s: %s %s; lower makes it a per-channel scale "
-                       "and shift", bn->out->name, opname(x->def), x->name, x->name, why);
-            continue;
-        }
-        fold_of[bn->out->id] = x->def;
-    }
+    const tf_value *x = bn->in[0];
+    if (x->kind != TF_VAL_NODE || !is_source(x->def)) return "it is not a conv2d or linear result";
+    if (uses[x->id] != 1) return "it has other uses, which need it unscaled";
+    if (!bias_on_axis1(x->def)) return "it is not [N, C], so the linear's output axis is not batchnorm's channel axis 1";
+    return NULL;
 }
 
-static tf_ir_status fold_all(tf_module *m, const tf_options *o, const int *uses)
+static void explain_fold(const tf_options *o, const tf_node *bn, const tf_node *c, const tf_value *r, bool half)
 {
-    tf_node **fold_of = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *fold_of);
-    bool *dead = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *dead);
-    tf_value **map = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
+    const tf_node *f = r->def;
+    char bias[256];
+    if (c->nin == 3) snprintf(bias, sizeof bias, "%s + (%s - %s) * scale", bn->in[2]->name, c->in[2]->name, bn->in[3]->name);
+    else snprintf(bias, sizeof bias, "%s - %s * scale", bn->in[2]->name, bn->in[3]->name);
+    tf_explain(o, PASS, &bn->loc, "folded batchnorm %s into %s %s: in inference its running statistics are constants, "
+               "so it is a per-channel scale and shift; %s = %s(%s, %s, %s) with %s = %s * scale, %s = %s, scale = %s * "
+               "rsqrt(%s + eps)%s, computed from the params at run time", bn->out->name, opname(c), c->out->name, r->name,
+               opname(c), f->in[0]->name, f->in[1]->name, f->in[2]->name, f->in[1]->name, c->in[1]->name,
+               f->in[2]->name, bias, bn->in[1]->name, bn->in[4]->name, half ? " (in fp32)" : "");
+}
+
+/* One round of folds; *nfolded says how many. A round that folds nothing
+ * explains every batchnorm it leaves (only the last round: a fold can make
+ * another possible, as in batchnorm(batchnorm(conv2d))). */
+static tf_ir_status fold_round(tf_module *m, const tf_options *o, const int *uses, int *nfolded)
+{
+    size_t cap = (size_t)(m->next_id ? m->next_id : 1);
+    tf_node **fold_of = calloc(cap, sizeof *fold_of);   /* batchnorm id -> the conv2d/linear it folds into */
+    bool *dead = calloc(cap, sizeof *dead);             /* conv2d/linear ids folded away */
+    tf_value **map = calloc(cap, sizeof *map);          /* batchnorm id -> folded layer */
     tf_ir_status st = TF_IR_OK;
+    *nfolded = 0;
     if (!fold_of || !dead || !map) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
         goto done;
     }
-    plan_folds(m, o, uses, fold_of);
     for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (fold_of[n->out->id]) dead[fold_of[n->out->id]->out->id] = true;
+        tf_node *n = m->nodes.items[i];
+        if (n->op != TF_OP_BATCHNORM) continue;
+        const char *why = fold_blocker(n, uses);
+        if (!why) {
+            fold_of[n->out->id] = n->in[0]->def;
+            dead[n->in[0]->id] = true;
+            ++*nfolded;
+        }
     }
+    for (int i = 0; i < m->nodes.n && !*nfolded; i++) {
+        const tf_node *n = m->nodes.items[i];
+        const tf_value *x = n->in[0];
+        if (n->op == TF_OP_BATCHNORM)
+            tf_explain(o, PASS, &n->loc, "batchnorm %s not folded into its input %s (%s): %s; lower makes it a "
+                       "per-channel scale and shift", n->out->name, x->name, x->kind == TF_VAL_NODE ? opname(x->def) :
+                       "a declaration", fold_blocker(n, uses));
+    }
+    if (!*nfolded) goto done;
     tf_vec old = m->nodes;   /* rebuild the list: folded layers go where their batchnorm was */
     memset(&m->nodes, 0, sizeof m->nodes);
     for (int i = 0; i < old.n && !st; i++) {
-        tf_node *n = old.items[i];
+        tf_node *n = old.items[i], *c = fold_of[n->out->id];
         for (int k = 0; k < n->nin; k++)
             if (n->in[k]->kind != TF_VAL_CONST && map[n->in[k]->id]) n->in[k] = map[n->in[k]->id];
         if (dead[n->out->id]) {
             tf_module_remove_name(m, n->out);
             continue;
         }
-        tf_node *c = fold_of[n->out->id];
         if (!c) {
             if (tf_module_append_node(m, n)) st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
             continue;
@@ -295,16 +313,7 @@ static tf_ir_status fold_all(tf_module *m, const tf_options *o, const int *uses)
                                n->out->name, tf_type_str(m, &r->type, b1), tf_type_str(m, &n->out->type, b2));
         } else {
             map[n->out->id] = r;
-            const tf_node *r_ = r->def, *bn = n;
-            char bias[256];
-            if (c->nin == 3) snprintf(bias, sizeof bias, "%s + (%s - %s) * scale", bn->in[2]->name, c->in[2]->name, bn->in[3]->name);
-            else snprintf(bias, sizeof bias, "%s - %s * scale", bn->in[2]->name, bn->in[3]->name);
-            tf_explain(o, PASS, &n->loc, "folded batchnorm %s into %s %s: in inference its running statistics are "
-                       "constants, so it is a per-channel scale and shift; %s = %s(%s, %s, %s) with %s = %s * scale, "
-                       "%s = %s, scale = %s * rsqrt(%s + eps)%s, computed from the params at run time", bn->out->name,
-                       opname(c), c->out->name, r->name, opname(c), r_->in[0]->name, r_->in[1]->name, r_->in[2]->name,
-                       r_->in[1]->name, c->in[1]->name, r_->in[2]->name, bias, bn->in[1]->name, bn->in[4]->name,
-                       f.half ? " (in fp32)" : "");
+            explain_fold(o, n, c, r, f.half);
         }
     }
     if (!st) {
@@ -323,18 +332,21 @@ done:
 
 tf_ir_status pass_bias_drop(tf_module *m, const tf_options *o)
 {
-    int *uses = count_uses(m);
-    if (!uses) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = TF_IR_OK;
-    if (o->mode == TF_IR_TRAIN) {
-        for (int i = 0; i < m->nodes.n; i++) {
-            tf_node *n = m->nodes.items[i];
-            if (n->op == TF_OP_BATCHNORM) drop_bias(m, o, n, uses);
+    for (int nfolded = 1; nfolded && !st;) {
+        int *uses = count_uses(m);
+        if (!uses) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
+        nfolded = 0;
+        if (o->mode == TF_IR_TRAIN) {
+            for (int i = 0; i < m->nodes.n; i++) {
+                tf_node *n = m->nodes.items[i];
+                if (n->op == TF_OP_BATCHNORM) drop_bias(m, o, n, uses);
+            }
+        } else {
+            st = fold_round(m, o, uses, &nfolded);
         }
-    } else {
-        st = fold_all(m, o, uses);
+        free(uses);
     }
-    free(uses);
     tf_module_renumber(m);
     return st;
 }

@@ -168,15 +168,6 @@ tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
     return print_module(ctx, m->m, out);
 }
 
-tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, tf_mode mode, FILE *explain)
-{
-    if (!m || !passes) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
-    tf_diag d = {0};
-    tf_options o = {.mode = mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN, .diag = &d, .explain = explain};
-    if (tf_run_pipeline(m->m, passes, &o)) return tf_from_diag(ctx, &d);
-    return TF_OK;
-}
-
 /* ---- compiling ---- */
 
 void tf_compile_options_init(tf_compile_options *o)
@@ -220,7 +211,34 @@ void tf_program_free(tf_program_t *p)
     free(p);
 }
 
-/* Run the pipeline on a copy of src; *peak gets the plan's peak (or -1). */
+static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts, bool quiet, tf_diag *d, tf_options *o)
+{
+    *o = (tf_options){.mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN,
+                      .dump_ir = quiet ? NULL : opts->dump_ir, .dump_dir = opts->dump_dir, .diag = d,
+                      .explain = quiet ? NULL : opts->explain, .opt0 = opts->opt_level == 0,
+                      .disabled = opts->disable_passes, .ndisabled = (int)opts->ndisable_passes};
+    if (opts->precision && !(o->precision_set = parse_precision(opts->precision, &o->precision)))
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
+    return TF_OK;
+}
+
+tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, const tf_compile_options *opts)
+{
+    if (!m || !passes) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    tf_compile_options dflt;
+    if (!opts) {
+        tf_compile_options_init(&dflt);
+        opts = &dflt;
+    }
+    tf_diag d = {0};
+    tf_options o;
+    tf_status st = make_options(ctx, opts, false, &d, &o);
+    if (st) return st;
+    if (tf_run_pipeline(m->m, passes, &o)) return tf_from_diag(ctx, &d);
+    return TF_OK;
+}
+
+/* Run the pipeline on a copy of src. */
 static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
                                 tf_program_t **out)
 {
@@ -232,12 +250,11 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
     p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
     p->target = opts->target;
     tf_diag d = {0};
-    tf_options o = {.mode = p->mode, .dump_ir = quiet ? NULL : opts->dump_ir, .dump_dir = opts->dump_dir, .diag = &d,
-                    .explain = quiet ? NULL : opts->explain, .opt0 = opts->opt_level == 0,
-                    .disabled = opts->disable_passes, .ndisabled = (int)opts->ndisable_passes};
-    if (opts->precision && !(o.precision_set = parse_precision(opts->precision, &o.precision))) {
+    tf_options o;
+    tf_status st = make_options(ctx, opts, quiet, &d, &o);
+    if (st) {
         tf_program_free(p);
-        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
+        return st;
     }
     if (tf_run_pipeline(p->m, NULL, &o)) {
         tf_program_free(p);

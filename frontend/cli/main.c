@@ -210,12 +210,28 @@ static int cmd_print(tf_context_t *ctx, const args *a)
     return 0;
 }
 
+static void fill_options(const args *a, tf_compile_options *o, FILE *explain)
+{
+    tf_compile_options_init(o);
+    o->mode = a->mode;
+    o->target = a->target;
+    o->dump_ir = a->dump_ir;
+    o->dump_dir = a->dump_dir;
+    o->opt_level = a->o0 ? 0 : 1;
+    o->disable_passes = a->disabled;
+    o->ndisable_passes = a->ndisabled;
+    o->precision = a->precision;
+    o->explain = a->explain ? explain : NULL;
+    o->memory_limit = a->memory_limit;
+}
+
 static int cmd_opt(tf_context_t *ctx, const args *a)
 {
     tf_model_t *m = load_model(ctx, a);
     char *text = NULL;
-    if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", a->mode, a->explain ? stderr : NULL) ||
-        tf_model_print(ctx, m, &text)) {
+    tf_compile_options o;
+    fill_options(a, &o, stderr);   /* the module goes to stdout */
+    if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", &o) || tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
         return fail(ctx);
     }
@@ -228,17 +244,7 @@ static int cmd_opt(tf_context_t *ctx, const args *a)
 static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
 {
     tf_compile_options o;
-    tf_compile_options_init(&o);
-    o.mode = a->mode;
-    o.target = a->target;
-    o.dump_ir = a->dump_ir;
-    o.dump_dir = a->dump_dir;
-    o.opt_level = a->o0 ? 0 : 1;
-    o.disable_passes = a->disabled;
-    o.ndisable_passes = a->ndisabled;
-    o.precision = a->precision;
-    o.explain = a->explain ? stdout : NULL;
-    o.memory_limit = a->memory_limit;
+    fill_options(a, &o, stdout);
     tf_program_t *p = NULL;
     if (tf_program_compile(ctx, m, &o, &p)) return NULL;
     return p;
