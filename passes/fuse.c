@@ -295,7 +295,7 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
         }
     }
     tf_ir_status st = no == f->n ? TF_IR_OK : TF_IR_ERR_INTERNAL;
-    if (!st) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
+    if (!st && f->n) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
     free(indeg), free(heap), free(out), free(start), free(members);
     return st;
 }

@@ -70,7 +70,7 @@ static tf_status parse_into(tf_context_t *ctx, const char *name, const char *tex
                             const tf_dim_override *dims, size_t ndims, tf_model_t **out)
 {
     if (ndims > 256) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: more than 256 --dim overrides");
-    tf_dim_set set[256];
+    tf_dim_set set[256] = {{0}};
     const char *auto_name = NULL;
     int nset = 0;
     for (size_t i = 0; i < ndims; i++) {
@@ -358,7 +358,7 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     tf_status st;
     int64_t chosen = 0;
     if (model->auto_dim >= 0) {
-        int64_t fit_peak, over_peak;
+        int64_t fit_peak = -1, over_peak = -1;
         if ((st = pick_auto_dim(ctx, model, opts, &chosen, &fit_peak, &over_peak))) return st;
         tf_module *m = tf_module_clone(model->m);
         tf_diag d = {0};

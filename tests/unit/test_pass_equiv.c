@@ -129,7 +129,11 @@ static void run_case(const char *path, const char *text, tf_ir_mode mode, const 
         for (int i = 0; i < a->noutputs; i++)
             compare(label, a->outputs[i].name, tf_interp_tensor(ib, b->outputs[i].value, &d),
                     tf_interp_tensor(ia, a->outputs[i].value, &d), tol);
-        for (int i = 0; i < a->decls.n; i++) {
+        /* A dropped bias no longer flows into batchnorm's running mean (the
+         * buffer shifts by momentum x bias, the bias is gone at inference
+         * too): test_bias_drop checks that exact relation instead. */
+        bool buffers_differ = mode == TF_IR_TRAIN && pass && !strcmp(pass, "bias_drop");
+        for (int i = 0; i < a->decls.n && !buffers_differ; i++) {
             tf_value *v = a->decls.items[i], *w = tf_module_find_value(b, v->name);
             if (v->kind == TF_VAL_BUFFER && w)
                 compare(label, v->name, tf_interp_tensor(ib, w, &d), tf_interp_tensor(ia, v, &d), tol);
