@@ -17,8 +17,8 @@ const int tf_npasses = (int)(sizeof tf_passes / sizeof tf_passes[0]);
 
 /* One list per mode; later issues add the optimizing passes here. */
 static const char *const pipelines[] = {
-    [TF_IR_TRAIN] = "lower,fuse,memplan",
-    [TF_IR_INFER] = "lower,fuse,memplan",
+    [TF_IR_TRAIN] = "bias_drop,lower,amp,fuse,memplan",
+    [TF_IR_INFER] = "bias_drop,lower,amp,fuse,memplan",
 };
 
 const char *tf_pipeline_default(tf_ir_mode mode) { return pipelines[mode]; }

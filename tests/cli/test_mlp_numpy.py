@@ -3,8 +3,8 @@
 
 Makes fresh random parameters and inputs (seed printed; replay with
 TFUSE_TEST_SEED), writes them as .safetensors (by its own writer, not
-tfuse's) and .npy, runs the CLI, and compares logits and loss with a float64
-NumPy forward pass of the same model. Usage: test_mlp_numpy.py TFUSE MLP.ir TMPDIR
+tfuse's) and .npy, runs the CLI in fp32 and in the model's own bf16, and
+compares logits and loss with a float64 NumPy forward pass of the same model. Usage: test_mlp_numpy.py TFUSE MLP.ir TMPDIR
 """
 import json
 import os
@@ -47,12 +47,17 @@ def main():
     write_safetensors(f"{tmp}/params.safetensors", p)
     np.save(f"{tmp}/x.npy", x)
     np.save(f"{tmp}/y.npy", y)
-    cmd = [tfuse, "run", model, "--dim", f"B={B}", "--params", f"{tmp}/params.safetensors",
-           "--input", f"x={tmp}/x.npy", "--input", f"y={tmp}/y.npy",
-           "--output", f"logits={tmp}/logits.npy", "--output", f"loss={tmp}/loss.npy"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        print("tfuse run failed:", r.returncode, r.stderr)
+    def run(tag, *extra):
+        cmd = [tfuse, "run", model, "--dim", f"B={B}", "--params", f"{tmp}/params.safetensors",
+               "--input", f"x={tmp}/x.npy", "--input", f"y={tmp}/y.npy",
+               "--output", f"logits={tmp}/logits{tag}.npy", "--output", f"loss={tmp}/loss{tag}.npy", *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print("tfuse run failed:", r.returncode, r.stderr)
+        return r.returncode == 0
+
+    # the model's train block asks for bf16: run it so, and in fp32
+    if not run("", "--precision=fp32") or not run("_bf16"):
         print("0 passed, 1 failed")
         return 1
 
@@ -67,8 +72,15 @@ def main():
     got_lg = np.load(f"{tmp}/logits.npy")
     got_loss = np.load(f"{tmp}/loss.npy")
     passed = failed = 0
+    bf_lg = np.load(f"{tmp}/logits_bf16.npy")
+    bf_loss = float(np.load(f"{tmp}/loss_bf16.npy"))
+    scale = float(np.abs(lg).max())
     checks = [
         ("logits dtype/shape", got_lg.dtype == np.float32 and got_lg.shape == (B, 10)),
+        # bf16 matmuls: inputs rounded to 8 significant bits; the error stays
+        # within a few units of 2^-8 of the logits' scale
+        ("bf16 logits near", float(np.abs(bf_lg - lg).max()) <= scale / 32),
+        ("bf16 loss near", abs(bf_loss - loss) <= max(1.0, abs(loss)) / 32),
         ("loss is a scalar", got_loss.shape == ()),
         # f32 storage of every intermediate: a few ulps of the values involved
         ("logits match", np.allclose(got_lg, lg, rtol=1e-5, atol=1e-5)),
@@ -81,6 +93,7 @@ def main():
             failed += 1
             print("FAILED:", name)
     print("max |logits diff|:", float(np.abs(got_lg - lg).max()), "loss", float(got_loss), "vs", loss)
+    print("bf16: max |logits diff|:", float(np.abs(bf_lg - lg).max()), "of scale", scale, "loss", bf_loss)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
