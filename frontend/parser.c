@@ -31,6 +31,7 @@ typedef struct parser {
     tf_module *m;
     tf_diag *d;
     int region;             /* the region being parsed (1-based), 0 outside */
+    int nrandom;            /* dropouts so far without an explicit salt */
     const tf_dim_set *over;
     int nover;
     bool *over_used;
@@ -496,6 +497,12 @@ static tf_ir_status parse_op(parser *p)
         if (oi->min_in == oi->max_in)
             return err_at(p, &opt, "%s takes %d operand%s, found %d", oi->name, oi->min_in, oi->min_in == 1 ? "" : "s", nin);
         return err_at(p, &opt, "%s takes %d to %d operands, found %d", oi->name, oi->min_in, oi->max_in, nin);
+    }
+    if (op == TF_OP_DROPOUT || op == TF_OP_DROPOUT_MASK) {
+        /* each dropout draws its own mask: a missing salt becomes the op's
+         * ordinal among random ops, written out so the dump keeps it */
+        int k = tf_op_attr_index(op, "salt");
+        if (attrs[k].kind == TF_ATTR_NONE) attrs[k] = tf_attr_int(++p->nrandom);
     }
     if (check_required(p, oi->name, oi->attrs, oi->nattrs, attrs, &opt)) return FAIL(p);
     n->nin = nin;

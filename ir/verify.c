@@ -30,11 +30,11 @@ static tf_ir_status check_limits(tf_module *m, const tf_type *t, const tf_loc *l
 }
 
 /* Give constants the dtype of their op's first non-constant, non-bool
- * operand, else f32. A number is never a bool: `eq(b, 1)` on a bool b is a
- * dtype mismatch, not a silent comparison. */
+ * operand; with none, f32. A number is never a bool: `eq(b, 1)` on a bool b
+ * is a dtype mismatch, not a silent comparison. */
 static tf_ir_status type_constants(tf_node *n, tf_diag *d)
 {
-    tf_dt dt = TF_DT_F32;
+    tf_dt dt = TF_DT_COUNT;
     for (int i = 0; i < n->nin; i++)
         if (n->in[i]->kind != TF_VAL_CONST && n->in[i]->type.dtype != TF_DT_BOOL) {
             dt = n->in[i]->type.dtype;
@@ -43,6 +43,15 @@ static tf_ir_status type_constants(tf_node *n, tf_diag *d)
     for (int i = 0; i < n->nin; i++) {
         tf_value *c = n->in[i];
         if (c->kind != TF_VAL_CONST) continue;
+        /* no tensor operand to follow (broadcast(1, ...), add(1, 2)): f32 */
+        if (dt == TF_DT_COUNT) {
+            c->type.dtype = TF_DT_F32;
+            c->type.rank = 0;
+            continue;
+        }
+        if (!tf_dtype_is_float(dt) && isfinite(c->cval) && fabs(c->cval) >= 9.2e18)
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc, "%s: operand %d is the number %g, beyond %s's range",
+                                 tf_op_info_of(n->op)->name, i + 1, c->cval, tf_dtype_name(dt));
         if (!tf_dtype_is_float(dt) && (c->cval != trunc(c->cval) || !isfinite(c->cval)))
             return tf_diag_error(d, TF_IR_ERR_VERIFY, &n->loc,
                                  "%s: operand %d is the number %g, which %s values cannot hold", tf_op_info_of(n->op)->name,

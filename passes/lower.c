@@ -113,7 +113,6 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
         bshape[i] = i == 1 ? x->type.dims[1] : (tf_dim){1, -1};
         if (i != 1) axes[na++] = i;
     }
-    tf_value *gr = reshape(l, "gamma", g, bshape, rank), *br = reshape(l, "beta", b, bshape, rank);
     if (l->o->mode == TF_IR_INFER) {
         tf_value *inv = op1(l, TF_OP_RSQRT, "inv_std", op2(l, TF_OP_ADD, "var_eps", rv, num(l, eps)));
         tf_value *scale = op2(l, TF_OP_MUL, "scale", g, inv);
@@ -121,6 +120,7 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
         tf_value *y = op2(l, TF_OP_MUL, "scaled", x, reshape(l, "scale_b", scale, bshape, rank));
         return op2(l, TF_OP_ADD, NULL, y, reshape(l, "shift_b", shift, bshape, rank));
     }
+    tf_value *gr = reshape(l, "gamma", g, bshape, rank), *br = reshape(l, "beta", b, bshape, rank);
     tf_value *mu = reduce(l, TF_OP_REDUCE_MEAN, "mean", x, axes, na, true);
     tf_value *xc = op2(l, TF_OP_SUB, "centered", x, mu);
     tf_value *var = reduce(l, TF_OP_REDUCE_MEAN, "var", op2(l, TF_OP_MUL, "sq", xc, xc), axes, na, true);
