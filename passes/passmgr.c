@@ -148,7 +148,8 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
                                  "pass '%s' needs a lowered module: run 'lower' before it (e.g. --passes=lower,%s)",
                                  plan[i]->name, plan[i]->name);
         if (m->nregions && !(plan[i]->flags & TF_PASSF_REGIONS)) {
-            tf_explain(o, plan[i]->name, NULL, "dissolves %d fused regions first (run fuse again to regroup)", m->nregions);
+            tf_explain(o, plan[i]->name, NULL, "dissolves %d fused region%s first (run fuse again to regroup)", m->nregions,
+                       m->nregions == 1 ? "" : "s");
             tf_module_clear_regions(m);
         }
         m->plan.planned = false;   /* any pass may move values; memplan plans again */
