@@ -305,6 +305,11 @@ tf_attr tf_attr_str(const char *s);
 tf_attr tf_attr_dtype(tf_dt t);
 tf_attr tf_attr_ints(tf_module *m, const int64_t *v, int n);
 
+/* For passes that map results to replacements as they sweep (repl[] indexed
+ * by value id, NULL = kept; operands already redirected): point outputs and
+ * updates at the replacements, drop the replaced nodes and their names, and
+ * renumber. Linear in the module's size. */
+void tf_module_commit_replacements(tf_module *m, tf_value *const *repl);
 /* Replace every use of `from` (operands, outputs, updates) by `to`. */
 void tf_module_replace_uses(tf_module *m, tf_value *from, tf_value *to);
 /* Unique name derived from hint: hint, hint.1, hint.2, ... */

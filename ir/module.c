@@ -201,6 +201,22 @@ void tf_module_renumber(tf_module *m)
     m->next_id = id;
 }
 
+void tf_module_commit_replacements(tf_module *m, tf_value *const *repl)
+{
+    for (int i = 0; i < m->noutputs; i++)
+        if (repl[m->outputs[i].value->id]) m->outputs[i].value = repl[m->outputs[i].value->id];
+    for (int i = 0; i < m->nupdates; i++)
+        if (repl[m->updates[i].value->id]) m->updates[i].value = repl[m->updates[i].value->id];
+    int kept = 0;
+    for (int i = 0; i < m->nodes.n; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (repl[n->out->id]) tf_module_remove_name(m, n->out);
+        else m->nodes.items[kept++] = n;
+    }
+    m->nodes.n = kept;
+    tf_module_renumber(m);
+}
+
 void tf_module_replace_uses(tf_module *m, tf_value *from, tf_value *to)
 {
     for (int i = 0; i < m->nodes.n; i++) {

@@ -283,18 +283,7 @@ tf_ir_status pass_canonicalize(tf_module *m, const tf_options *o)
         for (int step = 0; step < 64; step++)
             if (rewrite_once(m, o, n, repl) != EDITED) break;
     }
-    for (int i = 0; i < m->noutputs; i++)
-        if (repl[m->outputs[i].value->id]) m->outputs[i].value = repl[m->outputs[i].value->id];
-    for (int i = 0; i < m->nupdates; i++)
-        if (repl[m->updates[i].value->id]) m->updates[i].value = repl[m->updates[i].value->id];
-    int kept = 0;
-    for (int i = 0; i < m->nodes.n; i++) {
-        tf_node *n = m->nodes.items[i];
-        if (repl[n->out->id]) tf_module_remove_name(m, n->out);
-        else m->nodes.items[kept++] = n;
-    }
-    m->nodes.n = kept;
+    tf_module_commit_replacements(m, repl);
     free(repl);
-    tf_module_renumber(m);
     return TF_IR_OK;
 }

@@ -151,23 +151,8 @@ tf_ir_status pass_cse(tf_module *m, const tf_options *o)
                    swapped ? " (swapped: it commutes)" : "");
     }
     /* Outputs keep their names (`output y = x`); updates keep their buffers. */
-    for (int i = 0; i < m->noutputs; i++) {
-        tf_value *v = m->outputs[i].value;
-        if (repl[v->id]) m->outputs[i].value = repl[v->id];
-    }
-    for (int i = 0; i < m->nupdates; i++) {
-        tf_value *v = m->updates[i].value;
-        if (repl[v->id]) m->updates[i].value = repl[v->id];
-    }
-    int kept = 0;
-    for (int i = 0; i < m->nodes.n; i++) {
-        tf_node *n = m->nodes.items[i];
-        if (repl[n->out->id]) tf_module_remove_name(m, n->out);
-        else m->nodes.items[kept++] = n;
-    }
-    m->nodes.n = kept;
+    tf_module_commit_replacements(m, repl);
     free(slots);
     free(repl);
-    tf_module_renumber(m);
     return TF_IR_OK;
 }

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "testutil.h"
 #include "interp.h"
 #include "parser.h"
 #include "passes.h"
@@ -66,11 +67,6 @@ static const model models[] = {
 
 static uint64_t g_seed;
 
-static double rnd(uint64_t *s)
-{
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (double)(*s >> 11) / 9007199254740992.0;
-}
 
 static bool is_running_var(const tf_module *m, const tf_value *v)
 {
@@ -81,14 +77,6 @@ static bool is_running_var(const tf_module *m, const tf_value *v)
     return false;
 }
 
-static int64_t int_bound(const tf_module *m, const tf_value *v)
-{
-    for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) return n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
-    }
-    return 2;
-}
 
 /* Give every declaration of `src` the same random values in both contexts
  * (where the module still has it). Inputs each step; state once. */
@@ -100,14 +88,14 @@ static bool fill(const tf_module *src, tf_interp_ctx *const ip[2], tf_module *co
         if ((v->kind == TF_VAL_INPUT) == state) continue;
         uint64_t s = (seed ^ tf_rng_stream(v->name)) | 1;
         bool var = is_running_var(src, v);
-        int64_t bound = int_bound(src, v);
+        int64_t bound = test_int_bound(src, v);
         tf_tensor *t[2] = {NULL, NULL};
         for (int k = 0; k < 2; k++) {
             tf_value *w = tf_module_find_value(mod[k], v->name);
             if (w && !(t[k] = tf_interp_tensor(ip[k], w, &d))) return false;
         }
         for (int64_t e = 0; t[0] && e < t[0]->numel; e++) {
-            double u = rnd(&s);
+            double u = test_rnd(&s);
             double x = !tf_dtype_is_float(v->type.dtype) ? (double)(int64_t)(u * (double)bound) : var ? 0.3 + 2 * u : 4 * u - 2;
             t[0]->data[e] = tf_dtype_round(v->type.dtype, x);
             if (t[1]) t[1]->data[e] = t[0]->data[e];
@@ -237,19 +225,6 @@ out:
     tf_module_free(m);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
-    else { free(buf); buf = NULL; }
-    fclose(f);
-    return buf;
-}
 
 /* The pass really drops and removes: cnn.ir in train mode loses both conv
  * biases and their params; the classifier's bias (no batchnorm) stays. */
@@ -278,7 +253,7 @@ int main(void)
         char *text = NULL;
         if (!models[i].text) {
             snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", models[i].label);
-            text = read_file(path);
+            text = test_read_file(path);
             CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
             if (!text) continue;
             check_cnn_train(text);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "testutil.h"
 #include "interp.h"
 #include "parser.h"
 #include "passes.h"
@@ -49,22 +50,7 @@ static const char *extra[] = {
 
 static uint64_t g_seed;
 
-static double rnd(uint64_t *s)
-{
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (double)(*s >> 11) / 9007199254740992.0;
-}
 
-/* Exclusive bound for an integer input from its uses (labels, ids). */
-static int64_t int_bound(const tf_module *m, const tf_value *v)
-{
-    for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) return n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
-        if (n->op == TF_OP_EMBEDDING && n->in[0] == v) return n->in[1]->type.dims[0].n;
-    }
-    return 2;
-}
 
 static bool fill_inputs(tf_interp_ctx *a, tf_interp_ctx *b, tf_module *ma, tf_module *mb, uint64_t seed)
 {
@@ -75,9 +61,9 @@ static bool fill_inputs(tf_interp_ctx *a, tf_interp_ctx *b, tf_module *ma, tf_mo
         tf_tensor *ta = tf_interp_tensor(a, va, &d), *tb = tf_interp_tensor(b, vb, &d);
         if (!ta || !tb) return false;
         uint64_t s = seed ^ tf_rng_stream(va->name);
-        int64_t bound = int_bound(ma, va);
+        int64_t bound = test_int_bound(ma, va);
         for (int64_t k = 0; k < ta->numel; k++) {
-            double u = rnd(&s);
+            double u = test_rnd(&s);
             double x = tf_dtype_is_float(va->type.dtype) ? 4 * u - 2 : (double)(int64_t)(u * (double)bound);
             ta->data[k] = tb->data[k] = tf_dtype_round(va->type.dtype, x);
         }
@@ -165,19 +151,6 @@ static void run_pair(const char *label, const char *text, tf_ir_mode mode)
     tf_module_free(low);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
-    else { free(buf); buf = NULL; }
-    fclose(f);
-    return buf;
-}
 
 int main(void)
 {
@@ -190,7 +163,7 @@ int main(void)
         for (size_t i = 0; i < sizeof examples / sizeof *examples; i++) {
             char path[4096];
             snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", examples[i]);
-            char *text = read_file(path);
+            char *text = test_read_file(path);
             CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
             if (text) run_pair(path, text, (tf_ir_mode)mode);
             free(text);

@@ -20,27 +20,14 @@
 #include <time.h>
 
 #include "check.h"
+#include "testutil.h"
 #include "interp.h"
 #include "parser.h"
 #include "passes.h"
 
 static uint64_t g_seed;
 
-static double rnd(uint64_t *s)
-{
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (double)(*s >> 11) / 9007199254740992.0;
-}
 
-static int64_t int_bound(const tf_module *m, const tf_value *v)
-{
-    for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) return n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
-        if (n->op == TF_OP_EMBEDDING && n->in[0] == v) return n->in[1]->type.dims[0].n;
-    }
-    return 2;
-}
 
 /* Fill every decl of `m` by name: inputs ~ U(-2, 2) (ints in range),
  * params ~ U(-1, 1), buffers ~ U(0.5, 1.5) (valid running variances). */
@@ -53,9 +40,9 @@ static bool fill(tf_interp_ctx *ip, tf_module *m, const tf_module *orig, uint64_
         if (!t) return false;
         uint64_t s = seed ^ tf_rng_stream(v->name) ^ (uint64_t)v->kind << 40;
         const tf_value *ov = tf_module_find_value(orig, v->name);
-        int64_t bound = ov ? int_bound(orig, ov) : 2;
+        int64_t bound = ov ? test_int_bound(orig, ov) : 2;
         for (int64_t k = 0; k < t->numel; k++) {
-            double u = rnd(&s), x;
+            double u = test_rnd(&s), x;
             if (!tf_dtype_is_float(v->type.dtype)) x = (double)(int64_t)(u * (double)bound);
             else if (v->kind == TF_VAL_INPUT) x = 4 * u - 2;
             else if (v->kind == TF_VAL_PARAM) x = 2 * u - 1;
@@ -147,19 +134,6 @@ done:
     tf_module_free(b);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
-    else { free(buf); buf = NULL; }
-    fclose(f);
-    return buf;
-}
 
 int main(void)
 {
@@ -171,7 +145,7 @@ int main(void)
     for (size_t e = 0; e < sizeof examples / sizeof *examples; e++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", examples[e]);
-        char *text = read_file(path);
+        char *text = test_read_file(path);
         CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
         if (!text) continue;
         for (int mode = 0; mode < 2; mode++) {

@@ -1,0 +1,47 @@
+/* testutil.h — what the interpreter-level tests share: a seeded generator,
+ * the valid range of an integer input, and reading a whole file. */
+#ifndef TF_TESTS_TESTUTIL_H
+#define TF_TESTS_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops.h"
+
+/* xorshift64: uniform in [0, 1). */
+static inline double test_rnd(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return (double)(*s >> 11) / 9007199254740992.0;
+}
+
+/* Exclusive upper bound for an integer input from its uses in a module
+ * written with layer ops (labels of cross_entropy, ids of embedding); 2 when
+ * no use bounds it. */
+static inline int64_t test_int_bound(const tf_module *m, const tf_value *v)
+{
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) return n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
+        if (n->op == TF_OP_EMBEDDING && n->in[0] == v) return n->in[1]->type.dims[0].n;
+    }
+    return 2;
+}
+
+/* The whole file, NUL-terminated, malloc'd; NULL if unreadable. */
+static inline char *test_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
+    else { free(buf); buf = NULL; }
+    fclose(f);
+    return buf;
+}
+
+#endif
