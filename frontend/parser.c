@@ -551,8 +551,9 @@ static tf_ir_status parse_update(parser *p)
     tf_token bt = p->tok;
     if (bt.kind != TK_IDENT) return expected(p, "the buffer to update");
     tf_value *b = tf_module_find_valuen(p->m, bt.p, bt.len);
-    if (!b || b->kind != TF_VAL_BUFFER)
-        return err_at(p, &bt, "update: '%.*s' is not a buffer", (int)(bt.len > 60 ? 60 : bt.len), bt.p);
+    if (!b || (b->kind != TF_VAL_BUFFER && b->kind != TF_VAL_PARAM))
+        return err_at(p, &bt, "update: '%.*s' is not a buffer or param (the state a step may change)",
+                      (int)(bt.len > 60 ? 60 : bt.len), bt.p);
     advance(p);
     if (expect(p, TK_EQ, "'=' after the buffer")) return FAIL(p);
     tf_token vt = p->tok;

@@ -195,7 +195,9 @@ typedef struct tf_output {
     tf_loc loc;
 } tf_output;
 
-typedef struct tf_update {  /* buffer <- value after each step (batchnorm stats) */
+typedef struct tf_update {  /* state <- value after each step: buffers (batchnorm
+                             * stats, optimizer moments) and, in a training
+                             * step, params */
     tf_value *buffer;
     tf_value *value;
     tf_loc loc;
@@ -275,6 +277,9 @@ tf_ir_status tf_grow(void **items, int n, int *cap, size_t elem);
 tf_ir_status tf_module_add_dim(tf_module *m, const char *name, int64_t value, tf_loc loc);
 tf_ir_status tf_module_add_output(tf_module *m, const char *name, tf_value *v, tf_loc loc);
 tf_ir_status tf_module_add_update(tf_module *m, tf_value *buffer, tf_value *value, tf_loc loc);
+/* Declare a param/buffer/input (appended to decls; init `fn` with default
+ * attributes). NULL on OOM or a taken name. */
+tf_value *tf_module_add_decl(tf_module *m, const char *name, tf_value_kind kind, const tf_type *type, int init_fn);
 /* Add a region (yields filled later); returns its 1-based id, 0 on OOM. */
 int tf_module_add_region(tf_module *m, const char *name, tf_region_kind kind, tf_loc loc);
 /* Forget every region: nodes stay, each runs on its own again. */

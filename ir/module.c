@@ -84,6 +84,27 @@ tf_ir_status tf_module_add_update(tf_module *m, tf_value *buffer, tf_value *valu
     return TF_IR_OK;
 }
 
+tf_value *tf_module_add_decl(tf_module *m, const char *name, tf_value_kind kind, const tf_type *type, int init_fn)
+{
+    if (tf_module_find_value(m, name)) return NULL;
+    tf_value *v = tf_arena_alloc(&m->arena, sizeof *v);
+    if (!v || !(v->name = tf_arena_strdup(&m->arena, name))) return NULL;
+    v->kind = kind;
+    v->type = *type;
+    v->id = -1;
+    v->offset = -1;
+    v->init.fn = kind == TF_VAL_INPUT ? -1 : init_fn;
+    if (kind != TF_VAL_INPUT) {
+        const tf_fn_info *f = &tf_init_fns[init_fn];
+        v->init.nattr = f->nattrs;
+        if (!(v->init.attrs = tf_arena_array(&m->arena, (size_t)(f->nattrs ? f->nattrs : 1), sizeof(tf_attr)))) return NULL;
+        tf_diag d = {0};
+        if (tf_attrs_fill_defaults(m, f->attrs, f->nattrs, v->init.attrs, &d)) return NULL;
+    }
+    if (tf_module_add_name(m, v) || tf_vec_push(m, &m->decls, v)) return NULL;
+    return v;
+}
+
 const char *tf_region_kind_name(tf_region_kind k)
 {
     static const char *names[] = {"pointwise", "reduction", "gemm"};

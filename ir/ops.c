@@ -26,6 +26,8 @@ static double sf_tanh(double a, double b) { (void)b; return tanh(a); }
 static double sf_sigmoid(double a, double b) { (void)b; return 1.0 / (1.0 + exp(-a)); }
 static double sf_relu(double a, double b) { (void)b; return a > 0 || a != a ? a : 0.0; }   /* NaN stays NaN */
 static double sf_erf(double a, double b) { (void)b; return erf(a); }
+static double sf_sin(double a, double b) { (void)b; return sin(a); }
+static double sf_cos(double a, double b) { (void)b; return cos(a); }
 static double sf_silu(double a, double b) { (void)b; return a / (1.0 + exp(-a)); }
 static double sf_add(double a, double b) { return a + b; }
 static double sf_sub(double a, double b) { return a - b; }
@@ -41,12 +43,13 @@ static double sf_lt(double a, double b) { return a < b; }
 static double sf_le(double a, double b) { return a <= b; }
 static double sf_gt(double a, double b) { return a > b; }
 static double sf_ge(double a, double b) { return a >= b; }
+static double sf_isfinite(double a, double b) { (void)b; return isfinite(a); }
 #define sf_none NULL
 
 /* ---- prototypes: shape rules here, kernels in interp_kernels.c ---- */
 
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP) \
-    static tf_ir_status sh_##SHAPE(tf_module *m, tf_node *n, tf_type *out, tf_diag *d); \
+#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP, GRAD) \
+    tf_ir_status sh_##SHAPE(tf_module *m, tf_node *n, tf_type *out, tf_diag *d); \
     tf_ir_status ik_##INTERP(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out);
 #include "ops.def"
 #undef TF_OP
@@ -54,7 +57,7 @@ static double sf_ge(double a, double b) { return a >= b; }
 #define NATTRS(x) ((int)(sizeof tf_attrs_##x / sizeof tf_attrs_##x[0]) - 1)
 
 const tf_op_info tf_op_table[TF_OP_COUNT] = {
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP) \
+#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP, GRAD) \
     [TF_OP_##E] = {NAME, MIN, MAX, TF_OPK_##KIND, FLAGS, tf_attrs_##ATTRS, NATTRS(ATTRS), \
                    sh_##SHAPE, ik_##INTERP, sf_##SCALAR, TF_AMP_##AMP},
 #include "ops.def"
@@ -193,15 +196,24 @@ static tf_ir_status need_vec(tf_module *m, tf_node *n, int i, tf_dim dim, const 
     return ERR("%s: %s must have shape [%lld], found %s", OPNAME, what, (long long)dim.n, tstr(m, t, b));
 }
 
-static tf_ir_status sh_same(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_same(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     (void)m; (void)d;
     *out = *IN(0);
     return TF_IR_OK;
 }
 
+/* A float in, a bool of the same shape out (isfinite). */
+tf_ir_status sh_boolean(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    (void)m; (void)d;
+    *out = *IN(0);
+    out->dtype = TF_DT_BOOL;
+    return TF_IR_OK;
+}
+
 /* Unary math: numbers in, the same type out (bool has no arithmetic). */
-static tf_ir_status sh_unary(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_unary(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b[256];
     if (IN(0)->dtype == TF_DT_BOOL) return ERR("%s: operand must be numeric, found %s", OPNAME, tstr(m, IN(0), b));
@@ -236,7 +248,7 @@ static tf_ir_status broadcast_shapes(tf_module *m, tf_node *n, int first, int k,
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_broadcast(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_broadcast(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     if ((st = need_dtype(m, n, 1, IN(0)->dtype, "the second operand", d))) return st;
@@ -247,7 +259,7 @@ static tf_ir_status sh_broadcast(tf_module *m, tf_node *n, tf_type *out, tf_diag
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_where(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_where(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b[256];
@@ -259,7 +271,7 @@ static tf_ir_status sh_where(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_cast(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_cast(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     (void)m; (void)d;
     *out = *IN(0);
@@ -267,7 +279,7 @@ static tf_ir_status sh_cast(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_linear(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_linear(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b1[256], b2[256];
@@ -287,7 +299,7 @@ static tf_ir_status sh_linear(tf_module *m, tf_node *n, tf_type *out, tf_diag *d
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_batchnorm(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_batchnorm(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     static const char *what[] = {"", "gamma", "beta", "running_mean", "running_var"};
     tf_ir_status st;
@@ -300,7 +312,7 @@ static tf_ir_status sh_batchnorm(tf_module *m, tf_node *n, tf_type *out, tf_diag
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_layernorm(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_layernorm(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     if ((st = need_rank(m, n, 0, 1, TF_MAX_RANK, "input", d))) return st;
@@ -313,7 +325,7 @@ static tf_ir_status sh_layernorm(tf_module *m, tf_node *n, tf_type *out, tf_diag
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_attention(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_attention(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b1[256], b2[256], b3[256];
@@ -332,7 +344,7 @@ static tf_ir_status sh_attention(tf_module *m, tf_node *n, tf_type *out, tf_diag
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_embedding(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_embedding(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b[256];
@@ -349,7 +361,7 @@ static tf_ir_status sh_embedding(tf_module *m, tf_node *n, tf_type *out, tf_diag
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_global_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_global_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     if ((st = need_rank(m, n, 0, 3, TF_MAX_RANK, "input [N, C, ...]", d))) return st;
@@ -360,7 +372,7 @@ static tf_ir_status sh_global_pool(tf_module *m, tf_node *n, tf_type *out, tf_di
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_flatten(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_flatten(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     if ((st = need_rank(m, n, 0, 2, TF_MAX_RANK, "input", d))) return st;
@@ -375,7 +387,7 @@ static tf_ir_status sh_flatten(tf_module *m, tf_node *n, tf_type *out, tf_diag *
 
 static tf_dt loss_dtype(tf_dt t) { return t == TF_DT_F64 ? TF_DT_F64 : TF_DT_F32; }
 
-static tf_ir_status sh_cross_entropy(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_cross_entropy(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b1[256], b2[256];
@@ -394,7 +406,7 @@ static tf_ir_status sh_cross_entropy(tf_module *m, tf_node *n, tf_type *out, tf_
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_mse_loss(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_mse_loss(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b1[256], b2[256];
@@ -407,7 +419,7 @@ static tf_ir_status sh_mse_loss(tf_module *m, tf_node *n, tf_type *out, tf_diag 
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_reduce(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_reduce(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     (void)m;
     const tf_type *x = IN(0);
@@ -433,7 +445,7 @@ static tf_ir_status sh_reduce(tf_module *m, tf_node *n, tf_type *out, tf_diag *d
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_matmul(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_matmul(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b1[256], b2[256];
@@ -486,7 +498,7 @@ static tf_ir_status window_out(tf_node *n, const char *axis, int64_t in, int64_t
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_conv2d(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_conv2d(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     char b1[256], b2[256];
@@ -520,7 +532,7 @@ static tf_ir_status sh_conv2d(tf_module *m, tf_node *n, tf_type *out, tf_diag *d
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     if ((st = need_rank(m, n, 0, 4, 4, "input [N, C, H, W]", d))) return st;
@@ -543,7 +555,7 @@ static tf_ir_status sh_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_reshape(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_reshape(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b[256];
     const tf_attr *a = tf_node_attr_named(n, "shape");
@@ -577,7 +589,7 @@ static tf_ir_status sh_reshape(tf_module *m, tf_node *n, tf_type *out, tf_diag *
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_transpose(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_transpose(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b[256];
     const tf_attr *a = tf_node_attr_named(n, "perm");
@@ -597,7 +609,7 @@ static tf_ir_status sh_transpose(tf_module *m, tf_node *n, tf_type *out, tf_diag
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_broadcast_to(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_broadcast_to(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b[256];
     const tf_attr *a = tf_node_attr_named(n, "shape");
@@ -617,7 +629,7 @@ static tf_ir_status sh_broadcast_to(tf_module *m, tf_node *n, tf_type *out, tf_d
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_slice(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_slice(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b[256];
     const tf_type *x = IN(0);
@@ -638,7 +650,7 @@ static tf_ir_status sh_slice(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_concat(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_concat(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b1[256], b2[256];
     tf_ir_status st;
@@ -661,7 +673,7 @@ static tf_ir_status sh_concat(tf_module *m, tf_node *n, tf_type *out, tf_diag *d
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_one_hot(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_one_hot(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     tf_ir_status st;
     if ((st = need_int(m, n, 0, "labels", d))) return st;
@@ -672,7 +684,7 @@ static tf_ir_status sh_one_hot(tf_module *m, tf_node *n, tf_type *out, tf_diag *
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_iota(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_iota(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     (void)m;
     const tf_attr *a = tf_node_attr_named(n, "shape");
@@ -688,12 +700,130 @@ static tf_ir_status sh_iota(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     return TF_IR_OK;
 }
 
-static tf_ir_status sh_softmax(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+tf_ir_status sh_softmax(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     char b[256];
     int ax;
     if (!tf_axis_norm(tf_node_int(n, "axis"), IN(0)->rank, &ax))
         return ERR("%s: axis %lld is out of range for %s", OPNAME, (long long)tf_node_int(n, "axis"), tstr(m, IN(0), b));
     *out = *IN(0);
+    return TF_IR_OK;
+}
+
+/* ---- backward ops: the gradient has the forward operand's shape (the
+ * `shape` attribute); the rule checks that the forward op maps that shape
+ * onto dy's, so a wrongly built backward graph fails here. */
+
+static tf_ir_status shape_attr(tf_node *n, tf_dt dt, tf_type *out, tf_diag *d)
+{
+    const tf_attr *a = tf_node_attr_named(n, "shape");
+    if (a->u.ints.n < 1 || a->u.ints.n > TF_MAX_RANK)
+        return ERR("%s: shape must have 1..%d axes, found %d", OPNAME, TF_MAX_RANK, a->u.ints.n);
+    out->dtype = dt;
+    out->rank = a->u.ints.n;
+    for (int i = 0; i < out->rank; i++) out->dims[i] = (tf_dim){a->u.ints.v[i].v, a->u.ints.v[i].sym};
+    return TF_IR_OK;
+}
+
+static tf_ir_status conv_forward_shape(tf_node *n, const tf_type *x, const tf_type *w, const tf_type *dy, tf_diag *d)
+{
+    int64_t s[2], p[2], dl[2], ho = 0, wo = 0, g = tf_node_int(n, "groups");
+    tf_ir_status st;
+    if (x->rank != 4 || w->rank != 4 || dy->rank != 4)
+        return ERR("%s: input, weight and dy must have rank 4", OPNAME);
+    if ((st = pair_attr(n, "stride", 1, s, d)) || (st = pair_attr(n, "padding", 0, p, d)) ||
+        (st = pair_attr(n, "dilation", 1, dl, d)))
+        return st;
+    if (x->dims[1].n != w->dims[1].n * g || w->dims[0].n % g)
+        return ERR("%s: channels do not agree with groups=%lld", OPNAME, (long long)g);
+    if ((st = window_out(n, "height", x->dims[2].n, w->dims[2].n, s[0], p[0], dl[0], &ho, d)) ||
+        (st = window_out(n, "width", x->dims[3].n, w->dims[3].n, s[1], p[1], dl[1], &wo, d)))
+        return st;
+    if (dy->dims[0].n != x->dims[0].n || dy->dims[1].n != w->dims[0].n || dy->dims[2].n != ho || dy->dims[3].n != wo)
+        return ERR("%s: dy is not the forward conv's output shape [%lld, %lld, %lld, %lld]", OPNAME,
+                   (long long)x->dims[0].n, (long long)w->dims[0].n, (long long)ho, (long long)wo);
+    return TF_IR_OK;
+}
+
+tf_ir_status sh_conv2d_grad_input(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    (void)m;
+    tf_ir_status st;
+    if ((st = shape_attr(n, IN(0)->dtype, out, d))) return st;
+    return conv_forward_shape(n, out, IN(1), IN(0), d);
+}
+
+tf_ir_status sh_conv2d_grad_weight(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    (void)m;
+    tf_ir_status st;
+    if ((st = shape_attr(n, IN(1)->dtype, out, d))) return st;
+    return conv_forward_shape(n, IN(0), out, IN(1), d);
+}
+
+static tf_ir_status pool_forward_shape(tf_node *n, const tf_type *x, const tf_type *dy, tf_diag *d)
+{
+    int64_t k[2], s[2], p[2], ho = 0, wo = 0;
+    tf_ir_status st;
+    if (x->rank != 4 || dy->rank != 4) return ERR("%s: input and dy must have rank 4", OPNAME);
+    if ((st = pair_attr(n, "kernel", 1, k, d)) || (st = pair_attr(n, "stride", 0, s, d)) ||
+        (st = pair_attr(n, "padding", 0, p, d)))
+        return st;
+    if (s[0] == 0) { s[0] = k[0]; s[1] = k[1]; }
+    if ((st = window_out(n, "height", x->dims[2].n, k[0], s[0], p[0], 1, &ho, d)) ||
+        (st = window_out(n, "width", x->dims[3].n, k[1], s[1], p[1], 1, &wo, d)))
+        return st;
+    if (dy->dims[0].n != x->dims[0].n || dy->dims[1].n != x->dims[1].n || dy->dims[2].n != ho || dy->dims[3].n != wo)
+        return ERR("%s: dy is not the forward pool's output shape", OPNAME);
+    return TF_IR_OK;
+}
+
+tf_ir_status sh_maxpool2d_grad(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    (void)m;
+    tf_ir_status st;
+    if ((st = need_dtype(m, n, 1, IN(0)->dtype, "dy", d))) return st;
+    *out = *IN(0);
+    return pool_forward_shape(n, IN(0), IN(1), d);
+}
+
+tf_ir_status sh_avgpool2d_grad(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    (void)m;
+    tf_ir_status st;
+    if ((st = shape_attr(n, IN(0)->dtype, out, d))) return st;
+    return pool_forward_shape(n, out, IN(0), d);
+}
+
+tf_ir_status sh_scatter_add(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    tf_ir_status st;
+    char b[256];
+    if ((st = need_int(m, n, 0, "ids", d))) return st;
+    if ((st = shape_attr(n, IN(1)->dtype, out, d))) return st;
+    const tf_type *ids = IN(0), *dy = IN(1);
+    bool ok = dy->rank == ids->rank + out->rank - 1;
+    for (int i = 0; ok && i < ids->rank; i++) ok = dy->dims[i].n == ids->dims[i].n;
+    for (int i = 1; ok && i < out->rank; i++) ok = dy->dims[ids->rank + i - 1].n == out->dims[i].n;
+    if (!ok) return ERR("scatter_add: dy %s must be ids' shape followed by the table's row shape", tstr(m, dy, b));
+    return TF_IR_OK;
+}
+
+tf_ir_status sh_slice_grad(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    char b[256];
+    const tf_type *dy = IN(0);
+    int ax;
+    if (!tf_axis_norm(tf_node_int(n, "axis"), dy->rank, &ax))
+        return ERR("slice_grad: axis %lld is out of range for %s", (long long)tf_node_int(n, "axis"), tstr(m, dy, b));
+    int64_t len = tf_node_int(n, "size"), st = tf_node_int(n, "start"), en = tf_node_int(n, "end"), step = tf_node_int(n, "step");
+    if (st < 0) st += len;
+    if (en < 0) en += len;
+    st = st < 0 ? 0 : st > len ? len : st;
+    en = en < 0 ? 0 : en > len ? len : en;
+    if (en <= st || (en - st + step - 1) / step != dy->dims[ax].n)
+        return ERR("slice_grad: slicing an axis of %lld does not give dy's %lld", (long long)len, (long long)dy->dims[ax].n);
+    *out = *dy;
+    out->dims[ax] = (tf_dim){len, -1};
     return TF_IR_OK;
 }

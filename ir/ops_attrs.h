@@ -112,6 +112,32 @@ static const tf_attr_spec tf_attrs_iota[] = {
     {0},
 };
 
+/* Backward ops: the forward op's attributes plus the shape of the gradient
+ * they produce (the forward operand's shape, which dy alone does not fix). */
+static const tf_attr_spec tf_attrs_conv2d_grad[] = {
+    {"stride",    TF_ATTR_INTS,  "1",      1, 1 << 20, NULL},
+    {"padding",   TF_ATTR_INTS,  "0",      0, 1 << 20, NULL},
+    {"dilation",  TF_ATTR_INTS,  "1",      1, 1 << 20, NULL},
+    {"groups",    TF_ATTR_INT,   "1",      1, 1 << 20, NULL},
+    {"shape",     TF_ATTR_INTS,  NULL,     1, TF_MAX_DIM, NULL},
+    {0},
+};
+static const tf_attr_spec tf_attrs_pool_grad[] = {
+    {"kernel",    TF_ATTR_INTS,  NULL,     1, 1 << 20, NULL},
+    {"stride",    TF_ATTR_INTS,  "[]",     1, 1 << 20, NULL},
+    {"padding",   TF_ATTR_INTS,  "0",      0, 1 << 20, NULL},
+    {"shape",     TF_ATTR_INTS,  NULL,     1, TF_MAX_DIM, NULL},
+    {0},
+};
+static const tf_attr_spec tf_attrs_slice_grad[] = {
+    {"axis",      TF_ATTR_INT,   NULL,     -TF_MAX_RANK, TF_MAX_RANK - 1, NULL},
+    {"start",     TF_ATTR_INT,   NULL,     -TF_MAX_DIM, TF_MAX_DIM, NULL},
+    {"end",       TF_ATTR_INT,   NULL,     -TF_MAX_DIM, TF_MAX_DIM, NULL},
+    {"step",      TF_ATTR_INT,   "1",      1, TF_MAX_DIM, NULL},
+    {"size",      TF_ATTR_INT,   NULL,     1, TF_MAX_DIM, NULL},
+    {0},
+};
+
 /* ---- initializers -------------------------------------------------------
  * Fans: a rank-2 weight is [in, out] (linear's layout); rank >= 3 is a conv
  * weight [out, in/groups, kh, kw]: fan_in = in/groups*kh*kw. kaiming_uniform

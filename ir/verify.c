@@ -238,8 +238,8 @@ tf_ir_status tf_verify(tf_module *m, tf_diag *d)
             return tf_diag_error(d, TF_IR_ERR_INTERNAL, &u->loc, "internal: update of '%s' names a value that is "
                                  "not in the module", u->buffer->name);
         char b1[256], b2[256];
-        if (u->buffer->kind != TF_VAL_BUFFER)
-            return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: '%s' is not a buffer", u->buffer->name);
+        if (u->buffer->kind != TF_VAL_BUFFER && u->buffer->kind != TF_VAL_PARAM)
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: '%s' is not a buffer or param", u->buffer->name);
         if (!tf_type_equal(&u->buffer->type, &u->value->type))
             return tf_diag_error(d, TF_IR_ERR_VERIFY, &u->loc, "update: buffer '%s' is %s but '%s' is %s", u->buffer->name,
                                  tf_type_str(m, &u->buffer->type, b1), u->value->name, tf_type_str(m, &u->value->type, b2));

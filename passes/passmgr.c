@@ -18,7 +18,7 @@ const int tf_npasses = (int)(sizeof tf_passes / sizeof tf_passes[0]);
 /* One list per mode: layer-level rewrites, lowering, cleanups, precision,
  * cleanups again (amp leaves casts to share), then kernels and memory. */
 static const char *const pipelines[] = {
-    [TF_IR_TRAIN] = "bias_drop,lower,canonicalize,constfold,cse,dce,amp,canonicalize,cse,dce,fuse,memplan",
+    [TF_IR_TRAIN] = "bias_drop,lower,canonicalize,constfold,cse,dce,autodiff,amp,canonicalize,cse,dce,fuse,memplan",
     [TF_IR_INFER] = "bias_drop,lower,canonicalize,constfold,cse,dce,amp,canonicalize,cse,dce,fuse,memplan",
 };
 

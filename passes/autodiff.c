@@ -1,0 +1,432 @@
+/* autodiff.c — reverse mode over the forward graph, then the optimizer.
+ *
+ * In train mode the step becomes: forward ops, the backward ops that the
+ * op table's gradient rules build (grad_rules.c), then the update of every
+ * param as ordinary core ops, all in one module that later passes (amp, fuse,
+ * memplan) treat like any other. The loss is the output named `loss`, else
+ * the first scalar floating output; a module with no loss or no params has
+ * nothing to train and keeps a forward-only step (said by --explain).
+ *
+ * Gradients: each param's gradient is the sum of the contributions of its
+ * uses; the first is written, later ones added (never a zero fill). Only
+ * values that depend on a param get gradients.
+ *
+ * The optimizer (from the train block; sgd(lr=0.01) without one) becomes
+ * update ops: `update w = w.next`, with its state as buffers named
+ * `opt.<slot>.<param>` and a step counter `train.step` (i64). The learning
+ * rate is computed inside the step from the counter by the schedule and is a
+ * module output, `lr`. clip_grad_norm scales every gradient by
+ * min(1, clip / (global norm + 1e-6)) first. Formulas are PyTorch's:
+ *   sgd    g += wd p; b = g on the first step, else mu b + g;
+ *          d = nesterov ? g + mu b : b (or g without momentum); p -= lr d
+ *   adam   g += wd p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ *          p -= lr m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)
+ *   adamw  p *= 1 - lr wd, then adam without the L2 term
+ *   lamb   r = m^/(sqrt(v^) + eps) + wd p; p -= lr (|p| / |r|) r
+ *          (trust ratio 1 where either norm is 0)
+ * Schedules, with s the 0-based step:
+ *   constant; step: lr gamma^floor(s/step_size);
+ *   cosine: linear warmup over warmup_steps, then min_lr + (lr-min_lr)(1+cos(pi p))/2;
+ *   onecycle: cosine from max_lr/div_factor up to max_lr over pct_start of
+ *   the steps, then down to max_lr/div_factor/final_div_factor. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autodiff.h"
+
+struct tf_grad_ctx {
+    tf_module *m;
+    const tf_options *o;
+    tf_diag *d;
+    int nvals;             /* values that predate the pass (ids below this) */
+    bool *wants;           /* by id: depends on a param */
+    tf_value **grad;       /* by id: accumulated gradient */
+    bool failed;
+};
+
+tf_module *gr_module(tf_grad_ctx *g) { return g->m; }
+tf_diag *gr_diag(tf_grad_ctx *g) { return g->d; }
+
+bool gr_wants(const tf_grad_ctx *g, const tf_node *n, int k)
+{
+    const tf_value *v = n->in[k];
+    return v->kind != TF_VAL_CONST && v->id >= 0 && v->id < g->nvals && g->wants[v->id];
+}
+
+static tf_value *build(tf_grad_ctx *g, const char *name, const tf_loc *loc, int op, tf_value **in, int nin,
+                       const tf_named_attr *attrs, int na)
+{
+    if (g->failed) return NULL;
+    for (int i = 0; i < nin; i++)
+        if (!in[i]) {
+            g->failed = true;
+            return NULL;
+        }
+    tf_value *v = tf_build(g->m, g->d, op, in, nin, attrs, na, name, loc);
+    if (!v) g->failed = true;
+    return v;
+}
+
+tf_value *gb(tf_grad_ctx *g, const tf_node *n, int op, const char *hint, tf_value **in, int nin,
+             const tf_named_attr *attrs, int na)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s.grad.%s", n->out->name, hint);
+    return build(g, name, &n->loc, op, in, nin, attrs, na);
+}
+
+tf_value *gb1(tf_grad_ctx *g, const tf_node *n, int op, const char *hint, tf_value *a) { return gb(g, n, op, hint, &a, 1, NULL, 0); }
+
+tf_value *gb2(tf_grad_ctx *g, const tf_node *n, int op, const char *hint, tf_value *a, tf_value *b)
+{
+    tf_value *in[2] = {a, b};
+    return gb(g, n, op, hint, in, 2, NULL, 0);
+}
+
+tf_value *gnum(tf_grad_ctx *g, double v)
+{
+    tf_value *c = tf_const(g->m, v, TF_DT_F32);
+    if (!c) {
+        g->failed = true;
+        tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory in autodiff");
+    }
+    return c;
+}
+
+tf_ir_status gr_contrib(tf_grad_ctx *g, const tf_node *n, int k, tf_value *c)
+{
+    tf_value *v = n->in[k];
+    if (!gr_wants(g, n, k)) return TF_IR_OK;
+    if (!c) return g->d->status ? g->d->status : TF_IR_ERR_INTERNAL;
+    char name[512];
+    /* undo broadcasting: sum the axes v was stretched along */
+    if (!tf_type_same_shape(&c->type, &v->type)) {
+        int extra = c->type.rank - v->type.rank;
+        int64_t axes[TF_MAX_RANK];
+        int na = 0;
+        for (int i = 0; i < c->type.rank; i++)
+            if (i < extra || (v->type.dims[i - extra].n == 1 && c->type.dims[i].n != 1)) axes[na++] = i;
+        tf_named_attr ra[2] = {{"axes", tf_attr_ints(g->m, axes, na)}, {"keepdims", tf_attr_bool(true)}};
+        snprintf(name, sizeof name, "%s.grad.sum", v->name);
+        tf_value *s = build(g, name, &n->loc, TF_OP_REDUCE_SUM, &c, 1, ra, 2);
+        int64_t shape[TF_MAX_RANK];
+        for (int i = 0; i < v->type.rank; i++) shape[i] = v->type.dims[i].n;
+        tf_named_attr sa = {"shape", tf_attr_ints(g->m, shape, v->type.rank)};
+        snprintf(name, sizeof name, "%s.grad.part", v->name);
+        c = build(g, name, &n->loc, TF_OP_RESHAPE, &s, 1, &sa, 1);
+        if (!c) return g->d->status;
+    }
+    if (c->type.dtype != v->type.dtype) {
+        tf_named_attr ca = {"to", tf_attr_dtype(v->type.dtype)};
+        snprintf(name, sizeof name, "%s.grad.cast", v->name);
+        if (!(c = build(g, name, &n->loc, TF_OP_CAST, &c, 1, &ca, 1))) return g->d->status;
+    }
+    tf_value **acc = &g->grad[v->id];
+    if (!*acc) {
+        *acc = c;
+        return TF_IR_OK;
+    }
+    tf_value *in[2] = {*acc, c};
+    snprintf(name, sizeof name, "%s.grad", v->name);
+    *acc = build(g, name, &n->loc, TF_OP_ADD, in, 2, NULL, 0);
+    return *acc ? TF_IR_OK : g->d->status;
+}
+
+/* ---- the optimizer ---- */
+
+typedef struct opt {
+    tf_grad_ctx *g;
+    tf_loc loc;
+} opt;
+
+static tf_value *ob(opt *p, const char *name, int op, tf_value *a, tf_value *b)
+{
+    tf_value *in[2] = {a, b};
+    return build(p->g, name, &p->loc, op, in, b ? 2 : 1, NULL, 0);
+}
+static tf_value *onum(opt *p, double v) { return gnum(p->g, v); }
+
+static tf_value *select3(opt *p, const char *name, tf_value *c, tf_value *a, tf_value *b)
+{
+    tf_value *in[3] = {c, a, b};
+    return build(p->g, name, &p->loc, TF_OP_WHERE, in, 3, NULL, 0);
+}
+
+static tf_value *state(opt *p, const char *slot, const tf_value *like, tf_dt dt)
+{
+    char name[512];
+    snprintf(name, sizeof name, "opt.%s.%s", slot, like->name);
+    tf_type t = like->type;
+    t.dtype = dt;
+    tf_value *v = tf_module_add_decl(p->g->m, name, TF_VAL_BUFFER, &t, TF_INIT_ZEROS);
+    if (!v) {
+        p->g->failed = true;
+        tf_diag_error(p->g->d, TF_IR_ERR_VERIFY, &p->loc, "cannot add optimizer state '%s' (the name is taken?)", name);
+    }
+    return v;
+}
+
+static tf_ir_status add_update(opt *p, tf_value *target, tf_value *v)
+{
+    if (p->g->failed || !v) return p->g->d->status ? p->g->d->status : TF_IR_ERR_INTERNAL;
+    if (tf_module_add_update(p->g->m, target, v, p->loc)) return tf_diag_error(p->g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    return TF_IR_OK;
+}
+
+/* 0.5 (1 + cos(pi x)) between a and b: a + (b - a) (1 - cos(pi x)) / 2 */
+static tf_value *cos_anneal(opt *p, const char *name, tf_value *x, double a, double b)
+{
+    char nm[128];
+    snprintf(nm, sizeof nm, "%s.cos", name);
+    tf_value *c = ob(p, nm, TF_OP_COS, ob(p, "sched.pix", TF_OP_MUL, x, onum(p, M_PI)), NULL);
+    tf_value *w = ob(p, "sched.w", TF_OP_MUL, ob(p, "sched.1mc", TF_OP_SUB, onum(p, 1), c), onum(p, 0.5 * (b - a)));
+    return ob(p, name, TF_OP_ADD, w, onum(p, a));
+}
+
+static tf_value *clamp01(opt *p, const char *name, tf_value *x)
+{
+    return ob(p, name, TF_OP_MINIMUM, ob(p, "sched.pos", TF_OP_MAXIMUM, x, onum(p, 0)), onum(p, 1));
+}
+
+static tf_value *schedule(opt *p, const tf_train *tr, double base, tf_value *s)
+{
+    const tf_call *c = &tr->schedule;
+    if (c->fn < 0 || c->fn == TF_SCHED_CONSTANT) return ob(p, "lr", TF_OP_ADD, ob(p, "sched.zero", TF_OP_MUL, s, onum(p, 0)), onum(p, base));
+    if (c->fn == TF_SCHED_STEP) {
+        double size = tf_call_float(tf_schedule_fns, c, "step_size"), gamma = tf_call_float(tf_schedule_fns, c, "gamma");
+        tf_named_attr to_i = {"to", tf_attr_dtype(TF_DT_I64)}, to_f = {"to", tf_attr_dtype(TF_DT_F32)};
+        tf_value *q = ob(p, "sched.q", TF_OP_DIV, s, onum(p, size));
+        tf_value *qi = build(p->g, "sched.qi", &p->loc, TF_OP_CAST, &q, 1, &to_i, 1);
+        tf_value *qf = build(p->g, "sched.qf", &p->loc, TF_OP_CAST, &qi, 1, &to_f, 1);
+        return ob(p, "lr", TF_OP_MUL, ob(p, "sched.decay", TF_OP_POW, onum(p, gamma), qf), onum(p, base));
+    }
+    if (c->fn == TF_SCHED_COSINE) {
+        double total = tf_call_float(tf_schedule_fns, c, "total_steps"), warm = tf_call_float(tf_schedule_fns, c, "warmup_steps");
+        double lo = tf_call_float(tf_schedule_fns, c, "min_lr");
+        tf_value *x = clamp01(p, "sched.progress", ob(p, "sched.frac", TF_OP_DIV, ob(p, "sched.after", TF_OP_SUB, s, onum(p, warm)),
+                                                       onum(p, total - warm > 1 ? total - warm : 1)));
+        tf_value *dec = cos_anneal(p, "sched.decay", x, base, lo);
+        if (warm <= 0) return ob(p, "lr", TF_OP_ADD, dec, onum(p, 0));
+        tf_value *up = ob(p, "sched.warm", TF_OP_MUL, ob(p, "sched.s1", TF_OP_ADD, s, onum(p, 1)), onum(p, base / warm));
+        return select3(p, "lr", ob(p, "sched.in_warmup", TF_OP_LT, s, onum(p, warm)), up, dec);
+    }
+    /* onecycle */
+    double mx = tf_call_float(tf_schedule_fns, c, "max_lr"), total = tf_call_float(tf_schedule_fns, c, "total_steps");
+    double pct = tf_call_float(tf_schedule_fns, c, "pct_start"), div = tf_call_float(tf_schedule_fns, c, "div_factor");
+    double fdiv = tf_call_float(tf_schedule_fns, c, "final_div_factor");
+    double init = mx / div, fin = init / fdiv, up = floor(pct * total) - 1, down = total - 1 - up;
+    if (up < 1) up = 1;
+    if (down < 1) down = 1;
+    tf_value *x1 = clamp01(p, "sched.p1", ob(p, "sched.f1", TF_OP_DIV, s, onum(p, up)));
+    tf_value *x2 = clamp01(p, "sched.p2", ob(p, "sched.f2", TF_OP_DIV, ob(p, "sched.a2", TF_OP_SUB, s, onum(p, up)), onum(p, down)));
+    tf_value *r1 = cos_anneal(p, "sched.rise", x1, init, mx), *r2 = cos_anneal(p, "sched.fall", x2, mx, fin);
+    return select3(p, "lr", ob(p, "sched.rising", TF_OP_LE, s, onum(p, up)), r1, r2);
+}
+
+static tf_value *sumsq(opt *p, const char *name, tf_value *x)
+{
+    tf_named_attr ra[2] = {{"axes", tf_attr_ints(p->g->m, NULL, 0)}, {"keepdims", tf_attr_bool(false)}};
+    tf_value *sq = ob(p, "opt.sq", TF_OP_MUL, x, x);
+    return build(p->g, name, &p->loc, TF_OP_REDUCE_SUM, &sq, 1, ra, 2);
+}
+
+static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_value *gr, tf_value *lr, tf_value *t,
+                                 tf_value *first)
+{
+    const tf_call *c = &tr->optimizer;
+    int fn = c->fn < 0 ? TF_OPT_SGD : c->fn;
+    double wd = c->fn < 0 ? 0 : tf_call_float(tf_optimizer_fns, c, "weight_decay");
+    char nm[512];
+#define N(fmt) (snprintf(nm, sizeof nm, fmt, w->name), nm)
+    tf_value *next = NULL;
+    if (fn == TF_OPT_SGD) {
+        double mu = c->fn < 0 ? 0 : tf_call_float(tf_optimizer_fns, c, "momentum");
+        bool nesterov = c->fn >= 0 && tf_call_float(tf_optimizer_fns, c, "nesterov") != 0;
+        if (wd) gr = ob(p, N("%s.g_wd"), TF_OP_ADD, gr, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
+        tf_value *d = gr;
+        if (mu) {
+            tf_value *buf = state(p, "momentum", w, w->type.dtype);
+            tf_value *b = select3(p, N("%s.buf"), first, gr, ob(p, N("%s.buf_mix"), TF_OP_ADD, ob(p, N("%s.buf_mu"), TF_OP_MUL, buf, onum(p, mu)), gr));
+            if (add_update(p, buf, b)) return p->g->d->status;
+            d = nesterov ? ob(p, N("%s.nesterov"), TF_OP_ADD, gr, ob(p, N("%s.mu_b"), TF_OP_MUL, b, onum(p, mu))) : b;
+        }
+        next = ob(p, N("%s.next"), TF_OP_SUB, w, ob(p, N("%s.step"), TF_OP_MUL, d, lr));
+    } else {
+        double b1 = tf_call_float(tf_optimizer_fns, c, "beta1"), b2 = tf_call_float(tf_optimizer_fns, c, "beta2");
+        double eps = tf_call_float(tf_optimizer_fns, c, "eps");
+        tf_value *wcur = w;
+        if (fn == TF_OPT_ADAM && wd) gr = ob(p, N("%s.g_wd"), TF_OP_ADD, gr, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
+        if (fn == TF_OPT_ADAMW && wd)
+            wcur = ob(p, N("%s.decayed"), TF_OP_MUL, w, ob(p, N("%s.keep"), TF_OP_SUB, onum(p, 1), ob(p, N("%s.lrwd"), TF_OP_MUL, lr, onum(p, wd))));
+        tf_value *m = state(p, "m", w, TF_DT_F32), *v = state(p, "v", w, TF_DT_F32);
+        tf_value *mn = ob(p, N("%s.m_next"), TF_OP_ADD, ob(p, N("%s.m_keep"), TF_OP_MUL, m, onum(p, b1)), ob(p, N("%s.m_take"), TF_OP_MUL, gr, onum(p, 1 - b1)));
+        tf_value *vn = ob(p, N("%s.v_next"), TF_OP_ADD, ob(p, N("%s.v_keep"), TF_OP_MUL, v, onum(p, b2)),
+                          ob(p, N("%s.v_take"), TF_OP_MUL, ob(p, N("%s.g2"), TF_OP_MUL, gr, gr), onum(p, 1 - b2)));
+        if (add_update(p, m, mn) || add_update(p, v, vn)) return p->g->d->status;
+        tf_value *bc1 = ob(p, N("%s.bc1"), TF_OP_SUB, onum(p, 1), ob(p, N("%s.b1t"), TF_OP_POW, onum(p, b1), t));
+        tf_value *bc2 = ob(p, N("%s.bc2"), TF_OP_SUB, onum(p, 1), ob(p, N("%s.b2t"), TF_OP_POW, onum(p, b2), t));
+        tf_value *mh = ob(p, N("%s.m_hat"), TF_OP_DIV, mn, bc1), *vh = ob(p, N("%s.v_hat"), TF_OP_DIV, vn, bc2);
+        tf_value *r = ob(p, N("%s.adam"), TF_OP_DIV, mh, ob(p, N("%s.denom"), TF_OP_ADD, ob(p, N("%s.rms"), TF_OP_SQRT, vh, NULL), onum(p, eps)));
+        if (fn == TF_OPT_LAMB) {
+            if (wd) r = ob(p, N("%s.r_wd"), TF_OP_ADD, r, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
+            tf_value *wn = ob(p, N("%s.w_norm"), TF_OP_SQRT, sumsq(p, N("%s.w_sq"), w), NULL);
+            tf_value *rn = ob(p, N("%s.r_norm"), TF_OP_SQRT, sumsq(p, N("%s.r_sq"), r), NULL);
+            tf_value *ok = ob(p, N("%s.both"), TF_OP_GT, ob(p, N("%s.nprod"), TF_OP_MUL, wn, rn), onum(p, 0));
+            tf_value *trust = select3(p, N("%s.trust"), ok, ob(p, N("%s.ratio"), TF_OP_DIV, wn, rn), onum(p, 1));
+            r = ob(p, N("%s.r_trust"), TF_OP_MUL, r, trust);
+        }
+        next = ob(p, N("%s.next"), TF_OP_SUB, wcur, ob(p, N("%s.step"), TF_OP_MUL, r, lr));
+    }
+#undef N
+    if (next && next->type.dtype != w->type.dtype) {
+        tf_named_attr ca = {"to", tf_attr_dtype(w->type.dtype)};
+        snprintf(nm, sizeof nm, "%s.next_cast", w->name);
+        next = build(p->g, nm, &p->loc, TF_OP_CAST, &next, 1, &ca, 1);
+    }
+    return add_update(p, w, next);
+}
+
+static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss)
+{
+    tf_module *m = g->m;
+    const tf_train *tr = &m->train;
+    opt p = {g, tr->present ? tr->loc : loss->loc};
+    tf_type scalar_i = {.dtype = TF_DT_I64, .rank = 0};
+    tf_value *step = tf_module_add_decl(m, "train.step", TF_VAL_BUFFER, &scalar_i, TF_INIT_ZEROS);
+    if (!step) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p.loc, "cannot add the step counter 'train.step' (the name is taken?)");
+    tf_named_attr to_f = {"to", tf_attr_dtype(TF_DT_F32)};
+    tf_value *s = build(g, "train.s", &p.loc, TF_OP_CAST, &step, 1, &to_f, 1);
+    tf_value *t = ob(&p, "train.t", TF_OP_ADD, s, onum(&p, 1));
+    tf_value *first = ob(&p, "train.first", TF_OP_EQ, s, onum(&p, 0));
+    double base = tr->optimizer.fn < 0 ? 0.01 : tf_call_float(tf_optimizer_fns, &tr->optimizer, "lr");
+    if (tr->schedule.fn == TF_SCHED_ONECYCLE) base = tf_call_float(tf_schedule_fns, &tr->schedule, "max_lr");
+    tf_value *lr = schedule(&p, tr, base, s);
+    if (g->failed) return g->d->status;
+
+    /* gradients of the params, in declaration order */
+    int np = 0;
+    tf_value *params[4096], *grads[4096];
+    for (int i = 0; i < m->decls.n; i++) {
+        tf_value *v = m->decls.items[i];
+        if (v->kind != TF_VAL_PARAM || v->id < 0 || v->id >= g->nvals) continue;
+        if (!g->grad[v->id]) {
+            tf_explain(g->o, "autodiff", &v->loc, "param %s does not affect the loss: no gradient, not updated", v->name);
+            continue;
+        }
+        if (np == 4096) return tf_diag_error(g->d, TF_IR_ERR_LIMIT, &v->loc, "more than 4096 params");
+        params[np] = v;
+        grads[np++] = g->grad[v->id];
+    }
+    if (tr->has_clip) {
+        tf_value *total = NULL;
+        for (int i = 0; i < np; i++) {
+            char nm[512];
+            snprintf(nm, sizeof nm, "%s.grad_sq", params[i]->name);
+            tf_value *sq = sumsq(&p, nm, grads[i]);
+            if (sq && sq->type.dtype != TF_DT_F32) sq = build(g, nm, &p.loc, TF_OP_CAST, &sq, 1, &to_f, 1);
+            total = total ? ob(&p, "clip.total", TF_OP_ADD, total, sq) : sq;
+        }
+        tf_value *norm = ob(&p, "clip.norm", TF_OP_SQRT, total, NULL);
+        tf_value *coef = ob(&p, "clip.coef", TF_OP_MINIMUM,
+                            ob(&p, "clip.ratio", TF_OP_DIV, onum(&p, tr->clip_grad_norm), ob(&p, "clip.norm_eps", TF_OP_ADD, norm, onum(&p, 1e-6))),
+                            onum(&p, 1));
+        for (int i = 0; i < np && !g->failed; i++) {
+            char nm[512];
+            snprintf(nm, sizeof nm, "%s.grad_clipped", params[i]->name);
+            tf_value *cf = coef;
+            if (grads[i]->type.dtype != TF_DT_F32) {
+                tf_named_attr ca = {"to", tf_attr_dtype(grads[i]->type.dtype)};
+                cf = build(g, "clip.coef_cast", &p.loc, TF_OP_CAST, &coef, 1, &ca, 1);
+            }
+            grads[i] = ob(&p, nm, TF_OP_MUL, grads[i], cf);
+        }
+        tf_explain(g->o, "autodiff", &p.loc, "clip_grad_norm %g: every gradient scaled by min(1, %g / global norm)",
+                   tr->clip_grad_norm, tr->clip_grad_norm);
+    }
+    for (int i = 0; i < np; i++)
+        if (update_param(&p, tr, params[i], grads[i], lr, t, first)) return g->d->status;
+    tf_value *next = ob(&p, "train.step_next", TF_OP_ADD, step, tf_const(m, 1, TF_DT_I64));
+    if (add_update(&p, step, next)) return g->d->status;
+    if (tf_module_add_output(m, "lr", lr, p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    const char *oname = tr->optimizer.fn < 0 ? "sgd (no train block optimizer: lr=0.01)" : tf_optimizer_fns[tr->optimizer.fn].name;
+    tf_explain(g->o, "autodiff", &p.loc, "%d params updated by %s, schedule %s; the learning rate is output lr", np, oname,
+               tr->schedule.fn < 0 ? "constant" : tf_schedule_fns[tr->schedule.fn].name);
+    return g->failed ? g->d->status : TF_IR_OK;
+}
+
+static tf_value *find_loss(const tf_module *m)
+{
+    for (int i = 0; i < m->noutputs; i++)
+        if (!strcmp(m->outputs[i].name, "loss")) return m->outputs[i].value;
+    for (int i = 0; i < m->noutputs; i++)
+        if (m->outputs[i].value->type.rank == 0 && tf_dtype_is_float(m->outputs[i].value->type.dtype))
+            return m->outputs[i].value;
+    return NULL;
+}
+
+tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
+{
+    if (o->mode != TF_IR_TRAIN) {
+        tf_explain(o, "autodiff", NULL, "infer mode: forward only, nothing saved for a backward pass");
+        return TF_IR_OK;
+    }
+    if (tf_module_find_value(m, "train.step")) {
+        tf_explain(o, "autodiff", NULL, "the module is already a training step (train.step exists)");
+        return TF_IR_OK;
+    }
+    tf_value *loss = find_loss(m);
+    bool any_param = false;
+    for (int i = 0; i < m->decls.n; i++) any_param |= ((tf_value *)m->decls.items[i])->kind == TF_VAL_PARAM;
+    if (!loss || !any_param) {   /* nothing to train: train-mode semantics, forward only */
+        tf_explain(o, "autodiff", NULL, "%s: the step runs forward only (batch statistics, dropout on), no backward",
+                   !loss ? "no loss output (an output named 'loss' or a scalar floating one)" : "no params");
+        return TF_IR_OK;
+    }
+    tf_module_renumber(m);
+    tf_grad_ctx g = {.m = m, .o = o, .d = o->diag, .nvals = m->next_id};
+    g.wants = calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.wants);
+    g.grad = calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.grad);
+    tf_ir_status st = TF_IR_OK;
+    if (!g.wants || !g.grad) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in autodiff");
+        goto done;
+    }
+    for (int i = 0; i < m->decls.n; i++) g.wants[((tf_value *)m->decls.items[i])->id] = ((tf_value *)m->decls.items[i])->kind == TF_VAL_PARAM;
+    int nfwd = m->nodes.n;
+    for (int i = 0; i < nfwd; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (!tf_grad_rule(n->op)) continue;
+        for (int k = 0; k < n->nin; k++)
+            if (gr_wants(&g, n, k)) g.wants[n->out->id] = true;
+    }
+    if (loss->kind != TF_VAL_NODE || !g.wants[loss->id]) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_VERIFY, &loss->loc, "the loss '%s' does not depend on any param: nothing to train",
+                           loss->name);
+        goto done;
+    }
+    if (!(g.grad[loss->id] = gnum(&g, 1.0))) {
+        st = o->diag->status;
+        goto done;
+    }
+    int nback = 0;
+    for (int i = nfwd - 1; i >= 0 && !st; i--) {
+        tf_node *n = m->nodes.items[i];
+        tf_value *dy = g.grad[n->out->id];
+        if (!dy || !g.wants[n->out->id]) continue;
+        int before = m->nodes.n;
+        st = tf_grad_rule(n->op)(&g, n, dy);
+        if (!st && g.failed) st = o->diag->status ? o->diag->status : TF_IR_ERR_INTERNAL;
+        nback += m->nodes.n - before;
+    }
+    if (!st) {
+        tf_explain(o, "autodiff", &loss->loc, "backward of %s: %d ops for %d forward ops", loss->name, nback, nfwd);
+        st = optimizer(&g, loss);
+    }
+    if (!st) tf_module_renumber(m);
+done:
+    free(g.wants);
+    free(g.grad);
+    return st;
+}
