@@ -240,6 +240,15 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
     double wd = c->fn < 0 ? 0 : tf_call_float(tf_optimizer_fns, c, "weight_decay");
     char nm[512];
 #define N(fmt) (snprintf(nm, sizeof nm, fmt, w->name), nm)
+    /* the update runs in f32, or f64 for f64 params; the step's scalars follow */
+    tf_dt dt = w->type.dtype == TF_DT_F64 ? TF_DT_F64 : TF_DT_F32;
+    tf_named_attr to = {"to", tf_attr_dtype(dt)};
+    if (lr->type.dtype != dt) {
+        lr = build(p->g, "train.lr_f64", &p->loc, TF_OP_CAST, &lr, 1, &to, 1);
+        t = build(p->g, "train.t_f64", &p->loc, TF_OP_CAST, &t, 1, &to, 1);
+    }
+    if (gr->type.dtype != dt) gr = build(p->g, N("%s.grad_f32"), &p->loc, TF_OP_CAST, &gr, 1, &to, 1);
+    if (!lr || !t || !gr) return p->g->d->status;
     tf_value *next = NULL;
     if (fn == TF_OPT_SGD) {
         double mu = c->fn < 0 ? 0 : tf_call_float(tf_optimizer_fns, c, "momentum");
@@ -247,7 +256,7 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
         if (wd) gr = ob(p, N("%s.g_wd"), TF_OP_ADD, gr, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
         tf_value *d = gr;
         if (mu) {
-            tf_value *buf = state(p, "momentum", w, w->type.dtype);
+            tf_value *buf = state(p, "momentum", w, dt);
             tf_value *b = select3(p, N("%s.buf"), first, gr, ob(p, N("%s.buf_mix"), TF_OP_ADD, ob(p, N("%s.buf_mu"), TF_OP_MUL, buf, onum(p, mu)), gr));
             if (add_update(p, buf, b)) return p->g->d->status;
             d = nesterov ? ob(p, N("%s.nesterov"), TF_OP_ADD, gr, ob(p, N("%s.mu_b"), TF_OP_MUL, b, onum(p, mu))) : b;
@@ -260,7 +269,7 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
         if (fn == TF_OPT_ADAM && wd) gr = ob(p, N("%s.g_wd"), TF_OP_ADD, gr, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
         if (fn == TF_OPT_ADAMW && wd)
             wcur = ob(p, N("%s.decayed"), TF_OP_MUL, w, ob(p, N("%s.keep"), TF_OP_SUB, onum(p, 1), ob(p, N("%s.lrwd"), TF_OP_MUL, lr, onum(p, wd))));
-        tf_value *m = state(p, "m", w, TF_DT_F32), *v = state(p, "v", w, TF_DT_F32);
+        tf_value *m = state(p, "m", w, dt), *v = state(p, "v", w, dt);
         tf_value *mn = ob(p, N("%s.m_next"), TF_OP_ADD, ob(p, N("%s.m_keep"), TF_OP_MUL, m, onum(p, b1)), ob(p, N("%s.m_take"), TF_OP_MUL, gr, onum(p, 1 - b1)));
         tf_value *vn = ob(p, N("%s.v_next"), TF_OP_ADD, ob(p, N("%s.v_keep"), TF_OP_MUL, v, onum(p, b2)),
                           ob(p, N("%s.v_take"), TF_OP_MUL, ob(p, N("%s.g2"), TF_OP_MUL, gr, gr), onum(p, 1 - b2)));
@@ -319,6 +328,12 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss)
         params[np] = v;
         grads[np++] = g->grad[v->id];
     }
+    if (g->o->grad_outputs)   /* the loss's own gradients (before clipping), for checks */
+        for (int i = 0; i < np; i++) {
+            char nm[512];
+            snprintf(nm, sizeof nm, "grad.%s", params[i]->name);
+            if (tf_module_add_output(m, nm, grads[i], p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+        }
     if (tr->has_clip) {
         tf_value *total = NULL;
         for (int i = 0; i < np; i++) {

@@ -23,6 +23,7 @@ typedef struct tf_options {
     int ndisabled;
     bool precision_set;     /* --precision overrides the train block */
     tf_precision precision;
+    bool grad_outputs;      /* autodiff also outputs each param's gradient as grad.<param> */
 } tf_options;
 
 typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
