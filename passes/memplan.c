@@ -74,10 +74,11 @@ static bool heap_free(heap *h, int64_t off, int64_t size)
 
 static int64_t bytes_of(const tf_value *v) { return tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype); }
 
-/* The value whose memory v uses: itself, or what a reshape views. */
+/* The value whose memory v uses: itself, or what a reshape views (a reshape
+ * of a number owns its memory). */
 static tf_value *root_of(tf_value *v)
 {
-    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE) v = v->def->in[0];
+    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
     return v;
 }
 
@@ -103,7 +104,8 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         n->out->offset = -1;
         if (n->region) region_end[n->region] = i;
         /* in memory: results outside regions and yields; not views */
-        mem[n->out->id] = n->op != TF_OP_RESHAPE && (!n->region || yielded[n->out->id]);
+        bool view = n->op == TF_OP_RESHAPE && n->in[0]->kind != TF_VAL_CONST;
+        mem[n->out->id] = !view && (!n->region || yielded[n->out->id]);
         for (int k = 0; k < n->nin; k++) {
             tf_value *v = n->in[k];
             if (v->kind == TF_VAL_CONST) continue;
