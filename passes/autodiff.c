@@ -297,7 +297,7 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
     return add_update(p, w, next);
 }
 
-static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss)
+static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
 {
     tf_module *m = g->m;
     const tf_train *tr = &m->train;
@@ -328,12 +328,94 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss)
         params[np] = v;
         grads[np++] = g->grad[v->id];
     }
-    if (g->o->grad_outputs)   /* the loss's own gradients (before clipping), for checks */
-        for (int i = 0; i < np; i++) {
-            char nm[512];
-            snprintf(nm, sizeof nm, "grad.%s", params[i]->name);
-            if (tf_module_add_output(m, nm, grads[i], p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    /* the loss's own gradients (unscaled, before accumulation and
+     * clipping) as outputs, for checks */
+    for (int i = 0; g->o->grad_outputs && i < np; i++) {
+        char nm[512];
+        tf_value *gv = grads[i];
+        if (scale) {
+            tf_value *inv = ob(&p, "check.inv_scale", TF_OP_DIV, onum(&p, 1), scale);
+            if (gv->type.dtype != TF_DT_F32) {
+                tf_named_attr ca = {"to", tf_attr_dtype(gv->type.dtype)};
+                inv = build(g, "check.inv_scale_cast", &p.loc, TF_OP_CAST, &inv, 1, &ca, 1);
+            }
+            snprintf(nm, sizeof nm, "%s.grad_check", params[i]->name);
+            gv = ob(&p, nm, TF_OP_MUL, gv, inv);
         }
+        snprintf(nm, sizeof nm, "grad.%s", params[i]->name);
+        if (!gv || tf_module_add_output(m, nm, gv, p.loc)) return g->d->status ? g->d->status : TF_IR_ERR_OOM;
+    }
+    /* gradient accumulation: micro-batch k of n writes (k = 0) or adds to
+     * acc.<param>; the optimizer's updates commit on the last one only */
+    tf_value *commit = NULL;   /* bool: apply this step's updates */
+    tf_value *micro = NULL, *is_last = NULL;
+    int64_t nacc = tr->accumulate > 1 ? tr->accumulate : 1;
+    if (nacc > 1) {
+        micro = tf_module_add_decl(m, "train.micro", TF_VAL_BUFFER, &scalar_i, TF_INIT_ZEROS);
+        if (!micro) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p.loc, "cannot add 'train.micro' (the name is taken?)");
+        tf_value *is_first = ob(&p, "train.micro_first", TF_OP_EQ, micro, tf_const(m, 0, TF_DT_I64));
+        is_last = ob(&p, "train.micro_last", TF_OP_EQ, micro, tf_const(m, (double)(nacc - 1), TF_DT_I64));
+        for (int i = 0; i < np && !g->failed; i++) {
+            char nm[512];
+            tf_value *acc = state(&p, "acc", params[i], grads[i]->type.dtype);
+            snprintf(nm, sizeof nm, "%s.acc_next", params[i]->name);
+            tf_value *sum = select3(&p, nm, is_first, grads[i], ob(&p, "train.acc_add", TF_OP_ADD, acc, grads[i]));
+            if (add_update(&p, acc, sum)) return g->d->status;
+            snprintf(nm, sizeof nm, "%s.grad_mean", params[i]->name);
+            grads[i] = ob(&p, nm, TF_OP_DIV, sum, onum(&p, (double)nacc));
+        }
+        tf_value *wrap = select3(&p, "train.micro_next", is_last, tf_const(m, 0, TF_DT_I64),
+                                 ob(&p, "train.micro_inc", TF_OP_ADD, micro, tf_const(m, 1, TF_DT_I64)));
+        if (add_update(&p, micro, wrap)) return g->d->status;
+        commit = is_last;
+        tf_explain(g->o, "autodiff", &p.loc, "accumulate %lld: micro-batches add into acc.<param>; the optimizer runs on the last",
+                   (long long)nacc);
+    }
+    /* fp16 loss scaling: unscale, check every gradient for inf/NaN (max|g|
+     * propagates NaN), skip the step when one is found, halve the scale;
+     * double it after 2000 clean steps */
+    tf_value *found_inf = NULL;
+    if (scale) {
+        tf_value *inv = ob(&p, "train.inv_scale", TF_OP_DIV, onum(&p, 1), scale), *worst = NULL;
+        for (int i = 0; i < np && !g->failed; i++) {
+            char nm[512];
+            tf_value *cf = inv;
+            if (grads[i]->type.dtype != TF_DT_F32) {
+                tf_named_attr ca = {"to", tf_attr_dtype(grads[i]->type.dtype)};
+                cf = build(g, "train.inv_scale_cast", &p.loc, TF_OP_CAST, &inv, 1, &ca, 1);
+            }
+            snprintf(nm, sizeof nm, "%s.grad_unscaled", params[i]->name);
+            grads[i] = ob(&p, nm, TF_OP_MUL, grads[i], cf);
+            tf_named_attr ra[2] = {{"axes", tf_attr_ints(m, NULL, 0)}, {"keepdims", tf_attr_bool(false)}};
+            tf_value *ab = ob(&p, "train.grad_abs", TF_OP_ABS, grads[i], NULL);
+            tf_value *mx = build(g, "train.grad_max", &p.loc, TF_OP_REDUCE_MAX, &ab, 1, ra, 2);
+            if (mx && mx->type.dtype != TF_DT_F32) mx = build(g, "train.grad_max_f32", &p.loc, TF_OP_CAST, &mx, 1, &to_f, 1);
+            worst = worst ? ob(&p, "train.grad_worst", TF_OP_MAXIMUM, worst, mx) : mx;
+        }
+        tf_value *finite = ob(&p, "train.grads_finite", TF_OP_ISFINITE, worst, NULL);
+        found_inf = ob(&p, "train.found_inf", TF_OP_EQ, finite, ob(&p, "train.false", TF_OP_NE, finite, finite));
+        commit = commit ? select3(&p, "train.commit", commit, finite, commit) : finite;
+        /* the scale moves only when a full step is checked */
+        tf_type scalar_i64 = {.dtype = TF_DT_I64, .rank = 0};
+        tf_value *good = tf_module_add_decl(m, "train.good_steps", TF_VAL_BUFFER, &scalar_i64, TF_INIT_ZEROS);
+        if (!good) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p.loc, "cannot add 'train.good_steps'");
+        tf_value *good1 = ob(&p, "train.good_inc", TF_OP_ADD, good, tf_const(m, 1, TF_DT_I64));
+        tf_value *grow = ob(&p, "train.scale_grow", TF_OP_EQ, good1, tf_const(m, 2000, TF_DT_I64));
+        tf_value *clean_scale = select3(&p, "train.scale_clean", grow, ob(&p, "train.scale_x2", TF_OP_MUL, scale, onum(&p, 2)), scale);
+        tf_value *clean_good = select3(&p, "train.good_clean", grow, tf_const(m, 0, TF_DT_I64), good1);
+        tf_value *new_scale = select3(&p, "train.scale_next", finite, clean_scale, ob(&p, "train.scale_half", TF_OP_MUL, scale, onum(&p, 0.5)));
+        tf_value *new_good = select3(&p, "train.good_next", finite, clean_good, tf_const(m, 0, TF_DT_I64));
+        if (is_last) {
+            new_scale = select3(&p, "train.scale_commit", is_last, new_scale, scale);
+            new_good = select3(&p, "train.good_commit", is_last, new_good, good);
+        }
+        if (add_update(&p, scale, new_scale) || add_update(&p, good, new_good)) return g->d->status;
+        if (tf_module_add_output(m, "loss_scale", scale, p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+        tf_explain(g->o, "autodiff", &p.loc, "fp16 loss scaling: dynamic scale from 65536 (x2 after 2000 clean steps, "
+                   "x0.5 and the step skipped on inf/NaN); output loss_scale");
+    }
+    (void)found_inf;
+    int first_guarded = m->nupdates;
     if (tr->has_clip) {
         tf_value *total = NULL;
         for (int i = 0; i < np; i++) {
@@ -364,6 +446,14 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss)
         if (update_param(&p, tr, params[i], grads[i], lr, t, first)) return g->d->status;
     tf_value *next = ob(&p, "train.step_next", TF_OP_ADD, step, tf_const(m, 1, TF_DT_I64));
     if (add_update(&p, step, next)) return g->d->status;
+    /* a step that does not commit (inf/NaN under fp16, a micro-batch before
+     * the last) leaves params, optimizer state and the step counter as they were */
+    for (int i = first_guarded; commit && i < m->nupdates && !g->failed; i++) {
+        tf_update *u = &m->updates[i];
+        char nm[512];
+        snprintf(nm, sizeof nm, "%s.commit", u->buffer->name);
+        u->value = select3(&p, nm, commit, u->value, u->buffer);
+    }
     if (tf_module_add_output(m, "lr", lr, p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
     const char *oname = tr->optimizer.fn < 0 ? "sgd (no train block optimizer: lr=0.01)" : tf_optimizer_fns[tr->optimizer.fn].name;
     tf_explain(g->o, "autodiff", &p.loc, "%d params updated by %s, schedule %s; the learning rate is output lr", np, oname,
@@ -399,6 +489,17 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
                    !loss ? "no loss output (an output named 'loss' or a scalar floating one)" : "no params");
         return TF_IR_OK;
     }
+    /* fp16: the loss is scaled before the backward pass (dynamic scale,
+     * a buffer) so small gradients survive half precision; bf16 needs none.
+     * Declared before numbering: the gradient tables are indexed by id. */
+    tf_value *scale = NULL;
+    if (tf_options_precision(o, m) == TF_PREC_FP16) {
+        tf_type scalar_f = {.dtype = TF_DT_F32, .rank = 0};
+        scale = tf_module_add_decl(m, "train.loss_scale", TF_VAL_BUFFER, &scalar_f, TF_INIT_CONST);
+        if (!scale)
+            return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, &loss->loc, "cannot add 'train.loss_scale' (the name is taken?)");
+        scale->init.attrs[0] = tf_attr_float(65536.0);
+    }
     tf_module_renumber(m);
     tf_grad_ctx g = {.m = m, .o = o, .d = o->diag, .nvals = m->next_id};
     g.wants = calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.wants);
@@ -421,7 +522,12 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
                            loss->name);
         goto done;
     }
-    if (!(g.grad[loss->id] = gnum(&g, 1.0))) {
+    g.grad[loss->id] = scale ? scale : gnum(&g, 1.0);
+    if (scale && loss->type.dtype != TF_DT_F32) {
+        tf_named_attr to = {"to", tf_attr_dtype(loss->type.dtype)};
+        g.grad[loss->id] = build(&g, "train.loss_scale_cast", &loss->loc, TF_OP_CAST, &scale, 1, &to, 1);
+    }
+    if (!g.grad[loss->id]) {
         st = o->diag->status;
         goto done;
     }
@@ -437,7 +543,7 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
     }
     if (!st) {
         tf_explain(o, "autodiff", &loss->loc, "backward of %s: %d ops for %d forward ops", loss->name, nback, nfwd);
-        st = optimizer(&g, loss);
+        st = optimizer(&g, loss, scale);
     }
     if (!st) tf_module_renumber(m);
 done:

@@ -120,8 +120,110 @@ static void run(const char *opt_text, const char *opt, const char *sched_text, c
     tf_context_free(ctx);
 }
 
+/* A tiny model session: L = sum(w * x), w : f32[K]. */
+static tf_session_t *tiny(tf_context_t *ctx, const char *train, tf_program_t **pp, tf_model_t **mp)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "input x : f32[%d]\nparam w : f32[%d] = uniform(low=-1.0, high=1.0)\nl = mul(w, x)\n"
+             "loss = reduce_sum(l, axes=[])\noutput loss\ntrain {\n%s}\n", K, K, train);
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    tf_session_t *s = NULL;
+    if (tf_model_parse_string(ctx, "tiny", text, strlen(text), NULL, 0, mp) || tf_program_compile(ctx, *mp, &o, pp) ||
+        tf_session_create(ctx, *pp, TF_TARGET_INTERP, 3, &s))
+        CHECK(0, "tiny model: %s", tf_context_last_error(ctx));
+    return s;
+}
+
+static float scalar_state(tf_session_t *s, const char *name)
+{
+    float f = NAN;
+    int64_t i64 = 0;
+    tf_tensor_view v = {.data = &i64};
+    if (tf_session_get_state(s, name, &v)) return NAN;
+    if (v.dtype == TF_DTYPE_F32) memcpy(&f, &i64, sizeof f);
+    else f = (float)i64;
+    return f;
+}
+
+/* fp16 loss scaling: an inf in the gradients skips the step (params, step
+ * counter unchanged) and halves the scale; 2000 clean steps double it. */
+static void test_loss_scaling(void)
+{
+    tf_context_t *ctx;
+    tf_context_create(&ctx);
+    tf_program_t *p = NULL;
+    tf_model_t *m = NULL;
+    tf_session_t *s = tiny(ctx, "  optimizer = sgd(lr=0.01)\n  precision = fp16\n", &p, &m);
+    if (s) {
+        float x[K], w0[K], w1[K];
+        int64_t shape[1] = {K};
+        tf_tensor_view a = {.data = w0}, b = {.data = w1};
+        CHECK(scalar_state(s, "train.loss_scale") == 65536, "initial scale 65536, found %g", scalar_state(s, "train.loss_scale"));
+        for (int i = 0; i < K; i++) x[i] = 0.25f * (float)(i + 1);
+        x[2] = INFINITY;
+        tf_session_get_state(s, "w", &a);
+        bool ok = !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 1, x) && !tf_session_run(s);
+        CHECK(ok, "run: %s", tf_context_last_error(ctx));
+        tf_session_get_state(s, "w", &b);
+        CHECK(!memcmp(w0, w1, sizeof w0), "an inf gradient skips the step: params unchanged");
+        CHECK(scalar_state(s, "train.step") == 0, "the step counter does not advance on a skipped step");
+        CHECK(scalar_state(s, "train.loss_scale") == 32768, "scale halved: %g", scalar_state(s, "train.loss_scale"));
+        x[2] = 0.5f;
+        for (int step = 0; ok && step < 1999; step++) ok = !tf_session_run(s);
+        CHECK(ok && scalar_state(s, "train.loss_scale") == 32768, "1999 clean steps keep the scale: %g",
+              scalar_state(s, "train.loss_scale"));
+        CHECK(scalar_state(s, "train.good_steps") == 1999, "good steps counted: %g", scalar_state(s, "train.good_steps"));
+        ok = ok && !tf_session_run(s);
+        CHECK(ok && scalar_state(s, "train.loss_scale") == 65536, "the 2000th clean step doubles the scale: %g",
+              scalar_state(s, "train.loss_scale"));
+        tf_session_get_state(s, "w", &b);
+        CHECK(memcmp(w0, w1, sizeof w0) != 0 && scalar_state(s, "train.step") == 2000, "clean steps update");
+    }
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_model_free(m);
+    tf_context_free(ctx);
+}
+
+/* accumulate = 2: the first micro-batch changes no param; the second
+ * applies the mean of both gradients once. */
+static void test_accumulation(void)
+{
+    tf_context_t *ctx;
+    tf_context_create(&ctx);
+    tf_program_t *p = NULL;
+    tf_model_t *m = NULL;
+    tf_session_t *s = tiny(ctx, "  optimizer = sgd(lr=0.1)\n  accumulate = 2\n", &p, &m);
+    if (s) {
+        float x1[K], x2[K], w0[K], w1[K];
+        int64_t shape[1] = {K};
+        tf_tensor_view a = {.data = w0}, b = {.data = w1};
+        for (int i = 0; i < K; i++) x1[i] = 0.5f * (float)(i + 1), x2[i] = -0.25f * (float)i;
+        tf_session_get_state(s, "w", &a);
+        bool ok = !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 1, x1) && !tf_session_run(s);
+        tf_session_get_state(s, "w", &b);
+        CHECK(ok && !memcmp(w0, w1, sizeof w0), "first micro-batch: params unchanged");
+        CHECK(scalar_state(s, "train.step") == 0, "first micro-batch: step unchanged");
+        ok = ok && !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 1, x2) && !tf_session_run(s);
+        tf_session_get_state(s, "w", &b);
+        int bad = 0;
+        for (int i = 0; ok && i < K; i++)
+            bad += !check_close(w1[i], w0[i] - 0.1 * (x1[i] + x2[i]) / 2, 1e-6, 1e-7);
+        CHECK(ok && !bad, "second micro-batch: w -= lr * mean of both gradients");
+        CHECK(scalar_state(s, "train.step") == 1 && scalar_state(s, "train.micro") == 0, "one step, micro-batch counter wrapped");
+    }
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_model_free(m);
+    tf_context_free(ctx);
+}
+
 int main(void)
 {
+    test_loss_scaling();
+    test_accumulation();
     run("sgd(lr=0.05, momentum=0.9, nesterov=true, weight_decay=0.1)", "sgd", "", "constant", 0.05, 0);
     run("adam(lr=0.05, beta2=0.99, weight_decay=0.05)", "adam", "", "constant", 0.05, 0);
     run("adamw(lr=0.05, beta2=0.99, weight_decay=0.05)", "adamw", "", "constant", 0.05, 0);
