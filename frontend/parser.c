@@ -477,6 +477,15 @@ static tf_ir_status parse_op(parser *p)
     bool keyed = false;
     while (p->tok.kind != TK_RPAREN) {
         tf_token at = p->tok;
+        if (at_key(p) && (tok_is(&at, "recompute") || tok_is(&at, "backward"))) {   /* any op: autodiff's marks */
+            advance(p);
+            advance(p);
+            if (!tok_is(&p->tok, "true") && !tok_is(&p->tok, "false")) return expected(p, "true or false");
+            *(tok_is(&at, "backward") ? &n->backward : &n->recompute) = p->tok.p[0] == 't';
+            advance(p);
+            keyed = true;
+            goto next;
+        }
         if (at_key(p)) {
             if (parse_attr_kv(p, oi->name, oi->attrs, oi->nattrs, attrs)) return FAIL(p);
             keyed = true;

@@ -120,6 +120,9 @@ typedef struct tf_compile_options {
     const char *precision;   /* "fp32", "fp16", "bf16" overrides the train block; NULL keeps it */
     FILE *explain;           /* one line per compiler decision, or NULL */
     int64_t memory_limit;    /* bytes, for a TF_DIM_AUTO dim; 0 = none */
+    const char *checkpoint;  /* "none" (default) or "auto": recompute cheap forward values in the
+                              * backward pass until the step plans within memory_budget */
+    int64_t memory_budget;   /* bytes; 0 = none */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
@@ -158,9 +161,27 @@ tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view
 tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tensor_view *value);
 /* Load params/buffers from a safetensors file (names = IR names; every tensor
  * must match a param or buffer; params the file lacks keep their initial
- * values) and save all of them. Saving is atomic: temp file, fsync, rename. */
+ * values) and save all of them. Saving is atomic: temp file, fsync, rename.
+ * The state a train-mode program adds (optimizer slots "opt.*", the step
+ * counter and loss scale "train.*") is skipped by a program that lacks it,
+ * so a training checkpoint loads into an inference session. */
 tf_status tf_session_load_state(tf_session_t *s, const char *path);
 tf_status tf_session_save_state(tf_session_t *s, const char *path);
+/* The same, with the file's "__metadata__" object (a training checkpoint's
+ * step, data position, ...). Saving: metadata_json_object is a JSON object
+ * whose values are all strings (the safetensors rule), e.g.
+ * {"step":"100","seed":"0"}, or NULL for none; it is written as given.
+ * Loading: *metadata_json_out receives that object as compact JSON text,
+ * malloc'd (the caller free()s it), or NULL when the file has none or
+ * loading fails. tf_session_load_state reads these files too. */
+tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const char *metadata_json_object);
+tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **metadata_json_out);
+/* The session's run counter: how many runs it has done (0 before the first).
+ * Dropout masks depend on (seed, salt, step), so a training run resumed from
+ * a checkpoint sets the counter to the checkpoint's step and draws the masks
+ * the uninterrupted run would have drawn. */
+tf_status tf_session_step(tf_session_t *s, uint64_t *step);
+tf_status tf_session_set_step(tf_session_t *s, uint64_t step);
 
 /* ---- host arrays (.npy files) ---- */
 tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **out);

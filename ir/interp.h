@@ -39,6 +39,8 @@ tf_ir_status tf_interp_run(tf_interp_ctx *ip, tf_diag *d);
 tf_ir_mode tf_interp_mode(const tf_interp_ctx *ip);
 uint64_t tf_interp_seed(const tf_interp_ctx *ip);
 uint64_t tf_interp_step(const tf_interp_ctx *ip);      /* 0 for the first run */
+/* Set the run counter (a resumed training run continues its dropout masks). */
+void tf_interp_set_step(tf_interp_ctx *ip, uint64_t step);
 tf_diag *tf_interp_diag(tf_interp_ctx *ip);
 tf_module *tf_interp_module(const tf_interp_ctx *ip);
 /* Schedule `buffer := value` for the end of the current step (copied now). */

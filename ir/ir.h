@@ -179,6 +179,13 @@ typedef struct tf_node {
     tf_attr *attrs;        /* one per entry of the op's schema */
     bool annotated;        /* the source wrote `name : type = ...` */
     int region;            /* 1 + index into module->regions, 0 = none */
+    bool backward;         /* built by autodiff (backward pass, optimizer):
+                            * fuse keeps it apart from forward ops, whose
+                            * results would otherwise live until the
+                            * backward pass; printed `backward=true` */
+    bool recompute;        /* a forward op computed again for the backward
+                            * pass (checkpoint); printed `recompute=true`,
+                            * never merged with its original by cse */
     tf_type annot;         /* that type, checked by the verifier */
     tf_loc loc;
 } tf_node;
@@ -264,6 +271,8 @@ typedef struct tf_module {
         int64_t persistent_bytes; /* inputs, params, buffers */
         int reused;               /* results written in place over a dead operand */
     } plan;
+    int backward_start;     /* autodiff: index of the first backward node; 0 = none.
+                             * Valid until a pass reorders nodes. */
     struct { tf_value **slots; int cap, count; } names;   /* name -> value hash */
     int next_id;
 } tf_module;

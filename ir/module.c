@@ -596,6 +596,7 @@ tf_module *tf_module_clone(tf_module *m)
         for (int k = 0; k < r->nyields; k++) cr->yields[k] = map[r->yields[k]->id];
         cr->nyields = r->nyields;
     }
+    c->backward_start = m->backward_start;
     c->train = m->train;
     c->train.loc.file = c->file;
     if (!clone_call(c, &c->train.optimizer, &m->train.optimizer) ||

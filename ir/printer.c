@@ -128,6 +128,10 @@ static void print_node(sb *s, const tf_module *m, const tf_node *n, const char *
         print_operand(s, n->in[i]);
     }
     print_attrs(s, m, oi->attrs, oi->nattrs, n->attrs, n->nin == 0);
+    bool any = n->nin > 0;
+    for (int i = 0; i < oi->nattrs; i++) any |= n->attrs[i].set;
+    if (n->backward) sb_printf(s, "%sbackward=true", any ? ", " : ""), any = true;
+    if (n->recompute) sb_printf(s, "%srecompute=true", any ? ", " : "");
     sb_printf(s, ")\n");
 }
 

@@ -136,6 +136,7 @@ tf_ir_status pass_cse(tf_module *m, const tf_options *o)
         tf_node *n = m->nodes.items[i];
         for (int k = 0; k < n->nin; k++)   /* survivors are never replaced, so one step suffices */
             if (n->in[k]->kind != TF_VAL_CONST && repl[n->in[k]->id]) n->in[k] = repl[n->in[k]->id];
+        if (n->recompute) continue;   /* checkpoint's recomputation: merging it back would undo it */
         size_t j = hash_node(n) & (cap - 1);
         for (; slots[j]; j = (j + 1) & (cap - 1))
             if (same_node(slots[j], n)) break;

@@ -93,6 +93,10 @@ static bool is_reduced_shape(const tf_type *S, unsigned R, const tf_type *O)
 static bool admits(const fz *f, const group *g, const tf_node *n, int c, const char **why)
 {
     const tf_type *O = &n->out->type;
+    if (f->nodes[g->first]->backward != n->backward) {
+        *why = "forward and backward ops stay in separate kernels (the forward results would live until the backward pass)";
+        return false;
+    }
     if (c == C_PW) {
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
@@ -239,7 +243,7 @@ static void group_nodes(fz *f, bool *mark)
             int hi = f->grp[index_of(v->def) - D];
             if (hi < 0 || hi == target || !f->g[hi].count) continue;
             group *h = &f->g[hi];
-            bool fits = g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
+            bool fits = f->nodes[h->first]->backward == f->nodes[g->first]->backward && g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
                         (h->kind == TF_REGION_POINTWISE || g->kind == TF_REGION_POINTWISE || h->R == g->R);
             if (fits && try_merge(f, mark, i, target, hi) && h->kind == TF_REGION_REDUCTION) {
                 g->kind = TF_REGION_REDUCTION;

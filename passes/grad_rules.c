@@ -255,7 +255,18 @@ static tf_ir_status gr_matmul(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     if (!st && gr_wants(g, n, 1)) {
         tf_value *in[2];
         tf_named_attr at[2] = {{"transpose_a", tf_attr_bool(false)}, {"transpose_b", tf_attr_bool(false)}};
-        if (!tb) { in[0] = a; in[1] = dy; at[0].attr.u.b = !ta; }                    /* op(a)^T dy */
+        if (b->type.rank == 2 && a->type.rank > 2 && !ta) {
+            /* a weight shared across batch axes (linear on [B, T, in]): fold
+             * the batch axes into rows, one [K, N] product instead of a
+             * [B, K, N] one summed afterwards */
+            int64_t rows = tf_type_numel(&a->type) / a->type.dims[a->type.rank - 1].n;
+            int64_t as[2] = {rows, a->type.dims[a->type.rank - 1].n}, ds[2] = {rows, dy->type.dims[dy->type.rank - 1].n};
+            tf_named_attr ra = {"shape", tf_attr_ints(gr_module(g), as, 2)}, rd = {"shape", tf_attr_ints(gr_module(g), ds, 2)};
+            tf_value *a2 = gb(g, n, TF_OP_RESHAPE, "a_rows", &a, 1, &ra, 1);
+            tf_value *d2 = gb(g, n, TF_OP_RESHAPE, "dy_rows", &dy, 1, &rd, 1);
+            if (!tb) { in[0] = a2; in[1] = d2; at[0].attr.u.b = true; }               /* a^T dy */
+            else { in[0] = d2; in[1] = a2; at[0].attr.u.b = true; }                    /* dy^T a */
+        } else if (!tb) { in[0] = a; in[1] = dy; at[0].attr.u.b = !ta; }            /* op(a)^T dy */
         else { in[0] = dy; in[1] = a; at[0].attr.u.b = true; at[1].attr.u.b = ta; }   /* dy^T op(a) */
         st = give(g, n, 1, gb(g, n, TF_OP_MATMUL, "db", in, 2, at, 2));
     }

@@ -144,7 +144,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         next[i] = dies[last[v->id]];
         dies[last[v->id]] = i;
     }
-    int reused = 0;
+    int reused = 0, peak_at = -1;
     for (int i = 0; i < N; i++) {
         tf_node *n = m->nodes.items[i];
         tf_value *v = n->out;
@@ -175,10 +175,32 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
             reused++;
             tf_explain(o, "memplan", &n->loc, "%s writes in place over %s (%lld bytes): %s dies here", v->name,
                        donor->name, (long long)bytes_of(v), donor->name);
-        } else if (!heap_alloc(&h, bytes_of(v), &v->offset)) {
-            st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
-            goto done;
+        } else {
+            int64_t top = h.top;
+            if (!heap_alloc(&h, bytes_of(v), &v->offset)) {
+                st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+                goto done;
+            }
+            if (h.top > top) peak_at = i;
         }
+    }
+    /* where the arena reached its size: the largest values alive there */
+    if (o->explain && peak_at >= 0) {
+        char list[768];
+        size_t k = 0;
+        list[0] = 0;
+        for (int round = 0; round < 6; round++) {   /* the six largest, by selection */
+            tf_value *best = NULL;
+            for (int j = 0; j <= peak_at; j++) {
+                tf_value *w = ((tf_node *)m->nodes.items[j])->out;
+                if (w->offset < 0 || last[w->id] < peak_at || strstr(list, w->name)) continue;
+                if (!best || bytes_of(w) > bytes_of(best)) best = w;
+            }
+            if (!best || k >= sizeof list) break;
+            k += (size_t)snprintf(list + k, sizeof list - k, "%s%s (%lld)", k ? ", " : "", best->name, (long long)bytes_of(best));
+        }
+        tf_explain(o, "memplan", &((tf_node *)m->nodes.items[peak_at])->loc, "the arena peaks at %s; largest live: %s",
+                   ((tf_node *)m->nodes.items[peak_at])->out->name, list);
     }
     m->plan.planned = true;
     m->plan.arena_bytes = h.top;

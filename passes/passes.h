@@ -24,7 +24,11 @@ typedef struct tf_options {
     bool precision_set;     /* --precision overrides the train block */
     tf_precision precision;
     bool grad_outputs;      /* autodiff also outputs each param's gradient as grad.<param> */
+    int checkpoint;         /* TF_CHECKPOINT_NONE | TF_CHECKPOINT_AUTO */
+    int64_t memory_budget;  /* bytes the training step should plan within (checkpoint) */
 } tf_options;
+
+enum { TF_CHECKPOINT_NONE, TF_CHECKPOINT_AUTO };
 
 typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
 
@@ -53,8 +57,10 @@ extern const tf_pass_info tf_passes[];
 extern const int tf_npasses;
 const tf_pass_info *tf_pass_find(const char *name, size_t len);
 
-/* The default pipeline of a mode, comma-separated. */
+/* The default pipeline of a mode, comma-separated; and the part of it
+ * after the first occurrence of `pass` ("" if none). */
 const char *tf_pipeline_default(tf_ir_mode mode);
+const char *tf_pipeline_after(tf_ir_mode mode, const char *pass);
 /* Run a comma-separated pass list (NULL: the mode's default). Unknown names
  * are reported before anything runs. */
 tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o);

@@ -18,11 +18,20 @@ const int tf_npasses = (int)(sizeof tf_passes / sizeof tf_passes[0]);
 /* One list per mode: layer-level rewrites, lowering, cleanups, precision,
  * cleanups again (amp leaves casts to share), then kernels and memory. */
 static const char *const pipelines[] = {
-    [TF_IR_TRAIN] = "bias_drop,lower,canonicalize,constfold,cse,dce,autodiff,amp,canonicalize,cse,dce,fuse,memplan",
+    [TF_IR_TRAIN] = "bias_drop,lower,canonicalize,constfold,cse,dce,autodiff,checkpoint,amp,canonicalize,cse,dce,fuse,memplan",
     [TF_IR_INFER] = "bias_drop,lower,canonicalize,constfold,cse,dce,amp,canonicalize,cse,dce,fuse,memplan",
 };
 
 const char *tf_pipeline_default(tf_ir_mode mode) { return pipelines[mode]; }
+
+const char *tf_pipeline_after(tf_ir_mode mode, const char *pass)
+{
+    const char *p = pipelines[mode];
+    size_t n = strlen(pass);
+    for (const char *q = p; (q = strstr(q, pass)); q += n)
+        if ((q == p || q[-1] == ',') && (q[n] == ',' || q[n] == 0)) return q[n] ? q + n + 1 : "";
+    return "";
+}
 
 void tf_explain(const tf_options *o, const char *pass, const tf_loc *loc, const char *fmt, ...)
 {
@@ -153,6 +162,7 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
             tf_module_clear_regions(m);
         }
         m->plan.planned = false;   /* any pass may move values; memplan plans again */
+        if (strcmp(plan[i]->name, "checkpoint")) m->backward_start = 0;   /* valid right after autodiff only */
         if (plan[i]->run(m, o)) return o->diag->status;
         if (tf_verify(m, o->diag)) return o->diag->status;   /* a pass that breaks the IR is caught here */
         if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, plan[i]->name)) &&

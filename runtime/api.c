@@ -219,6 +219,10 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
                       .disabled = opts->disable_passes, .ndisabled = (int)opts->ndisable_passes};
     if (opts->precision && !(o->precision_set = parse_precision(opts->precision, &o->precision)))
         return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
+    if (opts->checkpoint && strcmp(opts->checkpoint, "none") && strcmp(opts->checkpoint, "auto"))
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: checkpoint '%s': expected none or auto", opts->checkpoint);
+    o->checkpoint = opts->checkpoint && !strcmp(opts->checkpoint, "auto") ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE;
+    o->memory_budget = opts->memory_budget;
     return TF_OK;
 }
 
@@ -630,13 +634,22 @@ tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tenso
     return st ? st : s->be->state_write(s, v, t->data);
 }
 
-tf_status tf_session_load_state(tf_session_t *s, const char *path)
+/* State that compiling in train mode adds (autodiff's optimizer slots
+ * "opt.SLOT.PARAM", its step counter and loss scale "train.*"): a program
+ * compiled for inference has none of it and skips it in a checkpoint. */
+static bool is_training_state(const char *name) { return !strncmp(name, "opt.", 4) || !strncmp(name, "train.", 6); }
+
+tf_status tf_session_load_state(tf_session_t *s, const char *path) { return tf_session_load_state_meta(s, path, NULL); }
+
+tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **metadata_json_out)
 {
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     char err[5120];
     tio_tensor *ts = NULL;
     size_t n = 0;
-    tio_status ts_st = tio_safetensors_read(path, &ts, &n, err, sizeof err);
+    char *meta = NULL;
+    if (metadata_json_out) *metadata_json_out = NULL;
+    tio_status ts_st = tio_safetensors_read_meta(path, &ts, &n, metadata_json_out ? &meta : NULL, err, sizeof err);
     if (ts_st)
         return tf_set_error(s->ctx, ts_st == TIO_ERR_IO ? TF_ERR_IO : ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT,
                             "%s", err);
@@ -644,6 +657,7 @@ tf_status tf_session_load_state(tf_session_t *s, const char *path)
     /* check everything before writing anything: a bad file changes no state */
     for (size_t i = 0; i < n && !st; i++) {
         const tf_value *v = find_state(s, ts[i].name);
+        if (!v && is_training_state(ts[i].name)) continue;
         if (!v) {
             st = tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "%s: error: tensor '%s' matches no param or buffer of the model",
                               path, ts[i].name);
@@ -658,12 +672,19 @@ tf_status tf_session_load_state(tf_session_t *s, const char *path)
         memcpy(tv.shape, ts[i].shape, sizeof tv.shape);
         st = check_view(s, v, &tv, path);
     }
-    for (size_t i = 0; i < n && !st; i++) st = s->be->state_write(s, find_state(s, ts[i].name), ts[i].data);
+    for (size_t i = 0; i < n && !st; i++) {
+        const tf_value *v = find_state(s, ts[i].name);
+        if (v) st = s->be->state_write(s, v, ts[i].data);
+    }
     tio_tensors_free(ts, n);
+    if (st) free(meta);
+    else if (metadata_json_out) *metadata_json_out = meta;
     return st;
 }
 
-tf_status tf_session_save_state(tf_session_t *s, const char *path)
+tf_status tf_session_save_state(tf_session_t *s, const char *path) { return tf_session_save_state_meta(s, path, NULL); }
+
+tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const char *metadata_json_object)
 {
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     size_t n = (size_t)(s->p->params.n + s->p->buffers.n);
@@ -681,10 +702,26 @@ tf_status tf_session_save_state(tf_session_t *s, const char *path)
         else st = s->be->state_read(s, v, ts[i].data);
     }
     char err[5120];
-    if (!st && tio_safetensors_write(path, ts, n, NULL, err, sizeof err)) st = tf_set_error(s->ctx, TF_ERR_IO, "%s", err);
+    tio_status ws;
+    if (!st && (ws = tio_safetensors_write(path, ts, n, metadata_json_object, err, sizeof err)))
+        st = tf_set_error(s->ctx, metadata_json_object && ws == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : TF_ERR_IO, "%s", err);
     for (size_t i = 0; i < n; i++) free(ts[i].data);
     free(ts);
     return st;
+}
+
+tf_status tf_session_step(tf_session_t *s, uint64_t *step)
+{
+    if (!s || !step) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *step = s->be->step_get(s);
+    return TF_OK;
+}
+
+tf_status tf_session_set_step(tf_session_t *s, uint64_t step)
+{
+    if (!s) return TF_ERR_INVALID_ARG;
+    s->be->step_set(s, step);
+    return TF_OK;
 }
 
 /* ---- host arrays ---- */

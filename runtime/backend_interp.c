@@ -67,6 +67,9 @@ static tf_status interp_state_write(tf_session_t *s, const tf_value *v, const vo
     return TF_OK;
 }
 
+static uint64_t interp_step_get(tf_session_t *s) { return tf_interp_step(s->impl); }
+static void interp_step_set(tf_session_t *s, uint64_t step) { tf_interp_set_step(s->impl, step); }
+
 const tf_backend tf_backend_interp = {
     .name = "interp",
     .unavailable = interp_unavailable,
@@ -75,4 +78,6 @@ const tf_backend tf_backend_interp = {
     .run = interp_run,
     .state_read = interp_state_read,
     .state_write = interp_state_write,
+    .step_get = interp_step_get,
+    .step_set = interp_step_set,
 };

@@ -58,6 +58,10 @@ struct tf_backend {
     /* Copy a param/buffer out of / into the session (storage dtype). */
     tf_status (*state_read)(tf_session_t *s, const tf_value *v, void *dst);
     tf_status (*state_write)(tf_session_t *s, const tf_value *v, const void *src);
+    /* The run counter (runs so far; it drives dropout masks), and setting it
+     * so that a resumed run draws the masks the uninterrupted one would. */
+    uint64_t (*step_get)(tf_session_t *s);
+    void (*step_set)(tf_session_t *s, uint64_t step);
 };
 
 extern const tf_backend tf_backend_interp;

@@ -761,7 +761,46 @@ static tio_status st_entry(pcur *c, const jval *key, const jval *v, uint64_t dat
     return TIO_OK;
 }
 
-static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_tensor **out, size_t *nout)
+/* JSON string with the escapes JSON needs (the text is valid UTF-8). */
+static void json_put_str(FILE *f, const char *s, size_t len)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* The (checked) "__metadata__" object as compact JSON text, malloc'd. */
+static tio_status meta_text(const ectx *E, const jval *m, char **out)
+{
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    if (!f) return fail(E, TIO_ERR_OOM, "out of memory");
+    fputc('{', f);
+    for (size_t i = 0; i < m->n; i++) {
+        if (i) fputc(',', f);
+        json_put_str(f, m->keys[i].str, m->keys[i].len);
+        fputc(':', f);
+        json_put_str(f, m->el[i].str, m->el[i].len);
+    }
+    fputc('}', f);
+    bool bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        free(text);
+        return fail(E, TIO_ERR_OOM, "out of memory");
+    }
+    *out = text;
+    return TIO_OK;
+}
+
+/* meta: NULL, or where the metadata text goes (NULL when there is none). */
+static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_tensor **out, size_t *nout,
+                           char **meta)
 {
     if (len < 8) return fail(E, TIO_ERR_FORMAT, "file is %zu bytes, expected at least 8 (the header length)", len);
     uint64_t hl = get_le(buf, 8), far = 0;
@@ -785,8 +824,9 @@ static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_te
     r = calloc(count ? count : 1, sizeof *r);
     if (!ts || !r) { st = fail(E, TIO_ERR_OOM, "out of memory for %zu tensors", count); goto done; }
     for (size_t i = 0; i < root.n && !st; i++) {
-        if (jis(&root.keys[i], "__metadata__")) st = check_metadata(&c, &root.el[i]);
-        else if (!(st = st_entry(&c, &root.keys[i], &root.el[i], len - data_off, &ts[k], &r[k]))) r[k].idx = k, k++;
+        if (jis(&root.keys[i], "__metadata__")) {
+            if (!(st = check_metadata(&c, &root.el[i])) && meta) st = meta_text(E, &root.el[i], meta);
+        } else if (!(st = st_entry(&c, &root.keys[i], &root.el[i], len - data_off, &ts[k], &r[k]))) r[k].idx = k, k++;
     }
     if (st) goto done;
     /* Sorted by begin, a non-empty range overlaps an earlier one exactly when
@@ -817,27 +857,38 @@ static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_te
 done:
     jfree(&root);
     free(r);
-    if (st) { tio_tensors_free(ts, count); return st; }
+    if (st) {
+        tio_tensors_free(ts, count);
+        if (meta) free(*meta), *meta = NULL;
+        return st;
+    }
     if (!count) free(ts), ts = NULL;
     *out = ts;
     *nout = count;
     return TIO_OK;
 }
 
-tio_status tio_safetensors_read(const char *path, tio_tensor **out, size_t *n, char *err, size_t errlen)
+tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t *n, char **meta, char *err,
+                                     size_t errlen)
 {
     ectx E = {path, err, errlen};
     uint8_t *buf;
     size_t len;
     if (err && errlen) err[0] = 0;
+    if (meta) *meta = NULL;
     if (!out || !n || !path) return fail(&E, TIO_ERR_ARG, "NULL %s argument", !path ? "path" : "output");
     *out = NULL;
     *n = 0;
     tio_status st = read_whole(&E, &buf, &len);
     if (st) return st;
-    st = st_parse(&E, buf, len, out, n);
+    st = st_parse(&E, buf, len, out, n, meta);
     free(buf);
     return st;
+}
+
+tio_status tio_safetensors_read(const char *path, tio_tensor **out, size_t *n, char *err, size_t errlen)
+{
+    return tio_safetensors_read_meta(path, out, n, NULL, err, errlen);
 }
 
 static int name_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }

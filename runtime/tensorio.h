@@ -93,6 +93,11 @@ tio_status tio_npy_write(const char *path, const tio_tensor *t, char *err, size_
  * release it with tio_tensors_free(*out, *n). */
 tio_status tio_safetensors_read(const char *path, tio_tensor **out, size_t *n,
                                 char *err, size_t errlen);
+/* The same, and *meta receives the "__metadata__" object as compact JSON
+ * text ({"key":"value",...}, keys in file order), malloc'd, or NULL when the
+ * file has none (meta may be NULL: not wanted). NULL on failure. */
+tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t *n, char **meta,
+                                     char *err, size_t errlen);
 tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t n,
                                  const char *metadata_json_object_or_NULL,
                                  char *err, size_t errlen);

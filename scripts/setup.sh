@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # setup.sh — install what tfuse needs to build and test on Debian 12:
 # a C11 compiler, CMake, LLVM 14's FileCheck (llvm-14-tools), and Python 3
-# with NumPy (one test checks tfuse against an independent NumPy computation).
+# with NumPy (one test checks tfuse against an independent NumPy computation)
+# and scikit-learn (scripts/make_digits.py takes its bundled digits data set
+# for the training test; nothing is downloaded at run time).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake llvm-14-tools python3 python3-numpy >/dev/null
-# The python3 first on PATH may not be Debian's (pyenv, a venv): give it NumPy too.
+  build-essential cmake llvm-14-tools python3 python3-numpy python3-sklearn >/dev/null
+# The python3 first on PATH may not be Debian's (pyenv, a venv): give it NumPy
+# and scikit-learn too.
 if ! python3 -c 'import numpy' 2>/dev/null; then
   python3 -m pip install --quiet numpy
 fi
-echo "setup done: $(cmake --version | head -n1), $(FileCheck-14 --version | grep -m1 version | sed 's/^ *//'), numpy $(python3 -c 'import numpy; print(numpy.__version__)')"
+if ! python3 -c 'import sklearn' 2>/dev/null; then
+  python3 -m pip install --quiet scikit-learn
+fi
+echo "setup done: $(cmake --version | head -n1), $(FileCheck-14 --version | grep -m1 version | sed 's/^ *//'), numpy $(python3 -c 'import numpy; print(numpy.__version__)'), scikit-learn $(python3 -c 'import sklearn; print(sklearn.__version__)')"

@@ -5,7 +5,8 @@
  *   tfuse opt FILE         run passes, print the result
  *   tfuse compile FILE     the full pipeline; --stats, --dump-ir, -o
  *   tfuse run FILE         inference on .npy inputs, .safetensors params
- *   tfuse train / bench    arrive with later work; they say so
+ *   tfuse train FILE       training on .npy data (train.c)
+ *   tfuse bench            arrives with later work; it says so
  *
  * Exit codes: 0 success, 1 an error in the input or while running, 2 bad
  * command-line usage. */
@@ -17,32 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tfuse.h"
-
-enum { MAX_ITEMS = 256 };
-
-typedef struct kv { const char *key, *val; } kv;
-
-typedef struct args {
-    const char *cmd, *file;
-    tf_dim_override dims[MAX_ITEMS];
-    size_t ndims;
-    uint64_t seed;
-    tf_mode mode;
-    bool mode_set;
-    tf_target target;
-    const char *passes, *dump_ir, *dump_dir, *out, *params, *precision;
-    bool stats, random_inputs, help, explain, o0;
-    const char *disabled[MAX_ITEMS];
-    size_t ndisabled;
-    int64_t memory_limit;
-    kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
-    size_t ninputs, noutputs;
-} args;
+#include "cli.h"
 
 static void usage_cmd(const char *cmd, FILE *f);
 
-static int usage_error(const char *cmd, const char *fmt, const char *arg)
+int cli_usage_error(const char *cmd, const char *fmt, const char *arg)
 {
     fprintf(stderr, "tfuse: error: ");
     fprintf(stderr, fmt, arg);
@@ -50,8 +30,7 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
     return 2;
 }
 
-/* "--name=value" or "--name value": the value, or NULL if the flag differs. */
-static const char *flag_value(int argc, char **argv, int *i, const char *name)
+const char *cli_flag_value(int argc, char **argv, int *i, const char *name)
 {
     size_t n = strlen(name);
     const char *a = argv[*i];
@@ -72,7 +51,7 @@ static bool split_kv(const char *s, kv *out)
     return true;
 }
 
-static bool parse_u64(const char *s, uint64_t *out)
+bool cli_parse_u64(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
@@ -109,61 +88,70 @@ static int parse_args(int argc, char **argv, args *a)
     const char *cmd = a->cmd;
     for (int i = 2; i < argc; i++) {
         const char *s = argv[i], *v;
+        int r;
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) { a->help = true; continue; }
-        if ((v = flag_value(argc, argv, &i, "--dim"))) {
+        if ((v = cli_flag_value(argc, argv, &i, "--dim"))) {
             kv p;
             uint64_t n;
-            if (a->ndims == MAX_ITEMS) return usage_error(cmd, "too many --dim flags%s", "");
-            if (!split_kv(v, &p)) return usage_error(cmd, "--dim expects NAME=VALUE, found '%s'", v);
+            if (a->ndims == MAX_ITEMS) return cli_usage_error(cmd, "too many --dim flags%s", "");
+            if (!split_kv(v, &p)) return cli_usage_error(cmd, "--dim expects NAME=VALUE, found '%s'", v);
             if (!strcmp(p.val, "auto")) {
                 a->dims[a->ndims++] = (tf_dim_override){p.key, TF_DIM_AUTO};
                 continue;
             }
-            if (!parse_u64(p.val, &n) || n < 1 || n > ((uint64_t)1 << 40)) {
+            if (!cli_parse_u64(p.val, &n) || n < 1 || n > ((uint64_t)1 << 40)) {
                 free((char *)p.key);
-                return usage_error(cmd, "--dim value must be an integer in [1, 2^40] or auto, found '%s'", v);
+                return cli_usage_error(cmd, "--dim value must be an integer in [1, 2^40] or auto, found '%s'", v);
             }
             a->dims[a->ndims++] = (tf_dim_override){p.key, (int64_t)n};
-        } else if ((v = flag_value(argc, argv, &i, "--seed"))) {
-            if (!parse_u64(v, &a->seed)) return usage_error(cmd, "--seed expects a non-negative integer, found '%s'", v);
-        } else if ((v = flag_value(argc, argv, &i, "--mode"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
+            if (!cli_parse_u64(v, &a->seed)) return cli_usage_error(cmd, "--seed expects a non-negative integer, found '%s'", v);
+            a->seed_set = true;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--mode"))) {
             if (!strcmp(v, "train")) a->mode = TF_MODE_TRAIN;
             else if (!strcmp(v, "infer")) a->mode = TF_MODE_INFER;
-            else return usage_error(cmd, "--mode expects train or infer, found '%s'", v);
+            else return cli_usage_error(cmd, "--mode expects train or infer, found '%s'", v);
             a->mode_set = true;
-        } else if ((v = flag_value(argc, argv, &i, "--target"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
             if (!strcmp(v, "interp")) a->target = TF_TARGET_INTERP;
             else if (!strcmp(v, "cpu")) a->target = TF_TARGET_CPU;
             else if (!strcmp(v, "cuda")) a->target = TF_TARGET_CUDA;
-            else return usage_error(cmd, "--target expects interp, cpu or cuda, found '%s'", v);
-        } else if ((v = flag_value(argc, argv, &i, "--passes"))) {
+            else return cli_usage_error(cmd, "--target expects interp, cpu or cuda, found '%s'", v);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--passes"))) {
             a->passes = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dump-ir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-ir"))) {
             a->dump_ir = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-dir"))) {
             a->dump_dir = v;
-        } else if ((v = flag_value(argc, argv, &i, "--disable-pass"))) {
-            if (a->ndisabled == MAX_ITEMS) return usage_error(cmd, "too many --disable-pass flags%s", "");
+        } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
+            if (a->ndisabled == MAX_ITEMS) return cli_usage_error(cmd, "too many --disable-pass flags%s", "");
             a->disabled[a->ndisabled++] = v;
-        } else if ((v = flag_value(argc, argv, &i, "--memory-limit"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
+            if (strcmp(v, "none") && strcmp(v, "auto"))
+                return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
+            a->checkpoint = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
+            if (!parse_bytes(v, &a->memory_budget))
+                return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-limit"))) {
             if (!parse_bytes(v, &a->memory_limit))
-                return usage_error(cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
-        } else if ((v = flag_value(argc, argv, &i, "--precision"))) {
+                return cli_usage_error(cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--precision"))) {
             if (strcmp(v, "fp32") && strcmp(v, "fp16") && strcmp(v, "bf16"))
-                return usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
+                return cli_usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
             a->precision = v;
         } else if (!strcmp(s, "--O0") || !strcmp(s, "-O0")) {
             a->o0 = true;
         } else if (!strcmp(s, "--explain")) {
             a->explain = true;
-        } else if ((v = flag_value(argc, argv, &i, "--params"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--params"))) {
             a->params = v;
-        } else if ((v = flag_value(argc, argv, &i, "--input")) || (v = flag_value(argc, argv, &i, "--output"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--input")) || (v = cli_flag_value(argc, argv, &i, "--output"))) {
             bool in = !strncmp(s, "--input", 7);
             kv *list = in ? a->inputs : a->outputs;
             size_t *n = in ? &a->ninputs : &a->noutputs;
-            if (*n == MAX_ITEMS) return usage_error(cmd, "too many --input/--output flags%s", "");
-            if (!split_kv(v, &list[*n])) return usage_error(cmd, "expected NAME=FILE.npy, found '%s'", v);
+            if (*n == MAX_ITEMS) return cli_usage_error(cmd, "too many --input/--output flags%s", "");
+            if (!split_kv(v, &list[*n])) return cli_usage_error(cmd, "expected NAME=FILE.npy, found '%s'", v);
             (*n)++;
         } else if (!strcmp(s, "-o") && i + 1 < argc) {
             a->out = argv[++i];
@@ -171,15 +159,17 @@ static int parse_args(int argc, char **argv, args *a)
             a->stats = true;
         } else if (!strcmp(s, "--random-inputs")) {
             a->random_inputs = true;
+        } else if (!strcmp(cmd, "train") && (r = train_parse_flag(argc, argv, &i, a))) {
+            if (r != 1) return r;
         } else if (s[0] == '-' && s[1]) {
-            return usage_error(cmd, "unknown or incomplete option '%s'", s);
+            return cli_usage_error(cmd, "unknown or incomplete option '%s'", s);
         } else if (!a->file) {
             a->file = s;
         } else {
-            return usage_error(cmd, "more than one model file given ('%s')", s);
+            return cli_usage_error(cmd, "more than one model file given ('%s')", s);
         }
     }
-    if (!a->help && !a->file) return usage_error(cmd, "no model file given%s", "");
+    if (!a->help && !a->file) return cli_usage_error(cmd, "no model file given%s", "");
     return 0;
 }
 
@@ -210,7 +200,7 @@ static int cmd_print(tf_context_t *ctx, const args *a)
     return 0;
 }
 
-static void fill_options(const args *a, tf_compile_options *o, FILE *explain)
+void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
 {
     tf_compile_options_init(o);
     o->mode = a->mode;
@@ -223,6 +213,8 @@ static void fill_options(const args *a, tf_compile_options *o, FILE *explain)
     o->precision = a->precision;
     o->explain = a->explain ? explain : NULL;
     o->memory_limit = a->memory_limit;
+    o->checkpoint = a->checkpoint;
+    o->memory_budget = a->memory_budget;
 }
 
 static int cmd_opt(tf_context_t *ctx, const args *a)
@@ -230,7 +222,7 @@ static int cmd_opt(tf_context_t *ctx, const args *a)
     tf_model_t *m = load_model(ctx, a);
     char *text = NULL;
     tf_compile_options o;
-    fill_options(a, &o, stderr);   /* the module goes to stdout */
+    cli_fill_options(a, &o, stderr);   /* the module goes to stdout */
     if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", &o) || tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
         return fail(ctx);
@@ -244,7 +236,7 @@ static int cmd_opt(tf_context_t *ctx, const args *a)
 static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
 {
     tf_compile_options o;
-    fill_options(a, &o, stdout);
+    cli_fill_options(a, &o, stdout);
     tf_program_t *p = NULL;
     if (tf_program_compile(ctx, m, &o, &p)) return NULL;
     return p;
@@ -344,7 +336,7 @@ static void *random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dty
 static int cmd_run(tf_context_t *ctx, args *a)
 {
     if (a->mode_set && a->mode != TF_MODE_INFER)
-        return usage_error("run", "run is inference; training is 'tfuse train'%s", "");
+        return cli_usage_error("run", "run is inference; training is 'tfuse train'%s", "");
     a->mode = TF_MODE_INFER;
     tf_model_t *m = load_model(ctx, a);
     if (!m) return fail(ctx);
@@ -423,16 +415,19 @@ static const struct {
     {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
     {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
-     "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
+     "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES]\n"
+     "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
      "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
      "--dim B=auto picks the largest B whose planned peak fits --memory-limit (512M, 16G, ...);\n"
+     "train mode: --checkpoint=auto recomputes cheap forward values in the backward pass until the\n"
+     "step's planned peak fits --memory-budget;\n"
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); -o writes the compiled IR."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
      "                     [--seed N] [--target=...] [--precision=...] [--O0] [--disable-pass=NAME]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
      "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
-    {"train", "FILE --data NAME=FILE.npy,... [--steps N]", "Not available yet: training arrives with autodiff and the optimizers."},
+    {"train", train_synopsis, train_help},
     {"bench", "FILE [--mode=train|infer] [--target] [--iters N]", "Not available yet: benchmarking arrives with the CPU backend."},
 };
 
@@ -483,10 +478,9 @@ int main(int argc, char **argv)
         free_args(&a);
         return rc;
     }
-    if (!strcmp(cmd, "train") || !strcmp(cmd, "bench")) {
+    if (!strcmp(cmd, "bench")) {
         fprintf(stderr, "tfuse %s: not available yet: %s\n", cmd,
-                !strcmp(cmd, "train") ? "training arrives with autodiff and the optimizers (use 'tfuse run' for inference)"
-                                      : "benchmarking arrives with the CPU backend (use 'tfuse compile --stats' for counts)");
+                "benchmarking arrives with the CPU backend (use 'tfuse compile --stats' for counts)");
         free_args(&a);
         return 1;
     }
@@ -499,6 +493,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "print")) rc = cmd_print(ctx, &a);
     else if (!strcmp(cmd, "opt")) rc = cmd_opt(ctx, &a);
     else if (!strcmp(cmd, "compile")) rc = cmd_compile(ctx, &a);
+    else if (!strcmp(cmd, "train")) rc = cmd_train(ctx, &a);
     else rc = cmd_run(ctx, &a);
     tf_context_free(ctx);
     free_args(&a);

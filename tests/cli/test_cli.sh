@@ -30,9 +30,9 @@ expect 2 "--dim expects NAME=VALUE" -- "$tfuse" print "$ex/mlp.ir" --dim B
 expect 2 "--dim value must be an integer" -- "$tfuse" print "$ex/mlp.ir" --dim B=0
 expect 2 "--mode expects train or infer" -- "$tfuse" compile "$ex/mlp.ir" --mode=eval
 expect 1 "declares no dim named 'Q'" -- "$tfuse" print "$ex/mlp.ir" --dim Q=3
-expect 0 "input  x : f32\[B, 784\]" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
+expect 0 "input  x : f32\[B, F\]" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 0 "^dim B = 128" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
-expect 1 "not available yet" -- "$tfuse" train "$ex/mlp.ir"
+expect 2 "no training data: give --data" -- "$tfuse" train "$ex/mlp.ir"
 expect 1 "not available yet" -- "$tfuse" bench "$ex/mlp.ir"
 expect 1 "target 'cuda' is not part of this build" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda
 expect 1 "target 'cpu' is not part of this build" -- "$tfuse" run "$ex/mlp.ir" --target=cpu --random-inputs

@@ -1,0 +1,61 @@
+/* cli.h — what the `tfuse` command's files share: the parsed command line
+ * and a few helpers from main.c. Like main.c, everything here is a client of
+ * include/tfuse.h only. */
+#ifndef TFUSE_CLI_H
+#define TFUSE_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tfuse.h"
+
+enum { MAX_ITEMS = 256 };
+
+typedef struct kv { const char *key, *val; } kv;
+
+/* Flags only `tfuse train` takes (train.c parses them). */
+typedef struct train_args {
+    const char *data[MAX_ITEMS], *eval_data[MAX_ITEMS];   /* raw "NAME=FILE.npy,..." lists */
+    size_t ndata, neval_data;
+    uint64_t steps, epochs;            /* 0: not given */
+    uint64_t log_every, eval_every, save_every, workers;
+    const char *save, *resume, *log;
+} train_args;
+
+typedef struct args {
+    const char *cmd, *file;
+    tf_dim_override dims[MAX_ITEMS];
+    size_t ndims;
+    uint64_t seed;
+    bool seed_set;
+    tf_mode mode;
+    bool mode_set;
+    tf_target target;
+    const char *passes, *dump_ir, *dump_dir, *out, *params, *precision;
+    bool stats, random_inputs, help, explain, o0;
+    const char *disabled[MAX_ITEMS];
+    size_t ndisabled;
+    int64_t memory_limit;
+    const char *checkpoint;   /* --checkpoint=none|auto */
+    int64_t memory_budget;    /* --memory-budget=BYTES */
+    kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
+    size_t ninputs, noutputs;
+    train_args train;
+} args;
+
+/* main.c */
+int cli_usage_error(const char *cmd, const char *fmt, const char *arg);   /* prints; returns 2 */
+/* "--name=value" or "--name value": the value, or NULL if the flag differs. */
+const char *cli_flag_value(int argc, char **argv, int *i, const char *name);
+bool cli_parse_u64(const char *s, uint64_t *out);
+void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain);
+
+/* train.c */
+extern const char train_synopsis[], train_help[];
+/* argv[*i] is a train flag: consume it (and its value) and return 1; not a
+ * train flag: 0; a train flag used wrongly: the message is printed, 2. */
+int train_parse_flag(int argc, char **argv, int *i, args *a);
+int cmd_train(tf_context_t *ctx, const args *a);
+
+#endif

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# test_train.sh TFUSE REPO TMPDIR — the mechanics of `tfuse train` that hold
+# whatever a step computes: flags and their errors, the data checks, progress
+# lines and the CSV log, checkpoints (byte-identical when resumed, with
+# shuffling and dropout, whatever the number of loader threads), evaluation,
+# and a non-finite loss. Learning itself is test_train_digits.sh.
+set -u
+tfuse=$1 repo=$2 tmp=$3
+rm -rf "$tmp"
+mkdir -p "$tmp"
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAILED: $*"; }
+# expect RC PATTERN -- CMD...: exit code RC and combined output matching PATTERN
+expect() {
+  local rc=$1 pat=$2; shift 3
+  local out got
+  out=$("$@" 2>&1); got=$?
+  if [ "$got" -ne "$rc" ]; then bad "$* exited $got, wanted $rc: $out"; return; fi
+  if ! grep -qE -- "$pat" <<<"$out"; then bad "$*: output lacks /$pat/: $out"; return; fi
+  ok
+}
+same() { if cmp -s "$1" "$2"; then ok; else bad "$3: $1 and $2 differ"; fi; }
+differ() { if cmp -s "$1" "$2"; then bad "$3: $1 and $2 are identical"; else ok; fi; }
+
+# A small model whose state records the data order and the dropout masks:
+# `last` is the last batch after dropout, `acc` a decaying (so order-
+# dependent) sum of batch means. Its train block makes w learn once autodiff
+# is in; the checks below hold either way.
+cat >"$tmp/tiny.ir" <<'EOF'
+module tiny
+dim B = 4
+input  x : f32[B, 3]
+input  y : i64[B]
+param  w : f32[3, 5] = kaiming_uniform()
+buffer acc : f32[3] = zeros()
+buffer last : f32[B, 3] = zeros()
+d    = dropout(x, p=0.5)
+lg   = linear(d, w)
+loss = cross_entropy(lg, y)
+m    = reduce_mean(d, axes=[0])
+h    = mul(acc, 0.5)
+na   = add(h, m)
+update acc = na
+update last = d
+output loss
+output logits = lg
+train {
+  optimizer = adam(lr=0.01)
+  precision = fp32
+}
+EOF
+# Its loss turns nan at the 4th step (a counter buffer c: log(2.5 - c)).
+cat >"$tmp/nan.ir" <<'EOF'
+module nan_at_step_4
+dim B = 4
+input  x : f32[B, 3]
+input  y : i64[B]
+param  w : f32[3, 5] = kaiming_uniform()
+buffer c : f32[] = zeros()
+lg   = linear(x, w)
+ce   = cross_entropy(lg, y)
+z    = mul(ce, 0.0)
+r    = sub(2.5, c)
+l    = log(r)
+loss = add(l, z)
+c1   = add(c, 1.0)
+update c = c1
+output loss
+output logits = lg
+train {
+  optimizer = sgd(lr=0.1)
+  precision = fp32
+}
+EOF
+# An input without a batch axis.
+cat >"$tmp/scalar.ir" <<'EOF'
+input  x : f32[]
+param  w : f32[] = ones()
+loss = mul(x, w)
+output loss
+train {
+  optimizer = sgd(lr=0.1)
+}
+EOF
+# 22 samples: batches of 4 leave 2 out of each epoch's order (5 steps an epoch).
+python3 - "$tmp" <<'EOF' || { echo "FAILED: making the test data"; exit 1; }
+import json, struct, sys
+import numpy as np
+d = sys.argv[1]
+rng = np.random.RandomState(1)
+np.save(f"{d}/x.npy", rng.normal(size=(22, 3)).astype(np.float32))
+np.save(f"{d}/y.npy", rng.randint(0, 5, size=22).astype(np.int64))
+np.save(f"{d}/y21.npy", rng.randint(0, 5, size=21).astype(np.int64))
+np.save(f"{d}/x4.npy", rng.normal(size=(22, 4)).astype(np.float32))
+np.save(f"{d}/x64.npy", rng.normal(size=(22, 3)))                      # float64
+np.save(f"{d}/x3.npy", rng.normal(size=(3, 3)).astype(np.float32))     # fewer than a batch
+np.save(f"{d}/y3.npy", rng.randint(0, 5, size=3).astype(np.int64))
+np.save(f"{d}/ex.npy", rng.normal(size=(9, 3)).astype(np.float32))     # eval: 2 batches + 1
+np.save(f"{d}/ey.npy", rng.randint(0, 5, size=9).astype(np.int64))
+# a safetensors file with w alone and no metadata (not a training checkpoint)
+w = np.full((3, 5), 0.25, np.float32)
+h = json.dumps({"w": {"dtype": "F32", "shape": [3, 5], "data_offsets": [0, 60]}}).encode()
+h += b" " * (-len(h) % 8)
+open(f"{d}/plain.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + w.tobytes())
+EOF
+m=$tmp/tiny.ir
+data="x=$tmp/x.npy,y=$tmp/y.npy"
+
+# ---- help and usage errors
+expect 0 "usage: tfuse train FILE --data NAME=FILE.npy" -- "$tfuse" train --help
+for f in --data --steps --epochs --eval-data --eval-every --save --save-every --resume --params --log --log-every --workers --seed; do
+  expect 0 "$f" -- "$tfuse" train --help
+done
+expect 2 "no training data: give --data" -- "$tfuse" train "$m"
+expect 2 "no training data" -- "$tfuse" train "$m" --steps 3
+expect 2 "--data expects NAME=FILE.npy" -- "$tfuse" train "$m" --data "$tmp/x.npy"
+expect 2 "--data expects NAME=FILE.npy" -- "$tfuse" train "$m" --data "x=$tmp/x.npy,y="
+expect 2 "input 'x' is given twice" -- "$tfuse" train "$m" --data "x=$tmp/x.npy,x=$tmp/x.npy"
+expect 2 "--steps expects an integer in \[1, " -- "$tfuse" train "$m" --data "$data" --steps 0
+expect 2 "--steps expects an integer" -- "$tfuse" train "$m" --data "$data" --steps ten
+expect 2 "--workers expects an integer in \[1, 64\]" -- "$tfuse" train "$m" --data "$data" --workers 65
+expect 2 "give --steps or --epochs, not both" -- "$tfuse" train "$m" --data "$data" --steps 3 --epochs 1
+expect 2 "--eval-every needs --eval-data" -- "$tfuse" train "$m" --data "$data" --eval-every 2
+expect 2 "--save-every needs --save" -- "$tfuse" train "$m" --data "$data" --save-every 2
+expect 2 "train reads its data with --data" -- "$tfuse" train "$m" --input "x=$tmp/x.npy"
+expect 2 "train compiles in train mode" -- "$tfuse" train "$m" --data "$data" --mode=infer
+expect 2 "unknown or incomplete option '--data'" -- "$tfuse" run "$m" --data "$data"
+
+# ---- data errors (exit 1), each naming the file and what was expected
+expect 1 "the model has no input named 'z' \(its inputs: x, y\)" -- "$tfuse" train "$m" --data "$data,z=$tmp/x.npy"
+expect 1 "gives no data for input 'y' \(i64\[4\]\): add y=FILE.npy" -- "$tfuse" train "$m" --data "x=$tmp/x.npy"
+expect 1 "x4.npy: the array is f32\[22, 4\], so its samples are \[4\]; input 'x' is f32\[4, 3\], so each sample must be \[3\]" \
+  -- "$tfuse" train "$m" --data "x=$tmp/x4.npy,y=$tmp/y.npy"
+expect 1 "x.npy has 22 samples but .*y21.npy has 21" -- "$tfuse" train "$m" --data "x=$tmp/x.npy,y=$tmp/y21.npy"
+expect 1 "x64.npy: the array is f64, input 'x' is f32 \(no silent conversion" -- "$tfuse" train "$m" --data "x=$tmp/x64.npy,y=$tmp/y.npy"
+expect 1 "has 3 samples, fewer than one batch of 4" -- "$tfuse" train "$m" --data "x=$tmp/x3.npy,y=$tmp/y3.npy"
+expect 0 "3 samples, batches of 3" -- "$tfuse" train "$m" --data "x=$tmp/x3.npy,y=$tmp/y3.npy" --dim B=3 --steps 1
+expect 1 "nope.npy.*cannot open" -- "$tfuse" train "$m" --data "x=$tmp/nope.npy,y=$tmp/y.npy"
+expect 1 "'x' is a scalar" -- "$tfuse" train "$tmp/scalar.ir" --data "x=$tmp/x.npy"
+
+# ---- a run of 5 steps: progress lines, a CSV row per step, a checkpoint
+out=$("$tfuse" train "$m" --data "$data" --steps 5 --log-every 2 --log "$tmp/run.csv" --save "$tmp/s5.st" 2>&1); rc=$?
+if [ $rc -eq 0 ]; then ok; else bad "train --steps 5 exited $rc: $out"; fi
+if grep -q "22 samples, batches of 4, 5 steps per epoch (2 samples per epoch left out)" <<<"$out"; then ok; else bad "header: $out"; fi
+n=$(grep -cE "^step [0-9]+/5  epoch 0  loss [0-9.]+  lr [0-9.e-]+  samples/s [0-9.]+  ETA [0-9:]+$" <<<"$out")
+if [ "$n" -eq 3 ] && grep -q "^step 2/5 " <<<"$out" && grep -q "^step 4/5 " <<<"$out" && grep -q "^step 5/5 " <<<"$out"; then ok
+else bad "progress lines (wanted steps 2, 4, 5): $out"; fi
+if [ "$(head -n1 "$tmp/run.csv")" = "step,epoch,loss,lr,samples_per_s" ] && [ "$(wc -l <"$tmp/run.csv")" -eq 6 ] &&
+   [ "$(tail -n +2 "$tmp/run.csv" | cut -d, -f1 | tr '\n' ' ')" = "1 2 3 4 5 " ] &&
+   [ "$(tail -n +2 "$tmp/run.csv" | grep -cE '^[0-9]+,0,[0-9.e+-]+,[0-9.e+-]*,[0-9.]+$')" -eq 5 ]; then ok
+else bad "CSV: $(cat "$tmp/run.csv")"; fi
+if ls "$tmp" | grep -q '\.tmp\.'; then bad "a temporary file was left: $(ls "$tmp")"; else ok; fi
+# the checkpoint's metadata
+meta=$(python3 -c '
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+print(json.dumps(h["__metadata__"], sort_keys=True), " ".join(sorted(k for k in h if k != "__metadata__")))' "$tmp/s5.st")
+if grep -q '"batch": "4", "epoch": "0", "format": "tfuse-train-1", "model": "tiny.ir", "position": "20", "samples": "22", "seed": "0", "step": "5"' <<<"$meta" &&
+   grep -qE '(^| )acc( |$)' <<<"$meta" && grep -qE '(^| )last( |$)' <<<"$meta" && grep -qE '(^| )w( |$)' <<<"$meta"; then ok
+else bad "checkpoint metadata/tensors: $meta"; fi
+
+# ---- resuming is byte-identical to an uninterrupted run: across the epoch
+# boundary (5) and inside an epoch (7), with shuffling and dropout
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 13 --save "$tmp/s13.st"
+expect 0 "resuming at step 5 \(epoch 0\)" -- "$tfuse" train "$m" --data "$data" --steps 13 --resume "$tmp/s5.st" --save "$tmp/r5_13.st"
+same "$tmp/s13.st" "$tmp/r5_13.st" "5 steps + resume to 13 vs 13 steps"
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 7 --save "$tmp/s7.st"
+expect 0 "resuming at step 7 \(epoch 1\)" -- "$tfuse" train "$m" --data "$data" --steps 13 --resume "$tmp/s7.st" --save "$tmp/r7_13.st"
+same "$tmp/s13.st" "$tmp/r7_13.st" "7 steps + resume to 13 vs 13 steps"
+# a chain of resumes, and --save-every on the way
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 9 --resume "$tmp/s5.st" --save "$tmp/c9.st"
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 13 --resume "$tmp/c9.st" --save "$tmp/c13.st" --save-every 2
+same "$tmp/s13.st" "$tmp/c13.st" "5 + 4 + 4 steps vs 13"
+# the ring's batches do not depend on the thread count
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 13 --save "$tmp/w1.st" --workers 1
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 13 --save "$tmp/w7.st" --workers 7
+same "$tmp/s13.st" "$tmp/w1.st" "--workers 1 vs 2"
+same "$tmp/s13.st" "$tmp/w7.st" "--workers 7 vs 2"
+# ... and the checks above are not vacuous: the state moves, and the seed
+# (data order and dropout masks) shows in it
+differ "$tmp/s5.st" "$tmp/s13.st" "the state after 5 and 13 steps"
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 13 --save "$tmp/seed1.st" --seed 1
+differ "$tmp/s13.st" "$tmp/seed1.st" "seeds 0 and 1"
+# resuming at or past the end trains nothing and keeps the state as it was
+expect 0 "nothing to train: the checkpoint is at step 13 of 10" -- "$tfuse" train "$m" --data "$data" --steps 10 --resume "$tmp/s13.st" --save "$tmp/again.st"
+same "$tmp/s13.st" "$tmp/again.st" "a resume with nothing to do"
+# the log is appended to when resuming
+cp "$tmp/run.csv" "$tmp/run2.csv"
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 8 --resume "$tmp/s5.st" --log "$tmp/run2.csv" --save "$tmp/tmp8.st"
+if [ "$(tail -n +2 "$tmp/run2.csv" | cut -d, -f1 | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 " ] && [ "$(grep -c '^step' "$tmp/run2.csv")" -eq 1 ]; then ok
+else bad "appended CSV: $(cat "$tmp/run2.csv")"; fi
+# the seed comes with the checkpoint; another --seed is refused
+expect 0 "seed 1" -- "$tfuse" train "$m" --data "$data" --steps 14 --resume "$tmp/seed1.st"
+expect 2 "--seed 3 differs from the seed 0 of" -- "$tfuse" train "$m" --data "$data" --steps 14 --resume "$tmp/s13.st" --seed 3
+# what --resume refuses
+expect 1 "not a checkpoint of 'tfuse train'.*use --params" -- "$tfuse" train "$m" --data "$data" --resume "$tmp/plain.safetensors"
+expect 2 "--params and --resume" -- "$tfuse" train "$m" --data "$data" --resume "$tmp/s5.st" --params "$tmp/s5.st"
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 2 --params "$tmp/plain.safetensors" --save "$tmp/p2.st"
+expect 1 "tensor 'acc' matches no param or buffer" -- "$tfuse" train "$tmp/nan.ir" --data "$data" --resume "$tmp/s5.st"
+
+# ---- a checkpoint is accepted by tfuse run --params (training-only state skipped)
+expect 0 "^loss : f32\[\] = " -- "$tfuse" run "$m" --params "$tmp/s13.st" --random-inputs
+a=$("$tfuse" run "$m" --params "$tmp/s13.st" --random-inputs 2>&1)
+b=$("$tfuse" run "$m" --random-inputs 2>&1)
+if [ "$a" != "$b" ]; then ok; else bad "run --params CKPT changed nothing: $a"; fi
+
+# ---- epochs, evaluation
+expect 0 "^step 10/10 " -- "$tfuse" train "$m" --data "$data" --epochs 2
+out=$("$tfuse" train "$m" --data "$data" --steps 6 --eval-data "x=$tmp/ex.npy,y=$tmp/ey.npy" --eval-every 3 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -qE "^eval after step 3:  loss [0-9.]+  accuracy [0-9.]+  \(9 samples\)$" <<<"$out" &&
+   grep -qE "^eval after step 6:  loss [0-9.]+  accuracy [0-9.]+  \(9 samples\)$" <<<"$out"; then ok
+else bad "eval (rc $rc): $out"; fi
+expect 1 "x4.npy: the array is f32\[22, 4\]" -- "$tfuse" train "$m" --data "$data" --steps 1 --eval-data "x=$tmp/x4.npy,y=$tmp/y.npy"
+
+# ---- a non-finite loss: fp32 stops naming the step; fp16 goes on
+expect 1 "tfuse train: loss is nan at step 4 \(in fp32" -- "$tfuse" train "$tmp/nan.ir" --data "$data" --steps 6 --log "$tmp/nan.csv"
+if [ "$(tail -n1 "$tmp/nan.csv" | cut -d, -f1,3)" = "4,nan" ]; then ok; else bad "nan CSV: $(cat "$tmp/nan.csv")"; fi
+out=$("$tfuse" train "$tmp/nan.ir" --data "$data" --steps 6 --precision fp16 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "note: step 4: loss is nan in fp16" <<<"$out" && grep -q "^step 6/6 " <<<"$out" &&
+   grep -q "3 step(s) skipped" <<<"$out"; then ok
+else bad "fp16 nan (rc $rc): $out"; fi
+
+# ---- on a terminal: one line, redrawn in place (\r, erase to the end)
+if command -v script >/dev/null; then
+  cmd=$(printf '%q ' "$tfuse" train "$m" --data "$data" --steps 5)
+  raw=$(script -qec "$cmd" /dev/null 2>&1)
+  if [ "$(grep -c 'step ' <<<"$raw")" -eq 1 ] && grep -q $'\r\033\[Kstep 5/5  epoch 0  loss [0-9.]*  lr [0-9.]*  [0-9]* samples/s  ETA 0:00' <<<"$raw"; then ok
+  else bad "terminal progress: $(od -c <<<"$raw" | head -20)"; fi
+else
+  bad "script(1) (util-linux) is missing: the terminal check cannot run"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
