@@ -39,7 +39,8 @@ const char train_synopsis[] =
     "FILE --data NAME=FILE.npy,... [--steps N | --epochs N] [--eval-data NAME=FILE.npy,...]\n"
     "                     [--eval-every N] [--save CKPT] [--save-every N] [--resume CKPT] [--params FILE]\n"
     "                     [--log FILE.csv] [--log-every N] [--workers N] [--seed N] [--dim K=V]\n"
-    "                     [--target=...] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--explain]";
+    "                     [--target=...] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--explain]\n"
+    "                     [--checkpoint=none|auto --memory-budget=BYTES]";
 
 const char train_help[] =
     "Train a model: compile it in train mode (each run is one step: forward, backward, optimizer update)\n"
@@ -85,7 +86,7 @@ const char train_help[] =
     "A non-finite loss: with fp16 precision the loss scaler skips that step and halves the scale, and\n"
     "training goes on (a note is printed); otherwise training stops with exit code 1, naming the step.\n"
     "--target, --precision, --O0, --disable-pass, --explain, --dim (also B=auto with --memory-limit),\n"
-    "--dump-ir and --dump-dir are as for 'tfuse compile'.";
+    "--checkpoint=auto --memory-budget=BYTES, --dump-ir and --dump-dir are as for 'tfuse compile'.";
 
 enum { MAX_WORKERS = 64 };
 
