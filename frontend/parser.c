@@ -641,7 +641,7 @@ static tf_ir_status parse_region(parser *p, const tf_token *kw)
         int k = -1;
         for (int i = 0; i < TF_REGION_KIND_COUNT; i++)
             if (tok_is(&p->tok, tf_region_kind_name((tf_region_kind)i))) k = i;
-        if (k < 0) return expected(p, "a region kind (pointwise, reduction, gemm)");
+        if (k < 0) return expected(p, "a region kind (pointwise, reduction, gemm, multi)");
         kind = (tf_region_kind)k;
         advance(p);
     }

@@ -238,7 +238,10 @@ typedef struct tf_train {
  *     ...
  *     yield s
  *   }                                                                        */
-typedef enum tf_region_kind { TF_REGION_POINTWISE, TF_REGION_REDUCTION, TF_REGION_GEMM, TF_REGION_KIND_COUNT } tf_region_kind;
+/* multi: independent pointwise chains of different shapes run by one
+ * kernel (the optimizer's updates of every param: a multi-tensor apply). */
+typedef enum tf_region_kind { TF_REGION_POINTWISE, TF_REGION_REDUCTION, TF_REGION_GEMM, TF_REGION_MULTI,
+                              TF_REGION_KIND_COUNT } tf_region_kind;
 
 typedef struct tf_region {
     const char *name;

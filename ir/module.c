@@ -107,7 +107,7 @@ tf_value *tf_module_add_decl(tf_module *m, const char *name, tf_value_kind kind,
 
 const char *tf_region_kind_name(tf_region_kind k)
 {
-    static const char *names[] = {"pointwise", "reduction", "gemm"};
+    static const char *names[] = {"pointwise", "reduction", "gemm", "multi"};
     return (unsigned)k < TF_REGION_KIND_COUNT ? names[k] : "?";
 }
 

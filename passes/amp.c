@@ -168,7 +168,9 @@ static tf_ir_status rewrite_node(amp *a, tf_node *n)
         if (v->kind == TF_VAL_CONST || width(t) == 0 || t == want) continue;
         if (oi->amp == TF_AMP_ALLOW && t == TF_DT_F64) continue;
         if (oi->amp == TF_AMP_DENY && !is_half(t)) continue;
+        int made = a->ninserted;
         if (!(n->in[k] = cast_to(a, v, want, NULL, &n->loc))) return a->o->diag->status;
+        if (a->ninserted > made) n->in[k]->def->backward = n->backward;   /* a cast made for a backward use belongs there */
     }
     if (tf_module_append_node(a->m, n))
         return tf_diag_error(a->o->diag, TF_IR_ERR_OOM, &n->loc, "out of memory");
@@ -217,7 +219,9 @@ static tf_ir_status restore_boundaries(amp *a, const tf_dt *out_dt)
         tf_update *u = &a->m->updates[i];
         tf_dt from = u->value->type.dtype;
         if (from == u->buffer->type.dtype) continue;
+        tf_value *src = u->value;
         if (!(u->value = cast_to(a, u->value, u->buffer->type.dtype, NULL, &u->loc))) return a->o->diag->status;
+        if (src->kind == TF_VAL_NODE && u->value->kind == TF_VAL_NODE) u->value->def->backward |= src->def->backward;
         tf_explain(a->o, "amp", &u->loc, "update %s keeps %s: the new value is %s, stored through %s", u->buffer->name,
                    tf_dtype_name(u->buffer->type.dtype), tf_dtype_name(from), u->value->name);
     }

@@ -542,10 +542,12 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
         nback += m->nodes.n - before;
     }
     if (!st) {
-        for (int i = nfwd; i < m->nodes.n; i++) ((tf_node *)m->nodes.items[i])->backward = true;
-        m->backward_start = nfwd;
         tf_explain(o, "autodiff", &loss->loc, "backward of %s: %d ops for %d forward ops", loss->name, nback, nfwd);
         st = optimizer(&g, loss, scale);
+    }
+    if (!st) {   /* everything after the forward ops: backward pass and optimizer */
+        for (int i = nfwd; i < m->nodes.n; i++) ((tf_node *)m->nodes.items[i])->backward = true;
+        m->backward_start = nfwd;
     }
     if (!st) tf_module_renumber(m);
 done:

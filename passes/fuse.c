@@ -253,6 +253,64 @@ static void group_nodes(fz *f, bool *mark)
     }
 }
 
+/* The optimizer's update chains (pointwise groups whose results go only to
+ * `update` statements, within the group) become one multi-tensor region:
+ * every param updated by one kernel, not one per tensor. Such groups are
+ * independent of each other (nothing but updates reads them), so the merged
+ * region stays convex. */
+static void merge_updates(fz *f)
+{
+    tf_module *m = f->m;
+    int D = m->decls.n;
+    bool *ok = malloc((size_t)(f->ng ? f->ng : 1) * sizeof *ok), *feeds = calloc((size_t)(f->ng ? f->ng : 1), sizeof *feeds);
+    if (!ok || !feeds) {
+        free(ok);
+        free(feeds);
+        return;   /* an optimization: without memory, updates stay per tensor */
+    }
+    for (int g = 0; g < f->ng; g++) ok[g] = f->g[g].count > 0 && f->g[g].kind == TF_REGION_POINTWISE;
+    for (int i = 0; i < f->n; i++) {
+        tf_node *n = f->nodes[i];
+        int gi = f->grp[i];
+        if (gi >= 0 && !n->backward) ok[gi] = false;
+        for (int k = 0; k < n->nin; k++) {   /* a value read outside its group disqualifies the group */
+            tf_value *v = n->in[k];
+            if (v->kind != TF_VAL_NODE) continue;
+            int gv = f->grp[index_of(v->def) - D];
+            if (gv >= 0 && gv != gi) ok[gv] = false;
+        }
+    }
+    for (int i = 0; i < m->noutputs; i++) {
+        tf_value *v = m->outputs[i].value;
+        if (v->kind == TF_VAL_NODE && f->grp[index_of(v->def) - D] >= 0) ok[f->grp[index_of(v->def) - D]] = false;
+    }
+    for (int i = 0; i < m->nupdates; i++) {
+        tf_value *v = m->updates[i].value;
+        if (v->kind == TF_VAL_NODE && f->grp[index_of(v->def) - D] >= 0) feeds[f->grp[index_of(v->def) - D]] = true;
+    }
+    int into = -1, merged = 0;
+    for (int g = 0; g < f->ng; g++) {
+        if (!ok[g] || !feeds[g]) continue;
+        if (into < 0) {
+            into = g;
+            f->g[g].kind = TF_REGION_MULTI;
+            continue;
+        }
+        for (int i = 0; i < f->n; i++)
+            if (f->grp[i] == g) f->grp[i] = into;
+        f->g[into].count += f->g[g].count;
+        if (f->g[g].first < f->g[into].first) f->g[into].first = f->g[g].first;
+        f->g[g].count = 0;
+        merged++;
+    }
+    if (into >= 0 && merged)
+        tf_explain(f->o, "fuse", NULL, "the optimizer's %d update chains run as one multi-tensor kernel", merged + 1);
+    else if (into >= 0 && f->g[into].count < 2)
+        f->g[into].kind = TF_REGION_POINTWISE;   /* a single lone update: no region needed */
+    free(ok);
+    free(feeds);
+}
+
 /* Order nodes so each region is contiguous: Kahn's algorithm over regions
  * (and lone nodes), taking the ready unit with the earliest first node. */
 static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
@@ -339,6 +397,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     }
     for (int i = 0; i < f.n; i++) f.grp[i] = -1;
     group_nodes(&f, mark);
+    merge_updates(&f);
 
     /* groups of two or more ops become regions; units for ordering */
     int nunits = 0, nreg = 0;
