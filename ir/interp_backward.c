@@ -33,16 +33,6 @@
 #define OPNAME (tf_op_table[n->op].name)
 #define DIAG   tf_interp_diag(ip)
 
-/* An INTS attribute given as one value or [h, w]; [] gives the defaults. */
-static void pair_of(const tf_node *n, const char *name, int64_t d0, int64_t d1, int64_t v[2])
-{
-    const tf_attr *a = tf_node_attr_named(n, name);
-    v[0] = d0;
-    v[1] = d1;
-    if (!a || a->kind != TF_ATTR_INTS || a->u.ints.n == 0) return;
-    v[0] = a->u.ints.v[0].v;
-    v[1] = a->u.ints.n >= 2 ? a->u.ints.v[1].v : v[0];
-}
 
 static tf_ir_status bad_rank(tf_interp_ctx *ip, const tf_node *n)
 {
@@ -62,9 +52,9 @@ static bool conv_geom_of(const tf_node *n, const tf_tensor *x, const tf_tensor *
                          conv_geom *g)
 {
     if (x->rank != 4 || w->rank != 4 || dy->rank != 4) return false;
-    pair_of(n, "stride", 1, 1, g->s);
-    pair_of(n, "padding", 0, 0, g->p);
-    pair_of(n, "dilation", 1, 1, g->dl);
+    tf_node_pair(n, "stride", 1, 1, g->s);
+    tf_node_pair(n, "padding", 0, 0, g->p);
+    tf_node_pair(n, "dilation", 1, 1, g->dl);
     int64_t G = tf_node_int(n, "groups");
     if (G < 1) G = 1;
     g->N = x->dims[0], g->C = x->dims[1], g->H = x->dims[2], g->W = x->dims[3];
@@ -131,9 +121,9 @@ tf_ir_status ik_conv2d_grad_weight(tf_interp_ctx *ip, const tf_node *n, const tf
 static void pool_backward(const tf_node *n, const tf_tensor *x, const tf_tensor *dy, tf_tensor *dx)
 {
     int64_t k[2], s[2], p[2];
-    pair_of(n, "kernel", 1, 1, k);
-    pair_of(n, "stride", k[0], k[1], s);
-    pair_of(n, "padding", 0, 0, p);
+    tf_node_pair(n, "kernel", 1, 1, k);
+    tf_node_pair(n, "stride", k[0], k[1], s);
+    tf_node_pair(n, "padding", 0, 0, p);
     int64_t planes = dx->dims[0] * dx->dims[1], H = dx->dims[2], W = dx->dims[3];
     int64_t Ho = dy->dims[2], Wo = dy->dims[3];
     double inv = 1.0 / (double)(k[0] * k[1]);

@@ -151,16 +151,6 @@ static void split3(const tf_tensor *t, int ax, int64_t *outer, int64_t *len, int
     *inner = prod(t->dims, ax + 1, t->rank);
 }
 
-/* An INTS attribute given as one value or [h, w]; [] gives the defaults. */
-static void pair_of(const tf_node *n, const char *name, int64_t d0, int64_t d1, int64_t v[2])
-{
-    const tf_attr *a = tf_node_attr_named(n, name);
-    v[0] = d0;
-    v[1] = d1;
-    if (!a || a->kind != TF_ATTR_INTS || a->u.ints.n == 0) return;
-    v[0] = a->u.ints.v[0].v;
-    v[1] = a->u.ints.n >= 2 ? a->u.ints.v[1].v : v[0];
-}
 
 /* ---- pointwise ---------------------------------------------------------------- */
 
@@ -408,9 +398,9 @@ tf_ir_status ik_conv2d(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *con
     (void)ip;
     const tf_tensor *x = in[0], *w = in[1], *b = n->nin > 2 ? in[2] : NULL;
     int64_t s[2], p[2], dl[2];
-    pair_of(n, "stride", 1, 1, s);
-    pair_of(n, "padding", 0, 0, p);
-    pair_of(n, "dilation", 1, 1, dl);
+    tf_node_pair(n, "stride", 1, 1, s);
+    tf_node_pair(n, "padding", 0, 0, p);
+    tf_node_pair(n, "dilation", 1, 1, dl);
     int64_t G = tf_node_int(n, "groups");
     if (G < 1) G = 1;
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
@@ -444,9 +434,9 @@ tf_ir_status ik_conv2d(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *con
 static void pool2d(const tf_node *n, const tf_tensor *x, tf_tensor *out, bool is_max)
 {
     int64_t k[2], s[2], p[2];
-    pair_of(n, "kernel", 1, 1, k);
-    pair_of(n, "stride", k[0], k[1], s);
-    pair_of(n, "padding", 0, 0, p);
+    tf_node_pair(n, "kernel", 1, 1, k);
+    tf_node_pair(n, "stride", k[0], k[1], s);
+    tf_node_pair(n, "padding", 0, 0, p);
     int64_t planes = x->dims[0] * x->dims[1], H = x->dims[2], W = x->dims[3], Ho = out->dims[2], Wo = out->dims[3];
     for (int64_t pl = 0; pl < planes; pl++) {
         const double *px = x->data + pl * H * W;

@@ -146,6 +146,16 @@ const char *tf_node_str(const tf_node *n, const char *name)
     return a && a->kind == TF_ATTR_STR ? a->u.s : "";
 }
 
+void tf_node_pair(const tf_node *n, const char *name, int64_t d0, int64_t d1, int64_t v[2])
+{
+    const tf_attr *a = tf_node_attr_named(n, name);
+    v[0] = d0;
+    v[1] = d1;
+    if (!a || a->kind != TF_ATTR_INTS || a->u.ints.n == 0) return;
+    v[0] = a->u.ints.v[0].v;
+    v[1] = a->u.ints.n >= 2 ? a->u.ints.v[1].v : v[0];
+}
+
 bool tf_axis_norm(int64_t axis, int rank, int *out)
 {
     if (axis < -rank || axis >= rank) return false;

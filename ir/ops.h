@@ -78,6 +78,10 @@ bool tf_node_bool(const tf_node *n, const char *name);
 const char *tf_node_str(const tf_node *n, const char *name);
 const tf_attr *tf_node_attr_named(const tf_node *n, const char *name);
 
+/* An INTS attribute given as one value or [h, w] (stride, padding, kernel):
+ * the two spatial values; [] (or absent) gives d0, d1. */
+void tf_node_pair(const tf_node *n, const char *name, int64_t d0, int64_t d1, int64_t v[2]);
+
 /* Normalize an axis (negative counts from the end) against a rank; false if
  * out of range. */
 bool tf_axis_norm(int64_t axis, int rank, int *out);
