@@ -233,5 +233,24 @@ else
   bad "script(1) (util-linux) is missing: the terminal check cannot run"
 fi
 
+# ---- a save killed midway leaves the previous checkpoint loadable: saving
+# every step, SIGKILL the run at some moment after its first save; the
+# checkpoint at the path is whole (a resume from it works) whenever it was killed
+for delay in 0.1 0.4 0.9; do
+  rm -f "$tmp/killed.st"
+  "$tfuse" train "$m" --data "$data" --steps 1000000 --save "$tmp/killed.st" --save-every 1 --log-every 100000 \
+    >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do [ -e "$tmp/killed.st" ] && break; sleep 0.1; done   # the first save
+  sleep "$delay"
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  if [ ! -e "$tmp/killed.st" ]; then bad "no checkpoint was written within 20 s"; continue; fi
+  step=$(python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q", f.read(8))[0]; print(json.loads(f.read(n))["__metadata__"]["step"])' "$tmp/killed.st" 2>/dev/null)
+  if [ -n "$step" ] && "$tfuse" train "$m" --data "$data" --steps $((step + 1)) --resume "$tmp/killed.st" \
+      --save "$tmp/killed2.st" >/dev/null 2>&1; then ok
+  else bad "killed after ${delay}s: the checkpoint (step '$step') does not resume"; fi
+done
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
