@@ -120,6 +120,7 @@ typedef struct tf_compile_options {
     const char *precision;   /* "fp32", "fp16", "bf16" overrides the train block; NULL keeps it */
     FILE *explain;           /* one line per compiler decision, or NULL */
     int64_t memory_limit;    /* bytes, for a TF_DIM_AUTO dim; 0 = none */
+    const char *dump_kernels;   /* a directory: kernels.txt, the kernel IR of every kernel; NULL: none */
     const char *checkpoint;  /* "none" (default) or "auto": recompute cheap forward values in the
                               * backward pass until the step plans within memory_budget */
     int64_t memory_budget;   /* bytes; 0 = none */

@@ -54,5 +54,8 @@ void tf_tensor_release(tf_tensor *t);
 double tf_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 double tf_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
 uint64_t tf_rng_stream(const char *name);
+/* Dropout's stream for a salt at a step: element i is kept (scaled by
+ * 1/(1-p), rounded to the dtype) when tf_rng_uniform(seed, stream, i) >= p. */
+uint64_t tf_dropout_stream(uint64_t step, uint64_t salt);
 
 #endif

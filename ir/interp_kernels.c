@@ -217,8 +217,9 @@ static uint64_t mix64(uint64_t z)   /* splitmix64's finalizer */
 }
 
 /* The random stream of a dropout (or dropout_mask) with this salt at this
- * step: distinct per salt and per step, equal for the two ops. */
-static uint64_t dropout_stream(uint64_t step, uint64_t salt)
+ * step: distinct per salt and per step, equal for the two ops; exported so
+ * that every backend draws the oracle's masks. */
+uint64_t tf_dropout_stream(uint64_t step, uint64_t salt)
 {
     return mix64(mix64(step ^ 0x64726f706f7574ull /* "dropout" */) ^ salt);
 }
@@ -229,7 +230,7 @@ static void dropout_fill(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *x
     double p = tf_node_float(n, "p");
     double scale = tf_dtype_round(out->dtype, 1.0 / (1.0 - p));
     uint64_t seed = tf_interp_seed(ip);
-    uint64_t stream = dropout_stream(tf_interp_step(ip), (uint64_t)tf_node_int(n, "salt"));
+    uint64_t stream = tf_dropout_stream(tf_interp_step(ip), (uint64_t)tf_node_int(n, "salt"));
     for (int64_t i = 0; i < out->numel; i++) {
         double m = tf_rng_uniform(seed, stream, (uint64_t)i) >= p ? scale : 0.0;
         out->data[i] = apply ? x->data[i] * m : m;

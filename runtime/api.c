@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernel.h"
 #include "parser.h"
 #include "runtime.h"
 #include "tensorio.h"
@@ -242,6 +243,25 @@ tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *pass
     return TF_OK;
 }
 
+/* --dump-kernels=DIR: DIR/kernels.txt, the kernel IR the emitters lower. */
+static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char *dir)
+{
+    tf_kernel_plan plan;
+    tf_diag d = {0};
+    if (tf_kernels_build(m, &plan, &d)) return tf_from_diag(ctx, &d);
+    char *text = tf_kernels_print(m, &plan);
+    tf_kernels_free(&plan);
+    if (!text) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing kernels");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/kernels.txt", dir);
+    mkdir(dir, 0777);
+    FILE *f = fopen(path, "w");
+    bool ok = f && fputs(text, f) >= 0;
+    if (f && fclose(f) != 0) ok = false;
+    free(text);
+    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
+}
+
 /* Run the pipeline on a copy of src. */
 static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
                                 tf_program_t **out)
@@ -263,6 +283,10 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
     if (tf_run_pipeline(p->m, NULL, &o)) {
         tf_program_free(p);
         return tf_from_diag(ctx, &d);
+    }
+    if (!quiet && opts->dump_kernels && (st = dump_kernels(ctx, p->m, opts->dump_kernels))) {
+        tf_program_free(p);
+        return st;
     }
     *out = p;
     return TF_OK;

@@ -38,6 +38,7 @@ typedef struct args {
     size_t ndisabled;
     int64_t memory_limit;
     const char *checkpoint;   /* --checkpoint=none|auto */
+    const char *dump_kernels; /* --dump-kernels=DIR */
     int64_t memory_budget;    /* --memory-budget=BYTES */
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;

@@ -126,6 +126,8 @@ static int parse_args(int argc, char **argv, args *a)
         } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
             if (a->ndisabled == MAX_ITEMS) return cli_usage_error(cmd, "too many --disable-pass flags%s", "");
             a->disabled[a->ndisabled++] = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-kernels"))) {
+            a->dump_kernels = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
             if (strcmp(v, "none") && strcmp(v, "auto"))
                 return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
@@ -214,6 +216,7 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     o->explain = a->explain ? explain : NULL;
     o->memory_limit = a->memory_limit;
     o->checkpoint = a->checkpoint;
+    o->dump_kernels = a->dump_kernels;
     o->memory_budget = a->memory_budget;
 }
 
@@ -416,13 +419,14 @@ static const struct {
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
     {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
      "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES]\n"
-     "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--stats] [-o OUT]",
+     "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
      "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
      "--dim B=auto picks the largest B whose planned peak fits --memory-limit (512M, 16G, ...);\n"
      "train mode: --checkpoint=auto recomputes cheap forward values in the backward pass until the\n"
      "step's planned peak fits --memory-budget;\n"
-     "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); -o writes the compiled IR."},
+     "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); --dump-kernels writes\n"
+     "DIR/kernels.txt, the kernel IR of every kernel; -o writes the compiled IR."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
      "                     [--seed N] [--target=...] [--precision=...] [--O0] [--disable-pass=NAME]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"

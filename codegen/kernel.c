@@ -1,0 +1,407 @@
+/* kernel.c — the kernel IR built from a fused module, and its text. See
+ * kernel.h for the model. */
+#include "kernel.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct kb {
+    const tf_module *m;
+    tf_kernel *k;
+    int *expr_of;          /* value id -> expr of this kernel, -1 */
+    int *touched;          /* ids set in expr_of, reset after the kernel */
+    int ntouched, cap_touched;
+    int cap_bufs, cap_exprs, cap_reds, cap_stores;
+    tf_diag *d;
+} kb;
+
+static bool grow(void **p, int n, int *cap, size_t elem)
+{
+    if (n < *cap) return true;
+    int c = *cap ? *cap * 2 : 8;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static int add_buf(kb *b, const tf_value *v, bool written)
+{
+    tf_kernel *k = b->k;
+    for (int i = 0; i < k->nbufs; i++)
+        if (k->bufs[i].value == v) {
+            k->bufs[i].written |= written;
+            return i;
+        }
+    if (!grow((void **)&k->bufs, k->nbufs, &b->cap_bufs, sizeof *k->bufs)) return -1;
+    k->bufs[k->nbufs] = (tf_kbuf){v, written};
+    return k->nbufs++;
+}
+
+static int add_expr(kb *b, tf_kexpr e)
+{
+    tf_kernel *k = b->k;
+    if (!grow((void **)&k->exprs, k->nexprs, &b->cap_exprs, sizeof *k->exprs)) return -1;
+    k->exprs[k->nexprs] = e;
+    return k->nexprs++;
+}
+
+static bool is_pointwise(const tf_node *n)
+{
+    tf_op_kind kind = tf_op_info_of(n->op)->kind;
+    return kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || kind == TF_OPK_GENERATOR || n->op == TF_OP_ONE_HOT;
+}
+
+static unsigned reduce_mask(const tf_node *n)
+{
+    const tf_attr *a = tf_node_attr_named(n, "axes");
+    int rank = n->in[0]->type.rank;
+    if (a->u.ints.n == 0) return (1u << rank) - 1;
+    unsigned mask = 0;
+    for (int i = 0; i < a->u.ints.n; i++) {
+        int ax;
+        if (tf_axis_norm(a->u.ints.v[i].v, rank, &ax)) mask |= 1u << ax;
+    }
+    return mask;
+}
+
+/* Strides of value v read over the kernel's index space. Shapes right-align
+ * (NumPy) except a shape with the reduced axes dropped, which maps onto the
+ * outer axes, and one_hot's labels, which map onto the leading axes. */
+static void load_strides(const tf_kernel *k, const tf_type *t, bool outer_map, bool leading, int64_t *st)
+{
+    int64_t row[TF_MAX_RANK];
+    int64_t s = 1;
+    for (int i = t->rank - 1; i >= 0; i--) {
+        row[i] = t->dims[i].n == 1 ? 0 : s;
+        s *= t->dims[i].n;
+    }
+    for (int i = 0; i < k->rank; i++) st[i] = 0;
+    if (outer_map) {
+        for (int i = 0, j = 0; i < k->rank && j < t->rank; i++)
+            if (!((k->reduce_mask >> i) & 1)) st[i] = row[j++];
+        return;
+    }
+    if (leading) {
+        for (int j = 0; j < t->rank; j++) st[j] = row[j];
+        return;
+    }
+    for (int j = 0; j < t->rank; j++) st[k->rank - t->rank + j] = row[j];
+}
+
+static bool on_outer(const tf_kernel *k, const int64_t *st)
+{
+    for (int i = 0; i < k->rank; i++)
+        if (((k->reduce_mask >> i) & 1) && st[i]) return false;
+    return true;
+}
+
+/* Is a type the index space with the reduced axes dropped (not kept)? */
+static bool is_dropped_shape(const tf_kernel *k, const tf_type *t)
+{
+    int outer = 0;
+    for (int i = 0; i < k->rank; i++) outer += !((k->reduce_mask >> i) & 1);
+    if (!k->reduce_mask || t->rank != outer || t->rank == k->rank) return false;
+    for (int i = 0, j = 0; i < k->rank; i++)
+        if (!((k->reduce_mask >> i) & 1) && t->dims[j++].n != k->dims[i]) return false;
+    return true;
+}
+
+static bool remember(kb *b, int value_id, int expr)
+{
+    if (!grow((void **)&b->touched, b->ntouched, &b->cap_touched, sizeof *b->touched)) return false;
+    b->touched[b->ntouched++] = value_id;
+    b->expr_of[value_id] = expr;
+    return true;
+}
+
+static int operand(kb *b, const tf_node *n, int q)
+{
+    tf_value *v = n->in[q];
+    if (v->kind == TF_VAL_CONST) {
+        tf_kexpr e = {.kind = TF_KX_CONST, .dtype = v->type.dtype, .value = v->cval, .reduced_domain = true, .node = n};
+        return add_expr(b, e);
+    }
+    if (v->id >= 0 && b->expr_of[v->id] >= 0) return b->expr_of[v->id];
+    tf_kexpr e = {.kind = TF_KX_LOAD, .dtype = v->type.dtype, .node = n};
+    if ((e.buf = add_buf(b, v, false)) < 0) return -1;
+    load_strides(b->k, &v->type, is_dropped_shape(b->k, &v->type) && is_dropped_shape(b->k, &n->out->type),
+                 n->op == TF_OP_ONE_HOT, e.strides);
+    e.reduced_domain = on_outer(b->k, e.strides);
+    int id = add_expr(b, e);
+    if (id >= 0 && !remember(b, v->id, id)) return -1;
+    return id;
+}
+
+/* One node of an elementwise or reduction kernel into expressions. */
+static tf_ir_status add_node(kb *b, const tf_node *n)
+{
+    tf_kernel *k = b->k;
+    if (tf_op_info_of(n->op)->kind == TF_OPK_REDUCTION) {
+        int arg = operand(b, n, 0);
+        if (arg < 0 || !grow((void **)&k->reds, k->nreds, &b->cap_reds, sizeof *k->reds))
+            return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+        double count = 1;
+        unsigned mask = reduce_mask(n);
+        for (int i = 0; i < n->in[0]->type.rank; i++)
+            if ((mask >> i) & 1) count *= (double)n->in[0]->type.dims[i].n;
+        k->reds[k->nreds] = (tf_kreduce){n->op, arg, n->out->type.dtype, count};
+        tf_kexpr e = {.kind = TF_KX_REDUCED, .dtype = n->out->type.dtype, .red = k->nreds++, .reduced_domain = true, .node = n};
+        int id = add_expr(b, e);
+        if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+        return TF_IR_OK;
+    }
+    tf_kexpr e = {.kind = TF_KX_OP, .op = n->op, .dtype = n->out->type.dtype, .reduced_domain = true, .node = n};
+    if (n->op == TF_OP_IOTA) {
+        e.kind = TF_KX_INDEX;
+        tf_axis_norm(tf_node_int(n, "axis"), n->out->type.rank, &e.axis);
+        e.axis += k->rank - n->out->type.rank;
+        e.reduced_domain = !((k->reduce_mask >> e.axis) & 1);
+    } else {
+        e.nargs = n->nin;
+        for (int q = 0; q < n->nin; q++) {
+            if ((e.args[q] = operand(b, n, q)) < 0) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
+            e.reduced_domain &= k->exprs[e.args[q]].reduced_domain;
+        }
+        if (n->op == TF_OP_ONE_HOT) {   /* compares with the last index */
+            tf_kexpr ix = {.kind = TF_KX_INDEX, .dtype = TF_DT_I64, .axis = k->rank - 1, .node = n};
+            ix.reduced_domain = !((k->reduce_mask >> ix.axis) & 1);
+            if ((e.args[1] = add_expr(b, ix)) < 0) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
+            e.nargs = 2;
+            e.reduced_domain &= ix.reduced_domain;
+        }
+        if (n->op == TF_OP_DROPOUT_MASK) e.reduced_domain = false;   /* one draw per element */
+    }
+    int id = add_expr(b, e);
+    if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+    return TF_IR_OK;
+}
+
+/* Does n's value leave the kernel made of nodes[lo, hi)? A lone op's
+ * always does; in a region, a yielded value does, and so does one that a
+ * later kernel of the same region reads (a multi region splits into one
+ * kernel per shape). */
+static bool leaves(const tf_module *m, const tf_node *n, int lo, int hi)
+{
+    if (!n->region) return true;
+    const tf_region *r = &m->regions[n->region - 1];
+    for (int i = 0; i < r->nyields; i++)
+        if (r->yields[i] == n->out) return true;
+    if (r->kind != TF_REGION_MULTI) return false;
+    for (int i = 0; i < m->nodes.n; i++) {
+        if (i >= lo && i < hi) continue;
+        const tf_node *u = m->nodes.items[i];
+        for (int q = 0; q < u->nin; q++)
+            if (u->in[q] == n->out) return true;
+    }
+    return false;
+}
+
+static int64_t space_numel(const tf_kernel *k)
+{
+    int64_t n = 1;
+    for (int i = 0; i < k->rank; i++) n *= k->dims[i];
+    return n;
+}
+
+static tf_ir_status add_store(kb *b, const tf_node *n)
+{
+    tf_kernel *k = b->k;
+    if (!grow((void **)&k->stores, k->nstores, &b->cap_stores, sizeof *k->stores))
+        return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+    int buf = add_buf(b, n->out, true), ex = b->expr_of[n->out->id];
+    if (buf < 0) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+    /* a value of a reduction kernel lives on the full space or the outer one */
+    bool outer = k->reduce_mask && tf_type_numel(&n->out->type) != space_numel(k);
+    k->stores[k->nstores++] = (tf_kstore){buf, ex, outer};
+    return TF_IR_OK;
+}
+
+static void set_space(tf_kernel *k, const tf_type *t)
+{
+    k->rank = t->rank;
+    for (int i = 0; i < t->rank; i++) k->dims[i] = t->dims[i].n;
+}
+
+static tf_kernel *new_kernel(tf_kernel_plan *p, int *cap, const tf_node *first, tf_kernel_kind kind, int region)
+{
+    if (!grow((void **)&p->kernels, p->nkernels, cap, sizeof *p->kernels)) return NULL;
+    tf_kernel *k = &p->kernels[p->nkernels];
+    memset(k, 0, sizeof *k);
+    snprintf(k->name, sizeof k->name, "k%d_%s", p->nkernels, tf_op_info_of(first->op)->name);
+    k->kind = kind;
+    k->region = region;
+    p->nkernels++;
+    return k;
+}
+
+/* nodes[lo, hi) run as one kernel */
+static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, int lo, int hi, tf_diag *d)
+{
+    tf_node **nodes = (tf_node **)m->nodes.items;
+    const tf_node *n0 = nodes[lo];
+    int region = n0->region;
+    if (hi - lo == 1 && n0->op == TF_OP_RESHAPE) {
+        tf_kernel *k = new_kernel(p, cap, n0, TF_K_VIEW, region);
+        if (!k) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+        k->lib = n0;
+        set_space(k, &n0->out->type);
+        return TF_IR_OK;
+    }
+    /* a gemm region: its matmul/conv is a library call; the rest an epilogue */
+    const tf_node *lib = NULL;
+    for (int i = lo; i < hi; i++) {
+        const tf_node *n = nodes[i];
+        if (!is_pointwise(n) && tf_op_info_of(n->op)->kind != TF_OPK_REDUCTION) {
+            if (lib) return tf_diag_error(d, TF_IR_ERR_INTERNAL, &n->loc, "internal: two library ops in one kernel");
+            lib = n;
+        }
+    }
+    tf_kernel *k = new_kernel(p, cap, n0, lib ? TF_K_LIBRARY : TF_K_ELEMENTWISE, region);
+    if (!k) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    kb b = {.m = m, .k = k, .expr_of = expr_of, .d = d};
+    k->lib = lib;
+    /* the index space: a reduction's input, else the (epilogue's) output */
+    const tf_node *red = NULL;
+    for (int i = lo; i < hi && !red; i++)
+        if (tf_op_info_of(nodes[i]->op)->kind == TF_OPK_REDUCTION) red = nodes[i];
+    if (red) {
+        k->kind = TF_K_REDUCTION;
+        set_space(k, &red->in[0]->type);
+        k->reduce_mask = reduce_mask(red);
+    } else {
+        set_space(k, &(lib ? lib : nodes[hi - 1])->out->type);
+    }
+    tf_ir_status st = TF_IR_OK;
+    if (lib) {   /* the library result feeds the epilogue through its buffer */
+        if (add_buf(&b, lib->out, true) < 0) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+        for (int q = 0; q < lib->nin && !st; q++)
+            if (lib->in[q]->kind != TF_VAL_CONST && add_buf(&b, lib->in[q], false) < 0)
+                st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    }
+    for (int i = lo; i < hi && !st; i++)
+        if (nodes[i] != lib) st = add_node(&b, nodes[i]);
+    for (int i = lo; i < hi && !st; i++)
+        if (nodes[i] != lib && leaves(m, nodes[i], lo, hi)) st = add_store(&b, nodes[i]);
+    for (int i = 0; i < b.ntouched; i++) expr_of[b.touched[i]] = -1;   /* expressions are per kernel */
+    free(b.touched);
+    return st;
+}
+
+tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d)
+{
+    memset(out, 0, sizeof *out);
+    int V = 0;
+    for (int i = 0; i < m->nodes.n; i++) {
+        int id = ((tf_node *)m->nodes.items[i])->out->id;
+        if (id + 1 > V) V = id + 1;
+    }
+    int *expr_of = malloc((size_t)(V ? V : 1) * sizeof *expr_of);
+    if (!expr_of) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    for (int i = 0; i < V; i++) expr_of[i] = -1;
+    int cap = 0;
+    tf_ir_status st = TF_IR_OK;
+    for (int i = 0; i < m->nodes.n && !st;) {
+        const tf_node *n = m->nodes.items[i];
+        int j = i + 1;
+        if (n->region && m->regions[n->region - 1].kind != TF_REGION_MULTI)
+            while (j < m->nodes.n && ((tf_node *)m->nodes.items[j])->region == n->region) j++;
+        else if (n->region) {   /* multi: one elementwise kernel per independent chain (one launch on a GPU) */
+            while (j < m->nodes.n && ((tf_node *)m->nodes.items[j])->region == n->region &&
+                   tf_type_same_shape(&((tf_node *)m->nodes.items[j])->out->type, &n->out->type))
+                j++;
+        }
+        st = build_unit(m, out, &cap, expr_of, i, j, d);
+        i = j;
+    }
+    free(expr_of);
+    if (st) tf_kernels_free(out);
+    return st;
+}
+
+void tf_kernels_free(tf_kernel_plan *p)
+{
+    for (int i = 0; i < p->nkernels; i++) {
+        free(p->kernels[i].bufs);
+        free(p->kernels[i].exprs);
+        free(p->kernels[i].reds);
+        free(p->kernels[i].stores);
+    }
+    free(p->kernels);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- text ---- */
+
+typedef struct sb { char *p; size_t n, cap; bool oom; } sb;
+
+static void out(sb *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out(sb *s, const char *fmt, ...)
+{
+    if (s->oom) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) { s->oom = true; return; }
+    if (s->n + (size_t)k + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 4096;
+        while (cap < s->n + (size_t)k + 1) cap *= 2;
+        char *q = realloc(s->p, cap);
+        if (!q) { s->oom = true; return; }
+        s->p = q;
+        s->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(s->p + s->n, s->cap - s->n, fmt, ap);
+    va_end(ap);
+    s->n += (size_t)k;
+}
+
+char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
+{
+    (void)m;
+    static const char *kinds[] = {"elementwise", "reduction", "library", "view"};
+    sb s = {0};
+    out(&s, "# %d kernels\n", p->nkernels);
+    for (int i = 0; i < p->nkernels; i++) {
+        const tf_kernel *k = &p->kernels[i];
+        out(&s, "\nkernel %s %s", k->name, kinds[k->kind]);
+        if (k->region) out(&s, " (region %s)", m->regions[k->region - 1].name);
+        out(&s, " over [");
+        for (int a = 0; a < k->rank; a++) out(&s, "%s%lld%s", a ? ", " : "", (long long)k->dims[a], (k->reduce_mask >> a) & 1 ? "r" : "");
+        out(&s, "]\n");
+        if (k->lib) out(&s, "  call %s -> %s\n", tf_op_info_of(k->lib->op)->name, k->lib->out->name);
+        for (int e = 0; e < k->nexprs; e++) {
+            const tf_kexpr *x = &k->exprs[e];
+            out(&s, "  e%d : %s%s = ", e, tf_dtype_name(x->dtype), x->reduced_domain && k->reduce_mask ? " outer" : "");
+            switch (x->kind) {
+            case TF_KX_LOAD:
+                out(&s, "load %s[", k->bufs[x->buf].value->name);
+                for (int a = 0; a < k->rank; a++) out(&s, "%s%lld", a ? ", " : "", (long long)x->strides[a]);
+                out(&s, "]");
+                break;
+            case TF_KX_CONST: out(&s, "%.17g", x->value); break;
+            case TF_KX_REDUCED: out(&s, "%s(e%d)", tf_op_info_of(k->reds[x->red].op)->name, k->reds[x->red].arg); break;
+            case TF_KX_INDEX: out(&s, "index %d", x->axis); break;
+            case TF_KX_OP:
+                out(&s, "%s(", tf_op_info_of(x->op)->name);
+                for (int q = 0; q < x->nargs; q++) out(&s, "%se%d", q ? ", " : "", x->args[q]);
+                out(&s, ")");
+                break;
+            }
+            out(&s, "\n");
+        }
+        for (int t = 0; t < k->nstores; t++)
+            out(&s, "  store %s%s = e%d\n", k->bufs[k->stores[t].buf].value->name, k->stores[t].reduced_domain ? " (outer)" : "",
+                k->stores[t].expr);
+    }
+    if (s.oom) {
+        free(s.p);
+        return NULL;
+    }
+    return s.p;
+}

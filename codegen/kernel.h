@@ -1,0 +1,103 @@
+/* kernel.h — the kernel IR: what both emitters (llvm.c for the CPU,
+ * cuda.c for NVRTC) lower, built from the module after fuse and memplan.
+ *
+ * One kernel per fused region or per op outside a region, in program order:
+ *
+ *   TF_K_ELEMENTWISE  an index space (the region's shape); loads with strides
+ *                     over it (0 on broadcast axes), a scalar expression DAG,
+ *                     stores of the values that leave the region;
+ *   TF_K_REDUCTION    the same over an index space split into outer axes and
+ *                     reduced axes (mask); a list of reductions evaluated in
+ *                     order (a later one may read an earlier one's result,
+ *                     as layernorm's variance reads its mean), expressions on
+ *                     the full space or on the reduced one, and stores on
+ *                     either;
+ *   TF_K_LIBRARY      one op a library or a hand-written kernel runs as a
+ *                     whole (matmul, conv, pooling, gather, layout copies),
+ *                     with, for a gemm region, an elementwise epilogue over
+ *                     its output;
+ *   TF_K_VIEW         a reshape: no work, its result aliases its operand.
+ *
+ * Buffers are module values (inputs, params, buffers, results in the arena).
+ * Expressions use the op table's scalar semantics: each expression has a
+ * dtype and its value is rounded to it, exactly as the interpreter rounds
+ * each op, so evaluating the kernel IR (kernel_eval.c) reproduces the
+ * interpreter bit for bit: the test of the whole lowering. */
+#ifndef TF_CODEGEN_KERNEL_H
+#define TF_CODEGEN_KERNEL_H
+
+#include "ops.h"
+
+typedef enum tf_kernel_kind { TF_K_ELEMENTWISE, TF_K_REDUCTION, TF_K_LIBRARY, TF_K_VIEW } tf_kernel_kind;
+
+typedef enum tf_kexpr_kind {
+    TF_KX_LOAD,    /* buf[offset + sum(index[i] * strides[i])] */
+    TF_KX_CONST,   /* a number */
+    TF_KX_OP,      /* a pointwise op of the table (or cast) over args */
+    TF_KX_REDUCED, /* the result of reduction `red` at the current outer index */
+    TF_KX_INDEX,   /* index[axis] along the index space (iota) */
+} tf_kexpr_kind;
+
+typedef struct tf_kexpr {
+    tf_kexpr_kind kind;
+    int op;                /* KX_OP: tf_op */
+    tf_dt dtype;
+    int nargs, args[3];    /* earlier expressions */
+    int buf;               /* KX_LOAD: index into kernel->bufs */
+    int64_t strides[TF_MAX_RANK];   /* KX_LOAD: per index-space axis, elements */
+    double value;          /* KX_CONST */
+    int red;               /* KX_REDUCED */
+    int axis;              /* KX_INDEX */
+    bool reduced_domain;   /* depends only on outer axes (evaluated once per outer index) */
+    const tf_node *node;   /* the op it comes from (names, locations) */
+} tf_kexpr;
+
+typedef struct tf_kreduce {
+    int op;                /* TF_OP_REDUCE_SUM / _MEAN / _MAX */
+    int arg;               /* expression on the full space */
+    tf_dt dtype;           /* result dtype */
+    double count;          /* elements reduced (for mean) */
+} tf_kreduce;
+
+typedef struct tf_kstore {
+    int buf;
+    int expr;
+    bool reduced_domain;   /* stored once per outer index */
+} tf_kstore;
+
+typedef struct tf_kbuf {
+    const tf_value *value;
+    bool written;
+} tf_kbuf;
+
+typedef struct tf_kernel {
+    char name[64];         /* k<N>_<first op>, for profiles and dumps */
+    tf_kernel_kind kind;
+    int rank;
+    int64_t dims[TF_MAX_RANK];
+    unsigned reduce_mask;  /* TF_K_REDUCTION */
+    const tf_node *lib;    /* TF_K_LIBRARY / TF_K_VIEW: the op */
+    int region;            /* the region it comes from, 0 for a lone op */
+    tf_kbuf *bufs; int nbufs;
+    tf_kexpr *exprs; int nexprs;
+    tf_kreduce *reds; int nreds;
+    tf_kstore *stores; int nstores;
+} tf_kernel;
+
+typedef struct tf_kernel_plan {
+    tf_kernel *kernels;
+    int nkernels;
+} tf_kernel_plan;
+
+/* Build the kernels of a module (after fuse; any module works: without
+ * regions every op is its own kernel). */
+tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d);
+void tf_kernels_free(tf_kernel_plan *p);
+/* Text of every kernel, for --dump-kernels; malloc'd. */
+char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p);
+
+/* Run the kernels on the interpreter's tensors of ip (reference semantics:
+ * the emitters must agree with this). */
+tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag *d);
+
+#endif
