@@ -12,7 +12,9 @@
  * 2e-5 in f32; when the two runs differ in half-precision arithmetic (amp
  * on one side only, or bias_drop in a half-precision model), a few units of
  * the half type's precision: 2^-8 for fp16, 2^-5 for bf16, which also
- * bounds the rounding of every input of a half-precision matmul. The seed is printed
+ * bounds the rounding of every input of a half-precision matmul. State after
+ * a training step (gradients, moments, updated params) gets 4x that bound
+ * when half-precision arithmetic differs: the backward pass compounds it. The seed is printed
  * (TFUSE_TEST_SEED replays it). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -120,10 +122,14 @@ static void run_case(const char *path, const char *text, tf_ir_mode mode, const 
          * buffer shifts by momentum x bias, the bias is gone at inference
          * too): test_bias_drop checks that exact relation instead. */
         bool buffers_differ = mode == TF_IR_TRAIN && (o0 || !strcmp(pass, "bias_drop"));
+        /* after a training step, state holds gradients (momentum) and
+         * their integrals: half precision through a backward pass (batchnorm's
+         * above all) errs by several units of its precision, 4x the bound */
+        double state_tol = amp_differs && mode == TF_IR_TRAIN ? 4 * tol : tol;
         for (int i = 0; i < a->decls.n && !buffers_differ; i++) {
             tf_value *v = a->decls.items[i], *w = tf_module_find_value(b, v->name);
             if (v->kind == TF_VAL_BUFFER && w)
-                compare(label, v->name, tf_interp_tensor(ib, w, &d), tf_interp_tensor(ia, v, &d), tol);
+                compare(label, v->name, tf_interp_tensor(ib, w, &d), tf_interp_tensor(ia, v, &d), state_tol);
         }
     }
     tf_interp_free(ia);
