@@ -363,7 +363,6 @@ static void out(sb *s, const char *fmt, ...)
 
 char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
 {
-    (void)m;
     static const char *kinds[] = {"elementwise", "reduction", "library", "view"};
     sb s = {0};
     out(&s, "# %d kernels\n", p->nkernels);

@@ -374,7 +374,6 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     /* fp16 loss scaling: unscale, check every gradient for inf/NaN (max|g|
      * propagates NaN), skip the step when one is found, halve the scale;
      * double it after 2000 clean steps */
-    tf_value *found_inf = NULL;
     if (scale) {
         tf_value *inv = ob(&p, "train.inv_scale", TF_OP_DIV, onum(&p, 1), scale), *worst = NULL;
         for (int i = 0; i < np && !g->failed; i++) {
@@ -393,7 +392,6 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
             worst = worst ? ob(&p, "train.grad_worst", TF_OP_MAXIMUM, worst, mx) : mx;
         }
         tf_value *finite = ob(&p, "train.grads_finite", TF_OP_ISFINITE, worst, NULL);
-        found_inf = ob(&p, "train.found_inf", TF_OP_EQ, finite, ob(&p, "train.false", TF_OP_NE, finite, finite));
         commit = commit ? select3(&p, "train.commit", commit, finite, commit) : finite;
         /* the scale moves only when a full step is checked */
         tf_type scalar_i64 = {.dtype = TF_DT_I64, .rank = 0};
@@ -414,7 +412,6 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
         tf_explain(g->o, "autodiff", &p.loc, "fp16 loss scaling: dynamic scale from 65536 (x2 after 2000 clean steps, "
                    "x0.5 and the step skipped on inf/NaN); output loss_scale");
     }
-    (void)found_inf;
     int first_guarded = m->nupdates;
     if (tr->has_clip) {
         tf_value *total = NULL;
