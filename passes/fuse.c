@@ -1,6 +1,6 @@
 /* fuse.c — group ops into regions that each run as one kernel.
  *
- * Three kinds of region (DESIGN.md, "fuse"):
+ * Four kinds of region (DESIGN.md, "fuse"):
  *   pointwise  a chain of pointwise ops over one shape (casts included: a
  *              cast inside a kernel costs nothing, so fp16/fp32 boundaries
  *              fall inside kernels rather than between them);
@@ -10,7 +10,10 @@
  *              layernorm, cross-entropy, batchnorm statistics and apply;
  *   gemm       a matmul/conv2d with the pointwise epilogue on its output whose
  *              other operands are vectors or scalars (bias, activation): the
- *              cuBLASLt epilogue on GPU.
+ *              cuBLASLt epilogue on GPU;
+ *   multi      the optimizer's update chains of every param, one launch.
+ * Forward ops and backward ops (autodiff's) never share a region: a forward
+ * result fused into backward work would live from the forward pass on.
  * Grouping is greedy in program order: an op joins the region of a producer
  * when the region's shape rules admit it, and producer regions that fit are
  * merged. Nothing is ever duplicated (no recomputation), so fusing can only
