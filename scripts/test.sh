@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# test.sh — build tfuse twice (plain, and with ASan+UBSan) and run the whole
-# ctest suite on each. This is the README's test command and what CI runs.
+# test.sh — build tfuse three ways (plain, ASan+UBSan, and without LLVM, as
+# on a machine that lacks it) and run the whole ctest suite on each. This is
+# the README's test command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
-for variant in build build-asan; do
+for variant in build build-asan build-nollvm; do
   flags=()
   [ "$variant" = build-asan ] && flags=(-DTFUSE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug)
+  [ "$variant" = build-nollvm ] && flags=(-DTFUSE_WITH_LLVM=OFF)
   echo "== $variant"
   cmake -S . -B "$variant" "${flags[@]}" >/dev/null
   cmake --build "$variant" -j "$jobs" >/dev/null

@@ -1,0 +1,632 @@
+/* llvm.c — lower elementwise and reduction kernels to LLVM IR and JIT them.
+ *
+ * The generated function mirrors kernel_eval.c step by step, so that it
+ * stores exactly the bits the reference stores:
+ *
+ *   - loops over the index space in row-major order (for a reduction: the
+ *     outer axes; per outer index one loop nest over the reduced axes per
+ *     reduction, in order, then the outer stores, then a loop nest over the
+ *     reduced axes for the full-space stores);
+ *   - every value is a double rounded to its expression's dtype after each
+ *     step (f32: fptrunc then fpext; integers: NaN to 0, trunc, saturate;
+ *     bool: != 0), math in double through LLVM intrinsics and libm calls
+ *     (resolved from the process), NaN handling spelled out with selects;
+ *   - reductions accumulate in double in the reference's order.
+ *
+ * Buffers are in their storage dtype (float, double, int64_t, int32_t,
+ * uint8_t). Loop counters and accumulators live in allocas that the
+ * optimizer (default<O2>, no fast-math flags) promotes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#include "llvm.h"
+
+struct tf_jit {
+    LLVMOrcLLJITRef jit;
+    LLVMTargetMachineRef tm;
+    char **names;          /* function names already defined */
+    int nnames, cap;
+};
+
+/* ---- what is supported -------------------------------------------------- */
+
+static bool dtype_ok(tf_dt t)
+{
+    return t == TF_DT_F32 || t == TF_DT_F64 || t == TF_DT_I64 || t == TF_DT_I32 || t == TF_DT_BOOL;
+}
+
+static bool op_ok(int op)
+{
+    switch (op) {
+    case TF_OP_NEG: case TF_OP_ABS: case TF_OP_EXP: case TF_OP_LOG: case TF_OP_SQRT: case TF_OP_RSQRT:
+    case TF_OP_TANH: case TF_OP_SIGMOID: case TF_OP_RELU: case TF_OP_SIN: case TF_OP_COS: case TF_OP_ERF:
+    case TF_OP_SILU: case TF_OP_ADD: case TF_OP_SUB: case TF_OP_MUL: case TF_OP_DIV: case TF_OP_POW:
+    case TF_OP_MAXIMUM: case TF_OP_MINIMUM: case TF_OP_EQ: case TF_OP_NE: case TF_OP_LT: case TF_OP_LE:
+    case TF_OP_GT: case TF_OP_GE: case TF_OP_WHERE: case TF_OP_CAST: case TF_OP_ONE_HOT: case TF_OP_ISFINITE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+bool tf_jit_supports(const tf_kernel *k, char *why, size_t n)
+{
+    char tmp[8];
+    if (!why) { why = tmp; n = sizeof tmp; }
+    if (k->kind != TF_K_ELEMENTWISE && k->kind != TF_K_REDUCTION) {
+        snprintf(why, n, "kernel %s: only elementwise and reduction kernels are supported", k->name);
+        return false;
+    }
+    if (k->lib) {
+        snprintf(why, n, "kernel %s: library epilogues are not supported", k->name);
+        return false;
+    }
+    for (int b = 0; b < k->nbufs; b++)
+        if (!dtype_ok(k->bufs[b].value->type.dtype)) {
+            snprintf(why, n, "kernel %s: buffer %s has dtype %s (not supported yet)", k->name,
+                     k->bufs[b].value->name ? k->bufs[b].value->name : "?", tf_dtype_name(k->bufs[b].value->type.dtype));
+            return false;
+        }
+    for (int i = 0; i < k->nexprs; i++) {
+        const tf_kexpr *x = &k->exprs[i];
+        if (!dtype_ok(x->dtype)) {
+            snprintf(why, n, "kernel %s: expression %d has dtype %s (not supported yet)", k->name, i, tf_dtype_name(x->dtype));
+            return false;
+        }
+        if (x->kind == TF_KX_OP && !op_ok(x->op)) {
+            snprintf(why, n, "kernel %s: op %s is not supported yet", k->name, tf_op_info_of(x->op)->name);
+            return false;
+        }
+    }
+    for (int r = 0; r < k->nreds; r++) {
+        int op = k->reds[r].op;
+        if (!dtype_ok(k->reds[r].dtype) || (op != TF_OP_REDUCE_SUM && op != TF_OP_REDUCE_MEAN && op != TF_OP_REDUCE_MAX)) {
+            snprintf(why, n, "kernel %s: reduction %d (%s, %s) is not supported yet", k->name, r,
+                     tf_op_info_of(op)->name, tf_dtype_name(k->reds[r].dtype));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- code generation ---------------------------------------------------- */
+
+typedef struct gen {
+    const tf_kernel *k;
+    LLVMContextRef cx;
+    LLVMModuleRef mod;
+    LLVMBuilderRef b;
+    LLVMValueRef fn;
+    LLVMTypeRef f64, i64, i1;
+    LLVMValueRef *bufp;        /* typed pointer per buffer */
+    LLVMValueRef idx[TF_MAX_RANK];   /* i64 allocas */
+    LLVMValueRef *red;         /* double alloca per reduction */
+    LLVMValueRef *sum, *any;   /* accumulator allocas per reduction (entry block) */
+    LLVMValueRef *memo;        /* per expression, in the current body */
+} gen;
+
+static LLVMTypeRef storage_type(gen *g, tf_dt t)
+{
+    switch (t) {
+    case TF_DT_F32: return LLVMFloatTypeInContext(g->cx);
+    case TF_DT_F64: return g->f64;
+    case TF_DT_I64: return g->i64;
+    case TF_DT_I32: return LLVMInt32TypeInContext(g->cx);
+    default: return LLVMInt8TypeInContext(g->cx);   /* bool */
+    }
+}
+
+static LLVMValueRef cf(gen *g, double v) { return LLVMConstReal(g->f64, v); }
+static LLVMValueRef ci(gen *g, int64_t v) { return LLVMConstInt(g->i64, (unsigned long long)v, 1); }
+
+/* A declared function (intrinsic or libm) double(double[, double]). */
+static LLVMValueRef callf(gen *g, const char *name, int nargs, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMTypeRef params[2] = {g->f64, g->f64};
+    LLVMTypeRef ft = LLVMFunctionType(g->f64, params, (unsigned)nargs, 0);
+    LLVMValueRef f = LLVMGetNamedFunction(g->mod, name);
+    if (!f) f = LLVMAddFunction(g->mod, name, ft);
+    LLVMValueRef args[2] = {a, b};
+    return LLVMBuildCall2(g->b, ft, f, args, (unsigned)nargs, "");
+}
+
+static LLVMValueRef bool_to_f(gen *g, LLVMValueRef c)
+{
+    return LLVMBuildSelect(g->b, c, cf(g, 1.0), cf(g, 0.0), "");
+}
+
+/* tf_dtype_round in IR. */
+static LLVMValueRef round_to(gen *g, tf_dt t, LLVMValueRef v)
+{
+    switch (t) {
+    case TF_DT_F32:
+        return LLVMBuildFPExt(g->b, LLVMBuildFPTrunc(g->b, v, LLVMFloatTypeInContext(g->cx), ""), g->f64, "");
+    case TF_DT_BOOL:
+        return bool_to_f(g, LLVMBuildFCmp(g->b, LLVMRealUNE, v, cf(g, 0.0), ""));
+    case TF_DT_I32:
+    case TF_DT_I64: {
+        double hi = t == TF_DT_I32 ? 2147483647.0 : 9.2e18, lo = t == TF_DT_I32 ? -2147483648.0 : -9.2e18;
+        LLVMValueRef nan = LLVMBuildFCmp(g->b, LLVMRealUNO, v, v, "");
+        LLVMValueRef tr = callf(g, "llvm.trunc.f64", 1, v, NULL);
+        LLVMValueRef c = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, tr, cf(g, lo), ""), cf(g, lo), tr, "");
+        c = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, tr, cf(g, hi), ""), cf(g, hi), c, "");
+        return LLVMBuildSelect(g->b, nan, cf(g, 0.0), c, "");
+    }
+    default:
+        return v;
+    }
+}
+
+static LLVMValueRef offset_of(gen *g, const int64_t *strides)
+{
+    LLVMValueRef o = ci(g, 0);
+    for (int a = 0; a < g->k->rank; a++) {
+        if (!strides[a]) continue;
+        LLVMValueRef i = LLVMBuildLoad2(g->b, g->i64, g->idx[a], "");
+        o = LLVMBuildAdd(g->b, o, LLVMBuildMul(g->b, i, ci(g, strides[a]), ""), "");
+    }
+    return o;
+}
+
+static LLVMValueRef expr(gen *g, int i)
+{
+    if (g->memo[i]) return g->memo[i];
+    const tf_kernel *k = g->k;
+    const tf_kexpr *x = &k->exprs[i];
+    LLVMValueRef v = NULL;
+    switch (x->kind) {
+    case TF_KX_LOAD: {
+        tf_dt st = k->bufs[x->buf].value->type.dtype;
+        LLVMTypeRef et = storage_type(g, st);
+        LLVMValueRef off = offset_of(g, x->strides);
+        LLVMValueRef p = LLVMBuildGEP2(g->b, et, g->bufp[x->buf], &off, 1, "");
+        LLVMValueRef e = LLVMBuildLoad2(g->b, et, p, "");
+        switch (st) {
+        case TF_DT_F32: v = LLVMBuildFPExt(g->b, e, g->f64, ""); break;
+        case TF_DT_F64: v = e; break;
+        case TF_DT_BOOL: v = LLVMBuildUIToFP(g->b, e, g->f64, ""); break;
+        default: v = LLVMBuildSIToFP(g->b, e, g->f64, ""); break;
+        }
+        break;
+    }
+    case TF_KX_CONST: v = cf(g, tf_dtype_round(x->dtype, x->value)); break;
+    case TF_KX_REDUCED: v = LLVMBuildLoad2(g->b, g->f64, g->red[x->red], ""); break;
+    case TF_KX_INDEX: v = LLVMBuildSIToFP(g->b, LLVMBuildLoad2(g->b, g->i64, g->idx[x->axis], ""), g->f64, ""); break;
+    case TF_KX_OP: {
+        LLVMValueRef a = expr(g, x->args[0]), b = x->nargs > 1 ? expr(g, x->args[1]) : NULL;
+        LLVMValueRef one = cf(g, 1.0), zero = cf(g, 0.0);
+        LLVMBuilderRef B = g->b;
+        switch (x->op) {
+        case TF_OP_WHERE: {
+            LLVMValueRef c = expr(g, x->args[2]);
+            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNE, a, zero, ""), b, c, "");
+            break;
+        }
+        case TF_OP_CAST: v = a; break;
+        case TF_OP_ONE_HOT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, "")); break;
+        case TF_OP_NEG: v = LLVMBuildFNeg(B, a, ""); break;
+        case TF_OP_ABS: v = callf(g, "llvm.fabs.f64", 1, a, NULL); break;
+        case TF_OP_EXP: v = callf(g, "llvm.exp.f64", 1, a, NULL); break;
+        case TF_OP_LOG: v = callf(g, "llvm.log.f64", 1, a, NULL); break;
+        case TF_OP_SQRT: v = callf(g, "llvm.sqrt.f64", 1, a, NULL); break;
+        case TF_OP_RSQRT: v = LLVMBuildFDiv(B, one, callf(g, "llvm.sqrt.f64", 1, a, NULL), ""); break;
+        case TF_OP_TANH: v = callf(g, "tanh", 1, a, NULL); break;
+        case TF_OP_ERF: v = callf(g, "erf", 1, a, NULL); break;
+        case TF_OP_SIN: v = callf(g, "llvm.sin.f64", 1, a, NULL); break;
+        case TF_OP_COS: v = callf(g, "llvm.cos.f64", 1, a, NULL); break;
+        case TF_OP_SIGMOID:
+        case TF_OP_SILU: {
+            LLVMValueRef den = LLVMBuildFAdd(B, one, callf(g, "llvm.exp.f64", 1, LLVMBuildFNeg(B, a, ""), NULL), "");
+            v = LLVMBuildFDiv(B, x->op == TF_OP_SIGMOID ? one : a, den, "");
+            break;
+        }
+        case TF_OP_RELU:   /* a > 0 || a != a ? a : 0 */
+            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUGT, a, zero, ""), a, zero, "");
+            break;
+        case TF_OP_ADD: v = LLVMBuildFAdd(B, a, b, ""); break;
+        case TF_OP_SUB: v = LLVMBuildFSub(B, a, b, ""); break;
+        case TF_OP_MUL: v = LLVMBuildFMul(B, a, b, ""); break;
+        case TF_OP_DIV: v = LLVMBuildFDiv(B, a, b, ""); break;
+        case TF_OP_POW: v = callf(g, "pow", 2, a, b); break;
+        case TF_OP_MAXIMUM:
+        case TF_OP_MINIMUM: {   /* NaN if either is NaN, else a > b ? a : b (a < b for min) */
+            LLVMValueRef c = LLVMBuildFCmp(B, x->op == TF_OP_MAXIMUM ? LLVMRealOGT : LLVMRealOLT, a, b, "");
+            LLVMValueRef m = LLVMBuildSelect(B, c, a, b, "");
+            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, a, b, ""), cf(g, NAN), m, "");
+            break;
+        }
+        case TF_OP_EQ: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, "")); break;
+        case TF_OP_NE: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealUNE, a, b, "")); break;
+        case TF_OP_LT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOLT, a, b, "")); break;
+        case TF_OP_LE: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOLE, a, b, "")); break;
+        case TF_OP_GT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOGT, a, b, "")); break;
+        case TF_OP_GE: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOGE, a, b, "")); break;
+        case TF_OP_ISFINITE:
+            v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealONE, callf(g, "llvm.fabs.f64", 1, a, NULL), cf(g, INFINITY), ""));
+            break;
+        default: v = cf(g, NAN); break;   /* excluded by tf_jit_supports */
+        }
+        break;
+    }
+    }
+    v = round_to(g, x->dtype, v);
+    g->memo[i] = v;
+    return v;
+}
+
+/* Row-major position of the current index (all axes, or the outer ones). */
+static LLVMValueRef flat(gen *g, bool outer)
+{
+    LLVMValueRef f = ci(g, 0);
+    for (int a = 0; a < g->k->rank; a++) {
+        if (outer && ((g->k->reduce_mask >> a) & 1)) continue;
+        f = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, f, ci(g, g->k->dims[a]), ""),
+                         LLVMBuildLoad2(g->b, g->i64, g->idx[a], ""), "");
+    }
+    return f;
+}
+
+static void store(gen *g, const tf_kstore *s, bool outer)
+{
+    tf_dt st = g->k->bufs[s->buf].value->type.dtype;
+    LLVMTypeRef et = storage_type(g, st);
+    LLVMValueRef v = round_to(g, st, expr(g, s->expr)), e;
+    switch (st) {
+    case TF_DT_F32: e = LLVMBuildFPTrunc(g->b, v, et, ""); break;
+    case TF_DT_F64: e = v; break;
+    case TF_DT_BOOL: e = LLVMBuildFPToUI(g->b, v, et, ""); break;
+    default: e = LLVMBuildFPToSI(g->b, v, et, ""); break;
+    }
+    LLVMValueRef off = flat(g, outer);
+    LLVMBuildStore(g->b, e, LLVMBuildGEP2(g->b, et, g->bufp[s->buf], &off, 1, ""));
+}
+
+typedef void (*body_fn)(gen *g, void *arg);
+
+/* Loops over the axes in `mask` (outermost first), body innermost. */
+static void loop_nest(gen *g, unsigned mask, int from, body_fn body, void *arg)
+{
+    int a = from;
+    while (a < g->k->rank && !((mask >> a) & 1)) a++;
+    if (a >= g->k->rank) {
+        memset(g->memo, 0, (size_t)g->k->nexprs * sizeof *g->memo);
+        body(g, arg);
+        memset(g->memo, 0, (size_t)g->k->nexprs * sizeof *g->memo);
+        return;
+    }
+    LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(g->cx, g->fn, "head");
+    LLVMBasicBlockRef bodyb = LLVMAppendBasicBlockInContext(g->cx, g->fn, "body");
+    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->cx, g->fn, "exit");
+    LLVMBuildStore(g->b, ci(g, 0), g->idx[a]);
+    LLVMBuildBr(g->b, head);
+    LLVMPositionBuilderAtEnd(g->b, head);
+    LLVMValueRef i = LLVMBuildLoad2(g->b, g->i64, g->idx[a], "");
+    LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, i, ci(g, g->k->dims[a]), ""), bodyb, exit);
+    LLVMPositionBuilderAtEnd(g->b, bodyb);
+    loop_nest(g, mask, a + 1, body, arg);
+    LLVMValueRef i2 = LLVMBuildLoad2(g->b, g->i64, g->idx[a], "");
+    LLVMBuildStore(g->b, LLVMBuildAdd(g->b, i2, ci(g, 1), ""), g->idx[a]);
+    LLVMBuildBr(g->b, head);
+    LLVMPositionBuilderAtEnd(g->b, exit);
+}
+
+static void full_stores(gen *g, void *arg)
+{
+    (void)arg;
+    for (int s = 0; s < g->k->nstores; s++)
+        if (!g->k->stores[s].reduced_domain) store(g, &g->k->stores[s], false);
+}
+
+typedef struct accum { int r; LLVMValueRef sum, any; } accum;
+
+static void accumulate(gen *g, void *arg)
+{
+    accum *a = arg;
+    const tf_kreduce *r = &g->k->reds[a->r];
+    LLVMValueRef x = expr(g, r->arg);
+    LLVMValueRef sum = LLVMBuildLoad2(g->b, g->f64, a->sum, "");
+    LLVMValueRef nsum;
+    if (r->op == TF_OP_REDUCE_MAX) {
+        /* if (!any || x != x) sum = any && sum != sum ? sum : x;
+         * else if (sum == sum && x > sum) sum = x; */
+        LLVMValueRef any = LLVMBuildLoad2(g->b, g->i1, a->any, "");
+        LLVMValueRef xnan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
+        LLVMValueRef snan = LLVMBuildFCmp(g->b, LLVMRealUNO, sum, sum, "");
+        LLVMValueRef first = LLVMBuildOr(g->b, LLVMBuildNot(g->b, any, ""), xnan, "");
+        LLVMValueRef keep = LLVMBuildAnd(g->b, any, snan, "");
+        LLVMValueRef v1 = LLVMBuildSelect(g->b, keep, sum, x, "");
+        LLVMValueRef gt = LLVMBuildAnd(g->b, LLVMBuildNot(g->b, snan, ""), LLVMBuildFCmp(g->b, LLVMRealOGT, x, sum, ""), "");
+        LLVMValueRef v2 = LLVMBuildSelect(g->b, gt, x, sum, "");
+        nsum = LLVMBuildSelect(g->b, first, v1, v2, "");
+        LLVMBuildStore(g->b, LLVMConstInt(g->i1, 1, 0), a->any);
+    } else {
+        nsum = LLVMBuildFAdd(g->b, sum, x, "");
+    }
+    LLVMBuildStore(g->b, nsum, a->sum);
+}
+
+static void outer_step(gen *g, void *arg)
+{
+    (void)arg;
+    const tf_kernel *k = g->k;
+    for (int a = 0; a < k->rank; a++)
+        if ((k->reduce_mask >> a) & 1) LLVMBuildStore(g->b, ci(g, 0), g->idx[a]);
+    for (int r = 0; r < k->nreds; r++) LLVMBuildStore(g->b, cf(g, NAN), g->red[r]);
+    for (int r = 0; r < k->nreds; r++) {
+        accum acc = {r, g->sum[r], g->any[r]};
+        LLVMBuildStore(g->b, cf(g, 0.0), acc.sum);
+        LLVMBuildStore(g->b, LLVMConstInt(g->i1, 0, 0), acc.any);
+        loop_nest(g, k->reduce_mask, 0, accumulate, &acc);
+        LLVMValueRef v = LLVMBuildLoad2(g->b, g->f64, acc.sum, "");
+        if (k->reds[r].op == TF_OP_REDUCE_MEAN) v = LLVMBuildFDiv(g->b, v, cf(g, k->reds[r].count), "");
+        LLVMBuildStore(g->b, round_to(g, k->reds[r].dtype, v), g->red[r]);
+    }
+    /* outer stores at inner index 0 (irrelevant to them) */
+    for (int a = 0; a < k->rank; a++)
+        if ((k->reduce_mask >> a) & 1) LLVMBuildStore(g->b, ci(g, 0), g->idx[a]);
+    memset(g->memo, 0, (size_t)k->nexprs * sizeof *g->memo);
+    for (int s = 0; s < k->nstores; s++)
+        if (k->stores[s].reduced_domain) store(g, &k->stores[s], true);
+    memset(g->memo, 0, (size_t)k->nexprs * sizeof *g->memo);
+    loop_nest(g, k->reduce_mask, 0, full_stores, NULL);
+}
+
+/* Build the kernel's function into a new module of cx. */
+static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const char *fname)
+{
+    gen g = {.k = k, .cx = cx};
+    g.mod = LLVMModuleCreateWithNameInContext(k->name, cx);
+    g.b = LLVMCreateBuilderInContext(cx);
+    g.f64 = LLVMDoubleTypeInContext(cx);
+    g.i64 = LLVMInt64TypeInContext(cx);
+    g.i1 = LLVMInt1TypeInContext(cx);
+    LLVMTypeRef i8p = LLVMPointerType(LLVMInt8TypeInContext(cx), 0);
+    LLVMTypeRef argt = LLVMPointerType(i8p, 0);
+    LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(cx), &argt, 1, 0);
+    g.fn = LLVMAddFunction(g.mod, fname, ft);
+    LLVMValueRef bufs = LLVMGetParam(g.fn, 0);
+    LLVMSetValueName2(bufs, "bufs", 4);
+    g.bufp = calloc((size_t)k->nbufs + 1, sizeof *g.bufp);
+    g.red = calloc((size_t)k->nreds + 1, sizeof *g.red);
+    g.sum = calloc((size_t)k->nreds + 1, sizeof *g.sum);
+    g.any = calloc((size_t)k->nreds + 1, sizeof *g.any);
+    g.memo = calloc((size_t)k->nexprs + 1, sizeof *g.memo);
+    if (!g.bufp || !g.red || !g.sum || !g.any || !g.memo) {
+        free(g.bufp); free(g.red); free(g.sum); free(g.any); free(g.memo);
+        LLVMDisposeBuilder(g.b);
+        LLVMDisposeModule(g.mod);
+        return NULL;
+    }
+    LLVMPositionBuilderAtEnd(g.b, LLVMAppendBasicBlockInContext(cx, g.fn, "entry"));
+    for (int a = 0; a < k->rank; a++) g.idx[a] = LLVMBuildAlloca(g.b, g.i64, "i");
+    for (int r = 0; r < k->nreds; r++) {
+        g.red[r] = LLVMBuildAlloca(g.b, g.f64, "red");
+        g.sum[r] = LLVMBuildAlloca(g.b, g.f64, "sum");
+        g.any[r] = LLVMBuildAlloca(g.b, g.i1, "any");
+    }
+    for (int bi = 0; bi < k->nbufs; bi++) {
+        LLVMValueRef ix = ci(&g, bi);
+        LLVMValueRef p = LLVMBuildLoad2(g.b, i8p, LLVMBuildGEP2(g.b, i8p, bufs, &ix, 1, ""), "");
+        LLVMTypeRef et = storage_type(&g, k->bufs[bi].value->type.dtype);
+        g.bufp[bi] = LLVMBuildBitCast(g.b, p, LLVMPointerType(et, 0), k->bufs[bi].value->name ? k->bufs[bi].value->name : "");
+    }
+    if (k->kind == TF_K_REDUCTION) {
+        unsigned outer = 0;
+        for (int a = 0; a < k->rank; a++)
+            if (!((k->reduce_mask >> a) & 1)) outer |= 1u << a;
+        loop_nest(&g, outer, 0, outer_step, NULL);
+    } else {
+        unsigned all = k->rank ? (1u << k->rank) - 1 : 0;
+        loop_nest(&g, all, 0, full_stores, NULL);
+    }
+    LLVMBuildRetVoid(g.b);
+    free(g.bufp);
+    free(g.red);
+    free(g.sum);
+    free(g.any);
+    free(g.memo);
+    LLVMDisposeBuilder(g.b);
+    return g.mod;
+}
+
+/* ---- target, optimization, JIT ------------------------------------------ */
+
+static void init_native(void)
+{
+    static bool done;
+    if (done) return;
+    LLVMInitializeNativeTarget();
+    LLVMInitializeNativeAsmPrinter();
+    done = true;
+}
+
+static LLVMTargetMachineRef host_tm(char *err, size_t n)
+{
+    char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+    char *msg = NULL;
+    LLVMTargetRef t;
+    LLVMTargetMachineRef tm = NULL;
+    if (LLVMGetTargetFromTriple(triple, &t, &msg)) {
+        snprintf(err, n, "no LLVM target for %s: %s", triple, msg ? msg : "?");
+    } else {
+        tm = LLVMCreateTargetMachine(t, triple, cpu, feat, LLVMCodeGenLevelDefault, LLVMRelocDefault, LLVMCodeModelJITDefault);
+        if (!tm) snprintf(err, n, "cannot create an LLVM target machine for %s", triple);
+    }
+    if (msg) LLVMDisposeMessage(msg);
+    LLVMDisposeMessage(triple);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(feat);
+    return tm;
+}
+
+/* Verify and optimize (O2); 0 on success, else the message in err. */
+static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, size_t n)
+{
+    char *msg = NULL;
+    if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
+        snprintf(err, n, "generated LLVM IR does not verify: %s", msg ? msg : "?");
+        LLVMDisposeMessage(msg);
+        return 1;
+    }
+    if (msg) LLVMDisposeMessage(msg);
+    if (tm) {
+        char *triple = LLVMGetTargetMachineTriple(tm);
+        LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+        LLVMSetTarget(mod, triple);
+        LLVMSetModuleDataLayout(mod, td);
+        LLVMDisposeTargetData(td);
+        LLVMDisposeMessage(triple);
+    }
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMErrorRef e = LLVMRunPasses(mod, "default<O2>", tm, po);
+    LLVMDisposePassBuilderOptions(po);
+    if (e) {
+        char *m = LLVMGetErrorMessage(e);
+        snprintf(err, n, "LLVM optimization failed: %s", m);
+        LLVMDisposeErrorMessage(m);
+        return 1;
+    }
+    return 0;
+}
+
+static tf_ir_status llvm_error(tf_diag *d, LLVMErrorRef e, const char *what)
+{
+    char *m = LLVMGetErrorMessage(e);
+    tf_ir_status st = tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "%s: %s", what, m);
+    LLVMDisposeErrorMessage(m);
+    return st;
+}
+
+tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d)
+{
+    *out = NULL;
+    init_native();
+    tf_jit *j = calloc(1, sizeof *j);
+    if (!j) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    char err[512];
+    if (!(j->tm = host_tm(err, sizeof err))) {
+        free(j);
+        return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "%s", err);
+    }
+    LLVMErrorRef e = LLVMOrcCreateLLJIT(&j->jit, NULL);
+    if (e) {
+        LLVMDisposeTargetMachine(j->tm);
+        free(j);
+        return llvm_error(d, e, "cannot create the LLVM JIT");
+    }
+    LLVMOrcDefinitionGeneratorRef gen = NULL;
+    e = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL);
+    if (e) {
+        tf_jit_free(j);
+        return llvm_error(d, e, "cannot resolve symbols from the process");
+    }
+    LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j->jit), gen);
+    *out = j;
+    return TF_IR_OK;
+}
+
+void tf_jit_free(tf_jit *j)
+{
+    if (!j) return;
+    if (j->jit) {
+        LLVMErrorRef e = LLVMOrcDisposeLLJIT(j->jit);
+        if (e) LLVMConsumeError(e);
+    }
+    if (j->tm) LLVMDisposeTargetMachine(j->tm);
+    for (int i = 0; i < j->nnames; i++) free(j->names[i]);
+    free(j->names);
+    free(j);
+}
+
+/* k->name, or k->name.N when this JIT already has a function of that name. */
+static char *unique_name(tf_jit *j, const char *base)
+{
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s", base);
+    for (int n = 1;; n++) {
+        bool used = false;
+        for (int i = 0; i < j->nnames && !used; i++) used = strcmp(j->names[i], buf) == 0;
+        if (!used) break;
+        snprintf(buf, sizeof buf, "%s.%d", base, n);
+    }
+    if (j->nnames == j->cap) {
+        int cap = j->cap ? 2 * j->cap : 16;
+        char **p = realloc(j->names, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        j->names = p;
+        j->cap = cap;
+    }
+    char *s = strdup(buf);
+    if (s) j->names[j->nnames++] = s;
+    return s;
+}
+
+tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_diag *d)
+{
+    *fn = NULL;
+    char why[512];
+    if (!tf_jit_supports(k, why, sizeof why)) return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "llvm: %s", why);
+    const char *name = unique_name(j, k->name);
+    if (!name) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
+    LLVMModuleRef mod = build_module(LLVMOrcThreadSafeContextGetContext(tsc), k, name);
+    if (!mod) {
+        LLVMOrcDisposeThreadSafeContext(tsc);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    if (finish_module(mod, j->tm, why, sizeof why)) {
+        LLVMDisposeModule(mod);
+        LLVMOrcDisposeThreadSafeContext(tsc);
+        return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: %s", k->name, why);
+    }
+    LLVMSetTarget(mod, LLVMOrcLLJITGetTripleString(j->jit));
+    LLVMSetDataLayout(mod, LLVMOrcLLJITGetDataLayoutStr(j->jit));
+    LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(mod, tsc);
+    LLVMOrcDisposeThreadSafeContext(tsc);   /* the module keeps its context alive */
+    LLVMErrorRef e = LLVMOrcLLJITAddLLVMIRModule(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), tsm);
+    if (e) {
+        LLVMOrcDisposeThreadSafeModule(tsm);
+        return llvm_error(d, e, "llvm: cannot add the kernel's module");
+    }
+    LLVMOrcExecutorAddress addr = 0;
+    e = LLVMOrcLLJITLookup(j->jit, &addr, name);
+    if (e) return llvm_error(d, e, "llvm: cannot compile the kernel");
+    union { LLVMOrcExecutorAddress a; tf_kernel_fn f; } u;
+    memset(&u, 0, sizeof u);
+    u.a = addr;
+    *fn = u.f;
+    return TF_IR_OK;
+}
+
+char *tf_jit_print(const tf_kernel *k)
+{
+    if (!tf_jit_supports(k, NULL, 0)) return NULL;
+    init_native();
+    char err[512];
+    LLVMContextRef cx = LLVMContextCreate();
+    LLVMModuleRef mod = build_module(cx, k, k->name);
+    char *out = NULL;
+    if (mod) {
+        LLVMTargetMachineRef tm = host_tm(err, sizeof err);
+        if (!finish_module(mod, tm, err, sizeof err)) {
+            char *s = LLVMPrintModuleToString(mod);
+            out = strdup(s);
+            LLVMDisposeMessage(s);
+        }
+        if (tm) LLVMDisposeTargetMachine(tm);
+        LLVMDisposeModule(mod);
+    }
+    LLVMContextDispose(cx);
+    return out;
+}
