@@ -167,6 +167,9 @@ tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tenso
  * counter and loss scale "train.*") is skipped by a program that lacks it,
  * so a training checkpoint loads into an inference session. */
 tf_status tf_session_load_state(tf_session_t *s, const char *path);
+/* After a load: the params the file had no value for (they kept their
+ * initial values), as "a, b"; NULL when it had them all. Owned by s. */
+const char *tf_session_missing_params(const tf_session_t *s);
 tf_status tf_session_save_state(tf_session_t *s, const char *path);
 /* The same, with the file's "__metadata__" object (a training checkpoint's
  * step, data position, ...). Saving: metadata_json_object is a JSON object

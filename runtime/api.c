@@ -559,9 +559,12 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
     return TF_OK;
 }
 
+const char *tf_session_missing_params(const tf_session_t *s) { return s ? s->missing : NULL; }
+
 void tf_session_free(tf_session_t *s)
 {
     if (!s) return;
+    free(s->missing);
     if (s->be && s->impl) s->be->session_free(s);
     if (s->out)
         for (int i = 0; i < s->p->m->noutputs; i++) free(s->out[i]);
@@ -699,6 +702,23 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
     for (size_t i = 0; i < n && !st; i++) {
         const tf_value *v = find_state(s, ts[i].name);
         if (v) st = s->be->state_write(s, v, ts[i].data);
+    }
+    /* remember which params the file left at their initial values */
+    free(s->missing);
+    s->missing = NULL;
+    for (int i = 0; !st && i < s->p->params.n; i++) {
+        const tf_value *v = s->p->params.items[i];
+        bool found = false;
+        for (size_t k = 0; k < n && !found; k++) found = !strcmp(ts[k].name, v->name);
+        if (found) continue;
+        size_t have = s->missing ? strlen(s->missing) : 0, add = strlen(v->name) + 3;
+        char *grown = realloc(s->missing, have + add);
+        if (!grown) {
+            st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+            break;
+        }
+        snprintf(grown + have, add, "%s%s", have ? ", " : "", v->name);
+        s->missing = grown;
     }
     tio_tensors_free(ts, n);
     if (st) free(meta);

@@ -44,6 +44,7 @@ struct tf_session {
     uint64_t seed;
     const void **bound;     /* per program input: caller memory, or NULL */
     void **out;             /* per module output: host buffer in storage dtype */
+    char *missing;          /* params the last load_state file lacked, ", "-separated; NULL if none */
 };
 
 struct tf_backend {

@@ -350,6 +350,9 @@ static int cmd_run(tf_context_t *ctx, args *a)
     int rc = 0;
     if (!p || tf_session_create(ctx, p, a->target, a->seed, &s)) rc = fail(ctx);
     if (!rc && a->params && tf_session_load_state(s, a->params)) rc = fail(ctx);
+    if (!rc && a->params && tf_session_missing_params(s))
+        fprintf(stderr, "tfuse run: note: %s has no value for %s; they keep their initial values\n", a->params,
+                tf_session_missing_params(s));
     for (size_t i = 0; !rc && i < a->ninputs; i++) {
         tf_tensor_view v;
         if (tf_array_load_npy(ctx, a->inputs[i].val, &arrays[i])) { rc = fail(ctx); break; }

@@ -58,6 +58,17 @@ printf 'not a numpy file' > "$tmp/junk.npy"
 expect 1 "junk.npy" -- "$tfuse" run "$tmp/sum.ir" --input "x=$tmp/junk.npy"
 expect 1 "has no input named 'nope'" -- "$tfuse" run "$tmp/sum.ir" --input "nope=$tmp/lg.npy" --input "x=$tmp/lg.npy"
 
+# params a --params file lacks keep their initial values, and run says which
+python3 - "$tmp/partial.safetensors" <<'PY'
+import json, struct, sys
+w2 = [0.01] * (256 * 10)
+h = json.dumps({"w2": {"dtype": "F32", "shape": [256, 10], "data_offsets": [0, 4 * len(w2)]}}).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<%df" % len(w2), *w2))
+PY
+expect 0 "note: .*partial.safetensors has no value for w1, b1, b2; they keep their initial values" -- \
+  "$tfuse" run "$ex/mlp.ir" --random-inputs --params "$tmp/partial.safetensors"
+
 # embedding ids and labels from --random-inputs stay in range
 expect 0 "^loss : f32\[\] = " -- "$tfuse" run "$ex/transformer.ir" --random-inputs --dim B=2 --dim T=8
 
