@@ -982,6 +982,9 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     cursor cur = {0, 0, 0};
     if (tf_session_create(ctx, T->p, a->target, seed, &T->s)) return api_error(ctx, NULL);
     if (a->params && tf_session_load_state(T->s, a->params)) return api_error(ctx, "--params");
+    if (a->params && tf_session_missing_params(T->s))
+        fprintf(stderr, "tfuse train: note: %s has no value for %s; they start from their initializers\n", a->params,
+                tf_session_missing_params(T->s));
     if (t->resume) {
         uint64_t ck_seed;
         if ((rc = resume(ctx, T->s, t->resume, &cur, &ck_seed, d, false))) return rc;
