@@ -209,8 +209,7 @@ tf_ir_status ik_slice_grad(tf_interp_ctx *ip, const tf_node *n, const tf_tensor 
         return tf_diag_error(DIAG, TF_IR_ERR_INTERNAL, &n->loc, "%s: axis %lld is out of range for rank %d", OPNAME,
                              (long long)tf_node_int(n, "axis"), out->rank);
     int64_t len = out->dims[ax], m = dy->dims[ax], start = tf_node_int(n, "start"), step = tf_node_int(n, "step");
-    if (start < 0) start += len;
-    start = start < 0 ? 0 : start > len ? len : start;
+    tf_slice_bounds(len, start, len, &start, NULL);
     int64_t outer = 1, inner = 1;
     for (int i = 0; i < ax; i++) outer *= out->dims[i];
     for (int i = ax + 1; i < out->rank; i++) inner *= out->dims[i];

@@ -654,8 +654,7 @@ tf_ir_status ik_slice(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *cons
     int ax;
     if (!tf_axis_norm(tf_node_int(n, "axis"), x->rank, &ax)) return bad_axis(ip, n, tf_node_int(n, "axis"), x->rank);
     int64_t len = x->dims[ax], start = tf_node_int(n, "start"), step = tf_node_int(n, "step");
-    if (start < 0) start += len;
-    start = start < 0 ? 0 : start > len ? len : start;
+    tf_slice_bounds(len, start, len, &start, NULL);
     int64_t src[TF_MAX_RANK], dst[TF_MAX_RANK];
     contig_strides(x->dims, x->rank, 1, src);
     contig_strides(out->dims, out->rank, 1, dst);

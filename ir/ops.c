@@ -156,6 +156,14 @@ void tf_node_pair(const tf_node *n, const char *name, int64_t d0, int64_t d1, in
     v[1] = a->u.ints.n >= 2 ? a->u.ints.v[1].v : v[0];
 }
 
+void tf_slice_bounds(int64_t len, int64_t start, int64_t end, int64_t *lo, int64_t *hi)
+{
+    if (start < 0) start += len;
+    if (end < 0) end += len;
+    *lo = start < 0 ? 0 : start > len ? len : start;
+    if (hi) *hi = end < 0 ? 0 : end > len ? len : end;
+}
+
 bool tf_axis_norm(int64_t axis, int rank, int *out)
 {
     if (axis < -rank || axis >= rank) return false;
@@ -646,11 +654,8 @@ tf_ir_status sh_slice(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     int ax;
     if (!tf_axis_norm(tf_node_int(n, "axis"), x->rank, &ax))
         return ERR("slice: axis %lld is out of range for %s", (long long)tf_node_int(n, "axis"), tstr(m, x, b));
-    int64_t len = x->dims[ax].n, st = tf_node_int(n, "start"), en = tf_node_int(n, "end"), step = tf_node_int(n, "step");
-    if (st < 0) st += len;
-    if (en < 0) en += len;
-    st = st < 0 ? 0 : st > len ? len : st;
-    en = en < 0 ? 0 : en > len ? len : en;
+    int64_t len = x->dims[ax].n, st, en, step = tf_node_int(n, "step");
+    tf_slice_bounds(len, tf_node_int(n, "start"), tf_node_int(n, "end"), &st, &en);
     if (en <= st)
         return ERR("slice: empty result: [%lld:%lld] of axis %d (size %lld)", (long long)tf_node_int(n, "start"),
                    (long long)tf_node_int(n, "end"), ax, (long long)len);
@@ -826,11 +831,8 @@ tf_ir_status sh_slice_grad(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     int ax;
     if (!tf_axis_norm(tf_node_int(n, "axis"), dy->rank, &ax))
         return ERR("slice_grad: axis %lld is out of range for %s", (long long)tf_node_int(n, "axis"), tstr(m, dy, b));
-    int64_t len = tf_node_int(n, "size"), st = tf_node_int(n, "start"), en = tf_node_int(n, "end"), step = tf_node_int(n, "step");
-    if (st < 0) st += len;
-    if (en < 0) en += len;
-    st = st < 0 ? 0 : st > len ? len : st;
-    en = en < 0 ? 0 : en > len ? len : en;
+    int64_t len = tf_node_int(n, "size"), st, en, step = tf_node_int(n, "step");
+    tf_slice_bounds(len, tf_node_int(n, "start"), tf_node_int(n, "end"), &st, &en);
     if (en <= st || (en - st + step - 1) / step != dy->dims[ax].n)
         return ERR("slice_grad: slicing an axis of %lld does not give dy's %lld", (long long)len, (long long)dy->dims[ax].n);
     *out = *dy;

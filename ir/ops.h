@@ -82,6 +82,10 @@ const tf_attr *tf_node_attr_named(const tf_node *n, const char *name);
  * the two spatial values; [] (or absent) gives d0, d1. */
 void tf_node_pair(const tf_node *n, const char *name, int64_t d0, int64_t d1, int64_t v[2]);
 
+/* Python slicing bounds on an axis of length len: negative start/end count
+ * from the end, then both are clamped to [0, len]; hi may be NULL. */
+void tf_slice_bounds(int64_t len, int64_t start, int64_t end, int64_t *lo, int64_t *hi);
+
 /* Normalize an axis (negative counts from the end) against a rank; false if
  * out of range. */
 bool tf_axis_norm(int64_t axis, int rank, int *out);

@@ -327,9 +327,7 @@ static void check_shape_rules(void)
 
 int main(void)
 {
-    const char *s = getenv("TFUSE_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
+    g_seed = test_seed();
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
     check_maxpool_ties();
     check_scatter_add_range();

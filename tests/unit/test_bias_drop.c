@@ -244,16 +244,12 @@ static void check_cnn_train(const char *text)
 
 int main(void)
 {
-    const char *s = getenv("TFUSE_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
-    const char *dir = getenv("TFUSE_EXAMPLES");
+    g_seed = test_seed();
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         char path[4096];
         char *text = NULL;
         if (!models[i].text) {
-            snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", models[i].label);
-            text = test_read_file(path);
+            text = test_read_example(models[i].label, path, sizeof path);
             CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
             if (!text) continue;
             check_cnn_train(text);

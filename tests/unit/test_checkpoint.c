@@ -41,9 +41,7 @@ static int recomputed(const tf_module *m)
 static void check_model(const char *file)
 {
     char path[4096];
-    const char *dir = getenv("TFUSE_EXAMPLES");
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", file);
-    char *text = test_read_file(path);
+    char *text = test_read_example(file, path, sizeof path);
     CHECK(text != NULL, "cannot read %s", path);
     if (!text) return;
     tf_diag d;

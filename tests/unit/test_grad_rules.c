@@ -174,9 +174,7 @@ static void rule(const char *name, const char *decls, const char *body, const ch
 
 int main(void)
 {
-    const char *env = getenv("TFUSE_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
+    g_seed = test_seed();
 
     static const char *unary[] = {"neg", "exp", "tanh", "sigmoid", "erf", "sin", "cos", "abs", "relu"};
     for (size_t i = 0; i < sizeof unary / sizeof *unary; i++) {
@@ -236,11 +234,9 @@ int main(void)
         {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
         {"transformer.ir", {{"B", 2}, {"T", 4}, {"V", 11}}, 3},
     };
-    const char *dir = getenv("TFUSE_EXAMPLES");
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", models[i].file);
-        char *text = test_read_file(path);
+        char *text = test_read_example(models[i].file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
         /* f64 everywhere: replace every "f32[" */

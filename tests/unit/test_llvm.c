@@ -176,19 +176,15 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
 
 int main(void)
 {
-    const char *env = getenv("TFUSE_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
+    g_seed = test_seed();
     static const struct { const char *file; tf_dim_set dims[4]; int nd; } models[] = {
         {"mlp.ir", {{"B", 6}, {"F", 20}}, 2},
         {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
         {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
     };
-    const char *dir = getenv("TFUSE_EXAMPLES");
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", models[i].file);
-        char *text = test_read_file(path);
+        char *text = test_read_example(models[i].file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
         for (int mode = 0; mode < 2; mode++) run(path, text, (tf_ir_mode)mode, models[i].dims, models[i].nd);

@@ -154,16 +154,12 @@ static void run_pair(const char *label, const char *text, tf_ir_mode mode)
 
 int main(void)
 {
-    const char *s = getenv("TFUSE_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
-    const char *dir = getenv("TFUSE_EXAMPLES");
+    g_seed = test_seed();
     static const char *examples[] = {"mlp.ir", "cnn.ir", "transformer.ir"};
     for (int mode = 0; mode < 2; mode++) {
         for (size_t i = 0; i < sizeof examples / sizeof *examples; i++) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", examples[i]);
-            char *text = test_read_file(path);
+            char *text = test_read_example(examples[i], path, sizeof path);
             CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
             if (text) run_pair(path, text, (tf_ir_mode)mode);
             free(text);

@@ -143,15 +143,11 @@ done:
 
 int main(void)
 {
-    const char *s = getenv("TFUSE_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)g_seed);
-    const char *dir = getenv("TFUSE_EXAMPLES");
+    g_seed = test_seed();
     static const char *examples[] = {"mlp.ir", "cnn.ir", "transformer.ir"};
     for (size_t e = 0; e < sizeof examples / sizeof *examples; e++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir ? dir : "examples", examples[e]);
-        char *text = test_read_file(path);
+        char *text = test_read_example(examples[e], path, sizeof path);
         CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
         if (!text) continue;
         for (int mode = 0; mode < 2; mode++) {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "ops.h"
 
@@ -42,6 +43,25 @@ static inline char *test_read_file(const char *path)
     else { free(buf); buf = NULL; }
     fclose(f);
     return buf;
+}
+
+/* The run's seed: TFUSE_TEST_SEED, else the clock; printed, so that a
+ * failure can be replayed. */
+static inline uint64_t test_seed(void)
+{
+    const char *s = getenv("TFUSE_TEST_SEED");
+    uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu (replay with TFUSE_TEST_SEED)\n", (unsigned long long)seed);
+    return seed;
+}
+
+/* An example model's text (TFUSE_EXAMPLES names the folder, else
+ * "examples"); its path goes to path[n]. NULL if unreadable. */
+static inline char *test_read_example(const char *file, char *path, size_t n)
+{
+    const char *dir = getenv("TFUSE_EXAMPLES");
+    snprintf(path, n, "%.3000s/%s", dir ? dir : "examples", file);
+    return test_read_file(path);
 }
 
 #endif
