@@ -8,18 +8,7 @@ set -u
 tfuse=$1 repo=$2 tmp=$3
 rm -rf "$tmp"
 mkdir -p "$tmp"
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAILED: $*"; }
-# expect RC PATTERN -- CMD...: exit code RC and combined output matching PATTERN
-expect() {
-  local rc=$1 pat=$2; shift 3
-  local out got
-  out=$("$@" 2>&1); got=$?
-  if [ "$got" -ne "$rc" ]; then bad "$* exited $got, wanted $rc: $out"; return; fi
-  if ! grep -qE -- "$pat" <<<"$out"; then bad "$*: output lacks /$pat/: $out"; return; fi
-  ok
-}
+. "$(dirname "$0")/lib.sh"
 same() { if cmp -s "$1" "$2"; then ok; else bad "$3: $1 and $2 differ"; fi; }
 differ() { if cmp -s "$1" "$2"; then bad "$3: $1 and $2 are identical"; else ok; fi; }
 
