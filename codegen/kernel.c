@@ -238,6 +238,51 @@ static tf_kernel *new_kernel(tf_kernel_plan *p, int *cap, const tf_node *first, 
     return k;
 }
 
+/* A lone transpose, broadcast or slice: a copy over the result's space whose
+ * load reads the operand through permuted, broadcast or stepped strides. */
+static tf_ir_status build_layout(tf_kernel_plan *p, int *cap, const tf_node *n, tf_diag *d)
+{
+    tf_kernel *k = new_kernel(p, cap, n, TF_K_ELEMENTWISE, n->region);
+    if (!k) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    set_space(k, &n->out->type);
+    const tf_value *x = n->in[0];
+    tf_kexpr e = {.kind = TF_KX_LOAD, .dtype = x->type.dtype, .node = n, .reduced_domain = true};
+    if (x->kind == TF_VAL_CONST) {
+        e.kind = TF_KX_CONST;
+        e.value = x->cval;
+    } else {
+        int64_t row[TF_MAX_RANK], s = 1;
+        for (int i = x->type.rank - 1; i >= 0; i--) {
+            row[i] = s;
+            s *= x->type.dims[i].n;
+        }
+        if (n->op == TF_OP_TRANSPOSE) {
+            const tf_attr *perm = tf_node_attr_named(n, "perm");
+            for (int j = 0; j < k->rank; j++) e.strides[j] = row[perm->u.ints.v[j].v];
+        } else if (n->op == TF_OP_SLICE) {
+            int ax = 0;
+            tf_axis_norm(tf_node_int(n, "axis"), x->type.rank, &ax);
+            int64_t len = x->type.dims[ax].n, start = 0;
+            tf_slice_bounds(len, tf_node_int(n, "start"), len, &start, NULL);
+            for (int j = 0; j < k->rank; j++) e.strides[j] = row[j];
+            e.offset = start * row[ax];
+            e.strides[ax] *= tf_node_int(n, "step");
+        } else {
+            for (int j = 0; j < x->type.rank; j++)
+                e.strides[k->rank - x->type.rank + j] = x->type.dims[j].n == 1 ? 0 : row[j];
+        }
+        for (int j = 0; j < k->rank; j++)
+            if (k->dims[j] == 1) e.strides[j] = 0;
+    }
+    kb b = {.m = NULL, .k = k, .d = d};
+    int ex = -1, buf = -1;
+    if ((e.kind == TF_KX_LOAD && (e.buf = add_buf(&b, x, false)) < 0) || (ex = add_expr(&b, e)) < 0 ||
+        (buf = add_buf(&b, n->out, true)) < 0 || !grow((void **)&k->stores, 0, &b.cap_stores, sizeof *k->stores))
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    k->stores[k->nstores++] = (tf_kstore){buf, ex, false};
+    return TF_IR_OK;
+}
+
 /* nodes[lo, hi) run as one kernel */
 static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, int lo, int hi, tf_diag *d)
 {
@@ -251,6 +296,8 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
         set_space(k, &n0->out->type);
         return TF_IR_OK;
     }
+    if (hi - lo == 1 && (n0->op == TF_OP_TRANSPOSE || n0->op == TF_OP_BROADCAST || n0->op == TF_OP_SLICE))
+        return build_layout(p, cap, n0, d);
     /* a gemm region: its matmul/conv is a library call; the rest an epilogue */
     const tf_node *lib = NULL;
     for (int i = lo; i < hi; i++) {
@@ -382,6 +429,7 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
                 out(&s, "load %s[", k->bufs[x->buf].value->name);
                 for (int a = 0; a < k->rank; a++) out(&s, "%s%lld", a ? ", " : "", (long long)x->strides[a]);
                 out(&s, "]");
+                if (x->offset) out(&s, " + %lld", (long long)x->offset);
                 break;
             case TF_KX_CONST: out(&s, "%.17g", x->value); break;
             case TF_KX_REDUCED: out(&s, "%s(e%d)", tf_op_info_of(k->reds[x->red].op)->name, k->reds[x->red].arg); break;

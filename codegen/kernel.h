@@ -13,10 +13,13 @@
  *                     the full space or on the reduced one, and stores on
  *                     either;
  *   TF_K_LIBRARY      one op a library or a hand-written kernel runs as a
- *                     whole (matmul, conv, pooling, gather, layout copies),
+ *                     whole (matmul, conv, pooling, gather, concat),
  *                     with, for a gemm region, an elementwise epilogue over
  *                     its output;
  *   TF_K_VIEW         a reshape: no work, its result aliases its operand.
+ *
+ * A lone transpose, broadcast or slice is an elementwise copy kernel whose one
+ * load carries the permuted, zero or stepped strides and the slice's offset.
  *
  * Buffers are module values (inputs, params, buffers, results in the arena).
  * Expressions use the op table's scalar semantics: each expression has a
@@ -31,7 +34,8 @@
 typedef enum tf_kernel_kind { TF_K_ELEMENTWISE, TF_K_REDUCTION, TF_K_LIBRARY, TF_K_VIEW } tf_kernel_kind;
 
 typedef enum tf_kexpr_kind {
-    TF_KX_LOAD,    /* buf[offset + sum(index[i] * strides[i])] */
+    TF_KX_LOAD,    /* buf[offset + sum(index[i] * strides[i])]; transposes,
+                    * broadcasts and slices are strides and an offset */
     TF_KX_CONST,   /* a number */
     TF_KX_OP,      /* a pointwise op of the table (or cast) over args */
     TF_KX_REDUCED, /* the result of reduction `red` at the current outer index */
@@ -45,6 +49,7 @@ typedef struct tf_kexpr {
     int nargs, args[3];    /* earlier expressions */
     int buf;               /* KX_LOAD: index into kernel->bufs */
     int64_t strides[TF_MAX_RANK];   /* KX_LOAD: per index-space axis, elements */
+    int64_t offset;        /* KX_LOAD: elements */
     double value;          /* KX_CONST */
     int red;               /* KX_REDUCED */
     int axis;              /* KX_INDEX */

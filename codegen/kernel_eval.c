@@ -47,7 +47,7 @@ static void eval_exprs(ev *e, const int64_t *idx)
         const tf_kexpr *x = &k->exprs[i];
         double v = 0;
         switch (x->kind) {
-        case TF_KX_LOAD: v = e->bufs[x->buf]->data[offset_of(x->strides, idx, k->rank)]; break;
+        case TF_KX_LOAD: v = e->bufs[x->buf]->data[x->offset + offset_of(x->strides, idx, k->rank)]; break;
         case TF_KX_CONST: v = tf_dtype_round(x->dtype, x->value); break;
         case TF_KX_REDUCED: v = e->red[x->red]; break;
         case TF_KX_INDEX: v = (double)idx[x->axis]; break;

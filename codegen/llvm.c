@@ -189,7 +189,7 @@ static LLVMValueRef expr(gen *g, int i)
     case TF_KX_LOAD: {
         tf_dt st = k->bufs[x->buf].value->type.dtype;
         LLVMTypeRef et = storage_type(g, st);
-        LLVMValueRef off = offset_of(g, x->strides);
+        LLVMValueRef off = LLVMBuildAdd(g->b, offset_of(g, x->strides), ci(g, x->offset), "");
         LLVMValueRef p = LLVMBuildGEP2(g->b, et, g->bufp[x->buf], &off, 1, "");
         LLVMValueRef e = LLVMBuildLoad2(g->b, et, p, "");
         switch (st) {
