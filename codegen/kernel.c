@@ -338,6 +338,18 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     return st;
 }
 
+int tf_kernel_split_axis(const tf_kernel *k)
+{
+    if (k->kind == TF_K_VIEW) return -1;
+    int best = -1;
+    for (int a = 0; a < k->rank; a++) {
+        if (k->kind == TF_K_REDUCTION && ((k->reduce_mask >> a) & 1)) continue;
+        if (k->dims[a] >= 16) return a;
+        if (best < 0 || k->dims[a] > k->dims[best]) best = a;
+    }
+    return best;
+}
+
 tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d)
 {
     memset(out, 0, sizeof *out);

@@ -98,6 +98,12 @@ typedef struct tf_kernel_plan {
  * regions every op is its own kernel). */
 tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d);
 void tf_kernels_free(tf_kernel_plan *p);
+/* The axis a backend splits the kernel's outermost loop nest along (over
+ * threads, or over blocks): an axis of every elementwise kernel, an outer
+ * axis of a reduction; the first with at least 16 iterations, else the
+ * longest; -1 when there is none (rank 0, or a reduction over every axis). */
+int tf_kernel_split_axis(const tf_kernel *k);
+
 /* Text of every kernel, for --dump-kernels; malloc'd. */
 char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p);
 

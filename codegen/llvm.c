@@ -11,10 +11,16 @@
  *     step (f32: fptrunc then fpext; integers: NaN to 0, trunc, saturate;
  *     bool: != 0), math in double through LLVM intrinsics and libm calls
  *     (resolved from the process), NaN handling spelled out with selects;
- *   - reductions accumulate in double in the reference's order.
+ *   - reductions accumulate in double in the reference's order (sounder
+ *     than fp32 or pairwise fp32 sums, for every storage dtype);
+ *   - f16/bf16 are 16-bit patterns in memory, converted and rounded by
+ *     integer arithmetic inline (no libcalls), so their loops vectorize too;
+ *   - the outermost loop nest's split axis (tf_kernel_split_axis) runs over
+ *     [lo, hi) only: the runtime hands each thread its share;
+ *   - dropout masks call back into the runtime for the interpreter's draw.
  *
- * Buffers are in their storage dtype (float, double, int64_t, int32_t,
- * uint8_t). Loop counters and accumulators live in allocas that the
+ * Buffers are in their storage dtype (float, double, uint16_t for f16/bf16,
+ * int64_t, int32_t, uint8_t). Loop counters and accumulators live in allocas that the
  * optimizer (default<O2>, no fast-math flags) promotes. */
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +36,7 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 
+#include "interp.h"
 #include "llvm.h"
 
 struct tf_jit {
@@ -43,7 +50,8 @@ struct tf_jit {
 
 static bool dtype_ok(tf_dt t)
 {
-    return t == TF_DT_F32 || t == TF_DT_F64 || t == TF_DT_I64 || t == TF_DT_I32 || t == TF_DT_BOOL;
+    return t == TF_DT_F32 || t == TF_DT_F64 || t == TF_DT_F16 || t == TF_DT_BF16 || t == TF_DT_I64 || t == TF_DT_I32 ||
+           t == TF_DT_BOOL;
 }
 
 static bool op_ok(int op)
@@ -54,6 +62,7 @@ static bool op_ok(int op)
     case TF_OP_SILU: case TF_OP_ADD: case TF_OP_SUB: case TF_OP_MUL: case TF_OP_DIV: case TF_OP_POW:
     case TF_OP_MAXIMUM: case TF_OP_MINIMUM: case TF_OP_EQ: case TF_OP_NE: case TF_OP_LT: case TF_OP_LE:
     case TF_OP_GT: case TF_OP_GE: case TF_OP_WHERE: case TF_OP_CAST: case TF_OP_ONE_HOT: case TF_OP_ISFINITE:
+    case TF_OP_DROPOUT_MASK:
         return true;
     default:
         return false;
@@ -64,12 +73,12 @@ bool tf_jit_supports(const tf_kernel *k, char *why, size_t n)
 {
     char tmp[8];
     if (!why) { why = tmp; n = sizeof tmp; }
-    if (k->kind != TF_K_ELEMENTWISE && k->kind != TF_K_REDUCTION) {
-        snprintf(why, n, "kernel %s: only elementwise and reduction kernels are supported", k->name);
+    if (k->kind == TF_K_LIBRARY && !k->nexprs) {
+        snprintf(why, n, "kernel %s: a library call with no epilogue has nothing to compile", k->name);
         return false;
     }
-    if (k->lib) {
-        snprintf(why, n, "kernel %s: library epilogues are not supported", k->name);
+    if (k->kind == TF_K_VIEW) {
+        snprintf(why, n, "kernel %s: a view has nothing to compile", k->name);
         return false;
     }
     for (int b = 0; b < k->nbufs; b++)
@@ -109,6 +118,9 @@ typedef struct gen {
     LLVMBuilderRef b;
     LLVMValueRef fn;
     LLVMTypeRef f64, i64, i1;
+    LLVMValueRef lo, hi, rt;   /* the split axis's range; the runtime words (seed, step) */
+    unsigned top;              /* the axes of the outermost loop nest */
+    int split;                 /* tf_kernel_split_axis */
     LLVMValueRef *bufp;        /* typed pointer per buffer */
     LLVMValueRef idx[TF_MAX_RANK];   /* i64 allocas */
     LLVMValueRef *red;         /* double alloca per reduction */
@@ -123,6 +135,8 @@ static LLVMTypeRef storage_type(gen *g, tf_dt t)
     case TF_DT_F64: return g->f64;
     case TF_DT_I64: return g->i64;
     case TF_DT_I32: return LLVMInt32TypeInContext(g->cx);
+    case TF_DT_F16:
+    case TF_DT_BF16: return LLVMInt16TypeInContext(g->cx);   /* the 16-bit pattern */
     default: return LLVMInt8TypeInContext(g->cx);   /* bool */
     }
 }
@@ -146,10 +160,86 @@ static LLVMValueRef bool_to_f(gen *g, LLVMValueRef c)
     return LLVMBuildSelect(g->b, c, cf(g, 1.0), cf(g, 0.0), "");
 }
 
+static LLVMValueRef bits_to_f(gen *g, LLVMValueRef bits) { return LLVMBuildBitCast(g->b, bits, g->f64, ""); }
+static LLVMValueRef f_to_bits(gen *g, LLVMValueRef v) { return LLVMBuildBitCast(g->b, v, g->i64, ""); }
+
+/* core.c's round_ieee without branches (so loops stay vectorizable): round
+ * to nearest even at the format's last mantissa bit by integer arithmetic on
+ * the double's bits (a carry into the exponent is the right answer); below
+ * the smallest normal, a fixed quantum through nearbyint; past the largest
+ * finite value, infinity; NaN stays. */
+static LLVMValueRef round_ieee(gen *g, LLVMValueRef v, int mbits, int emin, int emax)
+{
+    LLVMBuilderRef B = g->b;
+    int drop = 52 - mbits;
+    LLVMValueRef bits = f_to_bits(g, v);
+    LLVMValueRef lsb = LLVMBuildAnd(B, LLVMBuildLShr(B, bits, ci(g, drop), ""), ci(g, 1), "");
+    LLVMValueRef bias = LLVMBuildAdd(B, ci(g, ((int64_t)1 << (drop - 1)) - 1), lsb, "");
+    LLVMValueRef rn = bits_to_f(g, LLVMBuildAnd(B, LLVMBuildAdd(B, bits, bias, ""), ci(g, ~(((int64_t)1 << drop) - 1)), ""));
+    LLVMValueRef a = callf(g, "llvm.fabs.f64", 1, v, NULL);
+    double up = ldexp(1.0, mbits - emin), down = ldexp(1.0, emin - mbits);
+    LLVMValueRef rs = LLVMBuildFMul(B, callf(g, "llvm.nearbyint.f64", 1, LLVMBuildFMul(B, v, cf(g, up), ""), NULL), cf(g, down), "");
+    LLVMValueRef r = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, ldexp(1.0, emin)), ""), rs, rn, "");
+    double maxv = ldexp(2.0 - ldexp(1.0, -mbits), emax);
+    LLVMValueRef inf = callf(g, "llvm.copysign.f64", 2, cf(g, INFINITY), v);
+    r = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGT, callf(g, "llvm.fabs.f64", 1, r, NULL), cf(g, maxv), ""), inf, r, "");
+    return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), v, r, "");
+}
+
+/* A 16-bit pattern (i16) to double. */
+static LLVMValueRef half_to_f(gen *g, tf_dt t, LLVMValueRef h)
+{
+    LLVMBuilderRef B = g->b;
+    if (t == TF_DT_BF16) {
+        LLVMTypeRef i32 = LLVMInt32TypeInContext(g->cx);
+        LLVMValueRef w = LLVMBuildShl(B, LLVMBuildZExt(B, h, i32, ""), LLVMConstInt(i32, 16, 0), "");
+        return LLVMBuildFPExt(B, LLVMBuildBitCast(B, w, LLVMFloatTypeInContext(g->cx), ""), g->f64, "");
+    }
+    LLVMValueRef x = LLVMBuildZExt(B, h, g->i64, "");
+    LLVMValueRef e = LLVMBuildAnd(B, LLVMBuildLShr(B, x, ci(g, 10), ""), ci(g, 31), "");
+    LLVMValueRef m = LLVMBuildAnd(B, x, ci(g, 1023), "");
+    LLVMValueRef norm = LLVMBuildICmp(B, LLVMIntNE, e, ci(g, 0), "");
+    LLVMValueRef mant = LLVMBuildOr(B, m, LLVMBuildSelect(B, norm, ci(g, 1024), ci(g, 0), ""), "");
+    LLVMValueRef ee = LLVMBuildSelect(B, norm, e, ci(g, 1), "");   /* value = mant * 2^(ee - 25) */
+    LLVMValueRef scale = bits_to_f(g, LLVMBuildShl(B, LLVMBuildAdd(B, ee, ci(g, 1023 - 25), ""), ci(g, 52), ""));
+    LLVMValueRef v = LLVMBuildFMul(B, LLVMBuildUIToFP(B, mant, g->f64, ""), scale, "");
+    LLVMValueRef special = LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntEQ, m, ci(g, 0), ""), cf(g, INFINITY), cf(g, NAN), "");
+    v = LLVMBuildSelect(B, LLVMBuildICmp(B, LLVMIntEQ, e, ci(g, 31), ""), special, v, "");
+    LLVMValueRef neg = LLVMBuildICmp(B, LLVMIntNE, LLVMBuildAnd(B, x, ci(g, 0x8000), ""), ci(g, 0), "");
+    return LLVMBuildSelect(B, neg, LLVMBuildFNeg(B, v, ""), v, "");
+}
+
+/* A double already rounded to f16/bf16 to its 16-bit pattern (i16). */
+static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
+{
+    LLVMBuilderRef B = g->b;
+    LLVMTypeRef i16 = LLVMInt16TypeInContext(g->cx);
+    if (t == TF_DT_BF16) {   /* exact in f32: its upper half */
+        LLVMTypeRef i32 = LLVMInt32TypeInContext(g->cx);
+        LLVMValueRef w = LLVMBuildBitCast(B, LLVMBuildFPTrunc(B, v, LLVMFloatTypeInContext(g->cx), ""), i32, "");
+        return LLVMBuildTrunc(B, LLVMBuildLShr(B, w, LLVMConstInt(i32, 16, 0), ""), i16, "");
+    }
+    LLVMValueRef bits = f_to_bits(g, v);
+    LLVMValueRef sign = LLVMBuildAnd(B, LLVMBuildLShr(B, bits, ci(g, 48), ""), ci(g, 0x8000), "");
+    LLVMValueRef a = callf(g, "llvm.fabs.f64", 1, v, NULL);
+    LLVMValueRef sub = LLVMBuildFPToUI(B, LLVMBuildFMul(B, LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, 0x1p-14), ""), a, cf(g, 0.0), ""),
+                                                        cf(g, 0x1p24), ""), g->i64, "");
+    LLVMValueRef ab = f_to_bits(g, a);
+    LLVMValueRef e = LLVMBuildSub(B, LLVMBuildLShr(B, ab, ci(g, 52), ""), ci(g, 1023 - 15), "");
+    LLVMValueRef m = LLVMBuildAnd(B, LLVMBuildLShr(B, ab, ci(g, 42), ""), ci(g, 1023), "");
+    LLVMValueRef h = LLVMBuildOr(B, LLVMBuildShl(B, e, ci(g, 10), ""), m, "");
+    h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, 0x1p-14), ""), sub, h, "");
+    h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOEQ, a, cf(g, INFINITY), ""), ci(g, 0x7C00), h, "");
+    h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), ci(g, 0x7E00), h, "");
+    return LLVMBuildTrunc(B, LLVMBuildOr(B, h, sign, ""), i16, "");
+}
+
 /* tf_dtype_round in IR. */
 static LLVMValueRef round_to(gen *g, tf_dt t, LLVMValueRef v)
 {
     switch (t) {
+    case TF_DT_F16: return round_ieee(g, v, 10, -14, 15);
+    case TF_DT_BF16: return round_ieee(g, v, 7, -126, 127);
     case TF_DT_F32:
         return LLVMBuildFPExt(g->b, LLVMBuildFPTrunc(g->b, v, LLVMFloatTypeInContext(g->cx), ""), g->f64, "");
     case TF_DT_BOOL:
@@ -179,6 +269,8 @@ static LLVMValueRef offset_of(gen *g, const int64_t *strides)
     return o;
 }
 
+static LLVMValueRef flat(gen *g, bool outer);
+
 static LLVMValueRef expr(gen *g, int i)
 {
     if (g->memo[i]) return g->memo[i];
@@ -195,6 +287,8 @@ static LLVMValueRef expr(gen *g, int i)
         switch (st) {
         case TF_DT_F32: v = LLVMBuildFPExt(g->b, e, g->f64, ""); break;
         case TF_DT_F64: v = e; break;
+        case TF_DT_F16:
+        case TF_DT_BF16: v = half_to_f(g, st, e); break;
         case TF_DT_BOOL: v = LLVMBuildUIToFP(g->b, e, g->f64, ""); break;
         default: v = LLVMBuildSIToFP(g->b, e, g->f64, ""); break;
         }
@@ -214,6 +308,17 @@ static LLVMValueRef expr(gen *g, int i)
             break;
         }
         case TF_OP_CAST: v = a; break;
+        case TF_OP_DROPOUT_MASK: {   /* the interpreter's counter-based draw, by a call into the runtime */
+            LLVMTypeRef pt[3] = {LLVMTypeOf(g->rt), g->i64, g->i64};
+            LLVMTypeRef ft = LLVMFunctionType(g->f64, pt, 3, 0);
+            LLVMValueRef f = LLVMGetNamedFunction(g->mod, "tf_jit_dropout_uniform");
+            if (!f) f = LLVMAddFunction(g->mod, "tf_jit_dropout_uniform", ft);
+            LLVMValueRef args[3] = {g->rt, ci(g, tf_node_int(x->node, "salt")), flat(g, false)};
+            LLVMValueRef u = LLVMBuildCall2(B, ft, f, args, 3, "");
+            double p = tf_node_float(x->node, "p");
+            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGE, u, cf(g, p), ""), cf(g, tf_dtype_round(x->dtype, 1.0 / (1.0 - p))), zero, "");
+            break;
+        }
         case TF_OP_ONE_HOT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, "")); break;
         case TF_OP_NEG: v = LLVMBuildFNeg(B, a, ""); break;
         case TF_OP_ABS: v = callf(g, "llvm.fabs.f64", 1, a, NULL); break;
@@ -285,6 +390,8 @@ static void store(gen *g, const tf_kstore *s, bool outer)
     switch (st) {
     case TF_DT_F32: e = LLVMBuildFPTrunc(g->b, v, et, ""); break;
     case TF_DT_F64: e = v; break;
+    case TF_DT_F16:
+    case TF_DT_BF16: e = f_to_half(g, st, v); break;
     case TF_DT_BOOL: e = LLVMBuildFPToUI(g->b, v, et, ""); break;
     default: e = LLVMBuildFPToSI(g->b, v, et, ""); break;
     }
@@ -308,11 +415,12 @@ static void loop_nest(gen *g, unsigned mask, int from, body_fn body, void *arg)
     LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(g->cx, g->fn, "head");
     LLVMBasicBlockRef bodyb = LLVMAppendBasicBlockInContext(g->cx, g->fn, "body");
     LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->cx, g->fn, "exit");
-    LLVMBuildStore(g->b, ci(g, 0), g->idx[a]);
+    bool ranged = mask == g->top && a == g->split;   /* this thread's share of the split axis */
+    LLVMBuildStore(g->b, ranged ? g->lo : ci(g, 0), g->idx[a]);
     LLVMBuildBr(g->b, head);
     LLVMPositionBuilderAtEnd(g->b, head);
     LLVMValueRef i = LLVMBuildLoad2(g->b, g->i64, g->idx[a], "");
-    LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, i, ci(g, g->k->dims[a]), ""), bodyb, exit);
+    LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, i, ranged ? g->hi : ci(g, g->k->dims[a]), ""), bodyb, exit);
     LLVMPositionBuilderAtEnd(g->b, bodyb);
     loop_nest(g, mask, a + 1, body, arg);
     LLVMValueRef i2 = LLVMBuildLoad2(g->b, g->i64, g->idx[a], "");
@@ -392,11 +500,21 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
     g.i64 = LLVMInt64TypeInContext(cx);
     g.i1 = LLVMInt1TypeInContext(cx);
     LLVMTypeRef i8p = LLVMPointerType(LLVMInt8TypeInContext(cx), 0);
-    LLVMTypeRef argt = LLVMPointerType(i8p, 0);
-    LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(cx), &argt, 1, 0);
+    LLVMTypeRef argt[4] = {LLVMPointerType(i8p, 0), g.i64, g.i64, LLVMPointerType(g.i64, 0)};
+    LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(cx), argt, 4, 0);
     g.fn = LLVMAddFunction(g.mod, fname, ft);
     LLVMValueRef bufs = LLVMGetParam(g.fn, 0);
     LLVMSetValueName2(bufs, "bufs", 4);
+    g.lo = LLVMGetParam(g.fn, 1);
+    g.hi = LLVMGetParam(g.fn, 2);
+    g.rt = LLVMGetParam(g.fn, 3);
+    LLVMSetValueName2(g.lo, "lo", 2);
+    LLVMSetValueName2(g.hi, "hi", 2);
+    LLVMSetValueName2(g.rt, "rt", 2);
+    g.split = tf_kernel_split_axis(k);
+    g.top = 0;
+    for (int a = 0; a < k->rank; a++)
+        if (k->kind != TF_K_REDUCTION || !((k->reduce_mask >> a) & 1)) g.top |= 1u << a;
     g.bufp = calloc((size_t)k->nbufs + 1, sizeof *g.bufp);
     g.red = calloc((size_t)k->nreds + 1, sizeof *g.red);
     g.sum = calloc((size_t)k->nreds + 1, sizeof *g.sum);
@@ -508,6 +626,24 @@ static tf_ir_status llvm_error(tf_diag *d, LLVMErrorRef e, const char *what)
     return st;
 }
 
+/* What generated code calls in the runtime: the dropout draw. */
+static double jit_dropout_uniform(const uint64_t *rt, int64_t salt, int64_t flat)
+{
+    return tf_rng_uniform(rt[0], tf_dropout_stream(rt[1], (uint64_t)salt), (uint64_t)flat);
+}
+
+static LLVMErrorRef define_runtime_symbols(tf_jit *j)
+{
+    union { double (*f)(const uint64_t *, int64_t, int64_t); LLVMOrcExecutorAddress a; } u;
+    memset(&u, 0, sizeof u);
+    u.f = jit_dropout_uniform;
+    LLVMJITCSymbolMapPair sym = {
+        .Name = LLVMOrcLLJITMangleAndIntern(j->jit, "tf_jit_dropout_uniform"),
+        .Sym = {.Address = u.a, .Flags = {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0}},
+    };
+    return LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(j->jit), LLVMOrcAbsoluteSymbols(&sym, 1));
+}
+
 tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d)
 {
     *out = NULL;
@@ -532,6 +668,10 @@ tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d)
         return llvm_error(d, e, "cannot resolve symbols from the process");
     }
     LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j->jit), gen);
+    if ((e = define_runtime_symbols(j))) {
+        tf_jit_free(j);
+        return llvm_error(d, e, "cannot define the runtime's symbols");
+    }
     *out = j;
     return TF_IR_OK;
 }

@@ -3,9 +3,10 @@
  *
  * Generated code reproduces kernel_eval.c bit for bit: math in double, every
  * expression rounded to its dtype as tf_dtype_round rounds, reductions
- * accumulated in double in the reference's order. Supported value dtypes:
- * f32, f64, i64, i32, bool; f16/bf16 and dropout_mask (which needs the
- * interpreter's seed and step) are reported as unsupported. */
+ * accumulated in double in the reference's order. Every storage dtype (f16
+ * and bf16 as 16-bit patterns), every pointwise op of the table, dropout
+ * masks, and the epilogues of library kernels (the library call itself is
+ * the runtime's). */
 #ifndef TF_CODEGEN_LLVM_H
 #define TF_CODEGEN_LLVM_H
 
@@ -16,12 +17,17 @@ typedef struct tf_jit tf_jit;                 /* an LLJIT instance and its compi
 tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d);
 void tf_jit_free(tf_jit *j);
 
-/* Compile one kernel; *fn receives a function taking an array of buffer
- * pointers (kernel->bufs order, storage dtype layout: f32 as float, f64 as
- * double, i64 as int64_t, i32 as int32_t, bool as uint8_t).
+/* Compile one kernel; *fn receives a function taking
+ *   bufs    buffer pointers in kernel->bufs order, storage dtype layout (f32
+ *           as float, f64 as double, f16/bf16 as uint16_t, i64 as int64_t,
+ *           i32 as int32_t, bool as uint8_t);
+ *   lo, hi  the range of the split axis (tf_kernel_split_axis) this call
+ *           covers: [0, dims[axis]) for all of it; any lo, hi for a kernel
+ *           with no split axis (-1), which always runs whole;
+ *   rt      {seed, step}: what dropout masks draw from.
  * TF_IR_ERR_RUNTIME with a clear message when the kernel uses something not
- * supported yet. */
-typedef void (*tf_kernel_fn)(void **bufs);
+ * supported. */
+typedef void (*tf_kernel_fn)(void **bufs, int64_t lo, int64_t hi, const uint64_t *rt);
 tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_diag *d);
 
 /* Whether tf_jit_compile supports k; when not, why (into why, if given). */

@@ -1,12 +1,16 @@
 /* test_llvm.c — the LLVM emitter stores exactly what kernel_eval stores.
  *
- * Each example, in train and infer mode with fp32 precision, lowered to
- * kernels; one interpreter state runs the whole plan through kernel_eval,
- * kernel by kernel. Before each elementwise or reduction kernel, its buffers
- * are copied into storage-dtype arrays and the JIT-compiled function runs on
- * them; after kernel_eval has run the kernel, every buffer it writes must
- * hold the same bits in both (NaNs equal to NaNs). Every elementwise and
- * reduction kernel of these fp32 models must compile. */
+ * Each example, in train and infer mode, with fp32, bf16 and fp16 precision
+ * (16-bit storage), lowered to kernels; one interpreter state runs the whole
+ * plan through kernel_eval, kernel by kernel. Each elementwise or reduction
+ * kernel's buffers are copied into storage-dtype arrays (the ones it only
+ * writes poisoned) and the JIT-compiled function runs on them in three
+ * calls over pieces of its split axis, as threads would; a library kernel's
+ * epilogue runs after kernel_eval has computed the library call. Every
+ * buffer the kernel writes must then hold the same bits as kernel_eval's
+ * (NaNs equal to NaNs). Every elementwise and reduction kernel and every
+ * epilogue must compile, dropout masks included. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,6 +42,26 @@ static void fill(tf_interp_ctx *a, tf_module *m, uint64_t seed)
     }
 }
 
+/* f16/bf16 bit patterns of a value already rounded to the format, written
+ * independently of the emitter's (frexp rather than bit arithmetic). */
+static uint16_t half_bits(tf_dt t, double v)
+{
+    if (t == TF_DT_BF16) {
+        float f = (float)v;
+        uint32_t w;
+        memcpy(&w, &f, 4);
+        return (uint16_t)(w >> 16);
+    }
+    uint16_t sign = signbit(v) ? 0x8000 : 0;
+    double a = fabs(v);
+    if (a != a) return 0x7E00;
+    if (isinf(a)) return (uint16_t)(sign | 0x7C00);
+    if (a < 0x1p-14) return (uint16_t)(sign | (uint16_t)(a * 0x1p24));
+    int e;
+    double f = frexp(a, &e);   /* a = f * 2^e, f in [0.5, 1) */
+    return (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((f * 2 - 1) * 1024));
+}
+
 /* Storage-dtype copy of an interpreter tensor. */
 static void *to_storage(const tf_tensor *t)
 {
@@ -51,6 +75,8 @@ static void *to_storage(const tf_tensor *t)
         case TF_DT_I64: { int64_t x = (int64_t)v; memcpy(p + i * 8, &x, 8); break; }
         case TF_DT_I32: { int32_t x = (int32_t)v; memcpy(p + i * 4, &x, 4); break; }
         case TF_DT_BOOL: p[i] = v != 0; break;
+        case TF_DT_F16:
+        case TF_DT_BF16: { uint16_t h = half_bits(t->dtype, v); memcpy(p + i * 2, &h, 2); break; }
         default: break;
         }
     }
@@ -61,6 +87,11 @@ static bool is_nan_at(tf_dt t, const unsigned char *p, int64_t i)
 {
     if (t == TF_DT_F32) { float f; memcpy(&f, p + i * 4, 4); return f != f; }
     if (t == TF_DT_F64) { double f; memcpy(&f, p + i * 8, 8); return f != f; }
+    if (t == TF_DT_F16 || t == TF_DT_BF16) {
+        uint16_t h;
+        memcpy(&h, p + i * 2, 2);
+        return t == TF_DT_F16 ? (h & 0x7C00) == 0x7C00 && (h & 0x3FF) : (h & 0x7F80) == 0x7F80 && (h & 0x7F);
+    }
     return false;
 }
 
@@ -81,6 +112,7 @@ static void compare(const char *label, const tf_kernel *k, const tf_value *v, co
         case TF_DT_F64: memcpy(&g, b, 8); break;
         case TF_DT_I64: { int64_t x; memcpy(&x, b, 8); g = (double)x; break; }
         case TF_DT_I32: { int32_t x; memcpy(&x, b, 4); g = x; break; }
+        case TF_DT_F16: case TF_DT_BF16: { uint16_t h; memcpy(&h, b, 2); g = h; break; }   /* the pattern */
         default: g = *b; break;
         }
     }
@@ -89,7 +121,16 @@ static void compare(const char *label, const tf_kernel *k, const tf_value *v, co
     free(want);
 }
 
-static void run(const char *label, const char *text, tf_ir_mode mode, const tf_dim_set *dims, int nd)
+static bool is_read(const tf_kernel *k, int b)
+{
+    for (int e = 0; e < k->nexprs; e++)
+        if (k->exprs[e].kind == TF_KX_LOAD && k->exprs[e].buf == b) return true;
+    return false;
+}
+
+static const char *prec_name(tf_precision p) { return p == TF_PREC_BF16 ? "bf16" : p == TF_PREC_FP16 ? "fp16" : "fp32"; }
+
+static void run(const char *label, const char *text, tf_ir_mode mode, const tf_dim_set *dims, int nd, tf_precision prec)
 {
     tf_diag d = {0};
     tf_module *m;
@@ -97,7 +138,7 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
         CHECK(0, "%s: %s", label, d.msg);
         return;
     }
-    tf_options o = {.mode = mode, .diag = &d, .precision_set = true, .precision = TF_PREC_FP32};
+    tf_options o = {.mode = mode, .diag = &d, .precision_set = true, .precision = prec};
     tf_kernel_plan plan = {0};
     if (tf_run_pipeline(m, NULL, &o) || tf_kernels_build(m, &plan, &d)) {
         CHECK(0, "%s: %s", label, d.msg);
@@ -119,42 +160,58 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
     for (int i = 0; ok && i < plan.nkernels; i++) {
         const tf_kernel *k = &plan.kernels[i];
         tf_kernel_fn fn = NULL;
-        bool cand = (k->kind == TF_K_ELEMENTWISE || k->kind == TF_K_REDUCTION) && k->nexprs;
+        bool lib = k->kind == TF_K_LIBRARY;
+        bool cand = (k->kind == TF_K_ELEMENTWISE || k->kind == TF_K_REDUCTION || lib) && k->nexprs;
         candidates += cand;
         if (cand) {
             tf_diag cd = {0};
             if (tf_jit_compile(jit, k, &fn, &cd)) {
-                printf("%s (%s): skipped %s: %s\n", label, mode == TF_IR_TRAIN ? "train" : "infer", k->name, cd.msg);
+                printf("%s (%s, %s): skipped %s: %s\n", label, mode == TF_IR_TRAIN ? "train" : "infer", prec_name(prec), k->name, cd.msg);
                 fn = NULL;
             } else {
                 compiled++;
             }
         }
+        tf_kernel_plan one = {.kernels = (tf_kernel *)k, .nkernels = 1};
+        uint64_t rt[2] = {tf_interp_seed(ip), tf_interp_step(ip)};
+        if (lib && tf_kernels_eval(&one, ip, &d)) {   /* the library result the epilogue reads */
+            CHECK(0, "%s: kernels: %s", label, d.msg);
+            ok = false;
+        }
         void **bufs = NULL;
-        if (fn) {
+        if (fn && ok) {
             bufs = calloc((size_t)k->nbufs, sizeof *bufs);
             for (int b = 0; bufs && b < k->nbufs; b++) {
                 tf_tensor *t = tf_interp_tensor(ip, k->bufs[b].value, &d);
                 bufs[b] = t ? to_storage(t) : NULL;
-                if (!bufs[b]) { CHECK(0, "%s: kernel %s: buffer %d", label, k->name, b); fn = NULL; }
+                if (!bufs[b]) { CHECK(0, "%s: kernel %s: buffer %d", label, k->name, b); fn = NULL; continue; }
+                bool libout = lib && k->bufs[b].value == k->lib->out;
+                if (k->bufs[b].written && !libout && !is_read(k, b))
+                    memset(bufs[b], 0x5A, (size_t)(t->numel * tf_dtype_bytes(t->dtype)));
             }
-            if (fn) fn(bufs);
+            if (fn) {   /* in three pieces of the split axis */
+                int ax = tf_kernel_split_axis(k);
+                int64_t n = ax < 0 ? 1 : k->dims[ax], a = n / 3, b = 2 * n / 3;
+                fn(bufs, 0, a, rt);
+                fn(bufs, a, b, rt);
+                fn(bufs, b, n, rt);
+            }
         }
-        tf_kernel_plan one = {.kernels = (tf_kernel *)k, .nkernels = 1};
-        if (tf_kernels_eval(&one, ip, &d)) {
+        if (!lib && tf_kernels_eval(&one, ip, &d)) {
             CHECK(0, "%s: kernels: %s", label, d.msg);
             ok = false;
         }
         if (fn && ok) {
             for (int b = 0; b < k->nbufs; b++)
-                if (k->bufs[b].written) compare(label, k, k->bufs[b].value, tf_interp_tensor(ip, k->bufs[b].value, &d), bufs[b]);
+                if (k->bufs[b].written && !(lib && k->bufs[b].value == k->lib->out))
+                    compare(label, k, k->bufs[b].value, tf_interp_tensor(ip, k->bufs[b].value, &d), bufs[b]);
             g_compared++;
         }
         for (int b = 0; bufs && b < k->nbufs; b++) free(bufs[b]);
         free(bufs);
     }
-    printf("%s (%s): %d of %d elementwise/reduction kernels JIT-compiled and compared\n", label,
-           mode == TF_IR_TRAIN ? "train" : "infer", compiled, candidates);
+    printf("%s (%s, %s): %d of %d elementwise/reduction/epilogue kernels JIT-compiled and compared\n", label,
+           mode == TF_IR_TRAIN ? "train" : "infer", prec_name(prec), compiled, candidates);
     CHECK(compiled > 0 && compiled == candidates, "%s: every elementwise/reduction kernel compiles (%d of %d)", label,
           compiled, candidates);
     g_compiled += compiled;
@@ -187,32 +244,35 @@ int main(void)
         char *text = test_read_example(models[i].file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
-        for (int mode = 0; mode < 2; mode++) run(path, text, (tf_ir_mode)mode, models[i].dims, models[i].nd);
+        for (int mode = 0; mode < 2; mode++)
+            for (int p = 0; p < 3; p++)
+                run(path, text, (tf_ir_mode)mode, models[i].dims, models[i].nd,
+                    p == 0 ? TF_PREC_FP32 : p == 1 ? TF_PREC_BF16 : TF_PREC_FP16);
         free(text);
     }
-    /* dropout_mask is reported, not compiled */
-    {
+    /* dropout masks draw the interpreter's numbers; odd sizes (1, primes)
+     * against the split pieces and vector widths */
+    run("dropout", "input x : f32[3, 7]\nd = dropout(x, p=0.3)\ny = mul(d, 2.0)\noutput y\n", TF_IR_TRAIN, NULL, 0, TF_PREC_FP32);
+    run("odd", "input x : f32[1, 13]\ninput y : f32[17, 1, 13]\nz = add(x, y)\ns = reduce_sum(z, axes=[1, 2])\n"
+        "m = reduce_max(z, axes=[0])\ne = exp(m)\noutput s\noutput e\n", TF_IR_INFER, NULL, 0, TF_PREC_FP32);
+    /* the loops vectorize: an f32 and a bf16 bias+relu kernel print vector types */
+    for (int bf = 0; bf < 2; bf++) {
         tf_diag d = {0};
         tf_module *m;
-        const char *t = "input x : f32[3, 7]\nd = dropout(x, p=0.3)\noutput d\n";
-        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d};
+        const char *t = bf ? "input x : bf16[64, 64]\ninput y : bf16[64]\nz = add(x, y)\nr = relu(z)\noutput r\n"
+                           : "input x : f32[64, 64]\ninput y : f32[64]\nz = add(x, y)\nr = relu(z)\noutput r\n";
+        tf_options o = {.mode = TF_IR_INFER, .diag = &d};
         tf_kernel_plan plan = {0};
-        tf_jit *jit = NULL;
-        if (!tf_parse("dropout", t, strlen(t), NULL, 0, &m, &d)) {
-            if (!tf_run_pipeline(m, NULL, &o) && !tf_kernels_build(m, &plan, &d) && !tf_jit_create(&jit, &d)) {
-                int refused = 0;
-                for (int i = 0; i < plan.nkernels; i++) {
-                    tf_kernel_fn fn;
-                    tf_diag cd = {0};
-                    if (plan.kernels[i].kind == TF_K_ELEMENTWISE && tf_jit_compile(jit, &plan.kernels[i], &fn, &cd))
-                        refused += cd.status == TF_IR_ERR_RUNTIME && strstr(cd.msg, "dropout_mask") != NULL;
-                }
-                CHECK(refused > 0, "dropout_mask is reported as unsupported");
-            }
-            tf_jit_free(jit);
-            tf_kernels_free(&plan);
-            tf_module_free(m);
+        if (tf_parse("vec", t, strlen(t), NULL, 0, &m, &d)) continue;
+        if (!tf_run_pipeline(m, NULL, &o) && !tf_kernels_build(m, &plan, &d) && plan.nkernels == 1) {
+            char *ir = tf_jit_print(&plan.kernels[0]);
+            CHECK(ir && strstr(ir, bf ? " x i16>" : " x float>"), "the %s kernel is vectorized", bf ? "bf16" : "f32");
+            free(ir);
+        } else {
+            CHECK(0, "vec: %s", d.msg);
         }
+        tf_kernels_free(&plan);
+        tf_module_free(m);
     }
     printf("llvm: %d kernels JIT-compiled, %d compared\n", g_compiled, g_compared);
     CHECK(g_compiled > 0, "some kernels were compiled");
