@@ -338,6 +338,45 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     return st;
 }
 
+char *tf_kernel_key(const tf_kernel *k)
+{
+    size_t cap = 256 + (size_t)k->nexprs * (96 + 24 * TF_MAX_RANK) + (size_t)(k->nbufs + k->nreds + k->nstores) * 48;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    size_t n = 0;
+#define KEY(...) (n += (size_t)snprintf(s + n, n < cap ? cap - n : 0, __VA_ARGS__))
+    KEY("%d r%d m%u s%d [", (int)k->kind, k->rank, k->reduce_mask, tf_kernel_split_axis(k));
+    for (int a = 0; a < k->rank; a++) KEY("%lld,", (long long)k->dims[a]);
+    KEY("] b");
+    for (int b = 0; b < k->nbufs; b++) KEY("%d%c", (int)k->bufs[b].value->type.dtype, k->bufs[b].written ? 'w' : 'r');
+    for (int e = 0; e < k->nexprs; e++) {
+        const tf_kexpr *x = &k->exprs[e];
+        KEY(" e%d:%d:%d:%d(", (int)x->kind, x->op, (int)x->dtype, x->reduced_domain);
+        for (int q = 0; q < x->nargs; q++) KEY("%d,", x->args[q]);
+        switch (x->kind) {
+        case TF_KX_LOAD:
+            KEY("b%d+%lld", x->buf, (long long)x->offset);
+            for (int a = 0; a < k->rank; a++) KEY(",%lld", (long long)x->strides[a]);
+            break;
+        case TF_KX_CONST: KEY("%a", x->value); break;
+        case TF_KX_REDUCED: KEY("r%d", x->red); break;
+        case TF_KX_INDEX: KEY("i%d", x->axis); break;
+        case TF_KX_OP:
+            if (x->op == TF_OP_DROPOUT_MASK) KEY("p%a s%lld", tf_node_float(x->node, "p"), (long long)tf_node_int(x->node, "salt"));
+            break;
+        }
+        KEY(")");
+    }
+    for (int r = 0; r < k->nreds; r++) KEY(" r%d:%d:%d:%a", k->reds[r].op, k->reds[r].arg, (int)k->reds[r].dtype, k->reds[r].count);
+    for (int t = 0; t < k->nstores; t++) KEY(" s%d:%d:%d", k->stores[t].buf, k->stores[t].expr, k->stores[t].reduced_domain);
+#undef KEY
+    if (n >= cap) {   /* cannot happen with the estimate above; never hand out a truncated key */
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
 int tf_kernel_split_axis(const tf_kernel *k)
 {
     if (k->kind == TF_K_VIEW) return -1;

@@ -104,6 +104,12 @@ void tf_kernels_free(tf_kernel_plan *p);
  * longest; -1 when there is none (rank 0, or a reduction over every axis). */
 int tf_kernel_split_axis(const tf_kernel *k);
 
+/* A text that equal kernels share and different ones do not: kind, space,
+ * split axis, buffer dtypes, expressions (with dropout's p and salt),
+ * reductions and stores; not the name or the buffers' values. Compiled
+ * code is cached under it. malloc'd; NULL when out of memory. */
+char *tf_kernel_key(const tf_kernel *k);
+
 /* Text of every kernel, for --dump-kernels; malloc'd. */
 char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p);
 

@@ -20,7 +20,7 @@
  *   if (tf_model_parse_file(ctx, "mlp.ir", NULL, 0, &m)) { puts(tf_context_last_error(ctx)); ... }
  *   tf_compile_options o; tf_compile_options_init(&o); o.mode = TF_MODE_INFER;
  *   tf_program_compile(ctx, m, &o, &p);
- *   tf_session_create(ctx, p, TF_TARGET_INTERP, 42, &s);
+ *   tf_session_create(ctx, p, tf_default_target(), 42, &s);
  *   int64_t shape[2] = {64, 784};
  *   tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x_data);   // no copy: x_data must outlive run
  *   tf_session_run(s);
@@ -111,7 +111,7 @@ tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *pass
 /* ---- compiling ---- */
 typedef struct tf_compile_options {
     tf_mode   mode;        /* default TF_MODE_TRAIN */
-    tf_target target;      /* default TF_TARGET_INTERP */
+    tf_target target;      /* default tf_default_target() */
     const char *dump_ir;     /* NULL, "all", or a pass name */
     const char *dump_dir;    /* where dumps go; created if missing; default "." */
     int opt_level;           /* 0: only the passes a target needs (--O0); default 1 */
@@ -124,6 +124,8 @@ typedef struct tf_compile_options {
     const char *checkpoint;  /* "none" (default) or "auto": recompute cheap forward values in the
                               * backward pass until the step plans within memory_budget */
     int64_t memory_budget;   /* bytes; 0 = none */
+    int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
+    const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
@@ -186,6 +188,36 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
  * the uninterrupted run would have drawn. */
 tf_status tf_session_step(tf_session_t *s, uint64_t *step);
 tf_status tf_session_set_step(tf_session_t *s, uint64_t step);
+
+/* How a session runs: its target, threads, kernels, and for the cpu target
+ * how many kernels were JIT-compiled now and how many came from the
+ * process's cache (compiled code is kept for the life of the process), how
+ * long that took, how many library kernels run through the reference
+ * implementation (`fallbacks`), and the GEMM library. Fields a target does
+ * not have are 0 or NULL. */
+typedef struct tf_session_info {
+    const char *target;
+    int threads, kernels, jit_compiled, jit_cached, fallbacks;
+    double jit_ms;
+    const char *library;
+} tf_session_info;
+tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
+
+/* Per-kernel wall time over the runs since profiling was switched on (which
+ * also clears it); targets without kernels (interp) report none. `how` says
+ * what runs the kernel: "jit", "gemm", "conv", "view", "fallback", ... */
+typedef struct tf_kernel_profile {
+    const char *name, *how;
+    double total_ms;
+    int64_t calls, elements;
+} tf_kernel_profile;
+tf_status tf_session_set_profiling(tf_session_t *s, int on);
+size_t    tf_session_profile_count(const tf_session_t *s);
+tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile *out);
+
+/* The target that runs best here: cuda when a GPU can run, else cpu when
+ * this build has LLVM, else interp. tf_compile_options_init picks it. */
+tf_target tf_default_target(void);
 
 /* ---- host arrays (.npy files) ---- */
 tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **out);

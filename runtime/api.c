@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 
 #include "kernel.h"
+#ifdef TFUSE_HAVE_LLVM
+#include "llvm.h"
+#endif
 #include "parser.h"
 #include "runtime.h"
 #include "tensorio.h"
@@ -175,7 +178,7 @@ void tf_compile_options_init(tf_compile_options *o)
 {
     memset(o, 0, sizeof *o);
     o->mode = TF_MODE_TRAIN;
-    o->target = TF_TARGET_INTERP;
+    o->target = tf_default_target();
     o->opt_level = 1;
 }
 
@@ -190,7 +193,15 @@ static bool parse_precision(const char *s, tf_precision *out)
     return false;
 }
 
-const tf_backend *tf_backend_for(tf_target t) { return t == TF_TARGET_INTERP ? &tf_backend_interp : NULL; }
+const tf_backend *tf_backend_for(tf_target t)
+{
+    return t == TF_TARGET_INTERP ? &tf_backend_interp : t == TF_TARGET_CPU ? &tf_backend_cpu : NULL;
+}
+
+tf_target tf_default_target(void)
+{
+    return tf_backend_cpu.unavailable() ? TF_TARGET_INTERP : TF_TARGET_CPU;
+}
 
 static const char *target_name(tf_target t)
 {
@@ -262,6 +273,39 @@ static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char 
     return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
 }
 
+/* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel the
+ * cpu target compiles (one module per kernel, one after another). */
+static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *dir)
+{
+#ifdef TFUSE_HAVE_LLVM
+    tf_kernel_plan plan;
+    tf_diag d = {0};
+    if (tf_kernels_build(m, &plan, &d)) return tf_from_diag(ctx, &d);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/kernels.ll", dir);
+    mkdir(dir, 0777);
+    FILE *f = fopen(path, "w");
+    bool ok = f != NULL;
+    for (int i = 0; ok && i < plan.nkernels; i++) {
+        char why[512];
+        if (!tf_jit_supports(&plan.kernels[i], why, sizeof why)) {
+            ok = fprintf(f, "; %s: not compiled: %s\n\n", plan.kernels[i].name, why) >= 0;
+            continue;
+        }
+        char *ir = tf_jit_print(&plan.kernels[i]);
+        ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan.kernels[i].name, ir) >= 0;
+        free(ir);
+    }
+    if (f && fclose(f) != 0) ok = false;
+    tf_kernels_free(&plan);
+    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
+#else
+    (void)m;
+    (void)dir;
+    return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: --dump-llvm needs a build with LLVM (this one has none)");
+#endif
+}
+
 /* Run the pipeline on a copy of src. */
 static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
                                 tf_program_t **out)
@@ -273,6 +317,7 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
     }
     p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
     p->target = opts->target;
+    p->threads = opts->threads;
     tf_diag d = {0};
     tf_options o;
     tf_status st = make_options(ctx, opts, quiet, &d, &o);
@@ -285,6 +330,10 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
         return tf_from_diag(ctx, &d);
     }
     if (!quiet && opts->dump_kernels && (st = dump_kernels(ctx, p->m, opts->dump_kernels))) {
+        tf_program_free(p);
+        return st;
+    }
+    if (!quiet && opts->dump_llvm && (st = dump_llvm(ctx, p->m, opts->dump_llvm))) {
         tf_program_free(p);
         return st;
     }
@@ -379,8 +428,8 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     }
     if (!tf_backend_for(opts->target))
         return tf_set_error(ctx, TF_ERR_UNAVAILABLE,
-                            "error: target '%s' is not part of this build yet (this build has: interp); "
-                            "compile with --target=interp",
+                            "error: target '%s' is not part of this build yet (this build has: interp, cpu); "
+                            "compile with --target=cpu or --target=interp",
                             target_name(opts->target));
     tf_program_t *p = NULL;
     tf_status st;
@@ -528,7 +577,7 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
     const tf_backend *be = tf_backend_for(target);
     if (!be)
         return tf_set_error(ctx, TF_ERR_UNAVAILABLE,
-                            "error: target '%s' is not part of this build yet (this build has: interp)",
+                            "error: target '%s' is not part of this build yet (this build has: interp, cpu)",
                             target_name(target));
     const char *why = be->unavailable();
     if (why) return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target '%s' cannot run here: %s", be->name, why);
@@ -827,4 +876,35 @@ void tf_array_free(tf_array_t *a)
     if (!a) return;
     tio_tensor_free(&a->t);
     free(a);
+}
+
+/* ---- session facts and profiles ---- */
+
+tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out)
+{
+    if (!s || !out) return TF_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    if (s->be->info) s->be->info((tf_session_t *)s, out);
+    out->target = s->be->name;
+    if (!out->threads) out->threads = 1;
+    return TF_OK;
+}
+
+tf_status tf_session_set_profiling(tf_session_t *s, int on)
+{
+    if (!s) return TF_ERR_INVALID_ARG;
+    if (s->be->set_profiling) s->be->set_profiling(s, on != 0);
+    return TF_OK;
+}
+
+size_t tf_session_profile_count(const tf_session_t *s)
+{
+    return s && s->be->profile_count ? s->be->profile_count((tf_session_t *)s) : 0;
+}
+
+tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile *out)
+{
+    if (!s || !out || i >= tf_session_profile_count(s)) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: no such profile entry");
+    s->be->profile_get((tf_session_t *)s, i, out);
+    return TF_OK;
 }

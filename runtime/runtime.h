@@ -32,6 +32,7 @@ struct tf_program {
     tf_stat_entry stats[12];
     int nstats;
     tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
+    int threads;            /* tf_compile_options.threads */
 };
 
 typedef struct tf_backend tf_backend;
@@ -63,9 +64,14 @@ struct tf_backend {
      * so that a resumed run draws the masks the uninterrupted one would. */
     uint64_t (*step_get)(tf_session_t *s);
     void (*step_set)(tf_session_t *s, uint64_t step);
+    /* Optional (NULL: none): per-kernel profiles and the session's facts. */
+    void (*set_profiling)(tf_session_t *s, bool on);
+    size_t (*profile_count)(tf_session_t *s);
+    void (*profile_get)(tf_session_t *s, size_t i, tf_kernel_profile *out);
+    void (*info)(tf_session_t *s, tf_session_info *out);
 };
 
-extern const tf_backend tf_backend_interp;
+extern const tf_backend tf_backend_interp, tf_backend_cpu;
 const tf_backend *tf_backend_for(tf_target t);
 
 /* Set the context's message; returns st. */

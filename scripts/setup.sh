@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh — install what tfuse needs to build and test on Debian 12:
 # a C11 compiler, CMake, LLVM 14's FileCheck (llvm-14-tools), LLVM 14's
-# libraries and llvm-config for the JIT emitter (llvm-14-dev), and Python 3
+# libraries and llvm-config for the JIT emitter (llvm-14-dev), OpenBLAS for
+# the cpu target's GEMMs (libopenblas-dev), and Python 3
 # with NumPy (one test checks tfuse against an independent NumPy computation)
 # and scikit-learn (scripts/make_digits.py takes its bundled digits data set
 # for the training test; nothing is downloaded at run time).
@@ -11,7 +12,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake llvm-14-tools llvm-14-dev python3 python3-numpy python3-sklearn >/dev/null
+  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev python3 python3-numpy python3-sklearn >/dev/null
 # The python3 first on PATH may not be Debian's (pyenv, a venv): give it NumPy
 # and scikit-learn too.
 if ! python3 -c 'import numpy' 2>/dev/null; then

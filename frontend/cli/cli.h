@@ -40,6 +40,10 @@ typedef struct args {
     const char *checkpoint;   /* --checkpoint=none|auto */
     const char *dump_kernels; /* --dump-kernels=DIR */
     int64_t memory_budget;    /* --memory-budget=BYTES */
+    const char *dump_llvm;    /* --dump-llvm=DIR */
+    uint64_t threads;         /* --threads=N (cpu target); 0 = one per core */
+    uint64_t iters, warmup;   /* bench: timed runs and untimed ones before them */
+    bool warmup_set, profile; /* bench: --warmup given; --profile */
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;
     train_args train;
@@ -51,6 +55,16 @@ int cli_usage_error(const char *cmd, const char *fmt, const char *arg);   /* pri
 const char *cli_flag_value(int argc, char **argv, int *i, const char *name);
 bool cli_parse_u64(const char *s, uint64_t *out);
 void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain);
+
+/* Deterministic data for input i: floats ~ N(0, 1); integers in [0, bound)
+ * where a use gives a bound, else {0, 1}; f16/bf16 as their bit patterns.
+ * malloc'd. */
+void *cli_random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dtype dt, const int64_t *shape, int rank);
+int cli_fail(tf_context_t *ctx);   /* prints the context's error; returns 1 */
+
+/* bench.c */
+extern const char bench_synopsis[], bench_help[];
+int cmd_bench(tf_context_t *ctx, const args *a);
 
 /* train.c */
 extern const char train_synopsis[], train_help[];

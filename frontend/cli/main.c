@@ -6,7 +6,10 @@
  *   tfuse compile FILE     the full pipeline; --stats, --dump-ir, -o
  *   tfuse run FILE         inference on .npy inputs, .safetensors params
  *   tfuse train FILE       training on .npy data (train.c)
- *   tfuse bench            arrives with later work; it says so
+ *   tfuse bench FILE       step time, compile time, peak bytes, kernel profile (bench.c)
+ *
+ * The default target is tf_default_target(): cpu where this build has LLVM
+ * (and no GPU is usable), else interp; --target picks another.
  *
  * Exit codes: 0 success, 1 an error in the input or while running, 2 bad
  * command-line usage. */
@@ -128,6 +131,20 @@ static int parse_args(int argc, char **argv, args *a)
             a->disabled[a->ndisabled++] = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-kernels"))) {
             a->dump_kernels = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-llvm"))) {
+            a->dump_llvm = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
+            if (!cli_parse_u64(v, &a->threads) || a->threads < 1 || a->threads > 1024)
+                return cli_usage_error(cmd, "--threads expects an integer in [1, 1024], found '%s'", v);
+        } else if (!strcmp(cmd, "bench") && (v = cli_flag_value(argc, argv, &i, "--iters"))) {
+            if (!cli_parse_u64(v, &a->iters) || a->iters < 1 || a->iters > 1000000)
+                return cli_usage_error(cmd, "--iters expects an integer in [1, 1000000], found '%s'", v);
+        } else if (!strcmp(cmd, "bench") && (v = cli_flag_value(argc, argv, &i, "--warmup"))) {
+            if (!cli_parse_u64(v, &a->warmup) || a->warmup > 1000000)
+                return cli_usage_error(cmd, "--warmup expects an integer in [0, 1000000], found '%s'", v);
+            a->warmup_set = true;
+        } else if (!strcmp(cmd, "bench") && !strcmp(s, "--profile")) {
+            a->profile = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
             if (strcmp(v, "none") && strcmp(v, "auto"))
                 return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
@@ -175,11 +192,12 @@ static int parse_args(int argc, char **argv, args *a)
     return 0;
 }
 
-static int fail(tf_context_t *ctx)
+int cli_fail(tf_context_t *ctx)
 {
     fprintf(stderr, "%s\n", tf_context_last_error(ctx));
     return 1;
 }
+#define fail cli_fail
 
 static tf_model_t *load_model(tf_context_t *ctx, const args *a)
 {
@@ -218,6 +236,8 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     o->checkpoint = a->checkpoint;
     o->dump_kernels = a->dump_kernels;
     o->memory_budget = a->memory_budget;
+    o->dump_llvm = a->dump_llvm;
+    o->threads = (int)a->threads;
 }
 
 static int cmd_opt(tf_context_t *ctx, const args *a)
@@ -309,7 +329,7 @@ static void print_tensor(const char *name, const tf_tensor_view *t)
 
 /* Deterministic inputs for trying a model: floats ~ N(0, 1); integers uniform
  * in [0, bound) where a use (labels, ids) gives a bound, else {0, 1}. */
-static void *random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dtype dt, const int64_t *shape, int rank)
+void *cli_random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dtype dt, const int64_t *shape, int rank)
 {
     int64_t n = 1, bound = 0;
     for (int k = 0; k < rank; k++) n *= shape[k];
@@ -383,7 +403,7 @@ static int cmd_run(tf_context_t *ctx, args *a)
             rc = 1;
             break;
         }
-        if (!(randoms[i] = random_input(p, i, a->seed, dt, shape, rank))) {
+        if (!(randoms[i] = cli_random_input(p, i, a->seed, dt, shape, rank))) {
             fprintf(stderr, "tfuse: error: out of memory\n");
             rc = 1;
         } else if (tf_session_bind(s, name, dt, shape, rank, randoms[i])) {
@@ -422,20 +442,22 @@ static const struct {
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
     {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
      "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES]\n"
-     "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--stats] [-o OUT]",
+     "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--dump-llvm=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
      "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
      "--dim B=auto picks the largest B whose planned peak fits --memory-limit (512M, 16G, ...);\n"
      "train mode: --checkpoint=auto recomputes cheap forward values in the backward pass until the\n"
      "step's planned peak fits --memory-budget;\n"
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); --dump-kernels writes\n"
-     "DIR/kernels.txt, the kernel IR of every kernel; -o writes the compiled IR."},
+     "DIR/kernels.txt, the kernel IR of every kernel; --dump-llvm writes DIR/kernels.ll, the optimized\n"
+     "LLVM IR the cpu target runs; -o writes the compiled IR. The default target is cpu when this build\n"
+     "has LLVM, else interp."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
-     "                     [--seed N] [--target=...] [--precision=...] [--O0] [--disable-pass=NAME]",
+     "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
      "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
     {"train", train_synopsis, train_help},
-    {"bench", "FILE [--mode=train|infer] [--target] [--iters N]", "Not available yet: benchmarking arrives with the CPU backend."},
+    {"bench", bench_synopsis, bench_help},
 };
 
 static void usage_cmd(const char *cmd, FILE *f)
@@ -478,18 +500,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    args a = {.cmd = cmd, .mode = TF_MODE_TRAIN};
+    args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);
     if (rc || a.help) {
         if (a.help) usage_cmd(cmd, stdout);
         free_args(&a);
         return rc;
-    }
-    if (!strcmp(cmd, "bench")) {
-        fprintf(stderr, "tfuse %s: not available yet: %s\n", cmd,
-                "benchmarking arrives with the CPU backend (use 'tfuse compile --stats' for counts)");
-        free_args(&a);
-        return 1;
     }
     tf_context_t *ctx;
     if (tf_context_create(&ctx)) {
@@ -501,6 +517,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "opt")) rc = cmd_opt(ctx, &a);
     else if (!strcmp(cmd, "compile")) rc = cmd_compile(ctx, &a);
     else if (!strcmp(cmd, "train")) rc = cmd_train(ctx, &a);
+    else if (!strcmp(cmd, "bench")) rc = cmd_bench(ctx, &a);
     else rc = cmd_run(ctx, &a);
     tf_context_free(ctx);
     free_args(&a);

@@ -22,9 +22,30 @@ expect 1 "declares no dim named 'Q'" -- "$tfuse" print "$ex/mlp.ir" --dim Q=3
 expect 0 "input  x : f32\[B, F\]" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 0 "^dim B = 128" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 2 "no training data: give --data" -- "$tfuse" train "$ex/mlp.ir"
-expect 1 "not available yet" -- "$tfuse" bench "$ex/mlp.ir"
 expect 1 "target 'cuda' is not part of this build" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda
-expect 1 "target 'cpu' is not part of this build" -- "$tfuse" run "$ex/mlp.ir" --target=cpu --random-inputs
+expect 2 "--iters expects an integer" -- "$tfuse" bench "$ex/mlp.ir" --iters 0
+expect 2 "--threads expects an integer" -- "$tfuse" run "$ex/mlp.ir" --threads=0
+# bench on the interpreter works in every build: key: value lines, a median
+expect 0 "^step_ms: [0-9.]+$" -- "$tfuse" bench "$ex/mlp.ir" --dim F=16 --target=interp --iters 3 --warmup 0
+expect 0 "profile: none \(the interp target" -- "$tfuse" bench "$ex/mlp.ir" --dim F=16 --target=interp --iters 1 --profile
+# the cpu target: the interpreter's numbers where the build has LLVM; a
+# clear reason where it has none
+if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); then
+  ref=$("$tfuse" run "$ex/cnn.ir" --target=interp --random-inputs --seed 5 2>&1)
+  l1=$(grep '^loss' <<<"$cpu" | awk '{print $5}') l2=$(grep '^loss' <<<"$ref" | awk '{print $5}')
+  if python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-3 * max(1, abs(b)) else 1)" "$l1" "$l2"; then ok; else bad "cnn loss on cpu $l1 vs interp $l2"; fi
+  expect 0 "^kernels_fallback: [0-9]+" -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
+  expect 0 "^k[0-9]+_matmul +gemm " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
+  expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2
+  expect 0 "^compile_ms: [0-9.]+" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
+  expect 0 "^threads: 1$" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
+  rm -rf "$tmp/llvm"
+  expect 0 "" -- "$tfuse" compile "$ex/mlp.ir" --dump-llvm="$tmp/llvm"
+  if grep -q "^define void @k" "$tmp/llvm/kernels.ll" && grep -qE "<[0-9]+ x (float|double|i16)>" "$tmp/llvm/kernels.ll"; then ok; else bad "--dump-llvm: no vectorized kernels in $tmp/llvm/kernels.ll"; fi
+else
+  if grep -q "has no LLVM" <<<"$cpu"; then ok; else bad "--target=cpu failed without saying why: $cpu"; fi
+  expect 1 "needs a build with LLVM" -- "$tfuse" compile "$ex/mlp.ir" --dump-llvm="$tmp/llvm"
+fi
 expect 0 "^peak_bytes: [0-9]+" -- "$tfuse" compile "$ex/cnn.ir" --stats
 expect 0 "^params: 203530" -- "$tfuse" compile "$ex/mlp.ir" --stats
 expect 1 "input 'x' \(f32\) has no data: pass --input x=FILE.npy" -- "$tfuse" run "$ex/mlp.ir"

@@ -1,0 +1,154 @@
+/* bench.c — `tfuse bench FILE`: how fast one step runs.
+ *
+ * Compiles the model (timed: compile_ms), creates a session (timed: jit_ms,
+ * which on the cpu target is JIT-compiling every kernel), then a second
+ * session of the same program (jit_ms_cached: the process's kernel cache),
+ * binds deterministic random inputs (labels and ids within their bounds),
+ * runs --warmup untimed steps and --iters timed ones, and prints `key: value`
+ * lines: step_ms is the median, with min, mean and p90 beside it. --profile
+ * adds a per-kernel table sorted by total time. Training steps update the
+ * params as they go, as a real run would; the data stays the same batch. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+const char bench_synopsis[] =
+    "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--iters N] [--warmup N] [--threads N] [--profile]\n"
+    "                     [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--checkpoint=auto --memory-budget=B]";
+const char bench_help[] =
+    "Time one step of a model on random inputs: prints key: value lines (target, mode, threads,\n"
+    "compile_ms, jit_ms, jit_ms_cached, kernels, peak_bytes, step_ms = the median of --iters timed\n"
+    "steps (default 20) after --warmup untimed ones (default 3), step_ms_min, step_ms_mean,\n"
+    "step_ms_p90). --profile adds a table of kernels sorted by total time.";
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_profile(const void *a, const void *b)
+{
+    const tf_kernel_profile *x = a, *y = b;
+    return x->total_ms > y->total_ms ? -1 : x->total_ms < y->total_ms;
+}
+
+static void print_profile(tf_session_t *s, const char *target, uint64_t iters)
+{
+    size_t n = tf_session_profile_count(s);
+    if (!n) {
+        printf("profile: none (the %s target has no kernels to time)\n", target);
+        return;
+    }
+    tf_kernel_profile *ps = calloc(n, sizeof *ps);
+    if (!ps) return;
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        tf_session_profile(s, i, &ps[i]);
+        total += ps[i].total_ms;
+    }
+    qsort(ps, n, sizeof *ps, cmp_profile);
+    printf("\n%-28s %-18s %12s %10s %12s %7s\n", "kernel", "how", "elements", "calls", "ms/step", "share");
+    for (size_t i = 0; i < n; i++) {
+        if (ps[i].calls == 0) continue;
+        printf("%-28s %-18s %12" PRId64 " %10" PRId64 " %12.4f %6.1f%%\n", ps[i].name, ps[i].how, ps[i].elements,
+               ps[i].calls, ps[i].total_ms / (double)iters, total > 0 ? 100 * ps[i].total_ms / total : 0);
+    }
+    printf("%-28s %-18s %12s %10s %12.4f %6.1f%%\n", "total", "", "", "", total / (double)iters, 100.0);
+    free(ps);
+}
+
+int cmd_bench(tf_context_t *ctx, const args *a)
+{
+    uint64_t iters = a->iters ? a->iters : 20, warmup = a->warmup_set ? a->warmup : 3;
+    tf_model_t *m = NULL;
+    if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m)) return cli_fail(ctx);
+    tf_compile_options o;
+    cli_fill_options(a, &o, stderr);
+    tf_program_t *p = NULL;
+    tf_session_t *s = NULL, *s2 = NULL;
+    void *data[MAX_ITEMS] = {0};
+    double *times = calloc(iters, sizeof *times);
+    int rc = times ? 0 : 1;
+    double t0 = now_ms();
+    if (!rc && tf_program_compile(ctx, m, &o, &p)) rc = cli_fail(ctx);
+    double compile_ms = now_ms() - t0;
+    t0 = now_ms();
+    if (!rc && tf_session_create(ctx, p, a->target, a->seed, &s)) rc = cli_fail(ctx);
+    double jit_ms = now_ms() - t0;
+    t0 = now_ms();
+    if (!rc && tf_session_create(ctx, p, a->target, a->seed, &s2)) rc = cli_fail(ctx);
+    double jit_cached_ms = now_ms() - t0;
+    tf_session_free(s2);
+    size_t nin = p ? tf_program_io_count(p, TF_IO_INPUT) : 0;
+    for (size_t i = 0; !rc && i < nin && i < MAX_ITEMS; i++) {
+        const char *name;
+        tf_dtype dt;
+        int rank;
+        int64_t shape[8];
+        tf_program_io(p, TF_IO_INPUT, i, &name, &dt, &rank, shape);
+        if (!(data[i] = cli_random_input(p, i, a->seed, dt, shape, rank))) {
+            fprintf(stderr, "tfuse: error: out of memory\n");
+            rc = 1;
+        } else if (tf_session_bind(s, name, dt, shape, rank, data[i])) {
+            rc = cli_fail(ctx);
+        }
+    }
+    for (uint64_t i = 0; !rc && i < warmup; i++)
+        if (tf_session_run(s)) rc = cli_fail(ctx);
+    if (!rc && a->profile) tf_session_set_profiling(s, 1);
+    for (uint64_t i = 0; !rc && i < iters; i++) {
+        t0 = now_ms();
+        if (tf_session_run(s)) rc = cli_fail(ctx);
+        times[i] = now_ms() - t0;
+    }
+    if (!rc) {
+        tf_session_info info;
+        tf_session_get_info(s, &info);
+        double mean = 0;
+        for (uint64_t i = 0; i < iters; i++) mean += times[i];
+        mean /= (double)iters;
+        qsort(times, iters, sizeof *times, cmp_double);
+        double median = iters % 2 ? times[iters / 2] : (times[iters / 2 - 1] + times[iters / 2]) / 2;
+        printf("model: %s\n", a->file);
+        printf("target: %s\n", info.target);
+        printf("mode: %s\n", a->mode == TF_MODE_INFER ? "infer" : "train");
+        printf("threads: %d\n", info.threads);
+        if (info.library) printf("gemm: %s\n", info.library);
+        printf("compile_ms: %.3f\n", compile_ms);
+        printf("jit_ms: %.3f\n", jit_ms);
+        printf("jit_ms_cached: %.3f\n", jit_cached_ms);
+        printf("kernels: %d\n", info.kernels);
+        printf("kernels_jit_compiled: %d\n", info.jit_compiled);
+        printf("kernels_fallback: %d\n", info.fallbacks);
+        for (size_t i = 0; i < tf_program_stat_count(p); i++) {
+            const char *name;
+            int64_t v;
+            tf_program_stat(p, i, &name, &v);
+            if (!strcmp(name, "peak_bytes") || !strcmp(name, "params")) printf("%s: %" PRId64 "\n", name, v);
+        }
+        printf("warmup: %" PRIu64 "\n", warmup);
+        printf("iters: %" PRIu64 "\n", iters);
+        printf("step_ms: %.4f\n", median);
+        printf("step_ms_min: %.4f\n", times[0]);
+        printf("step_ms_mean: %.4f\n", mean);
+        printf("step_ms_p90: %.4f\n", times[(iters * 9) / 10 < iters ? (iters * 9) / 10 : iters - 1]);
+        if (a->profile) print_profile(s, info.target, iters);
+    }
+    for (size_t i = 0; i < MAX_ITEMS; i++) free(data[i]);
+    free(times);
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_model_free(m);
+    return rc;
+}

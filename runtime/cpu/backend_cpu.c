@@ -1,0 +1,630 @@
+/* backend_cpu.c — the `cpu` target: the kernel plan run as compiled code.
+ *
+ * A session builds the kernel IR of the program (codegen/kernel.c), compiles
+ * each elementwise, reduction and epilogue kernel with the LLVM emitter
+ * (codegen/llvm.c) and runs the plan in order over:
+ *
+ *   - one arena of memplan's size: every value memplan placed lives at its
+ *     offset (so in-place reuse and the planned peak are what runs); values
+ *     it did not place (with memplan disabled, say) get their own block;
+ *   - one block per input, param and buffer;
+ *   - reshapes as aliases of their operand.
+ *
+ * Library kernels: matmul (batched, transposed, broadcast) and conv2d with
+ * its two gradients through cpu_ops.c (OpenBLAS GEMM, im2col), in fp32 with
+ * f16/bf16 operands widened and results rounded to their storage dtype; the
+ * remaining library ops (pooling, gather/scatter, concat, slice_grad, and
+ * f64 GEMMs) run the interpreter's kernel on widened copies of their
+ * operands — correct, and counted as `fallback` in the profile so they are
+ * visible. Elementwise work splits over the pool along each kernel's split
+ * axis.
+ *
+ * Compiled kernels are cached for the life of the process, keyed by
+ * tf_kernel_key: a second session of the same program compiles nothing.
+ * Initial state comes from the interpreter's initializers with the session's
+ * seed, so a cpu session starts from exactly the params an interp session
+ * starts from, and dropout draws the interpreter's masks. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu_ops.h"
+#include "interp.h"
+#include "kernel.h"
+#include "pool.h"
+#include "runtime.h"
+#ifdef TFUSE_HAVE_LLVM
+#include "llvm.h"
+#endif
+
+#ifdef TFUSE_HAVE_LLVM
+
+/* ---- the process-wide JIT and its cache ------------------------------------ */
+
+static pthread_mutex_t g_jit_mu = PTHREAD_MUTEX_INITIALIZER;
+static tf_jit *g_jit;
+static struct jit_entry { char *key; tf_kernel_fn fn; } *g_cache;
+static int g_ncache, g_capcache;
+
+/* The compiled function of k, from the cache or compiled now. */
+static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, bool *hit, tf_diag *d)
+{
+    char *key = tf_kernel_key(k);
+    if (!key) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    tf_ir_status st = TF_IR_OK;
+    pthread_mutex_lock(&g_jit_mu);
+    *hit = false;
+    for (int i = 0; i < g_ncache; i++)
+        if (strcmp(g_cache[i].key, key) == 0) {
+            *fn = g_cache[i].fn;
+            *hit = true;
+            break;
+        }
+    if (!*hit) {
+        if (!g_jit) st = tf_jit_create(&g_jit, d);
+        if (!st && g_ncache == g_capcache) {
+            int cap = g_capcache ? 2 * g_capcache : 64;
+            struct jit_entry *c = realloc(g_cache, (size_t)cap * sizeof *c);
+            if (!c) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+            else g_cache = c, g_capcache = cap;
+        }
+        if (!st) st = tf_jit_compile(g_jit, k, fn, d);
+        if (!st) {
+            g_cache[g_ncache++] = (struct jit_entry){key, *fn};
+            key = NULL;
+        }
+    }
+    pthread_mutex_unlock(&g_jit_mu);
+    free(key);
+    return st;
+}
+
+/* ---- session state ------------------------------------------------------- */
+
+typedef enum how { RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_FALLBACK, RUN_NOTHING } how;
+static const char *how_names[] = {"jit", "view", "gemm", "conv", "conv_grad_input", "conv_grad_weight", "fallback", "-"};
+
+typedef struct ckernel {
+    const tf_kernel *k;
+    how how;
+    tf_kernel_fn fn;       /* the elementwise part (all of it, or the epilogue) */
+    void **bufs;           /* storage per k->bufs */
+    int64_t extent;        /* of the split axis; 1 when none */
+    int64_t work;          /* elements of the index space, to decide threading */
+    double ns;             /* profile: total time */
+    int64_t calls;
+} ckernel;
+
+typedef struct cpu {
+    tf_kernel_plan plan;
+    ckernel *ks;
+    void **ptr;            /* per value id: its storage */
+    unsigned char *arena;
+    void **owned;          /* blocks besides the arena */
+    int nowned;
+    tf_pool *pool;
+    tf_interp_ctx *ip;     /* initializers, and the fallback kernels' tensors */
+    uint64_t rt[2];        /* seed, step: what dropout draws from */
+    float *scratch;        /* grows to the largest kernel's need */
+    size_t nscratch;
+    bool profile;
+    int jit_compiled, jit_cached;
+    double jit_ms;
+} cpu;
+
+static double now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype); }
+
+/* The value whose storage v uses: through reshapes (views). */
+static const tf_value *root_of(const tf_value *v)
+{
+    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
+    return v;
+}
+
+static void *own(cpu *c, size_t bytes)
+{
+    void **o = realloc(c->owned, (size_t)(c->nowned + 1) * sizeof *o);
+    if (!o) return NULL;
+    c->owned = o;
+    size_t n = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p) memset(p, 0, n ? n : 64);
+    if (p) c->owned[c->nowned++] = p;
+    return p;
+}
+
+static float *scratch(cpu *c, size_t floats)
+{
+    if (floats > c->nscratch) {
+        free(c->scratch);
+        c->scratch = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        c->nscratch = c->scratch ? floats : 0;
+    }
+    return c->scratch;
+}
+
+static void *storage(cpu *c, const tf_value *v) { return v->kind == TF_VAL_CONST ? NULL : c->ptr[root_of(v)->id]; }
+
+/* Give every value a kernel, an output or an update touches its storage. */
+static tf_status place_values(tf_session_t *s, cpu *c)
+{
+    const tf_module *m = s->p->m;
+    int V = m->next_id > 0 ? m->next_id : 1;
+    c->ptr = calloc((size_t)V, sizeof *c->ptr);
+    if (!c->ptr) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    if (m->plan.planned && m->plan.arena_bytes > 0) {
+        size_t n = ((size_t)m->plan.arena_bytes + 63) / 64 * 64;
+        if (!(c->arena = aligned_alloc(64, n)))
+            return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory allocating the %lld-byte activation arena",
+                                (long long)m->plan.arena_bytes);
+        memset(c->arena, 0, n);
+    }
+    for (int i = 0; i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        if (!(c->ptr[v->id] = own(c, value_bytes(v)))) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        const tf_value *v = n->out;
+        if (root_of(v) != v) continue;
+        if (c->arena && v->offset >= 0) c->ptr[v->id] = c->arena + v->offset;
+    }
+    /* what memplan left unplaced but something reads or writes */
+    for (int i = 0; i < c->plan.nkernels; i++)
+        for (int b = 0; b < c->plan.kernels[i].nbufs; b++) {
+            const tf_value *v = root_of(c->plan.kernels[i].bufs[b].value);
+            if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
+                return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        }
+    for (int i = 0; i < c->plan.nkernels; i++) {
+        const tf_kernel *k = &c->plan.kernels[i];
+        if (k->kind == TF_K_VIEW || !k->lib) continue;
+        const tf_value *v = root_of(k->lib->out);
+        if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
+            return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    for (int i = 0; i < m->noutputs + m->nupdates; i++) {
+        const tf_value *v = root_of(i < m->noutputs ? m->outputs[i].value : m->updates[i - m->noutputs].value);
+        if (v->kind != TF_VAL_CONST && !c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
+            return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    return TF_OK;
+}
+
+static bool is_float16(tf_dt t) { return t == TF_DT_F16 || t == TF_DT_BF16; }
+static bool gemm_dtype(tf_dt t) { return t == TF_DT_F32 || is_float16(t); }
+
+static how library_how(const tf_node *n)
+{
+    for (int q = 0; q < n->nin; q++)
+        if (n->in[q]->kind == TF_VAL_CONST || !gemm_dtype(n->in[q]->type.dtype)) return RUN_FALLBACK;
+    if (!gemm_dtype(n->out->type.dtype)) return RUN_FALLBACK;
+    switch (n->op) {
+    case TF_OP_MATMUL: return RUN_MATMUL;
+    case TF_OP_CONV2D: return n->in[0]->type.rank == 4 ? RUN_CONV : RUN_FALLBACK;
+    case TF_OP_CONV2D_GRAD_INPUT: return RUN_CONV_GI;
+    case TF_OP_CONV2D_GRAD_WEIGHT: return RUN_CONV_GW;
+    default: return RUN_FALLBACK;
+    }
+}
+
+static tf_status prepare(tf_session_t *s, cpu *c)
+{
+    c->ks = calloc((size_t)(c->plan.nkernels ? c->plan.nkernels : 1), sizeof *c->ks);
+    if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    double t0 = now_ns();
+    for (int i = 0; i < c->plan.nkernels; i++) {
+        const tf_kernel *k = &c->plan.kernels[i];
+        ckernel *ck = &c->ks[i];
+        ck->k = k;
+        ck->bufs = calloc((size_t)(k->nbufs ? k->nbufs : 1), sizeof *ck->bufs);
+        if (!ck->bufs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        for (int b = 0; b < k->nbufs; b++) ck->bufs[b] = storage(c, k->bufs[b].value);
+        int ax = tf_kernel_split_axis(k);
+        ck->extent = ax < 0 ? 1 : k->dims[ax];
+        ck->work = 1;
+        for (int a = 0; a < k->rank; a++) ck->work *= k->dims[a];
+        if (k->kind == TF_K_VIEW) ck->how = RUN_VIEW;
+        else if (k->lib) ck->how = library_how(k->lib);
+        else ck->how = k->nexprs ? RUN_JIT : RUN_NOTHING;
+        bool wants_fn = k->nexprs && ck->how != RUN_VIEW && ck->how != RUN_FALLBACK;
+        if (wants_fn) {
+            tf_diag d = {0};
+            bool hit = false;
+            if (jit_get(k, &ck->fn, &hit, &d)) {
+                if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
+                ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
+                ck->fn = NULL;
+            } else {
+                c->jit_cached += hit;
+                c->jit_compiled += !hit;
+            }
+        }
+    }
+    c->jit_ms = (now_ns() - t0) / 1e6;
+    return TF_OK;
+}
+
+/* ---- running ------------------------------------------------------------- */
+
+typedef struct jit_job { tf_kernel_fn fn; void **bufs; const uint64_t *rt; } jit_job;
+
+static void jit_piece(void *arg, int64_t lo, int64_t hi)
+{
+    const jit_job *j = arg;
+    j->fn(j->bufs, lo, hi, j->rt);
+}
+
+static void run_fn(cpu *c, ckernel *ck)
+{
+    jit_job j = {ck->fn, ck->bufs, c->rt};
+    if (ck->work < 16384 || ck->extent < 2) jit_piece(&j, 0, ck->extent);   /* threads would cost more than they save */
+    else tf_pool_run(c->pool, ck->extent, jit_piece, &j);
+}
+
+/* A float32 view of a value: its storage, or a widened copy in dst. */
+static const float *as_f32(cpu *c, const tf_value *v, float *dst)
+{
+    void *p = storage(c, v);
+    tf_dt t = v->type.dtype;
+    if (t == TF_DT_F32) return p;
+    int64_t n = tf_type_numel(&v->type);
+    const uint16_t *h = p;
+    if (t == TF_DT_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t w = (uint32_t)h[i] << 16;
+            memcpy(&dst[i], &w, 4);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)tf_elem_load(t, p, i);
+    }
+    return dst;
+}
+
+/* Round a float32 result into a value's storage (f16/bf16: nearest even). */
+static void from_f32(cpu *c, const tf_value *v, const float *src)
+{
+    void *p = storage(c, v);
+    if (v->type.dtype == TF_DT_F32) {
+        if (p != src) memcpy(p, src, value_bytes(v));
+        return;
+    }
+    int64_t n = tf_type_numel(&v->type);
+    for (int64_t i = 0; i < n; i++) tf_elem_store(v->type.dtype, p, i, src[i]);
+}
+
+static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
+
+static void run_matmul(cpu *c, const tf_node *n)
+{
+    const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
+    bool ta = tf_node_bool(n, "transpose_a"), tb = tf_node_bool(n, "transpose_b");
+    int ra = av->type.rank - 2, rb = bv->type.rank - 2, r = ov->type.rank - 2;
+    int64_t M = ov->type.dims[r].n, N = ov->type.dims[r + 1].n, K = av->type.dims[ta ? ra : ra + 1].n;
+    size_t need = (size_t)((av->type.dtype != TF_DT_F32 ? numel(av) : 0) + (bv->type.dtype != TF_DT_F32 ? numel(bv) : 0) +
+                           (ov->type.dtype != TF_DT_F32 ? numel(ov) : 0));
+    float *sc = scratch(c, need ? need : 1), *at = sc;
+    const float *A = as_f32(c, av, at);
+    if (A == at) at += numel(av);
+    const float *B = as_f32(c, bv, at);
+    if (B == at) at += numel(bv);
+    float *C = ov->type.dtype == TF_DT_F32 ? storage(c, ov) : at;
+    int64_t nb = 1;
+    for (int i = 0; i < r; i++) nb *= ov->type.dims[i].n;
+    bool a_full = ra == r;   /* a has every batch axis, unbroadcast */
+    for (int i = 0; a_full && i < r; i++) a_full = av->type.dims[i].n == ov->type.dims[i].n;
+    if (rb == 0 && !ta && a_full) {   /* [.., M, K] x [K, N]: one GEMM of nb*M rows */
+        tf_cpu_gemm(c->pool, false, tb, nb * M, N, K, A, K, B, tb ? K : N, C, N, false);
+    } else {
+        int64_t sa[TF_MAX_RANK] = {0}, sb[TF_MAX_RANK] = {0}, idx[TF_MAX_RANK] = {0};
+        int64_t s = M * K;
+        for (int i = ra - 1, j = r - 1; i >= 0; i--, j--) {
+            sa[j] = av->type.dims[i].n == 1 ? 0 : s;
+            s *= av->type.dims[i].n;
+        }
+        s = K * N;
+        for (int i = rb - 1, j = r - 1; i >= 0; i--, j--) {
+            sb[j] = bv->type.dims[i].n == 1 ? 0 : s;
+            s *= bv->type.dims[i].n;
+        }
+        for (int64_t bi = 0; bi < nb; bi++) {
+            int64_t oa = 0, ob = 0;
+            for (int i = 0; i < r; i++) oa += idx[i] * sa[i], ob += idx[i] * sb[i];
+            tf_cpu_gemm(c->pool, ta, tb, M, N, K, A + oa, ta ? M : K, B + ob, tb ? K : N, C + bi * M * N, N, false);
+            for (int i = r - 1; i >= 0; i--) {
+                if (++idx[i] < ov->type.dims[i].n) break;
+                idx[i] = 0;
+            }
+        }
+    }
+    if (ov->type.dtype != TF_DT_F32) from_f32(c, ov, C);
+}
+
+static void conv_geom(const tf_node *n, const tf_type *x, const tf_type *w, const tf_type *y, tf_conv_geom *g)
+{
+    tf_node_pair(n, "stride", 1, 1, g->s);
+    tf_node_pair(n, "padding", 0, 0, g->p);
+    tf_node_pair(n, "dilation", 1, 1, g->dl);
+    g->G = tf_node_int(n, "groups");
+    if (g->G < 1) g->G = 1;
+    g->N = x->dims[0].n, g->C = x->dims[1].n, g->H = x->dims[2].n, g->W = x->dims[3].n;
+    g->O = w->dims[0].n, g->Cg = w->dims[1].n, g->KH = w->dims[2].n, g->KW = w->dims[3].n;
+    g->Ho = y->dims[2].n, g->Wo = y->dims[3].n, g->Og = g->O / g->G;
+}
+
+static void run_conv(cpu *c, const tf_node *n, how h)
+{
+    const tf_value *xv, *wv, *yv, *ov = n->out;
+    if (h == RUN_CONV) xv = n->in[0], wv = n->in[1], yv = ov;
+    else if (h == RUN_CONV_GI) xv = ov, wv = n->in[1], yv = n->in[0];
+    else xv = n->in[0], wv = ov, yv = n->in[1];
+    tf_conv_geom g;
+    conv_geom(n, &xv->type, &wv->type, &yv->type, &g);
+    int T = tf_pool_threads(c->pool);
+    int64_t wsize = numel(wv);
+    size_t need = 0;
+    for (int q = 0; q < n->nin; q++) need += n->in[q]->type.dtype != TF_DT_F32 ? (size_t)numel(n->in[q]) : 0;
+    need += ov->type.dtype != TF_DT_F32 ? (size_t)numel(ov) : 0;
+    need += (size_t)T * (size_t)tf_conv_scratch(&g) + (h == RUN_CONV_GW ? (size_t)T * (size_t)wsize : 0);
+    float *at = scratch(c, need);
+    const float *in[3] = {0};
+    for (int q = 0; q < n->nin; q++) {
+        in[q] = as_f32(c, n->in[q], at);
+        if (in[q] == at) at += numel(n->in[q]);
+    }
+    float *out = ov->type.dtype == TF_DT_F32 ? storage(c, ov) : at;
+    if (out == at) at += numel(ov);
+    float *col = at;
+    at += (size_t)T * (size_t)tf_conv_scratch(&g);
+    if (h == RUN_CONV) tf_cpu_conv2d(c->pool, &g, in[0], in[1], n->nin > 2 ? in[2] : NULL, out, col);
+    else if (h == RUN_CONV_GI) tf_cpu_conv2d_grad_input(c->pool, &g, in[0], in[1], out, col);
+    else tf_cpu_conv2d_grad_weight(c->pool, &g, in[0], in[1], out, col, at);
+    if (ov->type.dtype != TF_DT_F32) from_f32(c, ov, out);
+}
+
+/* The reference runs the kernel on widened copies of its buffers. */
+static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
+{
+    tf_diag d = {0};
+    tf_interp_set_step(c->ip, c->rt[1]);
+    for (int b = 0; b < k->nbufs; b++) {
+        const tf_value *v = k->bufs[b].value;
+        tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
+        if (!t) return tf_from_diag(s->ctx, &d);
+        const void *p = storage(c, v);
+        for (int64_t i = 0; i < t->numel; i++) t->data[i] = tf_elem_load(v->type.dtype, p, i);
+    }
+    tf_kernel_plan one = {.kernels = (tf_kernel *)k, .nkernels = 1};
+    if (tf_kernels_eval(&one, c->ip, &d)) return tf_from_diag(s->ctx, &d);
+    for (int b = 0; b < k->nbufs; b++) {
+        const tf_value *v = k->bufs[b].value;
+        if (!k->bufs[b].written) continue;
+        tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
+        if (!t) return tf_from_diag(s->ctx, &d);
+        void *p = storage(c, v);
+        for (int64_t i = 0; i < t->numel; i++) tf_elem_store(v->type.dtype, p, i, t->data[i]);
+    }
+    return TF_OK;
+}
+
+static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
+{
+    const tf_kernel *k = ck->k;
+    switch (ck->how) {
+    case RUN_NOTHING: return TF_OK;
+    case RUN_VIEW: {
+        const tf_value *src = k->lib->in[0], *dst = k->lib->out;
+        void *to = storage(c, dst);
+        if (src->kind == TF_VAL_CONST) {
+            for (int64_t i = 0; i < numel(dst); i++) tf_elem_store(dst->type.dtype, to, i, tf_dtype_round(src->type.dtype, src->cval));
+        } else if (storage(c, src) != to) {
+            memmove(to, storage(c, src), value_bytes(dst));
+        }
+        return TF_OK;
+    }
+    case RUN_FALLBACK: return run_fallback(s, c, k);
+    case RUN_MATMUL: run_matmul(c, k->lib); break;
+    case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW: run_conv(c, k->lib, ck->how); break;
+    case RUN_JIT: break;
+    }
+    if (ck->fn) run_fn(c, ck);
+    return TF_OK;
+}
+
+static tf_status cpu_run(tf_session_t *s)
+{
+    cpu *c = s->impl;
+    const tf_program_t *p = s->p;
+    const tf_module *m = p->m;
+    for (int i = 0; i < p->inputs.n; i++) {
+        const tf_value *v = p->inputs.items[i];
+        memcpy(c->ptr[v->id], s->bound[i], value_bytes(v));
+    }
+    if (c->nscratch == 0 && !scratch(c, 1)) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < c->plan.nkernels; i++) {
+        ckernel *ck = &c->ks[i];
+        double t0 = c->profile ? now_ns() : 0;
+        tf_status st = run_kernel(s, c, ck);
+        if (st) return st;
+        if (c->profile) {
+            ck->ns += now_ns() - t0;
+            ck->calls++;
+        }
+    }
+    /* updates: read every new value before writing any state */
+    void **staged = calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *staged);
+    if (!staged) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < m->nupdates; i++) {
+        const tf_value *v = root_of(m->updates[i].value);
+        if (v->kind == TF_VAL_NODE) continue;   /* activations are not state: safe to read late */
+        if ((staged[i] = malloc(value_bytes(v) ? value_bytes(v) : 1))) memcpy(staged[i], storage(c, v), value_bytes(v));
+    }
+    for (int i = 0; i < m->nupdates; i++) {
+        const tf_value *v = m->updates[i].value, *dst = m->updates[i].buffer;
+        void *src = staged[i] ? staged[i] : storage(c, v);
+        if (v->kind == TF_VAL_CONST) {
+            for (int64_t j = 0; j < numel(dst); j++) tf_elem_store(dst->type.dtype, storage(c, dst), j, tf_dtype_round(v->type.dtype, v->cval));
+        } else if (src && src != storage(c, dst)) {
+            memcpy(storage(c, dst), src, value_bytes(dst));
+        }
+        free(staged[i]);
+    }
+    free(staged);
+    for (int i = 0; i < m->noutputs; i++) {
+        const tf_value *v = m->outputs[i].value;
+        if (v->kind == TF_VAL_CONST) {
+            for (int64_t j = 0; j < numel(v); j++) tf_elem_store(v->type.dtype, s->out[i], j, tf_dtype_round(v->type.dtype, v->cval));
+        } else {
+            memcpy(s->out[i], storage(c, v), value_bytes(v));
+        }
+    }
+    c->rt[1]++;
+    return TF_OK;
+}
+
+/* ---- the backend interface ------------------------------------------------ */
+
+static void cpu_free(tf_session_t *s)
+{
+    cpu *c = s->impl;
+    if (!c) return;
+    for (int i = 0; c->ks && i < c->plan.nkernels; i++) free(c->ks[i].bufs);
+    free(c->ks);
+    tf_kernels_free(&c->plan);
+    for (int i = 0; i < c->nowned; i++) free(c->owned[i]);
+    free(c->owned);
+    free(c->arena);
+    free(c->ptr);
+    free(c->scratch);
+    tf_pool_free(c->pool);
+    tf_interp_free(c->ip);
+    free(c);
+    s->impl = NULL;
+}
+
+static tf_status cpu_create(tf_session_t *s)
+{
+    cpu *c = calloc(1, sizeof *c);
+    if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    s->impl = c;
+    tf_diag d = {0};
+    tf_status st = TF_OK;
+    c->rt[0] = s->seed;
+    tf_cpu_blas_init();
+    int threads = s->p->threads > 0 ? s->p->threads : tf_cpu_count();
+    if (tf_kernels_build(s->p->m, &c->plan, &d)) st = tf_from_diag(s->ctx, &d);
+    if (!st && !(c->pool = tf_pool_create(threads))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
+    if (!st) st = place_values(s, c);
+    if (!st) st = prepare(s, c);
+    if (!st) {
+        c->ip = tf_interp_create(s->p->m, s->p->mode, s->seed);
+        if (!c->ip) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        else if (tf_interp_init_state(c->ip, &d)) st = tf_from_diag(s->ctx, &d);
+    }
+    for (int i = 0; !st && i < s->p->m->decls.n; i++) {   /* the interpreter's initial state, in storage dtype */
+        const tf_value *v = s->p->m->decls.items[i];
+        if (v->kind == TF_VAL_INPUT) continue;
+        tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
+        if (!t) st = tf_from_diag(s->ctx, &d);
+        for (int64_t k = 0; t && k < t->numel; k++) tf_elem_store(v->type.dtype, c->ptr[v->id], k, t->data[k]);
+    }
+    if (st) cpu_free(s);
+    return st;
+}
+
+static tf_status cpu_state_read(tf_session_t *s, const tf_value *v, void *dst)
+{
+    cpu *c = s->impl;
+    memcpy(dst, c->ptr[v->id], value_bytes(v));
+    return TF_OK;
+}
+
+static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void *src)
+{
+    cpu *c = s->impl;
+    memcpy(c->ptr[v->id], src, value_bytes(v));
+    return TF_OK;
+}
+
+static uint64_t cpu_step_get(tf_session_t *s) { return ((cpu *)s->impl)->rt[1]; }
+static void cpu_step_set(tf_session_t *s, uint64_t step) { ((cpu *)s->impl)->rt[1] = step; }
+
+static const char *cpu_unavailable(void) { return NULL; }
+
+static void cpu_set_profiling(tf_session_t *s, bool on)
+{
+    cpu *c = s->impl;
+    c->profile = on;
+    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].ns = 0, c->ks[i].calls = 0;
+}
+
+static size_t cpu_profile_count(tf_session_t *s) { return (size_t)((cpu *)s->impl)->plan.nkernels; }
+
+static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
+{
+    cpu *c = s->impl;
+    const ckernel *ck = &c->ks[i];
+    out->name = ck->k->name;
+    out->how = how_names[ck->how];
+    out->total_ms = ck->ns / 1e6;
+    out->calls = ck->calls;
+    out->elements = ck->work;
+}
+
+static void cpu_info(tf_session_t *s, tf_session_info *out)
+{
+    cpu *c = s->impl;
+    out->threads = tf_pool_threads(c->pool);
+    out->kernels = c->plan.nkernels;
+    out->jit_compiled = c->jit_compiled;
+    out->jit_cached = c->jit_cached;
+    out->jit_ms = c->jit_ms;
+    out->fallbacks = 0;
+    for (int i = 0; i < c->plan.nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
+    out->library = tf_cpu_blas_name();
+}
+
+#else /* !TFUSE_HAVE_LLVM */
+
+static const char *cpu_unavailable(void)
+{
+    return "this build has no LLVM (configured with -DTFUSE_WITH_LLVM=OFF or without llvm-config); "
+           "use --target=interp, or rebuild with LLVM 14 installed";
+}
+static tf_status cpu_create(tf_session_t *s) { return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE, "error: %s", cpu_unavailable()); }
+static void cpu_free(tf_session_t *s) { (void)s; }
+static tf_status cpu_run(tf_session_t *s) { (void)s; return TF_ERR_UNAVAILABLE; }
+static tf_status cpu_state_read(tf_session_t *s, const tf_value *v, void *dst) { (void)s; (void)v; (void)dst; return TF_ERR_UNAVAILABLE; }
+static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void *src) { (void)s; (void)v; (void)src; return TF_ERR_UNAVAILABLE; }
+static uint64_t cpu_step_get(tf_session_t *s) { (void)s; return 0; }
+static void cpu_step_set(tf_session_t *s, uint64_t step) { (void)s; (void)step; }
+static void cpu_set_profiling(tf_session_t *s, bool on) { (void)s; (void)on; }
+static size_t cpu_profile_count(tf_session_t *s) { (void)s; return 0; }
+static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out) { (void)s; (void)i; (void)out; }
+static void cpu_info(tf_session_t *s, tf_session_info *out) { (void)s; (void)out; }
+
+#endif
+
+const tf_backend tf_backend_cpu = {
+    .name = "cpu",
+    .unavailable = cpu_unavailable,
+    .session_create = cpu_create,
+    .session_free = cpu_free,
+    .run = cpu_run,
+    .state_read = cpu_state_read,
+    .state_write = cpu_state_write,
+    .step_get = cpu_step_get,
+    .step_set = cpu_step_set,
+    .set_profiling = cpu_set_profiling,
+    .profile_count = cpu_profile_count,
+    .profile_get = cpu_profile_get,
+    .info = cpu_info,
+};

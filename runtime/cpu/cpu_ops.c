@@ -1,0 +1,215 @@
+/* cpu_ops.c — see cpu_ops.h. */
+#include <string.h>
+
+#include "cpu_ops.h"
+
+#ifdef TFUSE_HAVE_OPENBLAS
+#include <cblas.h>
+void openblas_set_num_threads(int num_threads);   /* OpenBLAS's own extension */
+#endif
+
+void tf_cpu_blas_init(void)
+{
+#ifdef TFUSE_HAVE_OPENBLAS
+    static int done;
+    if (!done) openblas_set_num_threads(1);
+    done = 1;
+#endif
+}
+
+const char *tf_cpu_blas_name(void)
+{
+#ifdef TFUSE_HAVE_OPENBLAS
+    return "OpenBLAS";
+#else
+    return "built-in loops (no OpenBLAS in this build)";
+#endif
+}
+
+/* One block of rows [r0, r1) of C. */
+static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64_t K, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    const float *a = ta ? A + r0 : A + r0 * lda;
+    float *c = C + r0 * ldc;
+    int64_t M = r1 - r0;
+#ifdef TFUSE_HAVE_OPENBLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                1.0f, a, (int)lda, B, (int)ldb, accumulate ? 1.0f : 0.0f, c, (int)ldc);
+#else
+    for (int64_t i = 0; i < M; i++) {
+        float *ci = c + i * ldc;
+        if (!accumulate) memset(ci, 0, (size_t)N * sizeof *ci);
+        for (int64_t k = 0; k < K; k++) {
+            float aik = ta ? a[k * lda + i] : a[i * lda + k];
+            if (tb)
+                for (int64_t j = 0; j < N; j++) ci[j] += aik * B[j * ldb + k];
+            else
+                for (int64_t j = 0; j < N; j++) ci[j] += aik * B[k * ldb + j];
+        }
+    }
+#endif
+}
+
+typedef struct gemm_job {
+    bool ta, tb, accumulate;
+    int64_t M, N, K, lda, ldb, ldc;
+    const float *A, *B;
+    float *C;
+} gemm_job;
+
+static void gemm_piece(void *arg, int64_t lo, int64_t hi)
+{
+    const gemm_job *j = arg;
+    gemm_rows(j->ta, j->tb, lo, hi, j->N, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->accumulate);
+}
+
+void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        return;
+    }
+    gemm_job j = {ta, tb, accumulate, M, N, K, lda, ldb, ldc, A, B, C};
+    /* rows per thread: not below 16, so small GEMMs stay on one thread */
+    int threads = tf_pool_threads(pool);
+    if (M * N * K < 32768 || M < 32) threads = 1;
+    if (threads == 1) {
+        gemm_piece(&j, 0, M);
+        return;
+    }
+    tf_pool_run(pool, M, gemm_piece, &j);
+}
+
+/* ---- convolution ---------------------------------------------------------- */
+
+int64_t tf_conv_scratch(const tf_conv_geom *g) { return g->Cg * g->KH * g->KW * g->Ho * g->Wo; }
+
+/* col[(c*KH + kh)*KW + kw][oh*Wo + ow] = x[c0 + c][ih][iw] or 0 outside. */
+static void im2col(const tf_conv_geom *g, const float *x, int64_t c0, float *col)
+{
+    int64_t HW = g->Ho * g->Wo;
+    for (int64_t c = 0; c < g->Cg; c++) {
+        const float *xc = x + (c0 + c) * g->H * g->W;
+        for (int64_t kh = 0; kh < g->KH; kh++)
+            for (int64_t kw = 0; kw < g->KW; kw++) {
+                float *row = col + ((c * g->KH + kh) * g->KW + kw) * HW;
+                for (int64_t oh = 0; oh < g->Ho; oh++) {
+                    int64_t ih = oh * g->s[0] - g->p[0] + kh * g->dl[0];
+                    float *r = row + oh * g->Wo;
+                    if (ih < 0 || ih >= g->H) {
+                        memset(r, 0, (size_t)g->Wo * sizeof *r);
+                        continue;
+                    }
+                    const float *xr = xc + ih * g->W;
+                    for (int64_t ow = 0; ow < g->Wo; ow++) {
+                        int64_t iw = ow * g->s[1] - g->p[1] + kw * g->dl[1];
+                        r[ow] = iw >= 0 && iw < g->W ? xr[iw] : 0.0f;
+                    }
+                }
+            }
+    }
+}
+
+/* dx[c0 + c][ih][iw] += col[...]: the adjoint of im2col. */
+static void col2im(const tf_conv_geom *g, const float *col, int64_t c0, float *dx)
+{
+    int64_t HW = g->Ho * g->Wo;
+    for (int64_t c = 0; c < g->Cg; c++) {
+        float *xc = dx + (c0 + c) * g->H * g->W;
+        for (int64_t kh = 0; kh < g->KH; kh++)
+            for (int64_t kw = 0; kw < g->KW; kw++) {
+                const float *row = col + ((c * g->KH + kh) * g->KW + kw) * HW;
+                for (int64_t oh = 0; oh < g->Ho; oh++) {
+                    int64_t ih = oh * g->s[0] - g->p[0] + kh * g->dl[0];
+                    if (ih < 0 || ih >= g->H) continue;
+                    float *xr = xc + ih * g->W;
+                    const float *r = row + oh * g->Wo;
+                    for (int64_t ow = 0; ow < g->Wo; ow++) {
+                        int64_t iw = ow * g->s[1] - g->p[1] + kw * g->dl[1];
+                        if (iw >= 0 && iw < g->W) xr[iw] += r[ow];
+                    }
+                }
+            }
+    }
+}
+
+typedef struct conv_job {
+    const tf_conv_geom *g;
+    const float *x, *w, *bias, *dy;
+    float *y, *dx, *dw, *scratch, *partials;
+    int threads;
+    int which;   /* 0 forward, 1 grad input, 2 grad weight */
+} conv_job;
+
+/* Piece t of `threads`: images [N*t/T, N*(t+1)/T) with scratch t. */
+static void conv_piece(void *arg, int64_t lo, int64_t hi)
+{
+    const conv_job *j = arg;
+    const tf_conv_geom *g = j->g;
+    int64_t HW = g->Ho * g->Wo, CKK = g->Cg * g->KH * g->KW, wsize = g->O * CKK;
+    for (int64_t t = lo; t < hi; t++) {
+        float *col = j->scratch + t * tf_conv_scratch(g);
+        float *dwp = j->which == 2 ? j->partials + t * wsize : NULL;
+        if (dwp) memset(dwp, 0, (size_t)wsize * sizeof *dwp);
+        for (int64_t n = g->N * t / j->threads; n < g->N * (t + 1) / j->threads; n++)
+            for (int64_t gi = 0; gi < g->G; gi++) {
+                int64_t c0 = gi * g->Cg, o0 = gi * g->Og;
+                const float *wg = j->w ? j->w + o0 * CKK : NULL;
+                if (j->which == 0) {
+                    float *yg = j->y + (n * g->O + o0) * HW;
+                    im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
+                    tf_cpu_gemm(NULL, false, false, g->Og, HW, CKK, wg, CKK, col, HW, yg, HW, false);
+                    if (j->bias)
+                        for (int64_t o = 0; o < g->Og; o++)
+                            for (int64_t i = 0; i < HW; i++) yg[o * HW + i] += j->bias[o0 + o];
+                } else if (j->which == 1) {
+                    const float *dyg = j->dy + (n * g->O + o0) * HW;
+                    tf_cpu_gemm(NULL, true, false, CKK, HW, g->Og, wg, CKK, dyg, HW, col, HW, false);
+                    col2im(g, col, c0, j->dx + n * g->C * g->H * g->W);
+                } else {
+                    const float *dyg = j->dy + (n * g->O + o0) * HW;
+                    im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
+                    tf_cpu_gemm(NULL, false, true, g->Og, CKK, HW, dyg, HW, col, HW, dwp + o0 * CKK, CKK, true);
+                }
+            }
+    }
+}
+
+static void conv_run(tf_pool *pool, conv_job *j)
+{
+    j->threads = tf_pool_threads(pool);
+    if (j->threads > j->g->N) j->threads = (int)j->g->N;
+    if (j->threads < 1) j->threads = 1;
+    if (j->threads == 1) conv_piece(j, 0, 1);
+    else tf_pool_run(pool, j->threads, conv_piece, j);
+}
+
+void tf_cpu_conv2d(tf_pool *pool, const tf_conv_geom *g, const float *x, const float *w, const float *bias, float *y,
+                   float *scratch)
+{
+    conv_job j = {.g = g, .x = x, .w = w, .bias = bias, .y = y, .scratch = scratch, .which = 0};
+    conv_run(pool, &j);
+}
+
+void tf_cpu_conv2d_grad_input(tf_pool *pool, const tf_conv_geom *g, const float *dy, const float *w, float *dx,
+                              float *scratch)
+{
+    memset(dx, 0, (size_t)(g->N * g->C * g->H * g->W) * sizeof *dx);
+    conv_job j = {.g = g, .dy = dy, .w = w, .dx = dx, .scratch = scratch, .which = 1};
+    conv_run(pool, &j);
+}
+
+void tf_cpu_conv2d_grad_weight(tf_pool *pool, const tf_conv_geom *g, const float *x, const float *dy, float *dw,
+                               float *scratch, float *partials)
+{
+    conv_job j = {.g = g, .x = x, .dy = dy, .scratch = scratch, .partials = partials, .which = 2};
+    conv_run(pool, &j);
+    int64_t wsize = g->O * g->Cg * g->KH * g->KW;
+    memcpy(dw, partials, (size_t)wsize * sizeof *dw);
+    for (int t = 1; t < j.threads; t++)
+        for (int64_t i = 0; i < wsize; i++) dw[i] += partials[t * wsize + i];
+}

@@ -1,0 +1,46 @@
+/* cpu_ops.h — the cpu target's library kernels on float32 arrays: GEMM
+ * through OpenBLAS (or a plain loop nest when the build has no BLAS), and
+ * conv2d forward and backward as im2col + GEMM.
+ *
+ * Parallelism is ours, not BLAS's: OpenBLAS runs single-threaded and the
+ * pool splits a GEMM by rows of C and a convolution by images, so one pool
+ * owns the cores and BLAS threads never oversubscribe them. */
+#ifndef TF_RUNTIME_CPU_OPS_H
+#define TF_RUNTIME_CPU_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pool.h"
+
+/* Set BLAS to one thread; call once before any GEMM. */
+void tf_cpu_blas_init(void);
+/* "OpenBLAS" or "built-in loops", for `tfuse doctor`-style reports. */
+const char *tf_cpu_blas_name(void);
+
+/* C[M,N] = op(A) op(B) (+ C when accumulate), row-major; op(A) is A[M,K]
+ * (lda >= K) or, when ta, A[K,M] read transposed (lda >= M); likewise B.
+ * Split over the pool by rows of C. */
+void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
+
+typedef struct tf_conv_geom {
+    int64_t N, C, H, W, O, Cg, KH, KW, Ho, Wo, Og, G;
+    int64_t s[2], p[2], dl[2];
+} tf_conv_geom;
+
+/* Floats of scratch one thread needs for any of the three below. */
+int64_t tf_conv_scratch(const tf_conv_geom *g);
+
+/* y[N,O,Ho,Wo] = conv(x[N,C,H,W], w[O,Cg,KH,KW]) + bias[O] (bias may be NULL).
+ * scratch: pool threads * tf_conv_scratch floats. */
+void tf_cpu_conv2d(tf_pool *pool, const tf_conv_geom *g, const float *x, const float *w, const float *bias, float *y,
+                   float *scratch);
+/* dx[N,C,H,W] from dy and w. */
+void tf_cpu_conv2d_grad_input(tf_pool *pool, const tf_conv_geom *g, const float *dy, const float *w, float *dx,
+                              float *scratch);
+/* dw[O,Cg,KH,KW] from x and dy; partials: pool threads * O*Cg*KH*KW floats. */
+void tf_cpu_conv2d_grad_weight(tf_pool *pool, const tf_conv_geom *g, const float *x, const float *dy, float *dw,
+                               float *scratch, float *partials);
+
+#endif
