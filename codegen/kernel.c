@@ -37,7 +37,7 @@ static int add_buf(kb *b, const tf_value *v, bool written)
             return i;
         }
     if (!grow((void **)&k->bufs, k->nbufs, &b->cap_bufs, sizeof *k->bufs)) return -1;
-    k->bufs[k->nbufs] = (tf_kbuf){v, written};
+    k->bufs[k->nbufs] = (tf_kbuf){v, written, false};
     return k->nbufs++;
 }
 
@@ -348,7 +348,8 @@ char *tf_kernel_key(const tf_kernel *k)
     KEY("%d r%d m%u s%d [", (int)k->kind, k->rank, k->reduce_mask, tf_kernel_split_axis(k));
     for (int a = 0; a < k->rank; a++) KEY("%lld,", (long long)k->dims[a]);
     KEY("] b");
-    for (int b = 0; b < k->nbufs; b++) KEY("%d%c", (int)k->bufs[b].value->type.dtype, k->bufs[b].written ? 'w' : 'r');
+    for (int b = 0; b < k->nbufs; b++)
+        KEY("%d%c%c", (int)k->bufs[b].value->type.dtype, k->bufs[b].written ? 'w' : 'r', k->bufs[b].disjoint ? 'd' : 'a');
     for (int e = 0; e < k->nexprs; e++) {
         const tf_kexpr *x = &k->exprs[e];
         KEY(" e%d:%d:%d:%d(", (int)x->kind, x->op, (int)x->dtype, x->reduced_domain);
@@ -375,6 +376,25 @@ char *tf_kernel_key(const tf_kernel *k)
         return NULL;
     }
     return s;
+}
+
+/* The value whose memory v uses: reshapes are views of their operand. */
+static const tf_value *storage_root(const tf_value *v)
+{
+    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
+    return v;
+}
+
+/* Can a's and b's memory overlap? Inputs, params and buffers have their own
+ * blocks, and so does every result memplan did not place. */
+static bool overlap(const tf_value *a, const tf_value *b)
+{
+    a = storage_root(a), b = storage_root(b);
+    if (a == b) return true;
+    if (a->kind != TF_VAL_NODE || b->kind != TF_VAL_NODE || a->offset < 0 || b->offset < 0) return false;
+    int64_t ea = a->offset + tf_type_numel(&a->type) * tf_dtype_bytes(a->type.dtype);
+    int64_t eb = b->offset + tf_type_numel(&b->type) * tf_dtype_bytes(b->type.dtype);
+    return a->offset < eb && b->offset < ea;
 }
 
 int tf_kernel_split_axis(const tf_kernel *k)
@@ -414,6 +434,14 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
         }
         st = build_unit(m, out, &cap, expr_of, i, j, d);
         i = j;
+    }
+    for (int i = 0; !st && i < out->nkernels; i++) {
+        tf_kernel *k = &out->kernels[i];
+        for (int b = 0; b < k->nbufs; b++) {
+            k->bufs[b].disjoint = true;
+            for (int c = 0; c < k->nbufs && k->bufs[b].disjoint; c++)
+                if (c != b && overlap(k->bufs[b].value, k->bufs[c].value)) k->bufs[b].disjoint = false;
+        }
     }
     free(expr_of);
     if (st) tf_kernels_free(out);

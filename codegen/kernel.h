@@ -73,6 +73,10 @@ typedef struct tf_kstore {
 typedef struct tf_kbuf {
     const tf_value *value;
     bool written;
+    bool disjoint;         /* its memory overlaps no other buffer of the kernel:
+                            * distinct values, not views of one another, not
+                            * overlapping in memplan's arena (in-place reuse);
+                            * the emitters may then assume no aliasing */
 } tf_kbuf;
 
 typedef struct tf_kernel {

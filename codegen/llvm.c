@@ -121,6 +121,8 @@ typedef struct gen {
     LLVMValueRef lo, hi, rt;   /* the split axis's range; the runtime words (seed, step) */
     unsigned top;              /* the axes of the outermost loop nest */
     int split;                 /* tf_kernel_split_axis */
+    bool colmode;              /* a column reduction: see column_reduction() */
+    LLVMValueRef *colacc, *colred;   /* colmode: per reduction, [outer] double arrays */
     LLVMValueRef *bufp;        /* typed pointer per buffer */
     LLVMValueRef idx[TF_MAX_RANK];   /* i64 allocas */
     LLVMValueRef *red;         /* double alloca per reduction */
@@ -295,7 +297,14 @@ static LLVMValueRef expr(gen *g, int i)
         break;
     }
     case TF_KX_CONST: v = cf(g, tf_dtype_round(x->dtype, x->value)); break;
-    case TF_KX_REDUCED: v = LLVMBuildLoad2(g->b, g->f64, g->red[x->red], ""); break;
+    case TF_KX_REDUCED:
+        if (g->colmode) {
+            LLVMValueRef at = flat(g, true);
+            v = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->colred[x->red], &at, 1, ""), "");
+        } else {
+            v = LLVMBuildLoad2(g->b, g->f64, g->red[x->red], "");
+        }
+        break;
     case TF_KX_INDEX: v = LLVMBuildSIToFP(g->b, LLVMBuildLoad2(g->b, g->i64, g->idx[x->axis], ""), g->f64, ""); break;
     case TF_KX_OP: {
         LLVMValueRef a = expr(g, x->args[0]), b = x->nargs > 1 ? expr(g, x->args[1]) : NULL;
@@ -415,7 +424,7 @@ static void loop_nest(gen *g, unsigned mask, int from, body_fn body, void *arg)
     LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(g->cx, g->fn, "head");
     LLVMBasicBlockRef bodyb = LLVMAppendBasicBlockInContext(g->cx, g->fn, "body");
     LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->cx, g->fn, "exit");
-    bool ranged = mask == g->top && a == g->split;   /* this thread's share of the split axis */
+    bool ranged = a == g->split;   /* this thread's share of the split axis (only ever an outer axis) */
     LLVMBuildStore(g->b, ranged ? g->lo : ci(g, 0), g->idx[a]);
     LLVMBuildBr(g->b, head);
     LLVMPositionBuilderAtEnd(g->b, head);
@@ -464,6 +473,95 @@ static void accumulate(gen *g, void *arg)
     LLVMBuildStore(g->b, nsum, a->sum);
 }
 
+/* Column mode: the reduction's running value per outer index lives in an
+ * array; `any` is whether this is past the first reduced position. */
+static void accumulate_col(gen *g, void *arg)
+{
+    accum *a = arg;
+    const tf_kreduce *r = &g->k->reds[a->r];
+    LLVMValueRef x = expr(g, r->arg);
+    LLVMValueRef at = flat(g, true);
+    LLVMValueRef p = LLVMBuildGEP2(g->b, g->f64, g->colacc[a->r], &at, 1, "");
+    LLVMValueRef sum = LLVMBuildLoad2(g->b, g->f64, p, ""), nsum;
+    if (r->op == TF_OP_REDUCE_MAX) {
+        LLVMValueRef inner = ci(g, 0);   /* position within the reduced axes */
+        for (int ax = 0; ax < g->k->rank; ax++)
+            if ((g->k->reduce_mask >> ax) & 1) inner = LLVMBuildOr(g->b, inner, LLVMBuildLoad2(g->b, g->i64, g->idx[ax], ""), "");
+        LLVMValueRef any = LLVMBuildICmp(g->b, LLVMIntNE, inner, ci(g, 0), "");
+        LLVMValueRef xnan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
+        LLVMValueRef snan = LLVMBuildFCmp(g->b, LLVMRealUNO, sum, sum, "");
+        LLVMValueRef first = LLVMBuildOr(g->b, LLVMBuildNot(g->b, any, ""), xnan, "");
+        LLVMValueRef keep = LLVMBuildAnd(g->b, any, snan, "");
+        LLVMValueRef v1 = LLVMBuildSelect(g->b, keep, sum, x, "");
+        LLVMValueRef gt = LLVMBuildAnd(g->b, LLVMBuildNot(g->b, snan, ""), LLVMBuildFCmp(g->b, LLVMRealOGT, x, sum, ""), "");
+        LLVMValueRef v2 = LLVMBuildSelect(g->b, gt, x, sum, "");
+        nsum = LLVMBuildSelect(g->b, first, v1, v2, "");
+    } else {
+        nsum = LLVMBuildFAdd(g->b, sum, x, "");
+    }
+    LLVMBuildStore(g->b, nsum, p);
+}
+
+static void col_zero(gen *g, void *arg)
+{
+    int r = *(int *)arg;
+    LLVMValueRef at = flat(g, true);
+    LLVMBuildStore(g->b, cf(g, 0.0), LLVMBuildGEP2(g->b, g->f64, g->colacc[r], &at, 1, ""));
+}
+
+static void col_finish(gen *g, void *arg)
+{
+    int r = *(int *)arg;
+    const tf_kreduce *kr = &g->k->reds[r];
+    LLVMValueRef at = flat(g, true);
+    LLVMValueRef v = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->colacc[r], &at, 1, ""), "");
+    if (kr->op == TF_OP_REDUCE_MEAN) v = LLVMBuildFDiv(g->b, v, cf(g, kr->count), "");
+    LLVMBuildStore(g->b, round_to(g, kr->dtype, v), LLVMBuildGEP2(g->b, g->f64, g->colred[r], &at, 1, ""));
+}
+
+static void col_outer_stores(gen *g, void *arg)
+{
+    (void)arg;
+    const tf_kernel *k = g->k;
+    for (int a = 0; a < k->rank; a++)
+        if ((k->reduce_mask >> a) & 1) LLVMBuildStore(g->b, ci(g, 0), g->idx[a]);
+    for (int s = 0; s < k->nstores; s++)
+        if (k->stores[s].reduced_domain) store(g, &k->stores[s], true);
+}
+
+/* A reduction whose reduced axes all come before its outer ones (bias
+ * gradients, batchnorm statistics: sums down columns) walks memory row by
+ * row with one running value per column, instead of down each column; each
+ * column still adds its rows in increasing order, so the bits are the
+ * reference's. */
+static bool column_reduction(const tf_kernel *k)
+{
+    if (k->kind != TF_K_REDUCTION || !k->reduce_mask || !k->rank || ((k->reduce_mask >> (k->rank - 1)) & 1)) return false;
+    int64_t outer = 1;
+    bool seen_outer = false;
+    for (int a = 0; a < k->rank; a++) {
+        bool red = (k->reduce_mask >> a) & 1;
+        if (red && seen_outer) return false;
+        seen_outer |= !red;
+        if (!red) outer *= k->dims[a];
+    }
+    return outer <= 8192;
+}
+
+static void column_body(gen *g)
+{
+    const tf_kernel *k = g->k;
+    unsigned all = (1u << k->rank) - 1, outer = all & ~k->reduce_mask;
+    for (int r = 0; r < k->nreds; r++) {
+        accum acc = {r, NULL, NULL};
+        loop_nest(g, outer, 0, col_zero, &r);
+        loop_nest(g, all, 0, accumulate_col, &acc);
+        loop_nest(g, outer, 0, col_finish, &r);
+    }
+    loop_nest(g, outer, 0, col_outer_stores, NULL);
+    loop_nest(g, all, 0, full_stores, NULL);
+}
+
 static void outer_step(gen *g, void *arg)
 {
     (void)arg;
@@ -502,30 +600,66 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
     LLVMTypeRef i8p = LLVMPointerType(LLVMInt8TypeInContext(cx), 0);
     LLVMTypeRef argt[4] = {LLVMPointerType(i8p, 0), g.i64, g.i64, LLVMPointerType(g.i64, 0)};
     LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(cx), argt, 4, 0);
-    g.fn = LLVMAddFunction(g.mod, fname, ft);
-    LLVMValueRef bufs = LLVMGetParam(g.fn, 0);
-    LLVMSetValueName2(bufs, "bufs", 4);
-    g.lo = LLVMGetParam(g.fn, 1);
-    g.hi = LLVMGetParam(g.fn, 2);
-    g.rt = LLVMGetParam(g.fn, 3);
-    LLVMSetValueName2(g.lo, "lo", 2);
-    LLVMSetValueName2(g.hi, "hi", 2);
-    LLVMSetValueName2(g.rt, "rt", 2);
-    g.split = tf_kernel_split_axis(k);
-    g.top = 0;
-    for (int a = 0; a < k->rank; a++)
-        if (k->kind != TF_K_REDUCTION || !((k->reduce_mask >> a) & 1)) g.top |= 1u << a;
+    LLVMValueRef outer_fn = LLVMAddFunction(g.mod, fname, ft);
+    /* The body takes one typed pointer per buffer, `noalias` where the
+     * buffer's memory is disjoint from every other's (tf_kbuf.disjoint): the
+     * outer function unpacks bufs and calls it, and once it is inlined the
+     * vectorizer needs no runtime overlap checks for those. */
+    int nb = k->nbufs;
+    LLVMTypeRef *bt = calloc((size_t)nb + 3, sizeof *bt);
     g.bufp = calloc((size_t)k->nbufs + 1, sizeof *g.bufp);
     g.red = calloc((size_t)k->nreds + 1, sizeof *g.red);
     g.sum = calloc((size_t)k->nreds + 1, sizeof *g.sum);
     g.any = calloc((size_t)k->nreds + 1, sizeof *g.any);
     g.memo = calloc((size_t)k->nexprs + 1, sizeof *g.memo);
-    if (!g.bufp || !g.red || !g.sum || !g.any || !g.memo) {
+    LLVMValueRef *callargs = calloc((size_t)nb + 3, sizeof *callargs);
+    if (!bt || !callargs || !g.bufp || !g.red || !g.sum || !g.any || !g.memo) {
+        free(bt); free(callargs);
         free(g.bufp); free(g.red); free(g.sum); free(g.any); free(g.memo);
         LLVMDisposeBuilder(g.b);
         LLVMDisposeModule(g.mod);
         return NULL;
     }
+    for (int bi = 0; bi < nb; bi++) bt[bi] = LLVMPointerType(storage_type(&g, k->bufs[bi].value->type.dtype), 0);
+    bt[nb] = g.i64, bt[nb + 1] = g.i64, bt[nb + 2] = LLVMPointerType(g.i64, 0);
+    LLVMTypeRef bodyt = LLVMFunctionType(LLVMVoidTypeInContext(cx), bt, (unsigned)nb + 3, 0);
+    char bname[160];
+    snprintf(bname, sizeof bname, "%s.body", fname);
+    g.fn = LLVMAddFunction(g.mod, bname, bodyt);
+    LLVMSetLinkage(g.fn, LLVMInternalLinkage);
+    LLVMAddAttributeAtIndex(g.fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateEnumAttribute(cx, LLVMGetEnumAttributeKindForName("alwaysinline", 12), 0));
+    unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+    for (int bi = 0; bi < nb; bi++) {
+        if (k->bufs[bi].disjoint) LLVMAddAttributeAtIndex(g.fn, (unsigned)bi + 1, LLVMCreateEnumAttribute(cx, noalias, 0));
+        g.bufp[bi] = LLVMGetParam(g.fn, (unsigned)bi);
+        const char *nm = k->bufs[bi].value->name ? k->bufs[bi].value->name : "";
+        LLVMSetValueName2(g.bufp[bi], nm, strlen(nm));
+    }
+    g.lo = LLVMGetParam(g.fn, (unsigned)nb);
+    g.hi = LLVMGetParam(g.fn, (unsigned)nb + 1);
+    g.rt = LLVMGetParam(g.fn, (unsigned)nb + 2);
+    LLVMSetValueName2(g.lo, "lo", 2);
+    LLVMSetValueName2(g.hi, "hi", 2);
+    LLVMSetValueName2(g.rt, "rt", 2);
+    /* the outer function: unpack and call */
+    LLVMPositionBuilderAtEnd(g.b, LLVMAppendBasicBlockInContext(cx, outer_fn, "entry"));
+    LLVMValueRef bufs = LLVMGetParam(outer_fn, 0);
+    LLVMSetValueName2(bufs, "bufs", 4);
+    for (int bi = 0; bi < nb; bi++) {
+        LLVMValueRef ix = ci(&g, bi);
+        LLVMValueRef p = LLVMBuildLoad2(g.b, i8p, LLVMBuildGEP2(g.b, i8p, bufs, &ix, 1, ""), "");
+        callargs[bi] = LLVMBuildBitCast(g.b, p, bt[bi], "");
+    }
+    for (int a = 1; a < 4; a++) callargs[nb + a - 1] = LLVMGetParam(outer_fn, (unsigned)a);
+    LLVMBuildCall2(g.b, bodyt, g.fn, callargs, (unsigned)nb + 3, "");
+    LLVMBuildRetVoid(g.b);
+    free(bt);
+    free(callargs);
+    g.split = tf_kernel_split_axis(k);
+    g.top = 0;
+    for (int a = 0; a < k->rank; a++)
+        if (k->kind != TF_K_REDUCTION || !((k->reduce_mask >> a) & 1)) g.top |= 1u << a;
     LLVMPositionBuilderAtEnd(g.b, LLVMAppendBasicBlockInContext(cx, g.fn, "entry"));
     for (int a = 0; a < k->rank; a++) g.idx[a] = LLVMBuildAlloca(g.b, g.i64, "i");
     for (int r = 0; r < k->nreds; r++) {
@@ -533,13 +667,22 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         g.sum[r] = LLVMBuildAlloca(g.b, g.f64, "sum");
         g.any[r] = LLVMBuildAlloca(g.b, g.i1, "any");
     }
-    for (int bi = 0; bi < k->nbufs; bi++) {
-        LLVMValueRef ix = ci(&g, bi);
-        LLVMValueRef p = LLVMBuildLoad2(g.b, i8p, LLVMBuildGEP2(g.b, i8p, bufs, &ix, 1, ""), "");
-        LLVMTypeRef et = storage_type(&g, k->bufs[bi].value->type.dtype);
-        g.bufp[bi] = LLVMBuildBitCast(g.b, p, LLVMPointerType(et, 0), k->bufs[bi].value->name ? k->bufs[bi].value->name : "");
+    g.colmode = column_reduction(k);
+    if (g.colmode) {
+        int64_t n = 1;
+        for (int a = 0; a < k->rank; a++)
+            if (!((k->reduce_mask >> a) & 1)) n *= k->dims[a];
+        g.colacc = calloc((size_t)k->nreds + 1, sizeof *g.colacc);
+        g.colred = calloc((size_t)k->nreds + 1, sizeof *g.colred);
+        for (int r = 0; g.colacc && g.colred && r < k->nreds; r++) {
+            g.colacc[r] = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, n), "colacc");
+            g.colred[r] = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, n), "colred");
+        }
     }
-    if (k->kind == TF_K_REDUCTION) {
+    if (g.colmode && !(g.colacc && g.colred)) g.colmode = false;   /* out of memory: the plain loops */
+    if (g.colmode) {
+        column_body(&g);
+    } else if (k->kind == TF_K_REDUCTION) {
         unsigned outer = 0;
         for (int a = 0; a < k->rank; a++)
             if (!((k->reduce_mask >> a) & 1)) outer |= 1u << a;
@@ -549,6 +692,8 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         loop_nest(&g, all, 0, full_stores, NULL);
     }
     LLVMBuildRetVoid(g.b);
+    free(g.colacc);
+    free(g.colred);
     free(g.bufp);
     free(g.red);
     free(g.sum);

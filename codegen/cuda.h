@@ -1,0 +1,118 @@
+/* cuda.h — the CUDA emitter: CUDA C++ source text for NVRTC from the kernel
+ * IR (kernel.h), the GPU twin of llvm.h. Pure text: nothing here includes a
+ * CUDA header or links a CUDA library (runtime/cuda/ compiles and runs the
+ * text).
+ *
+ * What each kernel kind becomes:
+ *
+ *   TF_K_ELEMENTWISE  a grid-stride loop over the index space; buffers read
+ *                     contiguously and every store move in 16-byte vectors
+ *                     (a tail loop takes the last elements), broadcast or
+ *                     strided loads index per element;
+ *   TF_K_REDUCTION    a group of threads per outer index: a warp or more for
+ *                     a row (innermost axis reduced), a column of a
+ *                     32-wide tile when the innermost axis is outer
+ *                     (coalesced column sums: batchnorm statistics, bias
+ *                     gradients); warp shuffles, then shared memory across
+ *                     warps, in a fixed order (deterministic, no atomics);
+ *                     the reductions in the kernel IR's order, each result
+ *                     broadcast to the group before the next one reads it;
+ *   TF_K_LIBRARY      with an epilogue (a gemm region): the epilogue alone,
+ *                     to launch after the library call has written its
+ *                     result; without one, not emitted (cuBLASLt, cuDNN or
+ *                     a hand-written kernel, the runtime's job);
+ *   TF_K_VIEW         not emitted: no work.
+ *
+ * Shapes, strides and counts are compile-time constants. Math runs in fp32
+ * for f32/f16/bf16 (f16/bf16 through cuda_fp16.h / cuda_bf16.h), in double
+ * for f64, integers as their C types; every expression is rounded to its
+ * dtype as the interpreter rounds each op (an f16/bf16 value is rounded
+ * and kept in a float). Reductions accumulate in float (double when the data
+ * or result is f64, long long for integer sums). Dropout masks draw the
+ * interpreter's counter-based stream bit for bit (tf_dropout_stream and
+ * tf_rng_uniform): the kernel then takes one more parameter, a device
+ * pointer to {seed, step}, so a captured CUDA graph replays with the step a
+ * device kernel advances.
+ *
+ * Entry point: extern "C" __global__ void tf_<16 hex digits>(one pointer per
+ * kernel->bufs entry, in order, typed by storage dtype: float, __half,
+ * __nv_bfloat16, double, long long, int, unsigned char for bool; const when
+ * the kernel does not write it[, const unsigned long long *rng]). The hex
+ * digits are the FNV-1a 64 hash of the source with the name blanked: the
+ * source carries no buffer or op names, so two identical kernels (the same
+ * cast of two weights) get one source and one name; compile and cache once.
+ *
+ * Example:
+ *
+ *     tf_cuda_kernel ck;
+ *     if (tf_cuda_supports(k, NULL, 0) && !tf_cuda_emit(k, &ck, &diag)) {
+ *         // nvrtc: compile ck.src, look up ck.name in the cubin, launch
+ *         // with ck.grid blocks of ck.block threads and ck.smem bytes
+ *         tf_cuda_kernel_free(&ck);
+ *     }
+ *
+ * Everything here is reentrant: no global state. */
+#ifndef TF_CODEGEN_CUDA_H
+#define TF_CODEGEN_CUDA_H
+
+#include "kernel.h"
+
+typedef enum tf_cuda_shape {
+    TF_CUDA_POINTWISE,     /* grid-stride loop, scalar loads and stores */
+    TF_CUDA_POINTWISE_VEC, /* grid-stride loop over 16-byte vectors, scalar tail */
+    TF_CUDA_ROW_REDUCE,    /* `group` threads (a multiple of 32) per outer index */
+    TF_CUDA_COL_REDUCE,    /* a 32-wide tile of outer indices, `group` threads per column */
+} tf_cuda_shape;
+
+typedef struct tf_cuda_kernel {
+    char *src;             /* CUDA C++ source for NVRTC, NUL-terminated, malloc'd */
+    char name[24];         /* entry point: "tf_" + 16 hex digits of hash */
+    uint64_t hash;         /* FNV-1a 64 of src with the name blanked */
+    tf_cuda_shape shape;
+    unsigned grid;         /* suggested blocks; every kernel loops (grid-stride), so any grid >= 1 is correct */
+    unsigned block;        /* threads per block (1-D), required: the code and __launch_bounds__ assume it */
+    unsigned smem;         /* dynamic shared memory bytes, required at launch */
+    unsigned align;        /* every buffer pointer must be aligned to this many bytes (16 with vectors) */
+    unsigned vec;          /* elements per vector in the POINTWISE_VEC loop, else 1 */
+    unsigned group;        /* threads per outer index (reductions), else 0 */
+    int nparams;           /* kernel->nbufs, plus 1 with rng */
+    bool rng;              /* last parameter: const unsigned long long *rng -> {seed, step} on the device */
+    bool epilogue;         /* a TF_K_LIBRARY kernel's epilogue: launch after the library call */
+    bool wide_index;       /* 64-bit index arithmetic (a space or buffer of 2^30 elements or more) */
+} tf_cuda_kernel;
+
+/* Whether tf_cuda_emit emits k; when not, why (into why, if given). */
+bool tf_cuda_supports(const tf_kernel *k, char *why, size_t n);
+
+/* The kernel's source and launch geometry into *out (zeroed first).
+ * TF_IR_ERR_RUNTIME with the reason when !tf_cuda_supports(k),
+ * TF_IR_ERR_OOM when out of memory. */
+tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d);
+void tf_cuda_kernel_free(tf_cuda_kernel *ck);
+
+/* Every kernel of a plan. kernels[i] belongs to p->kernels[i]; its src is
+ * NULL where the kernel is not emitted (library calls, views), and then
+ * why[i] says why. nunique counts distinct sources: what NVRTC compiles. */
+typedef struct tf_cuda_program {
+    tf_cuda_kernel *kernels;
+    char (*why)[160];
+    int nkernels;
+    int nemitted;
+    int nunique;
+} tf_cuda_program;
+
+tf_ir_status tf_cuda_emit_plan(const tf_kernel_plan *p, tf_cuda_program *out, tf_diag *d);
+void tf_cuda_program_free(tf_cuda_program *prog);
+
+/* The text of one .cu file for --dump-kernels: a comment naming the kernel
+ * IR kernel (its name, region when m is given, the library call it follows),
+ * each parameter's buffer and the launch geometry, then ck->src unchanged
+ * (what NVRTC compiles). malloc'd; NULL when out of memory. */
+char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel *ck);
+
+/* Dropout keeps element i when (h_i >> 11) >= this threshold, h_i the
+ * 64-bit hash whose top 53 bits tf_rng_uniform scales to [0, 1): the
+ * integer form of tf_rng_uniform(...) >= p, exact for every p. */
+uint64_t tf_cuda_dropout_threshold(double p);
+
+#endif
