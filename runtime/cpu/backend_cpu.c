@@ -10,13 +10,14 @@
  *   - one block per input, param and buffer;
  *   - reshapes as aliases of their operand.
  *
- * Library kernels: matmul (batched, transposed, broadcast) and conv2d with
- * its two gradients through cpu_ops.c (OpenBLAS GEMM, im2col), in fp32 with
- * f16/bf16 operands widened and results rounded to their storage dtype; the
- * remaining library ops (pooling, gather/scatter, concat, slice_grad, and
- * f64 GEMMs) run the interpreter's kernel on widened copies of their
- * operands — correct, and counted as `fallback` in the profile so they are
- * visible. Elementwise work splits over the pool along each kernel's split
+ * Library kernels: matmul (batched, transposed, broadcast), conv2d with its
+ * two gradients, pooling and its gradients through cpu_ops.c (OpenBLAS GEMM,
+ * im2col), in fp32 with f16/bf16 operands widened and results rounded to
+ * their storage dtype; gather and scatter_add directly on storage. The rest
+ * (concat, slice_grad, f64 GEMMs, an out-of-range id so that the error
+ * names the op) run the interpreter's kernel on widened copies of their
+ * operands — correct, and counted as `fallback` in the profile and in
+ * `tfuse bench` so they are visible. Elementwise work splits over the pool along each kernel's split
  * axis.
  *
  * Compiled kernels are cached for the life of the process, keyed by
@@ -82,8 +83,12 @@ static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, bool *hit, tf_
 
 /* ---- session state ------------------------------------------------------- */
 
-typedef enum how { RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_FALLBACK, RUN_NOTHING } how;
-static const char *how_names[] = {"jit", "view", "gemm", "conv", "conv_grad_input", "conv_grad_weight", "fallback", "-"};
+typedef enum how {
+    RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_POOL, RUN_POOL_GRAD, RUN_GATHER, RUN_SCATTER,
+    RUN_FALLBACK, RUN_NOTHING
+} how;
+static const char *how_names[] = {"jit", "view", "gemm", "conv", "conv_grad_input", "conv_grad_weight", "pool", "pool_grad",
+                                  "gather", "scatter_add", "fallback", "-"};
 
 typedef struct ckernel {
     const tf_kernel *k;
@@ -204,6 +209,13 @@ static bool gemm_dtype(tf_dt t) { return t == TF_DT_F32 || is_float16(t); }
 
 static how library_how(const tf_node *n)
 {
+    if (n->op == TF_OP_GATHER && n->in[0]->kind != TF_VAL_CONST && n->in[1]->kind != TF_VAL_CONST &&
+        (n->in[0]->type.dtype == TF_DT_I64 || n->in[0]->type.dtype == TF_DT_I32))
+        return RUN_GATHER;
+    if (n->op == TF_OP_SCATTER_ADD && n->in[0]->kind != TF_VAL_CONST && n->in[1]->kind != TF_VAL_CONST &&
+        (n->in[0]->type.dtype == TF_DT_I64 || n->in[0]->type.dtype == TF_DT_I32) && n->out->type.dtype == TF_DT_F32 &&
+        n->in[1]->type.dtype == TF_DT_F32)
+        return RUN_SCATTER;
     for (int q = 0; q < n->nin; q++)
         if (n->in[q]->kind == TF_VAL_CONST || !gemm_dtype(n->in[q]->type.dtype)) return RUN_FALLBACK;
     if (!gemm_dtype(n->out->type.dtype)) return RUN_FALLBACK;
@@ -212,6 +224,8 @@ static how library_how(const tf_node *n)
     case TF_OP_CONV2D: return n->in[0]->type.rank == 4 ? RUN_CONV : RUN_FALLBACK;
     case TF_OP_CONV2D_GRAD_INPUT: return RUN_CONV_GI;
     case TF_OP_CONV2D_GRAD_WEIGHT: return RUN_CONV_GW;
+    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: return n->in[0]->type.rank == 4 ? RUN_POOL : RUN_FALLBACK;
+    case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD: return n->out->type.rank == 4 ? RUN_POOL_GRAD : RUN_FALLBACK;
     default: return RUN_FALLBACK;
     }
 }
@@ -390,6 +404,64 @@ static void run_conv(cpu *c, const tf_node *n, how h)
     if (ov->type.dtype != TF_DT_F32) from_f32(c, ov, out);
 }
 
+static void run_pool(cpu *c, const tf_node *n, bool grad)
+{
+    const tf_value *big = grad ? n->out : n->in[0], *small = grad ? n->in[n->nin - 1] : n->out, *ov = n->out;
+    tf_pool_geom g = {.planes = big->type.dims[0].n * big->type.dims[1].n, .H = big->type.dims[2].n, .W = big->type.dims[3].n,
+                      .Ho = small->type.dims[2].n, .Wo = small->type.dims[3].n};
+    tf_node_pair(n, "kernel", 1, 1, g.k);
+    tf_node_pair(n, "stride", g.k[0], g.k[1], g.s);
+    tf_node_pair(n, "padding", 0, 0, g.p);
+    bool is_max = n->op == TF_OP_MAXPOOL2D || n->op == TF_OP_MAXPOOL2D_GRAD;
+    size_t need = 1;
+    for (int q = 0; q < n->nin; q++) need += n->in[q]->type.dtype != TF_DT_F32 ? (size_t)numel(n->in[q]) : 0;
+    need += ov->type.dtype != TF_DT_F32 ? (size_t)numel(ov) : 0;
+    float *at = scratch(c, need);
+    const float *in[2] = {0};
+    for (int q = 0; q < n->nin; q++) {
+        in[q] = as_f32(c, n->in[q], at);
+        if (in[q] == at) at += numel(n->in[q]);
+    }
+    float *out = ov->type.dtype == TF_DT_F32 ? storage(c, ov) : at;
+    if (!grad) tf_cpu_pool2d(c->pool, &g, is_max, in[0], out);
+    else tf_cpu_pool2d_grad(c->pool, &g, is_max, is_max ? in[0] : NULL, in[n->nin - 1], out);
+    if (ov->type.dtype != TF_DT_F32) from_f32(c, ov, out);
+}
+
+static int64_t id_at(const tf_value *ids, const void *p, int64_t i)
+{
+    return ids->type.dtype == TF_DT_I64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
+}
+
+/* gather (embedding): rows of the table by id; scatter_add: its gradient.
+ * false when an id is out of range: the reference then runs the kernel and
+ * reports it, with the op's location. */
+static bool run_gather(cpu *c, const tf_node *n, bool scatter)
+{
+    const tf_value *ids = n->in[0], *tab = scatter ? n->out : n->in[1];
+    int64_t V = tab->type.rank ? tab->type.dims[0].n : 1, rows = numel(ids);
+    int64_t row = V > 0 ? numel(tab) / V : 0;
+    const void *ip = storage(c, ids);
+    for (int64_t i = 0; i < rows; i++)
+        if (id_at(ids, ip, i) < 0 || id_at(ids, ip, i) >= V) return false;
+    if (!scatter) {
+        size_t rb = (size_t)row * (size_t)tf_dtype_bytes(tab->type.dtype);
+        const char *src = storage(c, tab);
+        char *dst = storage(c, n->out);
+        for (int64_t i = 0; i < rows; i++) memcpy(dst + (size_t)i * rb, src + (size_t)id_at(ids, ip, i) * rb, rb);
+        return true;
+    }
+    float *dst = storage(c, n->out);
+    const float *dy = storage(c, n->in[1]);
+    memset(dst, 0, value_bytes(n->out));
+    for (int64_t i = 0; i < rows; i++) {
+        float *d = dst + id_at(ids, ip, i) * row;
+        const float *s = dy + i * row;
+        for (int64_t j = 0; j < row; j++) d[j] += s[j];
+    }
+    return true;
+}
+
 /* The reference runs the kernel on widened copies of its buffers. */
 static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
 {
@@ -433,6 +505,10 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
     case RUN_FALLBACK: return run_fallback(s, c, k);
     case RUN_MATMUL: run_matmul(c, k->lib); break;
     case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW: run_conv(c, k->lib, ck->how); break;
+    case RUN_POOL: case RUN_POOL_GRAD: run_pool(c, k->lib, ck->how == RUN_POOL_GRAD); break;
+    case RUN_GATHER: case RUN_SCATTER:
+        if (!run_gather(c, k->lib, ck->how == RUN_SCATTER)) return run_fallback(s, c, k);
+        break;
     case RUN_JIT: break;
     }
     if (ck->fn) run_fn(c, ck);

@@ -1,4 +1,5 @@
 /* cpu_ops.c — see cpu_ops.h. */
+#include <math.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -212,4 +213,69 @@ void tf_cpu_conv2d_grad_weight(tf_pool *pool, const tf_conv_geom *g, const float
     memcpy(dw, partials, (size_t)wsize * sizeof *dw);
     for (int t = 1; t < j.threads; t++)
         for (int64_t i = 0; i < wsize; i++) dw[i] += partials[t * wsize + i];
+}
+
+/* ---- pooling ----------------------------------------------------------------
+ * The interpreter's semantics exactly: windows clipped to the input (padding
+ * reads nothing), max propagates NaN and keeps the first of equal values,
+ * avg divides by the full window, and a max gradient goes to the element the
+ * forward selected. Planes (N*C) split over the pool. */
+
+typedef struct pool_job {
+    const tf_pool_geom *g;
+    const float *x, *dy;
+    float *y, *dx;
+    bool is_max, backward;
+} pool_job;
+
+static void pool_piece(void *arg, int64_t lo, int64_t hi)
+{
+    const pool_job *j = arg;
+    const tf_pool_geom *g = j->g;
+    int64_t HW = g->H * g->W, HoWo = g->Ho * g->Wo;
+    float inv = (float)(1.0 / (double)(g->k[0] * g->k[1]));
+    for (int64_t pl = lo; pl < hi; pl++) {
+        const float *px = j->x ? j->x + pl * HW : NULL;
+        if (j->backward) memset(j->dx + pl * HW, 0, (size_t)HW * sizeof *j->dx);
+        for (int64_t oh = 0; oh < g->Ho; oh++)
+            for (int64_t ow = 0; ow < g->Wo; ow++) {
+                float acc = j->is_max ? -INFINITY : 0.0f, gy = j->backward ? j->dy[pl * HoWo + oh * g->Wo + ow] : 0;
+                int64_t at = -1;
+                for (int64_t kh = 0; kh < g->k[0]; kh++) {
+                    int64_t ih = oh * g->s[0] - g->p[0] + kh;
+                    if (ih < 0 || ih >= g->H) continue;
+                    for (int64_t kw = 0; kw < g->k[1]; kw++) {
+                        int64_t iw = ow * g->s[1] - g->p[1] + kw, i = ih * g->W + iw;
+                        if (iw < 0 || iw >= g->W) continue;
+                        if (!j->is_max) {
+                            if (j->backward) j->dx[pl * HW + i] += gy * inv;
+                            else acc += px[i];
+                            continue;
+                        }
+                        float v = px[i];
+                        if (j->backward ? (at < 0 || (acc == acc && (v != v || v > acc))) : (acc == acc && (v != v || v > acc))) {
+                            acc = v;
+                            at = i;
+                        }
+                    }
+                }
+                if (j->backward) {
+                    if (j->is_max && at >= 0) j->dx[pl * HW + at] += gy;
+                } else {
+                    j->y[pl * HoWo + oh * g->Wo + ow] = j->is_max ? acc : acc * inv;
+                }
+            }
+    }
+}
+
+void tf_cpu_pool2d(tf_pool *pool, const tf_pool_geom *g, bool is_max, const float *x, float *y)
+{
+    pool_job j = {.g = g, .x = x, .y = y, .is_max = is_max};
+    tf_pool_run(pool, g->planes, pool_piece, &j);
+}
+
+void tf_cpu_pool2d_grad(tf_pool *pool, const tf_pool_geom *g, bool is_max, const float *x, const float *dy, float *dx)
+{
+    pool_job j = {.g = g, .x = x, .dy = dy, .dx = dx, .is_max = is_max, .backward = true};
+    tf_pool_run(pool, g->planes, pool_piece, &j);
 }

@@ -43,4 +43,16 @@ void tf_cpu_conv2d_grad_input(tf_pool *pool, const tf_conv_geom *g, const float 
 void tf_cpu_conv2d_grad_weight(tf_pool *pool, const tf_conv_geom *g, const float *x, const float *dy, float *dw,
                                float *scratch, float *partials);
 
+typedef struct tf_pool_geom {
+    int64_t planes, H, W, Ho, Wo;
+    int64_t k[2], s[2], p[2];
+} tf_pool_geom;
+
+/* maxpool2d/avgpool2d of x[planes, H, W] into y[planes, Ho, Wo]; the
+ * interpreter's rules (windows clipped, NaN propagates, first max wins,
+ * average over the whole window). */
+void tf_cpu_pool2d(tf_pool *pool, const tf_pool_geom *g, bool is_max, const float *x, float *y);
+/* Their gradients into dx[planes, H, W] (x: the forward input, maxpool only). */
+void tf_cpu_pool2d_grad(tf_pool *pool, const tf_pool_geom *g, bool is_max, const float *x, const float *dy, float *dx);
+
 #endif
