@@ -752,6 +752,13 @@ static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, 
         LLVMDisposeMessage(triple);
     }
     LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    /* Loops are vectorized but not unrolled: with every trip count a
+     * constant, full unrolling multiplies the code (and the compile time)
+     * for no gain on loops already vectorized; SLP finds nothing our loops
+     * do not give the loop vectorizer. */
+    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
+    LLVMPassBuilderOptionsSetSLPVectorization(po, 0);
     LLVMErrorRef e = LLVMRunPasses(mod, "default<O2>", tm, po);
     LLVMDisposePassBuilderOptions(po);
     if (e) {
