@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Turn a directory of raw benchmark outputs into the markdown table.
+
+    python3 bench/report.py cpu DIR      # the table bench/run.sh prints
+    python3 bench/report.py gpu DIR      # the table bench/gpu.sh prints
+
+DIR holds one file per measurement, named MODEL__PRECISION__MODE__PEER.txt
+(PEER: tfuse, eager, compile, compile-max, ort; a second run of tfuse or a
+compile peer with a warm cache is PEER-cached), each the `key: value` lines
+of `tfuse bench` or peers.py. A file whose output has no `step_ms` counts
+as not measured and its reason (an `error:` line, the last line, or a
+`reason:` line the scripts write) is shown as `n/a (reason)`.
+
+Ratios are tfuse / peer of median step times: below 1 tfuse is faster.
+Standard library only.
+"""
+import os
+import re
+import sys
+
+FILE_RE = re.compile(r"^(?P<model>[A-Za-z0-9]+)__(?P<prec>[a-z0-9]+)__(?P<mode>train|infer)__(?P<peer>[a-z-]+)\.txt$")
+
+
+def read_kv(path):
+    kv, last = {}, ""
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.strip():
+                last = line.strip()
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*):\s?(.*)$", line)
+            if m and m.group(1) not in kv:
+                kv[m.group(1)] = m.group(2).strip()
+    kv.setdefault("_last", last)
+    return kv
+
+
+def load(d):
+    runs = {}
+    for fn in sorted(os.listdir(d)):
+        m = FILE_RE.match(fn)
+        if m:
+            runs[(m["model"], m["prec"], m["mode"], m["peer"])] = read_kv(os.path.join(d, fn))
+    return runs
+
+
+def number(kv, key):
+    try:
+        return float(kv[key])
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def reason(kv):
+    if kv is None:
+        return "not run"
+    for k in ("reason", "error"):
+        if kv.get(k):
+            return kv[k]
+    return kv.get("_last") or "no step_ms in its output"
+
+
+def short(text, n=60):
+    text = text.replace("|", "/")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def fmt(v):
+    """3 significant digits, at most 2 decimals above 1: 1234.5, 12.35, 0.0421."""
+    if v >= 1000:
+        return f"{v:.0f}"
+    if v >= 1:
+        return f"{v:.2f}" if v < 100 else f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+# Reasons for n/a cells, numbered as footnotes under the table (one per distinct reason).
+NA_REASONS = []
+
+
+def na(kv):
+    r = short(reason(kv), 300)
+    if r not in NA_REASONS:
+        NA_REASONS.append(r)
+    return f"n/a ({'abcdefghijklmnopqrstuvwxyz'[NA_REASONS.index(r) % 26]})"
+
+
+def na_notes():
+    return [f"({'abcdefghijklmnopqrstuvwxyz'[i % 26]}) not measured: {r}" for i, r in enumerate(NA_REASONS)]
+
+
+def ms(kv):
+    v = number(kv, "step_ms") if kv else None
+    return fmt(v) if v is not None else na(kv)
+
+
+def ratio(a, b):
+    x = number(a, "step_ms") if a else None
+    y = number(b, "step_ms") if b else None
+    return fmt(x / y) if x and y else "—"
+
+
+def mib(kv):
+    v = number(kv, "peak_bytes") if kv else None
+    return fmt(v / 2**20) if v is not None else "—"
+
+
+def secs(kv):
+    v = number(kv, "compile_ms") if kv and number(kv, "step_ms") is not None else None
+    return fmt(v / 1e3) if v is not None else "—"
+
+
+def tfuse_compile(kv, second=None):
+    """tfuse's compile time, cold and cached, in seconds (as text): the passes
+    (compile_ms) plus the JIT (jit_ms; jit_ms_cached from its kernel cache)
+    where it reports them, else compile_ms of this run and of a second run."""
+    if not kv or number(kv, "step_ms") is None:
+        return "—", "—"
+    c = number(kv, "compile_ms") or 0.0
+    j, jc = number(kv, "jit_ms"), number(kv, "jit_ms_cached")
+    cold = fmt((c + (j or 0.0)) / 1e3)
+    if jc is not None:
+        return cold, fmt((c + jc) / 1e3)
+    return cold, secs(second)
+
+
+def keys(runs):
+    seen = []
+    for (model, prec, mode, _peer) in runs:
+        if (model, prec, mode) not in seen:
+            seen.append((model, prec, mode))
+    order = {"train": 0, "infer": 1}
+    models = ["mlp", "resnet", "resnet18", "gpt", "gpt2"]
+    return sorted(seen, key=lambda k: (models.index(k[0]) if k[0] in models else len(models), k[0], k[1], order[k[2]]))
+
+
+def cpu_table(runs):
+    out = [("| model | dims | mode | threads | tfuse ms | PyTorch ms | ORT ms | tfuse/PyTorch | tfuse/ORT "
+            "| tfuse compile s cold / cached | ORT export+session s | tfuse peak MiB |"),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = set()
+    for model, prec, mode in keys(runs):
+        t = runs.get((model, prec, mode, "tfuse"))
+        e = runs.get((model, prec, mode, "eager"))
+        o = runs.get((model, prec, mode, "ort"))
+        dims = (e or {}).get("dims", "")
+        threads = (t or {}).get("threads") if t and number(t, "step_ms") is not None else (e or {}).get("threads", "?")
+        if mode == "train":
+            ort_cell, ort_ratio = "not measured¹", "—"
+            notes.add(1)
+        else:
+            ort_cell, ort_ratio = ms(o), ratio(t, o)
+        cold, cached = tfuse_compile(t)
+        ort_comp = secs(o) if mode == "infer" else "—"
+        out.append(f"| {model} | {dims} | {mode} | {threads} | {ms(t)} | {ms(e)} | {ort_cell} | {ratio(t, e)} | {ort_ratio} "
+                   f"| {cold} / {cached} | {ort_comp} | {mib(t)} |")
+    out.append("")
+    out.append("Times are medians of the timed steps after warm-up, fp32, the same batch and thread count for all; "
+               "a ratio below 1 means tfuse is faster. tfuse's compile time is its passes plus the JIT of its kernels, "
+               "cold and from its kernel cache (compile_ms + jit_ms, compile_ms + jit_ms_cached). tfuse's peak is its "
+               "planned peak (arena + inputs + params + buffers); the peers' CPU memory is not measured.")
+    for line in na_notes():
+        out.append("")
+        out.append(line)
+    if 1 in notes:
+        out.append("")
+        out.append("¹ ONNX Runtime's training API (onnxruntime-training) is a separate package that needs an offline "
+                   "artifact-generation step and its own optimizer; it is not part of the stock onnxruntime wheel, so "
+                   "only inference is timed there.")
+    return "\n".join(out)
+
+
+def gpu_table(runs):
+    peers = ("eager", "compile", "compile-max")
+    head = ("| model | prec | mode | tfuse ms | eager ms | compile ms | max-autotune ms | tfuse/eager | tfuse/compile "
+            "| tfuse/max-autotune | peak MiB tfuse / eager / compile / max | compile s cold / cached: tfuse; compile; max |")
+    out = [head, "|" + "---|" * 12]
+    for model, prec, mode in keys(runs):
+        t = runs.get((model, prec, mode, "tfuse"))
+        pr = {p: runs.get((model, prec, mode, p)) for p in peers}
+        cached = {p: runs.get((model, prec, mode, p + "-cached")) for p in ("tfuse",) + peers}
+        mem = " / ".join(mib(x) for x in (t, *pr.values()))
+        comp = "; ".join([" / ".join(tfuse_compile(t, cached["tfuse"]))] +
+                         [f"{secs(pr[p])} / {secs(cached[p])}" for p in ("compile", "compile-max")])
+        out.append(f"| {model} | {prec} | {mode} | {ms(t)} | {ms(pr['eager'])} | {ms(pr['compile'])} "
+                   f"| {ms(pr['compile-max'])} | {ratio(t, pr['eager'])} | {ratio(t, pr['compile'])} "
+                   f"| {ratio(t, pr['compile-max'])} | {mem} | {comp} |")
+    out.append("")
+    out.append("Step times are medians (CUDA events) of the timed steps after warm-up; a ratio below 1 means tfuse is "
+               "faster. Peak memory: tfuse's reported peak_bytes; PyTorch's torch.cuda.max_memory_allocated over the "
+               "timed steps. Compile time: the first run with an empty cache (cold) and a second process with the "
+               "cache it left (cached); for torch.compile it is the warm-up time beyond steady-state steps. "
+               "torch.compile wraps the model (forward and, through AOTAutograd, backward); the optimizer step runs "
+               "eagerly (PyTorch's default foreach implementation); max-autotune also replays CUDA graphs.")
+    for line in na_notes():
+        out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] not in ("cpu", "gpu"):
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        return 2
+    runs = load(argv[2])
+    if not runs:
+        print(f"report.py: no MODEL__PRECISION__MODE__PEER.txt files in {argv[2]}", file=sys.stderr)
+        return 1
+    print(cpu_table(runs) if argv[1] == "cpu" else gpu_table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
