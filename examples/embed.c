@@ -32,9 +32,10 @@ int main(int argc, char **argv)
     tf_compile_options opts;
     tf_compile_options_init(&opts);
     opts.mode = TF_MODE_INFER;
-    opts.target = TF_TARGET_INTERP;
+    /* tf_compile_options_init picked tf_default_target(): cpu where libtfuse
+     * has LLVM, else the interpreter */
     if (tf_program_compile(ctx, model, &opts, &prog)) return die(ctx, "compile");
-    if (tf_session_create(ctx, prog, TF_TARGET_INTERP, 42, &sess)) return die(ctx, "session");
+    if (tf_session_create(ctx, prog, opts.target, 42, &sess)) return die(ctx, "session");
 
     /* The caller owns these; the session reads them in place during run. */
     static float images[64][784];
