@@ -238,6 +238,47 @@ static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
     return LLVMBuildTrunc(B, LLVMBuildOr(B, h, sign, ""), i16, "");
 }
 
+/* tf_exp (ir/core.c) step for step, branch-free: the same bits, and a
+ * loop that calls it vectorizes. */
+static LLVMValueRef emit_exp(gen *g, LLVMValueRef x)
+{
+    LLVMBuilderRef B = g->b;
+    LLVMValueRef xc = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGT, x, cf(g, 710.0), ""), cf(g, 710.0), x, "");
+    xc = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, xc, cf(g, -746.0), ""), cf(g, -746.0), xc, "");
+    LLVMValueRef n = callf(g, "llvm.nearbyint.f64", 1, LLVMBuildFMul(B, xc, cf(g, TF_EXP_LOG2E), ""), NULL);
+    LLVMValueRef r = LLVMBuildFSub(B, LLVMBuildFSub(B, xc, LLVMBuildFMul(B, n, cf(g, TF_EXP_LN2_HI), ""), ""),
+                                   LLVMBuildFMul(B, n, cf(g, TF_EXP_LN2_LO), ""), "");
+    LLVMValueRef p = cf(g, tf_exp_coeffs[TF_EXP_DEGREE]);
+    for (int i = TF_EXP_DEGREE - 1; i >= 0; i--) p = LLVMBuildFAdd(B, LLVMBuildFMul(B, p, r, ""), cf(g, tf_exp_coeffs[i]), "");
+    LLVMValueRef k = LLVMBuildFPToSI(B, n, g->i64, "");   /* |n| <= 1077: exact */
+    LLVMValueRef k1 = LLVMBuildSDiv(B, k, ci(g, 2), ""), k2 = LLVMBuildSub(B, k, k1, "");
+    LLVMValueRef s1 = bits_to_f(g, LLVMBuildShl(B, LLVMBuildAdd(B, k1, ci(g, 1023), ""), ci(g, 52), ""));
+    LLVMValueRef s2 = bits_to_f(g, LLVMBuildShl(B, LLVMBuildAdd(B, k2, ci(g, 1023), ""), ci(g, 52), ""));
+    LLVMValueRef v = LLVMBuildFMul(B, LLVMBuildFMul(B, p, s1, ""), s2, "");
+    v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGT, x, cf(g, TF_EXP_OVER), ""), cf(g, INFINITY), v, "");
+    v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, x, cf(g, TF_EXP_UNDER), ""), cf(g, 0.0), v, "");
+    return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, x, x, ""), x, v, "");
+}
+
+static LLVMValueRef emit_expm1(gen *g, LLVMValueRef x)
+{
+    LLVMBuilderRef B = g->b;
+    LLVMValueRef q = cf(g, tf_exp_coeffs[TF_EXP_DEGREE]);
+    for (int i = TF_EXP_DEGREE - 1; i >= 1; i--) q = LLVMBuildFAdd(B, LLVMBuildFMul(B, q, x, ""), cf(g, tf_exp_coeffs[i]), "");
+    q = LLVMBuildFMul(B, q, x, "");
+    LLVMValueRef big = LLVMBuildFSub(B, emit_exp(g, x), cf(g, 1.0), "");
+    LLVMValueRef small = LLVMBuildFCmp(B, LLVMRealOLT, callf(g, "llvm.fabs.f64", 1, x, NULL), cf(g, TF_EXPM1_SMALL), "");
+    return LLVMBuildSelect(B, small, q, big, "");
+}
+
+static LLVMValueRef emit_tanh(gen *g, LLVMValueRef x)
+{
+    LLVMBuilderRef B = g->b;
+    LLVMValueRef t = emit_expm1(g, LLVMBuildFMul(B, cf(g, -2.0), callf(g, "llvm.fabs.f64", 1, x, NULL), ""));
+    LLVMValueRef v = LLVMBuildFDiv(B, LLVMBuildFNeg(B, t, ""), LLVMBuildFAdd(B, cf(g, 2.0), t, ""), "");
+    return callf(g, "llvm.copysign.f64", 2, v, x);
+}
+
 /* tf_dtype_round in IR. */
 static LLVMValueRef round_to(gen *g, tf_dt t, LLVMValueRef v)
 {
@@ -333,17 +374,17 @@ static LLVMValueRef expr(gen *g, int i)
         case TF_OP_ONE_HOT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, "")); break;
         case TF_OP_NEG: v = LLVMBuildFNeg(B, a, ""); break;
         case TF_OP_ABS: v = callf(g, "llvm.fabs.f64", 1, a, NULL); break;
-        case TF_OP_EXP: v = callf(g, "llvm.exp.f64", 1, a, NULL); break;
+        case TF_OP_EXP: v = emit_exp(g, a); break;
         case TF_OP_LOG: v = callf(g, "llvm.log.f64", 1, a, NULL); break;
         case TF_OP_SQRT: v = callf(g, "llvm.sqrt.f64", 1, a, NULL); break;
         case TF_OP_RSQRT: v = LLVMBuildFDiv(B, one, callf(g, "llvm.sqrt.f64", 1, a, NULL), ""); break;
-        case TF_OP_TANH: v = callf(g, "tanh", 1, a, NULL); break;
+        case TF_OP_TANH: v = emit_tanh(g, a); break;
         case TF_OP_ERF: v = callf(g, "erf", 1, a, NULL); break;
         case TF_OP_SIN: v = callf(g, "llvm.sin.f64", 1, a, NULL); break;
         case TF_OP_COS: v = callf(g, "llvm.cos.f64", 1, a, NULL); break;
         case TF_OP_SIGMOID:
         case TF_OP_SILU: {
-            LLVMValueRef den = LLVMBuildFAdd(B, one, callf(g, "llvm.exp.f64", 1, LLVMBuildFNeg(B, a, ""), NULL), "");
+            LLVMValueRef den = LLVMBuildFAdd(B, one, emit_exp(g, LLVMBuildFNeg(B, a, "")), "");
             v = LLVMBuildFDiv(B, x->op == TF_OP_SIGMOID ? one : a, den, "");
             break;
         }

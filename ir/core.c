@@ -72,6 +72,50 @@ static double round_ieee(double v, int mbits, int emin, int emax)
     return r;
 }
 
+const double tf_exp_coeffs[TF_EXP_DEGREE + 1] = {
+    1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,
+    1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800.0,
+};
+
+static double pow2i(int64_t k)   /* 2^k for k in [-1022, 1023] */
+{
+    uint64_t bits = (uint64_t)(k + 1023) << 52;
+    double v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* The emitter repeats these steps in this order (codegen/llvm.c emit_exp):
+ * change one, change both. */
+double tf_exp(double x)
+{
+    double xc = x > 710.0 ? 710.0 : x;
+    xc = xc < -746.0 ? -746.0 : xc;
+    double n = nearbyint(xc * TF_EXP_LOG2E);
+    double r = (xc - n * TF_EXP_LN2_HI) - n * TF_EXP_LN2_LO;
+    double p = tf_exp_coeffs[TF_EXP_DEGREE];
+    for (int i = TF_EXP_DEGREE - 1; i >= 0; i--) p = p * r + tf_exp_coeffs[i];
+    int64_t k = (int64_t)n, k1 = k / 2, k2 = k - k1;
+    double v = p * pow2i(k1) * pow2i(k2);
+    if (x > TF_EXP_OVER) v = INFINITY;
+    if (x < TF_EXP_UNDER) v = 0.0;
+    return x != x ? x : v;
+}
+
+double tf_expm1(double x)
+{
+    double q = tf_exp_coeffs[TF_EXP_DEGREE];
+    for (int i = TF_EXP_DEGREE - 1; i >= 1; i--) q = q * x + tf_exp_coeffs[i];
+    q = q * x;
+    return fabs(x) < TF_EXPM1_SMALL ? q : tf_exp(x) - 1.0;
+}
+
+double tf_tanh(double x)
+{
+    double t = tf_expm1(-2.0 * fabs(x));
+    return copysign(-t / (2.0 + t), x);
+}
+
 double tf_dtype_round(tf_dt t, double v)
 {
     switch (t) {

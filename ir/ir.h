@@ -71,6 +71,27 @@ bool tf_dtype_from_name(const char *s, size_t n, tf_dt *out);
  * even, integers truncated toward zero, bool to 0/1). */
 double tf_dtype_round(tf_dt t, double v);
 
+/* tfuse's own exp, expm1 and tanh (double in, double out), used by the op
+ * table's scalar functions, hence by the interpreter, and spelled operation
+ * for operation by the LLVM emitter, whose loops then vectorize them (a libm
+ * call would not) and still store the interpreter's bits. exp: Cody-Waite
+ * reduction by ln 2 and a degree-13 Taylor polynomial on |r| <= ln2/2, 2^n
+ * applied in two halves (so subnormal results come out right); within 2 ulp
+ * of the correctly rounded value. expm1: the same polynomial without its 1
+ * for |x| < 0.3465, exp(x) - 1 beyond. tanh(x) = -t / (2 + t), t =
+ * expm1(-2|x|), with x's sign. TF_EXP_COEFFS are 1/k! for k = 0..13. */
+enum { TF_EXP_DEGREE = 13 };
+extern const double tf_exp_coeffs[TF_EXP_DEGREE + 1];
+#define TF_EXP_LOG2E 1.4426950408889634
+#define TF_EXP_LN2_HI 0x1.62e42feep-1
+#define TF_EXP_LN2_LO 0x1.a39ef35793c76p-33
+#define TF_EXP_OVER 709.782712893384    /* above: +inf */
+#define TF_EXP_UNDER -745.2             /* below: 0 */
+#define TF_EXPM1_SMALL 0.3465
+double tf_exp(double x);
+double tf_expm1(double x);
+double tf_tanh(double x);
+
 /* ---- shapes and types ----------------------------------------------------- */
 
 enum { TF_MAX_RANK = 8 };

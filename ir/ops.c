@@ -18,17 +18,17 @@
 
 static double sf_neg(double a, double b) { (void)b; return -a; }
 static double sf_abs(double a, double b) { (void)b; return fabs(a); }
-static double sf_exp(double a, double b) { (void)b; return exp(a); }
+static double sf_exp(double a, double b) { (void)b; return tf_exp(a); }
 static double sf_log(double a, double b) { (void)b; return log(a); }
 static double sf_sqrt(double a, double b) { (void)b; return sqrt(a); }
 static double sf_rsqrt(double a, double b) { (void)b; return 1.0 / sqrt(a); }
-static double sf_tanh(double a, double b) { (void)b; return tanh(a); }
-static double sf_sigmoid(double a, double b) { (void)b; return 1.0 / (1.0 + exp(-a)); }
+static double sf_tanh(double a, double b) { (void)b; return tf_tanh(a); }
+static double sf_sigmoid(double a, double b) { (void)b; return 1.0 / (1.0 + tf_exp(-a)); }
 static double sf_relu(double a, double b) { (void)b; return a > 0 || a != a ? a : 0.0; }   /* NaN stays NaN */
 static double sf_erf(double a, double b) { (void)b; return erf(a); }
 static double sf_sin(double a, double b) { (void)b; return sin(a); }
 static double sf_cos(double a, double b) { (void)b; return cos(a); }
-static double sf_silu(double a, double b) { (void)b; return a / (1.0 + exp(-a)); }
+static double sf_silu(double a, double b) { (void)b; return a / (1.0 + tf_exp(-a)); }
 static double sf_add(double a, double b) { return a + b; }
 static double sf_sub(double a, double b) { return a - b; }
 static double sf_mul(double a, double b) { return a * b; }
