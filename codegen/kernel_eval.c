@@ -1,7 +1,8 @@
 /* kernel_eval.c — run the kernel IR on the interpreter's tensors.
  *
  * The reference semantics of the kernel IR: every expression rounds to its
- * dtype as the interpreter rounds each op, reductions accumulate in double,
+ * dtype as the interpreter rounds each op, reductions accumulate in double
+ * over eight lanes (ir.h),
  * library kernels call the interpreter's kernel of their op. The test
  * (tests/unit/test_kernels.c) runs every example's kernels against the
  * interpreter running the module op by op and demands identical bits, which
@@ -98,21 +99,17 @@ static void store_full(ev *e, const int64_t *idx, void *arg)
         if (!k->stores[s].reduced_domain) e->bufs[k->stores[s].buf]->data[flat(k, idx, false)] = e->val[k->stores[s].expr];
 }
 
-typedef struct acc { int r; double sum; bool any; } acc;
+/* A reduction's lanes (ir.h): element t of the reduced space goes to lane
+ * t % 8; visit() walks that space in row-major order, so t counts calls. */
+typedef struct acc { int r; double lanes[TF_RED_LANES]; int64_t t; } acc;
 
 static void accumulate(ev *e, const int64_t *idx, void *arg)
 {
     acc *a = arg;
     const tf_kreduce *r = &e->k->reds[a->r];
     eval_exprs(e, idx);
-    double x = e->val[r->arg];
-    if (r->op == TF_OP_REDUCE_MAX) {   /* NaN propagates, as in the interpreter */
-        if (!a->any || x != x) a->sum = a->any && a->sum != a->sum ? a->sum : x;
-        else if (a->sum == a->sum && x > a->sum) a->sum = x;
-    } else {
-        a->sum += x;
-    }
-    a->any = true;
+    double x = e->val[r->arg], *l = &a->lanes[a->t++ % TF_RED_LANES];
+    *l = r->op == TF_OP_REDUCE_MAX ? tf_max_step(*l, x) : *l + x;
 }
 
 static void outer_step(ev *e, const int64_t *idx, void *arg)
@@ -121,9 +118,11 @@ static void outer_step(ev *e, const int64_t *idx, void *arg)
     const tf_kernel *k = e->k;
     for (int r = 0; r < k->nreds; r++) e->red[r] = NAN;
     for (int r = 0; r < k->nreds; r++) {   /* in order: a later one may read an earlier one */
-        acc a = {r, 0, false};
+        acc a = {.r = r};
+        for (int l = 0; l < TF_RED_LANES; l++) a.lanes[l] = k->reds[r].op == TF_OP_REDUCE_MAX ? -INFINITY : 0.0;
         visit(e, idx, true, accumulate, &a);
-        double v = k->reds[r].op == TF_OP_REDUCE_MEAN ? a.sum / k->reds[r].count : a.sum;
+        double v = k->reds[r].op == TF_OP_REDUCE_MAX ? tf_lanes_max(a.lanes) : tf_lanes_sum(a.lanes);
+        if (k->reds[r].op == TF_OP_REDUCE_MEAN) v /= k->reds[r].count;
         e->red[r] = tf_dtype_round(k->reds[r].dtype, v);
     }
     eval_exprs(e, idx);   /* outer stores: the index's inner part is irrelevant to them */

@@ -124,11 +124,15 @@ typedef struct gen {
     unsigned top;              /* the axes of the outermost loop nest */
     int split;                 /* tf_kernel_split_axis */
     bool colmode;              /* a column reduction: see column_reduction() */
-    LLVMValueRef *colacc, *colred;   /* colmode: per reduction, [outer] double arrays */
+    LLVMValueRef tmp, tidx;    /* a row reduction's scratch row (double[ntmp]), or NULL; its counter */
+    int64_t ntmp;
+    LLVMValueRef colacc;       /* colmode: double[8][ncols], one reduction at a time */
+    LLVMValueRef *colred;      /* colmode: per reduction, double[ncols] */
+    int64_t ncols;
     LLVMValueRef *bufp;        /* typed pointer per buffer */
     LLVMValueRef idx[TF_MAX_RANK];   /* i64 allocas */
     LLVMValueRef *red;         /* double alloca per reduction */
-    LLVMValueRef *sum, *any;   /* accumulator allocas per reduction (entry block) */
+    LLVMValueRef lanes, vacc;  /* double[8] and <8 x double> allocas (entry block) */
     LLVMValueRef *memo;        /* per expression, in the current body */
 } gen;
 
@@ -488,78 +492,132 @@ static void full_stores(gen *g, void *arg)
         if (!g->k->stores[s].reduced_domain) store(g, &g->k->stores[s], false);
 }
 
-typedef struct accum { int r; LLVMValueRef sum, any; } accum;
+/* ---- reductions: eight lanes (ir.h), as the reference adds ---------------- */
 
+typedef struct accum { int r; } accum;
+
+static bool is_max(const gen *g, int r) { return g->k->reds[r].op == TF_OP_REDUCE_MAX; }
+static LLVMValueRef identity(gen *g, int r) { return cf(g, is_max(g, r) ? -INFINITY : 0.0); }
+
+/* One step of a lane: acc + x, or tf_max_step(acc, x); scalars or vectors. */
+static LLVMValueRef red_step(gen *g, int r, LLVMValueRef acc, LLVMValueRef x)
+{
+    LLVMBuilderRef B = g->b;
+    if (!is_max(g, r)) return LLVMBuildFAdd(B, acc, x, "");
+    LLVMValueRef take = LLVMBuildOr(B, LLVMBuildFCmp(B, LLVMRealUNO, x, x, ""), LLVMBuildFCmp(B, LLVMRealOGT, x, acc, ""), "");
+    take = LLVMBuildAnd(B, LLVMBuildFCmp(B, LLVMRealORD, acc, acc, ""), take, "");
+    return LLVMBuildSelect(B, take, x, acc, "");
+}
+
+/* ((l0 . l1) . (l2 . l3)) . ((l4 . l5) . (l6 . l7)), then mean's division
+ * and the result dtype's rounding. */
+static LLVMValueRef red_finish(gen *g, int r, LLVMValueRef *l)
+{
+    LLVMValueRef a = red_step(g, r, red_step(g, r, l[0], l[1]), red_step(g, r, l[2], l[3]));
+    LLVMValueRef b = red_step(g, r, red_step(g, r, l[4], l[5]), red_step(g, r, l[6], l[7]));
+    LLVMValueRef v = red_step(g, r, a, b);
+    if (g->k->reds[r].op == TF_OP_REDUCE_MEAN) v = LLVMBuildFDiv(g->b, v, cf(g, g->k->reds[r].count), "");
+    return round_to(g, g->k->reds[r].dtype, v);
+}
+
+/* Row-major position of the current index within the axes of mask. */
+static LLVMValueRef flat_mask(gen *g, unsigned mask)
+{
+    LLVMValueRef f = ci(g, 0);
+    for (int a = 0; a < g->k->rank; a++) {
+        if (!((mask >> a) & 1)) continue;
+        f = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, f, ci(g, g->k->dims[a]), ""), LLVMBuildLoad2(g->b, g->i64, g->idx[a], ""), "");
+    }
+    return f;
+}
+
+/* Long rows: the lanes in a small array, lane t % 8 by the reduced position. */
 static void accumulate(gen *g, void *arg)
 {
     accum *a = arg;
-    const tf_kreduce *r = &g->k->reds[a->r];
-    LLVMValueRef x = expr(g, r->arg);
-    LLVMValueRef sum = LLVMBuildLoad2(g->b, g->f64, a->sum, "");
-    LLVMValueRef nsum;
-    if (r->op == TF_OP_REDUCE_MAX) {
-        /* if (!any || x != x) sum = any && sum != sum ? sum : x;
-         * else if (sum == sum && x > sum) sum = x; */
-        LLVMValueRef any = LLVMBuildLoad2(g->b, g->i1, a->any, "");
-        LLVMValueRef xnan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
-        LLVMValueRef snan = LLVMBuildFCmp(g->b, LLVMRealUNO, sum, sum, "");
-        LLVMValueRef first = LLVMBuildOr(g->b, LLVMBuildNot(g->b, any, ""), xnan, "");
-        LLVMValueRef keep = LLVMBuildAnd(g->b, any, snan, "");
-        LLVMValueRef v1 = LLVMBuildSelect(g->b, keep, sum, x, "");
-        LLVMValueRef gt = LLVMBuildAnd(g->b, LLVMBuildNot(g->b, snan, ""), LLVMBuildFCmp(g->b, LLVMRealOGT, x, sum, ""), "");
-        LLVMValueRef v2 = LLVMBuildSelect(g->b, gt, x, sum, "");
-        nsum = LLVMBuildSelect(g->b, first, v1, v2, "");
-        LLVMBuildStore(g->b, LLVMConstInt(g->i1, 1, 0), a->any);
-    } else {
-        nsum = LLVMBuildFAdd(g->b, sum, x, "");
-    }
-    LLVMBuildStore(g->b, nsum, a->sum);
+    LLVMValueRef x = expr(g, g->k->reds[a->r].arg);
+    LLVMValueRef l = LLVMBuildAnd(g->b, flat_mask(g, g->k->reduce_mask), ci(g, TF_RED_LANES - 1), "");
+    LLVMValueRef p = LLVMBuildGEP2(g->b, g->f64, g->lanes, &l, 1, "");
+    LLVMBuildStore(g->b, red_step(g, a->r, LLVMBuildLoad2(g->b, g->f64, p, ""), x), p);
 }
 
-/* Column mode: the reduction's running value per outer index lives in an
- * array; `any` is whether this is past the first reduced position. */
+/* Rows up to 4096 elements: the reduced argument goes to a scratch row
+ * first (a loop with no carried dependence, so exp and friends vectorize),
+ * then the row, padded to a multiple of 8 with the identity, is added up
+ * eight lanes at a time as one <8 x double> chain. */
+static void store_tmp(gen *g, void *arg)
+{
+    accum *a = arg;
+    LLVMValueRef x = expr(g, g->k->reds[a->r].arg);
+    LLVMValueRef at = flat_mask(g, g->k->reduce_mask);
+    LLVMBuildStore(g->b, x, LLVMBuildGEP2(g->b, g->f64, g->tmp, &at, 1, ""));
+}
+
+static LLVMValueRef sum_tmp(gen *g, int r)
+{
+    LLVMBuilderRef B = g->b;
+    int64_t nb = (g->ntmp + TF_RED_LANES - 1) / TF_RED_LANES;
+    for (int64_t t = g->ntmp; t < nb * TF_RED_LANES; t++) {
+        LLVMValueRef at = ci(g, t);
+        LLVMBuildStore(B, identity(g, r), LLVMBuildGEP2(B, g->f64, g->tmp, &at, 1, ""));
+    }
+    LLVMTypeRef vt = LLVMVectorType(g->f64, TF_RED_LANES);
+    LLVMValueRef init[TF_RED_LANES];
+    for (int l = 0; l < TF_RED_LANES; l++) init[l] = identity(g, r);
+    LLVMBuildStore(B, LLVMConstVector(init, TF_RED_LANES), g->vacc);
+    LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(g->cx, g->fn, "lhead");
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->cx, g->fn, "lbody");
+    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->cx, g->fn, "lexit");
+    LLVMBuildStore(B, ci(g, 0), g->tidx);
+    LLVMBuildBr(B, head);
+    LLVMPositionBuilderAtEnd(B, head);
+    LLVMValueRef i = LLVMBuildLoad2(B, g->i64, g->tidx, "");
+    LLVMBuildCondBr(B, LLVMBuildICmp(B, LLVMIntSLT, i, ci(g, nb), ""), body, exit);
+    LLVMPositionBuilderAtEnd(B, body);
+    LLVMValueRef off = LLVMBuildMul(B, i, ci(g, TF_RED_LANES), "");
+    LLVMValueRef vp = LLVMBuildBitCast(B, LLVMBuildGEP2(B, g->f64, g->tmp, &off, 1, ""), LLVMPointerType(vt, 0), "");
+    LLVMValueRef v = LLVMBuildLoad2(B, vt, vp, "");
+    LLVMSetAlignment(v, 8);
+    LLVMBuildStore(B, red_step(g, r, LLVMBuildLoad2(B, vt, g->vacc, ""), v), g->vacc);
+    LLVMBuildStore(B, LLVMBuildAdd(B, i, ci(g, 1), ""), g->tidx);
+    LLVMBuildBr(B, head);
+    LLVMPositionBuilderAtEnd(B, exit);
+    LLVMValueRef acc = LLVMBuildLoad2(B, vt, g->vacc, ""), l[TF_RED_LANES];
+    for (int k = 0; k < TF_RED_LANES; k++)
+        l[k] = LLVMBuildExtractElement(B, acc, LLVMConstInt(LLVMInt32TypeInContext(g->cx), (unsigned)k, 0), "");
+    return red_finish(g, r, l);
+}
+
+/* Column mode: per outer index (column) eight lanes, colacc[lane][column]. */
 static void accumulate_col(gen *g, void *arg)
 {
     accum *a = arg;
-    const tf_kreduce *r = &g->k->reds[a->r];
-    LLVMValueRef x = expr(g, r->arg);
-    LLVMValueRef at = flat(g, true);
-    LLVMValueRef p = LLVMBuildGEP2(g->b, g->f64, g->colacc[a->r], &at, 1, "");
-    LLVMValueRef sum = LLVMBuildLoad2(g->b, g->f64, p, ""), nsum;
-    if (r->op == TF_OP_REDUCE_MAX) {
-        LLVMValueRef inner = ci(g, 0);   /* position within the reduced axes */
-        for (int ax = 0; ax < g->k->rank; ax++)
-            if ((g->k->reduce_mask >> ax) & 1) inner = LLVMBuildOr(g->b, inner, LLVMBuildLoad2(g->b, g->i64, g->idx[ax], ""), "");
-        LLVMValueRef any = LLVMBuildICmp(g->b, LLVMIntNE, inner, ci(g, 0), "");
-        LLVMValueRef xnan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
-        LLVMValueRef snan = LLVMBuildFCmp(g->b, LLVMRealUNO, sum, sum, "");
-        LLVMValueRef first = LLVMBuildOr(g->b, LLVMBuildNot(g->b, any, ""), xnan, "");
-        LLVMValueRef keep = LLVMBuildAnd(g->b, any, snan, "");
-        LLVMValueRef v1 = LLVMBuildSelect(g->b, keep, sum, x, "");
-        LLVMValueRef gt = LLVMBuildAnd(g->b, LLVMBuildNot(g->b, snan, ""), LLVMBuildFCmp(g->b, LLVMRealOGT, x, sum, ""), "");
-        LLVMValueRef v2 = LLVMBuildSelect(g->b, gt, x, sum, "");
-        nsum = LLVMBuildSelect(g->b, first, v1, v2, "");
-    } else {
-        nsum = LLVMBuildFAdd(g->b, sum, x, "");
-    }
-    LLVMBuildStore(g->b, nsum, p);
+    LLVMValueRef x = expr(g, g->k->reds[a->r].arg);
+    LLVMValueRef l = LLVMBuildAnd(g->b, flat_mask(g, g->k->reduce_mask), ci(g, TF_RED_LANES - 1), "");
+    LLVMValueRef at = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, l, ci(g, g->ncols), ""), flat(g, true), "");
+    LLVMValueRef p = LLVMBuildGEP2(g->b, g->f64, g->colacc, &at, 1, "");
+    LLVMBuildStore(g->b, red_step(g, a->r, LLVMBuildLoad2(g->b, g->f64, p, ""), x), p);
 }
 
 static void col_zero(gen *g, void *arg)
 {
     int r = *(int *)arg;
-    LLVMValueRef at = flat(g, true);
-    LLVMBuildStore(g->b, cf(g, 0.0), LLVMBuildGEP2(g->b, g->f64, g->colacc[r], &at, 1, ""));
+    LLVMValueRef col = flat(g, true);
+    for (int l = 0; l < TF_RED_LANES; l++) {
+        LLVMValueRef at = LLVMBuildAdd(g->b, col, ci(g, l * g->ncols), "");
+        LLVMBuildStore(g->b, identity(g, r), LLVMBuildGEP2(g->b, g->f64, g->colacc, &at, 1, ""));
+    }
 }
 
 static void col_finish(gen *g, void *arg)
 {
     int r = *(int *)arg;
-    const tf_kreduce *kr = &g->k->reds[r];
-    LLVMValueRef at = flat(g, true);
-    LLVMValueRef v = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->colacc[r], &at, 1, ""), "");
-    if (kr->op == TF_OP_REDUCE_MEAN) v = LLVMBuildFDiv(g->b, v, cf(g, kr->count), "");
-    LLVMBuildStore(g->b, round_to(g, kr->dtype, v), LLVMBuildGEP2(g->b, g->f64, g->colred[r], &at, 1, ""));
+    LLVMValueRef col = flat(g, true), l[TF_RED_LANES];
+    for (int k = 0; k < TF_RED_LANES; k++) {
+        LLVMValueRef at = LLVMBuildAdd(g->b, col, ci(g, k * g->ncols), "");
+        l[k] = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->colacc, &at, 1, ""), "");
+    }
+    LLVMBuildStore(g->b, red_finish(g, r, l), LLVMBuildGEP2(g->b, g->f64, g->colred[r], &col, 1, ""));
 }
 
 static void col_outer_stores(gen *g, void *arg)
@@ -574,9 +632,9 @@ static void col_outer_stores(gen *g, void *arg)
 
 /* A reduction whose reduced axes all come before its outer ones (bias
  * gradients, batchnorm statistics: sums down columns) walks memory row by
- * row with one running value per column, instead of down each column; each
- * column still adds its rows in increasing order, so the bits are the
- * reference's. */
+ * row with eight running lanes per column, instead of down each column;
+ * each lane still takes its rows in increasing order, so the bits are the
+ * reference's. Columns: up to 4096 (the lanes live on the stack). */
 static bool column_reduction(const tf_kernel *k)
 {
     if (k->kind != TF_K_REDUCTION || !k->reduce_mask || !k->rank || ((k->reduce_mask >> (k->rank - 1)) & 1)) return false;
@@ -588,7 +646,7 @@ static bool column_reduction(const tf_kernel *k)
         seen_outer |= !red;
         if (!red) outer *= k->dims[a];
     }
-    return outer <= 8192;
+    return outer <= 4096;
 }
 
 static void column_body(gen *g)
@@ -596,7 +654,7 @@ static void column_body(gen *g)
     const tf_kernel *k = g->k;
     unsigned all = (1u << k->rank) - 1, outer = all & ~k->reduce_mask;
     for (int r = 0; r < k->nreds; r++) {
-        accum acc = {r, NULL, NULL};
+        accum acc = {r};
         loop_nest(g, outer, 0, col_zero, &r);
         loop_nest(g, all, 0, accumulate_col, &acc);
         loop_nest(g, outer, 0, col_finish, &r);
@@ -613,13 +671,25 @@ static void outer_step(gen *g, void *arg)
         if ((k->reduce_mask >> a) & 1) LLVMBuildStore(g->b, ci(g, 0), g->idx[a]);
     for (int r = 0; r < k->nreds; r++) LLVMBuildStore(g->b, cf(g, NAN), g->red[r]);
     for (int r = 0; r < k->nreds; r++) {
-        accum acc = {r, g->sum[r], g->any[r]};
-        LLVMBuildStore(g->b, cf(g, 0.0), acc.sum);
-        LLVMBuildStore(g->b, LLVMConstInt(g->i1, 0, 0), acc.any);
-        loop_nest(g, k->reduce_mask, 0, accumulate, &acc);
-        LLVMValueRef v = LLVMBuildLoad2(g->b, g->f64, acc.sum, "");
-        if (k->reds[r].op == TF_OP_REDUCE_MEAN) v = LLVMBuildFDiv(g->b, v, cf(g, k->reds[r].count), "");
-        LLVMBuildStore(g->b, round_to(g, k->reds[r].dtype, v), g->red[r]);
+        accum acc = {r};
+        LLVMValueRef v;
+        if (g->tmp) {
+            loop_nest(g, k->reduce_mask, 0, store_tmp, &acc);
+            v = sum_tmp(g, r);
+        } else {
+            for (int l = 0; l < TF_RED_LANES; l++) {
+                LLVMValueRef at = ci(g, l);
+                LLVMBuildStore(g->b, identity(g, r), LLVMBuildGEP2(g->b, g->f64, g->lanes, &at, 1, ""));
+            }
+            loop_nest(g, k->reduce_mask, 0, accumulate, &acc);
+            LLVMValueRef l[TF_RED_LANES];
+            for (int q = 0; q < TF_RED_LANES; q++) {
+                LLVMValueRef at = ci(g, q);
+                l[q] = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->lanes, &at, 1, ""), "");
+            }
+            v = red_finish(g, r, l);
+        }
+        LLVMBuildStore(g->b, v, g->red[r]);
     }
     /* outer stores at inner index 0 (irrelevant to them) */
     for (int a = 0; a < k->rank; a++)
@@ -652,13 +722,11 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
     LLVMTypeRef *bt = calloc((size_t)nb + 3, sizeof *bt);
     g.bufp = calloc((size_t)k->nbufs + 1, sizeof *g.bufp);
     g.red = calloc((size_t)k->nreds + 1, sizeof *g.red);
-    g.sum = calloc((size_t)k->nreds + 1, sizeof *g.sum);
-    g.any = calloc((size_t)k->nreds + 1, sizeof *g.any);
     g.memo = calloc((size_t)k->nexprs + 1, sizeof *g.memo);
     LLVMValueRef *callargs = calloc((size_t)nb + 3, sizeof *callargs);
-    if (!bt || !callargs || !g.bufp || !g.red || !g.sum || !g.any || !g.memo) {
+    if (!bt || !callargs || !g.bufp || !g.red || !g.memo) {
         free(bt); free(callargs);
-        free(g.bufp); free(g.red); free(g.sum); free(g.any); free(g.memo);
+        free(g.bufp); free(g.red); free(g.memo);
         LLVMDisposeBuilder(g.b);
         LLVMDisposeModule(g.mod);
         return NULL;
@@ -705,24 +773,28 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         if (k->kind != TF_K_REDUCTION || !((k->reduce_mask >> a) & 1)) g.top |= 1u << a;
     LLVMPositionBuilderAtEnd(g.b, LLVMAppendBasicBlockInContext(cx, g.fn, "entry"));
     for (int a = 0; a < k->rank; a++) g.idx[a] = LLVMBuildAlloca(g.b, g.i64, "i");
-    for (int r = 0; r < k->nreds; r++) {
-        g.red[r] = LLVMBuildAlloca(g.b, g.f64, "red");
-        g.sum[r] = LLVMBuildAlloca(g.b, g.f64, "sum");
-        g.any[r] = LLVMBuildAlloca(g.b, g.i1, "any");
-    }
+    for (int r = 0; r < k->nreds; r++) g.red[r] = LLVMBuildAlloca(g.b, g.f64, "red");
+    g.lanes = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, TF_RED_LANES), "lanes");
+    g.vacc = LLVMBuildAlloca(g.b, LLVMVectorType(g.f64, TF_RED_LANES), "vacc");
     g.colmode = column_reduction(k);
     if (g.colmode) {
-        int64_t n = 1;
+        g.ncols = 1;
         for (int a = 0; a < k->rank; a++)
-            if (!((k->reduce_mask >> a) & 1)) n *= k->dims[a];
-        g.colacc = calloc((size_t)k->nreds + 1, sizeof *g.colacc);
+            if (!((k->reduce_mask >> a) & 1)) g.ncols *= k->dims[a];
         g.colred = calloc((size_t)k->nreds + 1, sizeof *g.colred);
-        for (int r = 0; g.colacc && g.colred && r < k->nreds; r++) {
-            g.colacc[r] = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, n), "colacc");
-            g.colred[r] = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, n), "colred");
+        g.colacc = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, TF_RED_LANES * g.ncols), "colacc");
+        for (int r = 0; g.colred && r < k->nreds; r++) g.colred[r] = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, g.ncols), "colred");
+    }
+    if (g.colmode && !g.colred) g.colmode = false;   /* out of memory: the plain loops */
+    if (!g.colmode && k->kind == TF_K_REDUCTION) {   /* rows up to 4096 elements: the two-loop form */
+        g.ntmp = 1;
+        for (int a = 0; a < k->rank; a++)
+            if ((k->reduce_mask >> a) & 1) g.ntmp *= k->dims[a];
+        if (g.ntmp <= 4096) {
+            g.tmp = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, (g.ntmp + TF_RED_LANES - 1) / TF_RED_LANES * TF_RED_LANES), "row");
+            g.tidx = LLVMBuildAlloca(g.b, g.i64, "t");
         }
     }
-    if (g.colmode && !(g.colacc && g.colred)) g.colmode = false;   /* out of memory: the plain loops */
     if (g.colmode) {
         column_body(&g);
     } else if (k->kind == TF_K_REDUCTION) {
@@ -735,12 +807,9 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         loop_nest(&g, all, 0, full_stores, NULL);
     }
     LLVMBuildRetVoid(g.b);
-    free(g.colacc);
     free(g.colred);
     free(g.bufp);
     free(g.red);
-    free(g.sum);
-    free(g.any);
     free(g.memo);
     LLVMDisposeBuilder(g.b);
     return g.mod;

@@ -116,6 +116,18 @@ double tf_tanh(double x)
     return copysign(-t / (2.0 + t), x);
 }
 
+double tf_lanes_sum(const double *l)
+{
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+double tf_lanes_max(const double *l)
+{
+    double a = tf_max_step(tf_max_step(l[0], l[1]), tf_max_step(l[2], l[3]));
+    double b = tf_max_step(tf_max_step(l[4], l[5]), tf_max_step(l[6], l[7]));
+    return tf_max_step(a, b);
+}
+
 double tf_dtype_round(tf_dt t, double v)
 {
     switch (t) {

@@ -266,24 +266,33 @@ static tf_ir_status reduce(tf_interp_ctx *ip, const tf_node *n, const tf_tensor 
         red[ax] = true;
     }
     /* x's shape with reduced axes at size 1 is out's shape (keepdims or not,
-     * the flat order is the same); map each element of x there. */
-    int64_t vd[TF_MAX_RANK];
-    for (int i = 0; i < x->rank; i++) vd[i] = red[i] ? 1 : x->dims[i];
+     * the flat order is the same); map each element of x there, and to its
+     * lane: its row-major position among the reduced axes, mod 8 (ir.h). */
+    int64_t vd[TF_MAX_RANK], rd[TF_MAX_RANK];
+    for (int i = 0; i < x->rank; i++) vd[i] = red[i] ? 1 : x->dims[i], rd[i] = red[i] ? x->dims[i] : 1;
     iter it;
-    it_init(&it, x->rank, x->dims, 1);
+    it_init(&it, x->rank, x->dims, 2);
     contig_strides(vd, x->rank, 1, it.st[0]);
-    for (int i = 0; i < x->rank; i++)
+    contig_strides(rd, x->rank, 1, it.st[1]);
+    for (int i = 0; i < x->rank; i++) {
         if (red[i]) it.st[0][i] = 0;
-    for (int64_t i = 0; i < out->numel; i++) out->data[i] = kind == RED_MAX ? -INFINITY : 0.0;
+        else it.st[1][i] = 0;
+    }
+    double *lanes = malloc((size_t)(out->numel ? out->numel : 1) * TF_RED_LANES * sizeof *lanes);
+    if (!lanes) return oom(ip, n);
+    for (int64_t i = 0; i < out->numel * TF_RED_LANES; i++) lanes[i] = kind == RED_MAX ? -INFINITY : 0.0;
     for (int64_t i = 0; i < x->numel; i++, it_next(&it)) {
-        double v = x->data[i], *o = &out->data[it.off[0]];
+        double v = x->data[i], *o = &lanes[it.off[0] * TF_RED_LANES + it.off[1] % TF_RED_LANES];
         if (kind != RED_MAX) *o += v;
-        else if (*o == *o && (v != v || v > *o)) *o = v;   /* a NaN wins and stays */
+        else *o = tf_max_step(*o, v);   /* a NaN wins and stays */
     }
-    if (kind == RED_MEAN) {
-        double cnt = (double)x->numel / (double)out->numel;
-        for (int64_t i = 0; i < out->numel; i++) out->data[i] /= cnt;
+    double cnt = (double)x->numel / (double)(out->numel ? out->numel : 1);
+    for (int64_t i = 0; i < out->numel; i++) {
+        const double *l = &lanes[i * TF_RED_LANES];
+        out->data[i] = kind == RED_MAX ? tf_lanes_max(l) : tf_lanes_sum(l);
+        if (kind == RED_MEAN) out->data[i] /= cnt;
     }
+    free(lanes);
     return TF_IR_OK;
 }
 

@@ -88,6 +88,18 @@ extern const double tf_exp_coeffs[TF_EXP_DEGREE + 1];
 #define TF_EXP_OVER 709.782712893384    /* above: +inf */
 #define TF_EXP_UNDER -745.2             /* below: 0 */
 #define TF_EXPM1_SMALL 0.3465
+/* How every reduction adds up (interpreter, kernel_eval and both emitters
+ * alike): in double, over TF_RED_LANES lanes; the element at row-major
+ * position t of the reduced axes goes to lane t % 8, each lane in increasing
+ * t, starting from 0 (sum, mean) or -inf (max); then the lanes combine as
+ * ((l0 . l1) . (l2 . l3)) . ((l4 . l5) . (l6 . l7)). Eight independent
+ * chains are what lets a CPU vectorize the sum without changing its bits,
+ * and blocked sums are more accurate than one long chain. Max keeps the
+ * first NaN it meets, and of equal values the earlier: tf_max_step. */
+enum { TF_RED_LANES = 8 };
+static inline double tf_max_step(double acc, double v) { return acc == acc && (v != v || v > acc) ? v : acc; }
+double tf_lanes_sum(const double *lanes);
+double tf_lanes_max(const double *lanes);
 double tf_exp(double x);
 double tf_expm1(double x);
 double tf_tanh(double x);
