@@ -443,7 +443,10 @@ static void op_code(const em *e, int i, char *out, size_t n)
     case TF_OP_LE: snprintf(r, sizeof r, "(%s <= %s)", a[0], a[1]); break;
     case TF_OP_GT: snprintf(r, sizeof r, "(%s > %s)", a[0], a[1]); break;
     case TF_OP_GE: snprintf(r, sizeof r, "(%s >= %s)", a[0], a[1]); break;
-    case TF_OP_ISFINITE: snprintf(r, sizeof r, fl ? "tf_isfinite(%s)" : "true", a[0]); break;
+    case TF_OP_ISFINITE:   /* integers are always finite */
+        if (fl) snprintf(r, sizeof r, "tf_isfinite(%s)", a[0]);
+        else snprintf(r, sizeof r, "true");
+        break;
     default: snprintf(r, sizeof r, "0"); break;   /* excluded by tf_cuda_supports */
     }
     conv(cmp ? TF_DT_BOOL : ct, x->dtype, r, out, n);
@@ -563,7 +566,8 @@ static void emit_pointwise(em *e, geom *g)
     g->align = use_vec ? 16 : widest(k);
     e->vec = use_vec;
     sb *s = &e->s;
-    line(s, 1, "// pointwise over %lld elements%s", (long long)n, use_vec ? ", in 16-byte vectors" : "");
+    if (use_vec) line(s, 1, "// pointwise over %lld elements, %d at a time (16 bytes of the widest buffer)", (long long)n, vec);
+    else line(s, 1, "// pointwise over %lld elements", (long long)n);
     emit_dropout_keys(e, 1);
     if (!k->nstores) return;
     const char *stride = "(tf_idx)gridDim.x * blockDim.x";
@@ -949,8 +953,9 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     if (e.bf16) put(&src, "%s", helpers_bf16);
     if (e.rng) put(&src, "%s", helpers_rng);
     put(&src, "\nextern \"C\" __global__ void __launch_bounds__(%u) %s(", g.block, placeholder);
-    for (int b = 0; b < k->nbufs; b++)
-        put(&src, "%s%s%s *b%d", b ? ", " : "", e.written[b] ? "" : "const ", storage_type(k->bufs[b].value->type.dtype), b);
+    for (int b = 0; b < k->nbufs; b++)   /* __restrict__ where memplan keeps the buffer apart from every other */
+        put(&src, "%s%s%s *%sb%d", b ? ", " : "", e.written[b] ? "" : "const ", storage_type(k->bufs[b].value->type.dtype),
+            k->bufs[b].disjoint ? "__restrict__ " : "", b);
     if (e.rng) put(&src, "%sconst unsigned long long *tf_rng", k->nbufs ? ", " : "");
     put(&src, ")\n{\n    typedef %s tf_idx;\n", e.wide ? "long long" : "int");
     put(&src, "%s}\n", body.p ? body.p : "");

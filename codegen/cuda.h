@@ -37,7 +37,8 @@
  * Entry point: extern "C" __global__ void tf_<16 hex digits>(one pointer per
  * kernel->bufs entry, in order, typed by storage dtype: float, __half,
  * __nv_bfloat16, double, long long, int, unsigned char for bool; const when
- * the kernel does not write it[, const unsigned long long *rng]). The hex
+ * the kernel does not write it, __restrict__ when the kernel IR marks it
+ * disjoint[, const unsigned long long *rng]). The hex
  * digits are the FNV-1a 64 hash of the source with the name blanked: the
  * source carries no buffer or op names, so two identical kernels (the same
  * cast of two weights) get one source and one name; compile and cache once.

@@ -21,4 +21,15 @@ fi
 if ! python3 -c 'import sklearn' 2>/dev/null; then
   python3 -m pip install --quiet scikit-learn
 fi
+# NVRTC, for tests/unit/test_cuda_codegen.c (it compiles every generated CUDA
+# kernel; no GPU needed). Machines with the CUDA toolkit have it. Elsewhere take
+# NVIDIA's wheels from PyPI (their apt repository is not reachable from CI):
+# libnvrtc and the cuda_fp16.h/cuda_bf16.h headers land in
+# site-packages/nvidia/cu13/, where runtime/cuda's loader looks.
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.1[23] ' &&
+   ! ls /usr/local/cuda/lib64/libnvrtc.so.1[23] /usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.1[23] >/dev/null 2>&1; then
+  echo "no NVRTC on this machine: installing nvidia-cuda-nvrtc and nvidia-cuda-runtime (headers) from PyPI"
+  python3 -m pip install --quiet 'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14' ||
+    python3 -m pip install --quiet --user --break-system-packages 'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'
+fi
 echo "setup done: $(cmake --version | head -n1), $(FileCheck-14 --version | grep -m1 version | sed 's/^ *//'), numpy $(python3 -c 'import numpy; print(numpy.__version__)'), scikit-learn $(python3 -c 'import sklearn; print(sklearn.__version__)')"

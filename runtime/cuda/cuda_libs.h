@@ -1,0 +1,204 @@
+/* cuda_libs.h — the CUDA libraries tfuse uses, loaded at run time with
+ * dlopen, so that one binary runs on machines with no GPU and says so
+ * clearly. Only runtime/cuda knows CUDA exists; nothing here needs a CUDA
+ * header (the few types and functions used are declared below).
+ *
+ *   NVRTC   (libnvrtc.so.13, .so.12, .so) compiles CUDA C++ to cubins; it
+ *           needs no GPU, so `tfuse compile --target=cuda` works anywhere
+ *           it is installed;
+ *   driver  (libcuda.so.1) loads cubins and launches them; comes with the
+ *           NVIDIA GPU driver, absent on machines without one.
+ *
+ * Where each is looked for, in order (the first that loads and has every
+ * function wins):
+ *   1. the directories of $TFUSE_CUDA_LIBS (colon-separated), or of the
+ *      search's `dirs`;
+ *   2. the sonames, through the dynamic loader (LD_LIBRARY_PATH, ldconfig);
+ *   3. /usr/local/cuda/lib64, /usr/local/cuda/lib,
+ *      /usr/local/cuda/targets/x86_64-linux/lib (the driver: also
+ *      /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib);
+ *   4. Python packages: site-packages/nvidia/<pkg>/lib of virtualenvs,
+ *      conda, pyenv, ~/.local, the system's and those beside each python on
+ *      PATH (where `pip install nvidia-cuda-nvrtc` puts libnvrtc).
+ * With $TFUSE_CUDA_LIBS_ONLY=1 (or TF_CUDA_SEARCH_DIRS_ONLY), step 1 alone.
+ * NVRTC in CUDA 13 has no built-in cuda_fp16.h: the loader also finds an
+ * include directory holding cuda_fp16.h and cuda_bf16.h (beside the
+ * library, the toolkit's, site-packages/nvidia/<pkg>/include) and passes it
+ * to every compile.
+ *
+ * Example:
+ *
+ *     tf_cuda_libs libs;
+ *     char err[2048];
+ *     if (tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC, NULL, err, sizeof err)) {
+ *         fprintf(stderr, "%s\n", err);        // names what is missing, and where it looked
+ *     } else {
+ *         void *cubin; size_t size; char *log;
+ *         if (!tf_nvrtc_compile(&libs, ck.src, ck.name, "sm_90", &cubin, &size, &log, err, sizeof err)) ...
+ *         tf_cuda_libs_free(&libs);
+ *     }
+ *
+ * No global state: a tf_cuda_libs is the caller's (dlopen's reference
+ * counting makes several of them in one process fine). Compiles may run in
+ * several threads at once on one tf_cuda_libs (tf_nvrtc_compile_jobs). */
+#ifndef TF_RUNTIME_CUDA_LIBS_H
+#define TF_RUNTIME_CUDA_LIBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum tf_cuda_status {
+    TF_CUDA_OK = 0,
+    TF_CUDA_ERR_NOT_FOUND,   /* a library is not on this machine (or not where the search looked) */
+    TF_CUDA_ERR_SYMBOL,      /* found, but too old: a function is missing */
+    TF_CUDA_ERR_ARCH,        /* NVRTC cannot compile for the architecture asked for */
+    TF_CUDA_ERR_COMPILE,     /* NVRTC rejected a source (the log says why) */
+    TF_CUDA_ERR_DRIVER,      /* a driver call failed */
+    TF_CUDA_ERR_OOM,
+    TF_CUDA_ERR_ARG,
+} tf_cuda_status;
+
+/* ---- what the loader looks up: the C ABI of NVRTC and the driver API ---- */
+
+typedef int tf_nvrtc_result;                  /* nvrtcResult: 0 is NVRTC_SUCCESS */
+typedef struct tf_nvrtc_prog_ *tf_nvrtc_prog;  /* nvrtcProgram */
+
+typedef struct tf_nvrtc_api {
+    const char *(*GetErrorString)(tf_nvrtc_result r);
+    tf_nvrtc_result (*Version)(int *major, int *minor);
+    tf_nvrtc_result (*GetNumSupportedArchs)(int *n);
+    tf_nvrtc_result (*GetSupportedArchs)(int *archs);
+    tf_nvrtc_result (*CreateProgram)(tf_nvrtc_prog *p, const char *src, const char *name, int nheaders,
+                                     const char *const *headers, const char *const *include_names);
+    tf_nvrtc_result (*DestroyProgram)(tf_nvrtc_prog *p);
+    tf_nvrtc_result (*CompileProgram)(tf_nvrtc_prog p, int nopts, const char *const *opts);
+    tf_nvrtc_result (*GetProgramLogSize)(tf_nvrtc_prog p, size_t *n);
+    tf_nvrtc_result (*GetProgramLog)(tf_nvrtc_prog p, char *log);
+    tf_nvrtc_result (*GetCUBINSize)(tf_nvrtc_prog p, size_t *n);
+    tf_nvrtc_result (*GetCUBIN)(tf_nvrtc_prog p, char *cubin);
+} tf_nvrtc_api;
+
+typedef int tf_cu_result;                      /* CUresult: 0 is CUDA_SUCCESS */
+typedef int tf_cu_device;                      /* CUdevice */
+typedef struct tf_cu_ctx_ *tf_cu_context;      /* CUcontext */
+typedef struct tf_cu_mod_ *tf_cu_module;       /* CUmodule */
+typedef struct tf_cu_func_ *tf_cu_function;    /* CUfunction */
+typedef struct tf_cu_stream_ *tf_cu_stream;    /* CUstream */
+typedef unsigned long long tf_cu_deviceptr;    /* CUdeviceptr */
+
+/* The driver functions the runtime starts from (dlsym names in comments
+ * where they carry a version suffix). */
+typedef struct tf_cu_api {
+    tf_cu_result (*Init)(unsigned flags);
+    tf_cu_result (*DriverGetVersion)(int *version);
+    tf_cu_result (*GetErrorName)(tf_cu_result r, const char **s);
+    tf_cu_result (*GetErrorString)(tf_cu_result r, const char **s);
+    tf_cu_result (*DeviceGetCount)(int *n);
+    tf_cu_result (*DeviceGet)(tf_cu_device *dev, int ordinal);
+    tf_cu_result (*DeviceGetName)(char *name, int len, tf_cu_device dev);
+    tf_cu_result (*DeviceGetAttribute)(int *v, int attribute, tf_cu_device dev);
+    tf_cu_result (*DeviceTotalMem)(size_t *bytes, tf_cu_device dev);                 /* cuDeviceTotalMem_v2 */
+    tf_cu_result (*DevicePrimaryCtxRetain)(tf_cu_context *ctx, tf_cu_device dev);
+    tf_cu_result (*DevicePrimaryCtxRelease)(tf_cu_device dev);                       /* cuDevicePrimaryCtxRelease_v2 */
+    tf_cu_result (*CtxSetCurrent)(tf_cu_context ctx);
+    tf_cu_result (*CtxSynchronize)(void);
+    tf_cu_result (*MemGetInfo)(size_t *free_bytes, size_t *total);                    /* cuMemGetInfo_v2 */
+    tf_cu_result (*MemAlloc)(tf_cu_deviceptr *p, size_t bytes);                       /* cuMemAlloc_v2 */
+    tf_cu_result (*MemFree)(tf_cu_deviceptr p);                                       /* cuMemFree_v2 */
+    tf_cu_result (*MemcpyHtoD)(tf_cu_deviceptr dst, const void *src, size_t bytes);   /* cuMemcpyHtoD_v2 */
+    tf_cu_result (*MemcpyDtoH)(void *dst, tf_cu_deviceptr src, size_t bytes);         /* cuMemcpyDtoH_v2 */
+    tf_cu_result (*StreamCreate)(tf_cu_stream *s, unsigned flags);
+    tf_cu_result (*StreamDestroy)(tf_cu_stream s);                                    /* cuStreamDestroy_v2 */
+    tf_cu_result (*StreamSynchronize)(tf_cu_stream s);
+    tf_cu_result (*ModuleLoadData)(tf_cu_module *m, const void *image);
+    tf_cu_result (*ModuleUnload)(tf_cu_module m);
+    tf_cu_result (*ModuleGetFunction)(tf_cu_function *f, tf_cu_module m, const char *name);
+    tf_cu_result (*FuncSetAttribute)(tf_cu_function f, int attribute, int value);
+    tf_cu_result (*LaunchKernel)(tf_cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned smem, tf_cu_stream s, void **params, void **extra);
+} tf_cu_api;
+
+/* ---- loading ---- */
+
+typedef enum tf_cuda_search_mode {
+    TF_CUDA_SEARCH_ENV,         /* dirs from $TFUSE_CUDA_LIBS; alone when $TFUSE_CUDA_LIBS_ONLY=1 */
+    TF_CUDA_SEARCH_EVERYWHERE,  /* dirs first, then the sonames, the usual places, site-packages */
+    TF_CUDA_SEARCH_DIRS_ONLY,   /* dirs alone */
+} tf_cuda_search_mode;
+
+typedef struct tf_cuda_search {
+    tf_cuda_search_mode mode;
+    const char *dirs;           /* colon-separated directories (unused with TF_CUDA_SEARCH_ENV) */
+} tf_cuda_search;
+
+enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1 };
+
+typedef struct tf_cuda_libs {
+    unsigned loaded;            /* TF_CUDA_LIB_* that loaded */
+    void *nvrtc_handle, *driver_handle;
+    void *builtins_handle;      /* libnvrtc-builtins beside libnvrtc, when not on the loader's path */
+    char nvrtc_path[4096];      /* the file loaded, "" when not */
+    char driver_path[4096];
+    char include_dir[4096];     /* holds cuda_fp16.h and cuda_bf16.h; "" when none was found */
+    int nvrtc_major, nvrtc_minor;
+    int driver_version;         /* cuDriverGetVersion: 1000 * major + 10 * minor */
+    int archs[64], narchs;      /* the SM versions NVRTC compiles for (75, 80, ..., 90, ...) */
+    char nvrtc_error[1024];     /* why NVRTC did not load, when asked for and not loaded */
+    char driver_error[1024];
+    tf_nvrtc_api nvrtc;
+    tf_cu_api cu;
+} tf_cuda_libs;
+
+/* Load the libraries in `which` (TF_CUDA_LIB_*), searching as s says (NULL:
+ * TF_CUDA_SEARCH_ENV). TF_CUDA_OK when all of them loaded; otherwise the
+ * first failure's status, with every missing library's reason in err
+ * (which library, where the search looked, what to install). Whatever did
+ * load is usable either way (out->loaded); free with tf_cuda_libs_free.
+ * Loading the driver does not initialize it: see tf_cuda_driver_init. */
+tf_cuda_status tf_cuda_libs_load(tf_cuda_libs *out, unsigned which, const tf_cuda_search *s, char *err, size_t n);
+void tf_cuda_libs_free(tf_cuda_libs *l);
+
+/* What was loaded from where, and what was not and why: a few lines of
+ * "name: version path" for `tfuse doctor`. Returns the length written
+ * (snprintf-style). */
+int tf_cuda_libs_describe(const tf_cuda_libs *l, char *buf, size_t n);
+
+/* cuInit and the device count: TF_CUDA_ERR_DRIVER when cuInit fails or there
+ * is no device, with the driver's own words for why. */
+tf_cuda_status tf_cuda_driver_init(tf_cuda_libs *l, int *ndevices, char *err, size_t n);
+
+/* The result of a driver call: TF_CUDA_OK, or TF_CUDA_ERR_DRIVER with
+ * "CALL failed at FILE:LINE: NAME (the driver's string)" in err. */
+tf_cuda_status tf_cuda_check(const tf_cuda_libs *l, tf_cu_result r, const char *call, const char *file, int line, char *err,
+                             size_t n);
+/* if (TF_CU_CALL(libs, err, n, MemAlloc(&p, bytes))) return ...; records the
+ * call's text, file and line. */
+#define TF_CU_CALL(libs, err, n, call) tf_cuda_check((libs), (libs)->cu.call, "cu" #call, __FILE__, __LINE__, (err), (n))
+
+/* ---- compiling ---- */
+
+/* Compile one source to a cubin for arch ("sm_80", "sm_90", "sm_90a", ...).
+ * name is the kernel's name (the program's file name in NVRTC's messages).
+ * *cubin (malloc'd) and *size on success; *log (malloc'd, possibly "") in
+ * every case where NVRTC ran: its warnings on success, its errors on
+ * failure. TF_CUDA_ERR_ARCH when NVRTC does not know arch,
+ * TF_CUDA_ERR_COMPILE with the log's first error in err. */
+tf_cuda_status tf_nvrtc_compile(const tf_cuda_libs *l, const char *src, const char *name, const char *arch, void **cubin,
+                                size_t *size, char **log, char *err, size_t n);
+
+/* Many compiles on nthreads threads (<= 0: one per online CPU). Each job
+ * gets its own result; the call returns TF_CUDA_OK when every job
+ * succeeded, else the first failed job's status. */
+typedef struct tf_nvrtc_job {
+    const char *src, *name, *arch;   /* in */
+    tf_cuda_status status;           /* out */
+    void *cubin;
+    size_t cubin_size;
+    char *log;
+    char err[512];
+} tf_nvrtc_job;
+
+tf_cuda_status tf_nvrtc_compile_jobs(const tf_cuda_libs *l, tf_nvrtc_job *jobs, int njobs, int nthreads);
+void tf_nvrtc_job_free(tf_nvrtc_job *job);   /* its cubin and log */
+
+#endif

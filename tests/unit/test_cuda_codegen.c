@@ -1,0 +1,440 @@
+/* test_cuda_codegen.c — every generated CUDA kernel compiles with NVRTC.
+ *
+ * The three examples, train and infer, fp32, bf16 and fp16 (and fp32 at odd
+ * sizes: tails, partial blocks), lowered to kernels and emitted
+ * (codegen/cuda.c): every elementwise and reduction kernel and every
+ * library epilogue is emitted, library calls and views are not (with a
+ * reason); each name is the FNV-1a 64 hash of its source, emitting twice
+ * gives the same text, equal kernels share one name, different ones never
+ * do; launch geometry is sane. Every distinct source is then compiled by
+ * NVRTC for sm_80 and sm_90 on a pool of threads: no error, no warning in
+ * the log, a non-empty ELF cubin that defines the kernel's name. A dropout
+ * kernel takes the {seed, step} parameter and compiles too.
+ *
+ * The loader's failure paths: an empty TFUSE_CUDA_LIBS searched alone names
+ * the library it could not find and where it looked; a file that is not a
+ * library is reported; no driver says so.
+ *
+ * NVRTC missing is a failure, unless TFUSE_NO_NVRTC=1 (then the compiles are
+ * skipped with a message and everything else still runs). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "cuda.h"
+#include "cuda_libs.h"
+#include "interp.h"
+#include "kernel.h"
+#include "parser.h"
+#include "passes.h"
+#include "testutil.h"
+
+/* Every distinct source seen, to compile once per architecture. */
+typedef struct unique { char *src; char name[24]; uint64_t hash; } unique;
+static unique *g_uniq;
+static int g_nuniq, g_capuniq;
+static int g_emitted;
+
+static uint64_t fnv1a(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The name the source should carry: its hash with the name blanked. */
+static bool name_is_hash(const tf_cuda_kernel *ck)
+{
+    const char *at = strstr(ck->src, ck->name);
+    if (!at || strstr(at + 1, ck->name)) return false;   /* exactly once */
+    char *copy = strdup(ck->src);
+    if (!copy) return false;
+    memcpy(copy + (at - ck->src), "tf_XXXXXXXXXXXXXXXX", strlen(ck->name));
+    char want[24];
+    snprintf(want, sizeof want, "tf_%016llx", (unsigned long long)fnv1a(copy, strlen(copy)));
+    free(copy);
+    return strlen(ck->name) == 19 && strcmp(want, ck->name) == 0;
+}
+
+static void remember(const char *label, const tf_cuda_kernel *ck)
+{
+    for (int i = 0; i < g_nuniq; i++) {
+        if (strcmp(g_uniq[i].src, ck->src) == 0) {
+            CHECK(strcmp(g_uniq[i].name, ck->name) == 0, "%s: equal sources, different names %s %s", label, g_uniq[i].name, ck->name);
+            return;
+        }
+        CHECK(strcmp(g_uniq[i].name, ck->name) != 0, "%s: two different sources named %s", label, ck->name);
+    }
+    if (g_nuniq == g_capuniq) {
+        g_capuniq = g_capuniq ? 2 * g_capuniq : 256;
+        g_uniq = realloc(g_uniq, (size_t)g_capuniq * sizeof *g_uniq);
+        if (!g_uniq) abort();
+    }
+    g_uniq[g_nuniq].src = strdup(ck->src);
+    snprintf(g_uniq[g_nuniq].name, sizeof g_uniq[g_nuniq].name, "%s", ck->name);
+    g_uniq[g_nuniq].hash = ck->hash;
+    g_nuniq++;
+}
+
+static bool wants_code(const tf_kernel *k)
+{
+    if (k->kind == TF_K_ELEMENTWISE || k->kind == TF_K_REDUCTION) return true;
+    return k->kind == TF_K_LIBRARY && k->nexprs && k->nstores;   /* an epilogue */
+}
+
+static tf_module *compile_model(const char *label, const char *text, tf_ir_mode mode, tf_precision prec, const tf_dim_set *dims,
+                                int nd, tf_kernel_plan *plan)
+{
+    tf_diag d = {0};
+    tf_module *m;
+    if (tf_parse(label, text, strlen(text), dims, nd, &m, &d)) {
+        CHECK(0, "%s: %s", label, d.msg);
+        return NULL;
+    }
+    tf_options o = {.mode = mode, .diag = &d, .precision_set = true, .precision = prec};
+    if (tf_run_pipeline(m, NULL, &o) || tf_kernels_build(m, plan, &d)) {
+        CHECK(0, "%s: %s", label, d.msg);
+        tf_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void check_geometry(const char *label, const tf_kernel *k, const tf_cuda_kernel *ck)
+{
+    CHECK(ck->block >= 32 && ck->block <= 1024 && ck->block % 32 == 0, "%s: %s: block %u", label, k->name, ck->block);
+    CHECK(ck->grid >= 1 && ck->grid <= 65536, "%s: %s: grid %u", label, k->name, ck->grid);
+    CHECK(ck->smem <= 48 * 1024, "%s: %s: %u bytes of shared memory", label, k->name, ck->smem);
+    CHECK(ck->align >= 1 && ck->align <= 16 && (ck->align & (ck->align - 1)) == 0, "%s: %s: align %u", label, k->name, ck->align);
+    CHECK(ck->nparams == k->nbufs + (ck->rng ? 1 : 0), "%s: %s: %d parameters for %d buffers", label, k->name, ck->nparams, k->nbufs);
+    bool red = k->kind == TF_K_REDUCTION;
+    CHECK(red == (ck->shape == TF_CUDA_ROW_REDUCE || ck->shape == TF_CUDA_COL_REDUCE), "%s: %s: shape %d", label, k->name,
+          ck->shape);
+    if (ck->shape == TF_CUDA_POINTWISE_VEC) CHECK(ck->vec >= 2 && ck->align == 16, "%s: %s: vec %u", label, k->name, ck->vec);
+    if (red) CHECK(ck->group >= 1 && ck->block % ck->group == 0, "%s: %s: group %u", label, k->name, ck->group);
+    CHECK(ck->epilogue == (k->kind == TF_K_LIBRARY || k->lib != NULL), "%s: %s: epilogue flag", label, k->name);
+}
+
+/* Counts of what the plans held, by kernel shape. */
+static int g_shapes[4];
+
+static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_precision prec, const tf_dim_set *dims, int nd)
+{
+    tf_kernel_plan plan = {0};
+    tf_module *m = compile_model(label, text, mode, prec, dims, nd, &plan);
+    if (!m) return;
+    tf_diag d = {0};
+    tf_cuda_program prog;
+    if (tf_cuda_emit_plan(&plan, &prog, &d)) {
+        CHECK(0, "%s: tf_cuda_emit_plan: %s", label, d.msg);
+        tf_kernels_free(&plan);
+        tf_module_free(m);
+        return;
+    }
+    int want = 0, before = g_nuniq;
+    for (int i = 0; i < plan.nkernels; i++) {
+        const tf_kernel *k = &plan.kernels[i];
+        const tf_cuda_kernel *ck = &prog.kernels[i];
+        want += wants_code(k);
+        CHECK(wants_code(k) == (ck->src != NULL), "%s: %s: emitted %d, expected %d (%s)", label, k->name, ck->src != NULL,
+              wants_code(k), prog.why[i]);
+        if (!ck->src) {
+            CHECK(!tf_cuda_supports(k, NULL, 0) && prog.why[i][0] && strstr(prog.why[i], k->name),
+                  "%s: %s: a reason for not emitting it", label, k->name);
+            if (k->kind == TF_K_VIEW) CHECK(strstr(prog.why[i], "view") != NULL, "%s: %s: %s", label, k->name, prog.why[i]);
+            if (k->kind == TF_K_LIBRARY) CHECK(strstr(prog.why[i], "library") != NULL, "%s: %s: %s", label, k->name, prog.why[i]);
+            tf_cuda_kernel none;
+            tf_diag nd2 = {0};
+            CHECK(tf_cuda_emit(k, &none, &nd2) == TF_IR_ERR_RUNTIME && none.src == NULL && strstr(nd2.msg, "cuda: "),
+                  "%s: %s: tf_cuda_emit refuses it", label, k->name);
+            continue;
+        }
+        CHECK(name_is_hash(ck), "%s: %s: name %s is the hash of its source", label, k->name, ck->name);
+        tf_cuda_kernel again;
+        tf_diag d2 = {0};
+        if (!tf_cuda_emit(k, &again, &d2)) {
+            CHECK(strcmp(again.src, ck->src) == 0 && strcmp(again.name, ck->name) == 0, "%s: %s: emitting twice gives the same text",
+                  label, k->name);
+            tf_cuda_kernel_free(&again);
+        } else {
+            CHECK(0, "%s: %s: second emit: %s", label, k->name, d2.msg);
+        }
+        check_geometry(label, k, ck);
+        g_shapes[ck->shape]++;
+        if (i == 1 || ck->epilogue) {   /* the .cu text names the kernel and holds the source */
+            char *dump = tf_cuda_dump(m, k, ck);
+            CHECK(dump && strstr(dump, k->name) && strstr(dump, ck->src), "%s: %s: tf_cuda_dump", label, k->name);
+            free(dump);
+        }
+        remember(label, ck);
+    }
+    CHECK(prog.nemitted == want && want > 0, "%s: %d of %d kernels emitted", label, prog.nemitted, want);
+    CHECK(prog.nunique >= 1 && prog.nunique <= prog.nemitted, "%s: %d unique", label, prog.nunique);
+    printf("%s: %d kernels, %d emitted (%d distinct, %d new)\n", label, plan.nkernels, prog.nemitted, prog.nunique,
+           g_nuniq - before);
+    g_emitted += prog.nemitted;
+    tf_cuda_program_free(&prog);
+    tf_kernels_free(&plan);
+    tf_module_free(m);
+}
+
+/* A model with a dropout mask: its kernel takes the {seed, step} pointer. */
+static void emit_dropout(void)
+{
+    static const char *t = "input x : f32[3, 7]\nd = dropout(x, p=0.3)\noutput d\n";
+    tf_kernel_plan plan = {0};
+    tf_module *m = compile_model("dropout", t, TF_IR_TRAIN, TF_PREC_FP32, NULL, 0, &plan);
+    if (!m) return;
+    int found = 0;
+    for (int i = 0; i < plan.nkernels; i++) {
+        const tf_kernel *k = &plan.kernels[i];
+        bool has = false;
+        for (int e = 0; e < k->nexprs; e++) has |= k->exprs[e].kind == TF_KX_OP && k->exprs[e].op == TF_OP_DROPOUT_MASK;
+        if (!has) continue;
+        tf_cuda_kernel ck;
+        tf_diag d = {0};
+        if (tf_cuda_emit(k, &ck, &d)) {
+            CHECK(0, "dropout: %s", d.msg);
+            continue;
+        }
+        found++;
+        CHECK(ck.rng && ck.nparams == k->nbufs + 1 && strstr(ck.src, "const unsigned long long *tf_rng"),
+              "dropout: the kernel takes the rng pointer");
+        CHECK(strstr(ck.src, "tf_dropout_keep") != NULL, "dropout: the mask is drawn in the kernel");
+        remember("dropout", &ck);
+        tf_cuda_kernel_free(&ck);
+    }
+    CHECK(found > 0, "dropout: a kernel draws the mask");
+    tf_kernels_free(&plan);
+    tf_module_free(m);
+    /* the integer threshold decides exactly as tf_rng_uniform(...) >= p */
+    const double ps[] = {0.3, 0.1, 0.5, 0.999, 0.0, 1.0 / 3.0, 0.25 + 1.0 / 9007199254740992.0};
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    int bad = 0;
+    for (size_t pi = 0; pi < sizeof ps / sizeof *ps; pi++) {
+        uint64_t thr = tf_cuda_dropout_threshold(ps[pi]);
+        for (int i = 0; i < 20000; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            uint64_t bits = s >> 11;
+            if (i < 4) bits = thr + (uint64_t)i - 2;   /* both sides of the edge */
+            bits &= (1ull << 53) - 1;
+            double u = (double)bits * (1.0 / 9007199254740992.0);
+            bad += (u >= ps[pi]) != (bits >= thr);
+        }
+    }
+    CHECK(bad == 0, "dropout threshold agrees with u >= p (%d disagreements)", bad);
+}
+
+/* ---- the loader ---- */
+
+static void loader_failures(const char *tmpdir)
+{
+    char err[4096], *saved_dirs = getenv("TFUSE_CUDA_LIBS"), *saved_only = getenv("TFUSE_CUDA_LIBS_ONLY");
+    saved_dirs = saved_dirs ? strdup(saved_dirs) : NULL;
+    saved_only = saved_only ? strdup(saved_only) : NULL;
+    tf_cuda_libs l;
+    /* an empty directory, searched alone through the environment */
+    setenv("TFUSE_CUDA_LIBS", tmpdir, 1);
+    setenv("TFUSE_CUDA_LIBS_ONLY", "1", 1);
+    tf_cuda_status st = tf_cuda_libs_load(&l, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER, NULL, err, sizeof err);
+    CHECK(st == TF_CUDA_ERR_NOT_FOUND && l.loaded == 0, "empty TFUSE_CUDA_LIBS alone: nothing loads (status %d)", st);
+    CHECK(strstr(err, "NVRTC not found") && strstr(err, "libnvrtc.so.13") && strstr(err, tmpdir) &&
+              strstr(err, "TFUSE_CUDA_LIBS_ONLY=1"),
+          "the NVRTC message names the library and the only place searched: %s", err);
+    CHECK(strstr(err, "no CUDA driver (libcuda.so.1 not found)") != NULL, "the driver message names libcuda.so.1: %s", err);
+    CHECK(strstr(l.nvrtc_error, "libnvrtc") && strstr(l.driver_error, "libcuda.so.1"), "each library keeps its reason");
+    char desc[8192];
+    tf_cuda_libs_describe(&l, desc, sizeof desc);
+    CHECK(strstr(desc, "nvrtc: not loaded") && strstr(desc, "driver: not loaded"), "describe says what did not load: %s", desc);
+    tf_cuda_libs_free(&l);
+    if (saved_dirs) setenv("TFUSE_CUDA_LIBS", saved_dirs, 1);
+    else unsetenv("TFUSE_CUDA_LIBS");
+    if (saved_only) setenv("TFUSE_CUDA_LIBS_ONLY", saved_only, 1);
+    else unsetenv("TFUSE_CUDA_LIBS_ONLY");
+    free(saved_dirs);
+    free(saved_only);
+
+    /* the same through the API; a file that is not a library is named */
+    char fake[4096];
+    snprintf(fake, sizeof fake, "%s/libnvrtc.so.12", tmpdir);
+    FILE *f = fopen(fake, "w");
+    CHECK(f != NULL, "cannot write %s", fake);
+    if (f) {
+        fputs("not a shared object\n", f);
+        fclose(f);
+    }
+    tf_cuda_search only = {TF_CUDA_SEARCH_DIRS_ONLY, tmpdir};
+    st = tf_cuda_libs_load(&l, TF_CUDA_LIB_NVRTC, &only, err, sizeof err);
+    CHECK(st == TF_CUDA_ERR_NOT_FOUND && strstr(err, fake) && strstr(err, "directories-only"),
+          "a file that does not load is reported: %s", err);
+    tf_cuda_libs_free(&l);
+    remove(fake);
+
+    /* the driver, searched everywhere: on a machine without one, say so */
+    tf_cuda_search all = {TF_CUDA_SEARCH_EVERYWHERE, NULL};
+    st = tf_cuda_libs_load(&l, TF_CUDA_LIB_DRIVER, &all, err, sizeof err);
+    if (st) {
+        CHECK(strstr(err, "libcuda.so.1") && strstr(err, "no NVIDIA GPU driver"), "no driver: %s", err);
+        int nd = -1;
+        CHECK(tf_cuda_driver_init(&l, &nd, err, sizeof err) == TF_CUDA_ERR_NOT_FOUND && nd == 0 && strstr(err, "libcuda.so.1"),
+              "driver_init without a driver: %s", err);
+        printf("driver: %s\n", l.driver_error);
+    } else {
+        CHECK(l.driver_path[0] && l.cu.LaunchKernel, "the driver loaded with its functions");
+        printf("driver: %d loaded from %s\n", l.driver_version, l.driver_path);
+    }
+    tf_cuda_libs_free(&l);
+}
+
+/* ---- compiling ---- */
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static bool cubin_defines(const tf_nvrtc_job *j)
+{
+    const unsigned char *p = j->cubin;
+    if (j->cubin_size < 64 || memcmp(p, "\177ELF", 4) != 0) return false;
+    size_t n = strlen(j->name);
+    for (size_t i = 0; i + n <= j->cubin_size; i++)
+        if (memcmp(p + i, j->name, n) == 0) return true;
+    return false;
+}
+
+/* TFUSE_CUDA_COMPILE_EVERY=N compiles one distinct source in N: the
+ * sanitizer builds set it, since NVRTC runs several times slower under
+ * ASan's allocator and is not what they check (the emitter still runs on
+ * every kernel there). */
+static int compile_every(void)
+{
+    const char *v = getenv("TFUSE_CUDA_COMPILE_EVERY");
+    int n = v ? atoi(v) : 1;
+    return n >= 1 ? n : 1;
+}
+
+static void compile_all(const tf_cuda_libs *libs)
+{
+    static const char *archs[] = {"sm_80", "sm_90"};
+    int every = compile_every(), nsrc = (g_nuniq + every - 1) / every;
+    int na = (int)(sizeof archs / sizeof *archs), nj = nsrc * na;
+    if (every > 1) printf("compiling 1 distinct kernel in %d (TFUSE_CUDA_COMPILE_EVERY=%d)\n", every, every);
+    tf_nvrtc_job *jobs = calloc((size_t)nj + 1, sizeof *jobs);
+    if (!jobs) abort();
+    for (int i = 0; i < nsrc; i++)
+        for (int a = 0; a < na; a++) {
+            jobs[i * na + a].src = g_uniq[i * every].src;
+            jobs[i * na + a].name = g_uniq[i * every].name;
+            jobs[i * na + a].arch = archs[a];
+        }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cpus > 0 ? (int)cpus : 2;
+    double t0 = now();
+    tf_cuda_status st = tf_nvrtc_compile_jobs(libs, jobs, nj, threads);
+    double dt = now() - t0;
+    CHECK(st == TF_CUDA_OK, "every kernel compiles (status %d)", st);
+    int ok[2] = {0, 0}, warned = 0;
+    for (int j = 0; j < nj; j++) {
+        tf_nvrtc_job *jb = &jobs[j];
+        CHECK(jb->status == TF_CUDA_OK, "%s for %s: %s\n%s", jb->name, jb->arch, jb->err, jb->log ? jb->log : "");
+        if (jb->status) {
+            static int shown;
+            if (shown++ < 3) fprintf(stderr, "--- source of %s ---\n%s\n", jb->name, jb->src);
+            continue;
+        }
+        bool warns = jb->log && (strstr(jb->log, "warning") || strstr(jb->log, "Warning"));
+        warned += warns;
+        CHECK(!warns, "%s for %s: NVRTC warns:\n%s", jb->name, jb->arch, jb->log);
+        CHECK(cubin_defines(jb), "%s for %s: an ELF cubin (%zu bytes) defining the kernel", jb->name, jb->arch, jb->cubin_size);
+        ok[j % na]++;
+    }
+    printf("nvrtc: %d distinct kernels (of %d emitted); compiled for %s: %d, %s: %d; %d warned; %.1f s on %d threads\n",
+           g_nuniq, g_emitted, archs[0], ok[0], archs[1], ok[1], warned, dt, threads);
+    CHECK(ok[0] == nsrc && ok[1] == nsrc, "every distinct kernel compiled for both architectures");
+    for (int j = 0; j < nj; j++) tf_nvrtc_job_free(&jobs[j]);
+    free(jobs);
+}
+
+static void compile_errors(const tf_cuda_libs *libs)
+{
+    void *cubin;
+    size_t size;
+    char *log = NULL, err[2048];
+    tf_cuda_status st = tf_nvrtc_compile(libs, "extern \"C\" __global__ void k(float *x) { x[0] = undeclared; }\n", "broken", "sm_90",
+                                         &cubin, &size, &log, err, sizeof err);
+    CHECK(st == TF_CUDA_ERR_COMPILE && !cubin && log && strstr(log, "undeclared") && strstr(err, "broken.cu") &&
+              strstr(err, "undeclared"),
+          "a compile error comes back with the log: %s", err);
+    free(log);
+    st = tf_nvrtc_compile(libs, "extern \"C\" __global__ void k() {}\n", "k", "sm_10", &cubin, &size, &log, err, sizeof err);
+    CHECK(st == TF_CUDA_ERR_ARCH && strstr(err, "sm_10"), "an unknown architecture is refused: %s", err);
+    free(log);
+}
+
+int main(void)
+{
+    double t0 = now();
+    char tmpdir[] = "/tmp/tfuse_cuda_test_XXXXXX";
+    CHECK(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
+    loader_failures(tmpdir);
+    rmdir(tmpdir);
+
+    static const struct { const char *file; tf_dim_set dims[4]; int nd; } models[] = {
+        {"mlp.ir", {{"B", 6}, {"F", 20}}, 2},
+        {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
+        {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
+    };
+    static const struct { tf_precision p; const char *name; } precs[] = {
+        {TF_PREC_FP32, "fp32"}, {TF_PREC_BF16, "bf16"}, {TF_PREC_FP16, "fp16"}};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        char path[4096], label[4200];
+        char *text = test_read_example(models[i].file, path, sizeof path);
+        CHECK(text != NULL, "cannot read %s", path);
+        if (!text) continue;
+        for (int mode = 0; mode < 2; mode++)
+            for (size_t p = 0; p < sizeof precs / sizeof *precs; p++) {
+                snprintf(label, sizeof label, "%s %s %s", models[i].file, mode == TF_IR_TRAIN ? "train" : "infer", precs[p].name);
+                emit_model(label, text, (tf_ir_mode)mode, precs[p].p, NULL, 0);
+            }
+        /* odd sizes: vector tails, partial blocks, rows shorter than a warp */
+        snprintf(label, sizeof label, "%s train fp32 (odd sizes)", models[i].file);
+        emit_model(label, text, TF_IR_TRAIN, TF_PREC_FP32, models[i].dims, models[i].nd);
+        free(text);
+    }
+    emit_dropout();
+    printf("shapes: %d pointwise, %d vectorized, %d row reductions, %d column reductions\n", g_shapes[TF_CUDA_POINTWISE],
+           g_shapes[TF_CUDA_POINTWISE_VEC], g_shapes[TF_CUDA_ROW_REDUCE], g_shapes[TF_CUDA_COL_REDUCE]);
+    for (int s = 0; s < 4; s++) CHECK(g_shapes[s] > 0, "the examples use kernel shape %d", s);
+    CHECK(g_nuniq < g_emitted, "equal kernels share a source (%d distinct of %d)", g_nuniq, g_emitted);
+
+    tf_cuda_libs libs;
+    char err[4096];
+    if (tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC, NULL, err, sizeof err)) {
+        const char *skip = getenv("TFUSE_NO_NVRTC");
+        if (skip && strcmp(skip, "1") == 0) {
+            printf("SKIPPED: the NVRTC compiles (TFUSE_NO_NVRTC=1): %s\n", err);
+        } else {
+            CHECK(0, "NVRTC is needed to check the generated CUDA (set TFUSE_NO_NVRTC=1 to skip): %s", err);
+        }
+    } else {
+        char desc[8192];
+        tf_cuda_libs_describe(&libs, desc, sizeof desc);
+        printf("%s", desc);
+        CHECK(strstr(desc, libs.nvrtc_path) != NULL && libs.nvrtc_major >= 11, "describe names the NVRTC loaded");
+        CHECK(libs.include_dir[0] != 0, "an include directory with cuda_fp16.h and cuda_bf16.h was found");
+        compile_errors(&libs);
+        compile_all(&libs);
+        tf_cuda_libs_free(&libs);
+    }
+    for (int i = 0; i < g_nuniq; i++) free(g_uniq[i].src);
+    free(g_uniq);
+    printf("%.1f s in all\n", now() - t0);
+    return check_report();
+}
