@@ -525,7 +525,7 @@ tf_ir_status sh_conv2d(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     if ((st = need_dtype(m, n, 1, IN(0)->dtype, "weight", d))) return st;
     const tf_type *x = IN(0), *w = IN(1);
     int64_t g = tf_node_int(n, "groups"), C = x->dims[1].n, O = w->dims[0].n;
-    int64_t s[2], p[2], dl[2];
+    int64_t s[2] = {0}, p[2] = {0}, dl[2] = {0};
     if ((st = pair_attr(n, "stride", 1, s, d)) || (st = pair_attr(n, "padding", 0, p, d)) ||
         (st = pair_attr(n, "dilation", 1, dl, d)))
         return st;
@@ -555,7 +555,7 @@ tf_ir_status sh_pool(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     tf_ir_status st;
     if ((st = need_rank(m, n, 0, 4, 4, "input [N, C, H, W]", d))) return st;
     const tf_type *x = IN(0);
-    int64_t k[2], s[2], p[2];
+    int64_t k[2] = {0}, s[2] = {0}, p[2] = {0};
     if ((st = pair_attr(n, "kernel", 1, k, d))) return st;
     if ((st = pair_attr(n, "stride", 0, s, d)) || (st = pair_attr(n, "padding", 0, p, d))) return st;
     if (s[0] == 0) { s[0] = k[0]; s[1] = k[1]; }
@@ -742,7 +742,7 @@ static tf_ir_status shape_attr(tf_node *n, tf_dt dt, tf_type *out, tf_diag *d)
 
 static tf_ir_status conv_forward_shape(tf_node *n, const tf_type *x, const tf_type *w, const tf_type *dy, tf_diag *d)
 {
-    int64_t s[2], p[2], dl[2], ho = 0, wo = 0, g = tf_node_int(n, "groups");
+    int64_t s[2] = {0}, p[2] = {0}, dl[2] = {0}, ho = 0, wo = 0, g = tf_node_int(n, "groups");
     tf_ir_status st;
     if (x->rank != 4 || w->rank != 4 || dy->rank != 4)
         return ERR("%s: input, weight and dy must have rank 4", OPNAME);
@@ -778,7 +778,7 @@ tf_ir_status sh_conv2d_grad_weight(tf_module *m, tf_node *n, tf_type *out, tf_di
 
 static tf_ir_status pool_forward_shape(tf_node *n, const tf_type *x, const tf_type *dy, tf_diag *d)
 {
-    int64_t k[2], s[2], p[2], ho = 0, wo = 0;
+    int64_t k[2] = {0}, s[2] = {0}, p[2] = {0}, ho = 0, wo = 0;
     tf_ir_status st;
     if (x->rank != 4 || dy->rank != 4) return ERR("%s: input and dy must have rank 4", OPNAME);
     if ((st = pair_attr(n, "kernel", 1, k, d)) || (st = pair_attr(n, "stride", 0, s, d)) ||

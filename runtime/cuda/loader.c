@@ -287,7 +287,7 @@ static void *preload_builtins(const tf_cuda_libs *l)
 
 static bool has_headers(const char *dir)
 {
-    char p[PATH_MAX + 32];
+    char p[2 * PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/cuda_fp16.h", dir);
     if (!exists(p)) return false;
     snprintf(p, sizeof p, "%s/cuda_bf16.h", dir);
