@@ -53,16 +53,25 @@ static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64
 }
 
 typedef struct gemm_job {
-    bool ta, tb, accumulate;
+    bool ta, tb, accumulate, by_cols;
     int64_t M, N, K, lda, ldb, ldc;
     const float *A, *B;
     float *C;
 } gemm_job;
 
+/* A piece of C: rows [lo, hi), or columns [lo*16, hi*16) (clipped) when the
+ * job splits by columns. */
 static void gemm_piece(void *arg, int64_t lo, int64_t hi)
 {
     const gemm_job *j = arg;
-    gemm_rows(j->ta, j->tb, lo, hi, j->N, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->accumulate);
+    if (!j->by_cols) {
+        gemm_rows(j->ta, j->tb, lo, hi, j->N, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->accumulate);
+        return;
+    }
+    int64_t c0 = lo * 16, c1 = hi * 16 < j->N ? hi * 16 : j->N;
+    if (c0 >= c1) return;
+    const float *b = j->tb ? j->B + c0 * j->ldb : j->B + c0;
+    gemm_rows(j->ta, j->tb, 0, j->M, c1 - c0, j->K, j->A, j->lda, b, j->ldb, j->C + c0, j->ldc, j->accumulate);
 }
 
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
@@ -74,15 +83,21 @@ void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t 
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
         return;
     }
-    gemm_job j = {ta, tb, accumulate, M, N, K, lda, ldb, ldc, A, B, C};
-    /* rows per thread: not below 16, so small GEMMs stay on one thread */
+    gemm_job j = {ta, tb, accumulate, false, M, N, K, lda, ldb, ldc, A, B, C};
     int threads = tf_pool_threads(pool);
-    if (M * N * K < 32768 || M < 32) threads = 1;
+    if (M * N * K < 32768 || (M < 32 && N < 64)) threads = 1;
     if (threads == 1) {
         gemm_piece(&j, 0, M);
         return;
     }
-    tf_pool_run(pool, M, gemm_piece, &j);
+    /* split the longer side: each thread's GEMM keeps a good shape (BLAS
+     * kernels lose efficiency on thin blocks); columns in blocks of 16 */
+    if (N > M) {
+        j.by_cols = true;
+        tf_pool_run(pool, (N + 15) / 16, gemm_piece, &j);
+    } else {
+        tf_pool_run(pool, M, gemm_piece, &j);
+    }
 }
 
 /* ---- convolution ---------------------------------------------------------- */

@@ -20,7 +20,7 @@ const char *tf_cpu_blas_name(void);
 
 /* C[M,N] = op(A) op(B) (+ C when accumulate), row-major; op(A) is A[M,K]
  * (lda >= K) or, when ta, A[K,M] read transposed (lda >= M); likewise B.
- * Split over the pool by rows of C. */
+ * Split over the pool by rows of C, or by columns when C is wider than tall. */
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
