@@ -125,6 +125,7 @@ typedef struct gen {
     int split;                 /* tf_kernel_split_axis */
     bool colmode;              /* a column reduction: see column_reduction() */
     LLVMValueRef tmp, tidx;    /* a row reduction's scratch row (double[ntmp]), or NULL; its counter */
+    int reuse;                 /* >= 0: the full-space stores read this reduction's argument from tmp */
     int64_t ntmp;
     LLVMValueRef colacc;       /* colmode: double[8][ncols], one reduction at a time */
     LLVMValueRef *colred;      /* colmode: per reduction, double[ncols] */
@@ -254,8 +255,13 @@ static LLVMValueRef emit_exp(gen *g, LLVMValueRef x)
                                    LLVMBuildFMul(B, n, cf(g, TF_EXP_LN2_LO), ""), "");
     LLVMValueRef p = cf(g, tf_exp_coeffs[TF_EXP_DEGREE]);
     for (int i = TF_EXP_DEGREE - 1; i >= 0; i--) p = LLVMBuildFAdd(B, LLVMBuildFMul(B, p, r, ""), cf(g, tf_exp_coeffs[i]), "");
-    LLVMValueRef k = LLVMBuildFPToSI(B, n, g->i64, "");   /* |n| <= 1077: exact */
-    LLVMValueRef k1 = LLVMBuildSDiv(B, k, ci(g, 2), ""), k2 = LLVMBuildSub(B, k, k1, "");
+    /* k1 = k / 2 (toward zero), k2 = k - k1, as integral doubles; each to an
+     * integer by the 1.5 * 2^52 trick (an add and a subtract of bit
+     * patterns: AVX2 has no packed double-to-int64 conversion) */
+    LLVMValueRef n1 = callf(g, "llvm.trunc.f64", 1, LLVMBuildFMul(B, n, cf(g, 0.5), ""), NULL), n2 = LLVMBuildFSub(B, n, n1, "");
+    LLVMValueRef magic = cf(g, 0x1.8p52), mbits = f_to_bits(g, magic);
+    LLVMValueRef k1 = LLVMBuildSub(B, f_to_bits(g, LLVMBuildFAdd(B, n1, magic, "")), mbits, "");
+    LLVMValueRef k2 = LLVMBuildSub(B, f_to_bits(g, LLVMBuildFAdd(B, n2, magic, "")), mbits, "");
     LLVMValueRef s1 = bits_to_f(g, LLVMBuildShl(B, LLVMBuildAdd(B, k1, ci(g, 1023), ""), ci(g, 52), ""));
     LLVMValueRef s2 = bits_to_f(g, LLVMBuildShl(B, LLVMBuildAdd(B, k2, ci(g, 1023), ""), ci(g, 52), ""));
     LLVMValueRef v = LLVMBuildFMul(B, LLVMBuildFMul(B, p, s1, ""), s2, "");
@@ -485,9 +491,15 @@ static void loop_nest(gen *g, unsigned mask, int from, body_fn body, void *arg)
     LLVMPositionBuilderAtEnd(g->b, exit);
 }
 
+static LLVMValueRef flat_mask(gen *g, unsigned mask);
+
 static void full_stores(gen *g, void *arg)
 {
     (void)arg;
+    if (g->reuse >= 0) {   /* the last reduction's argument is still in the scratch row: read, not recompute */
+        LLVMValueRef at = flat_mask(g, g->k->reduce_mask);
+        g->memo[g->k->reds[g->reuse].arg] = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->tmp, &at, 1, ""), "");
+    }
     for (int s = 0; s < g->k->nstores; s++)
         if (!g->k->stores[s].reduced_domain) store(g, &g->k->stores[s], false);
 }
@@ -698,13 +710,15 @@ static void outer_step(gen *g, void *arg)
     for (int s = 0; s < k->nstores; s++)
         if (k->stores[s].reduced_domain) store(g, &k->stores[s], true);
     memset(g->memo, 0, (size_t)k->nexprs * sizeof *g->memo);
+    g->reuse = g->tmp && k->nreds ? k->nreds - 1 : -1;
     loop_nest(g, k->reduce_mask, 0, full_stores, NULL);
+    g->reuse = -1;
 }
 
 /* Build the kernel's function into a new module of cx. */
 static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const char *fname)
 {
-    gen g = {.k = k, .cx = cx};
+    gen g = {.k = k, .cx = cx, .reuse = -1};
     g.mod = LLVMModuleCreateWithNameInContext(k->name, cx);
     g.b = LLVMCreateBuilderInContext(cx);
     g.f64 = LLVMDoubleTypeInContext(cx);
