@@ -136,6 +136,20 @@ size_t    tf_program_stat_count(const tf_program_t *p);
 tf_status tf_program_stat(const tf_program_t *p, size_t i, const char **name, int64_t *value);
 /* The compiled module's text (after all passes); *out malloc'd. */
 tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out);
+/* The compiled program as files in dir (created if missing): program.ir
+ * (the compiled module) and kernels.txt (its kernel IR); for a program
+ * compiled for TF_TARGET_CUDA also cuda/<kernel>.cu, cuda/<kernel>.<arch>.cubin
+ * for every generated kernel (NVRTC compiles them; no GPU is needed) and
+ * manifest.txt, the launch order. arch: "sm_80", "sm_90", ... (NULL: sm_90).
+ * *nbinaries (may be NULL): cubins written. */
+tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                    int *nbinaries);
+
+/* What this build and this machine can run: version, every target and why
+ * one cannot run here, the cpu target's GEMM library and threads, the CUDA
+ * libraries found (or not, and where the search looked) and the GPUs.
+ * *out malloc'd. */
+tf_status tf_doctor(tf_context_t *ctx, char **out);
 
 /* Names and types of the program's inputs, outputs and state (params+buffers). */
 typedef enum tf_io_kind { TF_IO_INPUT, TF_IO_OUTPUT, TF_IO_PARAM, TF_IO_BUFFER } tf_io_kind;

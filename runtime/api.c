@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "artifact.h"
+#include "cpu_ops.h"
 #include "kernel.h"
 #ifdef TFUSE_HAVE_LLVM
 #include "llvm.h"
@@ -507,6 +509,61 @@ tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
 {
     if (!p) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL program");
     return print_module(ctx, p->m, out);
+}
+
+tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                    int *nbinaries)
+{
+    if (nbinaries) *nbinaries = 0;
+    if (!p || !dir) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot create the directory: %s", dir, strerror(errno));
+    char *text = NULL, path[4200];
+    tf_status st = print_module(ctx, p->m, &text);
+    if (st) return st;
+    snprintf(path, sizeof path, "%s/program.ir", dir);
+    FILE *f = fopen(path, "w");
+    bool ok = f && fputs(text, f) >= 0;
+    if (f && fclose(f) != 0) ok = false;
+    free(text);
+    if (!ok) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
+    if ((st = dump_kernels(ctx, p->m, dir))) return st;
+    if (p->target != TF_TARGET_CUDA) return TF_OK;
+    tf_kernel_plan plan;
+    tf_diag d = {0};
+    if (tf_kernels_build(p->m, &plan, &d)) return tf_from_diag(ctx, &d);
+    char err[4096];
+    int n = 0;
+    int rc = tf_cuda_write_artifact(p->m, &plan, arch ? arch : "sm_90", dir, &n, err, sizeof err);
+    tf_kernels_free(&plan);
+    if (nbinaries) *nbinaries = n;
+    return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
+}
+
+tf_status tf_doctor(tf_context_t *ctx, char **out)
+{
+    if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    char *cuda = tf_cuda_doctor();
+    size_t cap = 4096 + (cuda ? strlen(cuda) : 0);
+    char *t = malloc(cap);
+    if (!t) {
+        free(cuda);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    int at = snprintf(t, cap, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
+    static const tf_target all[] = {TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_INTERP};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        const tf_backend *be = tf_backend_for(all[i]);
+        const char *why = be ? be->unavailable() : "not part of this build yet";
+        at += snprintf(t + at, cap - (size_t)at, "target %s: %s%s\n", target_name(all[i]), why ? "cannot run here: " : "available",
+                       why ? why : "");
+    }
+    at += snprintf(t + at, cap - (size_t)at, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
+    snprintf(t + at, cap - (size_t)at, "%s", cuda ? cuda : "cuda: out of memory describing it\n");
+    free(cuda);
+    *out = t;
+    return TF_OK;
 }
 
 size_t tf_program_io_count(const tf_program_t *p, tf_io_kind kind)

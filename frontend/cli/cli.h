@@ -41,6 +41,7 @@ typedef struct args {
     const char *dump_kernels; /* --dump-kernels=DIR */
     int64_t memory_budget;    /* --memory-budget=BYTES */
     const char *dump_llvm;    /* --dump-llvm=DIR */
+    const char *arch;         /* --arch=sm_XY (cuda) */
     uint64_t threads;         /* --threads=N (cpu target); 0 = one per core */
     uint64_t iters, warmup;   /* bench: timed runs and untimed ones before them */
     bool warmup_set, profile; /* bench: --warmup given; --profile */

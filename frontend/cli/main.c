@@ -7,6 +7,7 @@
  *   tfuse run FILE         inference on .npy inputs, .safetensors params
  *   tfuse train FILE       training on .npy data (train.c)
  *   tfuse bench FILE       step time, compile time, peak bytes, kernel profile (bench.c)
+ *   tfuse doctor           what this build and machine can run
  *
  * The default target is tf_default_target(): cpu where this build has LLVM
  * (and no GPU is usable), else interp; --target picks another.
@@ -131,6 +132,10 @@ static int parse_args(int argc, char **argv, args *a)
             a->disabled[a->ndisabled++] = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-kernels"))) {
             a->dump_kernels = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--arch"))) {
+            if (strncmp(v, "sm_", 3) || !v[3] || strspn(v + 3, "0123456789a") != strlen(v + 3))
+                return cli_usage_error(cmd, "--arch expects a GPU architecture such as sm_80 or sm_90, found '%s'", v);
+            a->arch = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-llvm"))) {
             a->dump_llvm = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
@@ -290,7 +295,11 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
             tf_program_stat(p, i, &name, &v);
             printf("%s: %" PRId64 "\n", name, v);
         }
-    if (!rc && a->out) {
+    if (!rc && a->out && a->target == TF_TARGET_CUDA) {   /* a directory: IR, kernels, CUDA C and cubins */
+        int n = 0;
+        if (tf_program_write_artifact(ctx, p, a->out, a->arch, &n)) rc = fail(ctx);
+        else printf("wrote %s: program.ir, kernels.txt, manifest.txt and %d cubins for %s\n", a->out, n, a->arch ? a->arch : "sm_90");
+    } else if (!rc && a->out) {
         char *text = NULL;
         if (tf_program_print(ctx, p, &text)) rc = fail(ctx);
         else rc = write_file(a->out, text);
@@ -440,7 +449,7 @@ static const struct {
      "Parse and verify a model, then print its canonical text (every value typed)."},
     {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
-    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
+    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--arch=sm_90] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
      "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES]\n"
      "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--dump-llvm=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
@@ -450,14 +459,18 @@ static const struct {
      "step's planned peak fits --memory-budget;\n"
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); --dump-kernels writes\n"
      "DIR/kernels.txt, the kernel IR of every kernel; --dump-llvm writes DIR/kernels.ll, the optimized\n"
-     "LLVM IR the cpu target runs; -o writes the compiled IR. The default target is cpu when this build\n"
-     "has LLVM, else interp."},
+     "LLVM IR the cpu target runs; -o writes the compiled IR. With --target=cuda, -o DIR writes a directory:\n"
+     "program.ir, kernels.txt, cuda/*.cu and cuda/*.<arch>.cubin for every generated kernel (NVRTC, no GPU\n"
+     "needed; --arch picks the GPU, default sm_90) and manifest.txt. The default target is cpu when this\n"
+     "build has LLVM, else interp."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
      "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
      "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
     {"train", train_synopsis, train_help},
     {"bench", bench_synopsis, bench_help},
+    {"doctor", "", "What this build and machine can run: the targets (and why one cannot run here), the cpu\n"
+                   "target's GEMM library and threads, the CUDA libraries found (or where the search looked) and the GPUs."},
 };
 
 static void usage_cmd(const char *cmd, FILE *f)
@@ -499,6 +512,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "tfuse: error: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
+    }
+    if (!strcmp(cmd, "doctor") && argc == 2) {
+        tf_context_t *dctx;
+        char *text = NULL;
+        if (tf_context_create(&dctx) || tf_doctor(dctx, &text)) return 1;
+        fputs(text, stdout);
+        free(text);
+        tf_context_free(dctx);
+        return 0;
     }
     args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);

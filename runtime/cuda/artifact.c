@@ -1,0 +1,142 @@
+/* artifact.c — see artifact.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "artifact.h"
+#include "cuda.h"
+#include "cuda_libs.h"
+
+static int write_file(const char *path, const void *data, size_t size, char *err, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(data, 1, size, f) == size;
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok) snprintf(err, n, "%s: error: cannot write: %s", path, strerror(errno));
+    return ok ? 0 : -1;
+}
+
+static int make_dir(const char *path, char *err, size_t n)
+{
+    if (mkdir(path, 0777) == 0 || errno == EEXIST) return 0;
+    snprintf(err, n, "%s: error: cannot create the directory: %s", path, strerror(errno));
+    return -1;
+}
+
+int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
+                           char *err, size_t n)
+{
+    *ncubins = 0;
+    char path[8192];
+    snprintf(path, sizeof path, "%s/cuda", dir);
+    if (make_dir(dir, err, n) || make_dir(path, err, n)) return -1;
+    tf_cuda_libs libs;
+    if (tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC, NULL, err, n)) {
+        tf_cuda_libs_free(&libs);
+        return -1;
+    }
+    tf_cuda_program prog;
+    tf_diag d = {0};
+    if (tf_cuda_emit_plan(plan, &prog, &d)) {
+        snprintf(err, n, "%s", d.msg);
+        tf_cuda_libs_free(&libs);
+        return -1;
+    }
+    /* one job per distinct source */
+    tf_nvrtc_job *jobs = calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *jobs);
+    int *job_of = calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *job_of);
+    int njobs = 0, rc = jobs && job_of ? 0 : -1;
+    if (rc) snprintf(err, n, "error: out of memory");
+    for (int i = 0; !rc && i < prog.nkernels; i++) {
+        const tf_cuda_kernel *ck = &prog.kernels[i];
+        job_of[i] = -1;
+        if (!ck->src) continue;
+        for (int j = 0; j < njobs && job_of[i] < 0; j++)
+            if (!strcmp(jobs[j].name, ck->name)) job_of[i] = j;
+        if (job_of[i] >= 0) continue;
+        jobs[njobs] = (tf_nvrtc_job){.src = ck->src, .name = ck->name, .arch = arch};
+        job_of[i] = njobs++;
+        char *cu = tf_cuda_dump(m, &plan->kernels[i], ck);
+        snprintf(path, sizeof path, "%s/cuda/%s.cu", dir, ck->name);
+        if (!cu) {
+            snprintf(err, n, "error: out of memory");
+            rc = -1;
+        } else {
+            rc = write_file(path, cu, strlen(cu), err, n);
+        }
+        free(cu);
+    }
+    if (!rc && njobs && tf_nvrtc_compile_jobs(&libs, jobs, njobs, 0)) {
+        for (int j = 0; j < njobs; j++)
+            if (jobs[j].status) {
+                snprintf(err, n, "error: NVRTC could not compile kernel %s for %s: %s", jobs[j].name, arch, jobs[j].err);
+                break;
+            }
+        rc = -1;
+    }
+    for (int j = 0; !rc && j < njobs; j++) {
+        snprintf(path, sizeof path, "%s/cuda/%s.%s.cubin", dir, jobs[j].name, arch);
+        rc = write_file(path, jobs[j].cubin, jobs[j].cubin_size, err, n);
+        if (!rc) (*ncubins)++;
+    }
+    /* the manifest: the plan in launch order */
+    size_t cap = 256 + (size_t)plan->nkernels * 160, at = 0;
+    char *man = rc ? NULL : malloc(cap);
+    if (!rc && !man) {
+        snprintf(err, n, "error: out of memory");
+        rc = -1;
+    }
+    for (int i = 0; man && i < plan->nkernels; i++) {
+        const tf_kernel *k = &plan->kernels[i];
+        const tf_cuda_kernel *ck = &prog.kernels[i];
+        if (k->lib && k->kind != TF_K_VIEW)
+            at += (size_t)snprintf(man + at, cap - at, "%s library %s\n", k->name, tf_op_info_of(k->lib->op)->name);
+        if (k->kind == TF_K_VIEW) at += (size_t)snprintf(man + at, cap - at, "%s view\n", k->name);
+        else if (ck->src)
+            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u\n", k->name, ck->name, ck->grid,
+                                   ck->block, ck->smem);
+    }
+    if (man) {
+        snprintf(path, sizeof path, "%s/manifest.txt", dir);
+        rc = write_file(path, man, at, err, n);
+    }
+    free(man);
+    for (int j = 0; j < njobs; j++) tf_nvrtc_job_free(&jobs[j]);
+    free(jobs);
+    free(job_of);
+    tf_cuda_program_free(&prog);
+    tf_cuda_libs_free(&libs);
+    return rc;
+}
+
+char *tf_cuda_doctor(void)
+{
+    size_t cap = 8192;
+    char *out = malloc(cap), err[2048];
+    if (!out) return NULL;
+    tf_cuda_libs libs;
+    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err);
+    int at = tf_cuda_libs_describe(&libs, out, cap);
+    if (at < 0 || (size_t)at >= cap) at = (int)strlen(out);
+    int ndev = 0;
+    if ((libs.loaded & TF_CUDA_LIB_DRIVER) && !tf_cuda_driver_init(&libs, &ndev, err, sizeof err)) {
+        for (int i = 0; i < ndev && (size_t)at < cap; i++) {
+            tf_cu_device dev;
+            char name[256] = "?";
+            int major = 0, minor = 0;
+            if (libs.cu.DeviceGet(&dev, i)) continue;
+            libs.cu.DeviceGetName(name, sizeof name, dev);
+            libs.cu.DeviceGetAttribute(&major, 75, dev);   /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+            libs.cu.DeviceGetAttribute(&minor, 76, dev);   /* ..._MINOR */
+            at += snprintf(out + at, cap - (size_t)at, "gpu %d: %s (sm_%d%d)\n", i, name, major, minor);
+        }
+    } else if (libs.loaded & TF_CUDA_LIB_DRIVER) {
+        at += snprintf(out + at, cap - (size_t)at, "gpu: none usable: %s\n", err);
+    } else {
+        at += snprintf(out + at, cap - (size_t)at, "gpu: none (no driver)\n");
+    }
+    tf_cuda_libs_free(&libs);
+    return out;
+}

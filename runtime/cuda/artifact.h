@@ -1,0 +1,29 @@
+/* artifact.h — what the cuda target writes and reports without a GPU:
+ * `tfuse compile --target=cuda --arch=sm_90 -o DIR` (every kernel's CUDA C
+ * and its cubin, compiled by NVRTC, which needs no GPU) and the CUDA lines
+ * of `tfuse doctor`. Only runtime/cuda knows CUDA; api.c calls these. */
+#ifndef TF_RUNTIME_CUDA_ARTIFACT_H
+#define TF_RUNTIME_CUDA_ARTIFACT_H
+
+#include <stddef.h>
+
+#include "kernel.h"
+
+/* Into dir (created if missing): cuda/<name>.cu for every emitted kernel
+ * (the text --dump-kernels writes), cuda/<name>.<arch>.cubin compiled by
+ * NVRTC on every core, and manifest.txt: one line per kernel of the plan,
+ * in launch order: "<kernel> cuda <name> grid=G block=B smem=S", "<kernel>
+ * library <op>" (the runtime's cuBLASLt or host kernels) or "<kernel> view".
+ * Identical kernels share one source and one cubin. *ncubins: cubins
+ * written. 0 on success, else -1 with the reason in err (NVRTC missing,
+ * an architecture NVRTC does not know, a compile error with its log, a
+ * file that cannot be written). */
+int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
+                           char *err, size_t n);
+
+/* The CUDA part of `tfuse doctor`: every library the cuda target would
+ * load, found where or missing why, and the GPU if a driver and a device
+ * are there. malloc'd text; NULL when out of memory. */
+char *tf_cuda_doctor(void);
+
+#endif
