@@ -104,6 +104,16 @@ void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t 
 
 int64_t tf_conv_scratch(const tf_conv_geom *g) { return g->Cg * g->KH * g->KW * g->Ho * g->Wo; }
 
+/* Stride 1 along the width: output columns [lo, hi) read input columns
+ * ow + off inside the row. */
+static void unit_range(const tf_conv_geom *g, int64_t off, int64_t *lo, int64_t *hi)
+{
+    *lo = off < 0 ? -off : 0;
+    *hi = g->W - off < g->Wo ? g->W - off : g->Wo;
+    if (*lo > g->Wo) *lo = g->Wo;
+    if (*hi < *lo) *hi = *lo;
+}
+
 /* col[(c*KH + kh)*KW + kw][oh*Wo + ow] = x[c0 + c][ih][iw] or 0 outside. */
 static void im2col(const tf_conv_geom *g, const float *x, int64_t c0, float *col)
 {
@@ -121,6 +131,14 @@ static void im2col(const tf_conv_geom *g, const float *x, int64_t c0, float *col
                         continue;
                     }
                     const float *xr = xc + ih * g->W;
+                    if (g->s[1] == 1) {   /* a shifted copy: zeros where the window leaves the row */
+                        int64_t off = kw * g->dl[1] - g->p[1], lo, hi;
+                        unit_range(g, off, &lo, &hi);
+                        if (lo > 0) memset(r, 0, (size_t)lo * sizeof *r);
+                        if (hi > lo) memcpy(r + lo, xr + lo + off, (size_t)(hi - lo) * sizeof *r);
+                        if (hi < g->Wo) memset(r + hi, 0, (size_t)(g->Wo - hi) * sizeof *r);
+                        continue;
+                    }
                     for (int64_t ow = 0; ow < g->Wo; ow++) {
                         int64_t iw = ow * g->s[1] - g->p[1] + kw * g->dl[1];
                         r[ow] = iw >= 0 && iw < g->W ? xr[iw] : 0.0f;
@@ -144,6 +162,12 @@ static void col2im(const tf_conv_geom *g, const float *col, int64_t c0, float *d
                     if (ih < 0 || ih >= g->H) continue;
                     float *xr = xc + ih * g->W;
                     const float *r = row + oh * g->Wo;
+                    if (g->s[1] == 1) {
+                        int64_t off = kw * g->dl[1] - g->p[1], lo, hi;
+                        unit_range(g, off, &lo, &hi);
+                        for (int64_t ow = lo; ow < hi; ow++) xr[ow + off] += r[ow];
+                        continue;
+                    }
                     for (int64_t ow = 0; ow < g->Wo; ow++) {
                         int64_t iw = ow * g->s[1] - g->p[1] + kw * g->dl[1];
                         if (iw >= 0 && iw < g->W) xr[iw] += r[ow];
