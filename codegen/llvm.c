@@ -126,6 +126,7 @@ typedef struct gen {
     bool colmode;              /* a column reduction: see column_reduction() */
     LLVMValueRef tmp, tidx;    /* a row reduction's scratch row (double[ntmp]), or NULL; its counter */
     int reuse;                 /* >= 0: the full-space stores read this reduction's argument from tmp */
+    unsigned blk_mask;         /* block mode: the inner reduced axes tmp holds (ntmp elements, a multiple of 8) */
     int64_t ntmp;
     LLVMValueRef colacc;       /* colmode: double[8][ncols], one reduction at a time */
     LLVMValueRef *colred;      /* colmode: per reduction, double[ncols] */
@@ -565,21 +566,31 @@ static void store_tmp(gen *g, void *arg)
     LLVMBuildStore(g->b, x, LLVMBuildGEP2(g->b, g->f64, g->tmp, &at, 1, ""));
 }
 
-static LLVMValueRef sum_tmp(gen *g, int r)
+static void vacc_init(gen *g, int r)
 {
-    LLVMBuilderRef B = g->b;
-    int64_t nb = (g->ntmp + TF_RED_LANES - 1) / TF_RED_LANES;
-    for (int64_t t = g->ntmp; t < nb * TF_RED_LANES; t++) {
-        LLVMValueRef at = ci(g, t);
-        LLVMBuildStore(B, identity(g, r), LLVMBuildGEP2(B, g->f64, g->tmp, &at, 1, ""));
-    }
-    LLVMTypeRef vt = LLVMVectorType(g->f64, TF_RED_LANES);
     LLVMValueRef init[TF_RED_LANES];
     for (int l = 0; l < TF_RED_LANES; l++) init[l] = identity(g, r);
-    LLVMBuildStore(B, LLVMConstVector(init, TF_RED_LANES), g->vacc);
+    LLVMBuildStore(g->b, LLVMConstVector(init, TF_RED_LANES), g->vacc);
+}
+
+static LLVMValueRef vacc_finish(gen *g, int r)
+{
+    LLVMTypeRef vt = LLVMVectorType(g->f64, TF_RED_LANES);
+    LLVMValueRef acc = LLVMBuildLoad2(g->b, vt, g->vacc, ""), l[TF_RED_LANES];
+    for (int k = 0; k < TF_RED_LANES; k++)
+        l[k] = LLVMBuildExtractElement(g->b, acc, LLVMConstInt(LLVMInt32TypeInContext(g->cx), (unsigned)k, 0), "");
+    return red_finish(g, r, l);
+}
+
+/* vacc = step(vacc, tmp[8b .. 8b+7]) for b in [0, nb). */
+static void vacc_add_tmp(gen *g, int r, int64_t nb)
+{
+    LLVMBuilderRef B = g->b;
+    LLVMTypeRef vt = LLVMVectorType(g->f64, TF_RED_LANES);
     LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(g->cx, g->fn, "lhead");
     LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->cx, g->fn, "lbody");
     LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->cx, g->fn, "lexit");
+    (void)r;
     LLVMBuildStore(B, ci(g, 0), g->tidx);
     LLVMBuildBr(B, head);
     LLVMPositionBuilderAtEnd(B, head);
@@ -594,10 +605,36 @@ static LLVMValueRef sum_tmp(gen *g, int r)
     LLVMBuildStore(B, LLVMBuildAdd(B, i, ci(g, 1), ""), g->tidx);
     LLVMBuildBr(B, head);
     LLVMPositionBuilderAtEnd(B, exit);
-    LLVMValueRef acc = LLVMBuildLoad2(B, vt, g->vacc, ""), l[TF_RED_LANES];
-    for (int k = 0; k < TF_RED_LANES; k++)
-        l[k] = LLVMBuildExtractElement(B, acc, LLVMConstInt(LLVMInt32TypeInContext(g->cx), (unsigned)k, 0), "");
-    return red_finish(g, r, l);
+}
+
+static LLVMValueRef sum_tmp(gen *g, int r)
+{
+    int64_t nb = (g->ntmp + TF_RED_LANES - 1) / TF_RED_LANES;
+    for (int64_t t = g->ntmp; t < nb * TF_RED_LANES; t++) {
+        LLVMValueRef at = ci(g, t);
+        LLVMBuildStore(g->b, identity(g, r), LLVMBuildGEP2(g->b, g->f64, g->tmp, &at, 1, ""));
+    }
+    vacc_init(g, r);
+    vacc_add_tmp(g, r, nb);
+    return vacc_finish(g, r);
+}
+
+/* Long reductions in blocks: the innermost reduced axes (g->blk_mask, a
+ * multiple of 8 elements) go through the scratch row, block after block,
+ * into one running <8 x double>; lane t % 8 is the same lane in every block. */
+static void store_tmp_block(gen *g, void *arg)
+{
+    accum *a = arg;
+    LLVMValueRef x = expr(g, g->k->reds[a->r].arg);
+    LLVMValueRef at = flat_mask(g, g->blk_mask);
+    LLVMBuildStore(g->b, x, LLVMBuildGEP2(g->b, g->f64, g->tmp, &at, 1, ""));
+}
+
+static void block_body(gen *g, void *arg)
+{
+    accum *a = arg;
+    loop_nest(g, g->blk_mask, 0, store_tmp_block, a);
+    vacc_add_tmp(g, a->r, g->ntmp / TF_RED_LANES);
 }
 
 /* Column mode: per outer index (column) eight lanes, colacc[lane][column]. */
@@ -685,7 +722,11 @@ static void outer_step(gen *g, void *arg)
     for (int r = 0; r < k->nreds; r++) {
         accum acc = {r};
         LLVMValueRef v;
-        if (g->tmp) {
+        if (g->tmp && g->blk_mask) {
+            vacc_init(g, r);
+            loop_nest(g, k->reduce_mask & ~g->blk_mask, 0, block_body, &acc);
+            v = vacc_finish(g, r);
+        } else if (g->tmp) {
             loop_nest(g, k->reduce_mask, 0, store_tmp, &acc);
             v = sum_tmp(g, r);
         } else {
@@ -710,7 +751,7 @@ static void outer_step(gen *g, void *arg)
     for (int s = 0; s < k->nstores; s++)
         if (k->stores[s].reduced_domain) store(g, &k->stores[s], true);
     memset(g->memo, 0, (size_t)k->nexprs * sizeof *g->memo);
-    g->reuse = g->tmp && k->nreds ? k->nreds - 1 : -1;
+    g->reuse = g->tmp && !g->blk_mask && k->nreds ? k->nreds - 1 : -1;
     loop_nest(g, k->reduce_mask, 0, full_stores, NULL);
     g->reuse = -1;
 }
@@ -804,6 +845,20 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         g.ntmp = 1;
         for (int a = 0; a < k->rank; a++)
             if ((k->reduce_mask >> a) & 1) g.ntmp *= k->dims[a];
+        if (g.ntmp > 4096) {   /* blocks: the innermost reduced axes, up to 4096 elements, a multiple of 8 */
+            int64_t b = 1;
+            unsigned mask = 0;
+            for (int a = k->rank - 1; a >= 0; a--) {
+                if (!((k->reduce_mask >> a) & 1)) continue;
+                if (b * k->dims[a] > 4096) break;
+                b *= k->dims[a];
+                mask |= 1u << a;
+            }
+            if (b % TF_RED_LANES == 0 && mask) {
+                g.blk_mask = mask;
+                g.ntmp = b;
+            }
+        }
         if (g.ntmp <= 4096) {
             g.tmp = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, (g.ntmp + TF_RED_LANES - 1) / TF_RED_LANES * TF_RED_LANES), "row");
             g.tidx = LLVMBuildAlloca(g.b, g.i64, "t");

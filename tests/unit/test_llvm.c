@@ -253,6 +253,11 @@ int main(void)
     /* dropout masks draw the interpreter's numbers; odd sizes (1, primes)
      * against the split pieces and vector widths */
     run("dropout", "input x : f32[3, 7]\nd = dropout(x, p=0.3)\ny = mul(d, 2.0)\noutput y\n", TF_IR_TRAIN, NULL, 0, TF_PREC_FP32);
+    /* long reductions: in blocks (1600 per block, a multiple of 8) and with
+     * per-element lanes (1369 per row of the block is not) */
+    run("long", "input x : f32[3, 5, 40, 40]\ninput y : f32[3, 2, 37, 37]\ns = reduce_sum(x, axes=[0, 2, 3])\n"
+        "m = reduce_max(y, axes=[0, 2, 3])\nq = mul(x, x)\nv = reduce_mean(q, axes=[0, 2, 3], keepdims=true)\nd = sub(q, v)\n"
+        "output s\noutput m\noutput d\n", TF_IR_INFER, NULL, 0, TF_PREC_FP32);
     run("odd", "input x : f32[1, 13]\ninput y : f32[17, 1, 13]\nz = add(x, y)\ns = reduce_sum(z, axes=[1, 2])\n"
         "m = reduce_max(z, axes=[0])\ne = exp(m)\noutput s\noutput e\n", TF_IR_INFER, NULL, 0, TF_PREC_FP32);
     /* the loops vectorize: an f32 and a bf16 bias+relu kernel print vector types */
