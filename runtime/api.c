@@ -197,11 +197,15 @@ static bool parse_precision(const char *s, tf_precision *out)
 
 const tf_backend *tf_backend_for(tf_target t)
 {
-    return t == TF_TARGET_INTERP ? &tf_backend_interp : t == TF_TARGET_CPU ? &tf_backend_cpu : NULL;
+    return t == TF_TARGET_INTERP ? &tf_backend_interp
+           : t == TF_TARGET_CPU  ? &tf_backend_cpu
+           : t == TF_TARGET_CUDA ? &tf_backend_cuda
+                                 : NULL;
 }
 
 tf_target tf_default_target(void)
 {
+    if (!tf_backend_cuda.unavailable()) return TF_TARGET_CUDA;
     return tf_backend_cpu.unavailable() ? TF_TARGET_INTERP : TF_TARGET_CPU;
 }
 
@@ -430,7 +434,7 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     }
     if (!tf_backend_for(opts->target))
         return tf_set_error(ctx, TF_ERR_UNAVAILABLE,
-                            "error: target '%s' is not part of this build yet (this build has: interp, cpu); "
+                            "error: target '%s' is not part of this build yet (this build has: interp, cpu, cuda); "
                             "compile with --target=cpu or --target=interp",
                             target_name(opts->target));
     tf_program_t *p = NULL;
@@ -634,7 +638,7 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
     const tf_backend *be = tf_backend_for(target);
     if (!be)
         return tf_set_error(ctx, TF_ERR_UNAVAILABLE,
-                            "error: target '%s' is not part of this build yet (this build has: interp, cpu)",
+                            "error: target '%s' is not part of this build yet (this build has: interp, cpu, cuda)",
                             target_name(target));
     const char *why = be->unavailable();
     if (why) return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target '%s' cannot run here: %s", be->name, why);

@@ -71,7 +71,7 @@ struct tf_backend {
     void (*info)(tf_session_t *s, tf_session_info *out);
 };
 
-extern const tf_backend tf_backend_interp, tf_backend_cpu;
+extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda;
 const tf_backend *tf_backend_for(tf_target t);
 
 /* Set the context's message; returns st. */

@@ -117,7 +117,7 @@ char *tf_cuda_doctor(void)
     char *out = malloc(cap), err[2048];
     if (!out) return NULL;
     tf_cuda_libs libs;
-    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER, NULL, err, sizeof err);
+    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err);
     int at = tf_cuda_libs_describe(&libs, out, cap);
     if (at < 0 || (size_t)at >= cap) at = (int)strlen(out);
     int ndev = 0;

@@ -7,7 +7,9 @@
  *           needs no GPU, so `tfuse compile --target=cuda` works anywhere
  *           it is installed;
  *   driver  (libcuda.so.1) loads cubins and launches them; comes with the
- *           NVIDIA GPU driver, absent on machines without one.
+ *           NVIDIA GPU driver, absent on machines without one;
+ *   cuBLASLt (libcublasLt.so.13, .so.12) runs the cuda target's GEMMs; optional:
+ *           without it the runtime says so and runs them on the host.
  *
  * Where each is looked for, in order (the first that loads and has every
  * function wins):
@@ -19,7 +21,8 @@
  *      /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib);
  *   4. Python packages: site-packages/nvidia/<pkg>/lib of virtualenvs,
  *      conda, pyenv, ~/.local, the system's and those beside each python on
- *      PATH (where `pip install nvidia-cuda-nvrtc` puts libnvrtc).
+ *      PATH (where `pip install nvidia-cuda-nvrtc` puts libnvrtc, and
+ *      `pip install nvidia-cublas` libcublasLt).
  * With $TFUSE_CUDA_LIBS_ONLY=1 (or TF_CUDA_SEARCH_DIRS_ONLY), step 1 alone.
  * NVRTC in CUDA 13 has no built-in cuda_fp16.h: the loader also finds an
  * include directory holding cuda_fp16.h and cuda_bf16.h (beside the
@@ -84,6 +87,7 @@ typedef struct tf_cu_ctx_ *tf_cu_context;      /* CUcontext */
 typedef struct tf_cu_mod_ *tf_cu_module;       /* CUmodule */
 typedef struct tf_cu_func_ *tf_cu_function;    /* CUfunction */
 typedef struct tf_cu_stream_ *tf_cu_stream;    /* CUstream */
+typedef struct tf_cu_event_ *tf_cu_event;      /* CUevent */
 typedef unsigned long long tf_cu_deviceptr;    /* CUdeviceptr */
 
 /* The driver functions the runtime starts from (dlsym names in comments
@@ -116,7 +120,61 @@ typedef struct tf_cu_api {
     tf_cu_result (*FuncSetAttribute)(tf_cu_function f, int attribute, int value);
     tf_cu_result (*LaunchKernel)(tf_cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned smem, tf_cu_stream s, void **params, void **extra);
+    /* what the cuda target's sessions use besides (runtime/cuda/backend_cuda.c) */
+    tf_cu_result (*MemcpyHtoDAsync)(tf_cu_deviceptr dst, const void *src, size_t bytes, tf_cu_stream s);  /* _v2 */
+    tf_cu_result (*MemcpyDtoHAsync)(void *dst, tf_cu_deviceptr src, size_t bytes, tf_cu_stream s);        /* _v2 */
+    tf_cu_result (*MemcpyDtoDAsync)(tf_cu_deviceptr dst, tf_cu_deviceptr src, size_t bytes, tf_cu_stream s); /* _v2 */
+    tf_cu_result (*MemsetD8Async)(tf_cu_deviceptr dst, unsigned char value, size_t n, tf_cu_stream s);
+    tf_cu_result (*MemAllocHost)(void **p, size_t bytes);                                 /* cuMemAllocHost_v2: pinned */
+    tf_cu_result (*MemFreeHost)(void *p);
+    tf_cu_result (*EventCreate)(tf_cu_event *e, unsigned flags);
+    tf_cu_result (*EventDestroy)(tf_cu_event e);                                          /* cuEventDestroy_v2 */
+    tf_cu_result (*EventRecord)(tf_cu_event e, tf_cu_stream s);
+    tf_cu_result (*EventElapsedTime)(float *ms, tf_cu_event start, tf_cu_event end);     /* _v2, or the first one */
 } tf_cu_api;
+
+/* cuBLASLt's C ABI: opaque handles, the two semi-opaque structs the caller
+ * allocates (sizes as in cublasLt.h), and the functions runtime/cuda/blas.c
+ * calls. Enumerations travel as int (their C ABI); blas.c names the values. */
+typedef int tf_cublas_status;                                      /* cublasStatus_t: 0 is CUBLAS_STATUS_SUCCESS */
+typedef struct tf_cublaslt_ctx_ *tf_cublaslt_handle;               /* cublasLtHandle_t */
+typedef struct tf_cublaslt_desc_ *tf_cublaslt_matmul_desc;         /* cublasLtMatmulDesc_t */
+typedef struct tf_cublaslt_layout_ *tf_cublaslt_layout;            /* cublasLtMatrixLayout_t */
+typedef struct tf_cublaslt_pref_ *tf_cublaslt_pref;                /* cublasLtMatmulPreference_t */
+typedef struct tf_cublaslt_algo { unsigned long long data[8]; } tf_cublaslt_algo;   /* cublasLtMatmulAlgo_t */
+typedef struct tf_cublaslt_heuristic {                             /* cublasLtMatmulHeuristicResult_t */
+    tf_cublaslt_algo algo;
+    size_t workspace_size;
+    tf_cublas_status state;
+    float waves_count;
+    int reserved[4];
+} tf_cublaslt_heuristic;
+
+typedef struct tf_cublaslt_api {
+    tf_cublas_status (*Create)(tf_cublaslt_handle *h);
+    tf_cublas_status (*Destroy)(tf_cublaslt_handle h);
+    size_t (*GetVersion)(void);
+    const char *(*GetStatusName)(tf_cublas_status st);
+    const char *(*GetStatusString)(tf_cublas_status st);
+    tf_cublas_status (*MatmulDescCreate)(tf_cublaslt_matmul_desc *d, int compute_type, int scale_type);
+    tf_cublas_status (*MatmulDescDestroy)(tf_cublaslt_matmul_desc d);
+    tf_cublas_status (*MatmulDescSetAttribute)(tf_cublaslt_matmul_desc d, int attr, const void *buf, size_t size);
+    tf_cublas_status (*MatrixLayoutCreate)(tf_cublaslt_layout *l, int type, unsigned long long rows, unsigned long long cols,
+                                           long long ld);
+    tf_cublas_status (*MatrixLayoutDestroy)(tf_cublaslt_layout l);
+    tf_cublas_status (*MatrixLayoutSetAttribute)(tf_cublaslt_layout l, int attr, const void *buf, size_t size);
+    tf_cublas_status (*MatmulPreferenceCreate)(tf_cublaslt_pref *p);
+    tf_cublas_status (*MatmulPreferenceDestroy)(tf_cublaslt_pref p);
+    tf_cublas_status (*MatmulPreferenceSetAttribute)(tf_cublaslt_pref p, int attr, const void *buf, size_t size);
+    tf_cublas_status (*MatmulAlgoGetHeuristic)(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op, tf_cublaslt_layout a,
+                                               tf_cublaslt_layout b, tf_cublaslt_layout c, tf_cublaslt_layout d,
+                                               tf_cublaslt_pref pref, int requested, tf_cublaslt_heuristic *results,
+                                               int *returned);
+    tf_cublas_status (*Matmul)(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op, const void *alpha, const void *a,
+                               tf_cublaslt_layout adesc, const void *b, tf_cublaslt_layout bdesc, const void *beta,
+                               const void *c, tf_cublaslt_layout cdesc, void *d, tf_cublaslt_layout ddesc,
+                               const tf_cublaslt_algo *algo, void *workspace, size_t workspace_bytes, tf_cu_stream stream);
+} tf_cublaslt_api;
 
 /* ---- loading ---- */
 
@@ -131,22 +189,26 @@ typedef struct tf_cuda_search {
     const char *dirs;           /* colon-separated directories (unused with TF_CUDA_SEARCH_ENV) */
 } tf_cuda_search;
 
-enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1 };
+enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1, TF_CUDA_LIB_CUBLASLT = 1 << 2 };
 
 typedef struct tf_cuda_libs {
     unsigned loaded;            /* TF_CUDA_LIB_* that loaded */
-    void *nvrtc_handle, *driver_handle;
+    void *nvrtc_handle, *driver_handle, *cublaslt_handle;
     void *builtins_handle;      /* libnvrtc-builtins beside libnvrtc, when not on the loader's path */
     char nvrtc_path[4096];      /* the file loaded, "" when not */
     char driver_path[4096];
+    char cublaslt_path[4096];
     char include_dir[4096];     /* holds cuda_fp16.h and cuda_bf16.h; "" when none was found */
     int nvrtc_major, nvrtc_minor;
     int driver_version;         /* cuDriverGetVersion: 1000 * major + 10 * minor */
+    size_t cublaslt_version;    /* cublasLtGetVersion: 10000 * major + 100 * minor + patch */
     int archs[64], narchs;      /* the SM versions NVRTC compiles for (75, 80, ..., 90, ...) */
     char nvrtc_error[1024];     /* why NVRTC did not load, when asked for and not loaded */
     char driver_error[1024];
+    char cublaslt_error[1024];
     tf_nvrtc_api nvrtc;
     tf_cu_api cu;
+    tf_cublaslt_api lt;
 } tf_cuda_libs;
 
 /* Load the libraries in `which` (TF_CUDA_LIB_*), searching as s says (NULL:
@@ -156,6 +218,9 @@ typedef struct tf_cuda_libs {
  * load is usable either way (out->loaded); free with tf_cuda_libs_free.
  * Loading the driver does not initialize it: see tf_cuda_driver_init. */
 tf_cuda_status tf_cuda_libs_load(tf_cuda_libs *out, unsigned which, const tf_cuda_search *s, char *err, size_t n);
+/* Load more of them into l (those of `which` not loaded yet), as
+ * tf_cuda_libs_load does. */
+tf_cuda_status tf_cuda_libs_add(tf_cuda_libs *l, unsigned which, const tf_cuda_search *s, char *err, size_t n);
 void tf_cuda_libs_free(tf_cuda_libs *l);
 
 /* What was loaded from where, and what was not and why: a few lines of

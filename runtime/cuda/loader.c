@@ -19,16 +19,19 @@
 
 /* ---- what each library is ---- */
 
-typedef struct sym { const char *name; size_t off; } sym;
+/* A function: its name, another name tried when the first is missing
+ * (NULL: none), and where its pointer goes. */
+typedef struct sym { const char *name, *alt; size_t off; } sym;
 
-#define NV(f) {"nvrtc" #f, offsetof(tf_nvrtc_api, f)}
+#define NV(f) {"nvrtc" #f, NULL, offsetof(tf_nvrtc_api, f)}
 static const sym nvrtc_syms[] = {
     NV(GetErrorString), NV(Version), NV(GetNumSupportedArchs), NV(GetSupportedArchs), NV(CreateProgram),
     NV(DestroyProgram), NV(CompileProgram), NV(GetProgramLogSize), NV(GetProgramLog), NV(GetCUBINSize), NV(GetCUBIN),
 };
 #undef NV
 
-#define CU(f, name) {name, offsetof(tf_cu_api, f)}
+#define CU(f, name) {name, NULL, offsetof(tf_cu_api, f)}
+#define CU2(f, name, alt) {name, alt, offsetof(tf_cu_api, f)}
 static const sym cu_syms[] = {
     CU(Init, "cuInit"), CU(DriverGetVersion, "cuDriverGetVersion"), CU(GetErrorName, "cuGetErrorName"),
     CU(GetErrorString, "cuGetErrorString"), CU(DeviceGetCount, "cuDeviceGetCount"), CU(DeviceGet, "cuDeviceGet"),
@@ -41,8 +44,24 @@ static const sym cu_syms[] = {
     CU(StreamSynchronize, "cuStreamSynchronize"), CU(ModuleLoadData, "cuModuleLoadData"),
     CU(ModuleUnload, "cuModuleUnload"), CU(ModuleGetFunction, "cuModuleGetFunction"),
     CU(FuncSetAttribute, "cuFuncSetAttribute"), CU(LaunchKernel, "cuLaunchKernel"),
+    CU(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"), CU(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+    CU(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"), CU(MemsetD8Async, "cuMemsetD8Async"),
+    CU(MemAllocHost, "cuMemAllocHost_v2"), CU(MemFreeHost, "cuMemFreeHost"), CU(EventCreate, "cuEventCreate"),
+    CU(EventDestroy, "cuEventDestroy_v2"), CU(EventRecord, "cuEventRecord"),
+    /* CUDA 12.8 added _v2 (same signature); older drivers have the first */
+    CU2(EventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
 };
 #undef CU
+#undef CU2
+
+#define LT(f) {"cublasLt" #f, NULL, offsetof(tf_cublaslt_api, f)}
+static const sym lt_syms[] = {
+    LT(Create), LT(Destroy), LT(GetVersion), LT(GetStatusName), LT(GetStatusString), LT(MatmulDescCreate),
+    LT(MatmulDescDestroy), LT(MatmulDescSetAttribute), LT(MatrixLayoutCreate), LT(MatrixLayoutDestroy),
+    LT(MatrixLayoutSetAttribute), LT(MatmulPreferenceCreate), LT(MatmulPreferenceDestroy),
+    LT(MatmulPreferenceSetAttribute), LT(MatmulAlgoGetHeuristic), LT(Matmul),
+};
+#undef LT
 
 typedef struct libspec {
     const char *what;             /* for messages */
@@ -62,10 +81,14 @@ static const char *const driver_files[] = {"libcuda.so.1", NULL};
 static const char *const driver_places[] = {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64",
                                             "/usr/lib/wsl/lib", NULL};
 
+static const char *const cublaslt_files[] = {"libcublasLt.so.13", "libcublasLt.so.12", NULL};
+
 static const libspec nvrtc_spec = {"NVRTC", nvrtc_files, toolkit_places, true, nvrtc_syms,
                                    (int)(sizeof nvrtc_syms / sizeof *nvrtc_syms)};
 static const libspec driver_spec = {"the CUDA driver", driver_files, driver_places, false, cu_syms,
                                     (int)(sizeof cu_syms / sizeof *cu_syms)};
+static const libspec cublaslt_spec = {"cuBLASLt", cublaslt_files, toolkit_places, true, lt_syms,
+                                      (int)(sizeof lt_syms / sizeof *lt_syms)};
 
 /* ---- small text helpers ---- */
 
@@ -178,6 +201,7 @@ static bool try_load(finder *f, const char *cand)
     for (int i = 0; i < f->spec->nsyms; i++) {
         dlerror();
         void *p = dlsym(h, f->spec->syms[i].name);
+        if (!p && f->spec->syms[i].alt) p = dlsym(h, f->spec->syms[i].alt);
         if (!p) {
             note(f, "; %s lacks %s (too old)", cand, f->spec->syms[i].name);
             dlclose(h);
@@ -263,6 +287,9 @@ static bool find(finder *f, const tf_cuda_search *s, char *err, size_t n)
     if (sp == &nvrtc_spec)
         add(&t, "; install the CUDA toolkit or `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime`, or set TFUSE_CUDA_LIBS to "
                 "the directory holding libnvrtc.so");
+    else if (sp == &cublaslt_spec)
+        add(&t, "; install the CUDA toolkit's cuBLAS or `pip install nvidia-cublas`, or set TFUSE_CUDA_LIBS to the directory "
+                "holding libcublasLt.so");
     else if (!only)
         add(&t, "; GPU targets need the NVIDIA driver (TFUSE_CUDA_LIBS may name the directory holding libcuda.so.1)");
     return false;
@@ -336,9 +363,15 @@ static void find_include(tf_cuda_libs *l, const tf_cuda_search *s)
 tf_cuda_status tf_cuda_libs_load(tf_cuda_libs *out, unsigned which, const tf_cuda_search *s, char *err, size_t n)
 {
     memset(out, 0, sizeof *out);
+    return tf_cuda_libs_add(out, which, s, err, n);
+}
+
+tf_cuda_status tf_cuda_libs_add(tf_cuda_libs *out, unsigned which, const tf_cuda_search *s, char *err, size_t n)
+{
     tf_cuda_status st = TF_CUDA_OK;
     text t = {err, n, 0};
     if (n) err[0] = 0;
+    which &= ~out->loaded;
     if (which & TF_CUDA_LIB_NVRTC) {
         finder f = {.spec = &nvrtc_spec, .api = &out->nvrtc};
         if (find(&f, s, out->nvrtc_error, sizeof out->nvrtc_error)) {
@@ -371,6 +404,19 @@ tf_cuda_status tf_cuda_libs_load(tf_cuda_libs *out, unsigned which, const tf_cud
             if (!st) st = TF_CUDA_ERR_NOT_FOUND;
         }
     }
+    if (which & TF_CUDA_LIB_CUBLASLT) {
+        finder f = {.spec = &cublaslt_spec, .api = &out->lt};
+        if (find(&f, s, out->cublaslt_error, sizeof out->cublaslt_error)) {
+            out->loaded |= TF_CUDA_LIB_CUBLASLT;
+            out->cublaslt_handle = f.handle;
+            snprintf(out->cublaslt_path, sizeof out->cublaslt_path, "%s", f.path);
+            out->cublaslt_version = out->lt.GetVersion();
+        } else {
+            memset(&out->lt, 0, sizeof out->lt);
+            add(&t, "%s%s", t.at ? "\n" : "", out->cublaslt_error);
+            if (!st) st = TF_CUDA_ERR_NOT_FOUND;
+        }
+    }
     return st;
 }
 
@@ -380,6 +426,7 @@ void tf_cuda_libs_free(tf_cuda_libs *l)
     if (l->builtins_handle) dlclose(l->builtins_handle);
     if (l->nvrtc_handle) dlclose(l->nvrtc_handle);
     if (l->driver_handle) dlclose(l->driver_handle);
+    if (l->cublaslt_handle) dlclose(l->cublaslt_handle);
     memset(l, 0, sizeof *l);
 }
 
@@ -399,6 +446,11 @@ int tf_cuda_libs_describe(const tf_cuda_libs *l, char *buf, size_t n)
         add(&t, "driver: %d.%d %s\n", l->driver_version / 1000, l->driver_version % 1000 / 10, l->driver_path);
     else if (l->driver_error[0])
         add(&t, "driver: not loaded: %s\n", l->driver_error);
+    if (l->loaded & TF_CUDA_LIB_CUBLASLT)
+        add(&t, "cublasLt: %zu.%zu.%zu %s\n", l->cublaslt_version / 10000, l->cublaslt_version / 100 % 100,
+            l->cublaslt_version % 100, l->cublaslt_path);
+    else if (l->cublaslt_error[0])
+        add(&t, "cublasLt: not loaded: %s\n", l->cublaslt_error);
     return (int)t.at;
 }
 

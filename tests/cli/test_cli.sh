@@ -22,7 +22,20 @@ expect 1 "declares no dim named 'Q'" -- "$tfuse" print "$ex/mlp.ir" --dim Q=3
 expect 0 "input  x : f32\[B, F\]" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 0 "^dim B = 128" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 2 "no training data: give --data" -- "$tfuse" train "$ex/mlp.ir"
-expect 1 "target 'cuda' is not part of this build" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda
+expect 0 "^kernels: [0-9]+" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --stats
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect 1 "target 'cuda' cannot run here" -- "$tfuse" run "$ex/mlp.ir" --target=cuda --random-inputs
+fi
+# compile -o DIR for cuda: cubins without a GPU (where NVRTC is present)
+rm -rf "$tmp/art"
+if out=$("$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=sm_90 -o "$tmp/art" 2>&1); then
+  n=$(ls "$tmp/art/cuda/"*.sm_90.cubin 2>/dev/null | wc -l)
+  m=$(grep -c " cuda tf_" "$tmp/art/manifest.txt")
+  if [ "$n" -gt 0 ] && [ -s "$tmp/art/program.ir" ] && grep -q "cubins for sm_90" <<<"$out" && [ "$m" -ge "$n" ]; then ok; else bad "compile -o for cuda: $out ($n cubins, $m launches)"; fi
+else
+  if grep -q "nvrtc\|NVRTC" <<<"$out"; then ok; else bad "compile -o for cuda failed without naming NVRTC: $out"; fi
+fi
+expect 2 "--arch expects a GPU architecture" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=90 -o "$tmp/art2"
 expect 2 "--iters expects an integer" -- "$tfuse" bench "$ex/mlp.ir" --iters 0
 expect 2 "--threads expects an integer" -- "$tfuse" run "$ex/mlp.ir" --threads=0
 # bench on the interpreter works in every build: key: value lines, a median

@@ -1,0 +1,1106 @@
+/* backend_cuda.c — the `cuda` target: the kernel plan run on an NVIDIA GPU
+ * through the driver API, everything loaded with dlopen (loader.c), so the
+ * same binary runs on a machine without a GPU and says why it cannot.
+ *
+ * A session:
+ *
+ *   - builds the kernel IR of the program (codegen/kernel.c) and emits CUDA C
+ *     for every elementwise and reduction kernel and every GEMM region's
+ *     epilogue (codegen/cuda.c); identical sources compile once, with NVRTC
+ *     on every core (jit.c), and the cubins are cached on disk;
+ *   - allocates device memory twice: memplan's arena, where every planned
+ *     value lives at its offset (in-place reuse and the planned peak are what
+ *     runs), and one block for inputs, params, buffers, values memplan did not
+ *     place, the updates' staging, the {seed, step} pair dropout kernels read
+ *     and cuBLASLt's workspace; reshapes alias their operand;
+ *   - starts from the interpreter's initial state (the same seed gives the
+ *     same params as the interp and cpu targets), converted to storage dtype;
+ *   - runs a step on one stream: inputs from a pinned staging buffer, the
+ *     kernels in plan order, matmuls through cuBLASLt (blas.c), the updates
+ *     (every new value read before any state is written), the outputs back
+ *     into pinned memory, and one synchronization at the end.
+ *
+ * What the GPU does not run yet runs on the host, correctly and visibly: a
+ * library op without a GPU implementation here (conv2d and its gradients,
+ * pooling, gather, scatter_add, concat, slice_grad; a matmul cuBLASLt cannot
+ * take) or a kernel the emitter refuses is copied to the host, run by the
+ * interpreter's kernel (tf_kernels_eval on a one-kernel plan) and copied
+ * back. Such kernels are counted in info().fallbacks, named "fallback" in
+ * profiles, and a GEMM region's epilogue still runs on the GPU.
+ *
+ * Environment: TFUSE_NO_TF32=1 keeps fp32 GEMMs in full fp32 (TF32 tensor
+ * cores otherwise); TFUSE_CUDA_SYNC=1 synchronizes after every kernel, so
+ * an asynchronous fault names the kernel that caused it; TFUSE_CUDA_FALLBACK=all
+ * runs every kernel on the host (separates a code generation bug from a
+ * runtime one); TFUSE_CUDA_EXPLAIN=1 prints, when a session starts, which
+ * kernels run on the host and why; TFUSE_CACHE_DIR moves the cubin cache
+ * (default ~/.cache/tfuse). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "blas.h"
+#include "cuda_jit.h"
+#include "interp.h"
+#include "kernel.h"
+#include "runtime.h"
+
+/* CUDA enumeration values used here (cuda.h, CUDA 13). */
+enum {
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_STREAM_NON_BLOCKING = 1,
+    CU_EVENT_DEFAULT = 0,
+};
+
+enum { ALIGN = 256 };                                   /* every block of device memory starts on this */
+static const size_t GEMM_WORKSPACE = (size_t)32 << 20;  /* cuBLASLt's workspace: 32 MiB, what Hopper's kernels ask for */
+
+/* snprintf("%s") without the truncation warnings: messages are cut on purpose. */
+static void set_text(char *dst, size_t n, const char *src)
+{
+    size_t len = strlen(src);
+    if (len >= n) len = n - 1;
+    memcpy(dst, src, len);
+    dst[len] = 0;
+}
+
+/* ---- can this machine run it? ------------------------------------------------ */
+
+static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
+static char g_probe_why[2048];   /* "" when the target can run; written once, read-only afterwards */
+
+static void probe(void)
+{
+    tf_cuda_libs *l = calloc(1, sizeof *l);
+    char err[2048] = "";
+    if (!l) {
+        snprintf(g_probe_why, sizeof g_probe_why, "out of memory probing for the CUDA driver");
+        return;
+    }
+    /* the driver first: where there is none (most machines), NVRTC is not even opened */
+    tf_cuda_libs_load(l, TF_CUDA_LIB_DRIVER, NULL, err, sizeof err);
+    int ndev = 0;
+    if (!(l->loaded & TF_CUDA_LIB_DRIVER)) set_text(g_probe_why, sizeof g_probe_why, l->driver_error);
+    else if (tf_cuda_driver_init(l, &ndev, err, sizeof err)) snprintf(g_probe_why, sizeof g_probe_why, "no CUDA device: %.2000s", err);
+    else if (tf_cuda_libs_add(l, TF_CUDA_LIB_NVRTC, NULL, err, sizeof err))
+        snprintf(g_probe_why, sizeof g_probe_why, "the cuda target compiles its kernels when a session starts, and %.1900s", l->nvrtc_error);
+    tf_cuda_libs_free(l);
+    free(l);
+}
+
+static const char *cuda_unavailable(void)
+{
+    pthread_once(&g_probe_once, probe);
+    return g_probe_why[0] ? g_probe_why : NULL;
+}
+
+/* ---- session state ---------------------------------------------------------- */
+
+typedef enum how {
+    RUN_JIT,            /* a generated kernel */
+    RUN_VIEW,           /* a reshape: nothing, or a copy when storage differs */
+    RUN_GEMM,           /* cuBLASLt, then the region's epilogue if any */
+    RUN_LIB_FALLBACK,   /* the library op on the host, its epilogue on the GPU */
+    RUN_FALLBACK,       /* the whole kernel on the host */
+    RUN_NOTHING,
+} how;
+static const char *const how_names[] = {"jit", "view", "gemm", "fallback", "fallback", "-"};
+
+typedef struct gemm_call {
+    tf_gemm g;
+    int64_t calls;              /* 1, or one per batch index when the batch axes do not stride evenly */
+    int64_t *off_a, *off_b;     /* per call: element offsets into A and B (NULL when calls == 1) */
+    int64_t step_c;             /* elements between consecutive calls' results */
+    size_t esz_ab, esz_c;       /* bytes per element */
+} gemm_call;
+
+typedef struct gkernel {
+    const tf_kernel *k;
+    how how;
+    int fn;                     /* the generated code (whole kernel or epilogue) in the jit's table; -1: none */
+    tf_cu_deviceptr *dptr;      /* per kernel->bufs entry, then {seed, step} when the code draws dropout masks */
+    void **args;                /* &dptr[i]: cuLaunchKernel's parameters */
+    gemm_call *mm;              /* RUN_GEMM */
+    char why[240];              /* RUN_*FALLBACK: why the GPU does not run it */
+    int64_t work;               /* elements of the index space */
+    double ms;                  /* profile: total, over `calls` runs */
+    int64_t calls;
+} gkernel;
+
+typedef struct cuda_session {
+    tf_cuda_libs libs;
+    char err[2048];             /* the last failed CUDA call's words (TF_CU_CALL) */
+    tf_cu_device dev;
+    tf_cu_context ctx;          /* the device's primary context, retained */
+    bool ctx_retained;
+    tf_cu_stream stream;
+    char gpu[128], arch[16];
+    int cc_major, cc_minor, sms, smem_optin;
+    tf_kernel_plan plan;
+    bool have_plan;
+    gkernel *ks;
+    tf_cuda_jit jit;            /* compiled code: modules and functions */
+    /* device memory: two allocations */
+    tf_cu_deviceptr arena, state;
+    size_t arena_bytes, state_bytes;
+    tf_cu_deviceptr *ptr;       /* per value id: its storage (0: none; reshapes go through root_of) */
+    tf_cu_deviceptr *stage;     /* per update: where its new value waits (0: read in place) */
+    tf_cu_deviceptr rt_dev, ws_dev;
+    size_t ws_bytes;
+    /* host memory */
+    unsigned char *pinned;      /* {seed, step}, then inputs, then outputs */
+    size_t pinned_bytes, *in_at, *out_at;
+    unsigned char *host;        /* fallback kernels' transfers, grown on demand */
+    size_t nhost;
+    tf_interp_ctx *ip;          /* initial state, and the fallback kernels' tensors */
+    uint64_t rt[2];             /* seed, step */
+    /* cuBLASLt */
+    tf_cublaslt_handle lt;
+    bool lt_ok;
+    char lt_why[1200];
+    /* behaviour */
+    bool tf32, sync_each, fallback_all;
+    bool profile;
+    tf_cu_event *ev;            /* two per kernel while profiling */
+    double jit_ms;
+} cuda_session;
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
+}
+
+static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype); }
+static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
+static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* The value whose storage v uses: through reshapes (views). */
+static const tf_value *root_of(const tf_value *v)
+{
+    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
+    return v;
+}
+
+static tf_cu_deviceptr dev_of(const cuda_session *c, const tf_value *v) { return v->kind == TF_VAL_CONST ? 0 : c->ptr[root_of(v)->id]; }
+
+/* A failed CUDA call (c->err holds its words) as the session's error. */
+static tf_status cu_fail(tf_session_t *s, cuda_session *c, tf_cu_result r, const char *what)
+{
+    tf_status st = r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME;
+    return tf_set_error(s->ctx, st, "error: cuda: %s%s%s", what ? what : "", what ? ": " : "", c->err);
+}
+
+/* Run a driver call; on failure return the session's error from the caller. */
+#define CU_DO(what, call)                                                                   \
+    do {                                                                                    \
+        tf_cu_result r_ = c->libs.cu.call;                                                  \
+        if (tf_cuda_check(&c->libs, r_, "cu" #call, __FILE__, __LINE__, c->err, sizeof c->err)) \
+            return cu_fail(s, c, r_, (what));                                               \
+    } while (0)
+
+static const char *human(double bytes, char *buf, size_t n)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
+    if (u == 0) snprintf(buf, n, "%.0f bytes", bytes);
+    else snprintf(buf, n, "%.2f %s", bytes, units[u]);
+    return buf;
+}
+
+/* ---- placing values ----------------------------------------------------------- */
+
+/* Offsets of everything in the state block (and which values the arena
+ * holds); the pointers follow once the blocks are allocated. */
+typedef struct layout {
+    int64_t *at;                /* per value id: byte offset, -1: none */
+    bool *in_arena;             /* per value id */
+    int64_t *stage_at;          /* per update: offset of its staging, -1: none */
+    size_t rt_at, ws_at, size;
+} layout;
+
+static void take(layout *L, int id, size_t bytes)
+{
+    L->size = align_up(L->size);
+    L->at[id] = (int64_t)L->size;
+    L->size += bytes ? bytes : 1;
+}
+
+static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
+{
+    const tf_module *m = s->p->m;
+    int V = m->next_id > 0 ? m->next_id : 1;
+    L->at = malloc((size_t)V * sizeof *L->at);
+    L->in_arena = calloc((size_t)V, sizeof *L->in_arena);
+    L->stage_at = malloc((size_t)(m->nupdates ? m->nupdates : 1) * sizeof *L->stage_at);
+    if (!L->at || !L->in_arena || !L->stage_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < V; i++) L->at[i] = -1;
+    bool arena = m->plan.planned && m->plan.arena_bytes > 0;
+    c->arena_bytes = arena ? (size_t)m->plan.arena_bytes : 0;
+    for (int i = 0; i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        take(L, v->id, value_bytes(v));
+    }
+    for (int i = 0; arena && i < m->nodes.n; i++) {
+        const tf_value *v = ((const tf_node *)m->nodes.items[i])->out;
+        if (root_of(v) != v || v->offset < 0) continue;
+        if ((uint64_t)v->offset + value_bytes(v) > (uint64_t)m->plan.arena_bytes)
+            return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: memplan put %s at %lld, past the %lld-byte arena",
+                                v->name ? v->name : "a value", (long long)v->offset, (long long)m->plan.arena_bytes);
+        L->at[v->id] = v->offset;
+        L->in_arena[v->id] = true;
+    }
+    /* what memplan left unplaced but a kernel, an output or an update touches */
+    for (int i = 0; i < c->plan.nkernels; i++) {
+        const tf_kernel *k = &c->plan.kernels[i];
+        for (int b = 0; b < k->nbufs; b++) {
+            const tf_value *v = root_of(k->bufs[b].value);
+            if (v->kind != TF_VAL_CONST && L->at[v->id] < 0) take(L, v->id, value_bytes(v));
+        }
+        if (k->kind != TF_K_VIEW && k->lib) {
+            const tf_value *v = root_of(k->lib->out);
+            if (L->at[v->id] < 0) take(L, v->id, value_bytes(v));
+        }
+    }
+    for (int i = 0; i < m->noutputs + m->nupdates; i++) {
+        const tf_value *v = root_of(i < m->noutputs ? m->outputs[i].value : m->updates[i - m->noutputs].value);
+        if (v->kind != TF_VAL_CONST && L->at[v->id] < 0) take(L, v->id, value_bytes(v));
+    }
+    /* an update whose new value is itself state (a param, a buffer, a view of
+     * one) waits in a copy, so that no update reads state another wrote */
+    for (int i = 0; i < m->nupdates; i++) {
+        const tf_value *v = root_of(m->updates[i].value);
+        L->stage_at[i] = -1;
+        if (v->kind == TF_VAL_NODE || v->kind == TF_VAL_CONST) continue;
+        L->size = align_up(L->size);
+        L->stage_at[i] = (int64_t)L->size;
+        L->size += value_bytes(v) ? value_bytes(v) : 1;
+    }
+    L->size = align_up(L->size);
+    L->rt_at = L->size;
+    L->size += 16;
+    L->size = align_up(L->size);
+    L->ws_at = L->size;
+    L->size += c->ws_bytes;
+    c->state_bytes = align_up(L->size);
+    return TF_OK;
+}
+
+/* Out of memory: what the plan needs, what is free, what to do. */
+static tf_status oom(tf_session_t *s, cuda_session *c, size_t free_b, size_t total_b)
+{
+    char a[32], b[32], f[32], t[32], need[32];
+    return tf_set_error(s->ctx, TF_ERR_OOM,
+                        "error: out of GPU memory: this program needs %s on the GPU (the activation arena %s, params, "
+                        "buffers, inputs and workspace %s) and %s of the %s of %s (GPU 0) are free; "
+                        "compile with --checkpoint=auto --memory-budget=BYTES to recompute activations in the backward pass, "
+                        "or use a smaller batch (--dim B=...)",
+                        human((double)(c->arena_bytes + c->state_bytes), need, sizeof need), human((double)c->arena_bytes, a, sizeof a),
+                        human((double)c->state_bytes, b, sizeof b), human((double)free_b, f, sizeof f),
+                        human((double)total_b, t, sizeof t), c->gpu);
+}
+
+static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
+{
+    const tf_module *m = s->p->m;
+    size_t free_b = 0, total_b = 0;
+    CU_DO("asking how much GPU memory is free", MemGetInfo(&free_b, &total_b));
+    if (c->arena_bytes + c->state_bytes > free_b) return oom(s, c, free_b, total_b);
+    tf_cu_result r;
+    if (c->arena_bytes && (r = c->libs.cu.MemAlloc(&c->arena, c->arena_bytes))) {
+        c->arena = 0;
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) return oom(s, c, free_b, total_b);
+        tf_cuda_check(&c->libs, r, "cuMemAlloc", __FILE__, __LINE__, c->err, sizeof c->err);
+        return cu_fail(s, c, r, "allocating the activation arena");
+    }
+    if ((r = c->libs.cu.MemAlloc(&c->state, c->state_bytes))) {
+        c->state = 0;
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) return oom(s, c, free_b, total_b);
+        tf_cuda_check(&c->libs, r, "cuMemAlloc", __FILE__, __LINE__, c->err, sizeof c->err);
+        return cu_fail(s, c, r, "allocating params, buffers and inputs");
+    }
+    /* zeroed, so that nothing reads leftovers of another process's data */
+    if (c->arena_bytes) CU_DO("clearing the arena", MemsetD8Async(c->arena, 0, c->arena_bytes, c->stream));
+    CU_DO("clearing the state block", MemsetD8Async(c->state, 0, c->state_bytes, c->stream));
+    int V = m->next_id > 0 ? m->next_id : 1;
+    c->ptr = calloc((size_t)V, sizeof *c->ptr);
+    c->stage = calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *c->stage);
+    if (!c->ptr || !c->stage) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < V; i++)
+        if (L->at[i] >= 0) c->ptr[i] = (L->in_arena[i] ? c->arena : c->state) + (tf_cu_deviceptr)L->at[i];
+    for (int i = 0; i < m->nupdates; i++)
+        if (L->stage_at[i] >= 0) c->stage[i] = c->state + (tf_cu_deviceptr)L->stage_at[i];
+    c->rt_dev = c->state + L->rt_at;
+    c->ws_dev = c->ws_bytes ? c->state + L->ws_at : 0;
+    /* pinned host staging: {seed, step}, inputs, outputs */
+    const tf_program_t *p = s->p;
+    c->in_at = calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *c->in_at);
+    c->out_at = calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_at);
+    if (!c->in_at || !c->out_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    size_t at = 64;
+    for (int i = 0; i < p->inputs.n; i++) {
+        c->in_at[i] = at;
+        at += (value_bytes(p->inputs.items[i]) + 63) / 64 * 64;
+    }
+    for (int i = 0; i < m->noutputs; i++) {
+        c->out_at[i] = at;
+        at += (value_bytes(m->outputs[i].value) + 63) / 64 * 64;
+    }
+    c->pinned_bytes = at;
+    void *pin = NULL;
+    if ((r = c->libs.cu.MemAllocHost(&pin, c->pinned_bytes))) {
+        tf_cuda_check(&c->libs, r, "cuMemAllocHost", __FILE__, __LINE__, c->err, sizeof c->err);
+        return cu_fail(s, c, r, "allocating pinned host memory for inputs and outputs");
+    }
+    c->pinned = pin;
+    return TF_OK;
+}
+
+/* ---- initial state ------------------------------------------------------------- */
+
+/* The interpreter's initializers with the session's seed, in storage dtype. */
+static tf_status initial_state(tf_session_t *s, cuda_session *c)
+{
+    const tf_module *m = s->p->m;
+    tf_diag d = {0};
+    c->ip = tf_interp_create(s->p->m, s->p->mode, s->seed);
+    if (!c->ip) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    if (tf_interp_init_state(c->ip, &d)) return tf_from_diag(s->ctx, &d);
+    size_t total = 0;
+    for (int i = 0; i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        if (v->kind != TF_VAL_INPUT) total += value_bytes(v);
+    }
+    unsigned char *buf = malloc(total ? total : 1), *at = buf;
+    if (!buf) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory staging the initial params (%zu bytes)", total);
+    tf_status st = TF_OK;
+    for (int i = 0; !st && i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        if (v->kind == TF_VAL_INPUT) continue;
+        tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
+        if (!t) {
+            st = tf_from_diag(s->ctx, &d);
+            break;
+        }
+        for (int64_t k = 0; k < t->numel; k++) tf_elem_store(v->type.dtype, at, k, t->data[k]);
+        tf_cu_result r = c->libs.cu.MemcpyHtoDAsync(c->ptr[v->id], at, value_bytes(v), c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            st = cu_fail(s, c, r, "copying the initial params to the GPU");
+        at += value_bytes(v);
+    }
+    tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);   /* before buf goes */
+    if (!st && tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
+        st = cu_fail(s, c, r, "copying the initial params to the GPU");
+    free(buf);
+    return st;
+}
+
+/* ---- matmul through cuBLASLt ---------------------------------------------------- */
+
+static bool gemm_type(tf_dt t, tf_gemm_type *out)
+{
+    if (t == TF_DT_F32) *out = TF_GEMM_F32;
+    else if (t == TF_DT_F16) *out = TF_GEMM_F16;
+    else if (t == TF_DT_BF16) *out = TF_GEMM_BF16;
+    else return false;
+    return true;
+}
+
+static void gemm_call_free(cuda_session *c, gemm_call *mm)
+{
+    if (!mm) return;
+    tf_gemm_free(&c->libs, &mm->g);
+    free(mm->off_a);
+    free(mm->off_b);
+    free(mm);
+}
+
+/* Plan kernel gk's matmul; false with the reason in gk->why when cuBLASLt
+ * cannot take it (the host then runs it). */
+static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
+{
+    const tf_node *n = gk->k->lib;
+    const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
+    tf_gemm_desc d = {0};
+    *oom_out = false;
+    if (!c->lt_ok) {
+        set_text(gk->why, sizeof gk->why, c->lt_why);
+        return false;
+    }
+    if (av->kind == TF_VAL_CONST || bv->kind == TF_VAL_CONST || av->type.dtype != bv->type.dtype || !gemm_type(av->type.dtype, &d.ab) ||
+        !gemm_type(ov->type.dtype, &d.c) || (d.c != d.ab && d.c != TF_GEMM_F32)) {
+        snprintf(gk->why, sizeof gk->why, "matmul of %s x %s -> %s: cuBLASLt is used for f32, f16 and bf16 operands of one type",
+                 tf_dtype_name(av->type.dtype), tf_dtype_name(bv->type.dtype), tf_dtype_name(ov->type.dtype));
+        return false;
+    }
+    d.ta = tf_node_bool(n, "transpose_a");
+    d.tb = tf_node_bool(n, "transpose_b");
+    int ra = av->type.rank - 2, rb = bv->type.rank - 2, r = ov->type.rank - 2;
+    if (ra < 0 || rb < 0 || r < 0) {
+        snprintf(gk->why, sizeof gk->why, "matmul of a rank below 2");
+        return false;
+    }
+    d.M = ov->type.dims[r].n;
+    d.N = ov->type.dims[r + 1].n;
+    d.K = av->type.dims[d.ta ? ra : ra + 1].n;
+    d.tf32 = c->tf32;
+    d.max_workspace = c->ws_bytes;
+    int64_t nb = 1;
+    for (int i = 0; i < r; i++) nb *= ov->type.dims[i].n;
+    bool a_full = ra == r;   /* a has every batch axis, unbroadcast */
+    for (int i = 0; a_full && i < r; i++) a_full = av->type.dims[i].n == ov->type.dims[i].n;
+    gemm_call *mm = calloc(1, sizeof *mm);
+    if (!mm) {
+        *oom_out = true;
+        return false;
+    }
+    mm->esz_ab = (size_t)tf_dtype_bytes(av->type.dtype);
+    mm->esz_c = (size_t)tf_dtype_bytes(ov->type.dtype);
+    mm->calls = 1;
+    mm->step_c = d.M * d.N;
+    tf_cu_deviceptr pa = dev_of(c, av), pb = dev_of(c, bv), pc = dev_of(c, ov);
+    uint64_t mix_a = pa, mix_b = pb, mix_c = pc;
+    d.batch = 1;
+    if (rb == 0 && !d.ta && a_full) {
+        d.M *= nb;   /* [.., M, K] x [K, N]: one GEMM of nb * M rows */
+    } else if (nb > 1) {
+        /* per output batch index: element strides of a and b (0 on broadcast axes) */
+        int64_t sa[TF_MAX_RANK] = {0}, sb[TF_MAX_RANK] = {0}, idx[TF_MAX_RANK] = {0};
+        int64_t st = d.M * d.K;
+        for (int i = ra - 1, j = r - 1; i >= 0; i--, j--) {
+            sa[j] = av->type.dims[i].n == 1 ? 0 : st;
+            st *= av->type.dims[i].n;
+        }
+        st = d.K * d.N;
+        for (int i = rb - 1, j = r - 1; i >= 0; i--, j--) {
+            sb[j] = bv->type.dims[i].n == 1 ? 0 : st;
+            st *= bv->type.dims[i].n;
+        }
+        mm->off_a = malloc((size_t)nb * sizeof *mm->off_a);
+        mm->off_b = malloc((size_t)nb * sizeof *mm->off_b);
+        if (!mm->off_a || !mm->off_b) {
+            gemm_call_free(c, mm);
+            *oom_out = true;
+            return false;
+        }
+        for (int64_t bi = 0; bi < nb; bi++) {
+            int64_t oa = 0, ob = 0;
+            for (int i = 0; i < r; i++) oa += idx[i] * sa[i], ob += idx[i] * sb[i];
+            mm->off_a[bi] = oa;
+            mm->off_b[bi] = ob;
+            for (int i = r - 1; i >= 0; i--) {
+                if (++idx[i] < ov->type.dims[i].n) break;
+                idx[i] = 0;
+            }
+        }
+        bool even = mm->off_a[1] != 0 && mm->off_b[1] != 0;   /* one strided-batched call */
+        for (int64_t bi = 2; even && bi < nb; bi++) even = mm->off_a[bi] == bi * mm->off_a[1] && mm->off_b[bi] == bi * mm->off_b[1];
+        if (even && nb <= INT32_MAX) {
+            d.batch = nb;
+            d.stride_a = mm->off_a[1];
+            d.stride_b = mm->off_b[1];
+            d.stride_c = mm->step_c;
+            mix_a |= (uint64_t)d.stride_a * mm->esz_ab;
+            mix_b |= (uint64_t)d.stride_b * mm->esz_ab;
+            mix_c |= (uint64_t)d.stride_c * mm->esz_c;
+            free(mm->off_a);
+            free(mm->off_b);
+            mm->off_a = mm->off_b = NULL;
+        } else {   /* broadcast batch axes: one call per batch index */
+            mm->calls = nb;
+            for (int64_t bi = 0; bi < nb; bi++) {
+                mix_a |= (uint64_t)mm->off_a[bi] * mm->esz_ab;
+                mix_b |= (uint64_t)mm->off_b[bi] * mm->esz_ab;
+                mix_c |= (uint64_t)(bi * mm->step_c) * mm->esz_c;
+            }
+        }
+    }
+    d.align_a = tf_gemm_alignment(mix_a);
+    d.align_b = tf_gemm_alignment(mix_b);
+    d.align_c = tf_gemm_alignment(mix_c);
+    char err[400];
+    tf_cuda_status st = tf_gemm_plan(&c->libs, c->lt, &d, &mm->g, err, sizeof err);
+    if (st) {
+        set_text(gk->why, sizeof gk->why, err);
+        *oom_out = st == TF_CUDA_ERR_OOM;
+        gemm_call_free(c, mm);
+        return false;
+    }
+    gk->mm = mm;
+    return true;
+}
+
+static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
+{
+    const tf_node *n = gk->k->lib;
+    gemm_call *mm = gk->mm;
+    tf_cu_deviceptr pa = dev_of(c, n->in[0]), pb = dev_of(c, n->in[1]), pc = dev_of(c, n->out);
+    char err[600];
+    for (int64_t i = 0; i < mm->calls; i++) {
+        tf_cu_deviceptr a = pa + (mm->off_a ? (tf_cu_deviceptr)mm->off_a[i] * mm->esz_ab : 0);
+        tf_cu_deviceptr b = pb + (mm->off_b ? (tf_cu_deviceptr)mm->off_b[i] * mm->esz_ab : 0);
+        tf_cu_deviceptr o = pc + (tf_cu_deviceptr)(i * mm->step_c) * mm->esz_c;
+        if (tf_gemm_run(&c->libs, c->lt, &mm->g, a, b, o, c->ws_dev, c->ws_bytes, c->stream, err, sizeof err))
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: kernel %s (matmul): %s", gk->k->name, err);
+    }
+    return TF_OK;
+}
+
+/* ---- the host fallback ---------------------------------------------------------- */
+
+static unsigned char *host_scratch(cuda_session *c, size_t bytes)
+{
+    if (bytes > c->nhost) {
+        free(c->host);
+        c->host = malloc(bytes);
+        c->nhost = c->host ? bytes : 0;
+    }
+    return c->host;
+}
+
+/* Device value v into its interpreter tensor. */
+static tf_status to_interp(tf_session_t *s, cuda_session *c, const tf_value *v)
+{
+    tf_diag d = {0};
+    tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
+    if (!t) return tf_from_diag(s->ctx, &d);
+    size_t bytes = value_bytes(v);
+    unsigned char *h = host_scratch(c, bytes ? bytes : 1);
+    if (!h) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory (%zu bytes for a host copy of %s)", bytes, v->name ? v->name : "a value");
+    CU_DO("copying a fallback kernel's operand to the host", MemcpyDtoHAsync(h, dev_of(c, v), bytes, c->stream));
+    CU_DO("copying a fallback kernel's operand to the host", StreamSynchronize(c->stream));
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = tf_elem_load(v->type.dtype, h, i);
+    return TF_OK;
+}
+
+/* v's interpreter tensor, in storage dtype, onto the device. */
+static tf_status from_interp(tf_session_t *s, cuda_session *c, const tf_value *v)
+{
+    tf_diag d = {0};
+    tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
+    if (!t) return tf_from_diag(s->ctx, &d);
+    size_t bytes = value_bytes(v);
+    unsigned char *h = host_scratch(c, bytes ? bytes : 1);
+    if (!h) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory (%zu bytes for a host copy of %s)", bytes, v->name ? v->name : "a value");
+    for (int64_t i = 0; i < t->numel; i++) tf_elem_store(v->type.dtype, h, i, t->data[i]);
+    CU_DO("copying a fallback kernel's result to the GPU", MemcpyHtoDAsync(dev_of(c, v), h, bytes, c->stream));
+    CU_DO("copying a fallback kernel's result to the GPU", StreamSynchronize(c->stream));   /* before h is reused */
+    return TF_OK;
+}
+
+/* The interpreter's kernel on host copies: the whole kernel, or only its
+ * library op (lib_only: the epilogue then runs on the GPU). */
+static tf_status run_fallback(tf_session_t *s, cuda_session *c, const tf_kernel *k, bool lib_only)
+{
+    tf_diag d = {0};
+    tf_status st = TF_OK;
+    tf_interp_set_step(c->ip, c->rt[1]);
+    if (lib_only) {
+        for (int q = 0; !st && q < k->lib->nin; q++)
+            if (k->lib->in[q]->kind != TF_VAL_CONST) st = to_interp(s, c, k->lib->in[q]);
+    } else {
+        for (int b = 0; !st && b < k->nbufs; b++) st = to_interp(s, c, k->bufs[b].value);
+    }
+    if (st) return st;
+    tf_kernel one_k = *k;
+    if (lib_only) one_k.nexprs = 0;   /* tf_kernels_eval then runs the library op alone */
+    tf_kernel_plan one = {.kernels = &one_k, .nkernels = 1};
+    if (tf_kernels_eval(&one, c->ip, &d)) return tf_from_diag(s->ctx, &d);
+    if (lib_only) return from_interp(s, c, k->lib->out);
+    for (int b = 0; !st && b < k->nbufs; b++)
+        if (k->bufs[b].written) st = from_interp(s, c, k->bufs[b].value);
+    return st;
+}
+
+/* Fill a device value with a constant (a reshape of a number, an update or
+ * output that is one). */
+static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *dst, const tf_value *src)
+{
+    size_t bytes = value_bytes(dst);
+    unsigned char *h = host_scratch(c, bytes ? bytes : 1);
+    if (!h) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    double x = tf_dtype_round(src->type.dtype, src->cval);
+    for (int64_t i = 0; i < numel(dst); i++) tf_elem_store(dst->type.dtype, h, i, x);
+    CU_DO("filling a constant", MemcpyHtoDAsync(dev_of(c, dst), h, bytes, c->stream));
+    CU_DO("filling a constant", StreamSynchronize(c->stream));
+    return TF_OK;
+}
+
+/* ---- building the kernels ----------------------------------------------------------- */
+
+static tf_status build_kernels(tf_session_t *s, cuda_session *c)
+{
+    int nk = c->plan.nkernels;
+    c->ks = calloc((size_t)(nk ? nk : 1), sizeof *c->ks);
+    if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    double t0 = now_ms();
+    tf_cuda_jit_job *jobs = calloc((size_t)(nk ? nk : 1), sizeof *jobs);
+    if (!jobs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    tf_status st = TF_OK;
+    int njobs = 0;
+    for (int i = 0; !st && i < nk; i++) {
+        const tf_kernel *k = &c->plan.kernels[i];
+        gkernel *gk = &c->ks[i];
+        gk->k = k;
+        gk->fn = -1;
+        gk->work = 1;
+        for (int a = 0; a < k->rank; a++) gk->work *= k->dims[a];
+        if (k->kind == TF_K_VIEW) {
+            gk->how = RUN_VIEW;
+            continue;
+        }
+        if (c->fallback_all) {
+            gk->how = k->lib || k->nexprs ? RUN_FALLBACK : RUN_NOTHING;
+            snprintf(gk->why, sizeof gk->why, "TFUSE_CUDA_FALLBACK=all");
+            continue;
+        }
+        bool code = k->nexprs && (!k->lib || k->nstores);   /* the whole kernel, or a GEMM region's epilogue */
+        if (code) {
+            tf_diag d = {0};
+            if (tf_cuda_emit(k, &jobs[njobs].kernel, &d)) {
+                if (d.status != TF_IR_ERR_RUNTIME) {
+                    st = tf_from_diag(s->ctx, &d);
+                    break;
+                }
+                set_text(gk->why, sizeof gk->why, d.msg);   /* the emitter says why it cannot */
+                gk->how = RUN_FALLBACK;
+                continue;
+            }
+            jobs[njobs].owner = i;
+            njobs++;
+        }
+        if (!k->lib) {
+            gk->how = code ? RUN_JIT : RUN_NOTHING;
+            continue;
+        }
+        bool oom_hit = false;
+        if (k->lib->op == TF_OP_MATMUL && gemm_setup(c, gk, &oom_hit)) gk->how = RUN_GEMM;
+        else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the GEMM of kernel %s", k->name);
+        else {
+            if (k->lib->op != TF_OP_MATMUL)
+                snprintf(gk->why, sizeof gk->why, "%s has no GPU implementation in this build", tf_op_info_of(k->lib->op)->name);
+            gk->how = code ? RUN_LIB_FALLBACK : RUN_FALLBACK;
+        }
+    }
+    char err[2048];
+    if (!st) {
+        tf_cuda_status cs = tf_cuda_jit_build(&c->jit, &c->libs, c->arch, jobs, njobs, err, sizeof err);
+        if (cs) st = tf_set_error(s->ctx, cs == TF_CUDA_ERR_OOM ? TF_ERR_OOM : TF_ERR_RUNTIME, "error: cuda: %s", err);
+    }
+    for (int j = 0; !st && j < njobs; j++) c->ks[jobs[j].owner].fn = jobs[j].fn;
+    for (int j = 0; j < njobs; j++) tf_cuda_kernel_free(&jobs[j].kernel);
+    free(jobs);
+    c->jit_ms = now_ms() - t0;
+    if (st) return st;
+    /* launch parameters: the buffers' device pointers, then {seed, step} */
+    for (int i = 0; i < nk; i++) {
+        gkernel *gk = &c->ks[i];
+        if (gk->fn < 0) continue;
+        const tf_kernel *k = gk->k;
+        const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
+        gk->dptr = calloc((size_t)k->nbufs + 1, sizeof *gk->dptr);
+        gk->args = calloc((size_t)k->nbufs + 1, sizeof *gk->args);
+        if (!gk->dptr || !gk->args) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        for (int b = 0; b < k->nbufs; b++) {
+            gk->dptr[b] = dev_of(c, k->bufs[b].value);
+            gk->args[b] = &gk->dptr[b];
+            if (!gk->dptr[b] || (f->align > 1 && gk->dptr[b] % f->align))
+                return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: kernel %s: buffer %d (%s) is %s", k->name, b,
+                                    k->bufs[b].value->name ? k->bufs[b].value->name : "?",
+                                    gk->dptr[b] ? "not aligned as its vector loads need" : "not placed in device memory");
+        }
+        if (f->rng) {
+            gk->dptr[k->nbufs] = c->rt_dev;
+            gk->args[k->nbufs] = &gk->dptr[k->nbufs];
+        }
+    }
+    return TF_OK;
+}
+
+/* ---- running ---------------------------------------------------------------------- */
+
+static tf_status launch(tf_session_t *s, cuda_session *c, gkernel *gk)
+{
+    const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
+    tf_cu_result r = c->libs.cu.LaunchKernel(f->function, f->grid, 1, 1, f->block, 1, 1, f->smem, c->stream, gk->args, NULL);
+    if (tf_cuda_check(&c->libs, r, "cuLaunchKernel", __FILE__, __LINE__, c->err, sizeof c->err))
+        return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: launching kernel %s (%s, grid %u, block %u, %u bytes of shared memory): %s",
+                            gk->k->name, f->name, f->grid, f->block, f->smem, c->err);
+    return TF_OK;
+}
+
+static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
+{
+    const tf_kernel *k = gk->k;
+    tf_status st = TF_OK;
+    switch (gk->how) {
+    case RUN_NOTHING: return TF_OK;
+    case RUN_VIEW: {
+        const tf_value *src = k->lib->in[0], *dst = k->lib->out;
+        if (!dev_of(c, dst)) return TF_OK;   /* nothing reads it */
+        if (src->kind == TF_VAL_CONST) return fill_const(s, c, dst, src);
+        if (dev_of(c, src) != dev_of(c, dst))
+            CU_DO(k->name, MemcpyDtoDAsync(dev_of(c, dst), dev_of(c, src), value_bytes(dst), c->stream));
+        return TF_OK;
+    }
+    case RUN_FALLBACK: return run_fallback(s, c, k, false);
+    case RUN_LIB_FALLBACK: st = run_fallback(s, c, k, true); break;
+    case RUN_GEMM: st = run_gemm(s, c, gk); break;
+    case RUN_JIT: break;
+    }
+    if (!st && gk->fn >= 0) st = launch(s, c, gk);
+    return st;
+}
+
+static tf_status ensure_events(tf_session_t *s, cuda_session *c)
+{
+    if (c->ev) return TF_OK;
+    int n = 2 * (c->plan.nkernels ? c->plan.nkernels : 1);
+    c->ev = calloc((size_t)n, sizeof *c->ev);
+    if (!c->ev) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < n; i++) CU_DO("creating the profiler's events", EventCreate(&c->ev[i], CU_EVENT_DEFAULT));
+    return TF_OK;
+}
+
+/* After a failure inside a step: let the stream drain so that nothing still
+ * reads the pinned buffers, keeping the first error's message. */
+static tf_status drain(cuda_session *c, tf_status st)
+{
+    c->libs.cu.StreamSynchronize(c->stream);
+    return st;
+}
+
+static tf_status cuda_run(tf_session_t *s)
+{
+    cuda_session *c = s->impl;
+    const tf_program_t *p = s->p;
+    const tf_module *m = p->m;
+    tf_status st;
+    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    if (c->profile && (st = ensure_events(s, c))) return st;
+    memcpy(c->pinned, c->rt, sizeof c->rt);
+    CU_DO("copying {seed, step} to the GPU", MemcpyHtoDAsync(c->rt_dev, c->pinned, sizeof c->rt, c->stream));
+    for (int i = 0; i < p->inputs.n; i++) {
+        const tf_value *v = p->inputs.items[i];
+        memcpy(c->pinned + c->in_at[i], s->bound[i], value_bytes(v));
+        tf_cu_result r = c->libs.cu.MemcpyHtoDAsync(c->ptr[v->id], c->pinned + c->in_at[i], value_bytes(v), c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err));
+    }
+    for (int i = 0; i < c->plan.nkernels; i++) {
+        gkernel *gk = &c->ks[i];
+        if (c->profile) {
+            tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i], c->stream);
+            if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err))
+                return drain(c, cu_fail(s, c, r, gk->k->name));
+        }
+        if ((st = run_kernel(s, c, gk))) return drain(c, st);
+        if (c->profile) {
+            tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i + 1], c->stream);
+            if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err))
+                return drain(c, cu_fail(s, c, r, gk->k->name));
+        }
+        if (c->sync_each) {
+            tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
+            if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
+                return drain(c, tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
+                                             "error: cuda: kernel %s (%s) failed: %s", gk->k->name, how_names[gk->how], c->err));
+        }
+    }
+    /* updates: every new value that is itself state is copied aside first */
+    for (int i = 0; i < m->nupdates; i++) {
+        if (!c->stage[i]) continue;
+        const tf_value *v = m->updates[i].value;
+        tf_cu_result r = c->libs.cu.MemcpyDtoDAsync(c->stage[i], dev_of(c, v), value_bytes(v), c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            return drain(c, cu_fail(s, c, r, "staging an update"));
+    }
+    for (int i = 0; i < m->nupdates; i++) {
+        const tf_value *v = m->updates[i].value, *dst = m->updates[i].buffer;
+        if (v->kind == TF_VAL_CONST) {
+            if ((st = fill_const(s, c, dst, v))) return drain(c, st);
+            continue;
+        }
+        tf_cu_deviceptr from = c->stage[i] ? c->stage[i] : dev_of(c, v), to = dev_of(c, dst);
+        if (from == to) continue;
+        tf_cu_result r = c->libs.cu.MemcpyDtoDAsync(to, from, value_bytes(dst), c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: updating %s: %s", dst->name, c->err));
+    }
+    for (int i = 0; i < m->noutputs; i++) {
+        const tf_value *v = m->outputs[i].value;
+        if (v->kind == TF_VAL_CONST) continue;
+        tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned + c->out_at[i], dev_of(c, v), value_bytes(v), c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying output '%s' to the host: %s", m->outputs[i].name, c->err));
+    }
+    tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
+    if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
+        return tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
+                            "error: cuda: the step failed on the GPU: %s (the failure may come from any kernel of the step; "
+                            "TFUSE_CUDA_SYNC=1 names the kernel, compute-sanitizer finds the access)", c->err);
+    for (int i = 0; i < m->noutputs; i++) {
+        const tf_value *v = m->outputs[i].value;
+        if (v->kind == TF_VAL_CONST) {
+            for (int64_t j = 0; j < numel(v); j++) tf_elem_store(v->type.dtype, s->out[i], j, tf_dtype_round(v->type.dtype, v->cval));
+        } else {
+            memcpy(s->out[i], c->pinned + c->out_at[i], value_bytes(v));
+        }
+    }
+    if (c->profile) {
+        for (int i = 0; i < c->plan.nkernels; i++) {
+            float ms = 0;
+            CU_DO("reading the profiler's events", EventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
+            c->ks[i].ms += ms;
+            c->ks[i].calls++;
+        }
+    }
+    c->rt[1]++;
+    return TF_OK;
+}
+
+/* ---- state ---------------------------------------------------------------------------- */
+
+static tf_status cuda_state_read(tf_session_t *s, const tf_value *v, void *dst)
+{
+    cuda_session *c = s->impl;
+    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    CU_DO(v->name, MemcpyDtoHAsync(dst, c->ptr[v->id], value_bytes(v), c->stream));
+    CU_DO(v->name, StreamSynchronize(c->stream));
+    return TF_OK;
+}
+
+static tf_status cuda_state_write(tf_session_t *s, const tf_value *v, const void *src)
+{
+    cuda_session *c = s->impl;
+    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    CU_DO(v->name, MemcpyHtoDAsync(c->ptr[v->id], src, value_bytes(v), c->stream));
+    CU_DO(v->name, StreamSynchronize(c->stream));
+    return TF_OK;
+}
+
+static uint64_t cuda_step_get(tf_session_t *s) { return ((cuda_session *)s->impl)->rt[1]; }
+static void cuda_step_set(tf_session_t *s, uint64_t step) { ((cuda_session *)s->impl)->rt[1] = step; }
+
+/* ---- creating and freeing -------------------------------------------------------------- */
+
+static void cuda_free(tf_session_t *s)
+{
+    cuda_session *c = s->impl;
+    if (!c) return;
+    tf_cu_api *cu = &c->libs.cu;
+    bool driver = (c->libs.loaded & TF_CUDA_LIB_DRIVER) && c->ctx;
+    if (driver) {
+        cu->CtxSetCurrent(c->ctx);
+        if (c->stream) cu->StreamSynchronize(c->stream);
+    }
+    for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
+        free(c->ks[i].dptr);
+        free(c->ks[i].args);
+        gemm_call_free(c, c->ks[i].mm);
+    }
+    free(c->ks);
+    if (c->lt) c->libs.lt.Destroy(c->lt);
+    if (driver) {
+        for (int i = 0; c->ev && i < 2 * (c->plan.nkernels ? c->plan.nkernels : 1); i++)
+            if (c->ev[i]) cu->EventDestroy(c->ev[i]);
+        tf_cuda_jit_free(&c->jit, &c->libs);
+        if (c->arena) cu->MemFree(c->arena);
+        if (c->state) cu->MemFree(c->state);
+        if (c->pinned) cu->MemFreeHost(c->pinned);
+        if (c->stream) cu->StreamDestroy(c->stream);
+    }
+    free(c->ev);
+    if (c->ctx_retained) cu->DevicePrimaryCtxRelease(c->dev);
+    if (c->have_plan) tf_kernels_free(&c->plan);
+    free(c->ptr);
+    free(c->stage);
+    free(c->in_at);
+    free(c->out_at);
+    free(c->host);
+    tf_interp_free(c->ip);
+    tf_cuda_libs_free(&c->libs);
+    free(c);
+    s->impl = NULL;
+}
+
+/* The architecture to compile for: the device's own, when NVRTC knows it. */
+static tf_status pick_arch(tf_session_t *s, cuda_session *c)
+{
+    int want = c->cc_major * 10 + c->cc_minor, best = 0;
+    for (int i = 0; i < c->libs.narchs; i++)
+        if (c->libs.archs[i] == want) best = want;
+    if (!c->libs.narchs) best = want;   /* NVRTC did not list them: let it decide */
+    if (!best)   /* a cubin runs on later minor versions of its major version */
+        for (int i = 0; i < c->libs.narchs; i++)
+            if (c->libs.archs[i] / 10 == c->cc_major && c->libs.archs[i] <= want && c->libs.archs[i] > best) best = c->libs.archs[i];
+    if (!best)
+        return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE,
+                            "error: cuda: NVRTC %d.%d (%s) cannot compile for %s (compute capability %d.%d); it knows sm_%d .. sm_%d: "
+                            "install a CUDA toolkit (or `pip install nvidia-cuda-nvrtc`) recent enough for this GPU",
+                            c->libs.nvrtc_major, c->libs.nvrtc_minor, c->libs.nvrtc_path, c->gpu, c->cc_major, c->cc_minor,
+                            c->libs.narchs ? c->libs.archs[0] : 0, c->libs.narchs ? c->libs.archs[c->libs.narchs - 1] : 0);
+    snprintf(c->arch, sizeof c->arch, "sm_%d", best);
+    return TF_OK;
+}
+
+static tf_status open_device(tf_session_t *s, cuda_session *c)
+{
+    char err[2048];
+    tf_cuda_libs_load(&c->libs, TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_NVRTC, NULL, err, sizeof err);
+    if (!(c->libs.loaded & TF_CUDA_LIB_DRIVER))
+        return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda' cannot run here: %s", c->libs.driver_error);
+    if (!(c->libs.loaded & TF_CUDA_LIB_NVRTC))
+        return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda' cannot run here: it compiles its kernels with NVRTC, and %s",
+                            c->libs.nvrtc_error);
+    int ndev = 0;
+    if (tf_cuda_driver_init(&c->libs, &ndev, err, sizeof err))
+        return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda' cannot run here: no CUDA device: %s", err);
+    CU_DO("opening GPU 0", DeviceGet(&c->dev, 0));
+    CU_DO("naming GPU 0", DeviceGetName(c->gpu, (int)sizeof c->gpu - 1, c->dev));
+    CU_DO("opening GPU 0's primary context", DevicePrimaryCtxRetain(&c->ctx, c->dev));
+    c->ctx_retained = true;
+    CU_DO("making GPU 0's context current", CtxSetCurrent(c->ctx));
+    CU_DO("reading the compute capability", DeviceGetAttribute(&c->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev));
+    CU_DO("reading the compute capability", DeviceGetAttribute(&c->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev));
+    CU_DO("counting multiprocessors", DeviceGetAttribute(&c->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev));
+    CU_DO("reading the shared memory limit", DeviceGetAttribute(&c->smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, c->dev));
+    CU_DO("creating a stream", StreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
+    return pick_arch(s, c);
+}
+
+/* cuBLASLt when it loads and starts; its absence is no error (the host then
+ * runs the GEMMs, counted as fallbacks), and lt_why says what happened. */
+static void open_cublaslt(cuda_session *c)
+{
+    bool any = false;
+    for (int i = 0; i < c->plan.nkernels && !any; i++) any = c->plan.kernels[i].lib && c->plan.kernels[i].lib->op == TF_OP_MATMUL;
+    if (!any || c->fallback_all) {
+        snprintf(c->lt_why, sizeof c->lt_why, any ? "TFUSE_CUDA_FALLBACK=all" : "no matmul");
+        return;
+    }
+    char err[1200];
+    if (tf_cuda_libs_add(&c->libs, TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err)) {
+        set_text(c->lt_why, sizeof c->lt_why, c->libs.cublaslt_error);
+        return;
+    }
+    tf_cublas_status r = c->libs.lt.Create(&c->lt);
+    if (r) {
+        c->lt = NULL;
+        const char *name = c->libs.lt.GetStatusName(r);
+        snprintf(c->lt_why, sizeof c->lt_why, "cublasLtCreate failed: %.200s (%.900s)", name ? name : "?", c->libs.cublaslt_path);
+        return;
+    }
+    c->lt_ok = true;
+    c->ws_bytes = GEMM_WORKSPACE;
+}
+
+static tf_status cuda_create(tf_session_t *s)
+{
+    cuda_session *c = calloc(1, sizeof *c);
+    if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    s->impl = c;
+    c->rt[0] = s->seed;
+    c->tf32 = !env_is("TFUSE_NO_TF32", "1");
+    c->sync_each = env_is("TFUSE_CUDA_SYNC", "1");
+    c->fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
+    tf_diag d = {0};
+    layout L = {0};
+    tf_status st = open_device(s, c);
+    if (!st) {
+        if (tf_kernels_build(s->p->m, &c->plan, &d)) st = tf_from_diag(s->ctx, &d);
+        else c->have_plan = true;
+    }
+    if (!st) open_cublaslt(c);
+    if (!st) st = plan_layout(s, c, &L);
+    if (!st) st = allocate(s, c, &L);   /* before anything slow: out of memory is said at once */
+    if (!st) st = initial_state(s, c);
+    if (!st) st = build_kernels(s, c);
+    if (!st) {
+        tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
+            st = cu_fail(s, c, r, "starting the session");
+    }
+    free(L.at);
+    free(L.in_arena);
+    free(L.stage_at);
+    if (st) {
+        cuda_free(s);
+        return st;
+    }
+    if (env_is("TFUSE_CUDA_EXPLAIN", "1")) {   /* what runs where, and why not on the GPU */
+        fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
+                c->plan.nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
+        for (int i = 0; i < c->plan.nkernels; i++)
+            if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
+                fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
+                        c->ks[i].how == RUN_LIB_FALLBACK ? "its library op " : "", c->ks[i].why);
+    }
+    return TF_OK;
+}
+
+/* ---- profiles and facts ------------------------------------------------------------------- */
+
+static void cuda_set_profiling(tf_session_t *s, bool on)
+{
+    cuda_session *c = s->impl;
+    c->profile = on;
+    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].ms = 0, c->ks[i].calls = 0;
+}
+
+static size_t cuda_profile_count(tf_session_t *s) { return (size_t)((cuda_session *)s->impl)->plan.nkernels; }
+
+static void cuda_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
+{
+    cuda_session *c = s->impl;
+    const gkernel *gk = &c->ks[i];
+    out->name = gk->k->name;
+    out->how = how_names[gk->how];
+    out->total_ms = gk->ms;
+    out->calls = gk->calls;
+    out->elements = gk->work;
+}
+
+static void cuda_info(tf_session_t *s, tf_session_info *out)
+{
+    cuda_session *c = s->impl;
+    out->threads = 1;
+    out->kernels = c->plan.nkernels;
+    out->jit_compiled = c->jit.compiled;
+    out->jit_cached = c->jit.cached;
+    out->jit_ms = c->jit_ms;
+    out->fallbacks = 0;
+    for (int i = 0; i < c->plan.nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
+    out->library = c->lt_ok ? "cuBLASLt" : "none";
+}
+
+const tf_backend tf_backend_cuda = {
+    .name = "cuda",
+    .unavailable = cuda_unavailable,
+    .session_create = cuda_create,
+    .session_free = cuda_free,
+    .run = cuda_run,
+    .state_read = cuda_state_read,
+    .state_write = cuda_state_write,
+    .step_get = cuda_step_get,
+    .step_set = cuda_step_set,
+    .set_profiling = cuda_set_profiling,
+    .profile_count = cuda_profile_count,
+    .profile_get = cuda_profile_get,
+    .info = cuda_info,
+};

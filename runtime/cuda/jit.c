@@ -1,0 +1,262 @@
+/* jit.c — emitted CUDA C to loaded functions, through the disk cache and
+ * NVRTC (see cuda_jit.h). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_jit.h"
+
+enum {
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,   /* cuda.h */
+    STATIC_SMEM_LIMIT = 48 * 1024,                         /* dynamic shared memory above this needs the attribute */
+};
+static const unsigned MAX_GRID = 0x7fffffffu;              /* gridDim.x */
+static const char MAGIC[8] = {'T', 'F', 'C', 'U', 'B', 'I', 'N', '1'};
+
+/* ---- the disk cache ----------------------------------------------------------- */
+
+typedef struct cache_header {
+    char magic[8];
+    uint64_t key;               /* hash of (source, arch, NVRTC version) */
+    uint64_t size;              /* cubin bytes after the header */
+    uint64_t sum;               /* FNV-1a 64 of those bytes */
+    char name[24];              /* the kernel's entry point */
+    char arch[16];
+} cache_header;
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+static const uint64_t FNV_BASIS = 0xcbf29ce484222325ull;
+
+/* mkdir -p; true when dir exists afterwards. */
+static bool make_dirs(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
+        *q = '/';
+    }
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void cache_open(tf_cuda_jit *j)
+{
+    const char *d = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
+    char dir[4096];
+    if (d && *d) snprintf(dir, sizeof dir, "%.4000s/cuda", d);
+    else if (home && *home) snprintf(dir, sizeof dir, "%.4000s/.cache/tfuse/cuda", home);
+    else return;
+    if (make_dirs(dir)) snprintf(j->cache_dir, sizeof j->cache_dir, "%s", dir);
+}
+
+static uint64_t cache_key(const char *src, const char *arch, const tf_cuda_libs *l)
+{
+    char ver[64];
+    snprintf(ver, sizeof ver, "nvrtc %d.%d", l->nvrtc_major, l->nvrtc_minor);
+    uint64_t h = fnv1a(FNV_BASIS, src, strlen(src) + 1);
+    h = fnv1a(h, arch, strlen(arch) + 1);
+    return fnv1a(h, ver, strlen(ver) + 1);
+}
+
+static void cache_path(const tf_cuda_jit *j, uint64_t key, char *out, size_t n)
+{
+    snprintf(out, n, "%.4000s/%016llx.cubin", j->cache_dir, (unsigned long long)key);
+}
+
+/* The cached cubin for key, or NULL. */
+static void *cache_read(const tf_cuda_jit *j, uint64_t key, const char *name, const char *arch, size_t *size)
+{
+    if (!j->cache_dir[0]) return NULL;
+    char path[4200];
+    cache_path(j, key, path, sizeof path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    cache_header h;
+    void *bin = NULL;
+    if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, MAGIC, sizeof MAGIC) && h.key == key && h.size > 0 &&
+        h.size < ((uint64_t)1 << 31) && !strncmp(h.name, name, sizeof h.name) && !strncmp(h.arch, arch, sizeof h.arch) &&
+        (bin = malloc(h.size))) {
+        int extra = 0;
+        if (fread(bin, 1, h.size, f) != h.size || fread(&extra, 1, 1, f) != 0 || fnv1a(FNV_BASIS, bin, h.size) != h.sum) {
+            free(bin);
+            bin = NULL;
+        } else {
+            *size = h.size;
+        }
+    }
+    fclose(f);
+    return bin;
+}
+
+/* Write atomically: a temporary file in the same directory, then rename. */
+static void cache_write(const tf_cuda_jit *j, uint64_t key, const char *name, const char *arch, const void *bin, size_t size)
+{
+    if (!j->cache_dir[0]) return;
+    char path[4200], tmp[4300];
+    cache_path(j, key, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)bin);
+    cache_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, MAGIC, sizeof MAGIC);
+    h.key = key;
+    h.size = size;
+    h.sum = fnv1a(FNV_BASIS, bin, size);
+    snprintf(h.name, sizeof h.name, "%s", name);
+    snprintf(h.arch, sizeof h.arch, "%s", arch);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(bin, 1, size, f) == size && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = false;
+    if (!ok || rename(tmp, path) != 0) remove(tmp);
+}
+
+/* ---- building ----------------------------------------------------------------- */
+
+typedef struct unique {
+    const tf_cuda_kernel *k;    /* the first job with this source */
+    uint64_t key;
+    void *cubin;
+    size_t size;
+    bool from_cache;
+} unique;
+
+static tf_cuda_status load_one(tf_cuda_jit_fn *f, const tf_cuda_libs *l, const unique *u, const char *arch, char *err, size_t n)
+{
+    char why[1024];
+    if (tf_cuda_check(l, l->cu.ModuleLoadData(&f->module, u->cubin), "cuModuleLoadData", __FILE__, __LINE__, why, sizeof why)) {
+        f->module = NULL;
+        snprintf(err, n, "loading the cubin of %s: %s (NVRTC %d.%d made it for %s; the driver is CUDA %d.%d, and needs to be at "
+                 "least as new as NVRTC)", u->k->name, why, l->nvrtc_major, l->nvrtc_minor, arch,
+                 l->driver_version / 1000, l->driver_version % 1000 / 10);
+        return TF_CUDA_ERR_DRIVER;
+    }
+    if (tf_cuda_check(l, l->cu.ModuleGetFunction(&f->function, f->module, u->k->name), "cuModuleGetFunction", __FILE__, __LINE__,
+                      why, sizeof why)) {
+        snprintf(err, n, "finding %s in its cubin: %s", u->k->name, why);
+        return TF_CUDA_ERR_DRIVER;
+    }
+    if (f->smem > STATIC_SMEM_LIMIT &&
+        tf_cuda_check(l, l->cu.FuncSetAttribute(f->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)f->smem),
+                      "cuFuncSetAttribute", __FILE__, __LINE__, why, sizeof why)) {
+        snprintf(err, n, "kernel %s needs %u bytes of shared memory: %s", u->k->name, f->smem, why);
+        return TF_CUDA_ERR_DRIVER;
+    }
+    return TF_CUDA_OK;
+}
+
+static tf_cuda_status compile(const tf_cuda_libs *l, const char *arch, unique *us, int *idx, int nidx, int *compiled, char *err,
+                              size_t n)
+{
+    if (!nidx) return TF_CUDA_OK;
+    tf_nvrtc_job *jobs = calloc((size_t)nidx, sizeof *jobs);
+    if (!jobs) {
+        snprintf(err, n, "out of memory");
+        return TF_CUDA_ERR_OOM;
+    }
+    for (int i = 0; i < nidx; i++) {
+        jobs[i].src = us[idx[i]].k->src;
+        jobs[i].name = us[idx[i]].k->name;
+        jobs[i].arch = arch;
+    }
+    tf_cuda_status st = tf_nvrtc_compile_jobs(l, jobs, nidx, 0);
+    for (int i = 0; i < nidx; i++) {
+        if (jobs[i].status) {
+            if (!st) st = jobs[i].status;
+            continue;
+        }
+        us[idx[i]].cubin = jobs[i].cubin;
+        us[idx[i]].size = jobs[i].cubin_size;
+        jobs[i].cubin = NULL;
+        (*compiled)++;
+    }
+    if (st)
+        for (int i = 0; i < nidx; i++)
+            if (jobs[i].status) {
+                snprintf(err, n, "NVRTC could not compile kernel %s for %s: %s", jobs[i].name, arch, jobs[i].err);
+                break;
+            }
+    for (int i = 0; i < nidx; i++) tf_nvrtc_job_free(&jobs[i]);
+    free(jobs);
+    return st;
+}
+
+tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const char *arch, tf_cuda_jit_job *jobs, int njobs,
+                                 char *err, size_t n)
+{
+    memset(j, 0, sizeof *j);
+    if (!njobs) return TF_CUDA_OK;
+    cache_open(j);
+    unique *us = calloc((size_t)njobs, sizeof *us);
+    int *miss = calloc((size_t)njobs, sizeof *miss), nus = 0, nmiss = 0;
+    j->fns = calloc((size_t)njobs, sizeof *j->fns);
+    tf_cuda_status st = TF_CUDA_OK;
+    if (!us || !miss || !j->fns) {
+        snprintf(err, n, "out of memory");
+        st = TF_CUDA_ERR_OOM;
+    }
+    /* one entry per distinct source: equal names are equal hashes; the text decides */
+    for (int i = 0; !st && i < njobs; i++) {
+        const tf_cuda_kernel *k = &jobs[i].kernel;
+        int u = 0;
+        while (u < nus && !(us[u].k->hash == k->hash && strcmp(us[u].k->src, k->src) == 0)) u++;
+        jobs[i].fn = u;
+        if (u < nus) continue;
+        us[nus].k = k;
+        us[nus].key = cache_key(k->src, arch, l);
+        if ((us[nus].cubin = cache_read(j, us[nus].key, k->name, arch, &us[nus].size))) us[nus].from_cache = true;
+        else miss[nmiss++] = nus;
+        nus++;
+    }
+    if (!st) st = compile(l, arch, us, miss, nmiss, &j->compiled, err, n);
+    for (int i = 0; !st && i < nmiss; i++) cache_write(j, us[miss[i]].key, us[miss[i]].k->name, arch, us[miss[i]].cubin, us[miss[i]].size);
+    for (int u = 0; !st && u < nus; u++) {
+        tf_cuda_jit_fn *f = &j->fns[u];
+        const tf_cuda_kernel *k = us[u].k;
+        snprintf(f->name, sizeof f->name, "%s", k->name);
+        f->grid = k->grid < 1 ? 1 : k->grid > MAX_GRID ? MAX_GRID : k->grid;
+        f->block = k->block;
+        f->smem = k->smem;
+        f->align = k->align;
+        f->rng = k->rng;
+        j->nfns = u + 1;
+        st = load_one(f, l, &us[u], arch, err, n);
+        if (st && us[u].from_cache) {   /* a cached cubin the driver refuses: compile it again */
+            free(us[u].cubin);
+            us[u].cubin = NULL;
+            us[u].from_cache = false;
+            int one = u;
+            if (!(st = compile(l, arch, us, &one, 1, &j->compiled, err, n))) {
+                cache_write(j, us[u].key, k->name, arch, us[u].cubin, us[u].size);
+                st = load_one(f, l, &us[u], arch, err, n);
+            }
+        }
+        j->cached += !st && us[u].from_cache;
+    }
+    for (int u = 0; us && u < nus; u++) free(us[u].cubin);
+    free(us);
+    free(miss);
+    if (st) tf_cuda_jit_free(j, l);
+    return st;
+}
+
+void tf_cuda_jit_free(tf_cuda_jit *j, const tf_cuda_libs *l)
+{
+    for (int i = 0; j->fns && i < j->nfns; i++)
+        if (j->fns[i].module) l->cu.ModuleUnload(j->fns[i].module);
+    free(j->fns);
+    j->fns = NULL;
+    j->nfns = 0;
+}

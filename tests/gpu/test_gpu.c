@@ -1,0 +1,659 @@
+/* test_gpu.c — the cuda target computes what the interpreter computes.
+ *
+ *   test_gpu                 on a machine with an NVIDIA GPU (tests/gpu/run.sh)
+ *   test_gpu --fake DIR      anywhere: DIR holds fake_libcuda.c built as
+ *                            libcuda.so.1 (host memory for device memory, no
+ *                            kernels), and every kernel runs through the
+ *                            target's host fallback (TFUSE_CUDA_FALLBACK=all)
+ *
+ * Through the public API, like test_cpu.c for the cpu target: one program,
+ * two sessions with the same seed (interp, the float64 oracle, and cuda),
+ * the same fresh random inputs bound to both:
+ *
+ *   - ops: a model per op family (test_cpu.c's), at odd sizes, in fp32
+ *     storage and in f16/bf16 storage; inference compares every output,
+ *     training one step compares the loss and every param and buffer after
+ *     the update (every backward kernel and the optimizer are in it);
+ *   - each example: one training step in fp32 and in its own mixed
+ *     precision, and a 50-step fp32 loss curve that must follow the
+ *     interpreter's and go down;
+ *   - the session's contract: info, profiles, state in and out, the step,
+ *     a second session served by the disk cache, out of memory said with
+ *     the numbers and a remedy, and nothing left on the device afterwards.
+ *
+ * Tolerances, on the scale of the tensor (max |ref|), by storage dtype:
+ * bf16 1/64 and f16 1/256 (one rounding of the format, as test_cpu);
+ * fp32 1e-4 with TFUSE_NO_TF32=1 (float accumulation in reductions where
+ * the interpreter uses double, the GPU's expf/tanhf within a few ulp), and
+ * 1/128 by default, when fp32 GEMMs run on TF32 tensor cores: TF32 keeps 11
+ * significant bits of each operand, so each product is off by up to 2^-10
+ * relative and a K-term dot product by about 2^-10 of its magnitude, which
+ * near-zero elements see against the tensor's scale. States after an
+ * optimizer step compare by relative L2 error: 1e-3 in fp32 (Adam's
+ * normalized step turns a float-sized gradient difference into a visible
+ * one on a few elements), 1e-2 with TF32; 50-step loss curves within 1e-3
+ * (2e-2 with TF32). With --fake every kernel is the interpreter's own, so
+ * every comparison is exact (tolerance 0). */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "runtime.h"
+#include "testutil.h"
+#include "tfuse.h"
+
+extern const tf_backend tf_backend_cuda;
+
+/* LeakSanitizer (sanitizer builds): cuBLASLt keeps an allocation when
+ * cublasLtCreate fails, as it does over the fake driver; not ours to free. */
+const char *__lsan_default_suppressions(void) __attribute__((used));
+const char *__lsan_default_suppressions(void) { return "leak:libcublasLt\n"; }
+
+static uint64_t g_seed;
+static int g_cases;
+static bool g_fake, g_tf32;
+static int g_opt = 1;                       /* pair_make's options: --O0, passes left out */
+static const char *const *g_disable;
+static size_t g_ndisable;
+static void *g_fake_lib;   /* the fake driver, for its counters */
+
+static double tol_of(tf_dtype t)
+{
+    if (g_fake) return 0;   /* the interpreter's own kernels on the host: bit for bit */
+    return t == TF_DTYPE_BF16 ? 1.0 / 64 : t == TF_DTYPE_F16 ? 1.0 / 256 : t == TF_DTYPE_F64 ? 1e-9 : g_tf32 ? 1.0 / 128 : 1e-4;
+}
+static double state_tol(void) { return g_fake ? 0 : g_tf32 ? 1e-2 : 1e-3; }
+static double curve_tol(void) { return g_fake ? 0 : g_tf32 ? 2e-2 : 1e-3; }
+
+static int fake_counter(const char *name)
+{
+    int (*f)(void) = NULL;
+    void *p = g_fake_lib ? dlsym(g_fake_lib, name) : NULL;
+    memcpy(&f, &p, sizeof p);
+    return f ? f() : -1;
+}
+
+static int64_t numel(const tf_tensor_view *v)
+{
+    int64_t n = 1;
+    for (int i = 0; i < v->rank; i++) n *= v->shape[i];
+    return n;
+}
+
+/* Elementwise on the tensor's scale; returns the worst error / allowed. */
+static double compare_elems(const tf_tensor_view *got, const tf_tensor_view *want, double tol)
+{
+    int64_t n = numel(want);
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double w = tf_elem_load((tf_dt)want->dtype, want->data, i);
+        if (isfinite(w) && fabs(w) > scale) scale = fabs(w);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
+        if (isnan(w) || isnan(g) || isinf(w) || isinf(g)) {
+            if (!((isnan(w) && isnan(g)) || g == w)) return INFINITY;
+            continue;
+        }
+        if (g == w) continue;
+        double r = fabs(g - w) / (tol * (fabs(w) + scale * 0.05) + 1e-300);
+        if (r > worst) worst = r;
+    }
+    return worst;
+}
+
+static double rel_l2(const tf_tensor_view *got, const tf_tensor_view *want)
+{
+    int64_t n = numel(want);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- cuda sessions ------------------------------------------------------------ */
+
+/* The target the programs are compiled for: cuda once api.c knows it. */
+static tf_target compile_target(void) { return tf_backend_for(TF_TARGET_CUDA) ? TF_TARGET_CUDA : TF_TARGET_INTERP; }
+
+/* A cuda session through tf_session_create once api.c has the target; until
+ * then built here the way tf_session_create builds one. */
+static tf_status cuda_session(tf_context_t *ctx, const tf_program_t *p, uint64_t seed, tf_session_t **out)
+{
+    if (tf_backend_for(TF_TARGET_CUDA)) return tf_session_create(ctx, p, TF_TARGET_CUDA, seed, out);
+    *out = NULL;
+    const char *why = tf_backend_cuda.unavailable();
+    if (why) return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda' cannot run here: %s", why);
+    tf_session_t *s = calloc(1, sizeof *s);
+    if (!s) return TF_ERR_OOM;
+    s->ctx = ctx;
+    s->p = p;
+    s->be = &tf_backend_cuda;
+    s->seed = seed;
+    s->bound = calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *s->bound);
+    s->out = calloc((size_t)(p->m->noutputs ? p->m->noutputs : 1), sizeof *s->out);
+    for (int i = 0; s->out && i < p->m->noutputs; i++) {
+        const tf_type *t = &p->m->outputs[i].value->type;
+        s->out[i] = malloc((size_t)tf_type_numel(t) * (size_t)tf_dtype_bytes(t->dtype) + 1);
+    }
+    tf_status st = s->bound && s->out ? tf_backend_cuda.session_create(s) : TF_ERR_OOM;
+    if (st) {
+        s->be = NULL;
+        tf_session_free(s);
+        return st;
+    }
+    *out = s;
+    return TF_OK;
+}
+
+typedef struct pair {
+    tf_context_t *ctx;
+    tf_model_t *m;
+    tf_program_t *p;
+    tf_session_t *ref, *dev;
+    void *data[32];
+} pair;
+
+static void pair_free(pair *q)
+{
+    for (int i = 0; i < 32; i++) free(q->data[i]);
+    tf_session_free(q->ref);
+    tf_session_free(q->dev);
+    tf_program_free(q->p);
+    tf_model_free(q->m);
+    tf_context_free(q->ctx);
+}
+
+static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode, const char *precision,
+                      const tf_dim_override *dims, size_t nd)
+{
+    memset(q, 0, sizeof *q);
+    tf_context_create(&q->ctx);
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = mode;
+    o.target = compile_target();
+    o.precision = precision;
+    o.opt_level = g_opt;
+    o.disable_passes = g_disable;
+    o.ndisable_passes = g_ndisable;
+    if (tf_model_parse_string(q->ctx, label, text, strlen(text), dims, nd, &q->m) || tf_program_compile(q->ctx, q->m, &o, &q->p) ||
+        tf_session_create(q->ctx, q->p, TF_TARGET_INTERP, g_seed, &q->ref) || cuda_session(q->ctx, q->p, g_seed, &q->dev)) {
+        CHECK(0, "%s: %s", label, tf_context_last_error(q->ctx));
+        return false;
+    }
+    uint64_t s = g_seed ^ 0x5bd1e995u;
+    for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_INPUT) && i < 32; i++) {
+        const char *name;
+        tf_dtype dt;
+        int rank;
+        int64_t shape[8], n = 1, bound = 0;
+        tf_program_io(q->p, TF_IO_INPUT, i, &name, &dt, &rank, shape);
+        tf_program_input_bound(q->p, i, &bound);
+        for (int k = 0; k < rank; k++) n *= shape[k];
+        q->data[i] = calloc((size_t)(n ? n : 1), (size_t)tf_dtype_size(dt));
+        for (int64_t k = 0; k < n; k++) {
+            double u = test_rnd(&s);
+            bool fl = dt == TF_DTYPE_F32 || dt == TF_DTYPE_F64 || dt == TF_DTYPE_F16 || dt == TF_DTYPE_BF16;
+            double x = fl ? 4 * u - 2 : (double)(int64_t)(u * (double)(bound > 0 ? bound : 2));
+            tf_elem_store((tf_dt)dt, q->data[i], k, x);
+        }
+        if (tf_session_bind(q->ref, name, dt, shape, rank, q->data[i]) || tf_session_bind(q->dev, name, dt, shape, rank, q->data[i])) {
+            CHECK(0, "%s: bind %s: %s", label, name, tf_context_last_error(q->ctx));
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool pair_step(pair *q, const char *label)
+{
+    if (tf_session_run(q->ref) || tf_session_run(q->dev)) {
+        CHECK(0, "%s: run: %s", label, tf_context_last_error(q->ctx));
+        return false;
+    }
+    return true;
+}
+
+/* Every output elementwise; after training, every param and buffer.
+ * prec_tol: the mixed precision's rounding (0 in fp32). */
+static void pair_compare(pair *q, const char *label, bool state, double stol, double prec_tol)
+{
+    for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_OUTPUT); i++) {
+        const char *name;
+        tf_tensor_view a, b;
+        tf_program_io(q->p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
+        tf_session_output(q->ref, name, &a);
+        tf_session_output(q->dev, name, &b);
+        double r = compare_elems(&b, &a, fmax(tol_of(a.dtype), prec_tol));
+        CHECK(r <= 1, "%s: output %s (%s): error %.3g x the tolerance (seed %llu)", label, name, tf_dtype_str(a.dtype), r,
+              (unsigned long long)g_seed);
+    }
+    for (int kind = TF_IO_PARAM; state && kind <= TF_IO_BUFFER; kind++)
+        for (size_t i = 0; i < tf_program_io_count(q->p, (tf_io_kind)kind); i++) {
+            const char *name;
+            tf_tensor_view a, b;
+            tf_dtype dt;
+            int rank;
+            int64_t shape[8], n = 1;
+            tf_program_io(q->p, (tf_io_kind)kind, i, &name, &dt, &rank, shape);
+            for (int k = 0; k < rank; k++) n *= shape[k];
+            a.data = malloc((size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt));
+            b.data = malloc((size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt));
+            if (!a.data || !b.data || tf_session_get_state(q->ref, name, &a) || tf_session_get_state(q->dev, name, &b)) {
+                CHECK(0, "%s: state %s: %s", label, name, tf_context_last_error(q->ctx));
+                free(a.data);
+                free(b.data);
+                continue;
+            }
+            double e = rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? stol : tol_of(a.dtype), prec_tol);
+            CHECK(e <= t, "%s: state %s (%s): relative L2 error %.3g > %.3g (seed %llu)", label, name, tf_dtype_str(a.dtype), e, t,
+                  (unsigned long long)g_seed);
+            free(a.data);
+            free(b.data);
+        }
+}
+
+/* ---- ops --------------------------------------------------------------------- */
+
+/* Inference: fp32, then the model with every f32 narrowed to bf16 and f16.
+ * Training: fp32 and the mixed precisions (f32 params, 16-bit activations). */
+static void op_case(const char *label, const char *text, tf_mode mode)
+{
+    static const char *precisions[] = {"fp32", "bf16", "fp16"};
+    for (int pi = 0; pi < 3; pi++) {
+        size_t n = strlen(text);
+        char *u = malloc(n * 2 + 1), *w = u;
+        for (const char *p = text; *p; p++) {
+            if (pi && mode == TF_MODE_INFER && !strncmp(p, "f32", 3)) {
+                const char *to = pi == 1 ? "bf16" : "f16";
+                memcpy(w, to, strlen(to));
+                w += strlen(to);
+                p += 2;
+                continue;
+            }
+            *w++ = *p;
+        }
+        *w = 0;
+        char lab[256];
+        snprintf(lab, sizeof lab, "%s [%s]", label, precisions[pi]);
+        pair q;
+        if (pair_make(&q, lab, u, mode, mode == TF_MODE_TRAIN ? precisions[pi] : NULL, NULL, 0) && pair_step(&q, lab)) {
+            pair_compare(&q, lab, mode == TF_MODE_TRAIN, state_tol(),
+                         mode == TF_MODE_TRAIN && pi ? tol_of(pi == 1 ? TF_DTYPE_BF16 : TF_DTYPE_F16) : 0);
+            g_cases++;
+        }
+        pair_free(&q);
+        free(u);
+    }
+}
+
+#define TRAIN_SGD "train {\n  optimizer = sgd(lr=0.1, momentum=0.9)\n}\n"
+
+static const char *const UNARY =
+    "input x : f32[7, 13]\n"
+    "a = neg(x)\nb = abs(x)\nc = exp(x)\nl1 = add(b, 1.0)\nd = log(l1)\ne = sqrt(b)\nf = rsqrt(l1)\ng = tanh(x)\n"
+    "h = sigmoid(x)\ni = relu(x)\nj = sin(x)\nk = cos(x)\nm = erf(x)\nn = silu(x)\no = gelu(x)\n"
+    "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\noutput h\noutput i\noutput j\noutput k\n"
+    "output m\noutput n\noutput o\n";
+static const char *const GEMM =
+    "input a : f32[3, 7, 5]\ninput b : f32[5, 11]\ninput c : f32[1, 11, 5]\ninput d : f32[7, 3]\n"
+    "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, a, transpose_a=true)\n"
+    "output x\noutput y\noutput z\n";
+
+static void ops(void)
+{
+    op_case("unary", UNARY, TF_MODE_INFER);
+    op_case("binary", "input x : f32[3, 1, 17]\ninput y : f32[5, 17]\nb = abs(x)\nl = add(b, 0.5)\n"
+            "a = sub(x, y)\nc = div(x, l)\nd = pow(l, y)\ne = maximum(x, y)\nf = minimum(x, y)\ng = lt(x, y)\n"
+            "h = where(g, x, y)\ni = ge(x, 0.25)\nj = cast(i, to=f32)\nk = mul(j, y)\n"
+            "output a\noutput c\noutput d\noutput e\noutput f\noutput h\noutput k\n", TF_MODE_INFER);
+    op_case("reductions", "input x : f32[5, 1, 19]\n"
+            "a = reduce_sum(x, axes=[2])\nb = reduce_mean(x, axes=[0], keepdims=true)\nc = reduce_max(x, axes=[0, 2])\n"
+            "d = sum(x, axes=[0, 1, 2])\ne = softmax(x)\nf = log_softmax(x, axis=0)\n"
+            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\n", TF_MODE_INFER);
+    op_case("gemm", GEMM, TF_MODE_INFER);
+    op_case("gemm, larger and batched", "input a : f32[4, 67, 96]\ninput b : f32[96, 130]\ninput c : f32[4, 130, 96]\n"
+            "input d : f32[2, 1, 33, 40]\ninput e : f32[3, 40, 24]\n"
+            "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, e)\nt = matmul(a, a, transpose_a=true)\n"
+            "output x\noutput y\noutput z\noutput t\n", TF_MODE_INFER);
+    op_case("conv", "input x : f32[2, 4, 7, 6]\ninput w : f32[6, 2, 3, 3]\ninput b : f32[6]\n"
+            "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\nz = conv2d(x, w, padding=[0, 1], groups=2)\n"
+            "output y\noutput z\n", TF_MODE_INFER);
+    op_case("pool and layout", "input x : f32[2, 3, 7, 5]\n"
+            "a = maxpool2d(x, kernel=3, stride=2, padding=1)\nb = avgpool2d(x, kernel=2)\nc = global_avgpool(x)\n"
+            "d = transpose(x, perm=[3, 1, 0, 2])\ne = slice(x, axis=2, start=1, end=-1, step=2)\nf = concat(x, x, axis=1)\n"
+            "g = broadcast(c, shape=[5, 2, 3])\nh = reshape(x, shape=[6, 35])\nk = flatten(x)\n"
+            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\noutput h\noutput k\n", TF_MODE_INFER);
+    op_case("gather and norms", "input i : i64[3, 5]\ninput t : f32[11, 7]\ninput g : f32[7]\ninput bb : f32[7]\n"
+            "e = embedding(i, t)\nn = layernorm(e, g, bb)\no = one_hot(i, depth=11)\nr = gather(i, t)\n"
+            "output n\noutput o\noutput r\n", TF_MODE_INFER);
+    op_case("attention", "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 5, 4]\ninput v : f32[2, 3, 5, 4]\n"
+            "a = attention(q, k, v, causal=true)\nb = attention(q, k, v)\noutput a\noutput b\n", TF_MODE_INFER);
+    op_case("long rows and columns", "input x : f32[3, 5000]\ninput y : f32[3000, 7]\n"
+            "a = softmax(x)\nb = reduce_sum(y, axes=[0])\nc = reduce_max(x, axes=[1])\n"
+            "output a\noutput b\noutput c\n", TF_MODE_INFER);
+    /* training: the backward kernels and the optimizer */
+    op_case("train conv, pools, bias", "input x : f32[2, 4, 7, 6]\nparam w : f32[6, 2, 3, 3] = uniform()\nparam b : f32[6] = uniform()\n"
+            "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\np = maxpool2d(y, kernel=3, stride=2, padding=1)\n"
+            "q = avgpool2d(y, kernel=2)\ns = mul(p, p)\nt = mean(s, axes=[0, 1, 2, 3])\nu = mean(q, axes=[0, 1, 2, 3])\n"
+            "loss = add(t, u)\noutput loss\n" TRAIN_SGD, TF_MODE_TRAIN);
+    op_case("train gemm, norms, gathers", "input i : i64[3, 5]\ninput y : i64[3, 5]\nparam t : f32[11, 7] = normal()\n"
+            "param w : f32[7, 11] = uniform()\nparam g : f32[7] = ones()\nparam bb : f32[7] = zeros()\n"
+            "e = embedding(i, t)\nn = layernorm(e, g, bb)\nh = gelu(n)\nl = linear(h, w)\nloss = cross_entropy(l, y)\n"
+            "output loss\ntrain {\n  optimizer = adamw(lr=0.01)\n}\n", TF_MODE_TRAIN);
+    op_case("train batchnorm, slice, concat", "input x : f32[3, 4, 5, 5]\ninput z : f32[3]\nparam w : f32[4, 4, 3, 3] = uniform()\n"
+            "param g : f32[4] = ones()\nparam b : f32[4] = zeros()\nbuffer rm : f32[4] = zeros()\nbuffer rv : f32[4] = ones()\n"
+            "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, rm, rv)\ns = slice(n, axis=1, start=1, end=3)\n"
+            "k = concat(s, n, axis=1)\nr = relu(k)\nt = reduce_sum(r, axes=[1, 2, 3])\nloss = mse_loss(t, z)\n"
+            "output loss\n" TRAIN_SGD, TF_MODE_TRAIN);
+    op_case("train attention", "input x : f32[2, 5, 8]\nparam wq : f32[8, 8] = uniform()\nparam wv : f32[8, 8] = uniform()\n"
+            "q = linear(x, wq)\nv = linear(x, wv)\nq4 = reshape(q, shape=[2, 5, 2, 4])\nv4 = reshape(v, shape=[2, 5, 2, 4])\n"
+            "qh = transpose(q4, perm=[0, 2, 1, 3])\nvh = transpose(v4, perm=[0, 2, 1, 3])\n"
+            "a = attention(qh, qh, vh, causal=true)\ns = mul(a, a)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" TRAIN_SGD,
+            TF_MODE_TRAIN);
+    op_case("train dropout, fp16 scaling", "input x : f32[4, 9]\ninput y : i64[4]\nparam w : f32[9, 5] = uniform()\n"
+            "param b : f32[5] = zeros()\nh = linear(x, w, b)\nd = dropout(h, p=0.3)\nloss = cross_entropy(d, y)\noutput loss\n"
+            "train {\n  optimizer = adam(lr=0.01)\n}\n", TF_MODE_TRAIN);
+}
+
+/* ---- the examples ---------------------------------------------------------------- */
+
+static void examples(void)
+{
+    static const struct { const char *file; tf_dim_override dims[3]; size_t nd; } models[] = {
+        {"mlp.ir", {{"B", 8}, {"F", 20}}, 2},
+        {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
+        {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        char path[4096];
+        char *text = test_read_example(models[i].file, path, sizeof path);
+        CHECK(text != NULL, "cannot read %s", path);
+        if (!text) continue;
+        for (int fp32 = 0; fp32 < 2; fp32++) {
+            char lab[4200];
+            snprintf(lab, sizeof lab, "%s train step [%s]", path, fp32 ? "fp32" : "model precision");
+            pair q;
+            if (pair_make(&q, lab, text, TF_MODE_TRAIN, fp32 ? "fp32" : NULL, models[i].dims, models[i].nd) && pair_step(&q, lab))
+                pair_compare(&q, lab, true, state_tol(), fp32 ? 0 : tol_of(TF_DTYPE_BF16));
+            pair_free(&q);
+        }
+        /* other plans of the same step: --O0 (no fusion, no in-place reuse), no memplan (every value in
+         * its own block), no fusion */
+        static const char *const no_memplan[] = {"memplan"}, *const no_fuse[] = {"fuse"};
+        static const struct { const char *name; int opt; const char *const *dis; size_t nd; } variants[] = {
+            {"--O0", 0, NULL, 0}, {"without memplan", 1, no_memplan, 1}, {"without fuse", 1, no_fuse, 1},
+        };
+        for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+            char lab[4200];
+            snprintf(lab, sizeof lab, "%s train step [fp32, %s]", path, variants[v].name);
+            g_opt = variants[v].opt;
+            g_disable = variants[v].dis;
+            g_ndisable = variants[v].nd;
+            pair q;
+            if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", models[i].dims, models[i].nd) && pair_step(&q, lab) && pair_step(&q, lab))
+                pair_compare(&q, lab, true, state_tol(), 0);
+            pair_free(&q);
+            g_opt = 1;
+            g_disable = NULL;
+            g_ndisable = 0;
+        }
+        char lab[4200];
+        snprintf(lab, sizeof lab, "%s 50 steps", path);
+        pair q;
+        if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", models[i].dims, models[i].nd)) {
+            double first = 0, last = 0, worst = 0;
+            for (int step = 0; step < 50 && pair_step(&q, lab); step++) {
+                tf_tensor_view a, b;
+                tf_session_output(q.ref, "loss", &a);
+                tf_session_output(q.dev, "loss", &b);
+                double la = *(const float *)a.data, lb = *(const float *)b.data;
+                double e = fabs(la - lb) / (1 + fabs(la));
+                if (e > worst || isnan(e)) worst = isnan(e) ? INFINITY : e;
+                if (!step) first = la;
+                last = la;
+            }
+            printf("%s: loss %.5f -> %.5f, worst relative difference cuda vs interp %.3g\n", lab, first, last, worst);
+            CHECK(worst <= curve_tol(), "%s: loss curves differ by %.3g (seed %llu)", lab, worst, (unsigned long long)g_seed);
+            CHECK(last < first, "%s: the loss went down (%g -> %g)", lab, first, last);
+        }
+        pair_free(&q);
+        free(text);
+    }
+}
+
+/* ---- the session's contract -------------------------------------------------------- */
+
+static void contract(void)
+{
+    static const char *const MLP = "input x : f32[6, 10]\ninput y : i64[6]\nparam w : f32[10, 7] = uniform()\n"
+                                   "param b : f32[7] = zeros()\nh = linear(x, w, b)\nr = relu(h)\nloss = cross_entropy(r, y)\n"
+                                   "output loss\noutput logits = r\ntrain {\n  optimizer = adam(lr=0.01)\n}\n";
+    pair q;
+    if (!pair_make(&q, "contract", MLP, TF_MODE_TRAIN, "fp32", NULL, 0)) {
+        pair_free(&q);
+        return;
+    }
+    tf_session_info info;
+    CHECK(!tf_session_get_info(q.dev, &info), "info: %s", tf_context_last_error(q.ctx));
+    printf("cuda session: %d kernels, %d compiled, %d cached, %d on the host, GEMMs through %s, %.0f ms to start\n", info.kernels,
+           info.jit_compiled, info.jit_cached, info.fallbacks, info.library, info.jit_ms);
+    CHECK(!strcmp(info.target, "cuda") && info.threads == 1 && info.kernels > 0, "info says cuda, one thread, kernels");
+    if (g_fake) CHECK(!strcmp(info.library, "none") && info.fallbacks > 0, "everything on the host: %d fallbacks", info.fallbacks);
+    else CHECK(!strcmp(info.library, "cuBLASLt"), "GEMMs through cuBLASLt (got %s)", info.library);
+
+    /* profiles: one entry per kernel, one call each after one run */
+    tf_session_set_profiling(q.dev, 1);
+    if (pair_step(&q, "contract")) {
+        size_t n = tf_session_profile_count(q.dev);
+        CHECK(n == (size_t)info.kernels, "a profile entry per kernel (%zu of %d)", n, info.kernels);
+        int ok = 0, fallbacks = 0, gemms = 0;
+        for (size_t i = 0; i < n; i++) {
+            tf_kernel_profile kp;
+            if (tf_session_profile(q.dev, i, &kp)) continue;
+            ok += kp.calls == 1 && kp.total_ms >= 0 && kp.name && kp.how;
+            fallbacks += !strcmp(kp.how, "fallback");
+            gemms += !strcmp(kp.how, "gemm");
+            if (!g_fake) printf("  profile: %-28s %-9s %8.3f ms %lld elements\n", kp.name, kp.how, kp.total_ms, (long long)kp.elements);
+        }
+        CHECK(ok == (int)n, "every profile entry ran once (%d of %zu)", ok, n);
+        CHECK(fallbacks == info.fallbacks, "profiles name the fallbacks info counts (%d, %d)", fallbacks, info.fallbacks);
+        if (!g_fake) CHECK(gemms > 0, "the matmuls run on cuBLASLt (%d gemm kernels; TFUSE_CUDA_EXPLAIN=1 says why not)", gemms);
+        pair_compare(&q, "contract, second step", true, state_tol(), 0);
+    }
+    tf_session_set_profiling(q.dev, 0);
+
+    /* state in and out; both sessions then agree again */
+    float w[70], back[70];
+    tf_tensor_view v = {.data = w};
+    CHECK(!tf_session_get_state(q.dev, "w", &v), "get w: %s", tf_context_last_error(q.ctx));
+    for (int i = 0; i < 70; i++) w[i] = (float)(i % 7) * 0.125f - 0.25f;
+    CHECK(!tf_session_set_state(q.dev, "w", &v) && !tf_session_set_state(q.ref, "w", &v), "set w: %s", tf_context_last_error(q.ctx));
+    tf_tensor_view bv = {.data = back};
+    CHECK(!tf_session_get_state(q.dev, "w", &bv) && !memcmp(w, back, sizeof w), "w reads back as written");
+    uint64_t step = 0;
+    CHECK(!tf_session_step(q.dev, &step) && step == 1, "one run so far (%llu)", (unsigned long long)step);
+    CHECK(!tf_session_set_step(q.dev, 7) && !tf_session_set_step(q.ref, 7) && !tf_session_step(q.dev, &step) && step == 7,
+          "the step is set");
+    if (pair_step(&q, "contract")) pair_compare(&q, "contract, after set_state", true, state_tol(), 0);
+
+    /* a second session of the same program compiles nothing: the disk cache */
+    tf_session_t *again = NULL;
+    if (!cuda_session(q.ctx, q.p, g_seed, &again)) {
+        tf_session_info i2;
+        tf_session_get_info(again, &i2);
+        if (info.jit_compiled + info.jit_cached > 0)
+            CHECK(i2.jit_compiled == 0 && i2.jit_cached == info.jit_compiled + info.jit_cached,
+                  "a second session reads every cubin from the cache (compiled %d, cached %d)", i2.jit_compiled, i2.jit_cached);
+        tf_session_free(again);
+    } else {
+        CHECK(0, "second session: %s", tf_context_last_error(q.ctx));
+    }
+    pair_free(&q);
+
+    /* out of memory: the numbers and the remedy, before anything runs */
+    tf_context_t *ctx;
+    tf_context_create(&ctx);
+    const char *big = "dim N = 16\ninput x : f32[4]\nparam w : f32[4, 3] = ones()\na = broadcast(x, shape=[N, 4])\n"
+                      "y = matmul(a, w)\nz = reduce_sum(y, axes=[0, 1])\noutput z\n";
+    tf_dim_override dim = {"N", g_fake ? (int64_t)1 << 20 : (int64_t)1 << 36};   /* 16 MiB in a 4 MiB fake; 1 TiB */
+    if (g_fake) setenv("FAKE_CUDA_MEMORY", "4194304", 1);
+    tf_model_t *m = NULL;
+    tf_program_t *p = NULL;
+    tf_session_t *s = NULL;
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = TF_MODE_INFER;
+    o.target = compile_target();
+    if (tf_model_parse_string(ctx, "big", big, strlen(big), &dim, 1, &m) || tf_program_compile(ctx, m, &o, &p)) {
+        CHECK(0, "big: %s", tf_context_last_error(ctx));
+    } else {
+        tf_status st = cuda_session(ctx, p, 1, &s);
+        const char *e = tf_context_last_error(ctx);
+        CHECK(st == TF_ERR_OOM && strstr(e, "out of GPU memory") && strstr(e, "--checkpoint=auto") && strstr(e, "smaller batch") &&
+                  strstr(e, " free"),
+              "out of memory says what is needed and free, and what to do: %s", e);
+        printf("out of memory: %s\n", e);
+    }
+    unsetenv("FAKE_CUDA_MEMORY");
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_model_free(m);
+    tf_context_free(ctx);
+}
+
+/* ---- with the fake driver: compiling, the cache, launches ----------------------------- */
+
+static void fake_compiles(const char *cache)
+{
+    unsetenv("TFUSE_CUDA_FALLBACK");
+    tf_context_t *ctx;
+    tf_context_create(&ctx);
+    tf_model_t *m = NULL;
+    tf_program_t *p = NULL;
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = TF_MODE_INFER;
+    o.target = compile_target();
+    if (tf_model_parse_string(ctx, "unary", UNARY, strlen(UNARY), NULL, 0, &m) || tf_program_compile(ctx, m, &o, &p)) {
+        CHECK(0, "unary: %s", tf_context_last_error(ctx));
+    } else {
+        tf_session_t *s1 = NULL, *s2 = NULL, *s3 = NULL;
+        tf_session_info i1 = {0}, i2 = {0}, i3 = {0};
+        CHECK(!cuda_session(ctx, p, 1, &s1), "compiling session: %s", tf_context_last_error(ctx));
+        if (s1) tf_session_get_info(s1, &i1);
+        CHECK(i1.jit_compiled > 0 && i1.fallbacks == 0, "NVRTC compiled the kernels (%d), none on the host (%d)", i1.jit_compiled,
+              i1.fallbacks);
+        CHECK(!cuda_session(ctx, p, 1, &s2), "cached session: %s", tf_context_last_error(ctx));
+        if (s2) tf_session_get_info(s2, &i2);
+        CHECK(i2.jit_compiled == 0 && i2.jit_cached == i1.jit_compiled, "the second session reads the cache (%d compiled, %d cached)",
+              i2.jit_compiled, i2.jit_cached);
+        /* a torn cache file is compiled again and replaced */
+        char cmd[4400];
+        snprintf(cmd, sizeof cmd, "f=$(ls %s/cuda/*.cubin | head -n 1) && head -c 100 \"$f\" > \"$f.x\" && mv \"$f.x\" \"$f\"", cache);
+        CHECK(system(cmd) == 0, "truncating a cache file");
+        CHECK(!cuda_session(ctx, p, 1, &s3), "session over a torn cache: %s", tf_context_last_error(ctx));
+        if (s3) tf_session_get_info(s3, &i3);
+        CHECK(i3.jit_compiled == 1 && i3.jit_cached == i1.jit_compiled - 1, "one torn file, one compile (%d compiled, %d cached)",
+              i3.jit_compiled, i3.jit_cached);
+        /* a run: the fake driver runs no kernel, and the error names the kernel and the call */
+        if (s2) {
+            float x[91] = {0};
+            int64_t shape[2] = {7, 13};
+            tf_session_bind(s2, "x", TF_DTYPE_F32, shape, 2, x);
+            tf_status st = tf_session_run(s2);
+            const char *e = tf_context_last_error(ctx);
+            CHECK(st == TF_ERR_RUNTIME && strstr(e, "launching kernel") && strstr(e, "CUDA_ERROR_NOT_SUPPORTED"),
+                  "a failed launch says which kernel and why: %s", e);
+            CHECK(fake_counter("fake_cuda_launches") == 1, "one launch attempted");
+        }
+        tf_session_free(s1);
+        tf_session_free(s2);
+        tf_session_free(s3);
+    }
+    /* a matmul with cuBLASLt present but no real driver behind it: whatever
+     * cuBLASLt says, the session starts or fails cleanly */
+    tf_program_free(p);
+    tf_model_free(m);
+    m = NULL;
+    p = NULL;
+    if (tf_model_parse_string(ctx, "gemm", GEMM, strlen(GEMM), NULL, 0, &m) || tf_program_compile(ctx, m, &o, &p)) {
+        CHECK(0, "gemm: %s", tf_context_last_error(ctx));
+    } else {
+        tf_session_t *s = NULL;
+        tf_status st = cuda_session(ctx, p, 1, &s);
+        tf_session_info in = {0};
+        if (!st) tf_session_get_info(s, &in);
+        printf("gemm session over the fake driver: %s (GEMMs: %s, %d on the host)\n", st ? tf_context_last_error(ctx) : "started",
+               st ? "-" : in.library, in.fallbacks);
+        tf_session_free(s);
+    }
+    tf_program_free(p);
+    tf_model_free(m);
+    tf_context_free(ctx);
+    setenv("TFUSE_CUDA_FALLBACK", "all", 1);
+}
+
+int main(int argc, char **argv)
+{
+    const char *fake_dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--fake") && i + 1 < argc) fake_dir = argv[++i];
+        else {
+            fprintf(stderr, "usage: test_gpu [--fake DIR_WITH_FAKE_LIBCUDA]\n");
+            return 2;
+        }
+    }
+    char cache[4096] = "";
+    if (fake_dir) {
+        g_fake = true;
+        setenv("TFUSE_CUDA_LIBS", fake_dir, 1);
+        setenv("TFUSE_CUDA_FALLBACK", "all", 1);
+        snprintf(cache, sizeof cache, "%s/cache", fake_dir);
+        setenv("TFUSE_CACHE_DIR", cache, 1);
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);   /* the compile checks count from an empty cache */
+        if (system(cmd) != 0) return 1;
+        char lib[4200];
+        snprintf(lib, sizeof lib, "%s/libcuda.so.1", fake_dir);
+        if (!(g_fake_lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL))) {
+            fprintf(stderr, "test_gpu: cannot load the fake driver %s: %s\n", lib, dlerror());
+            return 1;
+        }
+    }
+    g_tf32 = !g_fake && !(getenv("TFUSE_NO_TF32") && !strcmp(getenv("TFUSE_NO_TF32"), "1"));
+    g_seed = test_seed();
+    const char *why = tf_backend_cuda.unavailable();
+    if (why && g_fake && getenv("TFUSE_NO_NVRTC") && !strcmp(getenv("TFUSE_NO_NVRTC"), "1")) {
+        printf("SKIP: TFUSE_NO_NVRTC=1 and the cuda target cannot start without NVRTC: %s\n", why);
+        return 0;
+    }
+    if (why) {
+        fprintf(stderr, "test_gpu: the cuda target cannot run here: %s\n", why);
+        return 1;
+    }
+    printf("cuda target: %s%s; sessions %s\n", g_fake ? "fake driver, every kernel on the host" : "GPU",
+           g_fake ? "" : g_tf32 ? ", TF32 GEMMs" : ", fp32 GEMMs (TFUSE_NO_TF32=1)",
+           tf_backend_for(TF_TARGET_CUDA) ? "through tf_session_create" : "built by the test (api.c does not route TF_TARGET_CUDA yet)");
+    ops();
+    examples();
+    contract();
+    if (g_fake) {
+        fake_compiles(cache);
+        CHECK(fake_counter("fake_cuda_live") == 0, "every allocation, module, stream, event and context reference is released (%d left)",
+              fake_counter("fake_cuda_live"));
+        CHECK(fake_counter("fake_cuda_errors") == 0, "no copy or memset outside an allocation, no bad handle (%d)",
+              fake_counter("fake_cuda_errors"));
+    }
+    printf("cuda: %d op cases against the interpreter\n", g_cases);
+    return check_report();
+}
