@@ -317,6 +317,33 @@ static void from_f32(cpu *c, const tf_value *v, const float *src)
 
 static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
 
+/* Batched matmul: batch indices [lo, hi), each GEMM on the pool (pool set)
+ * or on the calling thread (pool NULL: the batches are what is split). */
+typedef struct batch_job {
+    tf_pool *pool;
+    bool ta, tb;
+    int64_t M, N, K;
+    int r;
+    int64_t sa[TF_MAX_RANK], sb[TF_MAX_RANK], dims[TF_MAX_RANK];
+    const float *A, *B;
+    float *C;
+} batch_job;
+
+static void batch_piece(void *arg, int64_t lo, int64_t hi)
+{
+    const batch_job *j = arg;
+    for (int64_t bi = lo; bi < hi; bi++) {
+        int64_t oa = 0, ob = 0, rest = bi;
+        for (int i = j->r - 1; i >= 0; i--) {
+            int64_t ix = rest % j->dims[i];
+            rest /= j->dims[i];
+            oa += ix * j->sa[i], ob += ix * j->sb[i];
+        }
+        tf_cpu_gemm(j->pool, j->ta, j->tb, j->M, j->N, j->K, j->A + oa, j->ta ? j->M : j->K, j->B + ob, j->tb ? j->K : j->N,
+                    j->C + bi * j->M * j->N, j->N, false);
+    }
+}
+
 static void run_matmul(cpu *c, const tf_node *n)
 {
     const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
@@ -338,25 +365,25 @@ static void run_matmul(cpu *c, const tf_node *n)
     if (rb == 0 && !ta && a_full) {   /* [.., M, K] x [K, N]: one GEMM of nb*M rows */
         tf_cpu_gemm(c->pool, false, tb, nb * M, N, K, A, K, B, tb ? K : N, C, N, false);
     } else {
-        int64_t sa[TF_MAX_RANK] = {0}, sb[TF_MAX_RANK] = {0}, idx[TF_MAX_RANK] = {0};
+        batch_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .r = r, .A = A, .B = B, .C = C};
         int64_t s = M * K;
-        for (int i = ra - 1, j = r - 1; i >= 0; i--, j--) {
-            sa[j] = av->type.dims[i].n == 1 ? 0 : s;
+        for (int i = ra - 1, k = r - 1; i >= 0; i--, k--) {
+            j.sa[k] = av->type.dims[i].n == 1 ? 0 : s;
             s *= av->type.dims[i].n;
         }
         s = K * N;
-        for (int i = rb - 1, j = r - 1; i >= 0; i--, j--) {
-            sb[j] = bv->type.dims[i].n == 1 ? 0 : s;
+        for (int i = rb - 1, k = r - 1; i >= 0; i--, k--) {
+            j.sb[k] = bv->type.dims[i].n == 1 ? 0 : s;
             s *= bv->type.dims[i].n;
         }
-        for (int64_t bi = 0; bi < nb; bi++) {
-            int64_t oa = 0, ob = 0;
-            for (int i = 0; i < r; i++) oa += idx[i] * sa[i], ob += idx[i] * sb[i];
-            tf_cpu_gemm(c->pool, ta, tb, M, N, K, A + oa, ta ? M : K, B + ob, tb ? K : N, C + bi * M * N, N, false);
-            for (int i = r - 1; i >= 0; i--) {
-                if (++idx[i] < ov->type.dims[i].n) break;
-                idx[i] = 0;
-            }
+        for (int i = 0; i < r; i++) j.dims[i] = ov->type.dims[i].n;
+        /* many small GEMMs (attention's heads): whole GEMMs per thread; few
+         * big ones: each GEMM split over the threads */
+        if (nb >= 2 * tf_pool_threads(c->pool) && M * N * K < (int64_t)1 << 22) {
+            tf_pool_run(c->pool, nb, batch_piece, &j);
+        } else {
+            j.pool = c->pool;
+            batch_piece(&j, 0, nb);
         }
     }
     if (ov->type.dtype != TF_DT_F32) from_f32(c, ov, C);
