@@ -44,6 +44,7 @@
 
 #include "check.h"
 #include "runtime.h"
+#include "target_cases.h"
 #include "testutil.h"
 #include "tfuse.h"
 
@@ -76,47 +77,6 @@ static int fake_counter(const char *name)
     void *p = g_fake_lib ? dlsym(g_fake_lib, name) : NULL;
     memcpy(&f, &p, sizeof p);
     return f ? f() : -1;
-}
-
-static int64_t numel(const tf_tensor_view *v)
-{
-    int64_t n = 1;
-    for (int i = 0; i < v->rank; i++) n *= v->shape[i];
-    return n;
-}
-
-/* Elementwise on the tensor's scale; returns the worst error / allowed. */
-static double compare_elems(const tf_tensor_view *got, const tf_tensor_view *want, double tol)
-{
-    int64_t n = numel(want);
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double w = tf_elem_load((tf_dt)want->dtype, want->data, i);
-        if (isfinite(w) && fabs(w) > scale) scale = fabs(w);
-    }
-    for (int64_t i = 0; i < n; i++) {
-        double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
-        if (isnan(w) || isnan(g) || isinf(w) || isinf(g)) {
-            if (!((isnan(w) && isnan(g)) || g == w)) return INFINITY;
-            continue;
-        }
-        if (g == w) continue;
-        double r = fabs(g - w) / (tol * (fabs(w) + scale * 0.05) + 1e-300);
-        if (r > worst) worst = r;
-    }
-    return worst;
-}
-
-static double rel_l2(const tf_tensor_view *got, const tf_tensor_view *want)
-{
-    int64_t n = numel(want);
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
-        num += (g - w) * (g - w);
-        den += w * w;
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* ---- cuda sessions ------------------------------------------------------------ */
@@ -233,7 +193,7 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
         tf_program_io(q->p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
         tf_session_output(q->ref, name, &a);
         tf_session_output(q->dev, name, &b);
-        double r = compare_elems(&b, &a, fmax(tol_of(a.dtype), prec_tol));
+        double r = tc_compare_elems(&b, &a, fmax(tol_of(a.dtype), prec_tol));
         CHECK(r <= 1, "%s: output %s (%s): error %.3g x the tolerance (seed %llu)", label, name, tf_dtype_str(a.dtype), r,
               (unsigned long long)g_seed);
     }
@@ -254,7 +214,7 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
                 free(b.data);
                 continue;
             }
-            double e = rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? stol : tol_of(a.dtype), prec_tol);
+            double e = tc_rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? stol : tol_of(a.dtype), prec_tol);
             CHECK(e <= t, "%s: state %s (%s): relative L2 error %.3g > %.3g (seed %llu)", label, name, tf_dtype_str(a.dtype), e, t,
                   (unsigned long long)g_seed);
             free(a.data);
@@ -296,73 +256,10 @@ static void op_case(const char *label, const char *text, tf_mode mode)
     }
 }
 
-#define TRAIN_SGD "train {\n  optimizer = sgd(lr=0.1, momentum=0.9)\n}\n"
-
-static const char *const UNARY =
-    "input x : f32[7, 13]\n"
-    "a = neg(x)\nb = abs(x)\nc = exp(x)\nl1 = add(b, 1.0)\nd = log(l1)\ne = sqrt(b)\nf = rsqrt(l1)\ng = tanh(x)\n"
-    "h = sigmoid(x)\ni = relu(x)\nj = sin(x)\nk = cos(x)\nm = erf(x)\nn = silu(x)\no = gelu(x)\n"
-    "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\noutput h\noutput i\noutput j\noutput k\n"
-    "output m\noutput n\noutput o\n";
-static const char *const GEMM =
-    "input a : f32[3, 7, 5]\ninput b : f32[5, 11]\ninput c : f32[1, 11, 5]\ninput d : f32[7, 3]\n"
-    "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, a, transpose_a=true)\n"
-    "output x\noutput y\noutput z\n";
-
 static void ops(void)
 {
-    op_case("unary", UNARY, TF_MODE_INFER);
-    op_case("binary", "input x : f32[3, 1, 17]\ninput y : f32[5, 17]\nb = abs(x)\nl = add(b, 0.5)\n"
-            "a = sub(x, y)\nc = div(x, l)\nd = pow(l, y)\ne = maximum(x, y)\nf = minimum(x, y)\ng = lt(x, y)\n"
-            "h = where(g, x, y)\ni = ge(x, 0.25)\nj = cast(i, to=f32)\nk = mul(j, y)\n"
-            "output a\noutput c\noutput d\noutput e\noutput f\noutput h\noutput k\n", TF_MODE_INFER);
-    op_case("reductions", "input x : f32[5, 1, 19]\n"
-            "a = reduce_sum(x, axes=[2])\nb = reduce_mean(x, axes=[0], keepdims=true)\nc = reduce_max(x, axes=[0, 2])\n"
-            "d = sum(x, axes=[0, 1, 2])\ne = softmax(x)\nf = log_softmax(x, axis=0)\n"
-            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\n", TF_MODE_INFER);
-    op_case("gemm", GEMM, TF_MODE_INFER);
-    op_case("gemm, larger and batched", "input a : f32[4, 67, 96]\ninput b : f32[96, 130]\ninput c : f32[4, 130, 96]\n"
-            "input d : f32[2, 1, 33, 40]\ninput e : f32[3, 40, 24]\n"
-            "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, e)\nt = matmul(a, a, transpose_a=true)\n"
-            "output x\noutput y\noutput z\noutput t\n", TF_MODE_INFER);
-    op_case("conv", "input x : f32[2, 4, 7, 6]\ninput w : f32[6, 2, 3, 3]\ninput b : f32[6]\n"
-            "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\nz = conv2d(x, w, padding=[0, 1], groups=2)\n"
-            "output y\noutput z\n", TF_MODE_INFER);
-    op_case("pool and layout", "input x : f32[2, 3, 7, 5]\n"
-            "a = maxpool2d(x, kernel=3, stride=2, padding=1)\nb = avgpool2d(x, kernel=2)\nc = global_avgpool(x)\n"
-            "d = transpose(x, perm=[3, 1, 0, 2])\ne = slice(x, axis=2, start=1, end=-1, step=2)\nf = concat(x, x, axis=1)\n"
-            "g = broadcast(c, shape=[5, 2, 3])\nh = reshape(x, shape=[6, 35])\nk = flatten(x)\n"
-            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\noutput h\noutput k\n", TF_MODE_INFER);
-    op_case("gather and norms", "input i : i64[3, 5]\ninput t : f32[11, 7]\ninput g : f32[7]\ninput bb : f32[7]\n"
-            "e = embedding(i, t)\nn = layernorm(e, g, bb)\no = one_hot(i, depth=11)\nr = gather(i, t)\n"
-            "output n\noutput o\noutput r\n", TF_MODE_INFER);
-    op_case("attention", "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 5, 4]\ninput v : f32[2, 3, 5, 4]\n"
-            "a = attention(q, k, v, causal=true)\nb = attention(q, k, v)\noutput a\noutput b\n", TF_MODE_INFER);
-    op_case("long rows and columns", "input x : f32[3, 5000]\ninput y : f32[3000, 7]\n"
-            "a = softmax(x)\nb = reduce_sum(y, axes=[0])\nc = reduce_max(x, axes=[1])\n"
-            "output a\noutput b\noutput c\n", TF_MODE_INFER);
-    /* training: the backward kernels and the optimizer */
-    op_case("train conv, pools, bias", "input x : f32[2, 4, 7, 6]\nparam w : f32[6, 2, 3, 3] = uniform()\nparam b : f32[6] = uniform()\n"
-            "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\np = maxpool2d(y, kernel=3, stride=2, padding=1)\n"
-            "q = avgpool2d(y, kernel=2)\ns = mul(p, p)\nt = mean(s, axes=[0, 1, 2, 3])\nu = mean(q, axes=[0, 1, 2, 3])\n"
-            "loss = add(t, u)\noutput loss\n" TRAIN_SGD, TF_MODE_TRAIN);
-    op_case("train gemm, norms, gathers", "input i : i64[3, 5]\ninput y : i64[3, 5]\nparam t : f32[11, 7] = normal()\n"
-            "param w : f32[7, 11] = uniform()\nparam g : f32[7] = ones()\nparam bb : f32[7] = zeros()\n"
-            "e = embedding(i, t)\nn = layernorm(e, g, bb)\nh = gelu(n)\nl = linear(h, w)\nloss = cross_entropy(l, y)\n"
-            "output loss\ntrain {\n  optimizer = adamw(lr=0.01)\n}\n", TF_MODE_TRAIN);
-    op_case("train batchnorm, slice, concat", "input x : f32[3, 4, 5, 5]\ninput z : f32[3]\nparam w : f32[4, 4, 3, 3] = uniform()\n"
-            "param g : f32[4] = ones()\nparam b : f32[4] = zeros()\nbuffer rm : f32[4] = zeros()\nbuffer rv : f32[4] = ones()\n"
-            "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, rm, rv)\ns = slice(n, axis=1, start=1, end=3)\n"
-            "k = concat(s, n, axis=1)\nr = relu(k)\nt = reduce_sum(r, axes=[1, 2, 3])\nloss = mse_loss(t, z)\n"
-            "output loss\n" TRAIN_SGD, TF_MODE_TRAIN);
-    op_case("train attention", "input x : f32[2, 5, 8]\nparam wq : f32[8, 8] = uniform()\nparam wv : f32[8, 8] = uniform()\n"
-            "q = linear(x, wq)\nv = linear(x, wv)\nq4 = reshape(q, shape=[2, 5, 2, 4])\nv4 = reshape(v, shape=[2, 5, 2, 4])\n"
-            "qh = transpose(q4, perm=[0, 2, 1, 3])\nvh = transpose(v4, perm=[0, 2, 1, 3])\n"
-            "a = attention(qh, qh, vh, causal=true)\ns = mul(a, a)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" TRAIN_SGD,
-            TF_MODE_TRAIN);
-    op_case("train dropout, fp16 scaling", "input x : f32[4, 9]\ninput y : i64[4]\nparam w : f32[9, 5] = uniform()\n"
-            "param b : f32[5] = zeros()\nh = linear(x, w, b)\nd = dropout(h, p=0.3)\nloss = cross_entropy(d, y)\noutput loss\n"
-            "train {\n  optimizer = adam(lr=0.01)\n}\n", TF_MODE_TRAIN);
+    for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)
+        op_case(target_cases[i].label, target_cases[i].text, target_cases[i].mode);
 }
 
 /* ---- the examples ---------------------------------------------------------------- */
@@ -544,7 +441,7 @@ static void fake_compiles(const char *cache)
     tf_compile_options_init(&o);
     o.mode = TF_MODE_INFER;
     o.target = compile_target();
-    if (tf_model_parse_string(ctx, "unary", UNARY, strlen(UNARY), NULL, 0, &m) || tf_program_compile(ctx, m, &o, &p)) {
+    if (tf_model_parse_string(ctx, "unary", tc_text("unary"), strlen(tc_text("unary")), NULL, 0, &m) || tf_program_compile(ctx, m, &o, &p)) {
         CHECK(0, "unary: %s", tf_context_last_error(ctx));
     } else {
         tf_session_t *s1 = NULL, *s2 = NULL, *s3 = NULL;
@@ -586,7 +483,7 @@ static void fake_compiles(const char *cache)
     tf_model_free(m);
     m = NULL;
     p = NULL;
-    if (tf_model_parse_string(ctx, "gemm", GEMM, strlen(GEMM), NULL, 0, &m) || tf_program_compile(ctx, m, &o, &p)) {
+    if (tf_model_parse_string(ctx, "gemm", tc_text("gemm"), strlen(tc_text("gemm")), NULL, 0, &m) || tf_program_compile(ctx, m, &o, &p)) {
         CHECK(0, "gemm: %s", tf_context_last_error(ctx));
     } else {
         tf_session_t *s = NULL;

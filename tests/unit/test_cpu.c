@@ -4,11 +4,8 @@
  * sessions with the same seed (interp, the float64 oracle, and cpu), the
  * same fresh random inputs bound to both.
  *
- *   - ops: a model per op family (every pointwise op, reductions, norms,
- *     GEMMs batched/transposed/broadcast, conv with stride, padding,
- *     dilation, groups and bias, pooling, layout ops, gathers, attention,
- *     losses) at odd sizes (1, primes, not multiples of a vector width), in
- *     fp32 storage and in f16/bf16 storage; inference compares every output,
+ *   - ops: target_cases.h's model per op family at odd sizes, in fp32
+ *     storage and in f16/bf16 storage; inference compares every output,
  *     training one step compares the loss and every param and buffer after
  *     the update (so every backward kernel and the optimizer are in it);
  *   - each example model: one training step in fp32 and in its own mixed
@@ -26,6 +23,7 @@
 
 #include "check.h"
 #include "runtime.h"
+#include "target_cases.h"
 #include "testutil.h"
 #include "tfuse.h"
 
@@ -35,46 +33,6 @@ static int g_cases;
 static double tol_of(tf_dtype t)
 {
     return t == TF_DTYPE_BF16 ? 1.0 / 64 : t == TF_DTYPE_F16 ? 1.0 / 256 : t == TF_DTYPE_F64 ? 1e-9 : 2e-5;
-}
-
-static int64_t numel(const tf_tensor_view *v)
-{
-    int64_t n = 1;
-    for (int i = 0; i < v->rank; i++) n *= v->shape[i];
-    return n;
-}
-
-/* Elementwise on the tensor's scale; returns the worst error / allowed. */
-static double compare_elems(const tf_tensor_view *got, const tf_tensor_view *want, double tol)
-{
-    int64_t n = numel(want);
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double w = tf_elem_load((tf_dt)want->dtype, want->data, i);
-        if (isfinite(w) && fabs(w) > scale) scale = fabs(w);
-    }
-    for (int64_t i = 0; i < n; i++) {
-        double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
-        if (isnan(w) || isnan(g) || isinf(w) || isinf(g)) {
-            if (!((isnan(w) && isnan(g)) || g == w)) return INFINITY;
-            continue;
-        }
-        double r = fabs(g - w) / (tol * (fabs(w) + scale * 0.05) + 1e-30);
-        if (r > worst) worst = r;
-    }
-    return worst;
-}
-
-static double rel_l2(const tf_tensor_view *got, const tf_tensor_view *want)
-{
-    int64_t n = numel(want);
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
-        num += (g - w) * (g - w);
-        den += w * w;
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 typedef struct pair {
@@ -156,7 +114,7 @@ static void pair_compare(pair *q, const char *label, bool state, double state_to
         tf_program_io(q->p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
         tf_session_output(q->ref, name, &a);
         tf_session_output(q->cpu, name, &b);
-        double r = compare_elems(&b, &a, fmax(tol_of(a.dtype), prec_tol));
+        double r = tc_compare_elems(&b, &a, fmax(tol_of(a.dtype), prec_tol));
         CHECK(r <= 1, "%s: output %s (%s): error %.3g x the tolerance (seed %llu)", label, name, tf_dtype_str(a.dtype), r,
               (unsigned long long)g_seed);
     }
@@ -177,7 +135,7 @@ static void pair_compare(pair *q, const char *label, bool state, double state_to
                 free(b.data);
                 continue;
             }
-            double e = rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? state_tol : tol_of(a.dtype), prec_tol);
+            double e = tc_rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? state_tol : tol_of(a.dtype), prec_tol);
             CHECK(e <= t, "%s: state %s (%s): relative L2 error %.3g > %.3g (seed %llu)", label, name, tf_dtype_str(a.dtype), e, t,
                   (unsigned long long)g_seed);
             free(a.data);
@@ -217,58 +175,10 @@ static void op_case(const char *label, const char *text, tf_mode mode)
     }
 }
 
-#define TRAIN_SGD "train {\n  optimizer = sgd(lr=0.1, momentum=0.9)\n}\n"
-
 static void ops(void)
 {
-    op_case("unary", "input x : f32[7, 13]\n"
-            "a = neg(x)\nb = abs(x)\nc = exp(x)\nl1 = add(b, 1.0)\nd = log(l1)\ne = sqrt(b)\nf = rsqrt(l1)\ng = tanh(x)\n"
-            "h = sigmoid(x)\ni = relu(x)\nj = sin(x)\nk = cos(x)\nm = erf(x)\nn = silu(x)\no = gelu(x)\n"
-            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\noutput h\noutput i\noutput j\noutput k\n"
-            "output m\noutput n\noutput o\n", TF_MODE_INFER);
-    op_case("binary", "input x : f32[3, 1, 17]\ninput y : f32[5, 17]\nb = abs(x)\nl = add(b, 0.5)\n"
-            "a = sub(x, y)\nc = div(x, l)\nd = pow(l, y)\ne = maximum(x, y)\nf = minimum(x, y)\ng = lt(x, y)\n"
-            "h = where(g, x, y)\ni = ge(x, 0.25)\nj = cast(i, to=f32)\nk = mul(j, y)\n"
-            "output a\noutput c\noutput d\noutput e\noutput f\noutput h\noutput k\n", TF_MODE_INFER);
-    op_case("reductions", "input x : f32[5, 1, 19]\n"
-            "a = reduce_sum(x, axes=[2])\nb = reduce_mean(x, axes=[0], keepdims=true)\nc = reduce_max(x, axes=[0, 2])\n"
-            "d = sum(x, axes=[0, 1, 2])\ne = softmax(x)\nf = log_softmax(x, axis=0)\n"
-            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\n", TF_MODE_INFER);
-    op_case("gemm", "input a : f32[3, 7, 5]\ninput b : f32[5, 11]\ninput c : f32[1, 11, 5]\ninput d : f32[7, 3]\n"
-            "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, a, transpose_a=true)\n"
-            "output x\noutput y\noutput z\n", TF_MODE_INFER);
-    op_case("conv", "input x : f32[2, 4, 7, 6]\ninput w : f32[6, 2, 3, 3]\ninput b : f32[6]\n"
-            "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\nz = conv2d(x, w, padding=[0, 1], groups=2)\n"
-            "output y\noutput z\n", TF_MODE_INFER);
-    op_case("pool and layout", "input x : f32[2, 3, 7, 5]\n"
-            "a = maxpool2d(x, kernel=3, stride=2, padding=1)\nb = avgpool2d(x, kernel=2)\nc = global_avgpool(x)\n"
-            "d = transpose(x, perm=[3, 1, 0, 2])\ne = slice(x, axis=2, start=1, end=-1, step=2)\nf = concat(x, x, axis=1)\n"
-            "g = broadcast(c, shape=[5, 2, 3])\nh = reshape(x, shape=[6, 35])\nk = flatten(x)\n"
-            "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\noutput h\noutput k\n", TF_MODE_INFER);
-    op_case("gather and norms", "input i : i64[3, 5]\ninput t : f32[11, 7]\ninput g : f32[7]\ninput bb : f32[7]\n"
-            "e = embedding(i, t)\nn = layernorm(e, g, bb)\no = one_hot(i, depth=11)\nr = gather(i, t)\n"
-            "output n\noutput o\noutput r\n", TF_MODE_INFER);
-    op_case("attention", "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 5, 4]\ninput v : f32[2, 3, 5, 4]\n"
-            "a = attention(q, k, v, causal=true)\nb = attention(q, k, v)\noutput a\noutput b\n", TF_MODE_INFER);
-    /* training: the backward kernels and the optimizer */
-    op_case("train conv, pools, bias", "input x : f32[2, 4, 7, 6]\nparam w : f32[6, 2, 3, 3] = uniform()\nparam b : f32[6] = uniform()\n"
-            "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\np = maxpool2d(y, kernel=3, stride=2, padding=1)\n"
-            "q = avgpool2d(y, kernel=2)\ns = mul(p, p)\nt = mean(s, axes=[0, 1, 2, 3])\nu = mean(q, axes=[0, 1, 2, 3])\n"
-            "loss = add(t, u)\noutput loss\n" TRAIN_SGD, TF_MODE_TRAIN);
-    op_case("train gemm, norms, gathers", "input i : i64[3, 5]\ninput y : i64[3, 5]\nparam t : f32[11, 7] = normal()\n"
-            "param w : f32[7, 11] = uniform()\nparam g : f32[7] = ones()\nparam bb : f32[7] = zeros()\n"
-            "e = embedding(i, t)\nn = layernorm(e, g, bb)\nh = gelu(n)\nl = linear(h, w)\nloss = cross_entropy(l, y)\n"
-            "output loss\ntrain {\n  optimizer = adamw(lr=0.01)\n}\n", TF_MODE_TRAIN);
-    op_case("train batchnorm, slice, concat", "input x : f32[3, 4, 5, 5]\ninput z : f32[3]\nparam w : f32[4, 4, 3, 3] = uniform()\n"
-            "param g : f32[4] = ones()\nparam b : f32[4] = zeros()\nbuffer rm : f32[4] = zeros()\nbuffer rv : f32[4] = ones()\n"
-            "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, rm, rv)\ns = slice(n, axis=1, start=1, end=3)\n"
-            "k = concat(s, n, axis=1)\nr = relu(k)\nt = reduce_sum(r, axes=[1, 2, 3])\nloss = mse_loss(t, z)\n"
-            "output loss\n" TRAIN_SGD, TF_MODE_TRAIN);
-    op_case("train attention", "input x : f32[2, 5, 8]\nparam wq : f32[8, 8] = uniform()\nparam wv : f32[8, 8] = uniform()\n"
-            "q = linear(x, wq)\nv = linear(x, wv)\nq4 = reshape(q, shape=[2, 5, 2, 4])\nv4 = reshape(v, shape=[2, 5, 2, 4])\n"
-            "qh = transpose(q4, perm=[0, 2, 1, 3])\nvh = transpose(v4, perm=[0, 2, 1, 3])\n"
-            "a = attention(qh, qh, vh, causal=true)\ns = mul(a, a)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" TRAIN_SGD,
-            TF_MODE_TRAIN);
+    for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)
+        op_case(target_cases[i].label, target_cases[i].text, target_cases[i].mode);
 }
 
 static void examples(void)
