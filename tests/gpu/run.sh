@@ -96,7 +96,8 @@ fi
 
 # ---- build ----
 build() {
-    cmake -S . -B "$B" -DTFUSE_WITH_LLVM=OFF -DCMAKE_BUILD_TYPE=Release >"$B.cmake.log" 2>&1 || { cat "$B.cmake.log"; return 1; }
+    mkdir -p "$B"
+    cmake -S . -B "$B" -DTFUSE_WITH_LLVM=OFF -DCMAKE_BUILD_TYPE=Release >"$B/cmake.log" 2>&1 || { cat "$B/cmake.log"; return 1; }
     cmake --build "$B" -j "$JOBS" --target tfuse_cli tfuse_static || return 1
     # the test programs, against the static libraries; the backend's sources join them
     # until libtfuse_static carries tf_backend_cuda itself
