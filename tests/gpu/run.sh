@@ -98,37 +98,16 @@ fi
 build() {
     mkdir -p "$B"
     cmake -S . -B "$B" -DTFUSE_WITH_LLVM=OFF -DCMAKE_BUILD_TYPE=Release >"$B/cmake.log" 2>&1 || { cat "$B/cmake.log"; return 1; }
-    cmake --build "$B" -j "$JOBS" --target tfuse_cli tfuse_static || return 1
-    # the test programs, against the static libraries; the backend's sources join them
-    # until libtfuse_static carries tf_backend_cuda itself
-    local libs="" extra="" l
-    for l in tfuse_static tfuse_cuda_rt tfuse_frontend tfuse_passes tfuse_codegen tfuse_ir; do
-        [ -f "$B/lib$l.a" ] && libs="$libs $B/lib$l.a"
-    done
-    if ! nm -g --defined-only "$B/libtfuse_static.a" 2>/dev/null | grep -qw tf_backend_cuda; then
-        extra="runtime/cuda/backend_cuda.c runtime/cuda/jit.c runtime/cuda/blas.c"
-    fi
-    local blas=""
-    if grep -q '^TFUSE_WITH_OPENBLAS:BOOL=ON' "$B/CMakeCache.txt"; then
-        blas=$(sed -n 's/^TFUSE_OPENBLAS_LIB:FILEPATH=//p' "$B/CMakeCache.txt")
-    fi
-    local cflags="-std=c11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iir -Icodegen -Ipasses -Ifrontend -Iinclude -Iruntime -Iruntime/cuda -Itests/unit"
-    local t
-    for t in test_gpu test_cuda_nodriver; do
-        echo "cc tests/gpu/$t.c $extra"
-        ${CC:-cc} $cflags "tests/gpu/$t.c" $extra -Wl,--start-group $libs -Wl,--end-group $blas -lm -ldl -lpthread -o "$B/$t" || return 1
-    done
-    mkdir -p "$B/fakecuda"
-    echo "cc -shared tests/gpu/fake_libcuda.c -> $B/fakecuda/libcuda.so.1"
-    ${CC:-cc} -std=c11 -O1 -g -Wall -Wextra -Werror -shared -fPIC tests/gpu/fake_libcuda.c -o "$B/fakecuda/libcuda.so.1" || return 1
+    # the CLI, the GPU test (tests/gpu/test_gpu.c), the no-driver test and the stand-in driver
+    cmake --build "$B" -j "$JOBS" --target tfuse_cli test_gpu test_cuda_nodriver fake_cuda || return 1
 }
 step build build
 if [ "${RESULTS[0]}" != PASS ]; then
     echo "the build failed: nothing else can run"
 else
     export TFUSE_EXAMPLES="$ROOT/examples"
-    step nodriver "$B/test_cuda_nodriver"
-    step fake "$B/test_gpu" --fake "$ROOT/$B/fakecuda"
+    step nodriver "$B/tests/test_cuda_nodriver"
+    step fake "$B/tests/test_gpu" --fake "$ROOT/$B/tests/fakecuda"
 
     if [ $DRY -eq 1 ]; then
         cli_nodriver() {
@@ -145,8 +124,8 @@ else
     else
         CACHE="$ROOT/$B/cubin-cache"
         rm -rf "$CACHE"
-        step ops-tf32 env TFUSE_CACHE_DIR="$CACHE" "$B/test_gpu"
-        step ops-fp32 env TFUSE_CACHE_DIR="$CACHE" TFUSE_NO_TF32=1 "$B/test_gpu"
+        step ops-tf32 env TFUSE_CACHE_DIR="$CACHE" "$B/tests/test_gpu"
+        step ops-fp32 env TFUSE_CACHE_DIR="$CACHE" TFUSE_NO_TF32=1 "$B/tests/test_gpu"
 
         digits() {
             local tmp=$B/digits out acc
