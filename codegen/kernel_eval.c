@@ -158,13 +158,18 @@ static tf_ir_status run_library(const tf_node *n, tf_interp_ctx *ip, tf_diag *d)
 
 tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag *d)
 {
+    tf_diag *saved = tf_interp_diag(ip);
+    tf_interp_set_diag(ip, d);   /* the op kernels report bad ids and the like there */
     tf_ir_status st = TF_IR_OK;
     for (int i = 0; i < p->nkernels && !st; i++) {
         const tf_kernel *k = &p->kernels[i];
         if (k->kind == TF_K_VIEW) {
             tf_value *src = k->lib->in[0];
             tf_tensor *b = tf_interp_tensor(ip, k->lib->out, d), *a = src->kind == TF_VAL_CONST ? NULL : tf_interp_tensor(ip, src, d);
-            if (!b || (!a && src->kind != TF_VAL_CONST)) return d->status;
+            if (!b || (!a && src->kind != TF_VAL_CONST)) {
+                st = d->status;
+                break;
+            }
             for (int64_t j = 0; j < b->numel; j++) b->data[j] = a ? a->data[j] : tf_dtype_round(src->type.dtype, src->cval);
             continue;
         }
@@ -200,5 +205,6 @@ tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag
         free(e.val);
         free(e.red);
     }
+    tf_interp_set_diag(ip, saved);
     return st;
 }

@@ -113,6 +113,7 @@ uint64_t tf_interp_seed(const tf_interp_ctx *ip) { return ip->seed; }
 uint64_t tf_interp_step(const tf_interp_ctx *ip) { return ip->step; }
 void tf_interp_set_step(tf_interp_ctx *ip, uint64_t step) { ip->step = step; }
 tf_diag *tf_interp_diag(tf_interp_ctx *ip) { return ip->d; }
+void tf_interp_set_diag(tf_interp_ctx *ip, tf_diag *d) { ip->d = d; }
 tf_module *tf_interp_module(const tf_interp_ctx *ip) { return ip->m; }
 
 tf_tensor *tf_interp_tensor(tf_interp_ctx *ip, const tf_value *v, tf_diag *d)

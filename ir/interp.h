@@ -42,6 +42,9 @@ uint64_t tf_interp_step(const tf_interp_ctx *ip);      /* 0 for the first run */
 /* Set the run counter (a resumed training run continues its dropout masks). */
 void tf_interp_set_step(tf_interp_ctx *ip, uint64_t step);
 tf_diag *tf_interp_diag(tf_interp_ctx *ip);
+/* Where the kernels report errors outside tf_interp_run (kernel_eval runs
+ * them one at a time); NULL after. */
+void tf_interp_set_diag(tf_interp_ctx *ip, tf_diag *d);
 tf_module *tf_interp_module(const tf_interp_ctx *ip);
 /* Schedule `buffer := value` for the end of the current step (copied now). */
 tf_ir_status tf_interp_defer_update(tf_interp_ctx *ip, const tf_value *buffer, const tf_tensor *value);

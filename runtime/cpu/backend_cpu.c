@@ -109,7 +109,8 @@ typedef struct cpu {
     void **owned;          /* blocks besides the arena */
     int nowned;
     tf_pool *pool;
-    tf_interp_ctx *ip;     /* initializers, and the fallback kernels' tensors */
+    tf_interp_ctx *ip;     /* the fallback kernels' tensors (made on first use); initializers run in a
+                            * temporary one */
     uint64_t rt[2];        /* seed, step: what dropout draws from */
     float *scratch;        /* grows to the largest kernel's need */
     size_t nscratch;
@@ -493,6 +494,8 @@ static bool run_gather(cpu *c, const tf_node *n, bool scatter)
 static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
 {
     tf_diag d = {0};
+    if (!c->ip && !(c->ip = tf_interp_create(s->p->m, s->p->mode, s->seed)))   /* its tensors: only what fallbacks touch */
+        return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_interp_set_step(c->ip, c->rt[1]);
     for (int b = 0; b < k->nbufs; b++) {
         const tf_value *v = k->bufs[b].value;
@@ -639,6 +642,9 @@ static tf_status cpu_create(tf_session_t *s)
         if (!t) st = tf_from_diag(s->ctx, &d);
         for (int64_t k = 0; t && k < t->numel; k++) tf_elem_store(v->type.dtype, c->ptr[v->id], k, t->data[k]);
     }
+    /* the float64 copy of every param is not kept: a session holds its state once, in storage dtype */
+    tf_interp_free(c->ip);
+    c->ip = NULL;
     if (st) cpu_free(s);
     return st;
 }

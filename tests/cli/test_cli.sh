@@ -47,6 +47,10 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   ref=$("$tfuse" run "$ex/cnn.ir" --target=interp --random-inputs --seed 5 2>&1)
   l1=$(grep '^loss' <<<"$cpu" | awk '{print $5}') l2=$(grep '^loss' <<<"$ref" | awk '{print $5}')
   if python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-3 * max(1, abs(b)) else 1)" "$l1" "$l2"; then ok; else bad "cnn loss on cpu $l1 vs interp $l2"; fi
+  # a bad id in the data: the cpu target names the op and its place, as interp does
+  printf 'input i : i64[3]\nparam t : f32[4, 2] = normal()\ne = embedding(i, t)\noutput e\n' > "$tmp/emb.ir"
+  python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.array([0, 7, 1], dtype=np.int64))" "$tmp/ids.npy"
+  expect 1 "emb.ir:3:5: error: gather: id 7 at position 1 is out of range \[0, 4\)" -- "$tfuse" run "$tmp/emb.ir" --input i="$tmp/ids.npy" --target=cpu
   expect 0 "^kernels_fallback: [0-9]+" -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^k[0-9]+_matmul +gemm " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2
