@@ -712,6 +712,35 @@ tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype, co
     return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no input named '%s'", input);
 }
 
+/* Ids and labels read straight from an input are checked before a step on
+ * every target, with the message and place the interpreter gives: compiled
+ * kernels index with them (gather) or compare against them (one_hot), and
+ * an id out of range must be an error, never a wrong number. */
+static tf_status check_indices(tf_session_t *s)
+{
+    const tf_module *m = s->p->m;
+    for (int k = 0; k < m->nodes.n; k++) {
+        const tf_node *n = m->nodes.items[k];
+        if (n->op != TF_OP_ONE_HOT && n->op != TF_OP_GATHER) continue;
+        const tf_value *v = n->in[0];
+        int i = 0;
+        while (i < s->p->inputs.n && s->p->inputs.items[i] != v) i++;
+        if (i == s->p->inputs.n || (v->type.dtype != TF_DT_I64 && v->type.dtype != TF_DT_I32)) continue;
+        int64_t hi = n->op == TF_OP_ONE_HOT ? tf_node_int(n, "depth") : n->in[1]->type.dims[0].n;
+        int64_t count = tf_type_numel(&v->type);
+        for (int64_t j = 0; j < count; j++) {
+            int64_t x = v->type.dtype == TF_DT_I64 ? ((const int64_t *)s->bound[i])[j] : ((const int32_t *)s->bound[i])[j];
+            if (x >= 0 && x < hi) continue;
+            tf_diag d = {0};
+            tf_diag_error(&d, TF_IR_ERR_RUNTIME, &n->loc, "%s: %s %lld at position %lld is out of range [0, %lld)",
+                          tf_op_info_of(n->op)->name, n->op == TF_OP_ONE_HOT ? "label" : "id", (long long)x, (long long)j,
+                          (long long)hi);
+            return tf_from_diag(s->ctx, &d);
+        }
+    }
+    return TF_OK;
+}
+
 tf_status tf_session_run(tf_session_t *s)
 {
     if (!s) return TF_ERR_INVALID_ARG;
@@ -719,7 +748,8 @@ tf_status tf_session_run(tf_session_t *s)
         if (!s->bound[i])
             return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: input '%s' is not bound",
                                 ((tf_value *)s->p->inputs.items[i])->name);
-    return s->be->run(s);
+    tf_status st = check_indices(s);
+    return st ? st : s->be->run(s);
 }
 
 tf_status tf_session_output(tf_session_t *s, const char *name, tf_tensor_view *out)
