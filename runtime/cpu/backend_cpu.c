@@ -99,6 +99,7 @@ typedef struct ckernel {
     int64_t work;          /* elements of the index space, to decide threading */
     double ns;             /* profile: total time */
     int64_t calls;
+    int label_expr;        /* a one_hot whose labels load an integer buffer (checked before the kernel), or -1 */
 } ckernel;
 
 typedef struct cpu {
@@ -250,6 +251,12 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         if (k->kind == TF_K_VIEW) ck->how = RUN_VIEW;
         else if (k->lib) ck->how = library_how(k->lib);
         else ck->how = k->nexprs ? RUN_JIT : RUN_NOTHING;
+        ck->label_expr = -1;
+        for (int e = 0; e < k->nexprs && ck->how == RUN_JIT; e++) {
+            const tf_kexpr *x = &k->exprs[e], *a = x->kind == TF_KX_OP && x->op == TF_OP_ONE_HOT ? &k->exprs[x->args[0]] : NULL;
+            tf_dt t = a && a->kind == TF_KX_LOAD ? k->bufs[a->buf].value->type.dtype : TF_DT_F32;
+            if (t == TF_DT_I64 || t == TF_DT_I32) ck->label_expr = e;
+        }
         bool wants_fn = k->nexprs && ck->how != RUN_VIEW && ck->how != RUN_FALLBACK;
         if (wants_fn) {
             tf_diag d = {0};
@@ -517,9 +524,34 @@ static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
     return TF_OK;
 }
 
+/* A one_hot's labels, when they come from a computed buffer (inputs are
+ * checked by the API before the step): out of range is an error with the
+ * op's place, as the interpreter reports it, not a row of zeros. */
+static tf_status check_labels(tf_session_t *s, cpu *c, const ckernel *ck)
+{
+    const tf_kernel *k = ck->k;
+    const tf_kexpr *x = &k->exprs[ck->label_expr], *a = &k->exprs[x->args[0]];
+    const tf_value *v = k->bufs[a->buf].value;
+    const void *p = storage(c, v);
+    int64_t depth = tf_node_int(x->node, "depth"), n = numel(v);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t y = v->type.dtype == TF_DT_I64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
+        if (y >= 0 && y < depth) continue;
+        tf_diag d = {0};
+        tf_diag_error(&d, TF_IR_ERR_RUNTIME, &x->node->loc, "one_hot: label %lld at position %lld is out of range [0, %lld)",
+                      (long long)y, (long long)i, (long long)depth);
+        return tf_from_diag(s->ctx, &d);
+    }
+    return TF_OK;
+}
+
 static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
 {
     const tf_kernel *k = ck->k;
+    if (ck->label_expr >= 0) {
+        tf_status st = check_labels(s, c, ck);
+        if (st) return st;
+    }
     switch (ck->how) {
     case RUN_NOTHING: return TF_OK;
     case RUN_VIEW: {

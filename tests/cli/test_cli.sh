@@ -53,6 +53,10 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   expect 1 "emb.ir:3:5: error: gather: id 7 at position 1 is out of range \[0, 4\)" -- "$tfuse" run "$tmp/emb.ir" --input i="$tmp/ids.npy" --target=cpu
   python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.array([0, 12, 1, 3], dtype=np.int64)); np.save(sys.argv[2], np.ones((4, 20), dtype=np.float32))" "$tmp/y.npy" "$tmp/x.npy"
   expect 1 "mlp.ir:16:8: error: one_hot: label 12 at position 1 is out of range \[0, 10\)" -- "$tfuse" run "$ex/mlp.ir" --dim B=4 --dim F=20 --input x="$tmp/x.npy" --input y="$tmp/y.npy" --target=cpu
+  # ... and labels reaching one_hot through a reshape, checked by the kernel that reads them
+  printf 'input y : i64[2, 3]\ninput l : f32[6, 4]\nr = reshape(y, shape=[6])\nloss = cross_entropy(l, r)\noutput loss\n' > "$tmp/lab.ir"
+  python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.array([[0, 1, 2], [3, 9, 1]], dtype=np.int64)); np.save(sys.argv[2], np.ones((6, 4), dtype=np.float32))" "$tmp/yl.npy" "$tmp/ll.npy"
+  expect 1 "lab.ir:4:8: error: one_hot: label 9 at position 4 is out of range \[0, 4\)" -- "$tfuse" run "$tmp/lab.ir" --input y="$tmp/yl.npy" --input l="$tmp/ll.npy" --target=cpu
   expect 0 "^kernels_fallback: [0-9]+" -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^k[0-9]+_matmul +gemm " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2
