@@ -462,67 +462,44 @@ void tf_kernels_free(tf_kernel_plan *p)
 
 /* ---- text ---- */
 
-typedef struct sb { char *p; size_t n, cap; bool oom; } sb;
-
-static void out(sb *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void out(sb *s, const char *fmt, ...)
-{
-    if (s->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) { s->oom = true; return; }
-    if (s->n + (size_t)k + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 4096;
-        while (cap < s->n + (size_t)k + 1) cap *= 2;
-        char *q = realloc(s->p, cap);
-        if (!q) { s->oom = true; return; }
-        s->p = q;
-        s->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(s->p + s->n, s->cap - s->n, fmt, ap);
-    va_end(ap);
-    s->n += (size_t)k;
-}
+typedef tf_strbuf sb;
 
 char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
 {
     static const char *kinds[] = {"elementwise", "reduction", "library", "view"};
     sb s = {0};
-    out(&s, "# %d kernels\n", p->nkernels);
+    tf_strbuf_printf(&s, "# %d kernels\n", p->nkernels);
     for (int i = 0; i < p->nkernels; i++) {
         const tf_kernel *k = &p->kernels[i];
-        out(&s, "\nkernel %s %s", k->name, kinds[k->kind]);
-        if (k->region) out(&s, " (region %s)", m->regions[k->region - 1].name);
-        out(&s, " over [");
-        for (int a = 0; a < k->rank; a++) out(&s, "%s%lld%s", a ? ", " : "", (long long)k->dims[a], (k->reduce_mask >> a) & 1 ? "r" : "");
-        out(&s, "]\n");
-        if (k->lib) out(&s, "  call %s -> %s\n", tf_op_info_of(k->lib->op)->name, k->lib->out->name);
+        tf_strbuf_printf(&s, "\nkernel %s %s", k->name, kinds[k->kind]);
+        if (k->region) tf_strbuf_printf(&s, " (region %s)", m->regions[k->region - 1].name);
+        tf_strbuf_printf(&s, " over [");
+        for (int a = 0; a < k->rank; a++) tf_strbuf_printf(&s, "%s%lld%s", a ? ", " : "", (long long)k->dims[a], (k->reduce_mask >> a) & 1 ? "r" : "");
+        tf_strbuf_printf(&s, "]\n");
+        if (k->lib) tf_strbuf_printf(&s, "  call %s -> %s\n", tf_op_info_of(k->lib->op)->name, k->lib->out->name);
         for (int e = 0; e < k->nexprs; e++) {
             const tf_kexpr *x = &k->exprs[e];
-            out(&s, "  e%d : %s%s = ", e, tf_dtype_name(x->dtype), x->reduced_domain && k->reduce_mask ? " outer" : "");
+            tf_strbuf_printf(&s, "  e%d : %s%s = ", e, tf_dtype_name(x->dtype), x->reduced_domain && k->reduce_mask ? " outer" : "");
             switch (x->kind) {
             case TF_KX_LOAD:
-                out(&s, "load %s[", k->bufs[x->buf].value->name);
-                for (int a = 0; a < k->rank; a++) out(&s, "%s%lld", a ? ", " : "", (long long)x->strides[a]);
-                out(&s, "]");
-                if (x->offset) out(&s, " + %lld", (long long)x->offset);
+                tf_strbuf_printf(&s, "load %s[", k->bufs[x->buf].value->name);
+                for (int a = 0; a < k->rank; a++) tf_strbuf_printf(&s, "%s%lld", a ? ", " : "", (long long)x->strides[a]);
+                tf_strbuf_printf(&s, "]");
+                if (x->offset) tf_strbuf_printf(&s, " + %lld", (long long)x->offset);
                 break;
-            case TF_KX_CONST: out(&s, "%.17g", x->value); break;
-            case TF_KX_REDUCED: out(&s, "%s(e%d)", tf_op_info_of(k->reds[x->red].op)->name, k->reds[x->red].arg); break;
-            case TF_KX_INDEX: out(&s, "index %d", x->axis); break;
+            case TF_KX_CONST: tf_strbuf_printf(&s, "%.17g", x->value); break;
+            case TF_KX_REDUCED: tf_strbuf_printf(&s, "%s(e%d)", tf_op_info_of(k->reds[x->red].op)->name, k->reds[x->red].arg); break;
+            case TF_KX_INDEX: tf_strbuf_printf(&s, "index %d", x->axis); break;
             case TF_KX_OP:
-                out(&s, "%s(", tf_op_info_of(x->op)->name);
-                for (int q = 0; q < x->nargs; q++) out(&s, "%se%d", q ? ", " : "", x->args[q]);
-                out(&s, ")");
+                tf_strbuf_printf(&s, "%s(", tf_op_info_of(x->op)->name);
+                for (int q = 0; q < x->nargs; q++) tf_strbuf_printf(&s, "%se%d", q ? ", " : "", x->args[q]);
+                tf_strbuf_printf(&s, ")");
                 break;
             }
-            out(&s, "\n");
+            tf_strbuf_printf(&s, "\n");
         }
         for (int t = 0; t < k->nstores; t++)
-            out(&s, "  store %s%s = e%d\n", k->bufs[k->stores[t].buf].value->name, k->stores[t].reduced_domain ? " (outer)" : "",
+            tf_strbuf_printf(&s, "  store %s%s = e%d\n", k->bufs[k->stores[t].buf].value->name, k->stores[t].reduced_domain ? " (outer)" : "",
                 k->stores[t].expr);
     }
     if (s.oom) {

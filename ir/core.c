@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir.h"
@@ -114,6 +115,35 @@ double tf_tanh(double x)
 {
     double t = tf_expm1(-2.0 * fabs(x));
     return copysign(-t / (2.0 + t), x);
+}
+
+void tf_strbuf_vprintf(tf_strbuf *s, const char *fmt, va_list ap)
+{
+    if (s->oom) return;
+    va_list again;
+    va_copy(again, ap);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    if (k < 0) s->oom = true;
+    if (!s->oom && s->n + (size_t)k + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap : 4096;
+        while (cap < s->n + (size_t)k + 1) cap *= 2;
+        char *q = realloc(s->p, cap);
+        if (!q) s->oom = true;
+        else s->p = q, s->cap = cap;
+    }
+    if (!s->oom) {
+        vsnprintf(s->p + s->n, s->cap - s->n, fmt, again);
+        s->n += (size_t)k;
+    }
+    va_end(again);
+}
+
+void tf_strbuf_printf(tf_strbuf *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    tf_strbuf_vprintf(s, fmt, ap);
+    va_end(ap);
 }
 
 double tf_lanes_sum(const double *l)

@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdarg.h>
 #include <stdint.h>
 
 #include "arena.h"
@@ -88,6 +89,14 @@ extern const double tf_exp_coeffs[TF_EXP_DEGREE + 1];
 #define TF_EXP_OVER 709.782712893384    /* above: +inf */
 #define TF_EXP_UNDER -745.2             /* below: 0 */
 #define TF_EXPM1_SMALL 0.3465
+/* A growing text buffer: printf-style appends, malloc'd p (NUL-terminated
+ * when not oom); after a failed allocation every append is a no-op and oom
+ * stays set. The printer, the kernel IR's printer and the CUDA emitter
+ * write through it. */
+typedef struct tf_strbuf { char *p; size_t n, cap; bool oom; } tf_strbuf;
+void tf_strbuf_printf(tf_strbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tf_strbuf_vprintf(tf_strbuf *s, const char *fmt, va_list ap);
+
 /* How every reduction adds up (interpreter, kernel_eval and both emitters
  * alike): in double, over TF_RED_LANES lanes; the element at row-major
  * position t of the reduced axes goes to lane t % 8, each lane in increasing
