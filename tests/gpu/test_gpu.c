@@ -266,21 +266,19 @@ static void ops(void)
 
 static void examples(void)
 {
-    static const struct { const char *file; tf_dim_override dims[3]; size_t nd; } models[] = {
-        {"mlp.ir", {{"B", 8}, {"F", 20}}, 2},
-        {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
-        {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
-    };
-    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+    for (size_t i = 0; i < TEST_NEXAMPLES; i++) {
+        const test_example *ex = &test_examples[i];
+        tf_dim_override dims[3];
+        for (int j = 0; j < ex->nd; j++) dims[j] = (tf_dim_override){ex->dims[j].name, ex->dims[j].value};
         char path[4096];
-        char *text = test_read_example(models[i].file, path, sizeof path);
+        char *text = test_read_example(ex->file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
         for (int fp32 = 0; fp32 < 2; fp32++) {
             char lab[4200];
             snprintf(lab, sizeof lab, "%s train step [%s]", path, fp32 ? "fp32" : "model precision");
             pair q;
-            if (pair_make(&q, lab, text, TF_MODE_TRAIN, fp32 ? "fp32" : NULL, models[i].dims, models[i].nd) && pair_step(&q, lab))
+            if (pair_make(&q, lab, text, TF_MODE_TRAIN, fp32 ? "fp32" : NULL, dims, ex->nd) && pair_step(&q, lab))
                 pair_compare(&q, lab, true, state_tol(), fp32 ? 0 : tol_of(TF_DTYPE_BF16));
             pair_free(&q);
         }
@@ -297,7 +295,7 @@ static void examples(void)
             g_disable = variants[v].dis;
             g_ndisable = variants[v].nd;
             pair q;
-            if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", models[i].dims, models[i].nd) && pair_step(&q, lab) && pair_step(&q, lab))
+            if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", dims, ex->nd) && pair_step(&q, lab) && pair_step(&q, lab))
                 pair_compare(&q, lab, true, state_tol(), 0);
             pair_free(&q);
             g_opt = 1;
@@ -307,7 +305,7 @@ static void examples(void)
         char lab[4200];
         snprintf(lab, sizeof lab, "%s 50 steps", path);
         pair q;
-        if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", models[i].dims, models[i].nd)) {
+        if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", dims, ex->nd)) {
             double first = 0, last = 0, worst = 0;
             for (int step = 0; step < 50 && pair_step(&q, lab); step++) {
                 tf_tensor_view a, b;

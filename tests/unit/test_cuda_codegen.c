@@ -386,26 +386,24 @@ int main(void)
     loader_failures(tmpdir);
     rmdir(tmpdir);
 
-    static const struct { const char *file; tf_dim_set dims[4]; int nd; } models[] = {
-        {"mlp.ir", {{"B", 6}, {"F", 20}}, 2},
-        {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
-        {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
-    };
     static const struct { tf_precision p; const char *name; } precs[] = {
         {TF_PREC_FP32, "fp32"}, {TF_PREC_BF16, "bf16"}, {TF_PREC_FP16, "fp16"}};
-    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+    for (size_t i = 0; i < TEST_NEXAMPLES; i++) {
+        const test_example *ex = &test_examples[i];
+        tf_dim_set dims[3];
+        for (int j = 0; j < ex->nd; j++) dims[j] = (tf_dim_set){ex->dims[j].name, ex->dims[j].value};
         char path[4096], label[4200];
-        char *text = test_read_example(models[i].file, path, sizeof path);
+        char *text = test_read_example(ex->file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
         for (int mode = 0; mode < 2; mode++)
             for (size_t p = 0; p < sizeof precs / sizeof *precs; p++) {
-                snprintf(label, sizeof label, "%s %s %s", models[i].file, mode == TF_IR_TRAIN ? "train" : "infer", precs[p].name);
+                snprintf(label, sizeof label, "%s %s %s", ex->file, mode == TF_IR_TRAIN ? "train" : "infer", precs[p].name);
                 emit_model(label, text, (tf_ir_mode)mode, precs[p].p, NULL, 0);
             }
         /* odd sizes: vector tails, partial blocks, rows shorter than a warp */
-        snprintf(label, sizeof label, "%s train fp32 (odd sizes)", models[i].file);
-        emit_model(label, text, TF_IR_TRAIN, TF_PREC_FP32, models[i].dims, models[i].nd);
+        snprintf(label, sizeof label, "%s train fp32 (odd sizes)", ex->file);
+        emit_model(label, text, TF_IR_TRAIN, TF_PREC_FP32, dims, ex->nd);
         free(text);
     }
     emit_dropout();

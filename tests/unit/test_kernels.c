@@ -121,17 +121,15 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
 int main(void)
 {
     g_seed = test_seed();
-    static const struct { const char *file; tf_dim_set dims[4]; int nd; } models[] = {
-        {"mlp.ir", {{"B", 6}, {"F", 20}}, 2},
-        {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
-        {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
-    };
-    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+    for (size_t i = 0; i < TEST_NEXAMPLES; i++) {
+        const test_example *ex = &test_examples[i];
+        tf_dim_set dims[3];
+        for (int j = 0; j < ex->nd; j++) dims[j] = (tf_dim_set){ex->dims[j].name, ex->dims[j].value};
         char path[4096];
-        char *text = test_read_example(models[i].file, path, sizeof path);
+        char *text = test_read_example(ex->file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
-        for (int mode = 0; mode < 2; mode++) run(path, text, (tf_ir_mode)mode, models[i].dims, models[i].nd);
+        for (int mode = 0; mode < 2; mode++) run(path, text, (tf_ir_mode)mode, dims, ex->nd);
         free(text);
     }
     run("dropout", "input x : f32[3, 7]\nparam w : f32[7, 5] = uniform()\nh = linear(x, w)\nd = dropout(h, p=0.3)\n"

@@ -55,6 +55,20 @@ static inline uint64_t test_seed(void)
     return seed;
 }
 
+/* The example models at sizes small enough for the tests that run each of
+ * them on every path (kernels, JIT, CUDA C, targets): the dims to override. */
+typedef struct test_example {
+    const char *file;
+    struct { const char *name; int64_t value; } dims[3];
+    int nd;
+} test_example;
+static const test_example test_examples[] = {
+    {"mlp.ir", {{"B", 8}, {"F", 20}}, 2},
+    {"cnn.ir", {{"N", 2}, {"C", 4}}, 2},
+    {"transformer.ir", {{"B", 2}, {"T", 5}, {"V", 10}}, 3},
+};
+enum { TEST_NEXAMPLES = sizeof test_examples / sizeof *test_examples };
+
 /* An example model's text (TFUSE_EXAMPLES names the folder, else
  * "examples"); its path goes to path[n]. NULL if unreadable. */
 static inline char *test_read_example(const char *file, char *path, size_t n)
