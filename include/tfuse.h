@@ -173,8 +173,12 @@ tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype,
 tf_status tf_session_run(tf_session_t *s);
 /* A view of an output after a run; valid until the next run or free. */
 tf_status tf_session_output(tf_session_t *s, const char *output, tf_tensor_view *out);
-/* Read/write a param or buffer (copying) by its IR name. */
-tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out);
+/* Read a param or buffer by its IR name, copying it into out->data, a
+ * caller buffer of `capacity` bytes; dtype, rank and shape are filled in.
+ * With out->data NULL only dtype, rank and shape are filled in (to size the
+ * buffer). A buffer smaller than the tensor is TF_ERR_INVALID_ARG, and
+ * nothing is written. set_state writes one, checking dtype and shape. */
+tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out, size_t capacity);
 tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tensor_view *value);
 /* Load params/buffers from a safetensors file (names = IR names; every tensor
  * must match a param or buffer; params the file lacks keep their initial

@@ -773,12 +773,17 @@ static const tf_value *find_state(const tf_session_t *s, const char *name)
     return NULL;
 }
 
-tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out)
+tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out, size_t capacity)
 {
-    if (!s || !name || !out || !out->data) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    if (!s || !name || !out) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     const tf_value *v = find_state(s, name);
     if (!v) return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no param or buffer named '%s'", name);
     fill_shape(&v->type, &out->dtype, &out->rank, out->shape);
+    if (!out->data) return TF_OK;
+    size_t need = (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype);
+    if (capacity < need)
+        return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "get_state: error: '%s' needs %zu bytes, the buffer holds %zu", name,
+                            need, capacity);
     return s->be->state_read(s, v, out->data);
 }
 

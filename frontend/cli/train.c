@@ -827,7 +827,7 @@ static int copy_state(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *f
             tf_tensor_view v = {0};
             if (!(v.data = malloc((size_t)numel(shape, 0, rank) * (size_t)tf_dtype_size(dt) + 16)))
                 return errorf("out of memory");
-            tf_status st = tf_session_get_state(from, name, &v);
+            tf_status st = tf_session_get_state(from, name, &v, (size_t)numel(shape, 0, rank) * (size_t)tf_dtype_size(dt) + 16);
             if (!st) st = tf_session_set_state(e->s, name, &v);
             free(v.data);
             if (st) return api_error(ctx, "copying the trained state for evaluation");

@@ -208,7 +208,7 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
             for (int k = 0; k < rank; k++) n *= shape[k];
             a.data = malloc((size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt));
             b.data = malloc((size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt));
-            if (!a.data || !b.data || tf_session_get_state(q->ref, name, &a) || tf_session_get_state(q->dev, name, &b)) {
+            if (!a.data || !b.data || tf_session_get_state(q->ref, name, &a, (size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt)) || tf_session_get_state(q->dev, name, &b, (size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt))) {
                 CHECK(0, "%s: state %s: %s", label, name, tf_context_last_error(q->ctx));
                 free(a.data);
                 free(b.data);
@@ -370,11 +370,11 @@ static void contract(void)
     /* state in and out; both sessions then agree again */
     float w[70], back[70];
     tf_tensor_view v = {.data = w};
-    CHECK(!tf_session_get_state(q.dev, "w", &v), "get w: %s", tf_context_last_error(q.ctx));
+    CHECK(!tf_session_get_state(q.dev, "w", &v, sizeof w), "get w: %s", tf_context_last_error(q.ctx));
     for (int i = 0; i < 70; i++) w[i] = (float)(i % 7) * 0.125f - 0.25f;
     CHECK(!tf_session_set_state(q.dev, "w", &v) && !tf_session_set_state(q.ref, "w", &v), "set w: %s", tf_context_last_error(q.ctx));
     tf_tensor_view bv = {.data = back};
-    CHECK(!tf_session_get_state(q.dev, "w", &bv) && !memcmp(w, back, sizeof w), "w reads back as written");
+    CHECK(!tf_session_get_state(q.dev, "w", &bv, sizeof back) && !memcmp(w, back, sizeof w), "w reads back as written");
     uint64_t step = 0;
     CHECK(!tf_session_step(q.dev, &step) && step == 1, "one run so far (%llu)", (unsigned long long)step);
     CHECK(!tf_session_set_step(q.dev, 7) && !tf_session_set_step(q.ref, 7) && !tf_session_step(q.dev, &step) && step == 7,

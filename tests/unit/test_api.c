@@ -74,7 +74,7 @@ static void test_misuse(void)
     /* buffers update after each step */
     float cnt[2] = {0};
     tf_tensor_view cv = {.data = cnt};
-    CHECK(tf_session_get_state(s, "count", &cv) == TF_OK && cnt[0] == 2 && cnt[1] == 2, "two steps counted: %g", cnt[0]);
+    CHECK(tf_session_get_state(s, "count", &cv, sizeof cnt) == TF_OK && cnt[0] == 2 && cnt[1] == 2, "two steps counted: %g", cnt[0]);
 
     /* save, perturb, load: state restored; a bad file changes nothing */
     char dir[] = "/tmp/tfuse_api_XXXXXX";
@@ -85,7 +85,15 @@ static void test_misuse(void)
     CHECK(tf_session_save_state(s, path) == TF_OK, "save: %s", tf_context_last_error(ctx));
     float w[8], w2[8], zeros[8] = {0};
     tf_tensor_view wv = {.data = w};
-    CHECK(tf_session_get_state(s, "w", &wv) == TF_OK && wv.rank == 2, "get w");
+    CHECK(tf_session_get_state(s, "w", &wv, sizeof w) == TF_OK && wv.rank == 2, "get w");
+    float small[3] = {7, 7, 7};
+    tf_tensor_view sv = {.data = small};
+    CHECK(tf_session_get_state(s, "w", &sv, sizeof small) == TF_ERR_INVALID_ARG && small[0] == 7 &&
+              strstr(tf_context_last_error(ctx), "needs 32 bytes, the buffer holds 12"),
+          "get_state refuses a short buffer: %s", tf_context_last_error(ctx));
+    tf_tensor_view qv = {.data = NULL};
+    CHECK(tf_session_get_state(s, "w", &qv, 0) == TF_OK && qv.rank == 2 && qv.shape[0] * qv.shape[1] == 8,
+          "get_state with no buffer gives the shape");
     tf_tensor_view zv = wv;
     zv.data = zeros;
     CHECK(tf_session_set_state(s, "w", &zv) == TF_OK, "set w");
@@ -98,7 +106,7 @@ static void test_misuse(void)
           "bad file: %s", tf_context_last_error(ctx));
     CHECK(tf_session_load_state(s, path) == TF_OK, "load: %s", tf_context_last_error(ctx));
     tf_tensor_view w2v = {.data = w2};
-    CHECK(tf_session_get_state(s, "w", &w2v) == TF_OK && !memcmp(w, w2, sizeof w), "w restored");
+    CHECK(tf_session_get_state(s, "w", &w2v, sizeof w2) == TF_OK && !memcmp(w, w2, sizeof w), "w restored");
     unlink(path);
     unlink(badpath);
     rmdir(dir);

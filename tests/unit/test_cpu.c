@@ -140,7 +140,7 @@ static void pair_compare(pair *q, const char *label, bool state, double state_to
             for (int k = 0; k < rank; k++) n *= shape[k];
             a.data = malloc((size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt));
             b.data = malloc((size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt));
-            if (!a.data || !b.data || tf_session_get_state(q->ref, name, &a) || tf_session_get_state(q->cpu, name, &b)) {
+            if (!a.data || !b.data || tf_session_get_state(q->ref, name, &a, (size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt)) || tf_session_get_state(q->cpu, name, &b, (size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt))) {
                 CHECK(0, "%s: state %s: %s", label, name, tf_context_last_error(q->ctx));
                 free(a.data);
                 free(b.data);

@@ -777,7 +777,7 @@ static void expect_state3(sess *t, const char *name, const double *want)
 {
     float got[3];
     tf_tensor_view tv = {.data = got};
-    tf_status st = tf_session_get_state(t->s, name, &tv);
+    tf_status st = tf_session_get_state(t->s, name, &tv, sizeof got);
     CHECK(st == TF_OK, "%s: get_state %s: %s", t->label, name, tf_context_last_error(t->ctx));
     for (int c = 0; !st && c < 3; c++)
         CHECK(check_close(got[c], want[c], TOL), "%s: %s[%d] = %.9g, want %.9g", t->label, name, c, got[c], want[c]);

@@ -91,7 +91,7 @@ static void run(const char *opt_text, const char *opt, const char *sched_text, c
     memset(&r, 0, sizeof r);
     float w0[K], x[K];
     tf_tensor_view wv = {.data = w0};
-    if (ok) ok = !tf_session_get_state(s, "w", &wv);
+    if (ok) ok = !tf_session_get_state(s, "w", &wv, sizeof w0);
     for (int i = 0; i < K; i++) r.w[i] = w0[i];
     int64_t shape[1] = {K};
     for (int step = 0; ok && step < STEPS; step++) {
@@ -107,7 +107,7 @@ static void run(const char *opt_text, const char *opt, const char *sched_text, c
         ref_step(&r, opt, lr, step + 1, g, clip);
         float got[K];
         tf_tensor_view gv = {.data = got};
-        if (ok) ok = !tf_session_get_state(s, "w", &gv);
+        if (ok) ok = !tf_session_get_state(s, "w", &gv, sizeof got);
         int bad = 0;
         for (int i = 0; ok && i < K; i++)
             if (!check_close(got[i], r.w[i], 2e-5, 2e-6) && bad++ < 2)
@@ -141,7 +141,7 @@ static float scalar_state(tf_session_t *s, const char *name)
     float f = NAN;
     int64_t i64 = 0;
     tf_tensor_view v = {.data = &i64};
-    if (tf_session_get_state(s, name, &v)) return NAN;
+    if (tf_session_get_state(s, name, &v, sizeof i64)) return NAN;
     if (v.dtype == TF_DTYPE_F32) memcpy(&f, &i64, sizeof f);
     else f = (float)i64;
     return f;
@@ -163,10 +163,10 @@ static void test_loss_scaling(void)
         CHECK(scalar_state(s, "train.loss_scale") == 65536, "initial scale 65536, found %g", scalar_state(s, "train.loss_scale"));
         for (int i = 0; i < K; i++) x[i] = 0.25f * (float)(i + 1);
         x[2] = INFINITY;
-        tf_session_get_state(s, "w", &a);
+        tf_session_get_state(s, "w", &a, sizeof w0);
         bool ok = !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 1, x) && !tf_session_run(s);
         CHECK(ok, "run: %s", tf_context_last_error(ctx));
-        tf_session_get_state(s, "w", &b);
+        tf_session_get_state(s, "w", &b, sizeof w1);
         CHECK(!memcmp(w0, w1, sizeof w0), "an inf gradient skips the step: params unchanged");
         CHECK(scalar_state(s, "train.step") == 0, "the step counter does not advance on a skipped step");
         CHECK(scalar_state(s, "train.loss_scale") == 32768, "scale halved: %g", scalar_state(s, "train.loss_scale"));
@@ -178,7 +178,7 @@ static void test_loss_scaling(void)
         ok = ok && !tf_session_run(s);
         CHECK(ok && scalar_state(s, "train.loss_scale") == 65536, "the 2000th clean step doubles the scale: %g",
               scalar_state(s, "train.loss_scale"));
-        tf_session_get_state(s, "w", &b);
+        tf_session_get_state(s, "w", &b, sizeof w1);
         CHECK(memcmp(w0, w1, sizeof w0) != 0 && scalar_state(s, "train.step") == 2000, "clean steps update");
     }
     tf_session_free(s);
@@ -201,13 +201,13 @@ static void test_accumulation(void)
         int64_t shape[1] = {K};
         tf_tensor_view a = {.data = w0}, b = {.data = w1};
         for (int i = 0; i < K; i++) x1[i] = 0.5f * (float)(i + 1), x2[i] = -0.25f * (float)i;
-        tf_session_get_state(s, "w", &a);
+        tf_session_get_state(s, "w", &a, sizeof w0);
         bool ok = !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 1, x1) && !tf_session_run(s);
-        tf_session_get_state(s, "w", &b);
+        tf_session_get_state(s, "w", &b, sizeof w1);
         CHECK(ok && !memcmp(w0, w1, sizeof w0), "first micro-batch: params unchanged");
         CHECK(scalar_state(s, "train.step") == 0, "first micro-batch: step unchanged");
         ok = ok && !tf_session_bind(s, "x", TF_DTYPE_F32, shape, 1, x2) && !tf_session_run(s);
-        tf_session_get_state(s, "w", &b);
+        tf_session_get_state(s, "w", &b, sizeof w1);
         int bad = 0;
         for (int i = 0; ok && i < K; i++)
             bad += !check_close(w1[i], w0[i] - 0.1 * (x1[i] + x2[i]) / 2, 1e-6, 1e-7);
