@@ -1,6 +1,6 @@
 /* tensorio.c — .npy and .safetensors readers and writers; the format decisions
  * are documented in tensorio.h. Layout: error plumbing; dtypes and shapes;
- * whole-file read and atomic write; one strict literal parser that reads JSON
+ * sources (a file read at offsets, or memory) and atomic write; one strict literal parser that reads JSON
  * (safetensors headers) and, in Python mode, the dict literal of .npy headers;
  * then the two formats. */
 #if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
@@ -24,9 +24,9 @@
 #error "tensorio assumes a little-endian host"
 #endif
 
-#define MAX_FILE      ((uint64_t)16 << 30)            /* 16 GiB */
 #define MAX_TENSOR    ((uint64_t)1 << 40)             /* bytes */
 #define ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)   /* 100 MB */
+#define NPY_MAX_HEADER ((uint64_t)1 << 20)            /* 1 MiB; NumPy writes < 1 KiB */
 #define MAX_DEPTH     64                              /* literal nesting */
 #define SHAPE_BUF     256   /* "(d, d, ...)": 8 dims of up to 20 digits */
 #define NAME_BUF      80    /* a name quoted in a message, truncated */
@@ -164,36 +164,85 @@ static tio_status check_tensor(const ectx *E, const char *ctx, const tio_tensor 
     return TIO_OK;
 }
 
-/* ---- whole-file read and atomic write ------------------------------------------------ */
+/* ---- reading: header first, then exactly the data; atomic write -------------------- */
 
-static tio_status read_whole(const ectx *E, uint8_t **buf, size_t *len)
+/* Where a reader's bytes come from: an open regular file, read with pread at
+ * the offsets the header names, or a caller's buffer (tio_*_read_mem). The
+ * readers never load a file whole: they read the fixed preamble, the header
+ * (bounded by its own limit and by the file size), validate it against the
+ * file size, and then read exactly the data it describes. */
+typedef struct source {
+    int fd;                 /* -1 for memory */
+    const uint8_t *mem;
+    uint64_t size;
+} source;
+
+static tio_status src_open(const ectx *E, source *S)
 {
     /* O_NONBLOCK: a FIFO given by mistake must not hang open(); it has no
      * effect on the regular files we go on to read. */
-    int fd = open(E->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     struct stat sb;
+    S->mem = NULL;
+    S->fd = open(E->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (S->fd < 0) return fail(E, TIO_ERR_IO, "cannot open: %s", strerror(errno));
     tio_status st = TIO_OK;
-    if (!f) {
-        int e = errno;
-        if (fd >= 0) close(fd);
-        return fail(E, TIO_ERR_IO, "cannot open: %s", strerror(e));
-    }
-    if (fstat(fileno(f), &sb) != 0) st = fail(E, TIO_ERR_IO, "cannot stat: %s", strerror(errno));
+    if (fstat(S->fd, &sb) != 0) st = fail(E, TIO_ERR_IO, "cannot stat: %s", strerror(errno));
     else if (!S_ISREG(sb.st_mode)) st = fail(E, TIO_ERR_IO, "expected a regular file, found another kind of file");
-    else if (sb.st_size < 0 || (uint64_t)sb.st_size > MAX_FILE || (uint64_t)sb.st_size >= SIZE_MAX)
-        st = fail(E, TIO_ERR_LIMIT, "file is %lld bytes, over the 16 GiB limit", (long long)sb.st_size);
-    else if (!(*buf = malloc(sb.st_size ? (size_t)sb.st_size : 1)))
-        st = fail(E, TIO_ERR_OOM, "cannot allocate %lld bytes to read the file", (long long)sb.st_size);
-    if (st) { fclose(f); return st; }
-    *len = (size_t)sb.st_size;
-    size_t got = *len ? fread(*buf, 1, *len, f) : 0;
-    bool ioerr = ferror(f) != 0;
-    fclose(f);
-    if (got == *len) return TIO_OK;
-    free(*buf);
-    return fail(E, TIO_ERR_IO, "%s: expected %zu bytes, got %zu", ioerr ? "read error" : "file shrank while read",
-                *len, got);
+    else if (sb.st_size < 0) st = fail(E, TIO_ERR_IO, "cannot stat: negative size");
+    if (st) {
+        close(S->fd);
+        S->fd = -1;
+        return st;
+    }
+    S->size = (uint64_t)sb.st_size;
+    return TIO_OK;
+}
+
+static void src_close(source *S)
+{
+    if (S->fd >= 0) close(S->fd);
+    S->fd = -1;
+}
+
+/* n bytes at file offset off into dst; the caller has checked that they
+ * lie within the size, so a short read means the file changed under us. */
+static tio_status src_read(const ectx *E, const source *S, uint64_t off, void *dst, size_t n)
+{
+    if (off > S->size || n > S->size - off)
+        return fail(E, TIO_ERR_IO, "internal: read of %zu bytes at byte %llu is past the end (%llu bytes)", n,
+                    (unsigned long long)off, (unsigned long long)S->size);
+    if (S->mem) {
+        if (n) memcpy(dst, S->mem + off, n);
+        return TIO_OK;
+    }
+    size_t got = 0;
+    while (got < n) {
+        size_t want = n - got > ((size_t)1 << 30) ? (size_t)1 << 30 : n - got;
+        ssize_t k = pread(S->fd, (uint8_t *)dst + got, want, (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0)
+            return fail(E, TIO_ERR_IO, "read error at byte %llu: %s", (unsigned long long)(off + got), strerror(errno));
+        if (k == 0)
+            return fail(E, TIO_ERR_IO, "file shrank while read: expected %llu bytes, it ended at byte %llu",
+                        (unsigned long long)S->size, (unsigned long long)(off + got));
+        got += (size_t)k;
+    }
+    return TIO_OK;
+}
+
+/* A malloc'd copy of n bytes at off (n + 1 allocated, NUL-terminated). */
+static tio_status src_dup(const ectx *E, const source *S, uint64_t off, size_t n, const char *what, uint8_t **out)
+{
+    *out = malloc(n + 1);
+    if (!*out) return fail(E, TIO_ERR_OOM, "cannot allocate %zu bytes for the %s", n + 1, what);
+    tio_status st = src_read(E, S, off, *out, n);
+    if (st) {
+        free(*out);
+        *out = NULL;
+        return st;
+    }
+    (*out)[n] = 0;
+    return TIO_OK;
 }
 
 typedef struct chunk { const void *p; size_t n; } chunk;   /* a piece of an output file */
@@ -614,43 +663,78 @@ static void fortran_to_c(const uint8_t *src, uint8_t *dst, const tio_tensor *t, 
     }
 }
 
-static tio_status npy_parse(const ectx *E, const uint8_t *buf, size_t len, tio_tensor *out)
+static tio_status npy_parse(const ectx *E, const source *S, tio_tensor *out)
 {
     static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
     char descr[NAME_BUF], s[SHAPE_BUF];
-    if (memcmp(buf, magic, len < 6 ? len : 6) != 0)
+    uint8_t pre[12];
+    uint64_t len = S->size;
+    size_t npre = len < sizeof pre ? (size_t)len : sizeof pre;
+    tio_status st = src_read(E, S, 0, pre, npre);
+    if (st) return st;
+    if (memcmp(pre, magic, npre < 6 ? npre : 6) != 0)
         return fail(E, TIO_ERR_FORMAT, "not a .npy file: expected magic \\x93NUMPY, found \"%s\"",
-                    show(buf, len < 6 ? len : 6, descr));
-    if (len < 8) return fail(E, TIO_ERR_FORMAT, "truncated header: file is %zu bytes, expected at least 10", len);
-    unsigned major = buf[6], minor = buf[7];
+                    show(pre, npre < 6 ? npre : 6, descr));
+    if (len < 8)
+        return fail(E, TIO_ERR_FORMAT, "truncated header: file is %llu bytes, expected at least 10",
+                    (unsigned long long)len);
+    unsigned major = pre[6], minor = pre[7];
     if (major < 1 || major > 3 || minor != 0)
         return fail(E, TIO_ERR_FORMAT, "unsupported .npy version %u.%u (expected 1.0, 2.0 or 3.0)", major, minor);
     int lsize = major == 1 ? 2 : 4;   /* width of the header-length field */
     size_t hstart = 8 + (size_t)lsize;
     if (len < hstart)
-        return fail(E, TIO_ERR_FORMAT, "truncated header: file is %zu bytes, expected at least %zu", len, hstart);
-    uint64_t hlen = get_le(buf + 8, lsize), nbytes = 0;
+        return fail(E, TIO_ERR_FORMAT, "truncated header: file is %llu bytes, expected at least %zu",
+                    (unsigned long long)len, hstart);
+    uint64_t hlen = get_le(pre + 8, lsize), nbytes = 0;
     if (hlen > len - hstart)
-        return fail(E, TIO_ERR_FORMAT, "header length %llu goes beyond the end of the file (%zu bytes follow "
-                    "the preamble)", (unsigned long long)hlen, len - hstart);
-    pcur c = {E, "npy header", buf + hstart, (size_t)hlen, 0, hstart, true};
+        return fail(E, TIO_ERR_FORMAT, "header length %llu goes beyond the end of the file (%llu bytes follow "
+                    "the preamble)", (unsigned long long)hlen, (unsigned long long)(len - hstart));
+    if (hlen > NPY_MAX_HEADER)
+        return fail(E, TIO_ERR_LIMIT, "header length %llu is over the 1 MiB limit (NumPy writes headers of a few "
+                    "hundred bytes)", (unsigned long long)hlen);
+    uint8_t *hdr;
+    if ((st = src_dup(E, S, hstart, (size_t)hlen, "npy header", &hdr))) return st;
+    pcur c = {E, "npy header", hdr, (size_t)hlen, 0, hstart, true};
     jval root = {0};
     tio_tensor t = {0};
     bool swap = false, fortran = false;
-    tio_status st = jparse(&c, &root);
+    st = jparse(&c, &root);
     if (!st) st = npy_header(&c, &root, &t, &swap, &fortran, descr);
     jfree(&root);
+    free(hdr);
     if (!st) st = shape_bytes(E, "", t.shape, t.rank, t.dtype, TIO_ERR_FORMAT, &nbytes);
     if (st) return st;
-    size_t doff = hstart + (size_t)hlen;
-    if (nbytes > len - doff)   /* bytes after the data are ignored, as numpy.load does */
-        return fail(E, TIO_ERR_FORMAT, "truncated data: shape %s of %s needs %llu bytes, file has %zu",
-                    shape_str(t.shape, t.rank, s), descr, (unsigned long long)nbytes, len - doff);
+    /* The header says how many bytes follow it; the file must hold exactly
+     * those (NumPy writes nothing after the data: anything there is damage,
+     * or not what the header claims). */
+    uint64_t doff = hstart + hlen, have = len - doff;
+    if (nbytes > have)
+        return fail(E, TIO_ERR_FORMAT, "truncated data: shape %s of %s needs %llu bytes, file has %llu", shape_str(t.shape, t.rank, s), descr, (unsigned long long)nbytes,
+                    (unsigned long long)have);
+    if (nbytes < have)
+        return fail(E, TIO_ERR_FORMAT, "%llu trailing byte%s after the data: shape %s of %s needs %llu bytes at byte "
+                    "%llu, so the file should be %llu bytes, but it is %llu",
+                    (unsigned long long)(have - nbytes), have - nbytes == 1 ? "" : "s", shape_str(t.shape, t.rank, s), descr,
+                    (unsigned long long)nbytes, (unsigned long long)doff, (unsigned long long)(doff + nbytes),
+                    (unsigned long long)len);
     if (!(t.data = malloc(nbytes ? (size_t)nbytes : 1)))
         return fail(E, TIO_ERR_OOM, "cannot allocate %llu bytes of tensor data", (unsigned long long)nbytes);
     t.nbytes = (size_t)nbytes;
-    if (fortran && t.rank > 1) fortran_to_c(buf + doff, t.data, &t, nbytes / DT[t.dtype].size);
-    else if (nbytes) memcpy(t.data, buf + doff, t.nbytes);
+    if (fortran && t.rank > 1 && nbytes) {
+        uint8_t *tmp = malloc((size_t)nbytes);
+        if (!tmp) st = fail(E, TIO_ERR_OOM, "cannot allocate %llu bytes to reorder Fortran-ordered data",
+                            (unsigned long long)nbytes);
+        else if (!(st = src_read(E, S, doff, tmp, (size_t)nbytes)))
+            fortran_to_c(tmp, t.data, &t, nbytes / DT[t.dtype].size);
+        free(tmp);
+    } else {
+        st = src_read(E, S, doff, t.data, (size_t)nbytes);
+    }
+    if (st) {
+        free(t.data);
+        return st;
+    }
     fix_data(&t, swap);
     *out = t;
     return TIO_OK;
@@ -659,16 +743,26 @@ static tio_status npy_parse(const ectx *E, const uint8_t *buf, size_t len, tio_t
 tio_status tio_npy_read(const char *path, tio_tensor *out, char *err, size_t errlen)
 {
     ectx E = {path, err, errlen};
-    uint8_t *buf;
-    size_t len;
+    source S;
     if (err && errlen) err[0] = 0;
     if (!out || !path) return fail(&E, TIO_ERR_ARG, "NULL %s argument", out ? "path" : "out");
     memset(out, 0, sizeof *out);
-    tio_status st = read_whole(&E, &buf, &len);
+    tio_status st = src_open(&E, &S);
     if (st) return st;
-    st = npy_parse(&E, buf, len, out);
-    free(buf);
+    st = npy_parse(&E, &S, out);
+    src_close(&S);
     return st;
+}
+
+tio_status tio_npy_read_mem(const char *name, const void *data, size_t len, tio_tensor *out, char *err,
+                            size_t errlen)
+{
+    ectx E = {name, err, errlen};
+    if (err && errlen) err[0] = 0;
+    if (!out || !name || (!data && len)) return fail(&E, TIO_ERR_ARG, "NULL %s argument", out ? "name or data" : "out");
+    memset(out, 0, sizeof *out);
+    source S = {-1, data ? data : (const uint8_t *)"", len};
+    return npy_parse(&E, &S, out);
 }
 
 tio_status tio_npy_write(const char *path, const tio_tensor *t, char *err, size_t errlen)
@@ -799,23 +893,31 @@ static tio_status meta_text(const ectx *E, const jval *m, char **out)
 }
 
 /* meta: NULL, or where the metadata text goes (NULL when there is none). */
-static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_tensor **out, size_t *nout,
-                           char **meta)
+static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, size_t *nout, char **meta)
 {
-    if (len < 8) return fail(E, TIO_ERR_FORMAT, "file is %zu bytes, expected at least 8 (the header length)", len);
-    uint64_t hl = get_le(buf, 8), far = 0;
+    uint64_t len = S->size;
+    uint8_t lenbuf[8], *hdr = NULL;
+    if (len < 8)
+        return fail(E, TIO_ERR_FORMAT, "file is %llu bytes, expected at least 8 (the header length)",
+                    (unsigned long long)len);
+    tio_status st = src_read(E, S, 0, lenbuf, 8);
+    if (st) return st;
+    uint64_t hl = get_le(lenbuf, 8), far = 0;
     if (hl > ST_MAX_HEADER)
-        return fail(E, TIO_ERR_LIMIT, "header length %llu is over the 100 MB limit (file is %zu bytes)",
-                    (unsigned long long)hl, len);
+        return fail(E, TIO_ERR_LIMIT, "header length %llu is over the 100 MB limit (file is %llu bytes)",
+                    (unsigned long long)hl, (unsigned long long)len);
     if (hl > len - 8)
-        return fail(E, TIO_ERR_FORMAT, "header length %llu goes beyond the end of the file (%zu bytes follow "
-                    "the length)", (unsigned long long)hl, len - 8);
-    pcur c = {E, "JSON header", buf + 8, (size_t)hl, 0, 8, false};
-    size_t count = 0, k = 0, data_off = 8 + (size_t)hl, far_idx = 0;
+        return fail(E, TIO_ERR_FORMAT, "header length %llu goes beyond the end of the file (%llu bytes follow "
+                    "the length)", (unsigned long long)hl, (unsigned long long)(len - 8));
+    if ((st = src_dup(E, S, 8, (size_t)hl, "JSON header", &hdr))) return st;
+    pcur c = {E, "JSON header", hdr, (size_t)hl, 0, 8, false};
+    size_t count = 0, k = 0, far_idx = 0;
+    uint64_t data_off = 8 + hl, data_len = len - data_off;
     tio_tensor *ts = NULL;
     st_range *r = NULL;
     jval root = {0};
-    tio_status st = jparse(&c, &root);
+    char a[NAME_BUF], b[NAME_BUF];
+    st = jparse(&c, &root);
     if (!st && root.kind != J_OBJ)
         st = cfail(&c, TIO_ERR_FORMAT, root.at, "expected a JSON object, found %s", jkind_name(&root));
     if (st) goto done;
@@ -826,24 +928,40 @@ static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_te
     for (size_t i = 0; i < root.n && !st; i++) {
         if (jis(&root.keys[i], "__metadata__")) {
             if (!(st = check_metadata(&c, &root.el[i])) && meta) st = meta_text(E, &root.el[i], meta);
-        } else if (!(st = st_entry(&c, &root.keys[i], &root.el[i], len - data_off, &ts[k], &r[k]))) r[k].idx = k, k++;
+        } else if (!(st = st_entry(&c, &root.keys[i], &root.el[i], data_len, &ts[k], &r[k]))) r[k].idx = k, k++;
     }
     if (st) goto done;
-    /* Sorted by begin, a non-empty range overlaps an earlier one exactly when
-     * it starts before the furthest end seen so far. */
+    /* The tensors must tile the data area: sorted by begin, each non-empty
+     * range starts exactly where the previous one ended (earlier is an
+     * overlap, later a gap), and the last one ends at the end of the file.
+     * So the data read below is exactly the file's remaining bytes. */
     qsort(r, count, sizeof *r, range_cmp);
     for (size_t i = 0; i < count; i++) {
         if (r[i].b == r[i].e) continue;
+        const char *nb = ts[r[i].idx].name;
         if (r[i].b < far) {
-            char a[NAME_BUF], b[NAME_BUF];
-            const char *na = ts[far_idx].name, *nb = ts[r[i].idx].name;
+            const char *na = ts[far_idx].name;
             st = fail(E, TIO_ERR_FORMAT, "tensors \"%s\" and \"%s\" overlap: both use bytes [%llu, %llu) of the "
                       "data area", show(na, strlen(na), a), show(nb, strlen(nb), b), (unsigned long long)r[i].b,
                       (unsigned long long)(r[i].e < far ? r[i].e : far));
             goto done;
         }
+        if (r[i].b > far) {
+            st = fail(E, TIO_ERR_FORMAT, "a gap of %llu bytes before tensor \"%s\": bytes [%llu, %llu) of the data "
+                      "area belong to no tensor (tensors must be packed end to end)",
+                      (unsigned long long)(r[i].b - far), show(nb, strlen(nb), b), (unsigned long long)far,
+                      (unsigned long long)r[i].b);
+            goto done;
+        }
         far = r[i].e;
         far_idx = r[i].idx;
+    }
+    if (far < data_len) {
+        st = fail(E, TIO_ERR_FORMAT, "%llu trailing byte%s after the tensors: the data area (from byte %llu) is %llu "
+                  "bytes, the header's tensors use %llu", (unsigned long long)(data_len - far),
+                  data_len - far == 1 ? "" : "s",
+                  (unsigned long long)data_off, (unsigned long long)data_len, (unsigned long long)far);
+        goto done;
     }
     for (size_t i = 0; i < count; i++) {
         tio_tensor *t = &ts[r[i].idx];
@@ -851,12 +969,13 @@ static tio_status st_parse(const ectx *E, const uint8_t *buf, size_t len, tio_te
             st = fail(E, TIO_ERR_OOM, "cannot allocate %zu bytes of tensor data", t->nbytes);
             goto done;
         }
-        if (t->nbytes) memcpy(t->data, buf + data_off + r[i].b, t->nbytes);
+        if ((st = src_read(E, S, data_off + r[i].b, t->data, t->nbytes))) goto done;
         fix_data(t, false);
     }
 done:
     jfree(&root);
     free(r);
+    free(hdr);
     if (st) {
         tio_tensors_free(ts, count);
         if (meta) free(*meta), *meta = NULL;
@@ -872,23 +991,36 @@ tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t 
                                      size_t errlen)
 {
     ectx E = {path, err, errlen};
-    uint8_t *buf;
-    size_t len;
+    source S;
     if (err && errlen) err[0] = 0;
     if (meta) *meta = NULL;
     if (!out || !n || !path) return fail(&E, TIO_ERR_ARG, "NULL %s argument", !path ? "path" : "output");
     *out = NULL;
     *n = 0;
-    tio_status st = read_whole(&E, &buf, &len);
+    tio_status st = src_open(&E, &S);
     if (st) return st;
-    st = st_parse(&E, buf, len, out, n, meta);
-    free(buf);
+    st = st_parse(&E, &S, out, n, meta);
+    src_close(&S);
     return st;
 }
 
 tio_status tio_safetensors_read(const char *path, tio_tensor **out, size_t *n, char *err, size_t errlen)
 {
     return tio_safetensors_read_meta(path, out, n, NULL, err, errlen);
+}
+
+tio_status tio_safetensors_read_mem(const char *name, const void *data, size_t len, tio_tensor **out, size_t *n,
+                                    char **meta, char *err, size_t errlen)
+{
+    ectx E = {name, err, errlen};
+    if (err && errlen) err[0] = 0;
+    if (meta) *meta = NULL;
+    if (!out || !n || !name || (!data && len))
+        return fail(&E, TIO_ERR_ARG, "NULL %s argument", !name ? "name" : !data ? "data" : "output");
+    *out = NULL;
+    *n = 0;
+    source S = {-1, data ? data : (const uint8_t *)"", len};
+    return st_parse(&E, &S, out, n, meta);
 }
 
 static int name_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }

@@ -1,15 +1,19 @@
 /* tensorio.h — read and write NumPy .npy and .safetensors files.
  *
- * Depends only on libc plus POSIX (open, fsync, rename, open_memstream,
- * dirname). Readers fstat the file, load it whole with fread, and parse from
- * that buffer, so a malformed file can never make us read past what exists.
- * Every failure returns a non-OK status and fills `err` with
+ * Depends only on libc plus POSIX (open, pread, fsync, rename,
+ * open_memstream, dirname). Readers never load a file whole: they read the
+ * preamble and the header (each bounded by its limit and by the file's size
+ * from fstat), check what the header describes against the file size, and
+ * only then allocate and read exactly that data. So a reader allocates no
+ * more than the header justifies and a file that is larger than its header
+ * says is an error, never silently accepted. Every failure returns a non-OK status and fills `err` with
  * "PATH: what was expected, what was found" (parse errors also give the
  * byte offset in the file); nothing leaks on any path.
  *
  * Decisions:
- *  - Limits: files over 16 GiB and tensors over 2^40 bytes give TIO_ERR_LIMIT
- *    for both formats (the whole file is held in memory), as does rank > 8.
+ *  - Limits: tensors over 2^40 bytes give TIO_ERR_LIMIT for both formats, as
+ *    do rank > 8, a .npy header over 1 MiB and a safetensors header over
+ *    100 MB.
  *    Element and byte counts are checked for 64-bit overflow (TIO_ERR_FORMAT);
  *    a shape with a zero dimension is an empty tensor.
  *  - Data in memory is row-major (C order) little-endian; the host must be
@@ -31,7 +35,9 @@
  *    accepted on 1-byte types, '|' is rejected on multi-byte types.
  *    Structured and other dtypes are rejected.
  *  - fortran_order True is accepted and transposed to C order on read.
- *  - Bytes after the data are ignored, as numpy.load ignores them.
+ *  - The file must end where the data ends: trailing bytes are an error that
+ *    says how many there are and where the data should have ended (NumPy
+ *    never writes any; numpy.load would ignore them, hiding damage).
  *  - bf16 has no NumPy dtype: writing it is TIO_ERR_ARG (use safetensors).
  *  - Writing produces NumPy's exact bytes: "{'descr': '<f4', 'fortran_order':
  *    False, 'shape': (2, 3), }" padded with spaces and a final '\n' so that
@@ -46,8 +52,10 @@
  *    of strings and is otherwise skipped. Each tensor object has exactly
  *    dtype, shape and data_offsets; names must be non-empty, unique, NUL-free.
  *  - data_offsets must lie in the data area, span numel * dtype size, and not
- *    overlap another tensor (empty tensors overlap nothing). Gaps between
- *    tensors and bytes after the last one are accepted and ignored.
+ *    overlap another tensor (empty tensors overlap nothing). The non-empty
+ *    tensors must tile the data area exactly, as the safetensors library
+ *    requires: a gap between two tensors, or bytes after the last one, is an
+ *    error naming the bytes (and the tensor after the gap).
  *  - Writing keeps the caller's tensor order (the format does not require
  *    sorting), packs the data contiguously in that order, and pads the header
  *    with spaces so the data area starts at a multiple of 8. The metadata
@@ -101,6 +109,13 @@ tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t 
 tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t n,
                                  const char *metadata_json_object_or_NULL,
                                  char *err, size_t errlen);
+
+/* The same readers over a caller's buffer of len bytes (the fuzz targets
+ * use these); `name` stands for the path in messages. */
+tio_status tio_npy_read_mem(const char *name, const void *data, size_t len, tio_tensor *out, char *err,
+                            size_t errlen);
+tio_status tio_safetensors_read_mem(const char *name, const void *data, size_t len, tio_tensor **out, size_t *n,
+                                    char **meta, char *err, size_t errlen);
 
 void tio_tensor_free(tio_tensor *t);              /* frees name and data, not t */
 void tio_tensors_free(tio_tensor *ts, size_t n);  /* frees each and the array */
