@@ -11,6 +11,7 @@ typedef struct kb {
     const tf_module *m;
     tf_kernel *k;
     int *expr_of;          /* value id -> expr of this kernel, -1 */
+    struct place *place_of;   /* value id -> where its expr lies, when expr_of is set */
     int *touched;          /* ids set in expr_of, reset after the kernel */
     int ntouched, cap_touched;
     int cap_bufs, cap_exprs, cap_reds, cap_stores;
@@ -68,45 +69,35 @@ static unsigned reduce_mask(const tf_node *n)
     return mask;
 }
 
-/* Strides of value v read over the kernel's index space. Shapes right-align
- * (NumPy) except a shape with the reduced axes dropped, which maps onto the
- * outer axes, and one_hot's labels, which map onto the leading axes. */
-static void load_strides(const tf_kernel *k, const tf_type *t, bool outer_map, bool leading, int64_t *st)
+/* Where a tensor's axes run in the kernel's index space (tf_place_result
+ * and tf_place_operand in ir.h say how). */
+typedef struct place {
+    int8_t axis[TF_MAX_RANK];
+} place;
+
+static bool same_place(const place *a, const place *b, int rank)
 {
-    int64_t row[TF_MAX_RANK];
-    int64_t s = 1;
-    for (int i = t->rank - 1; i >= 0; i--) {
-        row[i] = t->dims[i].n == 1 ? 0 : s;
-        s *= t->dims[i].n;
-    }
+    for (int j = 0; j < rank; j++)
+        if (a->axis[j] != b->axis[j]) return false;
+    return true;
+}
+
+/* A load's strides over the index space from a tensor's place: its
+ * row-major strides on the axes it runs along, 0 on the others. */
+static void place_strides(const tf_kernel *k, const tf_type *t, const place *p, int64_t *st)
+{
     for (int i = 0; i < k->rank; i++) st[i] = 0;
-    if (outer_map) {
-        for (int i = 0, j = 0; i < k->rank && j < t->rank; i++)
-            if (!((k->reduce_mask >> i) & 1)) st[i] = row[j++];
-        return;
+    int64_t s = 1;
+    for (int j = t->rank - 1; j >= 0; j--) {
+        if (p->axis[j] >= 0) st[p->axis[j]] = s;
+        s *= t->dims[j].n;
     }
-    if (leading) {
-        for (int j = 0; j < t->rank; j++) st[j] = row[j];
-        return;
-    }
-    for (int j = 0; j < t->rank; j++) st[k->rank - t->rank + j] = row[j];
 }
 
 static bool on_outer(const tf_kernel *k, const int64_t *st)
 {
     for (int i = 0; i < k->rank; i++)
         if (((k->reduce_mask >> i) & 1) && st[i]) return false;
-    return true;
-}
-
-/* Is a type the index space with the reduced axes dropped (not kept)? */
-static bool is_dropped_shape(const tf_kernel *k, const tf_type *t)
-{
-    int outer = 0;
-    for (int i = 0; i < k->rank; i++) outer += !((k->reduce_mask >> i) & 1);
-    if (!k->reduce_mask || t->rank != outer || t->rank == k->rank) return false;
-    for (int i = 0, j = 0; i < k->rank; i++)
-        if (!((k->reduce_mask >> i) & 1) && t->dims[j++].n != k->dims[i]) return false;
     return true;
 }
 
@@ -118,21 +109,47 @@ static bool remember(kb *b, int value_id, int expr)
     return true;
 }
 
-static int operand(kb *b, const tf_node *n, int q)
+/* Operand q of n, whose result lies at res (a reduction's operand is the
+ * index space itself). A value computed earlier in the kernel is reused
+ * only where it is read along the axes it was computed on; fuse forms no
+ * kernel that would read it otherwise, and a kernel that did is refused
+ * here rather than computed wrong. A buffer read the same way twice is one
+ * load. -1: out of memory or refused (d set). */
+static int operand(kb *b, const tf_node *n, int q, const place *res, int rrank)
 {
     tf_value *v = n->in[q];
     if (v->kind == TF_VAL_CONST) {
         tf_kexpr e = {.kind = TF_KX_CONST, .dtype = v->type.dtype, .value = v->cval, .reduced_domain = true, .node = n};
-        return add_expr(b, e);
+        int id = add_expr(b, e);
+        if (id < 0) tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+        return id;
     }
-    if (v->id >= 0 && b->expr_of[v->id] >= 0) return b->expr_of[v->id];
+    place p;
+    if (!tf_place_operand(b->k->dims, res->axis, rrank, &v->type, n->op == TF_OP_ONE_HOT, p.axis)) {
+        tf_diag_error(b->d, TF_IR_ERR_INTERNAL, &n->loc, "internal: %s: operand '%s' does not fit kernel %s's index space",
+                      tf_op_info_of(n->op)->name, v->name, b->k->name);
+        return -1;
+    }
+    if (v->id >= 0 && b->expr_of[v->id] >= 0) {
+        if (same_place(&b->place_of[v->id], &p, v->type.rank)) return b->expr_of[v->id];
+        tf_diag_error(b->d, TF_IR_ERR_INTERNAL, &n->loc,
+                      "internal: %s reads '%s' along other axes than kernel %s computed it on", tf_op_info_of(n->op)->name,
+                      v->name, b->k->name);
+        return -1;
+    }
     tf_kexpr e = {.kind = TF_KX_LOAD, .dtype = v->type.dtype, .node = n};
-    if ((e.buf = add_buf(b, v, false)) < 0) return -1;
-    load_strides(b->k, &v->type, is_dropped_shape(b->k, &v->type) && is_dropped_shape(b->k, &n->out->type),
-                 n->op == TF_OP_ONE_HOT, e.strides);
+    if ((e.buf = add_buf(b, v, false)) < 0) {
+        tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+        return -1;
+    }
+    place_strides(b->k, &v->type, &p, e.strides);
+    for (int x = 0; x < b->k->nexprs; x++) {
+        const tf_kexpr *o = &b->k->exprs[x];
+        if (o->kind == TF_KX_LOAD && o->buf == e.buf && !o->offset && !memcmp(o->strides, e.strides, sizeof e.strides)) return x;
+    }
     e.reduced_domain = on_outer(b->k, e.strides);
     int id = add_expr(b, e);
-    if (id >= 0 && !remember(b, v->id, id)) return -1;
+    if (id < 0) tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
     return id;
 }
 
@@ -140,9 +157,15 @@ static int operand(kb *b, const tf_node *n, int q)
 static tf_ir_status add_node(kb *b, const tf_node *n)
 {
     tf_kernel *k = b->k;
+    place res, full;
+    for (int i = 0; i < k->rank; i++) full.axis[i] = (int8_t)i;
+    if (!tf_place_result(k->rank, k->dims, k->reduce_mask, &n->out->type, res.axis))
+        return tf_diag_error(b->d, TF_IR_ERR_INTERNAL, &n->loc, "internal: %s's result '%s' does not fit kernel %s's index space",
+                             tf_op_info_of(n->op)->name, n->out->name, k->name);
     if (tf_op_info_of(n->op)->kind == TF_OPK_REDUCTION) {
-        int arg = operand(b, n, 0);
-        if (arg < 0 || !grow((void **)&k->reds, k->nreds, &b->cap_reds, sizeof *k->reds))
+        int arg = operand(b, n, 0, &full, k->rank);
+        if (arg < 0) return b->d->status;
+        if (!grow((void **)&k->reds, k->nreds, &b->cap_reds, sizeof *k->reds))
             return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
         double count = 1;
         unsigned mask = reduce_mask(n);
@@ -152,23 +175,37 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
         tf_kexpr e = {.kind = TF_KX_REDUCED, .dtype = n->out->type.dtype, .red = k->nreds++, .reduced_domain = true, .node = n};
         int id = add_expr(b, e);
         if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+        b->place_of[n->out->id] = res;
         return TF_IR_OK;
     }
     tf_kexpr e = {.kind = TF_KX_OP, .op = n->op, .dtype = n->out->type.dtype, .reduced_domain = true, .node = n};
     if (n->op == TF_OP_IOTA) {
-        e.kind = TF_KX_INDEX;
-        tf_axis_norm(tf_node_int(n, "axis"), n->out->type.rank, &e.axis);
-        e.axis += k->rank - n->out->type.rank;
-        e.reduced_domain = !((k->reduce_mask >> e.axis) & 1);
+        int ax = 0;
+        tf_axis_norm(tf_node_int(n, "axis"), n->out->type.rank, &ax);
+        if (res.axis[ax] < 0) {   /* along a size-1 axis: always 0 */
+            e.kind = TF_KX_CONST;
+            e.value = 0;
+        } else {
+            e.kind = TF_KX_INDEX;
+            e.axis = res.axis[ax];
+            e.reduced_domain = !((k->reduce_mask >> e.axis) & 1);
+        }
     } else {
         e.nargs = n->nin;
         for (int q = 0; q < n->nin; q++) {
-            if ((e.args[q] = operand(b, n, q)) < 0) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
+            if ((e.args[q] = operand(b, n, q, &res, n->out->type.rank)) < 0) return b->d->status;
             e.reduced_domain &= k->exprs[e.args[q]].reduced_domain;
         }
-        if (n->op == TF_OP_ONE_HOT) {   /* compares with the last index */
-            tf_kexpr ix = {.kind = TF_KX_INDEX, .dtype = TF_DT_I64, .axis = k->rank - 1, .node = n};
-            ix.reduced_domain = !((k->reduce_mask >> ix.axis) & 1);
+        if (n->op == TF_OP_ONE_HOT) {   /* compares with the index along the class axis */
+            int last = res.axis[n->out->type.rank - 1];
+            tf_kexpr ix = {.kind = TF_KX_INDEX, .dtype = TF_DT_I64, .axis = last, .node = n};
+            if (last < 0) {   /* one class: index 0 */
+                ix.kind = TF_KX_CONST;
+                ix.value = 0;
+                ix.reduced_domain = true;
+            } else {
+                ix.reduced_domain = !((k->reduce_mask >> ix.axis) & 1);
+            }
             if ((e.args[1] = add_expr(b, ix)) < 0) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory");
             e.nargs = 2;
             e.reduced_domain &= ix.reduced_domain;
@@ -177,6 +214,7 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
     }
     int id = add_expr(b, e);
     if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+    b->place_of[n->out->id] = res;
     return TF_IR_OK;
 }
 
@@ -214,8 +252,15 @@ static tf_ir_status add_store(kb *b, const tf_node *n)
         return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
     int buf = add_buf(b, n->out, true), ex = b->expr_of[n->out->id];
     if (buf < 0) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
-    /* a value of a reduction kernel lives on the full space or the outer one */
+    /* a value of a reduction kernel lives on the full space or the outer
+     * one; a store writes each element once, so nothing else is stored */
     bool outer = k->reduce_mask && tf_type_numel(&n->out->type) != space_numel(k);
+    int64_t outer_numel = 1;
+    for (int i = 0; i < k->rank; i++)
+        if (!((k->reduce_mask >> i) & 1)) outer_numel *= k->dims[i];
+    if (tf_type_numel(&n->out->type) != (outer ? outer_numel : space_numel(k)))
+        return tf_diag_error(b->d, TF_IR_ERR_INTERNAL, &n->loc, "internal: kernel %s cannot store '%s' (%lld elements over an index space of %lld)",
+                             k->name, n->out->name, (long long)tf_type_numel(&n->out->type), (long long)space_numel(k));
     k->stores[k->nstores++] = (tf_kstore){buf, ex, outer};
     return TF_IR_OK;
 }
@@ -284,7 +329,8 @@ static tf_ir_status build_layout(tf_kernel_plan *p, int *cap, const tf_node *n, 
 }
 
 /* nodes[lo, hi) run as one kernel */
-static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, int lo, int hi, tf_diag *d)
+static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, place *place_of, int lo, int hi,
+                               tf_diag *d)
 {
     tf_node **nodes = (tf_node **)m->nodes.items;
     const tf_node *n0 = nodes[lo];
@@ -309,7 +355,7 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     }
     tf_kernel *k = new_kernel(p, cap, n0, lib ? TF_K_LIBRARY : TF_K_ELEMENTWISE, region);
     if (!k) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
-    kb b = {.m = m, .k = k, .expr_of = expr_of, .d = d};
+    kb b = {.m = m, .k = k, .expr_of = expr_of, .place_of = place_of, .d = d};
     k->lib = lib;
     /* the index space: a reduction's input, else the (epilogue's) output */
     const tf_node *red = NULL;
@@ -418,7 +464,12 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
         if (id + 1 > V) V = id + 1;
     }
     int *expr_of = malloc((size_t)(V ? V : 1) * sizeof *expr_of);
-    if (!expr_of) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    place *place_of = malloc((size_t)(V ? V : 1) * sizeof *place_of);
+    if (!expr_of || !place_of) {
+        free(expr_of);
+        free(place_of);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
+    }
     for (int i = 0; i < V; i++) expr_of[i] = -1;
     int cap = 0;
     tf_ir_status st = TF_IR_OK;
@@ -432,7 +483,7 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
                    tf_type_same_shape(&((tf_node *)m->nodes.items[j])->out->type, &n->out->type))
                 j++;
         }
-        st = build_unit(m, out, &cap, expr_of, i, j, d);
+        st = build_unit(m, out, &cap, expr_of, place_of, i, j, d);
         i = j;
     }
     for (int i = 0; !st && i < out->nkernels; i++) {
@@ -444,6 +495,7 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
         }
     }
     free(expr_of);
+    free(place_of);
     if (st) tf_kernels_free(out);
     return st;
 }

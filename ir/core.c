@@ -198,3 +198,39 @@ bool tf_type_same_shape(const tf_type *a, const tf_type *b)
 }
 
 bool tf_type_equal(const tf_type *a, const tf_type *b) { return a->dtype == b->dtype && tf_type_same_shape(a, b); }
+
+bool tf_place_result(int rank, const int64_t *dims, unsigned reduce_mask, const tf_type *t, int8_t *axis)
+{
+    if (t->rank == rank) {
+        for (int j = 0; j < rank; j++) {
+            if (t->dims[j].n != 1 && t->dims[j].n != dims[j]) return false;
+            axis[j] = t->dims[j].n == 1 ? -1 : (int8_t)j;
+        }
+        return true;
+    }
+    if (!reduce_mask) return false;
+    int j = 0;
+    for (int i = 0; i < rank; i++) {
+        if ((reduce_mask >> i) & 1) continue;
+        if (j >= t->rank || t->dims[j].n != dims[i]) return false;
+        axis[j] = dims[i] == 1 ? -1 : (int8_t)i;
+        j++;
+    }
+    return j == t->rank;
+}
+
+bool tf_place_operand(const int64_t *dims, const int8_t *res, int rrank, const tf_type *v, bool leading, int8_t *axis)
+{
+    if (v->rank > rrank) return false;
+    for (int j = 0; j < v->rank; j++) {
+        int o = leading ? j : rrank - v->rank + j;
+        if (v->dims[j].n == 1) {
+            axis[j] = -1;
+            continue;
+        }
+        int a = res[o];
+        if (a < 0 || dims[a] != v->dims[j].n) return false;
+        axis[j] = (int8_t)a;
+    }
+    return true;
+}

@@ -136,6 +136,23 @@ int64_t tf_type_numel(const tf_type *t);
 bool tf_type_same_shape(const tf_type *a, const tf_type *b);
 bool tf_type_equal(const tf_type *a, const tf_type *b);   /* dtype + shape, syms ignored */
 
+/* Placing tensors in a fused kernel's index space (fuse decides with these
+ * which ops may share a kernel, the kernel builder where each reads). The
+ * space has `rank` axes of sizes `dims`, those in `reduce_mask` reduced.
+ * A placement gives, for each axis j of a tensor, the space axis it runs
+ * along, or -1 where the tensor has size 1 there (broadcast).
+ * tf_place_result: an op's result lies on the space itself (axis to axis,
+ * size-1 axes broadcast, as a reduction kept with keepdims) or on the space
+ * with the reduced axes dropped (onto the outer axes, in order); false for
+ * any other shape. tf_place_operand: an operand of an op whose result lies
+ * at res (rank rrank) aligns with the result from the right (NumPy), or from
+ * the left with `leading` (one_hot's labels); false when the sizes do not
+ * fit. A value computed in a kernel can be reused by a reader only where
+ * both placements agree: reduce_sum(x[4,4], axes=[1]) lies on axis 0, and
+ * add(x, it) reads it along axis 1. */
+bool tf_place_result(int rank, const int64_t *dims, unsigned reduce_mask, const tf_type *t, int8_t *axis);
+bool tf_place_operand(const int64_t *dims, const int8_t *res, int rrank, const tf_type *v, bool leading, int8_t *axis);
+
 /* ---- attributes -------------------------------------------------------------- */
 
 typedef enum tf_attr_kind {

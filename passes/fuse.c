@@ -168,16 +168,49 @@ static bool convex(fz *f, const bool *in_set, int lo)
     return true;
 }
 
+/* In a kernel over shape S reducing axes R, does every value computed in
+ * the set marked in_set lie where its readers in the set read it (ir.h's
+ * placements)? reduce_sum(x[4,4], axes=[1]) lies along axis 0; add(x, it)
+ * reads it along axis 1 (NumPy aligns from the right), so the two cannot
+ * share a kernel, though every shape fits. */
+static bool placed_consistently(const fz *f, const bool *in_set, int lo, const tf_type *S, unsigned R)
+{
+    if (!R) return true;   /* without reduced axes every member has shape S */
+    int D = f->m->decls.n;
+    int64_t dims[TF_MAX_RANK];
+    int8_t full[TF_MAX_RANK], res[TF_MAX_RANK], own[TF_MAX_RANK], rd[TF_MAX_RANK];
+    for (int a = 0; a < S->rank; a++) dims[a] = S->dims[a].n, full[a] = (int8_t)a;
+    for (int i = lo; i < f->n; i++) {
+        if (!in_set[i]) continue;
+        const tf_node *n = f->nodes[i];
+        if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
+        bool red = node_class(n) == C_RED;
+        for (int k = 0; k < n->nin; k++) {
+            const tf_value *v = n->in[k];
+            if (v->kind != TF_VAL_NODE || index_of(v->def) - D < lo || !in_set[index_of(v->def) - D]) continue;
+            if (!tf_place_result(S->rank, dims, R, &v->type, own) ||
+                !tf_place_operand(dims, red ? full : res, red ? S->rank : n->out->type.rank, &v->type, n->op == TF_OP_ONE_HOT, rd) ||
+                memcmp(own, rd, (size_t)v->type.rank))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Try to put node i into group gi, together with the members of group hi
- * (or -1). Returns true and updates the groups on success. */
-static bool try_merge(fz *f, bool *mark, int i, int gi, int hi)
+ * (or -1), in a kernel reducing axes R. Returns NULL and updates the groups
+ * on success, else why not. */
+static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned R)
 {
     int lo = f->g[gi].first;
     if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
     for (int k = lo; k < f->n; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
-    bool ok = convex(f, mark, lo);
+    const char *why = !convex(f, mark, lo) ? "joining its producer's kernel would make a cycle"
+                      : !placed_consistently(f, mark, lo, &f->g[gi].S, R)
+                          ? "it reads a reduced value along other axes than the reduction's kernel computes it on"
+                          : NULL;
     for (int k = lo; k < f->n; k++) mark[k] = false;
-    if (!ok) return false;
+    if (why) return why;
     for (int k = 0; k < f->n; k++)
         if (hi >= 0 && f->grp[k] == hi) f->grp[k] = gi;
     if (hi >= 0) {
@@ -189,7 +222,7 @@ static bool try_merge(fz *f, bool *mark, int i, int gi, int hi)
         f->g[gi].count++;
     }
     f->g[gi].first = lo;
-    return true;
+    return NULL;
 }
 
 static int new_group(fz *f, int i, int kind, const tf_type *S, unsigned R)
@@ -224,8 +257,9 @@ static void group_nodes(fz *f, bool *mark)
             int gi = f->grp[index_of(v->def) - D];
             if (gi < 0) continue;
             if (admits(f, &f->g[gi], n, c, &why)) {
-                if (try_merge(f, mark, i, gi, -1)) target = gi;
-                else why = "joining its producer's kernel would make a cycle";
+                const char *no = try_merge(f, mark, i, gi, -1, c == C_RED ? reduce_mask(n) : f->g[gi].R);
+                if (!no) target = gi;
+                else why = no;
             }
         }
         if (target < 0) {
@@ -248,7 +282,8 @@ static void group_nodes(fz *f, bool *mark)
             group *h = &f->g[hi];
             bool fits = f->nodes[h->first]->backward == f->nodes[g->first]->backward && g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
                         (h->kind == TF_REGION_POINTWISE || g->kind == TF_REGION_POINTWISE || h->R == g->R);
-            if (fits && try_merge(f, mark, i, target, hi) && h->kind == TF_REGION_REDUCTION) {
+            if (fits && !try_merge(f, mark, i, target, hi, h->kind == TF_REGION_REDUCTION ? h->R : g->R) &&
+                h->kind == TF_REGION_REDUCTION) {
                 g->kind = TF_REGION_REDUCTION;
                 g->R = h->R;
             }

@@ -58,6 +58,22 @@ static const target_case target_cases[] = {
     {"gather and norms", "input i : i64[3, 5]\ninput t : f32[11, 7]\ninput g : f32[7]\ninput bb : f32[7]\n"
      "e = embedding(i, t)\nn = layernorm(e, g, bb)\no = one_hot(i, depth=11)\nr = gather(i, t)\n"
      "output n\noutput o\noutput r\n", TF_MODE_INFER},
+    /* reductions fused with broadcast operands: each operand is read along the
+     * axes of the reduced result it meets (the cpu and CUDA kernels once read
+     * t[3] along the reduced axis, and only t[0]); g2 is read along the axis
+     * NumPy aligns it with, not the one it was reduced onto, so it cannot
+     * share the reduction's kernel */
+    {"reductions with broadcast operands", "input x : f32[2, 3, 4]\ninput t : f32[3]\ninput u : f32[1, 3]\ninput v : f32[2, 1]\n"
+     "input y : f32[2, 3, 4, 5]\ninput c : f32[3]\ninput s : f32[4, 4]\n"
+     "g = reduce_sum(x, axes=[2])\na = add(g, t)\nb = add(g, u)\nd = mul(g, v)\nm = reduce_sum(x, axes=[1])\ne = sub(m, v)\n"
+     "f = mean(x, axes=[-1])\nh = add(f, t)\np = global_avgpool(y)\nq = add(p, c)\n"
+     "g2 = reduce_sum(s, axes=[1])\no = add(s, g2)\nr = reduce_max(o, axes=[1])\n"
+     "k = reduce_sum(x, axes=[0, 2], keepdims=true)\nl = mul(x, k)\n"
+     "output a\noutput b\noutput d\noutput e\noutput h\noutput q\noutput o\noutput r\noutput l\n", TF_MODE_INFER},
+    {"train reductions with broadcast operands", "input x : f32[2, 3, 4]\ninput z : f32[2]\nparam t : f32[3] = uniform()\n"
+     "param w : f32[2, 1] = uniform()\nparam bb : f32[3] = uniform()\n"
+     "g = mean(x, axes=[-1])\na = add(g, t)\nd = mul(a, w)\ny = global_avgpool(x)\nq = add(y, bb)\n"
+     "e = mul(d, q)\ns = reduce_sum(e, axes=[1])\nloss = mse_loss(s, z)\noutput loss\n" TC_TRAIN_SGD, TF_MODE_TRAIN},
     {"attention", "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 5, 4]\ninput v : f32[2, 3, 5, 4]\n"
      "a = attention(q, k, v, causal=true)\nb = attention(q, k, v)\noutput a\noutput b\n", TF_MODE_INFER},
     {"long rows and columns", "input x : f32[3, 5000]\ninput y : f32[3000, 7]\n"
