@@ -76,12 +76,19 @@ static bool tok_is(const tf_token *t, const char *s)
     return t->kind == TK_IDENT && strlen(s) == t->len && memcmp(t->p, s, t->len) == 0;
 }
 
-static const char *const keywords[] = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield"};
+const char *const tf_parser_words[] = {
+    /* statement keywords: TF_PARSER_NKEYWORDS */
+    "module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield",
+    /* train-block keys and precisions, region and op marks, literals */
+    "optimizer", "schedule", "precision", "clip_grad_norm", "accumulate", "fp32", "fp16", "bf16",
+    "kind", "recompute", "backward", "true", "false", "inf", "nan", "-inf",
+};
+const int tf_parser_nwords = (int)(sizeof tf_parser_words / sizeof *tf_parser_words);
 
 static bool is_keyword(const tf_token *t)
 {
-    for (size_t i = 0; i < sizeof keywords / sizeof *keywords; i++)
-        if (tok_is(t, keywords[i])) return true;
+    for (int i = 0; i < TF_PARSER_NKEYWORDS; i++)
+        if (tok_is(t, tf_parser_words[i])) return true;
     return false;
 }
 
