@@ -422,7 +422,7 @@ static void run_conv(cpu *c, const tf_node *n, how h)
     size_t need = 0;
     for (int q = 0; q < n->nin; q++) need += n->in[q]->type.dtype != TF_DT_F32 ? (size_t)numel(n->in[q]) : 0;
     need += ov->type.dtype != TF_DT_F32 ? (size_t)numel(ov) : 0;
-    need += (size_t)T * (size_t)tf_conv_scratch(&g) + (h == RUN_CONV_GW ? (size_t)T * (size_t)wsize : 0);
+    need += (size_t)T * (size_t)tf_conv_scratch(&g) + (h == RUN_CONV_GW ? (size_t)tf_conv_grad_weight_groups(&g) * (size_t)wsize : 0);
     float *at = scratch(c, need);
     const float *in[3] = {0};
     for (int q = 0; q < n->nin; q++) {

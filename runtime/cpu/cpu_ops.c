@@ -52,26 +52,38 @@ static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64
 #endif
 }
 
+/* A GEMM's pieces depend on its shape only, never on the number of
+ * threads: BLAS kernels may add up a dot product in another order for
+ * another block shape (OpenBLAS has separate small-matrix kernels), so a
+ * split that followed the thread count would make results depend on it.
+ * A GEMM too small to be worth splitting is one piece; a larger one is cut
+ * along the longer side of C into at most GEMM_PIECES blocks of at least
+ * GEMM_MIN_BLOCK rows or columns (columns in multiples of 16), and the pool
+ * hands whole pieces to its threads; one thread runs them in turn. */
+enum { GEMM_PIECES = 16, GEMM_MIN_BLOCK = 64 };
+
 typedef struct gemm_job {
     bool ta, tb, accumulate, by_cols;
     int64_t M, N, K, lda, ldb, ldc;
+    int64_t block, pieces;   /* rows or columns per piece; how many */
     const float *A, *B;
     float *C;
 } gemm_job;
 
-/* A piece of C: rows [lo, hi), or columns [lo*16, hi*16) (clipped) when the
- * job splits by columns. */
+/* Pieces [lo, hi): each one GEMM over its block of rows or columns of C. */
 static void gemm_piece(void *arg, int64_t lo, int64_t hi)
 {
     const gemm_job *j = arg;
-    if (!j->by_cols) {
-        gemm_rows(j->ta, j->tb, lo, hi, j->N, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->accumulate);
-        return;
+    for (int64_t p = lo; p < hi; p++) {
+        int64_t side = j->by_cols ? j->N : j->M, c0 = p * j->block, c1 = c0 + j->block < side ? c0 + j->block : side;
+        if (c0 >= c1) continue;
+        if (!j->by_cols) {
+            gemm_rows(j->ta, j->tb, c0, c1, j->N, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->accumulate);
+            continue;
+        }
+        const float *b = j->tb ? j->B + c0 * j->ldb : j->B + c0;
+        gemm_rows(j->ta, j->tb, 0, j->M, c1 - c0, j->K, j->A, j->lda, b, j->ldb, j->C + c0, j->ldc, j->accumulate);
     }
-    int64_t c0 = lo * 16, c1 = hi * 16 < j->N ? hi * 16 : j->N;
-    if (c0 >= c1) return;
-    const float *b = j->tb ? j->B + c0 * j->ldb : j->B + c0;
-    gemm_rows(j->ta, j->tb, 0, j->M, c1 - c0, j->K, j->A, j->lda, b, j->ldb, j->C + c0, j->ldc, j->accumulate);
 }
 
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
@@ -83,21 +95,19 @@ void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t 
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
         return;
     }
-    gemm_job j = {ta, tb, accumulate, false, M, N, K, lda, ldb, ldc, A, B, C};
-    int threads = tf_pool_threads(pool);
-    if (M * N * K < 32768 || (M < 32 && N < 64)) threads = 1;
-    if (threads == 1) {
-        gemm_piece(&j, 0, M);
-        return;
+    gemm_job j = {ta, tb, accumulate, N > M, M, N, K, lda, ldb, ldc, 0, 1, A, B, C};
+    int64_t side = j.by_cols ? N : M;
+    j.block = side;
+    if (M * N * K >= 32768 && !(M < 32 && N < 64)) {
+        /* split the longer side: each piece keeps a good shape (BLAS kernels
+         * lose efficiency on thin blocks) */
+        int64_t block = (side + GEMM_PIECES - 1) / GEMM_PIECES;
+        if (block < GEMM_MIN_BLOCK) block = GEMM_MIN_BLOCK;
+        if (j.by_cols) block = (block + 15) / 16 * 16;
+        j.block = block;
+        j.pieces = (side + block - 1) / block;
     }
-    /* split the longer side: each thread's GEMM keeps a good shape (BLAS
-     * kernels lose efficiency on thin blocks); columns in blocks of 16 */
-    if (N > M) {
-        j.by_cols = true;
-        tf_pool_run(pool, (N + 15) / 16, gemm_piece, &j);
-    } else {
-        tf_pool_run(pool, M, gemm_piece, &j);
-    }
+    tf_pool_run(pool, j.pieces, gemm_piece, &j);
 }
 
 /* ---- convolution ---------------------------------------------------------- */
@@ -177,6 +187,11 @@ static void col2im(const tf_conv_geom *g, const float *col, int64_t c0, float *d
     }
 }
 
+/* The weight gradient's fixed groups of images (at most this many): more
+ * would let more threads work on it, at one partial sum of the weights'
+ * size each. */
+enum { CONV_GW_GROUPS = 4 };
+
 typedef struct conv_job {
     const tf_conv_geom *g;
     const float *x, *w, *bias, *dy;
@@ -185,44 +200,65 @@ typedef struct conv_job {
     int which;   /* 0 forward, 1 grad input, 2 grad weight */
 } conv_job;
 
-/* Piece t of `threads`: images [N*t/T, N*(t+1)/T) with scratch t. */
+/* Images [i0, i1) with scratch col; for the weight gradient, accumulated
+ * into dwp (zeroed first). */
+static void conv_images(const conv_job *j, int64_t i0, int64_t i1, float *col, float *dwp)
+{
+    const tf_conv_geom *g = j->g;
+    int64_t HW = g->Ho * g->Wo, CKK = g->Cg * g->KH * g->KW;
+    if (dwp) memset(dwp, 0, (size_t)(g->O * CKK) * sizeof *dwp);
+    for (int64_t n = i0; n < i1; n++)
+        for (int64_t gi = 0; gi < g->G; gi++) {
+            int64_t c0 = gi * g->Cg, o0 = gi * g->Og;
+            const float *wg = j->w ? j->w + o0 * CKK : NULL;
+            if (j->which == 0) {
+                float *yg = j->y + (n * g->O + o0) * HW;
+                im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
+                tf_cpu_gemm(NULL, false, false, g->Og, HW, CKK, wg, CKK, col, HW, yg, HW, false);
+                if (j->bias)
+                    for (int64_t o = 0; o < g->Og; o++)
+                        for (int64_t i = 0; i < HW; i++) yg[o * HW + i] += j->bias[o0 + o];
+            } else if (j->which == 1) {
+                const float *dyg = j->dy + (n * g->O + o0) * HW;
+                tf_cpu_gemm(NULL, true, false, CKK, HW, g->Og, wg, CKK, dyg, HW, col, HW, false);
+                col2im(g, col, c0, j->dx + n * g->C * g->H * g->W);
+            } else {
+                const float *dyg = j->dy + (n * g->O + o0) * HW;
+                im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
+                tf_cpu_gemm(NULL, false, true, g->Og, CKK, HW, dyg, HW, col, HW, dwp + o0 * CKK, CKK, true);
+            }
+        }
+}
+
+/* Worker t of `threads`, with scratch t. The forward and input gradient
+ * compute each image on its own, so any split gives the same numbers: the
+ * workers take contiguous images. The weight gradient adds over images, so
+ * its grouping is fixed by the shape alone (tf_conv_grad_weight_groups):
+ * group q sums images [N*q/Q, N*(q+1)/Q) in order into partial q, the
+ * workers share out whole groups, and the partials are added in order. */
 static void conv_piece(void *arg, int64_t lo, int64_t hi)
 {
     const conv_job *j = arg;
     const tf_conv_geom *g = j->g;
-    int64_t HW = g->Ho * g->Wo, CKK = g->Cg * g->KH * g->KW, wsize = g->O * CKK;
     for (int64_t t = lo; t < hi; t++) {
         float *col = j->scratch + t * tf_conv_scratch(g);
-        float *dwp = j->which == 2 ? j->partials + t * wsize : NULL;
-        if (dwp) memset(dwp, 0, (size_t)wsize * sizeof *dwp);
-        for (int64_t n = g->N * t / j->threads; n < g->N * (t + 1) / j->threads; n++)
-            for (int64_t gi = 0; gi < g->G; gi++) {
-                int64_t c0 = gi * g->Cg, o0 = gi * g->Og;
-                const float *wg = j->w ? j->w + o0 * CKK : NULL;
-                if (j->which == 0) {
-                    float *yg = j->y + (n * g->O + o0) * HW;
-                    im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
-                    tf_cpu_gemm(NULL, false, false, g->Og, HW, CKK, wg, CKK, col, HW, yg, HW, false);
-                    if (j->bias)
-                        for (int64_t o = 0; o < g->Og; o++)
-                            for (int64_t i = 0; i < HW; i++) yg[o * HW + i] += j->bias[o0 + o];
-                } else if (j->which == 1) {
-                    const float *dyg = j->dy + (n * g->O + o0) * HW;
-                    tf_cpu_gemm(NULL, true, false, CKK, HW, g->Og, wg, CKK, dyg, HW, col, HW, false);
-                    col2im(g, col, c0, j->dx + n * g->C * g->H * g->W);
-                } else {
-                    const float *dyg = j->dy + (n * g->O + o0) * HW;
-                    im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
-                    tf_cpu_gemm(NULL, false, true, g->Og, CKK, HW, dyg, HW, col, HW, dwp + o0 * CKK, CKK, true);
-                }
-            }
+        if (j->which != 2) {
+            conv_images(j, g->N * t / j->threads, g->N * (t + 1) / j->threads, col, NULL);
+            continue;
+        }
+        int64_t Q = tf_conv_grad_weight_groups(g), wsize = g->O * g->Cg * g->KH * g->KW;
+        for (int64_t q = Q * t / j->threads; q < Q * (t + 1) / j->threads; q++)
+            conv_images(j, g->N * q / Q, g->N * (q + 1) / Q, col, j->partials + q * wsize);
     }
 }
 
+int64_t tf_conv_grad_weight_groups(const tf_conv_geom *g) { return g->N < CONV_GW_GROUPS ? g->N : CONV_GW_GROUPS; }
+
 static void conv_run(tf_pool *pool, conv_job *j)
 {
+    int64_t most = j->which == 2 ? tf_conv_grad_weight_groups(j->g) : j->g->N;
     j->threads = tf_pool_threads(pool);
-    if (j->threads > j->g->N) j->threads = (int)j->g->N;
+    if (j->threads > most) j->threads = (int)most;
     if (j->threads < 1) j->threads = 1;
     if (j->threads == 1) conv_piece(j, 0, 1);
     else tf_pool_run(pool, j->threads, conv_piece, j);
@@ -248,10 +284,10 @@ void tf_cpu_conv2d_grad_weight(tf_pool *pool, const tf_conv_geom *g, const float
 {
     conv_job j = {.g = g, .x = x, .dy = dy, .scratch = scratch, .partials = partials, .which = 2};
     conv_run(pool, &j);
-    int64_t wsize = g->O * g->Cg * g->KH * g->KW;
+    int64_t wsize = g->O * g->Cg * g->KH * g->KW, Q = tf_conv_grad_weight_groups(g);
     memcpy(dw, partials, (size_t)wsize * sizeof *dw);
-    for (int t = 1; t < j.threads; t++)
-        for (int64_t i = 0; i < wsize; i++) dw[i] += partials[t * wsize + i];
+    for (int64_t q = 1; q < Q; q++)
+        for (int64_t i = 0; i < wsize; i++) dw[i] += partials[q * wsize + i];
 }
 
 /* ---- pooling ----------------------------------------------------------------

@@ -4,7 +4,13 @@
  *
  * Parallelism is ours, not BLAS's: OpenBLAS runs single-threaded and the
  * pool splits a GEMM by rows of C and a convolution by images, so one pool
- * owns the cores and BLAS threads never oversubscribe them. */
+ * owns the cores and BLAS threads never oversubscribe them.
+ *
+ * Results never depend on the number of threads: every split that could
+ * change how a sum is added up (a GEMM's blocks, the weight gradient's
+ * groups of images) is fixed by the shape alone, and threads only share
+ * out the fixed pieces. The same inputs give the same bits on 1 or 64
+ * threads. */
 #ifndef TF_RUNTIME_CPU_OPS_H
 #define TF_RUNTIME_CPU_OPS_H
 
@@ -20,7 +26,8 @@ const char *tf_cpu_blas_name(void);
 
 /* C[M,N] = op(A) op(B) (+ C when accumulate), row-major; op(A) is A[M,K]
  * (lda >= K) or, when ta, A[K,M] read transposed (lda >= M); likewise B.
- * Split over the pool by rows of C, or by columns when C is wider than tall. */
+ * Split by rows of C, or by columns when C is wider than tall, into pieces
+ * fixed by M, N and K, which the pool's threads share out. */
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
@@ -39,7 +46,9 @@ void tf_cpu_conv2d(tf_pool *pool, const tf_conv_geom *g, const float *x, const f
 /* dx[N,C,H,W] from dy and w. */
 void tf_cpu_conv2d_grad_input(tf_pool *pool, const tf_conv_geom *g, const float *dy, const float *w, float *dx,
                               float *scratch);
-/* dw[O,Cg,KH,KW] from x and dy; partials: pool threads * O*Cg*KH*KW floats. */
+/* dw[O,Cg,KH,KW] from x and dy; partials: tf_conv_grad_weight_groups(g) *
+ * O*Cg*KH*KW floats (a partial sum per fixed group of images). */
+int64_t tf_conv_grad_weight_groups(const tf_conv_geom *g);
 void tf_cpu_conv2d_grad_weight(tf_pool *pool, const tf_conv_geom *g, const float *x, const float *dy, float *dw,
                                float *scratch, float *partials);
 
