@@ -433,6 +433,13 @@ static tf_ir_status parse_operand(parser *p, tf_value **out)
     tf_token t = p->tok;
     if (t.kind == TK_INT || t.kind == TK_FLOAT || tok_is(&t, "inf") || tok_is(&t, "nan")) {
         double v = t.kind == TK_IDENT ? (t.p[0] == 'i' ? INFINITY : NAN) : t.fval;
+        /* The lexer read the integer exactly; a number operand is held as a
+         * float64, so one it cannot hold exactly is refused here rather than
+         * silently rounded (9007199254740993 would become ...992). */
+        if (t.kind == TK_INT && !(v < 0x1p63 && (int64_t)v == t.ival))
+            return err_at(p, &t, "integer %lld cannot be an operand: number operands are held as float64, which is "
+                          "exact only up to 2^53 (9007199254740992) in magnitude; it would become %.17g",
+                          (long long)t.ival, v);
         tf_value *c = tf_const(p->m, v, t.kind == TK_INT ? TF_DT_I64 : TF_DT_F32);
         if (!c) return oom(p);
         c->loc = loc_of(p, &t);
@@ -743,6 +750,76 @@ static tf_ir_status parse_statement(parser *p, bool *seen_stmt)
     return parse_op(p);
 }
 
+/* The smallest magnitude that rounds to inf in a floating dtype (the largest
+ * finite value plus half a unit in its last place); f64 literals the lexer
+ * has already range-checked. */
+static double inf_threshold(tf_dt dt, double *largest)
+{
+    switch (dt) {
+    case TF_DT_F32: *largest = 0x1.fffffep127; return 0x1.ffffffp127;
+    case TF_DT_F16: *largest = 65504; return 65520;
+    case TF_DT_BF16: *largest = 0x1.fep127; return 0x1.ffp127;
+    default: *largest = INFINITY; return INFINITY;
+    }
+}
+
+/* The shortest text that reads back as v (1e+39, not 9.9999999999999994e+38). */
+static void shortest(double v, char *buf, size_t n)
+{
+    if (v == trunc(v) && fabs(v) < 1e16) {
+        snprintf(buf, n, "%.0f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
+static tf_ir_status literal_too_big(tf_diag *d, const tf_loc *at, const char *what, double v, tf_dt dt)
+{
+    double largest, lim = inf_threshold(dt, &largest);
+    char vs[32], ls[32];
+    if (!isfinite(v) || fabs(v) < lim) return TF_IR_OK;
+    shortest(v, vs, sizeof vs);
+    snprintf(ls, sizeof ls, "%.9g", largest);
+    return tf_diag_error(d, TF_IR_ERR_VERIFY, at, "%s %s is too large for %s (largest finite %s): it would "
+                         "become %sinf; write %sinf if that is meant", what, vs, tf_dtype_name(dt), ls,
+                         v < 0 ? "-" : "", v < 0 ? "-" : "");
+}
+
+/* After verification, when every number operand has its op's dtype: a
+ * finite literal that the dtype cannot hold (1e39 as f32, 70000 as f16) is
+ * an error at the literal, not a silent inf. The same for the values a
+ * const() or uniform() initializer writes into a param or buffer. inf, -inf
+ * and nan written as such stay allowed. */
+static tf_ir_status check_float_literals(tf_module *m, tf_diag *d)
+{
+    for (int i = 0; i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        if (!tf_dtype_is_float(v->type.dtype) || (v->init.fn != TF_INIT_CONST && v->init.fn != TF_INIT_UNIFORM))
+            continue;
+        const tf_fn_info *f = &tf_init_fns[v->init.fn];
+        for (int k = 0; k < f->nattrs && k < v->init.nattr; k++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s(%s=...): the value", f->name, f->attrs[k].name);
+            if (v->init.attrs[k].kind == TF_ATTR_FLOAT &&
+                literal_too_big(d, &v->init.loc, what, v->init.attrs[k].u.f, v->type.dtype))
+                return d->status;
+        }
+    }
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        for (int k = 0; k < n->nin; k++) {
+            const tf_value *c = n->in[k];
+            if (c->kind == TF_VAL_CONST && tf_dtype_is_float(c->type.dtype) &&
+                literal_too_big(d, &c->loc, "the number", c->cval, c->type.dtype))
+                return d->status;
+        }
+    }
+    return TF_IR_OK;
+}
+
 tf_ir_status tf_parse(const char *file, const char *src, size_t len, const tf_dim_set *dims, int ndims,
                       tf_module **out, tf_diag *d)
 {
@@ -790,8 +867,15 @@ tf_ir_status tf_parse(const char *file, const char *src, size_t len, const tf_di
                           dims[i].name);
             goto fail;
         }
+    if (!seen) {
+        tf_loc l = {p.m->file, 1, 1};
+        tf_diag_error(d, TF_IR_ERR_SYNTAX, &l, "the model is empty: %s; expected statements such as "
+                      "'module NAME', 'input x : f32[4]', 'y = relu(x)', 'output y'",
+                      len ? "it holds only comments and blank lines" : "the file has no text");
+        goto fail;
+    }
     free(p.over_used);
-    if (tf_verify(p.m, d)) {
+    if (tf_verify(p.m, d) || check_float_literals(p.m, d)) {
         tf_module_free(p.m);
         return d->status;
     }

@@ -18,6 +18,12 @@
 
 enum { ALIGN = 256 };
 
+/* Every size and offset is checked against this limit (2^62 bytes, far past
+ * any machine), so no sum or product here can overflow int64 and the peak
+ * (arena + persistent) still fits one: past it, planning stops with a
+ * TF_IR_ERR_LIMIT error naming the value that crossed it. */
+#define PLAN_LIMIT ((int64_t)1 << 62)
+
 typedef struct block { int64_t off, size; } block;
 
 typedef struct heap {
@@ -26,8 +32,9 @@ typedef struct heap {
     int64_t top;           /* arena high-water mark */
 } heap;
 
-static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }   /* x <= PLAN_LIMIT */
 
+/* false: no room within PLAN_LIMIT (*off is where the block would start). */
 static bool heap_alloc(heap *h, int64_t size, int64_t *off)
 {
     size = align_up(size ? size : 1);
@@ -40,11 +47,10 @@ static bool heap_alloc(heap *h, int64_t size, int64_t *off)
             return true;
         }
     /* grow: extend a free block that ends at the top, else allocate at the top */
-    if (h->n && h->free[h->n - 1].off + h->free[h->n - 1].size == h->top) {
-        *off = h->free[--h->n].off;
-    } else {
-        *off = h->top;
-    }
+    bool extend = h->n && h->free[h->n - 1].off + h->free[h->n - 1].size == h->top;
+    *off = extend ? h->free[h->n - 1].off : h->top;
+    if (size > PLAN_LIMIT - *off) return false;
+    h->n -= extend;
     h->top = *off + size;
     return true;
 }
@@ -72,7 +78,25 @@ static bool heap_free(heap *h, int64_t off, int64_t size)
     return true;
 }
 
-static int64_t bytes_of(const tf_value *v) { return tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype); }
+/* Bytes of v's type, or -1 past PLAN_LIMIT (computed here with checks:
+ * a type made by a pass has not necessarily met the verifier's limits). */
+static int64_t bytes_of(const tf_value *v)
+{
+    int64_t b = tf_dtype_bytes(v->type.dtype);
+    for (int i = 0; i < v->type.rank; i++) {
+        int64_t n = v->type.dims[i].n;
+        if (n < 0 || (n && b > PLAN_LIMIT / n)) return -1;
+        b *= n;
+    }
+    return b;
+}
+
+static tf_ir_status too_big(tf_module *m, const tf_options *o, const tf_value *v)
+{
+    char t[256];
+    return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &v->loc, "memplan: '%s' of type %s needs more than 2^62 bytes (%lld)",
+                         v->name ? v->name : "a number", tf_type_str(m, &v->type, t), (long long)PLAN_LIMIT);
+}
 
 /* The value whose memory v uses: itself, or what a reshape views (a reshape
  * of a number owns its memory). */
@@ -128,7 +152,21 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         }
     }
     int64_t persistent = 0;
-    for (int i = 0; i < m->decls.n; i++) persistent += bytes_of(m->decls.items[i]);
+    for (int i = 0; i < m->decls.n; i++) {
+        tf_value *v = m->decls.items[i];
+        int64_t b = bytes_of(v);
+        if (b < 0) {
+            st = too_big(m, o, v);
+            goto done;
+        }
+        if (b > PLAN_LIMIT - persistent) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &v->loc, "memplan: inputs, params and buffers need more than "
+                               "2^62 bytes (%lld): %lld before '%s' and %lld for it; make a dim smaller",
+                               (long long)PLAN_LIMIT, (long long)persistent, v->name, (long long)b);
+            goto done;
+        }
+        persistent += b;
+    }
 
     /* values by the op after which they die: dies[t] lists node indices */
     dies = malloc((size_t)(N + 1) * sizeof *dies);
@@ -148,6 +186,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     for (int i = 0; i < N; i++) {
         tf_node *n = m->nodes.items[i];
         tf_value *v = n->out;
+        int64_t vbytes = bytes_of(v);
         /* free what died at the previous op */
         for (int j = i ? dies[i - 1] : -1; j >= 0; j = next[j]) {
             tf_value *w = ((tf_node *)m->nodes.items[j])->out;
@@ -157,6 +196,10 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
             }
         }
         if (!mem[v->id]) continue;
+        if (vbytes < 0) {
+            st = too_big(m, o, v);
+            goto done;
+        }
         /* in place over an operand that dies here */
         bool elementwise = tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE &&
                            (!n->region || m->regions[n->region - 1].kind == TF_REGION_POINTWISE);
@@ -177,8 +220,12 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
                        donor->name, (long long)bytes_of(v), donor->name);
         } else {
             int64_t top = h.top;
-            if (!heap_alloc(&h, bytes_of(v), &v->offset)) {
-                st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+            if (!heap_alloc(&h, vbytes, &v->offset)) {
+                st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &n->loc, "memplan: the arena would pass 2^62 bytes "
+                                   "(%lld) placing '%s' (%lld bytes) at byte %lld; the step needs more memory than "
+                                   "any machine has: make a dim smaller", (long long)PLAN_LIMIT, v->name,
+                                   (long long)vbytes, (long long)v->offset);
+                v->offset = -1;
                 goto done;
             }
             if (h.top > top) peak_at = i;
@@ -201,6 +248,12 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         }
         tf_explain(o, "memplan", &((tf_node *)m->nodes.items[peak_at])->loc, "the arena peaks at %s; largest live: %s",
                    ((tf_node *)m->nodes.items[peak_at])->out->name, list);
+    }
+    if (h.top > PLAN_LIMIT - persistent) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "memplan: the peak, arena %lld + persistent %lld bytes, "
+                           "is more than 2^62 bytes (%lld): make a dim smaller", (long long)h.top,
+                           (long long)persistent, (long long)PLAN_LIMIT);
+        goto done;
     }
     m->plan.planned = true;
     m->plan.arena_bytes = h.top;

@@ -16,6 +16,7 @@
  * Nothing is run: compiling plans memory but allocates none of it, so a
  * model with dims near the 2^40 limit costs no more than one with small
  * dims, and sizes beyond the limits must be errors, not allocations. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -387,6 +387,104 @@ static const char *examples_dir(void)
     return "examples";
 }
 
+/* ---- regressions: bugs found by fuzzing and reports, each with its own check ---- */
+
+/* Parsing text must fail with status want and a message that starts with
+ * "NAME:where error: " and contains sub. */
+static void expect_reject(tf_context_t *ctx, const char *text, tf_status want, const char *where, const char *sub)
+{
+    tf_model_t *m = NULL;
+    tf_status st = tf_model_parse_string(ctx, "reg.ir", text, strlen(text), NULL, 0, &m);
+    const char *msg = tf_context_last_error(ctx);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "reg.ir:%s error: ", where);
+    CHECK(st == want && !strncmp(msg, prefix, strlen(prefix)) && strstr(msg, sub),
+          "expected %s '%s...%s', got %s '%s' for:\n%s", tf_status_name(want), prefix, sub, tf_status_name(st), msg, text);
+    tf_model_free(m);
+}
+
+static void test_regressions(tf_context_t *ctx)
+{
+    /* an empty model (no text, or only comments and blank lines) is an error at 1:1 */
+    expect_reject(ctx, "", TF_ERR_PARSE, "1:1:", "the model is empty");
+    expect_reject(ctx, "# only a comment\n\n   \n", TF_ERR_PARSE, "1:1:", "only comments and blank lines");
+    /* a finite literal its dtype cannot hold is an error at the literal, not inf */
+    expect_reject(ctx, "module m\ninput x : f32[2]\ny = mul(x, 1e39)\noutput y\n", TF_ERR_VERIFY, "3:12:",
+                  "1e+39 is too large for f32");
+    expect_reject(ctx, "module m\ninput x : f16[2]\ny = add(x, 70000)\noutput y\n", TF_ERR_VERIFY, "3:12:",
+                  "70000 is too large for f16");
+    expect_reject(ctx, "module m\ninput x : bf16[2]\ny = add(x, -3.4e38)\noutput y\n", TF_ERR_VERIFY, "3:12:",
+                  "would become -inf");
+    expect_reject(ctx, "module m\nparam w : f16[2] = uniform(-65536, 1)\noutput w\n", TF_ERR_VERIFY, "2:20:",
+                  "uniform(low=...): the value -65536 is too large for f16");
+    /* ... while the largest finite values, and inf/nan written as such, are fine */
+    static const char *const fine[] = {
+        "module m\ninput x : f16[2]\ny = add(x, 65504)\nz = mul(y, 65519)\nw = add(z, -inf)\nv = add(w, nan)\noutput v\n",
+        "module m\ninput x : f32[2]\ny = add(x, 3.4028234e38)\nz = mul(y, inf)\noutput z\n",
+        "module m\ninput x : f64[2]\ny = add(x, 1e300)\noutput y\n",
+        "module m\ninput x : i64[2]\ny = add(x, 9007199254740992)\nz = add(y, -9007199254740992)\noutput z\n",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof *fine; i++) {
+        tf_model_t *m = NULL;
+        tf_status st = tf_model_parse_string(ctx, "fine.ir", fine[i], strlen(fine[i]), NULL, 0, &m);
+        CHECK(st == TF_OK, "must parse: %s\n%s", tf_context_last_error(ctx), fine[i]);
+        tf_model_free(m);
+    }
+    /* integer literals are read exactly: an operand a float64 cannot hold is
+     * an error at the literal (it was silently rounded, or refused at the op
+     * as "9.22337e+18"); an attribute keeps the exact value */
+    expect_reject(ctx, "module m\ninput x : i64[2]\ny = add(x, 9223372036854775807)\noutput y\n", TF_ERR_PARSE, "3:12:",
+                  "integer 9223372036854775807 cannot be an operand");
+    expect_reject(ctx, "module m\ninput x : i64[2]\ny = add(x, 9007199254740993)\noutput y\n", TF_ERR_PARSE, "3:12:",
+                  "it would become 9007199254740992");
+    expect_reject(ctx, "module m\ninput x : i64[4]\nz = slice(x, axis=0, start=0, end=9223372036854775807)\noutput z\n",
+                  TF_ERR_VERIFY, "3:35:", "found 9223372036854775807");
+    expect_reject(ctx, "module m\ninput x : i64[4]\nz = slice(x, axis=0, start=-9223372036854775809, end=2)\noutput z\n",
+                  TF_ERR_PARSE, "3:28:", "does not fit in 64 bits");
+
+    /* memplan: a training model with 2^40-row inputs whose arena passes 2^63
+     * bytes planned a negative peak_bytes; now it is a TF_ERR_LIMIT naming
+     * the value that crossed 2^62 */
+    buf b = {0};
+    static const char head[] = "module big\ninput x : f64[1099511627776, 256]\nparam w : f64[256] = ones()\nh0 = mul(x, w)\n";
+    buf_set(&b, head, sizeof head - 1);
+    char line[96];
+    for (int i = 1; i < 4200; i++) {
+        int k = snprintf(line, sizeof line, "h%d = tanh(h%d)\n", i, i - 1);
+        buf_insert(&b, b.n, line, (size_t)k);
+    }
+    static const char tail[] = "loss = mean(h4199, axes=[])\noutput loss\ntrain {\n  optimizer = sgd(lr=0.1)\n}\n";
+    buf_insert(&b, b.n, tail, sizeof tail - 1);
+    tf_model_t *m = NULL;
+    tf_status st = tf_model_parse_string(ctx, "big.ir", b.p, b.n, NULL, 0, &m);
+    CHECK(st == TF_OK, "the 2^40-row model must parse: %s", tf_context_last_error(ctx));
+    for (int mode = 0; st == TF_OK && mode < 2; mode++) {
+        tf_compile_options o;
+        tf_compile_options_init(&o);
+        o.mode = mode ? TF_MODE_INFER : TF_MODE_TRAIN;
+        o.target = TF_TARGET_INTERP;
+        tf_program_t *p = NULL;
+        tf_status cs = tf_program_compile(ctx, m, &o, &p);
+        int64_t peak = 0;
+        for (size_t i = 0; cs == TF_OK && i < tf_program_stat_count(p); i++) {
+            const char *nm;
+            int64_t v;
+            if (tf_program_stat(p, i, &nm, &v) == TF_OK && !strcmp(nm, "peak_bytes")) peak = v;
+        }
+        if (mode == 0)
+            CHECK(cs == TF_ERR_LIMIT && strstr(tf_context_last_error(ctx), "big.ir:") &&
+                      strstr(tf_context_last_error(ctx), "memplan: the arena would pass 2^62 bytes"),
+                  "train: expected TF_ERR_LIMIT from memplan, got %s (peak %lld): %s", tf_status_name(cs),
+                  (long long)peak, tf_context_last_error(ctx));
+        else   /* inference keeps nothing for a backward pass: it plans, and its peak is positive */
+            CHECK(cs == TF_OK && peak > 0, "infer: %s, peak %lld: %s", tf_status_name(cs), (long long)peak,
+                  tf_context_last_error(ctx));
+        tf_program_free(p);
+    }
+    tf_model_free(m);
+    free(b.p);
+}
+
 int main(void)
 {
     static const char *const files[] = {"mlp.ir", "cnn.ir", "transformer.ir"};
@@ -431,6 +529,7 @@ int main(void)
         free(orig);
     }
     free(b.p);
+    test_regressions(ctx);
     tf_context_free(ctx);
     printf("fuzz_parse: %ld accepted, %ld rejected\n", n_ok, n_rejected);
     return check_report();
