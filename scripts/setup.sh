@@ -5,14 +5,17 @@
 # the cpu target's GEMMs (libopenblas-dev), and Python 3
 # with NumPy (one test checks tfuse against an independent NumPy computation)
 # and scikit-learn (scripts/make_digits.py takes its bundled digits data set
-# for the training test; nothing is downloaded at run time).
+# for the training test; nothing is downloaded at run time), and clang with
+# libFuzzer (clang, libclang-rt-14-dev: its fuzzer runtime is only a
+# recommendation of clang's packages) for the tests/fuzz targets.
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev python3 python3-numpy python3-sklearn >/dev/null
+  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev python3 python3-numpy python3-sklearn \
+  clang libclang-rt-14-dev >/dev/null
 # The python3 first on PATH may not be Debian's (pyenv, a venv): give it NumPy
 # and scikit-learn too.
 if ! python3 -c 'import numpy' 2>/dev/null; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — build tfuse three ways (plain, ASan+UBSan, and without LLVM, as
 # on a machine that lacks it, in Release so -O3's extra warnings are errors
-# too) and run the whole ctest suite on each. This is the README's test
+# too) and run the whole ctest suite on each, then a short fuzz run. This is the README's test
 # command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +16,9 @@ for variant in build build-asan build-nollvm; do
   cmake --build "$variant" -j "$jobs" >/dev/null
   ctest --test-dir "$variant" --output-on-failure -j "$jobs"
 done
+# Fuzz stage: the libFuzzer targets (tests/fuzz) built with clang, each run
+# over its seed corpus and then for 20 s (about 2 minutes with the build);
+# a crash, leak, hang or sanitizer report fails CI. tests/fuzz/README.md has
+# the long runs.
+echo "== build-fuzz"
+tests/fuzz/run.sh --seconds 20
