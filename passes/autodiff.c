@@ -468,6 +468,24 @@ static tf_value *find_loss(const tf_module *m)
     return NULL;
 }
 
+/* The output named loss must be one floating number: a tensor would be
+ * trained on the sum of its elements, rarely what was meant. */
+static tf_ir_status check_loss(const tf_module *m, const tf_options *o)
+{
+    for (int i = 0; i < m->noutputs; i++) {
+        const tf_output *out = &m->outputs[i];
+        const tf_type *t = &out->value->type;
+        if (strcmp(out->name, "loss") || (tf_type_numel(t) == 1 && tf_dtype_is_float(t->dtype))) continue;
+        char buf[256];
+        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, &out->loc,
+                             "the loss '%s' is %s, and training minimizes one floating number: %s", out->value->name,
+                             tf_type_str(m, t, buf),
+                             tf_dtype_is_float(t->dtype) ? "reduce it to a scalar first (mean or sum with axes=[])"
+                                                         : "a loss is a floating value");
+    }
+    return TF_IR_OK;
+}
+
 tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
 {
     if (o->mode != TF_IR_TRAIN) {
@@ -478,6 +496,7 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
         tf_explain(o, "autodiff", NULL, "the module is already a training step (train.step exists)");
         return TF_IR_OK;
     }
+    if (check_loss(m, o)) return o->diag->status;
     tf_value *loss = find_loss(m);
     bool any_param = false;
     for (int i = 0; i < m->decls.n; i++) any_param |= ((tf_value *)m->decls.items[i])->kind == TF_VAL_PARAM;

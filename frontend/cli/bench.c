@@ -83,6 +83,9 @@ int cmd_bench(tf_context_t *ctx, const args *a)
     double t0 = now_ms();
     if (!rc && tf_program_compile(ctx, m, &o, &p)) rc = cli_fail(ctx);
     double compile_ms = now_ms() - t0;
+    /* timing a "training step" that has no backward pass would be a number about nothing */
+    if (!rc && a->mode == TF_MODE_TRAIN)
+        rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : "bench's default --mode=train");
     t0 = now_ms();
     if (!rc && tf_session_create(ctx, p, a->target, a->seed, &s)) rc = cli_fail(ctx);
     double jit_ms = now_ms() - t0;
@@ -98,8 +101,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
         int64_t shape[8];
         tf_program_io(p, TF_IO_INPUT, i, &name, &dt, &rank, shape);
         if (!(data[i] = cli_random_input(p, i, a->seed, dt, shape, rank))) {
-            fprintf(stderr, "tfuse: error: out of memory\n");
-            rc = 1;
+            rc = cli_errorf("out of memory");
         } else if (tf_session_bind(s, name, dt, shape, rank, data[i])) {
             rc = cli_fail(ctx);
         }

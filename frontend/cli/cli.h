@@ -48,10 +48,44 @@ typedef struct args {
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;
     train_args train;
+    unsigned short seen[32];  /* how often each flag of main.c's table was given */
 } args;
 
-/* main.c */
+/* main.c
+ *
+ * Messages have one form: "tfuse: error: ..." for what the command itself
+ * finds (a command-line mistake exits 2, a problem with files or data 1), and
+ * the library's "file:line:col: error: ..." / "path: error: ..." as they are. */
 int cli_usage_error(const char *cmd, const char *fmt, const char *arg);   /* prints; returns 2 */
+int cli_usage_errorf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));   /* returns 2 */
+int cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));   /* "tfuse: error: ..."; returns 1 */
+/* The context's error in the one form above, with `context` (or NULL)
+ * appended in parentheses; returns 1. */
+int cli_report(tf_context_t *ctx, const char *context);
+/* v, or NULL with *rc = 2 (printed) when v is "" (a flag's empty value). */
+const char *cli_nonempty(const char *cmd, const char *flag, const char *v, int *rc);
+/* Before any work: can `path` be written? replace: by an atomic writer (a
+ * temporary file beside it renamed over it: the directory must take new
+ * files; an existing path must be a regular file); else by opening it for
+ * writing. Nothing existing is touched (a probe file is created and removed).
+ * Prints "tfuse: error: FLAG PATH: ..." and returns 1, or returns 0. */
+int cli_check_writable(const char *flag, const char *path, bool replace);
+/* Can `path` be opened for reading (and is not a directory)? As above. */
+int cli_check_readable(const char *flag, const char *path);
+
+/* Interruption (SIGINT, SIGTERM). Every command gets cli_signals_install():
+ * a signal ends the process at once (as by default) except while a file is
+ * being written between cli_write_begin/end, which then finishes whole (no
+ * temporary file is left) before the process ends. `tfuse train` switches to
+ * cli_signals_graceful(): the first signal only sets a flag that the
+ * training loop reads between steps (the handler prints `first_msg`); a
+ * second one while a file is written waits for it, otherwise it exits 130
+ * at once. Handlers touch only atomics, write(2), _exit and raise. */
+void cli_signals_install(void);
+void cli_signals_graceful(const char *first_msg);
+bool cli_interrupted(void);
+void cli_write_begin(void);
+void cli_write_end(void);
 /* "--name=value" or "--name value": the value, or NULL if the flag differs. */
 const char *cli_flag_value(int argc, char **argv, int *i, const char *name);
 bool cli_parse_u64(const char *s, uint64_t *out);
@@ -61,7 +95,11 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain);
  * where a use gives a bound, else {0, 1}; f16/bf16 as their bit patterns.
  * malloc'd. */
 void *cli_random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dtype dt, const int64_t *shape, int rank);
-int cli_fail(tf_context_t *ctx);   /* prints the context's error; returns 1 */
+int cli_fail(tf_context_t *ctx);   /* cli_report(ctx, NULL) */
+/* Train mode minimizes the output named 'loss': a program without one is an
+ * error ("FILE: error: ..."; returns 1), `how` naming what asked for train
+ * mode. */
+int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how);
 
 /* bench.c */
 extern const char bench_synopsis[], bench_help[];

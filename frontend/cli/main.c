@@ -15,12 +15,19 @@
  * Exit codes: 0 success, 1 an error in the input or while running, 2 bad
  * command-line usage. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -87,18 +94,112 @@ static void free_args(args *a)
     for (size_t i = 0; i < a->noutputs; i++) free((char *)a->outputs[i].key);
 }
 
+/* ---- the flags: which commands take each one, and which may repeat ----
+ *
+ * A flag a command would ignore is an error that names who takes it: nothing
+ * on the command line is silently dropped. */
+
+enum { C_PRINT = 1, C_OPT = 2, C_COMPILE = 4, C_RUN = 8, C_TRAIN = 16, C_BENCH = 32 };
+#define C_COMPILING (C_COMPILE | C_RUN | C_TRAIN | C_BENCH)
+
+typedef enum flag_id {
+    F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
+    F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
+    F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS, NFLAGS
+} flag_id;
+
+static const struct flag_info {
+    const char *name;
+    unsigned cmds;           /* the commands that take it */
+    bool repeats;            /* may be given more than once */
+    const char *why;         /* said when a command that does not take it gets it; NULL: the list of takers */
+} flag_table[NFLAGS] = {
+    /* name                    commands                     repeats why */
+    [F_DIM]            = {"--dim",            C_PRINT | C_OPT | C_COMPILING, true, NULL},
+    [F_SEED]           = {"--seed",           C_RUN | C_TRAIN | C_BENCH,   false, "only run, train and bench draw random numbers"},
+    [F_MODE]           = {"--mode",           C_OPT | C_COMPILE | C_RUN | C_TRAIN | C_BENCH, false, NULL},
+    [F_TARGET]         = {"--target",         C_COMPILING,                 false, NULL},
+    [F_PASSES]         = {"--passes",         C_OPT,                       false, "the pipeline of compile, run, train and bench is fixed: --disable-pass leaves one out"},
+    [F_DUMP_IR]        = {"--dump-ir",        C_OPT | C_COMPILING,         false, NULL},
+    [F_DUMP_DIR]       = {"--dump-dir",       C_OPT | C_COMPILING,         false, NULL},
+    [F_DISABLE_PASS]   = {"--disable-pass",   C_OPT | C_COMPILING,         true,  NULL},
+    [F_DUMP_KERNELS]   = {"--dump-kernels",   C_COMPILING,                 false, NULL},
+    [F_ARCH]           = {"--arch",           C_COMPILE,                   false, "it picks the GPU of 'tfuse compile --target=cuda -o DIR'"},
+    [F_DUMP_LLVM]      = {"--dump-llvm",      C_COMPILING,                 false, NULL},
+    [F_THREADS]        = {"--threads",        C_RUN | C_TRAIN | C_BENCH,   false, "threads are a property of a running session"},
+    [F_ITERS]          = {"--iters",          C_BENCH,                     false, NULL},
+    [F_WARMUP]         = {"--warmup",         C_BENCH,                     false, NULL},
+    [F_PROFILE]        = {"--profile",        C_BENCH,                     false, NULL},
+    [F_CHECKPOINT]     = {"--checkpoint",     C_OPT | C_COMPILE | C_TRAIN | C_BENCH, false, "run is inference, with no backward pass to checkpoint"},
+    [F_MEMORY_BUDGET]  = {"--memory-budget",  C_OPT | C_COMPILE | C_TRAIN | C_BENCH, false, "run is inference, with no backward pass to checkpoint"},
+    [F_MEMORY_LIMIT]   = {"--memory-limit",   C_COMPILING,                 false, NULL},
+    [F_PRECISION]      = {"--precision",      C_OPT | C_COMPILING,         false, NULL},
+    [F_O0]             = {"--O0",             C_OPT | C_COMPILING,         false, NULL},
+    [F_EXPLAIN]        = {"--explain",        C_OPT | C_COMPILING,         false, NULL},
+    [F_PARAMS]         = {"--params",         C_RUN | C_TRAIN,             false, NULL},
+    [F_INPUT]          = {"--input",          C_RUN,                       true,  NULL},
+    [F_OUTPUT]         = {"--output",         C_RUN,                       true,  NULL},
+    [F_OUT]            = {"-o",               C_COMPILE,                   false, NULL},
+    [F_STATS]          = {"--stats",          C_COMPILE,                   false, NULL},
+    [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
+};
+
+static const char *const cmd_names[] = {"print", "opt", "compile", "run", "train", "bench"};
+
+static unsigned cmd_bit(const char *cmd)
+{
+    for (unsigned i = 0; i < sizeof cmd_names / sizeof *cmd_names; i++)
+        if (!strcmp(cmd, cmd_names[i])) return 1u << i;
+    return 0;
+}
+
+int cli_usage_errorf(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    fputs("tfuse: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'tfuse %s --help')\n", cmd ? cmd : "");
+    va_end(ap);
+    return 2;
+}
+
+/* Count flag f; a second one of a flag that does not repeat is an error. */
+static int note_flag(args *a, flag_id f)
+{
+    if (++a->seen[f] > 1 && !flag_table[f].repeats)
+        return cli_usage_errorf(a->cmd, "%s is given twice (it takes one value; which one was meant?)", flag_table[f].name);
+    return 0;
+}
+
+/* An empty value ("--save=") names nothing. */
+const char *cli_nonempty(const char *cmd, const char *flag, const char *v, int *rc)
+{
+    if (v && !*v) *rc = cli_usage_errorf(cmd, "%s needs a value, found an empty one", flag);
+    return v;
+}
+
 static int parse_args(int argc, char **argv, args *a)
 {
     const char *cmd = a->cmd;
     for (int i = 2; i < argc; i++) {
         const char *s = argv[i], *v;
-        int r;
+        int r = 0;
+#define NOTE(f) do { if ((r = note_flag(a, (f)))) return r; } while (0)
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) { a->help = true; continue; }
         if ((v = cli_flag_value(argc, argv, &i, "--dim"))) {
             kv p;
             uint64_t n;
+            NOTE(F_DIM);
             if (a->ndims == MAX_ITEMS) return cli_usage_error(cmd, "too many --dim flags%s", "");
             if (!split_kv(v, &p)) return cli_usage_error(cmd, "--dim expects NAME=VALUE, found '%s'", v);
+            for (size_t k = 0; k < a->ndims; k++)
+                if (!strcmp(a->dims[k].name, p.key)) {
+                    r = cli_usage_errorf(cmd, "--dim %s is given twice (which value was meant?)", p.key);
+                    free((char *)p.key);
+                    return r;
+                }
             if (!strcmp(p.val, "auto")) {
                 a->dims[a->ndims++] = (tf_dim_override){p.key, TF_DIM_AUTO};
                 continue;
@@ -109,99 +210,373 @@ static int parse_args(int argc, char **argv, args *a)
             }
             a->dims[a->ndims++] = (tf_dim_override){p.key, (int64_t)n};
         } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
+            NOTE(F_SEED);
             if (!cli_parse_u64(v, &a->seed)) return cli_usage_error(cmd, "--seed expects a non-negative integer, found '%s'", v);
             a->seed_set = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--mode"))) {
+            NOTE(F_MODE);
             if (!strcmp(v, "train")) a->mode = TF_MODE_TRAIN;
             else if (!strcmp(v, "infer")) a->mode = TF_MODE_INFER;
             else return cli_usage_error(cmd, "--mode expects train or infer, found '%s'", v);
             a->mode_set = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
+            NOTE(F_TARGET);
             if (!strcmp(v, "interp")) a->target = TF_TARGET_INTERP;
             else if (!strcmp(v, "cpu")) a->target = TF_TARGET_CPU;
             else if (!strcmp(v, "cuda")) a->target = TF_TARGET_CUDA;
             else return cli_usage_error(cmd, "--target expects interp, cpu or cuda, found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--passes"))) {
-            a->passes = v;
+            NOTE(F_PASSES);
+            a->passes = cli_nonempty(cmd, "--passes", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-ir"))) {
-            a->dump_ir = v;
+            NOTE(F_DUMP_IR);
+            a->dump_ir = cli_nonempty(cmd, "--dump-ir", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-dir"))) {
-            a->dump_dir = v;
+            NOTE(F_DUMP_DIR);
+            a->dump_dir = cli_nonempty(cmd, "--dump-dir", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
+            NOTE(F_DISABLE_PASS);
             if (a->ndisabled == MAX_ITEMS) return cli_usage_error(cmd, "too many --disable-pass flags%s", "");
-            a->disabled[a->ndisabled++] = v;
+            for (size_t k = 0; k < a->ndisabled; k++)
+                if (!strcmp(a->disabled[k], v)) return cli_usage_error(cmd, "--disable-pass=%s is given twice", v);
+            a->disabled[a->ndisabled++] = cli_nonempty(cmd, "--disable-pass", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-kernels"))) {
-            a->dump_kernels = v;
+            NOTE(F_DUMP_KERNELS);
+            a->dump_kernels = cli_nonempty(cmd, "--dump-kernels", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--arch"))) {
+            NOTE(F_ARCH);
             if (strncmp(v, "sm_", 3) || !v[3] || strspn(v + 3, "0123456789a") != strlen(v + 3))
                 return cli_usage_error(cmd, "--arch expects a GPU architecture such as sm_80 or sm_90, found '%s'", v);
             a->arch = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-llvm"))) {
-            a->dump_llvm = v;
+            NOTE(F_DUMP_LLVM);
+            a->dump_llvm = cli_nonempty(cmd, "--dump-llvm", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
+            NOTE(F_THREADS);
             if (!cli_parse_u64(v, &a->threads) || a->threads < 1 || a->threads > 1024)
                 return cli_usage_error(cmd, "--threads expects an integer in [1, 1024], found '%s'", v);
-        } else if (!strcmp(cmd, "bench") && (v = cli_flag_value(argc, argv, &i, "--iters"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--iters"))) {
+            NOTE(F_ITERS);
             if (!cli_parse_u64(v, &a->iters) || a->iters < 1 || a->iters > 1000000)
                 return cli_usage_error(cmd, "--iters expects an integer in [1, 1000000], found '%s'", v);
-        } else if (!strcmp(cmd, "bench") && (v = cli_flag_value(argc, argv, &i, "--warmup"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--warmup"))) {
+            NOTE(F_WARMUP);
             if (!cli_parse_u64(v, &a->warmup) || a->warmup > 1000000)
                 return cli_usage_error(cmd, "--warmup expects an integer in [0, 1000000], found '%s'", v);
             a->warmup_set = true;
-        } else if (!strcmp(cmd, "bench") && !strcmp(s, "--profile")) {
+        } else if (!strcmp(s, "--profile")) {
+            NOTE(F_PROFILE);
             a->profile = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
+            NOTE(F_CHECKPOINT);
             if (strcmp(v, "none") && strcmp(v, "auto"))
                 return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
             a->checkpoint = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
+            NOTE(F_MEMORY_BUDGET);
             if (!parse_bytes(v, &a->memory_budget))
                 return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--memory-limit"))) {
+            NOTE(F_MEMORY_LIMIT);
             if (!parse_bytes(v, &a->memory_limit))
                 return cli_usage_error(cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--precision"))) {
+            NOTE(F_PRECISION);
             if (strcmp(v, "fp32") && strcmp(v, "fp16") && strcmp(v, "bf16"))
                 return cli_usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
             a->precision = v;
         } else if (!strcmp(s, "--O0") || !strcmp(s, "-O0")) {
+            NOTE(F_O0);
             a->o0 = true;
         } else if (!strcmp(s, "--explain")) {
+            NOTE(F_EXPLAIN);
             a->explain = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--params"))) {
-            a->params = v;
+            NOTE(F_PARAMS);
+            a->params = cli_nonempty(cmd, "--params", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--input")) || (v = cli_flag_value(argc, argv, &i, "--output"))) {
             bool in = !strncmp(s, "--input", 7);
             kv *list = in ? a->inputs : a->outputs;
             size_t *n = in ? &a->ninputs : &a->noutputs;
+            NOTE(in ? F_INPUT : F_OUTPUT);
             if (*n == MAX_ITEMS) return cli_usage_error(cmd, "too many --input/--output flags%s", "");
-            if (!split_kv(v, &list[*n])) return cli_usage_error(cmd, "expected NAME=FILE.npy, found '%s'", v);
-            (*n)++;
+            if (!split_kv(v, &list[*n]))
+                return cli_usage_errorf(cmd, "%s expects NAME=FILE.npy, found '%s'", in ? "--input" : "--output", v);
+            kv *p = &list[(*n)++];
+            for (size_t k = 0; k + 1 < *n; k++) {
+                if (in && !strcmp(list[k].key, p->key))
+                    return cli_usage_errorf(cmd, "--input %s is given twice (which file was meant?)", p->key);
+                if (!in && !strcmp(list[k].val, p->val))
+                    return cli_usage_errorf(cmd, "--output %s and --output %s write the same file: one would be lost",
+                                            list[k].key, p->key);
+            }
         } else if (!strcmp(s, "-o") && i + 1 < argc) {
-            a->out = argv[++i];
+            NOTE(F_OUT);
+            a->out = cli_nonempty(cmd, "-o", argv[++i], &r);
         } else if (!strcmp(s, "--stats")) {
+            NOTE(F_STATS);
             a->stats = true;
         } else if (!strcmp(s, "--random-inputs")) {
+            NOTE(F_RANDOM_INPUTS);
             a->random_inputs = true;
         } else if (!strcmp(cmd, "train") && (r = train_parse_flag(argc, argv, &i, a))) {
             if (r != 1) return r;
+            r = 0;
         } else if (s[0] == '-' && s[1]) {
             return cli_usage_error(cmd, "unknown or incomplete option '%s'", s);
+        } else if (!strcmp(cmd, "doctor")) {
+            return cli_usage_error(cmd, "doctor takes no arguments, found '%s'", s);
         } else if (!a->file) {
             a->file = s;
         } else {
             return cli_usage_error(cmd, "more than one model file given ('%s')", s);
         }
+        if (r) return r;
+#undef NOTE
     }
-    if (!a->help && !a->file) return cli_usage_error(cmd, "no model file given%s", "");
+    if (!a->help && !a->file && strcmp(cmd, "doctor")) return cli_usage_error(cmd, "no model file given%s", "");
     return 0;
+}
+
+/* The mode a command compiles in. */
+static tf_mode effective_mode(const args *a)
+{
+    if (!strcmp(a->cmd, "run")) return TF_MODE_INFER;
+    if (!strcmp(a->cmd, "train")) return TF_MODE_TRAIN;
+    return a->mode;
+}
+
+static const char *target_str(tf_target t)
+{
+    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : "cuda";
+}
+
+/* After parsing: flags the command does not take, and flags that would do
+ * nothing without another one. Returns 2 (printed) or 0. */
+static int check_flags(const args *a)
+{
+    const char *cmd = a->cmd;
+    unsigned me = cmd_bit(cmd);
+    if (!strcmp(cmd, "doctor")) {
+        for (int f = 0; f < NFLAGS; f++)
+            if (a->seen[f]) return cli_usage_errorf(cmd, "doctor takes no flags but --help, found %s", flag_table[f].name);
+        return 0;
+    }
+    for (int f = 0; f < NFLAGS; f++) {
+        if (!a->seen[f] || (flag_table[f].cmds & me)) continue;
+        const char *name = flag_table[f].name;
+        if (!strcmp(cmd, "train") && (f == F_INPUT || f == F_OUTPUT || f == F_RANDOM_INPUTS))
+            return cli_usage_errorf(cmd, "train reads its data with --data NAME=FILE.npy,... (%s is for 'tfuse run')", name);
+        if (flag_table[f].why) return cli_usage_errorf(cmd, "'tfuse %s' takes no %s: %s", cmd, name, flag_table[f].why);
+        char takers[128] = "";
+        size_t k = 0;
+        for (unsigned c = 0; c < sizeof cmd_names / sizeof *cmd_names; c++)
+            if (flag_table[f].cmds & (1u << c))
+                k += (size_t)snprintf(takers + k, sizeof takers - k, "%s%s", k ? ", " : "", cmd_names[c]);
+        return cli_usage_errorf(cmd, "'tfuse %s' takes no %s (it is a flag of: %s)", cmd, name, takers);
+    }
+    tf_mode mode = effective_mode(a);
+    if (!strcmp(cmd, "run") && a->mode_set && a->mode != TF_MODE_INFER)
+        return cli_usage_errorf(cmd, "run is inference; training is 'tfuse train'");
+    if (!strcmp(cmd, "train") && a->mode_set && a->mode != TF_MODE_TRAIN)
+        return cli_usage_errorf(cmd, "train compiles in train mode; --mode=infer is for 'tfuse run'");
+    /* --dim NAME=auto and --memory-limit go together */
+    const char *auto_dim = NULL;
+    for (size_t i = 0; i < a->ndims; i++) {
+        if (a->dims[i].value != TF_DIM_AUTO) continue;
+        if (auto_dim) return cli_usage_errorf(cmd, "only one dim can be auto (%s and %s are)", auto_dim, a->dims[i].name);
+        auto_dim = a->dims[i].name;
+    }
+    if (auto_dim && !(me & C_COMPILING))
+        return cli_usage_errorf(cmd, "--dim %s=auto is settled by compiling (compile, run, train, bench); "
+                                     "'tfuse %s' needs a number", auto_dim, cmd);
+    if (auto_dim && !a->memory_limit)
+        return cli_usage_errorf(cmd, "--dim %s=auto picks the largest %s whose planned peak fits a memory limit: "
+                                     "give one with --memory-limit=BYTES", auto_dim, auto_dim);
+    if (a->memory_limit && !auto_dim)
+        return cli_usage_errorf(cmd, "--memory-limit sizes a dim declared auto, and none is: "
+                                     "add --dim NAME=auto (e.g. --dim B=auto)");
+    /* --checkpoint=auto and --memory-budget go together, in train mode */
+    bool ckpt_auto = a->checkpoint && !strcmp(a->checkpoint, "auto");
+    if (ckpt_auto && mode != TF_MODE_TRAIN)
+        return cli_usage_errorf(cmd, "--checkpoint=auto recomputes forward values in the backward pass, and infer mode "
+                                     "has none: drop it or use --mode=train");
+    if (ckpt_auto && !a->memory_budget)
+        return cli_usage_errorf(cmd, "--checkpoint=auto recomputes values until the step fits a budget: "
+                                     "give one with --memory-budget=BYTES");
+    if (a->memory_budget && !ckpt_auto)
+        return cli_usage_errorf(cmd, "--memory-budget is the budget of --checkpoint=auto, which is not given: "
+                                     "add --checkpoint=auto");
+    if (a->dump_dir && !a->dump_ir)
+        return cli_usage_errorf(cmd, "--dump-dir says where --dump-ir=all|PASS writes, and no --dump-ir is given");
+    if (a->arch && !(a->target == TF_TARGET_CUDA && a->out))
+        return cli_usage_errorf(cmd, "--arch picks the GPU that 'compile --target=cuda -o DIR' builds cubins for: "
+                                     "it needs --target=cuda and -o DIR");
+    if (a->threads && a->target != TF_TARGET_CPU)
+        return cli_usage_errorf(cmd, "--threads sets the cpu target's threads, and the target is %s%s",
+                                target_str(a->target), a->seen[F_TARGET] ? "" : " (the default here)");
+    return 0;
+}
+
+_Static_assert(NFLAGS <= 32, "args.seen has 32 counters");
+
+int cli_errorf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);   /* keep the order of what a user sees */
+    fputs("tfuse: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+int cli_report(tf_context_t *ctx, const char *context)
+{
+    const char *msg = tf_context_last_error(ctx);
+    fflush(stdout);
+    if (!strncmp(msg, "error: ", 7)) fprintf(stderr, "tfuse: %s", msg);
+    else if (strstr(msg, ": error: ")) fputs(msg, stderr);
+    else fprintf(stderr, "tfuse: error: %s", msg);
+    if (context) fprintf(stderr, " (%s)", context);
+    fputc('\n', stderr);
+    return 1;
 }
 
 int cli_fail(tf_context_t *ctx)
 {
-    fprintf(stderr, "%s\n", tf_context_last_error(ctx));
-    return 1;
+    return cli_report(ctx, NULL);
 }
+/* ---- interruption ----
+ * The handler may run on any thread (the loader's, the target's pool): it
+ * reads and writes only lock-free atomics, and calls write, _exit, signal
+ * and raise, which are async-signal-safe. */
+
+static atomic_int sig_count, sig_number, sig_writing;
+static atomic_bool sig_graceful;
+static char sig_first_msg[1024];
+static size_t sig_first_len;
+
+static void say(const char *s, size_t n)
+{
+    ssize_t r = write(STDERR_FILENO, s, n);
+    (void)r;
+}
+
+static void on_signal(int sig)
+{
+    int n = atomic_fetch_add(&sig_count, 1) + 1;
+    atomic_store(&sig_number, sig);
+    bool graceful = atomic_load(&sig_graceful);
+    if (graceful && n == 1) {
+        say(sig_first_msg, sig_first_len);
+        return;
+    }
+    if (atomic_load(&sig_writing)) {
+        static const char m[] = "tfuse: interrupt: finishing the file being written first, so that it is whole\n";
+        say(m, sizeof m - 1);
+        return;
+    }
+    if (graceful) {
+        static const char m[] = "tfuse: interrupted again: stopping at once, without a checkpoint\n";
+        say(m, sizeof m - 1);
+        _exit(130);
+    }
+    signal(sig, SIG_DFL);   /* end as the default action would: the parent sees the signal */
+    raise(sig);
+}
+
+void cli_signals_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;   /* file writes and waits go on after the handler */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+void cli_signals_graceful(const char *first_msg)
+{
+    snprintf(sig_first_msg, sizeof sig_first_msg, "%s%s\n", isatty(STDERR_FILENO) ? "\n" : "", first_msg);
+    sig_first_len = strlen(sig_first_msg);
+    atomic_store(&sig_graceful, true);
+}
+
+bool cli_interrupted(void)
+{
+    return atomic_load(&sig_count) > 0;
+}
+
+void cli_write_begin(void)
+{
+    atomic_store(&sig_writing, 1);
+}
+
+void cli_write_end(void)
+{
+    atomic_store(&sig_writing, 0);
+    if (!atomic_load(&sig_graceful) && atomic_load(&sig_count) > 0) {   /* deferred: end now */
+        int sig = atomic_load(&sig_number);
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+}
+
+/* ---- checking paths before the work ---- */
+
+int cli_check_readable(const char *flag, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return cli_errorf("%s %s: cannot open: %s", flag, path, strerror(errno));
+    struct stat st;
+    bool dir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+    close(fd);
+    if (dir) return cli_errorf("%s %s: is a directory, not a file", flag, path);
+    return 0;
+}
+
+int cli_check_writable(const char *flag, const char *path, bool replace)
+{
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return cli_errorf("%s %s: is a directory, not a file", flag, path);
+        if (replace && !S_ISREG(st.st_mode))
+            return cli_errorf("%s %s: is not a regular file (it would be replaced by one)", flag, path);
+        if (!replace) {
+            if (access(path, W_OK) != 0) return cli_errorf("%s %s: cannot write: %s", flag, path, strerror(errno));
+            return 0;
+        }
+    } else if (errno != ENOENT) {
+        return cli_errorf("%s %s: %s", flag, path, strerror(errno));
+    }
+    /* the directory must take a new file: create one beside the path, remove it */
+    size_t n = strlen(path) + 64;
+    char *probe = malloc(n), *dir = strdup(path);
+    if (!probe || !dir) {
+        free(probe);
+        free(dir);
+        return cli_errorf("out of memory");
+    }
+    snprintf(probe, n, "%s.tfuse-probe.%ld", path, (long)getpid());
+    cli_write_begin();
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int e = errno;
+    if (fd >= 0) {
+        close(fd);
+        unlink(probe);
+    }
+    cli_write_end();
+    int rc = 0;
+    if (fd < 0 && e != EEXIST)
+        rc = cli_errorf("%s %s: cannot create a file in '%s': %s", flag, path, dirname(dir), strerror(e));
+    free(probe);
+    free(dir);
+    return rc;
+}
+
 #define fail cli_fail
 
 static tf_model_t *load_model(tf_context_t *ctx, const args *a)
@@ -270,24 +645,57 @@ static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
     return p;
 }
 
+/* Atomically: PATH.tmp.PID beside it, renamed over it; an interrupt waits
+ * for the rename, so there is never a half-written PATH or a temporary file. */
 static int write_file(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
-        fprintf(stderr, "%s: error: cannot write: %s\n", path, strerror(errno));
-        if (f) fclose(f);
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return cli_errorf("out of memory");
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    cli_write_begin();
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    bool ok = f && fputs(text, f) >= 0;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) ok = false, e = errno;
+    if (!f && fd >= 0) close(fd);
+    if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+    if (!ok && fd >= 0) unlink(tmp);
+    cli_write_end();
+    free(tmp);
+    if (!ok) {
+        fflush(stdout);
+        fprintf(stderr, "%s: error: cannot write: %s\n", path, strerror(e));
         return 1;
     }
     return 0;
 }
 
+/* Train mode minimizes the output named loss: without one there is nothing
+ * to train (the library would compile a forward-only step, silently). */
+int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how)
+{
+    for (size_t i = 0; i < tf_program_io_count(p, TF_IO_OUTPUT); i++) {
+        const char *name;
+        tf_program_io(p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
+        if (!strcmp(name, "loss")) return 0;
+    }
+    fflush(stdout);
+    fprintf(stderr, "%s: error: %s needs an output named 'loss' to minimize, and the model has none: "
+            "add 'output loss' (or 'output loss = VALUE')\n", file, how);
+    return 1;
+}
+
 static int cmd_compile(tf_context_t *ctx, const args *a)
 {
+    if (a->out && a->target != TF_TARGET_CUDA && cli_check_writable("-o", a->out, true)) return 1;
     tf_model_t *m = load_model(ctx, a);
     if (!m) return fail(ctx);
     tf_program_t *p = compile(ctx, m, a);
     int rc = 0;
     if (!p) rc = fail(ctx);
+    if (!rc && a->mode_set && a->mode == TF_MODE_TRAIN) rc = cli_check_train_loss(p, a->file, "--mode=train");
     if (!rc && a->stats)
         for (size_t i = 0; i < tf_program_stat_count(p); i++) {
             const char *name;
@@ -367,9 +775,14 @@ void *cli_random_input(const tf_program_t *p, size_t i, uint64_t seed, tf_dtype 
 
 static int cmd_run(tf_context_t *ctx, args *a)
 {
-    if (a->mode_set && a->mode != TF_MODE_INFER)
-        return cli_usage_error("run", "run is inference; training is 'tfuse train'%s", "");
     a->mode = TF_MODE_INFER;
+    /* the files first: a missing input is found before compiling, an
+     * unwritable output before running */
+    for (size_t i = 0; i < a->ninputs; i++)
+        if (cli_check_readable("--input", a->inputs[i].val)) return 1;
+    if (a->params && cli_check_readable("--params", a->params)) return 1;
+    for (size_t i = 0; i < a->noutputs; i++)
+        if (cli_check_writable("--output", a->outputs[i].val, true)) return 1;
     tf_model_t *m = load_model(ctx, a);
     if (!m) return fail(ctx);
     tf_program_t *p = compile(ctx, m, a);
@@ -380,16 +793,27 @@ static int cmd_run(tf_context_t *ctx, args *a)
     if (!p || tf_session_create(ctx, p, a->target, a->seed, &s)) rc = fail(ctx);
     if (!rc && a->params && tf_session_load_state(s, a->params)) rc = fail(ctx);
     if (!rc && a->params && tf_session_missing_params(s))
-        fprintf(stderr, "tfuse run: note: %s has no value for %s; they keep their initial values\n", a->params,
+        fprintf(stderr, "tfuse: note: %s has no value for %s; they keep their initial values\n", a->params,
                 tf_session_missing_params(s));
     for (size_t i = 0; !rc && i < a->ninputs; i++) {
         tf_tensor_view v;
         if (tf_array_load_npy(ctx, a->inputs[i].val, &arrays[i])) { rc = fail(ctx); break; }
         tf_array_view(arrays[i], &v);
         if (tf_session_bind(s, a->inputs[i].key, v.dtype, v.shape, v.rank, v.data)) {
-            fprintf(stderr, "%s: %s\n", a->inputs[i].val, tf_context_last_error(ctx));
-            rc = 1;
+            char where[600];
+            snprintf(where, sizeof where, "--input %s=%s", a->inputs[i].key, a->inputs[i].val);
+            rc = cli_report(ctx, where);
         }
+    }
+    for (size_t i = 0; !rc && i < a->noutputs; i++) {   /* every --output names an output */
+        size_t k, nout = tf_program_io_count(p, TF_IO_OUTPUT);
+        for (k = 0; k < nout; k++) {
+            const char *name;
+            tf_program_io(p, TF_IO_OUTPUT, k, &name, NULL, NULL, NULL);
+            if (!strcmp(name, a->outputs[i].key)) break;
+        }
+        if (k == nout) rc = cli_errorf("--output %s=%s: the model has no output named '%s'", a->outputs[i].key,
+                                       a->outputs[i].val, a->outputs[i].key);
     }
     size_t nin = p ? tf_program_io_count(p, TF_IO_INPUT) : 0;
     for (size_t i = 0; !rc && i < nin && i < MAX_ITEMS; i++) {
@@ -402,19 +826,16 @@ static int cmd_run(tf_context_t *ctx, args *a)
         for (size_t k = 0; k < a->ninputs; k++) given |= !strcmp(a->inputs[k].key, name);
         if (given) continue;
         if (!a->random_inputs) {
-            fprintf(stderr, "tfuse: error: input '%s' (%s) has no data: pass --input %s=FILE.npy, or --random-inputs\n",
-                    name, tf_dtype_str(dt), name);
-            rc = 1;
+            rc = cli_errorf("input '%s' (%s) has no data: pass --input %s=FILE.npy, or --random-inputs", name,
+                            tf_dtype_str(dt), name);
             break;
         }
         if (dt == TF_DTYPE_F16 || dt == TF_DTYPE_BF16) {
-            fprintf(stderr, "tfuse: error: --random-inputs does not fill %s input '%s'\n", tf_dtype_str(dt), name);
-            rc = 1;
+            rc = cli_errorf("--random-inputs does not fill %s input '%s'", tf_dtype_str(dt), name);
             break;
         }
         if (!(randoms[i] = cli_random_input(p, i, a->seed, dt, shape, rank))) {
-            fprintf(stderr, "tfuse: error: out of memory\n");
-            rc = 1;
+            rc = cli_errorf("out of memory");
         } else if (tf_session_bind(s, name, dt, shape, rank, randoms[i])) {
             rc = fail(ctx);
         }
@@ -422,7 +843,13 @@ static int cmd_run(tf_context_t *ctx, args *a)
     if (!rc && tf_session_run(s)) rc = fail(ctx);
     for (size_t i = 0; !rc && i < a->noutputs; i++) {
         tf_tensor_view v;
-        if (tf_session_output(s, a->outputs[i].key, &v) || tf_array_save_npy(ctx, a->outputs[i].val, &v)) rc = fail(ctx);
+        if (tf_session_output(s, a->outputs[i].key, &v)) {
+            rc = fail(ctx);
+            break;
+        }
+        cli_write_begin();   /* an interrupt waits for the file to be whole */
+        if (tf_array_save_npy(ctx, a->outputs[i].val, &v)) rc = fail(ctx);
+        cli_write_end();
     }
     if (!rc && a->noutputs == 0)
         for (size_t i = 0; i < tf_program_io_count(p, TF_IO_OUTPUT); i++) {
@@ -477,8 +904,11 @@ static void usage_cmd(const char *cmd, FILE *f)
 {
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(commands[i].name, cmd)) {
-            fprintf(f, "usage: tfuse %s %s\n\n%s\n\nEvery command also takes --dim K=V (repeatable), --seed N and --help.\n",
-                    cmd, commands[i].synopsis, commands[i].help);
+            fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help,
+                    !strcmp(cmd, "doctor") ? "It takes no flags but --help."
+                    : "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
+                      "A flag the command would ignore, or one that needs another (--memory-limit and --dim K=auto,\n"
+                      "--checkpoint=auto and --memory-budget, --dump-dir and --dump-ir), is an error (exit 2).");
             return;
         }
 }
@@ -513,29 +943,26 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!strcmp(cmd, "doctor") && argc == 2) {
-        tf_context_t *dctx;
-        char *text = NULL;
-        if (tf_context_create(&dctx) || tf_doctor(dctx, &text)) return 1;
-        fputs(text, stdout);
-        free(text);
-        tf_context_free(dctx);
-        return 0;
-    }
     args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);
+    if (!rc && !a.help) rc = check_flags(&a);
     if (rc || a.help) {
         if (a.help) usage_cmd(cmd, stdout);
         free_args(&a);
         return rc;
     }
+    cli_signals_install();
     tf_context_t *ctx;
     if (tf_context_create(&ctx)) {
-        fprintf(stderr, "tfuse: error: out of memory\n");
         free_args(&a);
-        return 1;
+        return cli_errorf("out of memory");
     }
-    if (!strcmp(cmd, "print")) rc = cmd_print(ctx, &a);
+    if (!strcmp(cmd, "doctor")) {
+        char *text = NULL;
+        if (tf_doctor(ctx, &text)) rc = fail(ctx);
+        else fputs(text, stdout);
+        free(text);
+    } else if (!strcmp(cmd, "print")) rc = cmd_print(ctx, &a);
     else if (!strcmp(cmd, "opt")) rc = cmd_opt(ctx, &a);
     else if (!strcmp(cmd, "compile")) rc = cmd_compile(ctx, &a);
     else if (!strcmp(cmd, "train")) rc = cmd_train(ctx, &a);

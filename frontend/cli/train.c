@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,6 +90,7 @@ const char train_help[] =
     "--checkpoint=auto --memory-budget=BYTES, --dump-ir and --dump-dir are as for 'tfuse compile'.";
 
 enum { MAX_WORKERS = 64 };
+enum { RC_INTERRUPTED = 130 };   /* SIGINT or SIGTERM: the exit code, and the code that unwinds to it */
 
 /* ---- flags ---- */
 
@@ -99,6 +101,26 @@ static bool parse_count(const char *flag, const char *v, uint64_t max, uint64_t 
     snprintf(msg, sizeof msg, "%s expects an integer in [1, %" PRIu64 "], found '%%s'", flag, max);
     cli_usage_error("train", msg, v);
     return false;
+}
+
+/* A single-valued flag given twice: which one was meant? */
+static int twice(const char *flag)
+{
+    return cli_usage_errorf("train", "%s is given twice (it takes one value; which one was meant?)", flag);
+}
+
+static int count_flag(const char *flag, const char *v, uint64_t max, uint64_t *out)
+{
+    if (*out) return twice(flag);
+    return parse_count(flag, v, max, out) ? 1 : 2;
+}
+
+static int path_flag(const char *flag, const char *v, const char **out)
+{
+    int rc = 0;
+    if (*out) return twice(flag);
+    *out = cli_nonempty("train", flag, v, &rc);
+    return rc ? rc : 1;
 }
 
 int train_parse_flag(int argc, char **argv, int *i, args *a)
@@ -114,44 +136,22 @@ int train_parse_flag(int argc, char **argv, int *i, args *a)
         list[(*n)++] = v;
         return 1;
     }
-    if ((v = cli_flag_value(argc, argv, i, "--steps"))) return parse_count("--steps", v, big, &t->steps) ? 1 : 2;
-    if ((v = cli_flag_value(argc, argv, i, "--epochs"))) return parse_count("--epochs", v, big, &t->epochs) ? 1 : 2;
-    if ((v = cli_flag_value(argc, argv, i, "--log-every")))
-        return parse_count("--log-every", v, big, &t->log_every) ? 1 : 2;
-    if ((v = cli_flag_value(argc, argv, i, "--eval-every")))
-        return parse_count("--eval-every", v, big, &t->eval_every) ? 1 : 2;
-    if ((v = cli_flag_value(argc, argv, i, "--save-every")))
-        return parse_count("--save-every", v, big, &t->save_every) ? 1 : 2;
-    if ((v = cli_flag_value(argc, argv, i, "--workers")))
-        return parse_count("--workers", v, MAX_WORKERS, &t->workers) ? 1 : 2;
-    if ((v = cli_flag_value(argc, argv, i, "--save"))) return t->save = v, 1;
-    if ((v = cli_flag_value(argc, argv, i, "--resume"))) return t->resume = v, 1;
-    if ((v = cli_flag_value(argc, argv, i, "--log"))) return t->log = v, 1;
+    if ((v = cli_flag_value(argc, argv, i, "--steps"))) return count_flag("--steps", v, big, &t->steps);
+    if ((v = cli_flag_value(argc, argv, i, "--epochs"))) return count_flag("--epochs", v, big, &t->epochs);
+    if ((v = cli_flag_value(argc, argv, i, "--log-every"))) return count_flag("--log-every", v, big, &t->log_every);
+    if ((v = cli_flag_value(argc, argv, i, "--eval-every"))) return count_flag("--eval-every", v, big, &t->eval_every);
+    if ((v = cli_flag_value(argc, argv, i, "--save-every"))) return count_flag("--save-every", v, big, &t->save_every);
+    if ((v = cli_flag_value(argc, argv, i, "--workers"))) return count_flag("--workers", v, MAX_WORKERS, &t->workers);
+    if ((v = cli_flag_value(argc, argv, i, "--save"))) return path_flag("--save", v, &t->save);
+    if ((v = cli_flag_value(argc, argv, i, "--resume"))) return path_flag("--resume", v, &t->resume);
+    if ((v = cli_flag_value(argc, argv, i, "--log"))) return path_flag("--log", v, &t->log);
     return 0;
 }
 
 /* ---- small helpers ---- */
 
-static int errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int errorf(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fflush(stdout);   /* keep the order of what a user sees */
-    fputs("tfuse train: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-static int api_error(tf_context_t *ctx, const char *what)
-{
-    fflush(stdout);
-    if (what) fprintf(stderr, "tfuse train: %s: %s\n", what, tf_context_last_error(ctx));
-    else fprintf(stderr, "%s\n", tf_context_last_error(ctx));
-    return 1;
-}
+#define errorf cli_errorf
+#define api_error cli_report
 
 static double now_s(void)
 {
@@ -253,13 +253,11 @@ static void dataset_free(dataset *d)
     d->ncol = 0;
 }
 
-/* Parse the --data lists, load the arrays and check them against the
- * program's inputs. Usage mistakes return 2, data mistakes 1. */
-static int dataset_load(tf_context_t *ctx, const tf_program_t *p, const char *flag, const char *const *lists,
-                        size_t nlists, dataset *d)
+/* Parse the --data lists into columns and check that every file can be
+ * read, before compiling. Usage mistakes return 2, files that cannot be read 1. */
+static int dataset_parse(const char *flag, const char *const *lists, size_t nlists, dataset *d)
 {
     memset(d, 0, sizeof *d);
-    size_t nin = tf_program_io_count(p, TF_IO_INPUT);
     for (size_t l = 0; l < nlists; l++) {
         const char *s = lists[l];
         while (*s) {
@@ -286,7 +284,17 @@ static int dataset_load(tf_context_t *ctx, const tf_program_t *p, const char *fl
     for (size_t i = 0; i < d->ncol; i++)
         for (size_t k = 0; k < i; k++)
             if (!strcmp(d->col[i].name, d->col[k].name))
-                return cli_usage_error("train", "input '%s' is given twice", d->col[i].name);
+                return cli_usage_errorf("train", "%s: input '%s' is given twice", flag, d->col[i].name);
+    for (size_t i = 0; i < d->ncol; i++)
+        if (cli_check_readable(flag, d->col[i].file)) return 1;
+    return 0;
+}
+
+/* Load the parsed arrays and check them against the program's inputs (1 on
+ * a mismatch). */
+static int dataset_load(tf_context_t *ctx, const tf_program_t *p, const char *flag, dataset *d)
+{
+    size_t nin = tf_program_io_count(p, TF_IO_INPUT);
     /* match each array to a model input */
     for (size_t i = 0; i < d->ncol; i++) {
         column *c = &d->col[i];
@@ -326,7 +334,7 @@ static int dataset_load(tf_context_t *ctx, const tf_program_t *p, const char *fl
         column *c = &d->col[i];
         tf_tensor_view v;
         char s1[256], s2[256], s3[256], s4[256];
-        if (tf_array_load_npy(ctx, c->file, &c->arr)) return api_error(ctx, NULL);
+        if (tf_array_load_npy(ctx, c->file, &c->arr)) return api_error(ctx, flag);
         tf_array_view(c->arr, &v);
         c->data = v.data;
         if (v.rank != c->rank || numel(v.shape, 1, v.rank) != numel(c->shape, 1, c->rank) ||
@@ -660,7 +668,10 @@ static int save_checkpoint(tf_context_t *ctx, tf_session_t *s, const char *path,
              "{\"format\":\"" CKPT_FORMAT "\",\"step\":\"%" PRIu64 "\",\"epoch\":\"%" PRIu64 "\",\"position\":\"%" PRId64
              "\",\"seed\":\"%" PRIu64 "\",\"samples\":\"%" PRId64 "\",\"batch\":\"%" PRId64 "\",\"model\":\"%s\"}",
              cur->step, cur->epoch, cur->pos, seed, d->n, d->batch, name);
-    if (tf_session_save_state_meta(s, path, meta)) return api_error(ctx, NULL);
+    cli_write_begin();   /* a second interrupt waits: the file is whole or absent, with no temporary left */
+    tf_status st = tf_session_save_state_meta(s, path, meta);
+    cli_write_end();
+    if (st) return api_error(ctx, "--save");
     return 0;
 }
 
@@ -787,9 +798,9 @@ static int find_label(const tf_program_t *p, const dataset *d, const int64_t *ls
     return nany == 1 ? any : nnamed == 1 ? named : -1;
 }
 
+/* e->data holds the parsed --eval-data lists (dataset_parse). */
 static int evaluator_init(tf_context_t *ctx, const args *a, const tf_model_t *m, evaluator *e)
 {
-    memset(e, 0, sizeof *e);
     e->label = -1;
     tf_compile_options o;
     cli_fill_options(a, &o, NULL);
@@ -798,7 +809,7 @@ static int evaluator_init(tf_context_t *ctx, const args *a, const tf_model_t *m,
     o.dump_ir = NULL;
     if (tf_program_compile(ctx, m, &o, &e->p)) return api_error(ctx, "compiling the model for evaluation");
     if (tf_session_create(ctx, e->p, a->target, a->seed, &e->s)) return api_error(ctx, NULL);
-    int rc = dataset_load(ctx, e->p, "--eval-data", a->train.eval_data, a->train.neval_data, &e->data);
+    int rc = dataset_load(ctx, e->p, "--eval-data", &e->data);
     if (rc) return rc;
     e->has_loss = has_output(e->p, "loss", NULL, NULL, NULL);
     if (has_output(e->p, "logits", &e->logits_dtype, &e->logits_rank, e->logits_shape) && e->logits_rank >= 2)
@@ -849,6 +860,10 @@ static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts,
     int64_t per_row = e->label >= 0 ? numel(e->logits_shape, 1, e->logits_rank - 1) : 0;
     int64_t classes = e->label >= 0 ? e->logits_shape[e->logits_rank - 1] : 0;
     for (uint64_t b = 0; b < nb && !rc; b++) {
+        if (cli_interrupted()) {   /* abandon the evaluation: it changes no state */
+            rc = RC_INTERRUPTED;
+            break;
+        }
         slot *sl = loader_next(&L);
         if ((rc = bind_batch(e->s, ctx, d, sl)) || tf_session_run(e->s)) {
             if (!rc) rc = api_error(ctx, "evaluating");
@@ -898,23 +913,119 @@ typedef struct trainer {
     FILE *log;
 } trainer;
 
+/* Do two paths name one file? (The same text, or the same inode.) */
+static bool same_file(const char *x, const char *y)
+{
+    struct stat a, b;
+    if (!strcmp(x, y)) return true;
+    return stat(x, &a) == 0 && stat(y, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 static int check_usage(const args *a)
 {
     const train_args *t = &a->train;
-    if (a->mode_set && a->mode != TF_MODE_TRAIN)
-        return cli_usage_error("train", "train compiles in train mode; --mode=infer is for 'tfuse run'%s", "");
-    if (a->ninputs || a->noutputs || a->random_inputs)
-        return cli_usage_error("train", "train reads its data with --data NAME=FILE.npy,... (%s is for 'tfuse run')",
-                               a->ninputs ? "--input" : a->noutputs ? "--output" : "--random-inputs");
-    if (a->stats || a->out || a->passes)
-        return cli_usage_error("train", "%s is for 'tfuse compile'/'tfuse opt'",
-                               a->stats ? "--stats" : a->out ? "-o" : "--passes");
-    if (!t->ndata) return cli_usage_error("train", "no training data: give --data NAME=FILE.npy,... for the model's inputs%s", "");
-    if (t->steps && t->epochs) return cli_usage_error("train", "give --steps or --epochs, not both%s", "");
+    if (!t->ndata) return cli_usage_errorf("train", "no training data: give --data NAME=FILE.npy,... for the model's inputs");
+    if (t->steps && t->epochs)
+        return cli_usage_errorf("train", "give --steps or --epochs, not both (--epochs N is N passes over the data)");
     if (a->params && t->resume)
-        return cli_usage_error("train", "--params and --resume both load state; a checkpoint is resumed with --resume alone%s", "");
-    if (t->eval_every && !t->neval_data) return cli_usage_error("train", "--eval-every needs --eval-data%s", "");
-    if (t->save_every && !t->save) return cli_usage_error("train", "--save-every needs --save CKPT%s", "");
+        return cli_usage_errorf("train", "--params and --resume both load state; a checkpoint is resumed with --resume alone");
+    if (t->eval_every && !t->neval_data) return cli_usage_errorf("train", "--eval-every needs --eval-data");
+    if (t->save_every && !t->save) return cli_usage_errorf("train", "--save-every needs --save CKPT");
+    /* files that would overwrite each other */
+    if (t->log && t->save && same_file(t->log, t->save))
+        return cli_usage_errorf("train", "--log and --save name the same file, '%s'", t->log);
+    if (t->log && t->resume && same_file(t->log, t->resume))
+        return cli_usage_errorf("train", "--log %s is the checkpoint given to --resume: the log would overwrite it", t->log);
+    if (t->log && a->params && same_file(t->log, a->params))
+        return cli_usage_errorf("train", "--log %s is the file given to --params: the log would overwrite it", t->log);
+    return 0;
+}
+
+/* A data file that --save or --log would overwrite. */
+static int check_not_data(const char *flag, const char *path, const dataset *d, const char *dflag)
+{
+    for (size_t i = 0; path && i < d->ncol; i++)
+        if (same_file(path, d->col[i].file))
+            return cli_usage_errorf("train", "%s %s is a data file of %s: it would be overwritten", flag, path, dflag);
+    return 0;
+}
+
+#define LOG_HEADER "step,epoch,loss,lr,samples_per_s"
+
+/* Before anything runs: the files training will write can be written, and a
+ * log that a resumed run continues is one of ours. Nothing is modified. */
+static int check_outputs(const args *a)
+{
+    const train_args *t = &a->train;
+    if (t->save && cli_check_writable("--save", t->save, true)) return 1;
+    if (!t->log) return 0;
+    if (cli_check_writable("--log", t->log, false)) return 1;
+    struct stat st;
+    if (!t->resume || stat(t->log, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return 0;
+    FILE *f = fopen(t->log, "r");
+    char line[64] = "";
+    if (!f) return cli_errorf("--log %s: cannot open: %s", t->log, strerror(errno));
+    bool ours = fgets(line, sizeof line, f) && !strcmp(line, LOG_HEADER "\n");
+    fclose(f);
+    if (!ours)
+        return cli_errorf("--log %s: not a log of 'tfuse train' (its first line is not '" LOG_HEADER "'), so a resumed "
+                          "run does not continue it: give another path", t->log);
+    return 0;
+}
+
+/* Open the CSV log as training starts. A fresh run starts it over. A
+ * resumed run continues it: rows up to the checkpoint's step stay, rows past
+ * it (steps a run did after its last checkpoint before it stopped) are
+ * dropped, since those steps are done again and logged again; so each step
+ * has one row. */
+static int log_open(const char *path, bool resuming, uint64_t step, FILE **out)
+{
+    struct stat st;
+    bool keep = resuming && stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
+    if (!keep) {
+        struct stat s2;
+        bool special = stat(path, &s2) == 0 && !S_ISREG(s2.st_mode);   /* /dev/stdout, a pipe */
+        if (!(*out = fopen(path, special ? "a" : "w"))) return errorf("--log %s: cannot write: %s", path, strerror(errno));
+        fputs(LOG_HEADER "\n", *out);
+        fflush(*out);
+        return 0;
+    }
+    FILE *f = fopen(path, "r+");
+    if (!f) return errorf("--log %s: cannot write: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    off_t cut = 0;
+    uint64_t dropped = 0;
+    bool cutting = false, header = true;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        if (!cutting) {
+            uint64_t k;
+            char *comma = strchr(line, ',');
+            bool whole = line[n - 1] == '\n';
+            if (comma) *comma = 0;
+            if (header) header = false;
+            else if (!whole || !comma || !cli_parse_u64(line, &k) || k > step) cutting = true;
+            if (!cutting) cut += n;
+        }
+        dropped += cutting;
+    }
+    free(line);
+    if (ferror(f)) {
+        fclose(f);
+        return errorf("--log %s: read failed", path);
+    }
+    if (dropped) {
+        if (ftruncate(fileno(f), cut) != 0) {
+            int e = errno;
+            fclose(f);
+            return errorf("--log %s: cannot drop the rows past step %" PRIu64 ": %s", path, step, strerror(e));
+        }
+        fprintf(stderr, "tfuse: note: %s: dropped %" PRIu64 " row(s) past step %" PRIu64
+                " (the checkpoint's); those steps are logged again as they are redone\n", path, dropped, step);
+    }
+    fseek(f, 0, SEEK_END);
+    *out = f;
     return 0;
 }
 
@@ -939,7 +1050,7 @@ static int resume(tf_context_t *ctx, tf_session_t *s, const char *path, cursor *
     if (!rc) {
         cur->pos = (int64_t)pos;
         if (!quiet && (samples != (uint64_t)d->n || batch != (uint64_t)d->batch))
-            fprintf(stderr, "tfuse train: note: %s was trained on %" PRIu64 " samples in batches of %" PRIu64
+            fprintf(stderr, "tfuse: note: %s was trained on %" PRIu64 " samples in batches of %" PRIu64
                     "; now %" PRId64 " in batches of %" PRId64 ": the data order is not the original run's\n",
                     path, samples, batch, d->n, d->batch);
         tf_session_set_step(s, cur->step);
@@ -948,27 +1059,74 @@ static int resume(tf_context_t *ctx, tf_session_t *s, const char *path, cursor *
     return rc;
 }
 
+/* Stopped by SIGINT/SIGTERM between steps: write the checkpoint of the
+ * steps done (if --save), say so, exit 130. */
+static int stop_interrupted(tf_context_t *ctx, const args *a, trainer *T, const cursor *cur, uint64_t first,
+                            uint64_t seed, bool saved)
+{
+    const train_args *t = &a->train;
+    fflush(stdout);
+    if (cur->step == first) {
+        fprintf(stderr, "tfuse: interrupted before step %" PRIu64 ": nothing trained in this run, no checkpoint written\n",
+                cur->step + 1);
+        return RC_INTERRUPTED;
+    }
+    if (!t->save) {
+        fprintf(stderr, "tfuse: interrupted at step %" PRIu64 ": no checkpoint written (no --save given)\n", cur->step);
+        return RC_INTERRUPTED;
+    }
+    int rc = saved ? 0 : save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, a->file);   /* saved: by --save-every */
+    if (rc) return rc;
+    fprintf(stderr, "tfuse: interrupted at step %" PRIu64 ": checkpoint written to %s (continue with --resume %s)\n",
+            cur->step, t->save, t->save);
+    return RC_INTERRUPTED;
+}
+
+/* Setup was interrupted (compiling, loading): nothing has run. */
+static int stop_early(void)
+{
+    fflush(stdout);
+    fprintf(stderr, "tfuse: interrupted before training started: nothing trained, no checkpoint written\n");
+    return RC_INTERRUPTED;
+}
+
 static int train_run(tf_context_t *ctx, const args *a, trainer *T)
 {
     const train_args *t = &a->train;
     int rc;
+    /* everything that can be checked before compiling: data lists and files,
+     * the files to read and to write */
+    if ((rc = dataset_parse("--data", t->data, t->ndata, &T->data))) return rc;
+    if (t->neval_data) {
+        T->have_ev = true;
+        if ((rc = dataset_parse("--eval-data", t->eval_data, t->neval_data, &T->ev.data))) return rc;
+    }
+    if ((rc = check_not_data("--save", t->save, &T->data, "--data")) || (rc = check_not_data("--log", t->log, &T->data, "--data")) ||
+        (rc = check_not_data("--save", t->save, &T->ev.data, "--eval-data")) ||
+        (rc = check_not_data("--log", t->log, &T->ev.data, "--eval-data")))
+        return rc;
+    if (t->resume && cli_check_readable("--resume", t->resume)) return 1;
+    if (a->params && cli_check_readable("--params", a->params)) return 1;
+    if ((rc = check_outputs(a))) return rc;
+
     if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &T->m)) return api_error(ctx, NULL);
     tf_compile_options o;
     cli_fill_options(a, &o, stdout);
     o.mode = TF_MODE_TRAIN;
     if (tf_program_compile(ctx, T->m, &o, &T->p)) return api_error(ctx, NULL);
+    if (cli_interrupted()) return stop_early();
     tf_dtype loss_dt;
     int loss_rank;
     int64_t loss_shape[8];
-    if (!has_output(T->p, "loss", &loss_dt, &loss_rank, loss_shape))
-        return errorf("%s: the model has no output named 'loss': training minimizes it (add 'output loss')", a->file);
-    if (numel(loss_shape, 0, loss_rank) != 1)
+    if ((rc = cli_check_train_loss(T->p, a->file, "training"))) return rc;
+    has_output(T->p, "loss", &loss_dt, &loss_rank, loss_shape);
+    if (numel(loss_shape, 0, loss_rank) != 1)   /* autodiff refuses these first, with the place */
         return errorf("%s: output 'loss' has %" PRId64 " elements; training needs a scalar loss", a->file,
                       numel(loss_shape, 0, loss_rank));
     bool has_lr = has_output(T->p, "lr", NULL, NULL, NULL);
     const char *precision = train_precision(ctx, T->m, a->precision);
     bool fp16 = !strcmp(precision, "fp16");
-    if ((rc = dataset_load(ctx, T->p, "--data", t->data, t->ndata, &T->data))) return rc;
+    if ((rc = dataset_load(ctx, T->p, "--data", &T->data))) return rc;
     const dataset *d = &T->data;
     if (d->n < d->batch)
         return errorf("--data has %" PRId64 " samples, fewer than one batch of %" PRId64
@@ -983,18 +1141,15 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     if (tf_session_create(ctx, T->p, a->target, seed, &T->s)) return api_error(ctx, NULL);
     if (a->params && tf_session_load_state(T->s, a->params)) return api_error(ctx, "--params");
     if (a->params && tf_session_missing_params(T->s))
-        fprintf(stderr, "tfuse train: note: %s has no value for %s; they start from their initializers\n", a->params,
+        fprintf(stderr, "tfuse: note: %s has no value for %s; they start from their initializers\n", a->params,
                 tf_session_missing_params(T->s));
     if (t->resume) {
         uint64_t ck_seed;
         if ((rc = resume(ctx, T->s, t->resume, &cur, &ck_seed, d, false))) return rc;
         if (ck_seed != seed) {
-            if (a->seed_set) {
-                char msg[256];
-                snprintf(msg, sizeof msg, "--seed %" PRIu64 " differs from the seed %" PRIu64 " of %%s: a resumed run keeps its seed",
-                         seed, ck_seed);
-                return cli_usage_error("train", msg, t->resume);
-            }
+            if (a->seed_set)
+                return cli_usage_errorf("train", "--seed %" PRIu64 " differs from the seed %" PRIu64
+                                        " of %s: a resumed run keeps its seed", seed, ck_seed, t->resume);
             seed = ck_seed;   /* dropout masks come from the session's seed: start over with the right one */
             tf_session_free(T->s);
             T->s = NULL;
@@ -1002,16 +1157,10 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
             if ((rc = resume(ctx, T->s, t->resume, &cur, &ck_seed, d, true))) return rc;
         }
     }
-    if (t->neval_data) {
-        T->have_ev = true;
-        if ((rc = evaluator_init(ctx, a, T->m, &T->ev))) return rc;
-    }
-    if (t->log) {
-        T->log = fopen(t->log, t->resume ? "a" : "w");
-        if (!T->log) return errorf("%s: cannot write: %s", t->log, strerror(errno));
-        if (fseek(T->log, 0, SEEK_END) == 0 && ftell(T->log) == 0) fprintf(T->log, "step,epoch,loss,lr,samples_per_s\n");
-        fflush(T->log);
-    }
+    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, &T->ev))) return rc;
+    if (cli_interrupted()) return stop_early();
+    /* from here on the run writes: the log first */
+    if (t->log && (rc = log_open(t->log, t->resume != NULL, cur.step, &T->log))) return rc;
     int workers = t->workers ? (int)t->workers : 2;
     uint64_t log_every = t->log_every ? t->log_every : 10;
 
@@ -1029,14 +1178,16 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         return rc;
     double last = now_s(), loss = NAN, lr = NAN;
     uint64_t epoch = cur.epoch, skipped = 0;
+    bool interrupted = false, saved = false;   /* saved: the state of cur.step is in t->save */
     while (cur.step < total) {
+        if ((interrupted = cli_interrupted())) break;   /* between steps: the state is that of cur.step steps */
         slot *sl = loader_next(&T->L);
         if ((rc = bind_batch(T->s, ctx, d, sl))) break;
         if (tf_session_run(T->s)) {
             progress_clear(&pr);
-            fflush(stdout);
-            fprintf(stderr, "tfuse train: step %" PRIu64 ": %s\n", cur.step + 1, tf_context_last_error(ctx));
-            rc = 1;
+            char where[64];
+            snprintf(where, sizeof where, "at step %" PRIu64, cur.step + 1);
+            rc = api_error(ctx, where);
             break;
         }
         cur.step++;
@@ -1059,11 +1210,8 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if (!isfinite(loss)) {
             progress_clear(&pr);
             if (!fp16) {
-                fflush(stdout);
-                fprintf(stderr, "tfuse train: loss is %s at step %" PRIu64
-                        " (in %s, where no loss scaler skips such a step); stopping\n",
-                        isnan(loss) ? "nan" : "inf", cur.step, precision);
-                rc = 1;
+                rc = errorf("loss is %s at step %" PRIu64 " (in %s, where no loss scaler skips such a step); stopping",
+                            isnan(loss) ? "nan" : "inf", cur.step, precision);
                 break;
             }
             skipped++;
@@ -1072,37 +1220,51 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         }
         progress_show(&pr, cur.step, epoch, loss, lr, cur.step == total);
         double pause0 = now_s();
-        if (t->save_every && cur.step % t->save_every == 0 && cur.step < total &&
-            (rc = save_checkpoint(ctx, T->s, t->save, &cur, seed, d, a->file)))
-            break;
+        saved = t->save_every && cur.step % t->save_every == 0 && cur.step < total;
+        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, &cur, seed, d, a->file))) break;
         if (t->eval_every && cur.step % t->eval_every == 0 && cur.step < total &&
-            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur.step, workers, &pr)))
+            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur.step, workers, &pr))) {
+            if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
             break;
+        }
         double paused = now_s() - pause0;
         pr.paused += paused;
         last += paused;
     }
     loader_free(&T->L);
     if (rc) return rc;
+    progress_clear(&pr);
+    if (interrupted || cli_interrupted()) return stop_interrupted(ctx, a, T, &cur, pr.first, seed, saved);
     if (pr.first >= total) printf("nothing to train: the checkpoint is at step %" PRIu64 " of %" PRIu64 "\n", cur.step, total);
     if (skipped) printf("%" PRIu64 " step(s) skipped for a non-finite loss\n", skipped);
     if (t->save) {
         if ((rc = save_checkpoint(ctx, T->s, t->save, &cur, seed, d, a->file))) return rc;
         printf("saved %s (step %" PRIu64 ")\n", t->save, cur.step);
     }
-    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur.step, workers, &pr))) return rc;
-    return 0;
+    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur.step, workers, &pr)) == RC_INTERRUPTED) {
+        fflush(stdout);
+        fprintf(stderr, "tfuse: interrupted during the evaluation after step %" PRIu64 "%s%s\n", cur.step,
+                t->save ? ": training is done and the checkpoint written to " : "", t->save ? t->save : "");
+    }
+    return rc;
 }
 
 int cmd_train(tf_context_t *ctx, const args *a)
 {
     int rc = check_usage(a);
     if (rc) return rc;
+    char msg[900];
+    if (a->train.save)
+        snprintf(msg, sizeof msg, "tfuse: interrupt: stopping after the current step, then writing the checkpoint "
+                 "to %.600s (interrupt again to stop at once, without it)", a->train.save);
+    else
+        snprintf(msg, sizeof msg, "tfuse: interrupt: stopping after the current step (interrupt again to stop at once)");
+    cli_signals_graceful(msg);
     trainer T;
     memset(&T, 0, sizeof T);
     rc = train_run(ctx, a, &T);
     loader_free(&T.L);
-    if (T.log && fclose(T.log) != 0 && !rc) rc = errorf("%s: write failed: %s", a->train.log, strerror(errno));
+    if (T.log && fclose(T.log) != 0 && !rc) rc = errorf("--log %s: write failed: %s", a->train.log, strerror(errno));
     if (T.have_ev) evaluator_free(&T.ev);
     dataset_free(&T.data);
     tf_session_free(T.s);

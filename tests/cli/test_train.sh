@@ -205,7 +205,7 @@ else bad "eval (rc $rc): $out"; fi
 expect 1 "x4.npy: the array is f32\[22, 4\]" -- "$tfuse" train "$m" --data "$data" --steps 1 --eval-data "x=$tmp/x4.npy,y=$tmp/y.npy"
 
 # ---- a non-finite loss: fp32 stops naming the step; fp16 goes on
-expect 1 "tfuse train: loss is nan at step 4 \(in fp32" -- "$tfuse" train "$tmp/nan.ir" --data "$data" --steps 6 --log "$tmp/nan.csv"
+expect 1 "tfuse: error: loss is nan at step 4 \(in fp32" -- "$tfuse" train "$tmp/nan.ir" --data "$data" --steps 6 --log "$tmp/nan.csv"
 if [ "$(tail -n1 "$tmp/nan.csv" | cut -d, -f1,3)" = "4,nan" ]; then ok; else bad "nan CSV: $(cat "$tmp/nan.csv")"; fi
 out=$("$tfuse" train "$tmp/nan.ir" --data "$data" --steps 6 --precision fp16 2>&1); rc=$?
 if [ $rc -eq 0 ] && grep -q "note: step 4: loss is nan in fp16" <<<"$out" && grep -q "^step 6/6 " <<<"$out" &&
