@@ -947,9 +947,9 @@ static char *generate(uint64_t seed, int mode_pref /* 0 train, 1 infer, 2 either
         else if (s == 1) sb_printf(&tb, "  schedule = onecycle(max_lr=0.05, total_steps=10)\n");
         else if (s == 2) sb_printf(&tb, "  schedule = step(step_size=1, gamma=0.5)\n");
         if (prec) sb_printf(&tb, "  precision = %s\n", prec);
-        /* FOUND.md #3: fp16 loss scaling with clipping can fail to compile ("fuse made
+        /* FOUND.md #3: fp16/bf16 with clipping can fail to compile ("fuse made
          * a cycle"); regress/ keeps it, the generator leaves the pair out */
-        if (rng_chance(&g.r, 0.25) && !(prec && !strcmp(prec, "fp16"))) sb_printf(&tb, "  clip_grad_norm = 1.0\n");
+        if (rng_chance(&g.r, 0.25) && !prec) sb_printf(&tb, "  clip_grad_norm = 1.0\n");
         if (rng_chance(&g.r, 0.15)) sb_printf(&tb, "  accumulate = 2\n");
         sb_printf(&tb, "}\n");
     } else if (prec) {
