@@ -6,7 +6,10 @@
 # 1. Every BAD_DIR/*.ir starts with a line
 #        # EXPECT: LINE:COL: SUBSTRING
 #    and `TFUSE print FILE` must write to stderr a message that starts with
-#    "FILE:LINE:COL: error: " and contains SUBSTRING.
+#    "FILE:LINE:COL: error: " and contains SUBSTRING. A second line
+#        # ARGS: COMMAND [FLAGS...]
+#    runs `TFUSE COMMAND FILE FLAGS...` instead (errors that compiling finds,
+#    such as `compile FILE --mode=train`).
 # 2. Inputs that are awkward to commit are generated into GEN_DIR: binary
 #    garbage, a file over the 64 MiB source limit, 100000 '[' or '(' on one
 #    line, a 10000-character identifier, a 1200-character path, a directory,
@@ -43,10 +46,13 @@ mkdir -p "$GEN_DIR" || exit 1
 OUT=$GEN_DIR/.stdout
 ERR=$GEN_DIR/.stderr
 
-# run FILE: TFUSE print FILE with stdout/stderr captured; sets $rc and $msg
-# (the first line of stderr).
+# run FILE [COMMAND FLAGS...]: TFUSE COMMAND FILE FLAGS... (default: print)
+# with stdout/stderr captured; sets $rc and $msg (the first line of stderr).
 run() {
-    timeout "$TIMEOUT" "$TFUSE" print "$1" >"$OUT" 2>"$ERR"
+    local f=$1 cmd=${2:-print}
+    shift
+    shift || true
+    timeout "$TIMEOUT" "$TFUSE" "$cmd" "$f" "$@" >"$OUT" 2>"$ERR"
     rc=$?
     msg=$(head -n 1 "$ERR" | tr -d '\000')
 }
@@ -99,7 +105,10 @@ for f in "${files[@]}"; do
     line=${BASH_REMATCH[1]}
     col=${BASH_REMATCH[2]}
     sub=${BASH_REMATCH[3]}
-    run "$f"
+    cmdline=()
+    second=$(sed -n 2p "$f" | tr -d '\000')
+    if [[ $second =~ ^#\ ARGS:\ (.+)$ ]]; then read -r -a cmdline <<<"${BASH_REMATCH[1]}"; fi
+    run "$f" "${cmdline[@]}"
     prefix="$f:$line:$col: error: "
     if [ "$rc" -ne 1 ]; then
         fail "$f: expected exit 1, got $(describe)"
