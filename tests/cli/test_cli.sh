@@ -105,5 +105,74 @@ expect 0 "note: .*partial.safetensors has no value for w1, b1, b2; they keep the
 # embedding ids and labels from --random-inputs stay in range
 expect 0 "^loss : f32\[\] = " -- "$tfuse" run "$ex/transformer.ir" --random-inputs --dim B=2 --dim T=8
 
+# ---- flags that would be ignored are errors (exit 2) that say what is missing
+mlp=$ex/mlp.ir
+expect 2 "--memory-limit sizes a dim declared auto.*--dim B=auto" -- "$tfuse" compile "$mlp" --memory-limit=1M
+expect 2 "--dim B=auto picks the largest B .*--memory-limit=BYTES" -- "$tfuse" compile "$mlp" --dim B=auto
+expect 2 "only one dim can be auto \(B and F are\)" -- "$tfuse" compile "$mlp" --dim B=auto --dim F=auto --memory-limit=1M
+expect 2 "--dim B=auto is settled by compiling" -- "$tfuse" print "$mlp" --dim B=auto
+expect 2 "--checkpoint=auto recomputes values until the step fits a budget: give one with --memory-budget" -- "$tfuse" compile "$mlp" --checkpoint=auto
+expect 2 "--checkpoint=auto .* infer mode has none" -- "$tfuse" compile "$mlp" --checkpoint=auto --memory-budget=1M --mode=infer
+expect 2 "'tfuse run' takes no --checkpoint: run is inference" -- "$tfuse" run "$mlp" --checkpoint=auto --memory-budget=1M
+expect 2 "--memory-budget is the budget of --checkpoint=auto, which is not given" -- "$tfuse" compile "$mlp" --memory-budget=1M
+expect 2 "--memory-budget is the budget of --checkpoint=auto" -- "$tfuse" compile "$mlp" --memory-budget=1M --checkpoint=none
+expect 2 "--dump-dir says where --dump-ir=all\|PASS writes, and no --dump-ir is given" -- "$tfuse" compile "$mlp" --dump-dir="$tmp/dd"
+expect 2 "--input x is given twice" -- "$tfuse" run "$mlp" --input "x=$tmp/a.npy" --input "x=$tmp/b.npy"
+expect 2 "--output logits and --output loss write the same file" -- "$tfuse" run "$mlp" --random-inputs --output "logits=$tmp/o.npy" --output "loss=$tmp/o.npy"
+expect 2 "--params is given twice" -- "$tfuse" run "$mlp" --params a.st --params b.st
+expect 2 "--target is given twice" -- "$tfuse" compile "$mlp" --target=cpu --target=interp
+expect 2 "--dim B is given twice" -- "$tfuse" compile "$mlp" --dim B=2 --dim B=3
+expect 2 "--disable-pass=fuse is given twice" -- "$tfuse" compile "$mlp" --disable-pass=fuse --disable-pass=fuse
+expect 2 "'tfuse compile' takes no --seed: only run, train and bench draw random numbers" -- "$tfuse" compile "$mlp" --seed 3
+expect 2 "'tfuse print' takes no --stats \(it is a flag of: compile\)" -- "$tfuse" print "$mlp" --stats
+expect 2 "'tfuse run' takes no -o \(it is a flag of: compile\)" -- "$tfuse" run "$mlp" --random-inputs -o "$tmp/x.ir"
+expect 2 "'tfuse compile' takes no --params" -- "$tfuse" compile "$mlp" --params a.st
+expect 2 "'tfuse compile' takes no --input" -- "$tfuse" compile "$mlp" --input "x=$tmp/a.npy"
+expect 2 "'tfuse bench' takes no --random-inputs" -- "$tfuse" bench "$mlp" --random-inputs
+expect 2 "'tfuse opt' takes no --target" -- "$tfuse" opt "$mlp" --target=cpu
+expect 2 "'tfuse run' takes no --passes" -- "$tfuse" run "$mlp" --passes=lower --random-inputs
+expect 2 "'tfuse compile' takes no --threads" -- "$tfuse" compile "$mlp" --threads 2
+expect 2 "--threads sets the cpu target's threads, and the target is interp" -- "$tfuse" bench "$mlp" --threads 2 --target=interp
+expect 2 "--arch picks the GPU .* it needs --target=cuda and -o DIR" -- "$tfuse" compile "$mlp" --arch=sm_80
+expect 2 "--dump-ir needs a value" -- "$tfuse" compile "$mlp" --dump-ir=
+expect 2 "doctor takes no arguments, found 'x.ir'" -- "$tfuse" doctor x.ir
+expect 2 "doctor takes no flags but --help, found --dim" -- "$tfuse" doctor --dim B=2
+expect 0 "usage: tfuse doctor" -- "$tfuse" doctor --help
+
+# ---- train mode needs an output named loss (exit 1, naming the file)
+printf 'input x : f32[4]\nparam w : f32[4] = ones()\nh = mul(x, w)\noutput h\n' > "$tmp/noloss.ir"
+expect 1 "noloss.ir: error: --mode=train needs an output named 'loss' to minimize, and the model has none" -- "$tfuse" compile "$tmp/noloss.ir" --mode=train
+expect 1 "noloss.ir: error: bench's default --mode=train needs an output named 'loss'" -- "$tfuse" bench "$tmp/noloss.ir" --iters 1
+expect 0 "^ops: " -- "$tfuse" compile "$tmp/noloss.ir" --mode=infer --stats
+# ... and a loss that is not one floating number is an error at its output
+printf 'input x : f32[4]\nparam w : f32[4] = ones()\nh = mul(x, w)\noutput loss = h\n' > "$tmp/vecloss.ir"
+expect 1 "vecloss.ir:4:8: error: the loss 'h' is f32\[4\], and training minimizes one floating number" -- "$tfuse" compile "$tmp/vecloss.ir" --mode=train
+
+# ---- files to write are checked before the work, and written whole
+expect 1 "tfuse: error: --output /nonexistent/dir/lg.npy: cannot create a file in '/nonexistent/dir'" -- "$tfuse" run "$mlp" --random-inputs --output "logits=/nonexistent/dir/lg.npy"
+expect 1 "tfuse: error: --output $tmp: is a directory" -- "$tfuse" run "$mlp" --random-inputs --output "logits=$tmp"
+expect 1 "tfuse: error: --output lossy=.*the model has no output named 'lossy'" -- "$tfuse" run "$mlp" --random-inputs --output "lossy=$tmp/l.npy"
+expect 1 "tfuse: error: -o /nonexistent/dir/out.ir: cannot create a file in" -- "$tfuse" compile "$mlp" -o /nonexistent/dir/out.ir
+expect 1 "tfuse: error: --input /nonexistent.npy: cannot open" -- "$tfuse" run "$mlp" --input x=/nonexistent.npy --random-inputs
+expect 0 "" -- "$tfuse" compile "$mlp" -o "$tmp/out.ir"
+if [ -s "$tmp/out.ir" ] && ! ls -a "$tmp" | grep -qE '\.tmp\.|tfuse-probe'; then ok; else bad "compile -o: $(ls -a "$tmp")"; fi
+
+# ---- one error prefix: "tfuse: error: " for what the command finds, the
+# library's "PLACE: error: " (a file, file:line:col) as it is
+while IFS= read -r line; do
+  read -r -a cmd <<<"$line"
+  msg=$("$tfuse" "${cmd[@]}" 2>&1 >/dev/null | head -n 1)
+  if [[ $msg =~ ^(tfuse|[^[:space:]]+):\ error:\  ]]; then ok; else bad "tfuse ${cmd[*]}: first line of stderr has no error prefix: $msg"; fi
+done <<LIST
+compile $mlp --bogus
+run $mlp
+run $mlp --input x=$tmp/lg.npy --random-inputs
+run $mlp --input x=$tmp/junk.npy --random-inputs
+compile $mlp --target=interp --disable-pass=nope
+print /nonexistent/model.ir
+compile $tmp/noloss.ir --mode=train
+train $mlp --data x=/nonexistent.npy
+LIST
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -190,6 +190,49 @@ expect 2 "--params and --resume" -- "$tfuse" train "$m" --data "$data" --resume 
 expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 2 --params "$tmp/plain.safetensors" --save "$tmp/p2.st"
 expect 1 "tensor 'acc' matches no param or buffer" -- "$tfuse" train "$tmp/nan.ir" --data "$data" --resume "$tmp/s5.st"
 
+# ---- what can be checked before training is checked before compiling, and
+# nothing existing is touched by a run that stops there
+echo "keep me" >"$tmp/keep.csv"
+cp "$tmp/s5.st" "$tmp/keep.st"
+out=$("$tfuse" train "$m" --data "$data" --steps 3 --save /nonexistent/dir/ck.st --log "$tmp/keep.csv" 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -q "^tfuse: error: --save /nonexistent/dir/ck.st: cannot create a file in '/nonexistent/dir'" <<<"$out" &&
+   ! grep -q "^training" <<<"$out" && [ "$(cat "$tmp/keep.csv")" = "keep me" ]; then ok
+else bad "an unwritable --save (rc $rc): $out"; fi
+expect 1 "tfuse: error: --save $tmp: is a directory" -- "$tfuse" train "$m" --data "$data" --steps 3 --save "$tmp"
+expect 1 "tfuse: error: --log /nonexistent/dir/l.csv: cannot create a file in" -- "$tfuse" train "$m" --data "$data" --steps 3 --log /nonexistent/dir/l.csv
+expect 1 "tfuse: error: --eval-data $tmp/nope.npy: cannot open" -- "$tfuse" train "$m" --data "$data" --eval-data "x=$tmp/nope.npy,y=$tmp/y.npy"
+expect 1 "tfuse: error: --resume $tmp/nope.st: cannot open" -- "$tfuse" train "$m" --data "$data" --resume "$tmp/nope.st"
+expect 1 "tfuse: error: --params $tmp/nope.st: cannot open" -- "$tfuse" train "$m" --data "$data" --params "$tmp/nope.st"
+# a data mismatch found after compiling still leaves --save's and --log's files as they were
+out=$("$tfuse" train "$m" --data "x=$tmp/x4.npy,y=$tmp/y.npy" --steps 3 --save "$tmp/keep.st" --log "$tmp/keep.csv" 2>&1); rc=$?
+if [ $rc -eq 1 ] && cmp -s "$tmp/s5.st" "$tmp/keep.st" && [ "$(cat "$tmp/keep.csv")" = "keep me" ]; then ok
+else bad "a data error touched existing files (rc $rc): $out"; fi
+expect 2 "--log .*x.npy is a data file of --data: it would be overwritten" -- "$tfuse" train "$m" --data "$data" --log "$tmp/x.npy"
+expect 2 "--save .*y.npy is a data file of --data" -- "$tfuse" train "$m" --data "$data" --save "$tmp/y.npy"
+expect 2 "--log .* is the checkpoint given to --resume" -- "$tfuse" train "$m" --data "$data" --resume "$tmp/s5.st" --log "$tmp/s5.st"
+expect 2 "--log and --save name the same file" -- "$tfuse" train "$m" --data "$data" --save "$tmp/same" --log "$tmp/same"
+expect 2 "--steps is given twice" -- "$tfuse" train "$m" --data "$data" --steps 3 --steps 4
+expect 2 "--save is given twice" -- "$tfuse" train "$m" --data "$data" --save "$tmp/a.st" --save "$tmp/b.st"
+expect 2 "--log needs a value" -- "$tfuse" train "$m" --data "$data" --log=
+expect 2 "'tfuse train' takes no --stats" -- "$tfuse" train "$m" --data "$data" --stats
+expect 2 "--checkpoint=auto recomputes values until the step fits a budget" -- "$tfuse" train "$m" --data "$data" --checkpoint=auto
+# a resumed run continues only a log of ours, and leaves another file alone
+expect 1 "--log .*keep.csv: not a log of 'tfuse train'" -- "$tfuse" train "$m" --data "$data" --steps 8 --resume "$tmp/s5.st" --log "$tmp/keep.csv"
+if [ "$(cat "$tmp/keep.csv")" = "keep me" ]; then ok; else bad "a foreign log was changed"; fi
+
+# ---- a resumed log has each step once: rows past the checkpoint's step
+# (from a run that went on after its last checkpoint) are dropped and logged again
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 5 --log "$tmp/re.csv" --save "$tmp/re5.st"
+expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 9 --resume "$tmp/re5.st" --log "$tmp/re.csv" --save "$tmp/re9.st"
+expect 0 "note: .*re.csv: dropped 4 row\(s\) past step 5" -- "$tfuse" train "$m" --data "$data" --steps 12 --resume "$tmp/re5.st" --log "$tmp/re.csv"
+if [ "$(tail -n +2 "$tmp/re.csv" | cut -d, -f1 | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 9 10 11 12 " ] && [ "$(grep -c '^step' "$tmp/re.csv")" -eq 1 ]; then ok
+else bad "resumed CSV: $(cat "$tmp/re.csv")"; fi
+# a row cut short (a run killed while writing it) is dropped too (with 10-12)
+printf '13,2,1.5' >>"$tmp/re.csv"
+expect 0 "dropped 4 row\(s\) past step 9" -- "$tfuse" train "$m" --data "$data" --steps 12 --resume "$tmp/re9.st" --log "$tmp/re.csv"
+if [ "$(tail -n +2 "$tmp/re.csv" | cut -d, -f1 | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 9 10 11 12 " ]; then ok
+else bad "CSV with a cut row, resumed: $(cat "$tmp/re.csv")"; fi
+
 # ---- a checkpoint is accepted by tfuse run --params (training-only state skipped)
 expect 0 "^loss : f32\[\] = " -- "$tfuse" run "$m" --params "$tmp/s13.st" --random-inputs
 a=$("$tfuse" run "$m" --params "$tmp/s13.st" --random-inputs 2>&1)
