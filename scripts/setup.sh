@@ -2,7 +2,7 @@
 # setup.sh — install what tfuse needs to build and test on Debian 12:
 # a C11 compiler, CMake, LLVM 14's FileCheck (llvm-14-tools), LLVM 14's
 # libraries and llvm-config for the JIT emitter (llvm-14-dev), OpenBLAS for
-# the cpu target's GEMMs (libopenblas-dev), and Python 3
+# the cpu target's GEMMs (libopenblas-dev), and Python 3 (with pip)
 # with NumPy (one test checks tfuse against an independent NumPy computation)
 # and scikit-learn (scripts/make_digits.py takes its bundled digits data set
 # for the training test; nothing is downloaded at run time), and clang with
@@ -14,15 +14,21 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev python3 python3-numpy python3-sklearn \
+  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev python3 python3-pip python3-numpy python3-sklearn \
   clang libclang-rt-14-dev >/dev/null
+# pip into the python3 on PATH. Debian 12's own Python refuses (PEP 668,
+# "externally-managed-environment"): the second try installs for this user.
+pip_install() {
+  python3 -m pip install --quiet "$@" 2>/dev/null ||
+    python3 -m pip install --quiet --user --break-system-packages "$@"
+}
 # The python3 first on PATH may not be Debian's (pyenv, a venv): give it NumPy
 # and scikit-learn too.
 if ! python3 -c 'import numpy' 2>/dev/null; then
-  python3 -m pip install --quiet numpy
+  pip_install numpy
 fi
 if ! python3 -c 'import sklearn' 2>/dev/null; then
-  python3 -m pip install --quiet scikit-learn
+  pip_install scikit-learn
 fi
 # NVRTC, for tests/unit/test_cuda_codegen.c (it compiles every generated CUDA
 # kernel; no GPU needed). Machines with the CUDA toolkit have it. Elsewhere take
@@ -32,7 +38,6 @@ fi
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.1[23] ' &&
    ! ls /usr/local/cuda/lib64/libnvrtc.so.1[23] /usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.1[23] >/dev/null 2>&1; then
   echo "no NVRTC on this machine: installing nvidia-cuda-nvrtc and nvidia-cuda-runtime (headers) from PyPI"
-  python3 -m pip install --quiet 'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14' ||
-    python3 -m pip install --quiet --user --break-system-packages 'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'
+  pip_install 'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'
 fi
 echo "setup done: $(cmake --version | head -n1), $(FileCheck-14 --version | grep -m1 version | sed 's/^ *//'), numpy $(python3 -c 'import numpy; print(numpy.__version__)'), scikit-learn $(python3 -c 'import sklearn; print(sklearn.__version__)')"
