@@ -332,12 +332,19 @@ static void load_code(const em *e, int i, char *out, size_t n)
     }
 }
 
-/* The flat index of the full space, for dropout's counter. */
-static void flat_code(const em *e, char *out, size_t n)
+/* The flat index of the full space, or of its outer axes, for dropout's
+ * counter. */
+static void flat_code(const em *e, bool outer, char *out, size_t n)
 {
     if (e->md != M_AXES) { snprintf(out, n, "(unsigned long long)i"); return; }
     char off[400];
-    offset_code(e->k, e->row, off, sizeof off);
+    int64_t orow[TF_MAX_RANK], s = 1;
+    for (int a = e->k->rank - 1; a >= 0; a--) {
+        bool skip = outer && ((e->k->reduce_mask >> a) & 1);
+        orow[a] = skip ? 0 : s;
+        if (!skip) s *= e->k->dims[a];
+    }
+    offset_code(e->k, outer ? orow : e->row, off, sizeof off);
     snprintf(out, n, "(unsigned long long)(%s)", off);
 }
 
@@ -370,7 +377,7 @@ static void op_code(const em *e, int i, char *out, size_t n)
         char scale[96], zero[96], flat[512];
         literal(x->dtype, tf_dtype_round(x->dtype, 1.0 / (1.0 - p)), scale, sizeof scale);
         literal(x->dtype, 0.0, zero, sizeof zero);
-        flat_code(e, flat, sizeof flat);
+        flat_code(e, x->reduced_domain && e->k->reduce_mask, flat, sizeof flat);
         snprintf(out, n, "(tf_dropout_keep(tf_key%d, %s, %lluULL) ? %s : %s)", i, flat,
                  (unsigned long long)tf_cuda_dropout_threshold(p), scale, zero);
         return;

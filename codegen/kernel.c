@@ -210,7 +210,15 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
             e.nargs = 2;
             e.reduced_domain &= ix.reduced_domain;
         }
-        if (n->op == TF_OP_DROPOUT_MASK) e.reduced_domain = false;   /* one draw per element */
+        if (n->op == TF_OP_DROPOUT_MASK) {
+            /* one draw per element of its result, counted as the interpreter
+             * counts them: by the flat index of the full space, or of the
+             * outer axes for a result on the reduced space (kernel.h) */
+            int64_t outer = 1;
+            for (int i = 0; i < k->rank; i++)
+                if (!((k->reduce_mask >> i) & 1)) outer *= k->dims[i];
+            e.reduced_domain = k->reduce_mask && tf_type_numel(&n->out->type) == outer;
+        }
     }
     int id = add_expr(b, e);
     if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");

@@ -53,7 +53,9 @@ typedef struct tf_kexpr {
     double value;          /* KX_CONST */
     int red;               /* KX_REDUCED */
     int axis;              /* KX_INDEX */
-    bool reduced_domain;   /* depends only on outer axes (evaluated once per outer index) */
+    bool reduced_domain;   /* depends only on outer axes (evaluated once per outer index);
+                            * for dropout_mask, which draws by a flat index: that of
+                            * the outer axes when set, else of the full space */
     const tf_node *node;   /* the op it comes from (names, locations) */
 } tf_kexpr;
 

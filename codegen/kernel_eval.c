@@ -60,7 +60,7 @@ static void eval_exprs(ev *e, const int64_t *idx)
             else if (x->op == TF_OP_DROPOUT_MASK) {
                 double p = tf_node_float(x->node, "p");
                 uint64_t stream = tf_dropout_stream(e->step, (uint64_t)tf_node_int(x->node, "salt"));
-                v = tf_rng_uniform(e->seed, stream, (uint64_t)flat(k, idx, false)) >= p ? tf_dtype_round(x->dtype, 1.0 / (1.0 - p)) : 0;
+                v = tf_rng_uniform(e->seed, stream, (uint64_t)flat(k, idx, x->reduced_domain)) >= p ? tf_dtype_round(x->dtype, 1.0 / (1.0 - p)) : 0;
             } else v = tf_op_info_of(x->op)->scalar(a, b);
             break;
         }

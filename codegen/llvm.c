@@ -376,7 +376,7 @@ static LLVMValueRef expr(gen *g, int i)
             LLVMTypeRef ft = LLVMFunctionType(g->f64, pt, 3, 0);
             LLVMValueRef f = LLVMGetNamedFunction(g->mod, "tf_jit_dropout_uniform");
             if (!f) f = LLVMAddFunction(g->mod, "tf_jit_dropout_uniform", ft);
-            LLVMValueRef args[3] = {g->rt, ci(g, tf_node_int(x->node, "salt")), flat(g, false)};
+            LLVMValueRef args[3] = {g->rt, ci(g, tf_node_int(x->node, "salt")), flat(g, x->reduced_domain)};
             LLVMValueRef u = LLVMBuildCall2(B, ft, f, args, 3, "");
             double p = tf_node_float(x->node, "p");
             v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGE, u, cf(g, p), ""), cf(g, tf_dtype_round(x->dtype, 1.0 / (1.0 - p))), zero, "");
