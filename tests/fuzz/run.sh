@@ -74,10 +74,13 @@ for x in "${targets[@]}"; do
   log=$build/fuzz-$x.log
   start=$(date +%s)
   rc=0
-  "$bin" "${opts[@]}" "$work" "${seeds[@]}" >"$log" 2>&1 || rc=$?
+  TIMEFORMAT='%U %S'
+  { time "$bin" "${opts[@]}" "$work" "${seeds[@]}" >"$log" 2>&1; } 2>"$build/fuzz-$x.cpu" || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 || true)
-  echo "fuzz_$x: ${runs:-?} executions in $(($(date +%s) - start)) s, ${cov:-cov: ?}, corpus $(ls "$work" | wc -l) inputs"
+  cov=$(grep -a -o 'cov: [0-9]*' "$log" | tail -n 1 || true)
+  cpu=$(awk '{printf "%.0f", $1 + $2}' "$build/fuzz-$x.cpu" 2>/dev/null || echo "?")
+  echo "fuzz_$x: ${runs:-?} executions in $(($(date +%s) - start)) s wall, $cpu s CPU, ${cov:-cov: ?}," \
+       "corpus $(ls "$work" | wc -l) inputs"
   if [ $rc -ne 0 ]; then
     failed=1
     echo "fuzz_$x FAILED (exit $rc); the report (from $log):"
