@@ -80,7 +80,9 @@ int cli_check_readable(const char *flag, const char *path);
  * cli_signals_graceful(): the first signal only sets a flag that the
  * training loop reads between steps (the handler prints `first_msg`); a
  * second one while a file is written waits for it, otherwise it exits 130
- * at once. Handlers touch only atomics, write(2), _exit and raise. */
+ * at once. Handlers touch only atomics, write(2), _exit and raise. A signal
+ * that was ignored when tfuse started (a background job of a script, nohup)
+ * stays ignored. */
 void cli_signals_install(void);
 void cli_signals_graceful(const char *first_msg);
 bool cli_interrupted(void);

@@ -489,13 +489,14 @@ static void on_signal(int sig)
 
 void cli_signals_install(void)
 {
-    struct sigaction sa;
+    static const int sigs[] = {SIGINT, SIGTERM};
+    struct sigaction sa, old;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART;   /* file writes and waits go on after the handler */
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++)   /* one ignored by whoever started us stays ignored */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
 }
 
 void cli_signals_graceful(const char *first_msg)

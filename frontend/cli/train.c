@@ -1193,6 +1193,10 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     while (cur.step < total) {
         if ((interrupted = cli_interrupted())) break;   /* between steps: the state is that of cur.step steps */
         slot *sl = loader_next(&T->L);
+        if ((interrupted = cli_interrupted())) {   /* while waiting for the batch: abandon the step */
+            loader_release(&T->L, sl);
+            break;
+        }
         if ((rc = bind_batch(T->s, ctx, d, sl))) break;
         if (tf_session_run(T->s)) {
             progress_clear(&pr);

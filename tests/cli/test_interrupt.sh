@@ -6,6 +6,9 @@
 # each step once; a second interrupt while the checkpoint is written leaves
 # it whole; no temporary file is left by any of it.
 set -u
+# Job control: without it a script's background jobs start with SIGINT
+# ignored (and tfuse keeps a signal ignored by whoever started it).
+set -m
 tfuse=$1 repo=$2 tmp=$3
 rm -rf "$tmp"
 mkdir -p "$tmp"
@@ -54,27 +57,47 @@ no_temp_files() {   # no_temp_files WHAT: nothing like CKPT.tmp.PID or a probe i
   left=$(ls -a "$tmp" | grep -E '\.tmp\.|tfuse-probe')
   if [ -z "$left" ]; then ok; else bad "$1: temporary files left: $left"; fi
 }
-# start_train OUT ERR ARGS...: a long run in the background; sets $pid and
-# waits until it has printed its second progress line (at most 60 s).
+# Has process $1 (our child) exited? (A child not yet waited for is a zombie.)
+finished() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -z "$st" ] || [ "$st" = Z ]
+}
+# stop_within PID SECONDS: wait for the run to end; past SECONDS kill it (a
+# signal that did nothing must not hang the test). Sets $rc.
+stop_within() {
+  local k
+  for ((k = 0; k < $2 * 10; k++)); do finished "$1" && break; sleep 0.1; done
+  if ! finished "$1"; then
+    kill -9 "$1" 2>/dev/null
+    bad "the run ignored the signal for $2 s and was killed"
+  fi
+  wait "$1"
+  rc=$?
+}
+# start_train OUT ERR ARGS...: a long run in the background (bounded, in case
+# a signal is lost); sets $pid and waits until it has printed its second
+# progress line (at most 60 s).
 start_train() {
   local out=$1 err=$2
   shift 2
-  "$tfuse" train "$@" --steps 100000000 --log-every 1 >"$out" 2>"$err" &
+  "$tfuse" train "$@" --steps 2000000 --log-every 1 >"$out" 2>"$err" &
   pid=$!
   for _ in $(seq 600); do
     grep -q '^step 2/' "$out" 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || break
+    finished "$pid" && break
     sleep 0.1
   done
   bad "the run did not reach step 2: $(cat "$out" "$err")"
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
   return 1
 }
 
 # ---- SIGINT after a few steps, with --save and --log
 if start_train "$tmp/out1" "$tmp/err1" "$m" --data "$data" --save "$tmp/int.st" --log "$tmp/int.csv"; then
   kill -INT "$pid"
-  wait "$pid"
-  rc=$?
+  stop_within "$pid" 60
   msg=$(cat "$tmp/err1")
   if [ "$rc" -eq 130 ]; then ok; else bad "exit code after SIGINT: $rc, wanted 130 ($msg)"; fi
   if [[ $msg =~ interrupted\ at\ step\ ([0-9]+):\ checkpoint\ written\ to\ $tmp/int.st ]]; then
@@ -102,25 +125,42 @@ fi
 # ---- SIGTERM is the same; without --save the message says no checkpoint was written
 if start_train "$tmp/out2" "$tmp/err2" "$m" --data "$data"; then
   kill -TERM "$pid"
-  wait "$pid"
-  rc=$?
+  stop_within "$pid" 60
   if [ "$rc" -eq 130 ] && grep -qE "interrupted at step [0-9]+: no checkpoint written \(no --save given\)" "$tmp/err2"; then ok
   else bad "SIGTERM without --save: exit $rc, $(cat "$tmp/err2")"; fi
 fi
 
-# ---- an interrupt before training starts (while compiling) writes nothing:
-# an existing file at the --save path is kept as it was
-cp "$tmp/int.st" "$tmp/keep.st"
-"$tfuse" train "$m" --data "$data" --steps 100000000 --save "$tmp/keep.st" >"$tmp/out3" 2>"$tmp/err3" &
+# ---- SIGINT ignored by whoever started tfuse (nohup, a script's background
+# job) stays ignored; SIGTERM still stops the run
+(trap '' INT; exec "$tfuse" train "$m" --data "$data" --steps 2000000 --log-every 1 >"$tmp/out5" 2>"$tmp/err5") &
 pid=$!
-sleep 0.02
+for _ in $(seq 600); do grep -q '^step 2/' "$tmp/out5" 2>/dev/null && break; finished "$pid" && break; sleep 0.1; done
 kill -INT "$pid" 2>/dev/null
-wait "$pid"
-rc=$?
+sleep 0.3
+if finished "$pid"; then bad "an ignored SIGINT stopped the run: $(cat "$tmp/err5")"; else ok; fi
+kill -TERM "$pid" 2>/dev/null
+stop_within "$pid" 60
+if [ "$rc" -eq 130 ] && grep -qE "interrupted at step [0-9]+" "$tmp/err5"; then ok
+else bad "SIGTERM after an ignored SIGINT: exit $rc, $(cat "$tmp/err5")"; fi
+
+# ---- an interrupt before training starts (while compiling) writes nothing:
+# an existing file at the --save path is kept as it was. The signal goes as
+# soon as tfuse catches SIGINT (SigCgt in /proc), while it sets up.
+catches_sigint() {
+  local m
+  m=$(awk '/^SigCgt:/ {print $2}' "/proc/$1/status" 2>/dev/null)
+  [ -n "$m" ] && (((16#$m & 2) != 0))
+}
+cp "$tmp/int.st" "$tmp/keep.st"
+"$tfuse" train "$tmp/big.ir" --data "$data" --steps 2000000 --save "$tmp/keep.st" >"$tmp/out3" 2>"$tmp/err3" &
+pid=$!
+for _ in $(seq 2000); do catches_sigint "$pid" && break; finished "$pid" && break; sleep 0.005; done
+kill -INT "$pid" 2>/dev/null
+stop_within "$pid" 60
 if [ "$rc" -ne 130 ]; then bad "SIGINT at the start: exit $rc: $(cat "$tmp/err3")"
 elif grep -q "interrupted before training started: nothing trained, no checkpoint written" "$tmp/err3"; then
   if cmp -s "$tmp/int.st" "$tmp/keep.st"; then ok; else bad "interrupted before training, yet --save's file changed"; fi
-elif grep -qE "interrupted (at|before) step [0-9]+" "$tmp/err3"; then ok   # it was quicker than the signal
+elif grep -qE "interrupted (at|before) step [0-9]+" "$tmp/err3"; then ok   # setup was quicker than the signal
 else bad "SIGINT at the start: $(cat "$tmp/err3")"
 fi
 no_temp_files "SIGINT at the start"
@@ -133,8 +173,7 @@ for delay in 0.01 0.05 0.2; do
     kill -INT "$pid"
     sleep "$delay"
     kill -INT "$pid" 2>/dev/null
-    wait "$pid"
-    rc=$?
+    stop_within "$pid" 60
     step=$(ckpt_step "$tmp/big.st")
     if [ "$rc" -ne 130 ]; then bad "two interrupts ($delay s apart): exit $rc: $(cat "$tmp/err4")"
     elif [ -z "$step" ]; then bad "two interrupts ($delay s apart): no whole checkpoint: $(cat "$tmp/err4")"
