@@ -486,6 +486,26 @@ static tf_ir_status check_loss(const tf_module *m, const tf_options *o)
     return TF_IR_OK;
 }
 
+/* A trained param lives in f32 (or f64): the optimizer's update and slots
+ * are computed there, and adding a small step to a 16-bit weight loses it
+ * to rounding. 16-bit training is the train block's precision, which keeps
+ * f32 masters and casts them for the forward and backward passes. */
+static tf_ir_status check_params(const tf_module *m, const tf_options *o)
+{
+    for (int i = 0; i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        if (v->kind != TF_VAL_PARAM || (v->type.dtype != TF_DT_F16 && v->type.dtype != TF_DT_BF16)) continue;
+        const char *dt = tf_dtype_name(v->type.dtype);
+        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, &v->loc,
+                             "param '%s' is %s, and a trained param is kept in f32 (the optimizer's update would round "
+                             "away in %s): declare it f32 and train with precision = %s in the train block (or "
+                             "--precision=%s), which keeps f32 masters and computes in %s",
+                             v->name, dt, dt, v->type.dtype == TF_DT_F16 ? "fp16" : "bf16",
+                             v->type.dtype == TF_DT_F16 ? "fp16" : "bf16", dt);
+    }
+    return TF_IR_OK;
+}
+
 tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
 {
     if (o->mode != TF_IR_TRAIN) {
@@ -505,6 +525,7 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
                    !loss ? "no loss output (an output named 'loss' or a scalar floating one)" : "no params");
         return TF_IR_OK;
     }
+    if (check_params(m, o)) return o->diag->status;
     /* fp16: the loss is scaled before the backward pass (dynamic scale,
      * a buffer) so small gradients survive half precision; bf16 needs none.
      * Declared before numbering: the gradient tables are indexed by id. */

@@ -32,6 +32,8 @@ typedef struct group {
     tf_type S;             /* the iteration shape */
     unsigned R;            /* reduced axes of S (bit mask), reduction groups */
     int count, first;      /* members; index of the first */
+    int head;              /* the members as a list through fz.next */
+    int stamp;             /* DFS marks */
 } group;
 
 typedef struct fz {
@@ -40,6 +42,7 @@ typedef struct fz {
     int n;                 /* nodes */
     tf_node **nodes;
     int *grp;              /* node -> group, -1 none */
+    int *next;             /* node -> the next member of its group, -1 */
     group *g;
     int ng;
     int *stamp, cur;       /* DFS marks */
@@ -132,11 +135,33 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
     return false;
 }
 
-/* Would the set of nodes marked in_set (indices into f->nodes) stay convex?
- * True when no operand from outside the set depends on a node inside it. */
+/* Would the set of nodes marked in_set (indices into f->nodes) stay convex
+ * once the groups run as units? True when no operand from outside the set
+ * depends on a node inside it, where depending goes through every member
+ * of a group as soon as it reaches one (a group is one kernel: a value one
+ * member reads waits for all of them). Node-level convexity is not enough:
+ * group G could read from the set through one member and feed it through
+ * another, and the kernels would form a cycle. */
+static void reach(fz *f, int x, int lo, int *sp)
+{
+    if (f->stamp[x] == f->cur) return;
+    f->stamp[x] = f->cur;
+    f->stack[(*sp)++] = x;
+    int gx = f->grp[x];
+    if (gx < 0 || f->g[gx].stamp == f->cur) return;
+    f->g[gx].stamp = f->cur;
+    for (int y = f->g[gx].head; y >= 0; y = f->next[y])
+        if (y >= lo && f->stamp[y] != f->cur) {
+            f->stamp[y] = f->cur;
+            f->stack[(*sp)++] = y;
+        }
+}
+
 static bool convex(fz *f, const bool *in_set, int lo)
 {
     int D = f->m->decls.n;
+    f->cur++;
+    int sp = 0;
     for (int i = lo; i < f->n; i++) {
         if (!in_set[i]) continue;
         tf_node *n = f->nodes[i];
@@ -145,24 +170,20 @@ static bool convex(fz *f, const bool *in_set, int lo)
             if (v->kind != TF_VAL_NODE) continue;
             int j = index_of(v->def) - D;
             if (in_set[j] || j < lo) continue;
-            /* DFS backward from j over nodes after lo: reaching the set is a cycle */
-            f->cur++;
-            int sp = 0;
-            f->stack[sp++] = j;
-            f->stamp[j] = f->cur;
-            while (sp) {
-                int x = f->stack[--sp];
-                tf_node *xn = f->nodes[x];
-                for (int q = 0; q < xn->nin; q++) {
-                    tf_value *w = xn->in[q];
-                    if (w->kind != TF_VAL_NODE) continue;
-                    int y = index_of(w->def) - D;
-                    if (y < lo || f->stamp[y] == f->cur) continue;
-                    if (in_set[y]) return false;
-                    f->stamp[y] = f->cur;
-                    f->stack[sp++] = y;
-                }
-            }
+            reach(f, j, lo, &sp);
+        }
+    }
+    /* backward from the set's outside operands, over nodes after lo:
+     * reaching the set is a cycle */
+    while (sp) {
+        int x = f->stack[--sp];
+        if (in_set[x]) return false;
+        tf_node *xn = f->nodes[x];
+        for (int q = 0; q < xn->nin; q++) {
+            tf_value *w = xn->in[q];
+            if (w->kind != TF_VAL_NODE) continue;
+            int y = index_of(w->def) - D;
+            if (y >= lo) reach(f, y, lo, &sp);
         }
     }
     return true;
@@ -197,6 +218,24 @@ static bool placed_consistently(const fz *f, const bool *in_set, int lo, const t
     return true;
 }
 
+/* Group hi's members join group gi. */
+static void join_groups(fz *f, int gi, int hi)
+{
+    int last = -1;
+    for (int y = f->g[hi].head; y >= 0; y = f->next[y]) {
+        f->grp[y] = gi;
+        last = y;
+    }
+    if (last >= 0) {
+        f->next[last] = f->g[gi].head;
+        f->g[gi].head = f->g[hi].head;
+    }
+    f->g[hi].head = -1;
+    f->g[gi].count += f->g[hi].count;
+    f->g[hi].count = 0;
+    if (f->g[hi].first < f->g[gi].first) f->g[gi].first = f->g[hi].first;
+}
+
 /* Try to put node i into group gi, together with the members of group hi
  * (or -1), in a kernel reducing axes R. Returns NULL and updates the groups
  * on success, else why not. */
@@ -211,14 +250,11 @@ static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned 
                           : NULL;
     for (int k = lo; k < f->n; k++) mark[k] = false;
     if (why) return why;
-    for (int k = 0; k < f->n; k++)
-        if (hi >= 0 && f->grp[k] == hi) f->grp[k] = gi;
-    if (hi >= 0) {
-        f->g[gi].count += f->g[hi].count;
-        f->g[hi].count = 0;
-    }
+    if (hi >= 0) join_groups(f, gi, hi);
     if (f->grp[i] != gi) {
         f->grp[i] = gi;
+        f->next[i] = f->g[gi].head;
+        f->g[gi].head = i;
         f->g[gi].count++;
     }
     f->g[gi].first = lo;
@@ -233,6 +269,9 @@ static int new_group(fz *f, int i, int kind, const tf_type *S, unsigned R)
     g->R = R;
     g->count = 1;
     g->first = i;
+    g->head = i;
+    g->stamp = 0;
+    f->next[i] = -1;
     f->grp[i] = f->ng;
     return f->ng++;
 }
@@ -334,11 +373,7 @@ static void merge_updates(fz *f)
             f->g[g].kind = TF_REGION_MULTI;
             continue;
         }
-        for (int i = 0; i < f->n; i++)
-            if (f->grp[i] == g) f->grp[i] = into;
-        f->g[into].count += f->g[g].count;
-        if (f->g[g].first < f->g[into].first) f->g[into].first = f->g[g].first;
-        f->g[g].count = 0;
+        join_groups(f, into, g);
         merged++;
     }
     if (into >= 0 && merged)
@@ -422,6 +457,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     fz f = {.m = m, .o = o, .n = m->nodes.n, .nodes = (tf_node **)m->nodes.items};
     size_t n = (size_t)(f.n ? f.n : 1);
     f.grp = malloc(n * sizeof *f.grp);
+    f.next = malloc(n * sizeof *f.next);
     f.g = calloc(n, sizeof *f.g);
     f.stamp = calloc(n, sizeof *f.stamp);
     f.stack = malloc(n * sizeof *f.stack);
@@ -429,7 +465,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     bool *mark = calloc(n, sizeof *mark);
     int *unit_of = malloc(n * sizeof *unit_of), *unit_first = malloc(n * sizeof *unit_first), *region_of = calloc(n, sizeof *region_of);
     tf_ir_status st = TF_IR_OK;
-    if (!f.grp || !f.g || !f.stamp || !f.stack || !f.why || !mark || !unit_of || !unit_first || !region_of) {
+    if (!f.grp || !f.next || !f.g || !f.stamp || !f.stack || !f.why || !mark || !unit_of || !unit_first || !region_of) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
         goto done;
     }
@@ -511,7 +547,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     }
     tf_module_renumber(m);
 done:
-    free(f.grp), free(f.g), free(f.stamp), free(f.stack), free(f.why), free(mark);
+    free(f.grp), free(f.next), free(f.g), free(f.stamp), free(f.stack), free(f.why), free(mark);
     free(unit_of), free(unit_first), free(region_of);
     return st;
 }

@@ -127,7 +127,12 @@ static tf_ir_status gr_pow(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     tf_ir_status st = TF_IR_OK;
     tf_value *a = n->in[0], *b = n->in[1];
     if (gr_wants(g, n, 0)) {
-        tf_value *p = gb2(g, n, TF_OP_POW, "pow_bm1", a, gb2(g, n, TF_OP_SUB, "bm1", b, gnum(g, 1)));
+        /* b - 1 in a's dtype: a literal exponent folds (gnum's constants are
+         * f32, and pow(bf16, f32) is ill-typed) */
+        tf_value *bm1 = b->kind == TF_VAL_CONST ? tf_const(gr_module(g), b->cval - 1, a->type.dtype)
+                                                : gb2(g, n, TF_OP_SUB, "bm1", b, gnum(g, 1));
+        if (!bm1) return tf_diag_error(gr_diag(g), TF_IR_ERR_OOM, &n->loc, "out of memory in autodiff");
+        tf_value *p = gb2(g, n, TF_OP_POW, "pow_bm1", a, bm1);
         st = give(g, n, 0, gb2(g, n, TF_OP_MUL, "da", dy, gb2(g, n, TF_OP_MUL, "slope", b, p)));
     }
     if (!st && gr_wants(g, n, 1)) {
