@@ -87,7 +87,8 @@ for x in "${targets[@]}"; do
   if [ $rc -ne 0 ]; then
     failed=1
     echo "fuzz_$x FAILED (exit $rc); the report (from $log):"
-    grep -E -A40 '^==[0-9]+==|SUMMARY|fuzz_[a-z]+: |runtime error|Test unit written' "$log" | head -n 80
+    awk '/^==[0-9]+==|runtime error|^fuzz_(model|npy|safetensors): /{on=1} on' "$log" | head -n 60
+    grep -a 'Test unit written' "$log" || true
   fi
 done
 exit $failed
