@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     --seconds=*) seconds=${1#*=}; shift ;;
     --build) build=${2:?--build needs a directory}; shift 2 ;;
     --no-build) do_build=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     model|npy|safetensors) targets+=("$1"); shift ;;
     *) echo "run.sh: unknown argument '$1' (targets: model npy safetensors)" >&2; exit 2 ;;
   esac
