@@ -998,6 +998,7 @@ static void rr_add(rresult *r, const char *name, const tf_tensor_view *v)
     }
     rtensor *t = &r->t[r->n++];
     t->name = xstrdup(name);
+    t->buffer = false;
     t->dt = v->dtype;
     t->rank = v->rank;
     memcpy(t->shape, v->shape, sizeof t->shape);
