@@ -963,10 +963,13 @@ static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, 
     return 0;
 }
 
+/* LLVM failing is an error, never a reason to run a kernel elsewhere:
+ * TF_IR_ERR_RUNTIME is kept for "this kernel is not supported" (the
+ * runtime runs those through the reference and counts them). */
 static tf_ir_status llvm_error(tf_diag *d, LLVMErrorRef e, const char *what)
 {
     char *m = LLVMGetErrorMessage(e);
-    tf_ir_status st = tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "%s: %s", what, m);
+    tf_ir_status st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "%s: %s", what, m);
     LLVMDisposeErrorMessage(m);
     return st;
 }
@@ -998,7 +1001,7 @@ tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d)
     char err[512];
     if (!(j->tm = host_tm(err, sizeof err))) {
         free(j);
-        return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "%s", err);
+        return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "%s", err);
     }
     /* the JIT's own target machine: the host's CPU and features */
     LLVMOrcLLJITBuilderRef jb = LLVMOrcCreateLLJITBuilder();
@@ -1061,9 +1064,36 @@ static char *unique_name(tf_jit *j, const char *base)
     return s;
 }
 
-tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_diag *d)
+/* Forget a function name (its code was removed). */
+static void forget_name(tf_jit *j, const char *name)
+{
+    for (int i = 0; i < j->nnames; i++)
+        if (strcmp(j->names[i], name) == 0) {
+            free(j->names[i]);
+            j->names[i] = j->names[--j->nnames];
+            return;
+        }
+}
+
+struct tf_jit_code {
+    LLVMOrcResourceTrackerRef rt;   /* the module's code and memory in the JIT */
+    char name[96];
+};
+
+tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *c, tf_diag *d)
+{
+    if (!c) return TF_IR_OK;
+    LLVMErrorRef e = LLVMOrcResourceTrackerRemove(c->rt);
+    LLVMOrcReleaseResourceTracker(c->rt);
+    forget_name(j, c->name);
+    free(c);
+    return e ? llvm_error(d, e, "llvm: cannot free a kernel's code") : TF_IR_OK;
+}
+
+tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d)
 {
     *fn = NULL;
+    *code = NULL;
     char why[512];
     if (!tf_jit_supports(k, why, sizeof why)) return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "llvm: %s", why);
     const char *name = unique_name(j, k->name);
@@ -1083,18 +1113,34 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
     LLVMSetDataLayout(mod, LLVMOrcLLJITGetDataLayoutStr(j->jit));
     LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(mod, tsc);
     LLVMOrcDisposeThreadSafeContext(tsc);   /* the module keeps its context alive */
-    LLVMErrorRef e = LLVMOrcLLJITAddLLVMIRModule(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), tsm);
+    tf_jit_code *c = calloc(1, sizeof *c);
+    if (!c) {
+        LLVMOrcDisposeThreadSafeModule(tsm);
+        forget_name(j, name);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->rt = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(j->jit));
+    LLVMErrorRef e = LLVMOrcLLJITAddLLVMIRModuleWithRT(j->jit, c->rt, tsm);
     if (e) {
         LLVMOrcDisposeThreadSafeModule(tsm);
+        LLVMOrcReleaseResourceTracker(c->rt);
+        forget_name(j, c->name);
+        free(c);
         return llvm_error(d, e, "llvm: cannot add the kernel's module");
     }
     LLVMOrcExecutorAddress addr = 0;
-    e = LLVMOrcLLJITLookup(j->jit, &addr, name);
-    if (e) return llvm_error(d, e, "llvm: cannot compile the kernel");
+    e = LLVMOrcLLJITLookup(j->jit, &addr, c->name);
+    if (e) {
+        tf_ir_status st = llvm_error(d, e, "llvm: cannot compile the kernel");
+        tf_jit_release(j, c, d);
+        return st;
+    }
     union { LLVMOrcExecutorAddress a; tf_kernel_fn f; } u;
     memset(&u, 0, sizeof u);
     u.a = addr;
     *fn = u.f;
+    *code = c;
     return TF_IR_OK;
 }
 

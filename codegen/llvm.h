@@ -28,7 +28,14 @@ void tf_jit_free(tf_jit *j);
  * TF_IR_ERR_RUNTIME with a clear message when the kernel uses something not
  * supported. */
 typedef void (*tf_kernel_fn)(void **bufs, int64_t lo, int64_t hi, const uint64_t *rt);
-tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_diag *d);
+/* *code: the kernel's code and memory in the JIT, until tf_jit_release (or
+ * tf_jit_free) gives them back. An LLVM failure (out of memory, too many
+ * mappings) is TF_IR_ERR_INTERNAL with LLVM's message, never RUNTIME. */
+typedef struct tf_jit_code tf_jit_code;
+tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d);
+/* Remove a compiled kernel's code from the JIT and free its memory; its
+ * function must not be called again. */
+tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *code, tf_diag *d);
 
 /* Whether tf_jit_compile supports k; when not, why (into why, if given). */
 bool tf_jit_supports(const tf_kernel *k, char *why, size_t n);

@@ -20,8 +20,13 @@
  * `tfuse bench` so they are visible. Elementwise work splits over the pool along each kernel's split
  * axis.
  *
- * Compiled kernels are cached for the life of the process, keyed by
- * tf_kernel_key: a second session of the same program compiles nothing.
+ * Compiled kernels are cached in the process, keyed by tf_kernel_key: a
+ * second session of the same program compiles nothing. Sessions hold
+ * references on the kernels they run; of the kernels no session holds, the
+ * most recently used TF_JIT_CACHE_KERNELS stay (default 2048), and older
+ * ones give their code and memory back, so a process that compiles model
+ * after model (a server, tfuse_difftest) stays bounded: every JIT'd module
+ * costs memory mappings, and a process has at most vm.max_map_count.
  * Initial state comes from the interpreter's initializers with the session's
  * seed, so a cpu session starts from exactly the params an interp session
  * starts from, and dropout draws the interpreter's masks. */
@@ -45,40 +50,99 @@
 
 static pthread_mutex_t g_jit_mu = PTHREAD_MUTEX_INITIALIZER;
 static tf_jit *g_jit;
-static struct jit_entry { char *key; tf_kernel_fn fn; } *g_cache;
-static int g_ncache, g_capcache;
+/* Slots stay where they are while a session refers to them (by index);
+ * a slot whose key is NULL is free. */
+static struct jit_entry {
+    char *key;
+    tf_kernel_fn fn;
+    tf_jit_code *code;
+    int refs;              /* sessions running it */
+    uint64_t used;         /* when a session last took it */
+} *g_cache;
+static int g_ncache, g_capcache, g_unused;
+static uint64_t g_clock;
 
-/* The compiled function of k, from the cache or compiled now. */
-static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, bool *hit, tf_diag *d)
+static int jit_keep_unused(void)
 {
+    const char *e = getenv("TFUSE_JIT_CACHE_KERNELS");
+    long v = e && *e ? strtol(e, NULL, 10) : 2048;
+    return v < 0 ? 0 : v > 1 << 20 ? 1 << 20 : (int)v;
+}
+
+/* Give back the code of the least recently used kernels no session holds
+ * until at most `keep` remain. Under g_jit_mu. */
+static void jit_trim(int keep)
+{
+    while (g_unused > keep) {
+        int old = -1;
+        for (int i = 0; i < g_ncache; i++)
+            if (g_cache[i].key && !g_cache[i].refs && (old < 0 || g_cache[i].used < g_cache[old].used)) old = i;
+        if (old < 0) return;
+        tf_diag d = {0};
+        tf_jit_release(g_jit, g_cache[old].code, &d);   /* its memory is gone either way; nothing to report to */
+        free(g_cache[old].key);
+        g_cache[old] = (struct jit_entry){0};
+        g_unused--;
+    }
+}
+
+/* The compiled function of k, from the cache or compiled now, with a
+ * reference the session gives back through jit_put(*slot). */
+static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, int *slot, bool *hit, tf_diag *d)
+{
+    *slot = -1;
     char *key = tf_kernel_key(k);
     if (!key) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = TF_IR_OK;
     pthread_mutex_lock(&g_jit_mu);
     *hit = false;
-    for (int i = 0; i < g_ncache; i++)
-        if (strcmp(g_cache[i].key, key) == 0) {
-            *fn = g_cache[i].fn;
+    int free_slot = -1;
+    for (int i = 0; i < g_ncache && !*hit; i++) {
+        if (!g_cache[i].key) {
+            if (free_slot < 0) free_slot = i;
+        } else if (strcmp(g_cache[i].key, key) == 0) {
             *hit = true;
-            break;
+            *slot = i;
         }
+    }
     if (!*hit) {
         if (!g_jit) st = tf_jit_create(&g_jit, d);
-        if (!st && g_ncache == g_capcache) {
+        if (!st && free_slot < 0 && g_ncache == g_capcache) {
             int cap = g_capcache ? 2 * g_capcache : 64;
             struct jit_entry *c = realloc(g_cache, (size_t)cap * sizeof *c);
             if (!c) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
             else g_cache = c, g_capcache = cap;
         }
-        if (!st) st = tf_jit_compile(g_jit, k, fn, d);
+        tf_jit_code *code = NULL;
+        if (!st) st = tf_jit_compile(g_jit, k, fn, &code, d);
         if (!st) {
-            g_cache[g_ncache++] = (struct jit_entry){key, *fn};
+            *slot = free_slot >= 0 ? free_slot : g_ncache++;
+            g_cache[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
             key = NULL;
         }
+    } else if (!g_cache[*slot].refs) {
+        g_unused--;
+    }
+    if (*slot >= 0) {
+        *fn = g_cache[*slot].fn;
+        g_cache[*slot].refs++;
+        g_cache[*slot].used = ++g_clock;
     }
     pthread_mutex_unlock(&g_jit_mu);
     free(key);
     return st;
+}
+
+/* A session is done with the kernel in slot (-1: none). */
+static void jit_put(int slot)
+{
+    if (slot < 0) return;
+    pthread_mutex_lock(&g_jit_mu);
+    if (--g_cache[slot].refs == 0) {
+        g_unused++;
+        jit_trim(jit_keep_unused());
+    }
+    pthread_mutex_unlock(&g_jit_mu);
 }
 
 /* ---- session state ------------------------------------------------------- */
@@ -94,6 +158,7 @@ typedef struct ckernel {
     const tf_kernel *k;
     how how;
     tf_kernel_fn fn;       /* the elementwise part (all of it, or the epilogue) */
+    int jit_slot;          /* its reference in the JIT cache, -1 none */
     void **bufs;           /* storage per k->bufs */
     int64_t extent;        /* of the split axis; 1 when none */
     int64_t work;          /* elements of the index space, to decide threading */
@@ -236,6 +301,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
 {
     c->ks = calloc((size_t)(c->plan.nkernels ? c->plan.nkernels : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].jit_slot = -1;
     double t0 = now_ns();
     for (int i = 0; i < c->plan.nkernels; i++) {
         const tf_kernel *k = &c->plan.kernels[i];
@@ -261,7 +327,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         if (wants_fn) {
             tf_diag d = {0};
             bool hit = false;
-            if (jit_get(k, &ck->fn, &hit, &d)) {
+            if (jit_get(k, &ck->fn, &ck->jit_slot, &hit, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
                 ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
                 ck->fn = NULL;
@@ -634,7 +700,10 @@ static void cpu_free(tf_session_t *s)
 {
     cpu *c = s->impl;
     if (!c) return;
-    for (int i = 0; c->ks && i < c->plan.nkernels; i++) free(c->ks[i].bufs);
+    for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
+        free(c->ks[i].bufs);
+        jit_put(c->ks[i].jit_slot);
+    }
     free(c->ks);
     tf_kernels_free(&c->plan);
     for (int i = 0; i < c->nowned; i++) free(c->owned[i]);

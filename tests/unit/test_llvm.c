@@ -160,12 +160,13 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
     for (int i = 0; ok && i < plan.nkernels; i++) {
         const tf_kernel *k = &plan.kernels[i];
         tf_kernel_fn fn = NULL;
+        tf_jit_code *code = NULL;
         bool lib = k->kind == TF_K_LIBRARY;
         bool cand = (k->kind == TF_K_ELEMENTWISE || k->kind == TF_K_REDUCTION || lib) && k->nexprs;
         candidates += cand;
         if (cand) {
             tf_diag cd = {0};
-            if (tf_jit_compile(jit, k, &fn, &cd)) {
+            if (tf_jit_compile(jit, k, &fn, &code, &cd)) {
                 printf("%s (%s, %s): skipped %s: %s\n", label, mode == TF_IR_TRAIN ? "train" : "infer", prec_name(prec), k->name, cd.msg);
                 fn = NULL;
             } else {
@@ -209,6 +210,8 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
         }
         for (int b = 0; bufs && b < k->nbufs; b++) free(bufs[b]);
         free(bufs);
+        tf_diag rd = {0};
+        CHECK(!tf_jit_release(jit, code, &rd), "%s: releasing %s: %s", label, k->name, rd.msg);
     }
     printf("%s (%s, %s): %d of %d elementwise/reduction/epilogue kernels JIT-compiled and compared\n", label,
            mode == TF_IR_TRAIN ? "train" : "infer", prec_name(prec), compiled, candidates);
