@@ -435,19 +435,26 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
     return st;
 }
 
-static bool used_outside(const tf_module *m, const tf_value *v, int region)
+/* Which values leave their region: read by an op outside it, an output or
+ * an update. One pass over the module; leaves[id] by value id. */
+static bool *values_leaving(const tf_module *m)
 {
+    int V = 0;
+    for (int i = 0; i < m->decls.n; i++) V = ((tf_value *)m->decls.items[i])->id + 1 > V ? ((tf_value *)m->decls.items[i])->id + 1 : V;
     for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (n->region == region) continue;
-        for (int k = 0; k < n->nin; k++)
-            if (n->in[k] == v) return true;
+        int id = ((tf_node *)m->nodes.items[i])->out->id;
+        if (id + 1 > V) V = id + 1;
     }
-    for (int i = 0; i < m->noutputs; i++)
-        if (m->outputs[i].value == v) return true;
-    for (int i = 0; i < m->nupdates; i++)
-        if (m->updates[i].value == v) return true;
-    return false;
+    bool *leaves = calloc((size_t)(V ? V : 1), sizeof *leaves);
+    if (!leaves) return NULL;
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *u = m->nodes.items[i];
+        for (int k = 0; k < u->nin; k++)
+            if (u->in[k]->kind == TF_VAL_NODE && u->in[k]->def->region != u->region) leaves[u->in[k]->id] = true;
+    }
+    for (int i = 0; i < m->noutputs; i++) leaves[m->outputs[i].value->id] |= m->outputs[i].value->kind == TF_VAL_NODE;
+    for (int i = 0; i < m->nupdates; i++) leaves[m->updates[i].value->id] |= m->updates[i].value->kind == TF_VAL_NODE;
+    return leaves;
 }
 
 tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
@@ -522,29 +529,38 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
         st = tf_diag_error(o->diag, st, NULL, st == TF_IR_ERR_OOM ? "out of memory in fuse" : "internal: fuse made a cycle");
         goto done;
     }
-    /* yields: what each region's members give to the rest of the module */
-    for (int r = 1; r <= m->nregions; r++) {
-        tf_region *rg = &m->regions[r - 1];
-        int cnt = 0, total = 0;
-        for (int i = 0; i < f.n; i++) total += f.nodes[i]->region == r;
+    /* yields: what each region's members give to the rest of the module;
+     * regions are contiguous now, so each is one run of nodes */
+    bool *leaving = values_leaving(m);
+    if (!leaving) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+        goto done;
+    }
+    for (int i = 0, r; i < f.n; i = r) {
+        r = i + 1;
+        if (!f.nodes[i]->region) continue;
+        while (r < f.n && f.nodes[r]->region == f.nodes[i]->region) r++;
+        tf_region *rg = &m->regions[f.nodes[i]->region - 1];
+        int cnt = 0, total = r - i;
         rg->yields = tf_arena_array(&m->arena, (size_t)total, sizeof *rg->yields);
         if (!rg->yields) {
+            free(leaving);
             st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
             goto done;
         }
         char list[512];
         size_t k = 0;
         list[0] = 0;
-        for (int i = 0; i < f.n; i++) {
-            tf_node *nd = f.nodes[i];
-            if (nd->region != r) continue;
+        for (int q = i; q < r; q++) {
+            tf_node *nd = f.nodes[q];
             if (k < sizeof list) k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", k ? ", " : "", nd->out->name);
-            if (used_outside(m, nd->out, r)) rg->yields[cnt++] = nd->out;
+            if (leaving[nd->out->id]) rg->yields[cnt++] = nd->out;
         }
         rg->nyields = cnt;
         tf_explain(o, "fuse", &rg->loc, "%s (%s): %d ops in one kernel, %d value%s leave%s it: %s", rg->name,
                    tf_region_kind_name(rg->kind), total, cnt, cnt == 1 ? "" : "s", cnt == 1 ? "s" : "", list);
     }
+    free(leaving);
     tf_module_renumber(m);
 done:
     free(f.grp), free(f.next), free(f.g), free(f.stamp), free(f.stack), free(f.why), free(mark);
