@@ -201,7 +201,9 @@ typedef struct conv_job {
 } conv_job;
 
 /* Images [i0, i1) with scratch col; for the weight gradient, accumulated
- * into dwp (zeroed first). */
+ * into dwp (zeroed first). Each image's GEMM is one BLAS call whatever the
+ * thread count (a worker runs whole images), so it needs none of
+ * tf_cpu_gemm's pieces. */
 static void conv_images(const conv_job *j, int64_t i0, int64_t i1, float *col, float *dwp)
 {
     const tf_conv_geom *g = j->g;
@@ -214,18 +216,18 @@ static void conv_images(const conv_job *j, int64_t i0, int64_t i1, float *col, f
             if (j->which == 0) {
                 float *yg = j->y + (n * g->O + o0) * HW;
                 im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
-                tf_cpu_gemm(NULL, false, false, g->Og, HW, CKK, wg, CKK, col, HW, yg, HW, false);
+                gemm_rows(false, false, 0, g->Og, HW, CKK, wg, CKK, col, HW, yg, HW, false);
                 if (j->bias)
                     for (int64_t o = 0; o < g->Og; o++)
                         for (int64_t i = 0; i < HW; i++) yg[o * HW + i] += j->bias[o0 + o];
             } else if (j->which == 1) {
                 const float *dyg = j->dy + (n * g->O + o0) * HW;
-                tf_cpu_gemm(NULL, true, false, CKK, HW, g->Og, wg, CKK, dyg, HW, col, HW, false);
+                gemm_rows(true, false, 0, CKK, HW, g->Og, wg, CKK, dyg, HW, col, HW, false);
                 col2im(g, col, c0, j->dx + n * g->C * g->H * g->W);
             } else {
                 const float *dyg = j->dy + (n * g->O + o0) * HW;
                 im2col(g, j->x + n * g->C * g->H * g->W, c0, col);
-                tf_cpu_gemm(NULL, false, true, g->Og, CKK, HW, dyg, HW, col, HW, dwp + o0 * CKK, CKK, true);
+                gemm_rows(false, true, 0, g->Og, CKK, HW, dyg, HW, col, HW, dwp + o0 * CKK, CKK, true);
             }
         }
 }
