@@ -1225,6 +1225,19 @@ static bool adam_noise(const rtensor *vref, const rtensor *vgot, int64_t k)
  * bias before a training batchnorm, its running mean tracks the batch mean
  * without that bias by design (passes/bias_drop.c), so a program without the
  * pass (--O0) holds other running statistics (FOUND.md #5). */
+/* The second moments opt.v.P of both runs for tensor "state:P" (NULL for
+ * anything else, or a param no Adam updates). */
+static void second_moments(const rresult *ref, const rresult *got, const rtensor *w, const rtensor **vr,
+                           const rtensor **vg)
+{
+    *vr = *vg = NULL;
+    if (strncmp(w->name, "state:", 6)) return;
+    char vname[512];
+    snprintf(vname, sizeof vname, "state:opt.v.%s", w->name + 6);
+    *vr = find_tensor(ref, vname);
+    *vg = find_tensor(got, vname);
+}
+
 static diff compare(const rresult *ref, const rresult *got, bool skip_buffers, double tol)
 {
     diff worst = {0};
@@ -1235,10 +1248,9 @@ static diff compare(const rresult *ref, const rresult *got, bool skip_buffers, d
     bool noisy = false;
     for (int i = 0; i < ref->n && !noisy; i++) {
         const rtensor *w = &ref->t[i], *g = find_tensor(got, w->name);
-        if (!g || strncmp(w->name, "state:", 6) || g->n != w->n) continue;
-        char vname[512];
-        snprintf(vname, sizeof vname, "state:opt.v.%s", w->name + 6);
-        const rtensor *vr = find_tensor(ref, vname), *vg = find_tensor(got, vname);
+        if (!g || g->n != w->n) continue;
+        const rtensor *vr, *vg;
+        second_moments(ref, got, w, &vr, &vg);
         for (int64_t k = 0; k < w->n && !noisy; k++)
             noisy = adam_noise(vr, vg, k) && !(fabs(g->v[k] - w->v[k]) <= tol);
     }
@@ -1246,13 +1258,8 @@ static diff compare(const rresult *ref, const rresult *got, bool skip_buffers, d
         const rtensor *w = &ref->t[i], *g = find_tensor(got, w->name);
         if (!g || (skip_buffers && w->buffer)) continue;
         if (noisy && (w->buffer || (!strncmp(w->name, "out:", 4) && !strstr(w->name, "@1")))) continue;
-        const rtensor *vref = NULL, *vgot = NULL;
-        if (!strncmp(w->name, "state:", 6)) {
-            char vname[512];
-            snprintf(vname, sizeof vname, "state:opt.v.%s", w->name + 6);
-            vref = find_tensor(ref, vname);
-            vgot = find_tensor(got, vname);
-        }
+        const rtensor *vref, *vgot;
+        second_moments(ref, got, w, &vref, &vgot);
         diff d = {0};
         snprintf(d.tensor, sizeof d.tensor, "%s", w->name);
         bool same = g->rank == w->rank;
