@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "scalar.h"
+
 /* The name in the source until the hash is known; same length as the name. */
 static const char placeholder[] = "tf_XXXXXXXXXXXXXXXX";
 
@@ -48,7 +50,7 @@ typedef tf_strbuf sb;
 static void line(sb *s, int depth, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void line(sb *s, int depth, const char *fmt, ...)
 {
-    char buf[2048];
+    char buf[4096];
     va_list ap;
     va_start(ap, fmt);
     int k = vsnprintf(buf, sizeof buf, fmt, ap);
@@ -146,19 +148,31 @@ static void literal(tf_dt t, double v, char *out, size_t n)
 
 /* ---- what is supported ------------------------------------------------------ */
 
-static bool op_ok(int op)
+/* The scalar primitives lower_cuda implements (all of scalar.h's). */
+static bool cuda_has(tf_sprim p) { return (unsigned)p < TF_S_COUNT; }
+
+
+/* Whether the op's scalar expression parses, uses only primitives this
+ * generator has, and fits the operands the kernel gives it. */
+static bool lowered(const tf_kexpr *x, char *why, size_t n)
 {
-    switch (op) {
-    case TF_OP_NEG: case TF_OP_ABS: case TF_OP_EXP: case TF_OP_LOG: case TF_OP_SQRT: case TF_OP_RSQRT:
-    case TF_OP_TANH: case TF_OP_SIGMOID: case TF_OP_RELU: case TF_OP_SIN: case TF_OP_COS: case TF_OP_ERF:
-    case TF_OP_SILU: case TF_OP_ADD: case TF_OP_SUB: case TF_OP_MUL: case TF_OP_DIV: case TF_OP_POW:
-    case TF_OP_MAXIMUM: case TF_OP_MINIMUM: case TF_OP_EQ: case TF_OP_NE: case TF_OP_LT: case TF_OP_LE:
-    case TF_OP_GT: case TF_OP_GE: case TF_OP_WHERE: case TF_OP_CAST: case TF_OP_ONE_HOT: case TF_OP_ISFINITE:
-    case TF_OP_DROPOUT_MASK:
-        return true;
-    default:
-        return false;
-    }
+    const char *no;
+    const tf_sexpr *se = tf_scalar_lowering(x->op, &no);
+    if (!se) { snprintf(why, n, "%s", no); return false; }
+    if (se->nargs > x->nargs) { snprintf(why, n, "its expression names more operands than the op has"); return false; }
+    for (int j = 0; j < se->n; j++)
+        if (!cuda_has(se->node[j].prim)) {
+            snprintf(why, n, "primitive '%s' is not implemented here", tf_sprim_name(se->node[j].prim));
+            return false;
+        }
+    return true;
+}
+
+bool tf_cuda_lowers(int op, char *why, size_t n)
+{
+    char tmp[8];
+    tf_kexpr x = {.kind = TF_KX_OP, .op = op, .nargs = tf_op_info_of(op)->max_in};
+    return lowered(&x, why ? why : tmp, why ? n : sizeof tmp);
 }
 
 bool tf_cuda_supports(const tf_kernel *k, char *why, size_t n)
@@ -180,14 +194,15 @@ bool tf_cuda_supports(const tf_kernel *k, char *why, size_t n)
     }
     for (int i = 0; i < k->nexprs; i++) {
         const tf_kexpr *x = &k->exprs[i];
-        if (x->kind == TF_KX_OP && !op_ok(x->op)) {
-            snprintf(why, n, "kernel %s: op %s has no CUDA lowering yet", k->name, tf_op_info_of(x->op)->name);
+        char no[200];
+        if (x->kind == TF_KX_OP && !lowered(x, no, sizeof no)) {
+            snprintf(why, n, "kernel %s: op %s has no CUDA lowering: %s", k->name, tf_op_info_of(x->op)->name, no);
             return false;
         }
     }
     for (int r = 0; r < k->nreds; r++) {
         int op = k->reds[r].op;
-        if (op != TF_OP_REDUCE_SUM && op != TF_OP_REDUCE_MEAN && op != TF_OP_REDUCE_MAX) {
+        if (!tf_kernel_reduction_ok(op)) {
             snprintf(why, n, "kernel %s: reduction %d (%s) has no CUDA lowering", k->name, r, tf_op_info_of(op)->name);
             return false;
         }
@@ -353,26 +368,73 @@ static void math1(tf_dt ct, const char *base, const char *a, char *out, size_t n
     snprintf(out, n, "%s%s(%s)", base, ct == TF_DT_F32 ? "f" : "", a);
 }
 
-/* The value of an op expression. */
+/* Node j of the op's scalar expression (scalar.h) as code of type `want`
+ * (the math type ct, or TF_DT_BOOL); operand q is expression e<args[q]>. */
+typedef struct lw {
+    const tf_sexpr *se;
+    const char *an[3];
+    tf_dt at[3], ct;
+    bool overflow;
+} lw;
+
+static void lower_cuda(lw *w, int j, tf_dt want, char *out, size_t n)
+{
+    const tf_snode *nd = &w->se->node[j];
+    tf_dt ct = w->ct;
+    bool fl = ct == TF_DT_F32 || ct == TF_DT_F64;
+    char a[3][640], r[2048];
+    if (nd->prim == TF_S_ARG) { conv(w->at[nd->arg], want, w->an[nd->arg], out, n); return; }
+    if (nd->prim == TF_S_CONST) { literal(want, tf_dtype_round(want, nd->value), out, n); return; }
+    int arity = tf_sprim_arity(nd->prim);
+    for (int q = 0; q < arity; q++) {
+        lower_cuda(w, nd->kid[q], nd->prim == TF_S_SELECT && q == 0 ? TF_DT_BOOL : ct, a[q], sizeof a[q]);
+        if (strlen(a[q]) + 1 >= sizeof a[q]) w->overflow = true;
+    }
+    const char *fx = ct == TF_DT_F32 ? "f" : "";
+    switch (nd->prim) {
+    case TF_S_NEG: snprintf(r, sizeof r, "(-%s)", a[0]); break;
+    case TF_S_ADD: snprintf(r, sizeof r, "(%s + %s)", a[0], a[1]); break;
+    case TF_S_SUB: snprintf(r, sizeof r, "(%s - %s)", a[0], a[1]); break;
+    case TF_S_MUL: snprintf(r, sizeof r, "(%s * %s)", a[0], a[1]); break;
+    case TF_S_DIV: snprintf(r, sizeof r, fl ? "(%s / %s)" : "tf_idiv(%s, %s)", a[0], a[1]); break;
+    case TF_S_ABS:
+        if (fl) math1(ct, "fabs", a[0], r, sizeof r);
+        else snprintf(r, sizeof r, "(%s < 0 ? -%s : %s)", a[0], a[0], a[0]);
+        break;
+    case TF_S_EXP: math1(ct, "exp", a[0], r, sizeof r); break;
+    case TF_S_LOG: math1(ct, "log", a[0], r, sizeof r); break;
+    case TF_S_SQRT: math1(ct, "sqrt", a[0], r, sizeof r); break;
+    case TF_S_RSQRT: math1(ct, "rsqrt", a[0], r, sizeof r); break;
+    case TF_S_TANH: math1(ct, "tanh", a[0], r, sizeof r); break;
+    case TF_S_SIN: math1(ct, "sin", a[0], r, sizeof r); break;
+    case TF_S_COS: math1(ct, "cos", a[0], r, sizeof r); break;
+    case TF_S_ERF: math1(ct, "erf", a[0], r, sizeof r); break;
+    case TF_S_POW: snprintf(r, sizeof r, "pow%s(%s, %s)", fx, a[0], a[1]); break;
+    case TF_S_MAX: snprintf(r, sizeof r, "tf_max(%s, %s)", a[0], a[1]); break;
+    case TF_S_MIN: snprintf(r, sizeof r, "tf_min(%s, %s)", a[0], a[1]); break;
+    case TF_S_EQ: snprintf(r, sizeof r, "(%s == %s)", a[0], a[1]); break;
+    case TF_S_NE: snprintf(r, sizeof r, "(%s != %s)", a[0], a[1]); break;
+    case TF_S_LT: snprintf(r, sizeof r, "(%s < %s)", a[0], a[1]); break;
+    case TF_S_LE: snprintf(r, sizeof r, "(%s <= %s)", a[0], a[1]); break;
+    case TF_S_GT: snprintf(r, sizeof r, "(%s > %s)", a[0], a[1]); break;
+    case TF_S_GE: snprintf(r, sizeof r, "(%s >= %s)", a[0], a[1]); break;
+    case TF_S_ISFINITE: snprintf(r, sizeof r, fl ? "tf_isfinite(%s)" : "true", a[0]); break;   /* integers are finite */
+    case TF_S_SELECT: snprintf(r, sizeof r, "(%s ? %s : %s)", a[0], a[1], a[2]); break;
+    default: snprintf(r, sizeof r, "0"); w->overflow = true; break;   /* excluded by tf_cuda_supports */
+    }
+    if (strlen(r) + 1 >= sizeof r) w->overflow = true;
+    conv(tf_sprim_boolout(nd->prim) ? TF_DT_BOOL : ct, want, r, out, n);
+}
+
+/* The value of an op expression: its scalar expression from the op table,
+ * in the math type, rounded to the result's dtype. */
 static void op_code(const em *e, int i, char *out, size_t n)
 {
     const tf_kernel *k = e->k;
     const tf_kexpr *x = &k->exprs[i];
-    char an[3][16], a[3][128], r[512];
-    tf_dt at[3];
-    for (int q = 0; q < x->nargs; q++) {
-        snprintf(an[q], sizeof an[q], "e%d", x->args[q]);
-        at[q] = k->exprs[x->args[q]].dtype;
-    }
-    switch (x->op) {
-    case TF_OP_CAST: conv(at[0], x->dtype, an[0], out, n); return;
-    case TF_OP_WHERE:
-        conv(at[0], TF_DT_BOOL, an[0], a[0], sizeof a[0]);
-        conv(at[1], x->dtype, an[1], a[1], sizeof a[1]);
-        conv(at[2], x->dtype, an[2], a[2], sizeof a[2]);
-        snprintf(out, n, "(%s ? %s : %s)", a[0], a[1], a[2]);
-        return;
-    case TF_OP_DROPOUT_MASK: {
+    const tf_sexpr *se = tf_scalar_lowering(x->op, NULL);
+    const tf_snode *root = &se->node[se->n - 1];
+    if (root->prim == TF_S_DROPOUT) {
         double p = tf_node_float(x->node, "p");
         char scale[96], zero[96], flat[512];
         literal(x->dtype, tf_dtype_round(x->dtype, 1.0 / (1.0 - p)), scale, sizeof scale);
@@ -382,65 +444,32 @@ static void op_code(const em *e, int i, char *out, size_t n)
                  (unsigned long long)tf_cuda_dropout_threshold(p), scale, zero);
         return;
     }
-    default: break;
-    }
-    bool cmp = tf_op_has(x->op, TF_OPF_BOOLOUT) || x->op == TF_OP_ONE_HOT;
+    lw w = {.se = se};
+    char an[3][16];
     tf_dt all[4];
-    int na = x->nargs;
-    for (int q = 0; q < na; q++) all[q] = at[q];
-    if (!cmp) all[na++] = x->dtype;
-    tf_dt ct = promote(all, na);
-    for (int q = 0; q < x->nargs; q++) conv(at[q], ct, an[q], a[q], sizeof a[q]);
-    bool fl = ct == TF_DT_F32 || ct == TF_DT_F64;
-    const char *one = ct == TF_DT_F32 ? "1.0f" : "1.0";
-    switch (x->op) {
-    case TF_OP_NEG: snprintf(r, sizeof r, "(-%s)", a[0]); break;
-    case TF_OP_ABS:
-        if (fl) math1(ct, "fabs", a[0], r, sizeof r);
-        else snprintf(r, sizeof r, "(%s < 0 ? -%s : %s)", a[0], a[0], a[0]);
-        break;
-    case TF_OP_EXP: math1(ct, "exp", a[0], r, sizeof r); break;
-    case TF_OP_LOG: math1(ct, "log", a[0], r, sizeof r); break;
-    case TF_OP_SQRT: math1(ct, "sqrt", a[0], r, sizeof r); break;
-    case TF_OP_RSQRT: math1(ct, "rsqrt", a[0], r, sizeof r); break;
-    case TF_OP_TANH: math1(ct, "tanh", a[0], r, sizeof r); break;
-    case TF_OP_SIN: math1(ct, "sin", a[0], r, sizeof r); break;
-    case TF_OP_COS: math1(ct, "cos", a[0], r, sizeof r); break;
-    case TF_OP_ERF: math1(ct, "erf", a[0], r, sizeof r); break;
-    case TF_OP_SIGMOID:
-        snprintf(r, sizeof r, "(%s / (%s + exp%s(-%s)))", one, one, ct == TF_DT_F32 ? "f" : "", a[0]);
-        break;
-    case TF_OP_SILU:
-        snprintf(r, sizeof r, "(%s / (%s + exp%s(-%s)))", a[0], one, ct == TF_DT_F32 ? "f" : "", a[0]);
-        break;
-    case TF_OP_RELU: snprintf(r, sizeof r, "tf_relu(%s)", a[0]); break;
-    case TF_OP_ADD: snprintf(r, sizeof r, "(%s + %s)", a[0], a[1]); break;
-    case TF_OP_SUB: snprintf(r, sizeof r, "(%s - %s)", a[0], a[1]); break;
-    case TF_OP_MUL: snprintf(r, sizeof r, "(%s * %s)", a[0], a[1]); break;
-    case TF_OP_DIV: snprintf(r, sizeof r, fl ? "(%s / %s)" : "tf_idiv(%s, %s)", a[0], a[1]); break;
-    case TF_OP_POW: snprintf(r, sizeof r, "pow%s(%s, %s)", ct == TF_DT_F32 ? "f" : "", a[0], a[1]); break;
-    case TF_OP_MAXIMUM: snprintf(r, sizeof r, "tf_max(%s, %s)", a[0], a[1]); break;
-    case TF_OP_MINIMUM: snprintf(r, sizeof r, "tf_min(%s, %s)", a[0], a[1]); break;
-    case TF_OP_EQ: case TF_OP_ONE_HOT: snprintf(r, sizeof r, "(%s == %s)", a[0], a[1]); break;
-    case TF_OP_NE: snprintf(r, sizeof r, "(%s != %s)", a[0], a[1]); break;
-    case TF_OP_LT: snprintf(r, sizeof r, "(%s < %s)", a[0], a[1]); break;
-    case TF_OP_LE: snprintf(r, sizeof r, "(%s <= %s)", a[0], a[1]); break;
-    case TF_OP_GT: snprintf(r, sizeof r, "(%s > %s)", a[0], a[1]); break;
-    case TF_OP_GE: snprintf(r, sizeof r, "(%s >= %s)", a[0], a[1]); break;
-    case TF_OP_ISFINITE:   /* integers are always finite */
-        if (fl) snprintf(r, sizeof r, "tf_isfinite(%s)", a[0]);
-        else snprintf(r, sizeof r, "true");
-        break;
-    default: snprintf(r, sizeof r, "0"); break;   /* excluded by tf_cuda_supports */
+    for (int q = 0; q < x->nargs && q < 3; q++) {
+        snprintf(an[q], sizeof an[q], "e%d", x->args[q]);
+        w.an[q] = an[q];
+        w.at[q] = all[q] = k->exprs[x->args[q]].dtype;
     }
-    conv(cmp ? TF_DT_BOOL : ct, x->dtype, r, out, n);
+    bool cmp = tf_sprim_boolout(root->prim);
+    int na = x->nargs < 3 ? x->nargs : 3;
+    if (!cmp) all[na++] = x->dtype;
+    w.ct = promote(all, na);
+    char r[2048];
+    lower_cuda(&w, se->n - 1, cmp ? TF_DT_BOOL : w.ct, r, sizeof r);
+    if (w.overflow || strlen(r) + 1 >= sizeof r) {   /* an expression far longer than any in ops.def: NVRTC says so */
+        snprintf(out, n, "tf_scalar_expression_too_long");
+        return;
+    }
+    conv(cmp ? TF_DT_BOOL : w.ct, x->dtype, r, out, n);
 }
 
 static void emit_expr(em *e, int depth, int i)
 {
     const tf_kernel *k = e->k;
     const tf_kexpr *x = &k->exprs[i];
-    char code[1024], t[256];
+    char code[2600], t[256];
     switch (x->kind) {
     case TF_KX_LOAD: load_code(e, i, code, sizeof code); break;
     case TF_KX_CONST: literal(x->dtype, tf_dtype_round(x->dtype, x->value), code, sizeof code); break;

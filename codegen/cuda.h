@@ -84,6 +84,9 @@ typedef struct tf_cuda_kernel {
 
 /* Whether tf_cuda_emit emits k; when not, why (into why, if given). */
 bool tf_cuda_supports(const tf_kernel *k, char *why, size_t n);
+/* Whether this generator lowers the op's scalar expression (ops.def's
+ * LOWER column, codegen/scalar.h) inside a kernel; if not, why. */
+bool tf_cuda_lowers(int op, char *why, size_t n);
 
 /* The kernel's source and launch geometry into *out (zeroed first).
  * TF_IR_ERR_RUNTIME with the reason when !tf_cuda_supports(k),

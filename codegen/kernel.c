@@ -50,6 +50,11 @@ static int add_expr(kb *b, tf_kexpr e)
     return k->nexprs++;
 }
 
+bool tf_kernel_reduction_ok(int op)
+{
+    return op == TF_OP_REDUCE_SUM || op == TF_OP_REDUCE_MEAN || op == TF_OP_REDUCE_MAX;
+}
+
 static bool is_pointwise(const tf_node *n)
 {
     tf_op_kind kind = tf_op_info_of(n->op)->kind;

@@ -110,6 +110,10 @@ void tf_kernels_free(tf_kernel_plan *p);
  * longest; -1 when there is none (rank 0, or a reduction over every axis). */
 int tf_kernel_split_axis(const tf_kernel *k);
 
+/* The reductions a kernel can hold (sum, mean, max): the ones both code
+ * generators fold in their reduction loops. */
+bool tf_kernel_reduction_ok(int op);
+
 /* A text that equal kernels share and different ones do not: kind, space,
  * split axis, buffer dtypes, expressions (with dropout's p and salt),
  * reductions and stores; not the name or the buffers' values. Compiled

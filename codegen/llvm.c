@@ -40,6 +40,7 @@
 
 #include "interp.h"
 #include "llvm.h"
+#include "scalar.h"
 
 struct tf_jit {
     LLVMOrcLLJITRef jit;
@@ -56,19 +57,30 @@ static bool dtype_ok(tf_dt t)
            t == TF_DT_BOOL;
 }
 
-static bool op_ok(int op)
+/* The scalar primitives lower_llvm implements (all of scalar.h's). */
+static bool llvm_has(tf_sprim p) { return (unsigned)p < TF_S_COUNT; }
+
+/* Whether the op's scalar expression parses, uses only primitives this
+ * generator has, and fits the operands the kernel gives it. */
+static bool lowered(const tf_kexpr *x, char *why, size_t n)
 {
-    switch (op) {
-    case TF_OP_NEG: case TF_OP_ABS: case TF_OP_EXP: case TF_OP_LOG: case TF_OP_SQRT: case TF_OP_RSQRT:
-    case TF_OP_TANH: case TF_OP_SIGMOID: case TF_OP_RELU: case TF_OP_SIN: case TF_OP_COS: case TF_OP_ERF:
-    case TF_OP_SILU: case TF_OP_ADD: case TF_OP_SUB: case TF_OP_MUL: case TF_OP_DIV: case TF_OP_POW:
-    case TF_OP_MAXIMUM: case TF_OP_MINIMUM: case TF_OP_EQ: case TF_OP_NE: case TF_OP_LT: case TF_OP_LE:
-    case TF_OP_GT: case TF_OP_GE: case TF_OP_WHERE: case TF_OP_CAST: case TF_OP_ONE_HOT: case TF_OP_ISFINITE:
-    case TF_OP_DROPOUT_MASK:
-        return true;
-    default:
-        return false;
-    }
+    const char *no;
+    const tf_sexpr *se = tf_scalar_lowering(x->op, &no);
+    if (!se) { snprintf(why, n, "%s", no); return false; }
+    if (se->nargs > x->nargs) { snprintf(why, n, "its expression names more operands than the op has"); return false; }
+    for (int j = 0; j < se->n; j++)
+        if (!llvm_has(se->node[j].prim)) {
+            snprintf(why, n, "primitive '%s' is not implemented here", tf_sprim_name(se->node[j].prim));
+            return false;
+        }
+    return true;
+}
+
+bool tf_jit_lowers(int op, char *why, size_t n)
+{
+    char tmp[8];
+    tf_kexpr x = {.kind = TF_KX_OP, .op = op, .nargs = tf_op_info_of(op)->max_in};
+    return lowered(&x, why ? why : tmp, why ? n : sizeof tmp);
 }
 
 bool tf_jit_supports(const tf_kernel *k, char *why, size_t n)
@@ -95,14 +107,15 @@ bool tf_jit_supports(const tf_kernel *k, char *why, size_t n)
             snprintf(why, n, "kernel %s: expression %d has dtype %s (not supported yet)", k->name, i, tf_dtype_name(x->dtype));
             return false;
         }
-        if (x->kind == TF_KX_OP && !op_ok(x->op)) {
-            snprintf(why, n, "kernel %s: op %s is not supported yet", k->name, tf_op_info_of(x->op)->name);
+        char no[200];
+        if (x->kind == TF_KX_OP && !lowered(x, no, sizeof no)) {
+            snprintf(why, n, "kernel %s: op %s has no LLVM lowering: %s", k->name, tf_op_info_of(x->op)->name, no);
             return false;
         }
     }
     for (int r = 0; r < k->nreds; r++) {
         int op = k->reds[r].op;
-        if (!dtype_ok(k->reds[r].dtype) || (op != TF_OP_REDUCE_SUM && op != TF_OP_REDUCE_MEAN && op != TF_OP_REDUCE_MAX)) {
+        if (!dtype_ok(k->reds[r].dtype) || !tf_kernel_reduction_ok(op)) {
             snprintf(why, n, "kernel %s: reduction %d (%s, %s) is not supported yet", k->name, r,
                      tf_op_info_of(op)->name, tf_dtype_name(k->reds[r].dtype));
             return false;
@@ -327,6 +340,65 @@ static LLVMValueRef offset_of(gen *g, const int64_t *strides)
 
 static LLVMValueRef flat(gen *g, bool outer);
 
+static LLVMValueRef expr(gen *g, int i);
+
+/* Node j of the op's scalar expression (scalar.h), its operands' nodes in
+ * vals already: float64 math, a boolean as 0.0 or 1.0. */
+static LLVMValueRef lower_llvm(gen *g, const tf_kexpr *x, const tf_sexpr *se, const LLVMValueRef *vals, int j)
+{
+    const tf_snode *nd = &se->node[j];
+    LLVMBuilderRef B = g->b;
+    LLVMValueRef a = tf_sprim_arity(nd->prim) > 0 ? vals[nd->kid[0]] : NULL;
+    LLVMValueRef b = tf_sprim_arity(nd->prim) > 1 ? vals[nd->kid[1]] : NULL;
+    LLVMValueRef zero = cf(g, 0.0);
+    switch (nd->prim) {
+    case TF_S_ARG: return expr(g, x->args[nd->arg]);
+    case TF_S_CONST: return cf(g, nd->value);
+    case TF_S_NEG: return LLVMBuildFNeg(B, a, "");
+    case TF_S_ADD: return LLVMBuildFAdd(B, a, b, "");
+    case TF_S_SUB: return LLVMBuildFSub(B, a, b, "");
+    case TF_S_MUL: return LLVMBuildFMul(B, a, b, "");
+    case TF_S_DIV: return LLVMBuildFDiv(B, a, b, "");
+    case TF_S_ABS: return callf(g, "llvm.fabs.f64", 1, a, NULL);
+    case TF_S_EXP: return emit_exp(g, a);
+    case TF_S_LOG: return callf(g, "llvm.log.f64", 1, a, NULL);
+    case TF_S_SQRT: return callf(g, "llvm.sqrt.f64", 1, a, NULL);
+    case TF_S_RSQRT: return LLVMBuildFDiv(B, cf(g, 1.0), callf(g, "llvm.sqrt.f64", 1, a, NULL), "");
+    case TF_S_TANH: return emit_tanh(g, a);
+    case TF_S_SIN: return callf(g, "llvm.sin.f64", 1, a, NULL);
+    case TF_S_COS: return callf(g, "llvm.cos.f64", 1, a, NULL);
+    case TF_S_ERF: return callf(g, "erf", 1, a, NULL);
+    case TF_S_POW: return callf(g, "pow", 2, a, b);
+    case TF_S_MAX:
+    case TF_S_MIN: {   /* NaN if either is NaN, else a > b ? a : b (a < b for min) */
+        LLVMValueRef c = LLVMBuildFCmp(B, nd->prim == TF_S_MAX ? LLVMRealOGT : LLVMRealOLT, a, b, "");
+        LLVMValueRef m = LLVMBuildSelect(B, c, a, b, "");
+        return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, a, b, ""), cf(g, NAN), m, "");
+    }
+    case TF_S_EQ: return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, ""));
+    case TF_S_NE: return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealUNE, a, b, ""));
+    case TF_S_LT: return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOLT, a, b, ""));
+    case TF_S_LE: return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOLE, a, b, ""));
+    case TF_S_GT: return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOGT, a, b, ""));
+    case TF_S_GE: return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOGE, a, b, ""));
+    case TF_S_ISFINITE:
+        return bool_to_f(g, LLVMBuildFCmp(B, LLVMRealONE, callf(g, "llvm.fabs.f64", 1, a, NULL), cf(g, INFINITY), ""));
+    case TF_S_SELECT: return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNE, a, zero, ""), b, vals[nd->kid[2]], "");
+    case TF_S_DROPOUT: {   /* the interpreter's counter-based draw, by a call into the runtime */
+        LLVMTypeRef pt[3] = {LLVMTypeOf(g->rt), g->i64, g->i64};
+        LLVMTypeRef ft = LLVMFunctionType(g->f64, pt, 3, 0);
+        LLVMValueRef f = LLVMGetNamedFunction(g->mod, "tf_jit_dropout_uniform");
+        if (!f) f = LLVMAddFunction(g->mod, "tf_jit_dropout_uniform", ft);
+        LLVMValueRef args[3] = {g->rt, ci(g, tf_node_int(x->node, "salt")), flat(g, x->reduced_domain)};
+        LLVMValueRef u = LLVMBuildCall2(B, ft, f, args, 3, "");
+        double p = tf_node_float(x->node, "p");
+        return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGE, u, cf(g, p), ""), cf(g, tf_dtype_round(x->dtype, 1.0 / (1.0 - p))),
+                               zero, "");
+    }
+    default: return cf(g, NAN);   /* excluded by tf_jit_supports */
+    }
+}
+
 static LLVMValueRef expr(gen *g, int i)
 {
     if (g->memo[i]) return g->memo[i];
@@ -361,70 +433,10 @@ static LLVMValueRef expr(gen *g, int i)
         break;
     case TF_KX_INDEX: v = LLVMBuildSIToFP(g->b, LLVMBuildLoad2(g->b, g->i64, g->idx[x->axis], ""), g->f64, ""); break;
     case TF_KX_OP: {
-        LLVMValueRef a = expr(g, x->args[0]), b = x->nargs > 1 ? expr(g, x->args[1]) : NULL;
-        LLVMValueRef one = cf(g, 1.0), zero = cf(g, 0.0);
-        LLVMBuilderRef B = g->b;
-        switch (x->op) {
-        case TF_OP_WHERE: {
-            LLVMValueRef c = expr(g, x->args[2]);
-            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNE, a, zero, ""), b, c, "");
-            break;
-        }
-        case TF_OP_CAST: v = a; break;
-        case TF_OP_DROPOUT_MASK: {   /* the interpreter's counter-based draw, by a call into the runtime */
-            LLVMTypeRef pt[3] = {LLVMTypeOf(g->rt), g->i64, g->i64};
-            LLVMTypeRef ft = LLVMFunctionType(g->f64, pt, 3, 0);
-            LLVMValueRef f = LLVMGetNamedFunction(g->mod, "tf_jit_dropout_uniform");
-            if (!f) f = LLVMAddFunction(g->mod, "tf_jit_dropout_uniform", ft);
-            LLVMValueRef args[3] = {g->rt, ci(g, tf_node_int(x->node, "salt")), flat(g, x->reduced_domain)};
-            LLVMValueRef u = LLVMBuildCall2(B, ft, f, args, 3, "");
-            double p = tf_node_float(x->node, "p");
-            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGE, u, cf(g, p), ""), cf(g, tf_dtype_round(x->dtype, 1.0 / (1.0 - p))), zero, "");
-            break;
-        }
-        case TF_OP_ONE_HOT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, "")); break;
-        case TF_OP_NEG: v = LLVMBuildFNeg(B, a, ""); break;
-        case TF_OP_ABS: v = callf(g, "llvm.fabs.f64", 1, a, NULL); break;
-        case TF_OP_EXP: v = emit_exp(g, a); break;
-        case TF_OP_LOG: v = callf(g, "llvm.log.f64", 1, a, NULL); break;
-        case TF_OP_SQRT: v = callf(g, "llvm.sqrt.f64", 1, a, NULL); break;
-        case TF_OP_RSQRT: v = LLVMBuildFDiv(B, one, callf(g, "llvm.sqrt.f64", 1, a, NULL), ""); break;
-        case TF_OP_TANH: v = emit_tanh(g, a); break;
-        case TF_OP_ERF: v = callf(g, "erf", 1, a, NULL); break;
-        case TF_OP_SIN: v = callf(g, "llvm.sin.f64", 1, a, NULL); break;
-        case TF_OP_COS: v = callf(g, "llvm.cos.f64", 1, a, NULL); break;
-        case TF_OP_SIGMOID:
-        case TF_OP_SILU: {
-            LLVMValueRef den = LLVMBuildFAdd(B, one, emit_exp(g, LLVMBuildFNeg(B, a, "")), "");
-            v = LLVMBuildFDiv(B, x->op == TF_OP_SIGMOID ? one : a, den, "");
-            break;
-        }
-        case TF_OP_RELU:   /* a > 0 || a != a ? a : 0 */
-            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUGT, a, zero, ""), a, zero, "");
-            break;
-        case TF_OP_ADD: v = LLVMBuildFAdd(B, a, b, ""); break;
-        case TF_OP_SUB: v = LLVMBuildFSub(B, a, b, ""); break;
-        case TF_OP_MUL: v = LLVMBuildFMul(B, a, b, ""); break;
-        case TF_OP_DIV: v = LLVMBuildFDiv(B, a, b, ""); break;
-        case TF_OP_POW: v = callf(g, "pow", 2, a, b); break;
-        case TF_OP_MAXIMUM:
-        case TF_OP_MINIMUM: {   /* NaN if either is NaN, else a > b ? a : b (a < b for min) */
-            LLVMValueRef c = LLVMBuildFCmp(B, x->op == TF_OP_MAXIMUM ? LLVMRealOGT : LLVMRealOLT, a, b, "");
-            LLVMValueRef m = LLVMBuildSelect(B, c, a, b, "");
-            v = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, a, b, ""), cf(g, NAN), m, "");
-            break;
-        }
-        case TF_OP_EQ: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOEQ, a, b, "")); break;
-        case TF_OP_NE: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealUNE, a, b, "")); break;
-        case TF_OP_LT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOLT, a, b, "")); break;
-        case TF_OP_LE: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOLE, a, b, "")); break;
-        case TF_OP_GT: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOGT, a, b, "")); break;
-        case TF_OP_GE: v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealOGE, a, b, "")); break;
-        case TF_OP_ISFINITE:
-            v = bool_to_f(g, LLVMBuildFCmp(B, LLVMRealONE, callf(g, "llvm.fabs.f64", 1, a, NULL), cf(g, INFINITY), ""));
-            break;
-        default: v = cf(g, NAN); break;   /* excluded by tf_jit_supports */
-        }
+        const tf_sexpr *se = tf_scalar_lowering(x->op, NULL);   /* tf_jit_supports checked it */
+        LLVMValueRef vals[TF_SEXPR_MAX];
+        for (int j = 0; j < se->n; j++) vals[j] = lower_llvm(g, x, se, vals, j);
+        v = vals[se->n - 1];
         break;
     }
     }

@@ -39,6 +39,9 @@ tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *code, tf_diag *d);
 
 /* Whether tf_jit_compile supports k; when not, why (into why, if given). */
 bool tf_jit_supports(const tf_kernel *k, char *why, size_t n);
+/* Whether this generator lowers the op's scalar expression (ops.def's
+ * LOWER column, codegen/scalar.h) inside a kernel; if not, why. */
+bool tf_jit_lowers(int op, char *why, size_t n);
 
 /* The LLVM IR text of a kernel (for --dump-llvm), malloc'd; NULL when the
  * kernel is not supported. */

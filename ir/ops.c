@@ -48,7 +48,7 @@ static double sf_isfinite(double a, double b) { (void)b; return isfinite(a); }
 
 /* ---- prototypes: shape rules here, kernels in interp_kernels.c ---- */
 
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP, GRAD) \
+#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) \
     tf_ir_status sh_##SHAPE(tf_module *m, tf_node *n, tf_type *out, tf_diag *d); \
     tf_ir_status ik_##INTERP(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out);
 #include "ops.def"
@@ -57,9 +57,9 @@ static double sf_isfinite(double a, double b) { (void)b; return isfinite(a); }
 #define NATTRS(x) ((int)(sizeof tf_attrs_##x / sizeof tf_attrs_##x[0]) - 1)
 
 const tf_op_info tf_op_table[TF_OP_COUNT] = {
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP, GRAD) \
+#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) \
     [TF_OP_##E] = {NAME, MIN, MAX, TF_OPK_##KIND, FLAGS, tf_attrs_##ATTRS, NATTRS(ATTRS), \
-                   sh_##SHAPE, ik_##INTERP, sf_##SCALAR, TF_AMP_##AMP},
+                   sh_##SHAPE, ik_##INTERP, sf_##SCALAR, LOWER, TF_AMP_##AMP},
 #include "ops.def"
 #undef TF_OP
 };

@@ -59,6 +59,7 @@ typedef struct tf_op_info {
     tf_shape_fn shape;
     tf_interp_fn interp;
     tf_scalar_fn scalar;
+    const char *lower;      /* the scalar expression code generators lower it from, or NULL */
     tf_amp_policy amp;
 } tf_op_info;
 

@@ -28,5 +28,8 @@ tf_diag *gr_diag(tf_grad_ctx *g);
 
 /* The rule of each op (ops.def's GRAD column), NULL where none. */
 tf_grad_fn tf_grad_rule(int op);
+/* For an op without a rule: why it has none (ops.def's none_<why>); NULL for
+ * an op with a rule, or one whose GRAD column names no known reason. */
+const char *tf_grad_none_reason(int op);
 
 #endif

@@ -393,11 +393,40 @@ static tf_ir_status gr_gather(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     return give(g, n, 1, gb(g, n, TF_OP_SCATTER_ADD, "dtable", in, 2, a, 1));
 }
 
-#define gr_none NULL
+/* The ops without a rule, and why (ops.def's GRAD column names none_<why>). */
+#define gr_none_layer NULL
+#define gr_none_bool NULL
+#define gr_none_index NULL
+#define gr_none_generator NULL
+#define gr_none_random NULL
+#define gr_none_backward NULL
+static const struct { const char *name, *why; } no_rule[] = {
+    {"none_layer", "a layer op, lowered into core ops before autodiff"},
+    {"none_bool", "its result is boolean: nothing flows back through it"},
+    {"none_index", "its operand is an integer index"},
+    {"none_generator", "it has no operands"},
+    {"none_random", "its operand gives only the shape of the random mask"},
+    {"none_backward", "a gradient op itself: tfuse takes no second derivatives"},
+};
+
 static const tf_grad_fn rules[TF_OP_COUNT] = {
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, AMP, GRAD) [TF_OP_##E] = gr_##GRAD,
+#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) [TF_OP_##E] = gr_##GRAD,
+#include "ops.def"
+#undef TF_OP
+};
+
+static const char *const rule_names[TF_OP_COUNT] = {
+#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) [TF_OP_##E] = #GRAD,
 #include "ops.def"
 #undef TF_OP
 };
 
 tf_grad_fn tf_grad_rule(int op) { return (unsigned)op < TF_OP_COUNT ? rules[op] : NULL; }
+
+const char *tf_grad_none_reason(int op)
+{
+    if ((unsigned)op >= TF_OP_COUNT || rules[op]) return NULL;
+    for (size_t i = 0; i < sizeof no_rule / sizeof *no_rule; i++)
+        if (!strcmp(rule_names[op], no_rule[i].name)) return no_rule[i].why;
+    return NULL;
+}
