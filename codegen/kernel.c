@@ -61,6 +61,13 @@ static bool is_pointwise(const tf_node *n)
     return kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || kind == TF_OPK_GENERATOR || n->op == TF_OP_ONE_HOT;
 }
 
+bool tf_kernel_op_is_expr(int op)
+{
+    tf_op_kind kind = tf_op_info_of(op)->kind;
+    return !tf_op_has(op, TF_OPF_LAYER) && op != TF_OP_IOTA &&
+           (kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || op == TF_OP_ONE_HOT);
+}
+
 static unsigned reduce_mask(const tf_node *n)
 {
     const tf_attr *a = tf_node_attr_named(n, "axes");

@@ -113,6 +113,10 @@ int tf_kernel_split_axis(const tf_kernel *k);
 /* The reductions a kernel can hold (sum, mean, max): the ones both code
  * generators fold in their reduction loops. */
 bool tf_kernel_reduction_ok(int op);
+/* Whether a core op becomes a TF_KX_OP expression in kernels: the ops the
+ * code generators lower from ops.def's scalar expression (iota becomes an
+ * index, not an op). */
+bool tf_kernel_op_is_expr(int op);
 
 /* A text that equal kernels share and different ones do not: kind, space,
  * split axis, buffer dtypes, expressions (with dropout's p and salt),

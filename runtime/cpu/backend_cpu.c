@@ -149,10 +149,10 @@ static void jit_put(int slot)
 
 typedef enum how {
     RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_POOL, RUN_POOL_GRAD, RUN_GATHER, RUN_SCATTER,
-    RUN_FALLBACK, RUN_NOTHING
+    RUN_CONCAT, RUN_SLICE_GRAD, RUN_FALLBACK, RUN_NOTHING
 } how;
 static const char *how_names[] = {"jit", "view", "gemm", "conv", "conv_grad_input", "conv_grad_weight", "pool", "pool_grad",
-                                  "gather", "scatter_add", "fallback", "-"};
+                                  "gather", "scatter_add", "concat", "slice_grad", "fallback", "-"};
 
 typedef struct ckernel {
     const tf_kernel *k;
@@ -283,6 +283,11 @@ static how library_how(const tf_node *n)
         (n->in[0]->type.dtype == TF_DT_I64 || n->in[0]->type.dtype == TF_DT_I32) && n->out->type.dtype == TF_DT_F32 &&
         n->in[1]->type.dtype == TF_DT_F32)
         return RUN_SCATTER;
+    if (n->op == TF_OP_CONCAT || n->op == TF_OP_SLICE_GRAD) {   /* copies of any dtype */
+        for (int q = 0; q < n->nin; q++)
+            if (n->in[q]->kind == TF_VAL_CONST || n->in[q]->type.dtype != n->out->type.dtype) return RUN_FALLBACK;
+        return n->op == TF_OP_CONCAT ? RUN_CONCAT : RUN_SLICE_GRAD;
+    }
     for (int q = 0; q < n->nin; q++)
         if (n->in[q]->kind == TF_VAL_CONST || !gemm_dtype(n->in[q]->type.dtype)) return RUN_FALLBACK;
     if (!gemm_dtype(n->out->type.dtype)) return RUN_FALLBACK;
@@ -563,6 +568,43 @@ static bool run_gather(cpu *c, const tf_node *n, bool scatter)
     return true;
 }
 
+/* concat: out as [outer, len, inner], operand i as [outer, len_i, inner]
+ * placed at its offset along the axis. slice_grad: zeros, dy's rows at
+ * start + j * step. Both move bytes, so any dtype; false for an axis the
+ * verifier should have refused. */
+static bool run_copy(cpu *c, const tf_node *n)
+{
+    const tf_value *out = n->out;
+    int rank = out->type.rank, ax;
+    if (!tf_axis_norm(tf_node_int(n, "axis"), rank, &ax)) return false;
+    size_t es = (size_t)tf_dtype_bytes(out->type.dtype);
+    int64_t outer = 1, inner = 1, len = out->type.dims[ax].n;
+    for (int i = 0; i < ax; i++) outer *= out->type.dims[i].n;
+    for (int i = ax + 1; i < rank; i++) inner *= out->type.dims[i].n;
+    char *dst = storage(c, out);
+    if (n->op == TF_OP_CONCAT) {
+        int64_t pos = 0;
+        for (int q = 0; q < n->nin; q++) {
+            int64_t m = n->in[q]->type.dims[ax].n;
+            const char *src = storage(c, n->in[q]);
+            for (int64_t o = 0; o < outer; o++)
+                memcpy(dst + (size_t)((o * len + pos) * inner) * es, src + (size_t)(o * m * inner) * es, (size_t)(m * inner) * es);
+            pos += m;
+        }
+        return true;
+    }
+    int64_t m = n->in[0]->type.dims[ax].n, start = tf_node_int(n, "start"), step = tf_node_int(n, "step");
+    tf_slice_bounds(len, start, len, &start, NULL);
+    if (m > 0 && start + (m - 1) * step >= len) return false;
+    const char *src = storage(c, n->in[0]);
+    memset(dst, 0, value_bytes(out));
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < m; j++)
+            memcpy(dst + (size_t)((o * len + start + j * step) * inner) * es, src + (size_t)((o * m + j) * inner) * es,
+                   (size_t)inner * es);
+    return true;
+}
+
 /* The reference runs the kernel on widened copies of its buffers. */
 static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
 {
@@ -636,6 +678,9 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
     case RUN_POOL: case RUN_POOL_GRAD: run_pool(c, k->lib, ck->how == RUN_POOL_GRAD); break;
     case RUN_GATHER: case RUN_SCATTER:
         if (!run_gather(c, k->lib, ck->how == RUN_SCATTER)) return run_fallback(s, c, k);
+        break;
+    case RUN_CONCAT: case RUN_SLICE_GRAD:
+        if (!run_copy(c, k->lib)) return run_fallback(s, c, k);
         break;
     case RUN_JIT: break;
     }

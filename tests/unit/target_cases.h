@@ -13,9 +13,12 @@
 #define TF_TESTS_TARGET_CASES_H
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "autodiff.h"
 #include "runtime.h"
 #include "tfuse.h"
 
@@ -38,8 +41,8 @@ static const target_case target_cases[] = {
      "output a\noutput c\noutput d\noutput e\noutput f\noutput h\noutput k\n", TF_MODE_INFER},
     {"reductions", "input x : f32[5, 1, 19]\n"
      "a = reduce_sum(x, axes=[2])\nb = reduce_mean(x, axes=[0], keepdims=true)\nc = reduce_max(x, axes=[0, 2])\n"
-     "d = sum(x, axes=[0, 1, 2])\ne = softmax(x)\nf = log_softmax(x, axis=0)\n"
-     "output a\noutput b\noutput c\noutput d\noutput e\noutput f\n", TF_MODE_INFER},
+     "d = sum(x, axes=[0, 1, 2])\ne = softmax(x)\nf = log_softmax(x, axis=0)\ng = max(x, axes=[1, 2])\n"
+     "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\n", TF_MODE_INFER},
     {"gemm", "input a : f32[3, 7, 5]\ninput b : f32[5, 11]\ninput c : f32[1, 11, 5]\ninput d : f32[7, 3]\n"
      "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, a, transpose_a=true)\n"
      "output x\noutput y\noutput z\n", TF_MODE_INFER},
@@ -83,6 +86,11 @@ static const target_case target_cases[] = {
      "y = conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], groups=2)\np = maxpool2d(y, kernel=3, stride=2, padding=1)\n"
      "q = avgpool2d(y, kernel=2)\ns = mul(p, p)\nt = mean(s, axes=[0, 1, 2, 3])\nu = mean(q, axes=[0, 1, 2, 3])\n"
      "loss = add(t, u)\noutput loss\n" TC_TRAIN_SGD, TF_MODE_TRAIN},
+    /* a conv whose input is computed: the gradient reaches it (conv2d_grad_input) */
+    {"train conv chain", "input x : f32[2, 3, 6, 5]\nparam w1 : f32[4, 3, 3, 3] = uniform()\n"
+     "param w2 : f32[2, 4, 3, 3] = uniform()\nc1 = conv2d(x, w1, padding=1)\nr = relu(c1)\n"
+     "c2 = conv2d(r, w2, stride=2, padding=[1, 0])\ns = mul(c2, c2)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n"
+     TC_TRAIN_SGD, TF_MODE_TRAIN},
     {"train gemm, norms, gathers", "input i : i64[3, 5]\ninput y : i64[3, 5]\nparam t : f32[11, 7] = normal()\n"
      "param w : f32[7, 11] = uniform()\nparam g : f32[7] = ones()\nparam bb : f32[7] = zeros()\n"
      "e = embedding(i, t)\nn = layernorm(e, g, bb)\nh = gelu(n)\nl = linear(h, w)\nloss = cross_entropy(l, y)\n"
@@ -101,6 +109,43 @@ static const target_case target_cases[] = {
      "param b : f32[5] = zeros()\nh = linear(x, w, b)\nd = dropout(h, p=0.3)\nloss = cross_entropy(d, y)\noutput loss\n"
      "train {\n  optimizer = adam(lr=0.01)\n}\n", TF_MODE_TRAIN},
 };
+
+/* Cases generated from the op table, so that a pointwise op added to ops.def
+ * runs on every target without anyone writing a case for it: for every core
+ * pointwise op of one or two operands without attributes, an inference
+ * model (raw operands, NaNs included, and positive ones) and, when the op
+ * has a gradient rule, a training step through it. Fills buf with the
+ * model and *mode; false for an op this cannot generate a case for. */
+static inline bool tc_generated(int op, bool train, char *buf, size_t n, tf_mode *mode)
+{
+    const tf_op_info *in = tf_op_info_of(op);
+    if (in->kind != TF_OPK_POINTWISE || tf_op_has(op, TF_OPF_LAYER) || in->nattrs || in->min_in != in->max_in ||
+        in->min_in < 1 || in->min_in > 2)
+        return false;
+    bool two = in->min_in == 2;
+    /* positive operands: q = (x0^2 + 0.5) * w, r = x1^2 + 0.5 */
+    const char *q = "p = mul(x0, x0)\nh = add(p, 0.5)\nq = mul(h, w)\n", *r = "t = mul(x1, x1)\nr = add(t, 0.5)\n";
+    const char *nm = in->name;
+    if (train) {
+        if (!tf_grad_rule(op)) return false;
+        snprintf(buf, n,
+                 "input x0 : f32[7, 13]\n%sparam w : f32[13] = ones()\n%s%sy = %s(q%s)\ns = mul(y, y)\n"
+                 "loss = mean(s, axes=[0, 1])\noutput loss\n" TC_TRAIN_SGD,
+                 two ? "input x1 : f32[13]\n" : "", q, two ? r : "", nm, two ? ", r" : "");
+        *mode = TF_MODE_TRAIN;
+    } else if (two) {
+        snprintf(buf, n,
+                 "input x0 : f32[7, 13]\ninput x1 : f32[13]\ninput x2 : f32[7, 1]\nparam w : f32[13] = ones()\n%s%s"
+                 "y = %s(x0, x2)\nz = %s(q, r)\noutput y\noutput z\n", q, r, nm, nm);
+        *mode = TF_MODE_INFER;
+    } else {
+        snprintf(buf, n,
+                 "input x0 : f32[7, 13]\ninput x1 : f32[13]\nparam w : f32[13] = ones()\n%s%s"
+                 "y = %s(x0)\nz = %s(q)\nu = %s(r)\noutput y\noutput z\noutput u\n", q, r, nm, nm, nm);
+        *mode = TF_MODE_INFER;
+    }
+    return true;
+}
 
 /* The text of the case with this label (NULL if none). */
 static inline const char *tc_text(const char *label)

@@ -4,7 +4,8 @@
  * sessions with the same seed (interp, the float64 oracle, and cpu), the
  * same fresh random inputs bound to both.
  *
- *   - ops: target_cases.h's model per op family at odd sizes, in fp32
+ *   - ops: target_cases.h's model per op family at odd sizes, and one
+ *     per pointwise op made from the op table (tc_generated), in fp32
  *     storage and in f16/bf16 storage; inference compares every output,
  *     training one step compares the loss and every param and buffer after
  *     the update (so every backward kernel and the optimizer are in it);
@@ -178,6 +179,9 @@ static void op_case(const char *label, const char *text, tf_mode mode)
         snprintf(lab, sizeof lab, "%s [%s]", label, precisions[pi]);
         pair q;
         if (pair_make(&q, lab, u, mode, mode == TF_MODE_TRAIN ? precisions[pi] : NULL, NULL, 0) && pair_step(&q, lab)) {
+            tf_session_info info;
+            tf_session_get_info(q.cpu, &info);   /* every kernel compiled or a library call: none left to the interpreter */
+            CHECK(info.fallbacks == 0, "%s: %d kernels fell back to the interpreter", lab, info.fallbacks);
             pair_compare(&q, lab, mode == TF_MODE_TRAIN, 1e-4, mode == TF_MODE_TRAIN && pi ? tol_of(pi == 1 ? TF_DTYPE_BF16 : TF_DTYPE_F16) : 0,
                          false);
             g_cases++;
@@ -191,6 +195,14 @@ static void ops(void)
 {
     for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)
         op_case(target_cases[i].label, target_cases[i].text, target_cases[i].mode);
+    for (int op = 0; op < TF_OP_COUNT; op++)   /* and the cases made from the op table */
+        for (int train = 0; train < 2; train++) {
+            char text[2048], label[128];
+            tf_mode mode;
+            if (!tc_generated(op, train, text, sizeof text, &mode)) continue;
+            snprintf(label, sizeof label, "generated %s [%s]", tf_op_info_of(op)->name, train ? "train" : "infer");
+            op_case(label, text, mode);
+        }
 }
 
 static void examples(void)
