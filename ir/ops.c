@@ -29,6 +29,8 @@ static double sf_erf(double a, double b) { (void)b; return erf(a); }
 static double sf_sin(double a, double b) { (void)b; return sin(a); }
 static double sf_cos(double a, double b) { (void)b; return cos(a); }
 static double sf_silu(double a, double b) { (void)b; return a / (1.0 + tf_exp(-a)); }
+/* log(1 + e^a), without overflow for large a */
+static double sf_softplus(double a, double b) { (void)b; return a > 0 ? a + log1p(tf_exp(-a)) : log1p(tf_exp(a)); }
 static double sf_add(double a, double b) { return a + b; }
 static double sf_sub(double a, double b) { return a - b; }
 static double sf_mul(double a, double b) { return a * b; }

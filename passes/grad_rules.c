@@ -39,6 +39,11 @@ static tf_ir_status gr_abs(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
 static tf_ir_status gr_exp(tf_grad_ctx *g, const tf_node *n, tf_value *dy) { return give(g, n, 0, gb2(g, n, TF_OP_MUL, "dx", dy, Y(n))); }
 static tf_ir_status gr_log(tf_grad_ctx *g, const tf_node *n, tf_value *dy) { return give(g, n, 0, gb2(g, n, TF_OP_DIV, "dx", dy, X(n))); }
 
+static tf_ir_status gr_softplus(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
+{
+    return give(g, n, 0, gb2(g, n, TF_OP_MUL, "dx", dy, gb1(g, n, TF_OP_SIGMOID, "s", X(n))));
+}
+
 static tf_ir_status gr_sqrt(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
 {
     return give(g, n, 0, gb2(g, n, TF_OP_DIV, "dx", gb2(g, n, TF_OP_MUL, "half", dy, gnum(g, 0.5)), Y(n)));
