@@ -917,11 +917,11 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     if (!tf_cuda_supports(k, why, sizeof why)) return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "cuda: %s", why);
     em e = {.k = k};
     size_t nx = (size_t)k->nexprs + 1, nb = (size_t)k->nbufs + 1;
-    e.written = calloc(nb, sizeof *e.written);
-    e.contig = calloc(nx, sizeof *e.contig);
-    e.mark = calloc(nx, 1);
+    e.written = tf_calloc(nb, sizeof *e.written);
+    e.contig = tf_calloc(nx, sizeof *e.contig);
+    e.mark = tf_calloc(nx, 1);
     if (!e.written || !e.contig || !e.mark) {
-        free(e.written); free(e.contig); free(e.mark);
+        tf_free(e.written); tf_free(e.contig); tf_free(e.mark);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
     }
     e.numel = 1;
@@ -973,12 +973,12 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     tf_strbuf_printf(&src, ")\n{\n    typedef %s tf_idx;\n", e.wide ? "long long" : "int");
     tf_strbuf_printf(&src, "%s}\n", body.p ? body.p : "");
     bool oom = body.oom || src.oom;
-    free(body.p);
-    free(e.written);
-    free(e.contig);
-    free(e.mark);
+    tf_free(body.p);
+    tf_free(e.written);
+    tf_free(e.contig);
+    tf_free(e.mark);
     if (oom) {
-        free(src.p);
+        tf_free(src.p);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
     }
     out->hash = fnv1a(src.p, src.n);
@@ -1003,7 +1003,7 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
 void tf_cuda_kernel_free(tf_cuda_kernel *ck)
 {
     if (!ck) return;
-    free(ck->src);
+    tf_free(ck->src);
     ck->src = NULL;
 }
 
@@ -1013,8 +1013,8 @@ tf_ir_status tf_cuda_emit_plan(const tf_kernel_plan *p, tf_cuda_program *out, tf
 {
     memset(out, 0, sizeof *out);
     int n = p->nkernels;
-    out->kernels = calloc((size_t)n + 1, sizeof *out->kernels);
-    out->why = calloc((size_t)n + 1, sizeof *out->why);
+    out->kernels = tf_calloc((size_t)n + 1, sizeof *out->kernels);
+    out->why = tf_calloc((size_t)n + 1, sizeof *out->why);
     if (!out->kernels || !out->why) {
         tf_cuda_program_free(out);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
@@ -1042,8 +1042,8 @@ void tf_cuda_program_free(tf_cuda_program *prog)
 {
     if (!prog) return;
     for (int i = 0; prog->kernels && i < prog->nkernels; i++) tf_cuda_kernel_free(&prog->kernels[i]);
-    free(prog->kernels);
-    free(prog->why);
+    tf_free(prog->kernels);
+    tf_free(prog->why);
     memset(prog, 0, sizeof *prog);
 }
 
@@ -1071,7 +1071,7 @@ char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel 
     if (ck->rng) tf_strbuf_printf(&s, "//   tf_rng = {seed, step} (device memory)\n");
     tf_strbuf_printf(&s, "%s", ck->src);
     if (s.oom) {
-        free(s.p);
+        tf_free(s.p);
         return NULL;
     }
     return s.p;

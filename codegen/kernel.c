@@ -22,7 +22,7 @@ static bool grow(void **p, int n, int *cap, size_t elem)
 {
     if (n < *cap) return true;
     int c = *cap ? *cap * 2 : 8;
-    void *q = realloc(*p, (size_t)c * elem);
+    void *q = tf_realloc(*p, (size_t)c * elem);
     if (!q) return false;
     *p = q;
     *cap = c;
@@ -400,14 +400,14 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     for (int i = lo; i < hi && !st; i++)
         if (nodes[i] != lib && leaves(m, nodes[i], lo, hi)) st = add_store(&b, nodes[i]);
     for (int i = 0; i < b.ntouched; i++) expr_of[b.touched[i]] = -1;   /* expressions are per kernel */
-    free(b.touched);
+    tf_free(b.touched);
     return st;
 }
 
 char *tf_kernel_key(const tf_kernel *k)
 {
     size_t cap = 256 + (size_t)k->nexprs * (96 + 24 * TF_MAX_RANK) + (size_t)(k->nbufs + k->nreds + k->nstores) * 48;
-    char *s = malloc(cap);
+    char *s = tf_malloc(cap);
     if (!s) return NULL;
     size_t n = 0;
 #define KEY(...) (n += (size_t)snprintf(s + n, n < cap ? cap - n : 0, __VA_ARGS__))
@@ -438,7 +438,7 @@ char *tf_kernel_key(const tf_kernel *k)
     for (int t = 0; t < k->nstores; t++) KEY(" s%d:%d:%d", k->stores[t].buf, k->stores[t].expr, k->stores[t].reduced_domain);
 #undef KEY
     if (n >= cap) {   /* cannot happen with the estimate above; never hand out a truncated key */
-        free(s);
+        tf_free(s);
         return NULL;
     }
     return s;
@@ -483,11 +483,11 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
         int id = ((tf_node *)m->nodes.items[i])->out->id;
         if (id + 1 > V) V = id + 1;
     }
-    int *expr_of = malloc((size_t)(V ? V : 1) * sizeof *expr_of);
-    place *place_of = malloc((size_t)(V ? V : 1) * sizeof *place_of);
+    int *expr_of = tf_malloc((size_t)(V ? V : 1) * sizeof *expr_of);
+    place *place_of = tf_malloc((size_t)(V ? V : 1) * sizeof *place_of);
     if (!expr_of || !place_of) {
-        free(expr_of);
-        free(place_of);
+        tf_free(expr_of);
+        tf_free(place_of);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
     }
     for (int i = 0; i < V; i++) expr_of[i] = -1;
@@ -514,8 +514,8 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
                 if (c != b && overlap(k->bufs[b].value, k->bufs[c].value)) k->bufs[b].disjoint = false;
         }
     }
-    free(expr_of);
-    free(place_of);
+    tf_free(expr_of);
+    tf_free(place_of);
     if (st) tf_kernels_free(out);
     return st;
 }
@@ -523,12 +523,12 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
 void tf_kernels_free(tf_kernel_plan *p)
 {
     for (int i = 0; i < p->nkernels; i++) {
-        free(p->kernels[i].bufs);
-        free(p->kernels[i].exprs);
-        free(p->kernels[i].reds);
-        free(p->kernels[i].stores);
+        tf_free(p->kernels[i].bufs);
+        tf_free(p->kernels[i].exprs);
+        tf_free(p->kernels[i].reds);
+        tf_free(p->kernels[i].stores);
     }
-    free(p->kernels);
+    tf_free(p->kernels);
     memset(p, 0, sizeof *p);
 }
 
@@ -575,7 +575,7 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
                 k->stores[t].expr);
     }
     if (s.oom) {
-        free(s.p);
+        tf_free(s.p);
         return NULL;
     }
     return s.p;

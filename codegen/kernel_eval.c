@@ -176,9 +176,9 @@ tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag
         if (k->lib && (st = run_library(k->lib, ip, d))) break;
         if (!k->nexprs) continue;
         ev e = {.k = k, .seed = tf_interp_seed(ip), .step = tf_interp_step(ip)};
-        e.bufs = malloc((size_t)k->nbufs * sizeof *e.bufs);
-        e.val = malloc((size_t)k->nexprs * sizeof *e.val);
-        e.red = malloc((size_t)(k->nreds ? k->nreds : 1) * sizeof *e.red);
+        e.bufs = tf_malloc((size_t)k->nbufs * sizeof *e.bufs);
+        e.val = tf_malloc((size_t)k->nexprs * sizeof *e.val);
+        e.red = tf_malloc((size_t)(k->nreds ? k->nreds : 1) * sizeof *e.red);
         if (!e.bufs || !e.val || !e.red) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
         for (int b = 0; !st && b < k->nbufs; b++)
             if (!(e.bufs[b] = tf_interp_tensor(ip, k->bufs[b].value, d))) st = d->status;
@@ -201,9 +201,9 @@ tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag
                 visit(&e, zero, false, store_full, NULL);
             }
         }
-        free(e.bufs);
-        free(e.val);
-        free(e.red);
+        tf_free(e.bufs);
+        tf_free(e.val);
+        tf_free(e.red);
     }
     tf_interp_set_diag(ip, saved);
     return st;

@@ -786,14 +786,14 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
      * outer function unpacks bufs and calls it, and once it is inlined the
      * vectorizer needs no runtime overlap checks for those. */
     int nb = k->nbufs;
-    LLVMTypeRef *bt = calloc((size_t)nb + 3, sizeof *bt);
-    g.bufp = calloc((size_t)k->nbufs + 1, sizeof *g.bufp);
-    g.red = calloc((size_t)k->nreds + 1, sizeof *g.red);
-    g.memo = calloc((size_t)k->nexprs + 1, sizeof *g.memo);
-    LLVMValueRef *callargs = calloc((size_t)nb + 3, sizeof *callargs);
+    LLVMTypeRef *bt = tf_calloc((size_t)nb + 3, sizeof *bt);
+    g.bufp = tf_calloc((size_t)k->nbufs + 1, sizeof *g.bufp);
+    g.red = tf_calloc((size_t)k->nreds + 1, sizeof *g.red);
+    g.memo = tf_calloc((size_t)k->nexprs + 1, sizeof *g.memo);
+    LLVMValueRef *callargs = tf_calloc((size_t)nb + 3, sizeof *callargs);
     if (!bt || !callargs || !g.bufp || !g.red || !g.memo) {
-        free(bt); free(callargs);
-        free(g.bufp); free(g.red); free(g.memo);
+        tf_free(bt); tf_free(callargs);
+        tf_free(g.bufp); tf_free(g.red); tf_free(g.memo);
         LLVMDisposeBuilder(g.b);
         LLVMDisposeModule(g.mod);
         return NULL;
@@ -832,8 +832,8 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
     for (int a = 1; a < 4; a++) callargs[nb + a - 1] = LLVMGetParam(outer_fn, (unsigned)a);
     LLVMBuildCall2(g.b, bodyt, g.fn, callargs, (unsigned)nb + 3, "");
     LLVMBuildRetVoid(g.b);
-    free(bt);
-    free(callargs);
+    tf_free(bt);
+    tf_free(callargs);
     g.split = tf_kernel_split_axis(k);
     g.top = 0;
     for (int a = 0; a < k->rank; a++)
@@ -848,7 +848,7 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         g.ncols = 1;
         for (int a = 0; a < k->rank; a++)
             if (!((k->reduce_mask >> a) & 1)) g.ncols *= k->dims[a];
-        g.colred = calloc((size_t)k->nreds + 1, sizeof *g.colred);
+        g.colred = tf_calloc((size_t)k->nreds + 1, sizeof *g.colred);
         g.colacc = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, TF_RED_LANES * g.ncols), "colacc");
         for (int r = 0; g.colred && r < k->nreds; r++) g.colred[r] = LLVMBuildArrayAlloca(g.b, g.f64, ci(&g, g.ncols), "colred");
     }
@@ -888,10 +888,10 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
         loop_nest(&g, all, 0, full_stores, NULL);
     }
     LLVMBuildRetVoid(g.b);
-    free(g.colred);
-    free(g.bufp);
-    free(g.red);
-    free(g.memo);
+    tf_free(g.colred);
+    tf_free(g.bufp);
+    tf_free(g.red);
+    tf_free(g.memo);
     LLVMDisposeBuilder(g.b);
     return g.mod;
 }
@@ -1008,11 +1008,11 @@ tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d)
 {
     *out = NULL;
     init_native();
-    tf_jit *j = calloc(1, sizeof *j);
+    tf_jit *j = tf_calloc(1, sizeof *j);
     if (!j) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     char err[512];
     if (!(j->tm = host_tm(err, sizeof err))) {
-        free(j);
+        tf_free(j);
         return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "%s", err);
     }
     /* the JIT's own target machine: the host's CPU and features */
@@ -1022,7 +1022,7 @@ tf_ir_status tf_jit_create(tf_jit **out, tf_diag *d)
     LLVMErrorRef e = LLVMOrcCreateLLJIT(&j->jit, jb);
     if (e) {
         LLVMDisposeTargetMachine(j->tm);
-        free(j);
+        tf_free(j);
         return llvm_error(d, e, "cannot create the LLVM JIT");
     }
     LLVMOrcDefinitionGeneratorRef gen = NULL;
@@ -1048,9 +1048,9 @@ void tf_jit_free(tf_jit *j)
         if (e) LLVMConsumeError(e);
     }
     if (j->tm) LLVMDisposeTargetMachine(j->tm);
-    for (int i = 0; i < j->nnames; i++) free(j->names[i]);
-    free(j->names);
-    free(j);
+    for (int i = 0; i < j->nnames; i++) tf_free(j->names[i]);
+    tf_free(j->names);
+    tf_free(j);
 }
 
 /* k->name, or k->name.N when this JIT already has a function of that name. */
@@ -1066,12 +1066,12 @@ static char *unique_name(tf_jit *j, const char *base)
     }
     if (j->nnames == j->cap) {
         int cap = j->cap ? 2 * j->cap : 16;
-        char **p = realloc(j->names, (size_t)cap * sizeof *p);
+        char **p = tf_realloc(j->names, (size_t)cap * sizeof *p);
         if (!p) return NULL;
         j->names = p;
         j->cap = cap;
     }
-    char *s = strdup(buf);
+    char *s = tf_strdup(buf);
     if (s) j->names[j->nnames++] = s;
     return s;
 }
@@ -1081,7 +1081,7 @@ static void forget_name(tf_jit *j, const char *name)
 {
     for (int i = 0; i < j->nnames; i++)
         if (strcmp(j->names[i], name) == 0) {
-            free(j->names[i]);
+            tf_free(j->names[i]);
             j->names[i] = j->names[--j->nnames];
             return;
         }
@@ -1098,7 +1098,7 @@ tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *c, tf_diag *d)
     LLVMErrorRef e = LLVMOrcResourceTrackerRemove(c->rt);
     LLVMOrcReleaseResourceTracker(c->rt);
     forget_name(j, c->name);
-    free(c);
+    tf_free(c);
     return e ? llvm_error(d, e, "llvm: cannot free a kernel's code") : TF_IR_OK;
 }
 
@@ -1125,7 +1125,7 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
     LLVMSetDataLayout(mod, LLVMOrcLLJITGetDataLayoutStr(j->jit));
     LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(mod, tsc);
     LLVMOrcDisposeThreadSafeContext(tsc);   /* the module keeps its context alive */
-    tf_jit_code *c = calloc(1, sizeof *c);
+    tf_jit_code *c = tf_calloc(1, sizeof *c);
     if (!c) {
         LLVMOrcDisposeThreadSafeModule(tsm);
         forget_name(j, name);
@@ -1138,7 +1138,7 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
         LLVMOrcDisposeThreadSafeModule(tsm);
         LLVMOrcReleaseResourceTracker(c->rt);
         forget_name(j, c->name);
-        free(c);
+        tf_free(c);
         return llvm_error(d, e, "llvm: cannot add the kernel's module");
     }
     LLVMOrcExecutorAddress addr = 0;
@@ -1168,7 +1168,7 @@ char *tf_jit_print(const tf_kernel *k)
         LLVMTargetMachineRef tm = host_tm(err, sizeof err);
         if (!finish_module(mod, tm, err, sizeof err)) {
             char *s = LLVMPrintModuleToString(mod);
-            out = strdup(s);
+            out = tf_strdup(s);
             LLVMDisposeMessage(s);
         }
         if (tm) LLVMDisposeTargetMachine(tm);

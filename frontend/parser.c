@@ -835,10 +835,10 @@ tf_ir_status tf_parse(const char *file, const char *src, size_t len, const tf_di
     p.d = d;
     p.over = dims;
     p.nover = ndims;
-    p.over_used = calloc((size_t)(ndims > 0 ? ndims : 1), sizeof *p.over_used);
+    p.over_used = tf_calloc((size_t)(ndims > 0 ? ndims : 1), sizeof *p.over_used);
     if (!p.m || !p.over_used) {
         tf_module_free(p.m);
-        free(p.over_used);
+        tf_free(p.over_used);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     }
     for (int i = 0; i < ndims; i++)
@@ -874,7 +874,7 @@ tf_ir_status tf_parse(const char *file, const char *src, size_t len, const tf_di
                       len ? "it holds only comments and blank lines" : "the file has no text");
         goto fail;
     }
-    free(p.over_used);
+    tf_free(p.over_used);
     if (tf_verify(p.m, d) || check_float_literals(p.m, d)) {
         tf_module_free(p.m);
         return d->status;
@@ -882,7 +882,7 @@ tf_ir_status tf_parse(const char *file, const char *src, size_t len, const tf_di
     *out = p.m;
     return TF_IR_OK;
 fail:
-    free(p.over_used);
+    tf_free(p.over_used);
     tf_module_free(p.m);
     return d->status ? d->status : TF_IR_ERR_SYNTAX;
 }

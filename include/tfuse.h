@@ -84,6 +84,21 @@ typedef struct tf_dim_override { const char *name; int64_t value; } tf_dim_overr
 
 /* ---- context ---- */
 tf_status   tf_context_create(tf_context_t **out);
+/* An embedder's allocator, as Lua's lua_Alloc: ptr NULL and nsize > 0:
+ * allocate nsize bytes; nsize 0: free ptr, a block of osize bytes, and
+ * return NULL; otherwise resize ptr from osize to nsize bytes (keeping it
+ * untouched on failure). Return NULL when an allocation or resize fails:
+ * the call that needed it returns TF_ERR_OOM with nothing leaked and the
+ * context still usable. Every allocation libtfuse makes during a call on
+ * this context, or on the models, programs and sessions made with it, goes
+ * through fn (blocks are freed through the allocator that made them), except
+ * what LLVM, OpenBLAS and the CUDA libraries allocate for themselves and the
+ * strings tfuse hands to the caller to free() (tf_model_print, ...), which
+ * come from malloc. fn is called from the thread making the call; it must
+ * be thread-safe if the context's objects are used from several threads.
+ * fn NULL: the C library's (tf_context_create). */
+typedef void *(*tf_alloc_fn)(void *ud, void *ptr, size_t osize, size_t nsize);
+tf_status   tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_context_t **out);
 void        tf_context_free(tf_context_t *ctx);
 const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
 const char *tf_status_name(tf_status s);

@@ -1,5 +1,6 @@
 /* arena.c — see arena.h. */
 #include "arena.h"
+#include "alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@ void tf_arena_release(tf_arena *a)
     tf_arena_block *b = a->head;
     while (b) {
         tf_arena_block *next = b->next;
-        free(b);
+        tf_free(b);
         b = next;
     }
     a->head = NULL;
@@ -35,7 +36,7 @@ void *tf_arena_alloc(tf_arena *a, size_t size)
     if (a->limit && a->total + size > a->limit) return NULL;
     if (!a->head || a->cap - a->used < size) {
         size_t cap = size > TF_ARENA_MIN_BLOCK ? size : TF_ARENA_MIN_BLOCK;
-        tf_arena_block *b = malloc(sizeof *b + cap);
+        tf_arena_block *b = tf_malloc(sizeof *b + cap);
         if (!b) return NULL;
         b->next = a->head;
         b->cap = cap;

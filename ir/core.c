@@ -127,7 +127,7 @@ void tf_strbuf_vprintf(tf_strbuf *s, const char *fmt, va_list ap)
     if (!s->oom && s->n + (size_t)k + 1 > s->cap) {
         size_t cap = s->cap ? s->cap : 4096;
         while (cap < s->n + (size_t)k + 1) cap *= 2;
-        char *q = realloc(s->p, cap);
+        char *q = tf_realloc(s->p, cap);
         if (!q) s->oom = true;
         else s->p = q, s->cap = cap;
     }

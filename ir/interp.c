@@ -62,14 +62,14 @@ tf_ir_status tf_tensor_alloc(tf_tensor *t, const tf_type *ty, tf_diag *d)
                              "the interpreter holds tensors of at most 2^28 elements; one here has %lld (use smaller dims)",
                              (long long)n);
     t->numel = n;
-    t->data = calloc((size_t)(n ? n : 1), sizeof(double));
+    t->data = tf_calloc((size_t)(n ? n : 1), sizeof(double));
     if (!t->data) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory allocating %lld elements", (long long)n);
     return TF_IR_OK;
 }
 
 void tf_tensor_release(tf_tensor *t)
 {
-    free(t->data);
+    tf_free(t->data);
     t->data = NULL;
 }
 
@@ -78,15 +78,15 @@ void tf_tensor_release(tf_tensor *t)
 tf_interp_ctx *tf_interp_create(tf_module *m, tf_ir_mode mode, uint64_t seed)
 {
     tf_module_renumber(m);
-    tf_interp_ctx *ip = calloc(1, sizeof *ip);
+    tf_interp_ctx *ip = tf_calloc(1, sizeof *ip);
     if (!ip) return NULL;
     ip->m = m;
     ip->mode = mode;
     ip->seed = seed;
     ip->nvals = m->next_id;
-    ip->vals = calloc((size_t)(ip->nvals ? ip->nvals : 1), sizeof *ip->vals);
+    ip->vals = tf_calloc((size_t)(ip->nvals ? ip->nvals : 1), sizeof *ip->vals);
     if (!ip->vals) {
-        free(ip);
+        tf_free(ip);
         return NULL;
     }
     return ip;
@@ -103,9 +103,9 @@ void tf_interp_free(tf_interp_ctx *ip)
     if (!ip) return;
     for (int i = 0; i < ip->nvals; i++) tf_tensor_release(&ip->vals[i]);
     clear_pending(ip);
-    free(ip->pending);
-    free(ip->vals);
-    free(ip);
+    tf_free(ip->pending);
+    tf_free(ip->vals);
+    tf_free(ip);
 }
 
 tf_ir_mode tf_interp_mode(const tf_interp_ctx *ip) { return ip->mode; }
@@ -131,7 +131,7 @@ tf_ir_status tf_interp_defer_update(tf_interp_ctx *ip, const tf_value *buffer, c
 {
     if (ip->npending == ip->cap_pending) {
         int cap = ip->cap_pending ? ip->cap_pending * 2 : 8;
-        void *p = realloc(ip->pending, (size_t)cap * sizeof *ip->pending);
+        void *p = tf_realloc(ip->pending, (size_t)cap * sizeof *ip->pending);
         if (!p) return tf_diag_error(ip->d, TF_IR_ERR_OOM, NULL, "out of memory");
         ip->pending = p;
         ip->cap_pending = cap;

@@ -278,7 +278,7 @@ static tf_ir_status reduce(tf_interp_ctx *ip, const tf_node *n, const tf_tensor 
         if (red[i]) it.st[0][i] = 0;
         else it.st[1][i] = 0;
     }
-    double *lanes = malloc((size_t)(out->numel ? out->numel : 1) * TF_RED_LANES * sizeof *lanes);
+    double *lanes = tf_malloc((size_t)(out->numel ? out->numel : 1) * TF_RED_LANES * sizeof *lanes);
     if (!lanes) return oom(ip, n);
     for (int64_t i = 0; i < out->numel * TF_RED_LANES; i++) lanes[i] = kind == RED_MAX ? -INFINITY : 0.0;
     for (int64_t i = 0; i < x->numel; i++, it_next(&it)) {
@@ -292,7 +292,7 @@ static tf_ir_status reduce(tf_interp_ctx *ip, const tf_node *n, const tf_tensor 
         out->data[i] = kind == RED_MAX ? tf_lanes_max(l) : tf_lanes_sum(l);
         if (kind == RED_MEAN) out->data[i] /= cnt;
     }
-    free(lanes);
+    tf_free(lanes);
     return TF_IR_OK;
 }
 
@@ -372,7 +372,7 @@ tf_ir_status ik_attention(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *
     bool causal = tf_node_bool(n, "causal");
     int64_t BH = q->dims[0] * q->dims[1], T = q->dims[2], D = q->dims[3], S = k->dims[2], Dv = v->dims[3];
     double scale = 1.0 / sqrt((double)D);
-    double *p = malloc((size_t)(S > 0 ? S : 1) * sizeof *p);
+    double *p = tf_malloc((size_t)(S > 0 ? S : 1) * sizeof *p);
     if (!p) return oom(ip, n);
     for (int64_t bh = 0; bh < BH; bh++) {
         const double *qb = q->data + bh * T * D, *kb = k->data + bh * S * D, *vb = v->data + bh * S * Dv;
@@ -397,7 +397,7 @@ tf_ir_status ik_attention(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *
             }
         }
     }
-    free(p);
+    tf_free(p);
     return TF_IR_OK;
 }
 

@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 
+#include "alloc.h"
 #include "arena.h"
 
 /* ---- status and diagnostics ------------------------------------------- */

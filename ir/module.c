@@ -8,11 +8,11 @@
 
 tf_module *tf_module_create(const char *file)
 {
-    tf_module *m = calloc(1, sizeof *m);
+    tf_module *m = tf_calloc(1, sizeof *m);
     if (!m) return NULL;
     tf_arena_init(&m->arena);
     if (file && !(m->file = tf_arena_strdup(&m->arena, file))) {
-        free(m);
+        tf_free(m);
         return NULL;
     }
     m->train.optimizer.fn = m->train.schedule.fn = -1;
@@ -23,15 +23,15 @@ tf_module *tf_module_create(const char *file)
 void tf_module_free(tf_module *m)
 {
     if (!m) return;
-    free(m->decls.items);
-    free(m->nodes.items);
-    free(m->dims);
-    free(m->outputs);
-    free(m->updates);
-    free(m->regions);
-    free(m->names.slots);
+    tf_free(m->decls.items);
+    tf_free(m->nodes.items);
+    tf_free(m->dims);
+    tf_free(m->outputs);
+    tf_free(m->updates);
+    tf_free(m->regions);
+    tf_free(m->names.slots);
     tf_arena_release(&m->arena);
-    free(m);
+    tf_free(m);
 }
 
 tf_ir_status tf_vec_push(tf_module *m, tf_vec *v, void *item)
@@ -39,7 +39,7 @@ tf_ir_status tf_vec_push(tf_module *m, tf_vec *v, void *item)
     (void)m;
     if (v->n == v->cap) {
         int cap = v->cap ? v->cap * 2 : 16;
-        void **items = realloc(v->items, (size_t)cap * sizeof *items);
+        void **items = tf_realloc(v->items, (size_t)cap * sizeof *items);
         if (!items) return TF_IR_ERR_OOM;
         v->items = items;
         v->cap = cap;
@@ -52,7 +52,7 @@ tf_ir_status tf_grow(void **items, int n, int *cap, size_t elem)
 {
     if (n < *cap) return TF_IR_OK;
     int c = *cap ? *cap * 2 : 8;
-    void *p = realloc(*items, (size_t)c * elem);
+    void *p = tf_realloc(*items, (size_t)c * elem);
     if (!p) return TF_IR_ERR_OOM;
     *items = p;
     *cap = c;
@@ -166,11 +166,11 @@ tf_ir_status tf_module_add_name(tf_module *m, tf_value *v)
 {
     if ((m->names.count + 1) * 2 > m->names.cap) {
         int cap = m->names.cap ? m->names.cap * 2 : 64;
-        tf_value **slots = calloc((size_t)cap, sizeof *slots);
+        tf_value **slots = tf_calloc((size_t)cap, sizeof *slots);
         if (!slots) return TF_IR_ERR_OOM;
         for (int i = 0; i < m->names.cap; i++)
             if (m->names.slots[i] && m->names.slots[i] != &tombstone) name_insert(slots, cap, m->names.slots[i]);
-        free(m->names.slots);
+        tf_free(m->names.slots);
         m->names.slots = slots;
         m->names.cap = cap;
     }
@@ -552,7 +552,7 @@ tf_module *tf_module_clone(tf_module *m)
 {
     tf_module_renumber(m);
     tf_module *c = tf_module_create(m->file);
-    tf_value **map = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
+    tf_value **map = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
     if (!c || !map) goto fail;
     if (m->name && !(c->name = tf_arena_strdup(&c->arena, m->name))) goto fail;
     for (int i = 0; i < m->ndims; i++)
@@ -602,11 +602,11 @@ tf_module *tf_module_clone(tf_module *m)
     if (!clone_call(c, &c->train.optimizer, &m->train.optimizer) ||
         !clone_call(c, &c->train.schedule, &m->train.schedule))
         goto fail;
-    free(map);
+    tf_free(map);
     tf_module_renumber(c);
     return c;
 fail:
-    free(map);
+    tf_free(map);
     tf_module_free(c);
     return NULL;
 }

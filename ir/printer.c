@@ -201,7 +201,7 @@ char *tf_print_module(const tf_module *m)
         tf_strbuf_printf(&s, "}\n");
     }
     if (s.oom) {
-        free(s.p);
+        tf_free(s.p);
         return NULL;
     }
     if (!s.p) tf_strbuf_printf(&s, "%s", "");

@@ -145,11 +145,11 @@ static tf_ir_status verify_regions(tf_module *m, tf_diag *d)
         return TF_IR_OK;
     }
     tf_ir_status st = TF_IR_OK;
-    bool *yielded = calloc((size_t)m->next_id + 1, sizeof *yielded);
-    int *count = calloc((size_t)m->nregions + 1, sizeof *count);
+    bool *yielded = tf_calloc((size_t)m->next_id + 1, sizeof *yielded);
+    int *count = tf_calloc((size_t)m->nregions + 1, sizeof *count);
     if (!yielded || !count) {
-        free(yielded);
-        free(count);
+        tf_free(yielded);
+        tf_free(count);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     }
     for (int r = 0; r < m->nregions && !st; r++) {
@@ -199,8 +199,8 @@ static tf_ir_status verify_regions(tf_module *m, tf_diag *d)
             st = tf_diag_error(d, TF_IR_ERR_VERIFY, &m->updates[i].loc, "update value '%s' is private to region %s; yield it",
                                v->name, m->regions[v->def->region - 1].name);
     }
-    free(yielded);
-    free(count);
+    tf_free(yielded);
+    tf_free(count);
     return st;
 }
 

@@ -237,12 +237,12 @@ tf_ir_status pass_amp(tf_module *m, const tf_options *o)
     }
     tf_module_renumber(m);
     amp a = {.m = m, .o = o, .half = p == TF_PREC_FP16 ? TF_DT_F16 : TF_DT_BF16, .nids = m->next_id};
-    a.casts = calloc((size_t)(a.nids ? a.nids : 1) * TF_DT_COUNT, sizeof *a.casts);
-    tf_dt *out_dt = malloc((size_t)(m->noutputs ? m->noutputs : 1) * sizeof *out_dt);
+    a.casts = tf_calloc((size_t)(a.nids ? a.nids : 1) * TF_DT_COUNT, sizeof *a.casts);
+    tf_dt *out_dt = tf_malloc((size_t)(m->noutputs ? m->noutputs : 1) * sizeof *out_dt);
     tf_vec old = m->nodes;
     if (!a.casts || !out_dt) {
-        free(a.casts);
-        free(out_dt);
+        tf_free(a.casts);
+        tf_free(out_dt);
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     }
     for (int i = 0; i < m->noutputs; i++) out_dt[i] = m->outputs[i].value->type.dtype;
@@ -251,9 +251,9 @@ tf_ir_status pass_amp(tf_module *m, const tf_options *o)
     tf_ir_status st = TF_IR_OK;
     for (int i = 0; i < old.n && !st; i++) st = rewrite_node(&a, old.items[i]);
     if (!st) st = restore_boundaries(&a, out_dt);
-    free(old.items);
-    free(a.casts);
-    free(out_dt);
+    tf_free(old.items);
+    tf_free(a.casts);
+    tf_free(out_dt);
     if (st) return st;
     tf_explain(o, "amp", NULL, "inserted %d casts (precision %s: matmul/conv in %s, reductions in f32)", a.ninserted,
                p == TF_PREC_FP16 ? "fp16" : "bf16", tf_dtype_name(a.half));

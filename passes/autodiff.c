@@ -539,8 +539,8 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
     }
     tf_module_renumber(m);
     tf_grad_ctx g = {.m = m, .o = o, .d = o->diag, .nvals = m->next_id};
-    g.wants = calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.wants);
-    g.grad = calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.grad);
+    g.wants = tf_calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.wants);
+    g.grad = tf_calloc((size_t)(g.nvals ? g.nvals : 1), sizeof *g.grad);
     tf_ir_status st = TF_IR_OK;
     if (!g.wants || !g.grad) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in autodiff");
@@ -588,7 +588,7 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
     }
     if (!st) tf_module_renumber(m);
 done:
-    free(g.wants);
-    free(g.grad);
+    tf_free(g.wants);
+    tf_free(g.grad);
     return st;
 }

@@ -70,7 +70,7 @@ static const char *opname(const tf_node *n) { return tf_op_info_of(n->op)->name;
 static int *count_uses(tf_module *m)
 {
     tf_module_renumber(m);
-    int *uses = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *uses);
+    int *uses = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *uses);
     if (!uses) return NULL;
     for (int i = 0; i < m->nodes.n; i++) {
         const tf_node *n = m->nodes.items[i];
@@ -260,9 +260,9 @@ static void explain_fold(const tf_options *o, const tf_node *bn, const tf_node *
 static tf_ir_status fold_round(tf_module *m, const tf_options *o, const int *uses, int *nfolded)
 {
     size_t cap = (size_t)(m->next_id ? m->next_id : 1);
-    tf_node **fold_of = calloc(cap, sizeof *fold_of);   /* batchnorm id -> the conv2d/linear it folds into */
-    bool *dead = calloc(cap, sizeof *dead);             /* conv2d/linear ids folded away */
-    tf_value **map = calloc(cap, sizeof *map);          /* batchnorm id -> folded layer */
+    tf_node **fold_of = tf_calloc(cap, sizeof *fold_of);   /* batchnorm id -> the conv2d/linear it folds into */
+    bool *dead = tf_calloc(cap, sizeof *dead);             /* conv2d/linear ids folded away */
+    tf_value **map = tf_calloc(cap, sizeof *map);          /* batchnorm id -> folded layer */
     tf_ir_status st = TF_IR_OK;
     *nfolded = 0;
     if (!fold_of || !dead || !map) {
@@ -322,11 +322,11 @@ static tf_ir_status fold_round(tf_module *m, const tf_options *o, const int *use
         for (int i = 0; i < m->nupdates; i++)
             if (map[m->updates[i].value->id]) m->updates[i].value = map[m->updates[i].value->id];
     }
-    free(old.items);
+    tf_free(old.items);
 done:
-    free(fold_of);
-    free(dead);
-    free(map);
+    tf_free(fold_of);
+    tf_free(dead);
+    tf_free(map);
     return st;
 }
 
@@ -345,7 +345,7 @@ tf_ir_status pass_bias_drop(tf_module *m, const tf_options *o)
         } else {
             st = fold_round(m, o, uses, &nfolded);
         }
-        free(uses);
+        tf_free(uses);
     }
     tf_module_renumber(m);
     return st;

@@ -271,7 +271,7 @@ static int rewrite_once(tf_module *m, const tf_options *o, tf_node *n, tf_value 
 tf_ir_status pass_canonicalize(tf_module *m, const tf_options *o)
 {
     tf_module_renumber(m);
-    tf_value **repl = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *repl);   /* replaced -> replacement */
+    tf_value **repl = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *repl);   /* replaced -> replacement */
     if (!repl) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     for (int i = 0; i < m->nodes.n; i++) {
         tf_node *n = m->nodes.items[i];
@@ -284,6 +284,6 @@ tf_ir_status pass_canonicalize(tf_module *m, const tf_options *o)
             if (rewrite_once(m, o, n, repl) != EDITED) break;
     }
     tf_module_commit_replacements(m, repl);
-    free(repl);
+    tf_free(repl);
     return TF_IR_OK;
 }

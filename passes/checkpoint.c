@@ -42,10 +42,10 @@ static tf_ir_status apply(tf_module *m, const tf_options *o, const cand *c, int 
 {
     tf_module_renumber(m);
     int N = m->nodes.n, bs = m->backward_start;
-    tf_node **old = malloc((size_t)N * sizeof *old);
-    int *first_use = malloc((size_t)N * sizeof *first_use);
-    tf_value **clone_of = calloc((size_t)m->next_id + 1, sizeof *clone_of);
-    bool *chosen = calloc((size_t)N + 1, sizeof *chosen);
+    tf_node **old = tf_malloc((size_t)N * sizeof *old);
+    int *first_use = tf_malloc((size_t)N * sizeof *first_use);
+    tf_value **clone_of = tf_calloc((size_t)m->next_id + 1, sizeof *clone_of);
+    bool *chosen = tf_calloc((size_t)N + 1, sizeof *chosen);
     tf_ir_status st = TF_IR_OK;
     if (!old || !first_use || !clone_of || !chosen) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
@@ -115,10 +115,10 @@ static tf_ir_status apply(tf_module *m, const tf_options *o, const cand *c, int 
     }
     tf_module_renumber(m);
 done:
-    free(old);
-    free(first_use);
-    free(clone_of);
-    free(chosen);
+    tf_free(old);
+    tf_free(first_use);
+    tf_free(clone_of);
+    tf_free(chosen);
     return st;
 }
 
@@ -154,11 +154,11 @@ tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
     }
     tf_module_renumber(m);
     int N = m->nodes.n, bs = m->backward_start, nc = 0;
-    cand *c = malloc((size_t)(bs ? bs : 1) * sizeof *c);
-    bool *read_back = calloc((size_t)(bs ? bs : 1), sizeof *read_back);
+    cand *c = tf_malloc((size_t)(bs ? bs : 1) * sizeof *c);
+    bool *read_back = tf_calloc((size_t)(bs ? bs : 1), sizeof *read_back);
     if (!c || !read_back) {
-        free(c);
-        free(read_back);
+        tf_free(c);
+        tf_free(read_back);
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
     }
     for (int j = bs; j < N; j++) {
@@ -176,7 +176,7 @@ tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
                   : k == TF_OPK_POOL && n->op != TF_OP_MAXPOOL2D_GRAD && n->op != TF_OP_AVGPOOL2D_GRAD ? 2 : -1;
         if (read_back[i] && cls >= 0) c[nc++] = (cand){i, cls, bytes_of(n->out)};
     }
-    free(read_back);
+    tf_free(read_back);
     qsort(c, (size_t)nc, sizeof *c, cand_order);
     /* greedy in that order: keep a candidate when it lowers the planned
      * peak, stop as soon as the budget is met */
@@ -187,7 +187,7 @@ tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
     if (!st && peak0 <= o->memory_budget) {
         tf_explain(o, "checkpoint", NULL, "planned peak %lld bytes fits --memory-budget=%lld: nothing recomputed",
                    (long long)peak0, (long long)o->memory_budget);
-        free(c);
+        tf_free(c);
         return TF_IR_OK;
     }
     for (int i = 0; i < nc && !st && best > o->memory_budget; i++) {
@@ -208,6 +208,6 @@ tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
         tf_explain(o, "checkpoint", NULL, "recomputed %d of %d candidates: planned peak %lld -> %lld bytes, within "
                    "--memory-budget=%lld", nk, nc, (long long)peak0, (long long)best, (long long)o->memory_budget);
     }
-    free(c);
+    tf_free(c);
     return st;
 }

@@ -105,13 +105,13 @@ tf_ir_status pass_constfold(tf_module *m, const tf_options *o)
 {
     tf_module_renumber(m);
     size_t nv = (size_t)(m->next_id ? m->next_id : 1);
-    tf_value **folded = calloc(nv, sizeof *folded);   /* node result -> its number */
-    int *uses = calloc(nv, sizeof *uses);
-    bool *refused = calloc(nv, sizeof *refused);   /* node result -> its operands stayed */
+    tf_value **folded = tf_calloc(nv, sizeof *folded);   /* node result -> its number */
+    int *uses = tf_calloc(nv, sizeof *uses);
+    bool *refused = tf_calloc(nv, sizeof *refused);   /* node result -> its operands stayed */
     if (!folded || !uses || !refused) {
-        free(folded);
-        free(uses);
-        free(refused);
+        tf_free(folded);
+        tf_free(uses);
+        tf_free(refused);
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     }
     tf_ir_status st = TF_IR_OK;
@@ -123,9 +123,9 @@ tf_ir_status pass_constfold(tf_module *m, const tf_options *o)
             st = tf_diag_error(o->diag, TF_IR_ERR_OOM, &n->loc, "out of memory");
     }
     if (st) {
-        free(folded);
-        free(uses);
-        free(refused);
+        tf_free(folded);
+        tf_free(uses);
+        tf_free(refused);
         return st;
     }
     /* Count what still reads each value; a folded node nothing reads goes. */
@@ -162,9 +162,9 @@ tf_ir_status pass_constfold(tf_module *m, const tf_options *o)
         m->nodes.items[kept++] = n;
     }
     m->nodes.n = kept;
-    free(folded);
-    free(uses);
-    free(refused);
+    tf_free(folded);
+    tf_free(uses);
+    tf_free(refused);
     tf_module_renumber(m);
     return TF_IR_OK;
 }

@@ -125,11 +125,11 @@ tf_ir_status pass_cse(tf_module *m, const tf_options *o)
     tf_module_renumber(m);
     size_t cap = 16;
     while (cap < 2 * (size_t)m->nodes.n) cap *= 2;
-    tf_node **slots = calloc(cap, sizeof *slots);
-    tf_value **repl = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *repl);   /* removed -> survivor */
+    tf_node **slots = tf_calloc(cap, sizeof *slots);
+    tf_value **repl = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *repl);   /* removed -> survivor */
     if (!slots || !repl) {
-        free(slots);
-        free(repl);
+        tf_free(slots);
+        tf_free(repl);
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     }
     for (int i = 0; i < m->nodes.n; i++) {
@@ -153,7 +153,7 @@ tf_ir_status pass_cse(tf_module *m, const tf_options *o)
     }
     /* Outputs keep their names (`output y = x`); updates keep their buffers. */
     tf_module_commit_replacements(m, repl);
-    free(slots);
-    free(repl);
+    tf_free(slots);
+    tf_free(repl);
     return TF_IR_OK;
 }

@@ -15,7 +15,7 @@
 tf_ir_status pass_dce(tf_module *m, const tf_options *o)
 {
     tf_module_renumber(m);
-    bool *live = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *live);
+    bool *live = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *live);
     if (!live) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     for (int i = 0; i < m->noutputs; i++) live[m->outputs[i].value->id] = true;
     for (int i = 0; i < m->nupdates; i++) live[m->updates[i].value->id] = true;
@@ -38,7 +38,7 @@ tf_ir_status pass_dce(tf_module *m, const tf_options *o)
         tf_module_remove_name(m, n->out);
     }
     m->nodes.n = kept;
-    free(live);
+    tf_free(live);
     tf_module_renumber(m);
     return TF_IR_OK;
 }

@@ -339,10 +339,10 @@ static void merge_updates(fz *f)
 {
     tf_module *m = f->m;
     int D = m->decls.n;
-    bool *ok = malloc((size_t)(f->ng ? f->ng : 1) * sizeof *ok), *feeds = calloc((size_t)(f->ng ? f->ng : 1), sizeof *feeds);
+    bool *ok = tf_malloc((size_t)(f->ng ? f->ng : 1) * sizeof *ok), *feeds = tf_calloc((size_t)(f->ng ? f->ng : 1), sizeof *feeds);
     if (!ok || !feeds) {
-        free(ok);
-        free(feeds);
+        tf_free(ok);
+        tf_free(feeds);
         return;   /* an optimization: without memory, updates stay per tensor */
     }
     for (int g = 0; g < f->ng; g++) ok[g] = f->g[g].count > 0 && f->g[g].kind == TF_REGION_POINTWISE;
@@ -380,8 +380,8 @@ static void merge_updates(fz *f)
         tf_explain(f->o, "fuse", NULL, "the optimizer's %d update chains run as one multi-tensor kernel", merged + 1);
     else if (into >= 0 && f->g[into].count < 2)
         f->g[into].kind = TF_REGION_POINTWISE;   /* a single lone update: no region needed */
-    free(ok);
-    free(feeds);
+    tf_free(ok);
+    tf_free(feeds);
 }
 
 /* Order nodes so each region is contiguous: Kahn's algorithm over regions
@@ -389,11 +389,11 @@ static void merge_updates(fz *f)
 static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
 {
     int D = f->m->decls.n;
-    int *indeg = calloc((size_t)nunits, sizeof *indeg), *heap = malloc((size_t)nunits * sizeof *heap);
-    tf_node **out = malloc((size_t)f->n * sizeof *out);
-    int *start = calloc((size_t)nunits + 1, sizeof *start), *members = malloc((size_t)f->n * sizeof *members);
+    int *indeg = tf_calloc((size_t)nunits, sizeof *indeg), *heap = tf_malloc((size_t)nunits * sizeof *heap);
+    tf_node **out = tf_malloc((size_t)f->n * sizeof *out);
+    int *start = tf_calloc((size_t)nunits + 1, sizeof *start), *members = tf_malloc((size_t)f->n * sizeof *members);
     if (!indeg || !heap || !out || !start || !members) {
-        free(indeg), free(heap), free(out), free(start), free(members);
+        tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
         return TF_IR_ERR_OOM;
     }
     /* members of each unit in program order */
@@ -431,7 +431,7 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
     }
     tf_ir_status st = no == f->n ? TF_IR_OK : TF_IR_ERR_INTERNAL;
     if (!st && f->n) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
-    free(indeg), free(heap), free(out), free(start), free(members);
+    tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
     return st;
 }
 
@@ -445,7 +445,7 @@ static bool *values_leaving(const tf_module *m)
         int id = ((tf_node *)m->nodes.items[i])->out->id;
         if (id + 1 > V) V = id + 1;
     }
-    bool *leaves = calloc((size_t)(V ? V : 1), sizeof *leaves);
+    bool *leaves = tf_calloc((size_t)(V ? V : 1), sizeof *leaves);
     if (!leaves) return NULL;
     for (int i = 0; i < m->nodes.n; i++) {
         const tf_node *u = m->nodes.items[i];
@@ -463,14 +463,14 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     tf_module_renumber(m);
     fz f = {.m = m, .o = o, .n = m->nodes.n, .nodes = (tf_node **)m->nodes.items};
     size_t n = (size_t)(f.n ? f.n : 1);
-    f.grp = malloc(n * sizeof *f.grp);
-    f.next = malloc(n * sizeof *f.next);
-    f.g = calloc(n, sizeof *f.g);
-    f.stamp = calloc(n, sizeof *f.stamp);
-    f.stack = malloc(n * sizeof *f.stack);
-    f.why = calloc(n, sizeof *f.why);
-    bool *mark = calloc(n, sizeof *mark);
-    int *unit_of = malloc(n * sizeof *unit_of), *unit_first = malloc(n * sizeof *unit_first), *region_of = calloc(n, sizeof *region_of);
+    f.grp = tf_malloc(n * sizeof *f.grp);
+    f.next = tf_malloc(n * sizeof *f.next);
+    f.g = tf_calloc(n, sizeof *f.g);
+    f.stamp = tf_calloc(n, sizeof *f.stamp);
+    f.stack = tf_malloc(n * sizeof *f.stack);
+    f.why = tf_calloc(n, sizeof *f.why);
+    bool *mark = tf_calloc(n, sizeof *mark);
+    int *unit_of = tf_malloc(n * sizeof *unit_of), *unit_first = tf_malloc(n * sizeof *unit_first), *region_of = tf_calloc(n, sizeof *region_of);
     tf_ir_status st = TF_IR_OK;
     if (!f.grp || !f.next || !f.g || !f.stamp || !f.stack || !f.why || !mark || !unit_of || !unit_first || !region_of) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
@@ -482,7 +482,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
 
     /* groups of two or more ops become regions; units for ordering */
     int nunits = 0, nreg = 0;
-    int *unit_of_group = malloc(n * sizeof *unit_of_group);
+    int *unit_of_group = tf_malloc(n * sizeof *unit_of_group);
     if (!unit_of_group) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
         goto done;
@@ -503,7 +503,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
             snprintf(name, sizeof name, "fuse.%d", ++nreg);
             region_of[nunits] = tf_module_add_region(m, name, (tf_region_kind)f.g[gi].kind, f.nodes[i]->loc);
             if (!region_of[nunits]) {
-                free(unit_of_group);
+                tf_free(unit_of_group);
                 st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
                 goto done;
             }
@@ -511,7 +511,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
         nunits++;
     }
     for (int i = 0; i < f.n; i++) f.nodes[i]->region = region_of[unit_of[i]];
-    free(unit_of_group);
+    tf_free(unit_of_group);
 
     /* explain, in program order, before nodes move */
     for (int i = 0; i < f.n && o->explain; i++) {
@@ -544,7 +544,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
         int cnt = 0, total = r - i;
         rg->yields = tf_arena_array(&m->arena, (size_t)total, sizeof *rg->yields);
         if (!rg->yields) {
-            free(leaving);
+            tf_free(leaving);
             st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
             goto done;
         }
@@ -560,10 +560,10 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
         tf_explain(o, "fuse", &rg->loc, "%s (%s): %d ops in one kernel, %d value%s leave%s it: %s", rg->name,
                    tf_region_kind_name(rg->kind), total, cnt, cnt == 1 ? "" : "s", cnt == 1 ? "s" : "", list);
     }
-    free(leaving);
+    tf_free(leaving);
     tf_module_renumber(m);
 done:
-    free(f.grp), free(f.next), free(f.g), free(f.stamp), free(f.stack), free(f.why), free(mark);
-    free(unit_of), free(unit_first), free(region_of);
+    tf_free(f.grp), tf_free(f.next), tf_free(f.g), tf_free(f.stamp), tf_free(f.stack), tf_free(f.why), tf_free(mark);
+    tf_free(unit_of), tf_free(unit_first), tf_free(region_of);
     return st;
 }

@@ -287,7 +287,7 @@ static bool needs_lowering(const tf_node *n)
 tf_ir_status pass_lower(tf_module *m, const tf_options *o)
 {
     tf_module_renumber(m);
-    tf_value **map = calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
+    tf_value **map = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *map);
     tf_vec old = m->nodes;
     if (!map) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     memset(&m->nodes, 0, sizeof m->nodes);
@@ -338,8 +338,8 @@ tf_ir_status pass_lower(tf_module *m, const tf_options *o)
         for (int i = 0; i < nupdates; i++)
             if (map[m->updates[i].value->id]) m->updates[i].value = map[m->updates[i].value->id];
     }
-    free(map);
-    free(old.items);
+    tf_free(map);
+    tf_free(old.items);
     if (st) return st;
     tf_module_renumber(m);
     return TF_IR_OK;

@@ -110,9 +110,9 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
 {
     tf_module_renumber(m);
     int N = m->nodes.n, V = m->next_id;
-    int *last = malloc((size_t)(V ? V : 1) * sizeof *last);
-    bool *mem = calloc((size_t)(V ? V : 1), sizeof *mem), *yielded = calloc((size_t)(V ? V : 1), sizeof *yielded);
-    int *region_end = malloc((size_t)(m->nregions + 1) * sizeof *region_end);
+    int *last = tf_malloc((size_t)(V ? V : 1) * sizeof *last);
+    bool *mem = tf_calloc((size_t)(V ? V : 1), sizeof *mem), *yielded = tf_calloc((size_t)(V ? V : 1), sizeof *yielded);
+    int *region_end = tf_malloc((size_t)(m->nregions + 1) * sizeof *region_end);
     heap h = {0};
     int *dies = NULL, *next = NULL;
     tf_ir_status st = TF_IR_OK;
@@ -169,8 +169,8 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     }
 
     /* values by the op after which they die: dies[t] lists node indices */
-    dies = malloc((size_t)(N + 1) * sizeof *dies);
-    next = malloc((size_t)(N ? N : 1) * sizeof *next);
+    dies = tf_malloc((size_t)(N + 1) * sizeof *dies);
+    next = tf_malloc((size_t)(N ? N : 1) * sizeof *next);
     if (!dies || !next) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
         goto done;
@@ -262,12 +262,12 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     tf_explain(o, "memplan", NULL, "arena %lld bytes + persistent %lld bytes (inputs, params, buffers) = peak %lld bytes; "
                "%d results in place", (long long)h.top, (long long)persistent, (long long)(h.top + persistent), reused);
 done:
-    free(h.free);
-    free(dies);
-    free(next);
-    free(last);
-    free(mem);
-    free(yielded);
-    free(region_end);
+    tf_free(h.free);
+    tf_free(dies);
+    tf_free(next);
+    tf_free(last);
+    tf_free(mem);
+    tf_free(yielded);
+    tf_free(region_end);
     return st;
 }

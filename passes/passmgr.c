@@ -104,12 +104,12 @@ static tf_ir_status dump(tf_module *m, const tf_options *o, int index, const cha
     if (!text) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory printing the module");
     FILE *f = fopen(path, "w");
     if (!f) {
-        free(text);
+        tf_free(text);
         tf_loc l = {path, 0, 0};
         return tf_diag_error(o->diag, TF_IR_ERR_RUNTIME, &l, "cannot write IR dump: %s", strerror(errno));
     }
     fprintf(f, "# after pass %s (%s mode)\n%s", name, o->mode == TF_IR_TRAIN ? "train" : "infer", text);
-    free(text);
+    tf_free(text);
     if (fclose(f) != 0) {
         tf_loc l = {path, 0, 0};
         return tf_diag_error(o->diag, TF_IR_ERR_RUNTIME, &l, "cannot write IR dump: %s", strerror(errno));

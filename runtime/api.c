@@ -26,14 +26,22 @@ _Static_assert((int)TIO_F32 == (int)TF_DT_F32 && (int)TIO_BOOL == (int)TF_DT_BOO
 
 /* ---- context and errors ---- */
 
-tf_status tf_context_create(tf_context_t **out)
+tf_status tf_context_create(tf_context_t **out) { return tf_context_create_with_allocator(NULL, NULL, out); }
+
+tf_status tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_context_t **out)
 {
     if (!out) return TF_ERR_INVALID_ARG;
-    *out = calloc(1, sizeof **out);
-    return *out ? TF_OK : TF_ERR_OOM;
+    tf_allocator a = {fn, ud};
+    TF_ALLOC_SCOPE(a);
+    *out = tf_calloc(1, sizeof **out);
+    if (!*out) return TF_ERR_OOM;
+    (*out)->alloc = a;
+    return TF_OK;
 }
 
-void tf_context_free(tf_context_t *ctx) { free(ctx); }
+tf_allocator tf_context_allocator(const tf_context_t *ctx) { return ctx ? ctx->alloc : (tf_allocator){NULL, NULL}; }
+
+void tf_context_free(tf_context_t *ctx) { tf_free(ctx); }
 
 const char *tf_context_last_error(const tf_context_t *ctx) { return ctx ? ctx->err : "no context"; }
 
@@ -99,7 +107,7 @@ static tf_status parse_into(tf_context_t *ctx, const char *name, const char *tex
         return tf_set_error(ctx, TF_ERR_VERIFY, "%s: error: --dim %s=auto: the module declares no dim named '%s'", name,
                             auto_name, auto_name);
     }
-    tf_model_t *mo = malloc(sizeof *mo);
+    tf_model_t *mo = tf_malloc(sizeof *mo);
     if (!mo) {
         tf_module_free(m);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
@@ -113,6 +121,7 @@ static tf_status parse_into(tf_context_t *ctx, const char *name, const char *tex
 tf_status tf_model_parse_string(tf_context_t *ctx, const char *name, const char *text, size_t len,
                                 const tf_dim_override *dims, size_t ndims, tf_model_t **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !out || (!text && len)) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
     return parse_into(ctx, name ? name : "<string>", text ? text : "", len, dims, ndims, out);
@@ -121,6 +130,7 @@ tf_status tf_model_parse_string(tf_context_t *ctx, const char *name, const char 
 tf_status tf_model_parse_file(tf_context_t *ctx, const char *path, const tf_dim_override *dims, size_t ndims,
                               tf_model_t **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !path || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
     FILE *f = fopen(path, "rb");
@@ -136,7 +146,7 @@ tf_status tf_model_parse_file(tf_context_t *ctx, const char *path, const tf_dim_
                             path, (long long)st.st_size, TF_MAX_SOURCE_BYTES);
     }
     size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
+    char *buf = tf_malloc(n + 1);
     if (!buf) {
         fclose(f);
         return tf_set_error(ctx, TF_ERR_OOM, "%s: error: out of memory reading the file", path);
@@ -145,12 +155,12 @@ tf_status tf_model_parse_file(tf_context_t *ctx, const char *path, const tf_dim_
     bool bad = ferror(f);
     fclose(f);
     if (bad || got != n) {
-        free(buf);
+        tf_free(buf);
         return tf_set_error(ctx, TF_ERR_IO, "%s: error: read failed", path);
     }
     buf[n] = 0;
     tf_status s = parse_into(ctx, path, buf, n, dims, ndims, out);
-    free(buf);
+    tf_free(buf);
     return s;
 }
 
@@ -158,7 +168,7 @@ void tf_model_free(tf_model_t *m)
 {
     if (!m) return;
     tf_module_free(m->m);
-    free(m);
+    tf_free(m);
 }
 
 static tf_status print_module(tf_context_t *ctx, const tf_module *m, char **out)
@@ -168,10 +178,22 @@ static tf_status print_module(tf_context_t *ctx, const tf_module *m, char **out)
     return *out ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
 }
 
+/* The text for a caller who free()s it: a copy from the C library. */
+static tf_status print_export(tf_context_t *ctx, const tf_module *m, char **out)
+{
+    char *t = NULL;
+    tf_status st = print_module(ctx, m, &t);
+    if (st) return st;
+    *out = tf_libc_copy(t, strlen(t) + 1);
+    tf_free(t);
+    return *out ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
+}
+
 tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!m) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL model");
-    return print_module(ctx, m->m, out);
+    return print_export(ctx, m->m, out);
 }
 
 /* ---- compiling ---- */
@@ -223,10 +245,10 @@ void tf_program_free(tf_program_t *p)
 {
     if (!p) return;
     tf_module_free(p->m);
-    free(p->inputs.items);
-    free(p->params.items);
-    free(p->buffers.items);
-    free(p);
+    tf_free(p->inputs.items);
+    tf_free(p->params.items);
+    tf_free(p->buffers.items);
+    tf_free(p);
 }
 
 static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts, bool quiet, tf_diag *d, tf_options *o)
@@ -246,6 +268,7 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
 
 tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *passes, const tf_compile_options *opts)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!m || !passes) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     tf_compile_options dflt;
     if (!opts) {
@@ -275,7 +298,7 @@ static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char 
     FILE *f = fopen(path, "w");
     bool ok = f && fputs(text, f) >= 0;
     if (f && fclose(f) != 0) ok = false;
-    free(text);
+    tf_free(text);
     return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
 }
 
@@ -300,7 +323,7 @@ static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *di
         }
         char *ir = tf_jit_print(&plan.kernels[i]);
         ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan.kernels[i].name, ir) >= 0;
-        free(ir);
+        tf_free(ir);
     }
     if (f && fclose(f) != 0) ok = false;
     tf_kernels_free(&plan);
@@ -316,9 +339,9 @@ static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *di
 static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
                                 tf_program_t **out)
 {
-    tf_program_t *p = calloc(1, sizeof *p);
+    tf_program_t *p = tf_calloc(1, sizeof *p);
     if (!p || !(p->m = tf_module_clone(src))) {
-        free(p);
+        tf_free(p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     }
     p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
@@ -425,6 +448,7 @@ static tf_status pick_auto_dim(tf_context_t *ctx, const tf_model_t *model, const
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
                              tf_program_t **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !model || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
     tf_compile_options dflt;
@@ -511,13 +535,15 @@ tf_status tf_program_stat(const tf_program_t *p, size_t i, const char **name, in
 
 tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!p) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL program");
-    return print_module(ctx, p->m, out);
+    return print_export(ctx, p->m, out);
 }
 
 tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
                                     int *nbinaries)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (nbinaries) *nbinaries = 0;
     if (!p || !dir) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
@@ -529,7 +555,7 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
     FILE *f = fopen(path, "w");
     bool ok = f && fputs(text, f) >= 0;
     if (f && fclose(f) != 0) ok = false;
-    free(text);
+    tf_free(text);
     if (!ok) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
     if ((st = dump_kernels(ctx, p->m, dir))) return st;
     if (p->target != TF_TARGET_CUDA) return TF_OK;
@@ -546,13 +572,14 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
 
 tf_status tf_doctor(tf_context_t *ctx, char **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
     char *cuda = tf_cuda_doctor();
     size_t cap = 4096 + (cuda ? strlen(cuda) : 0);
-    char *t = malloc(cap);
+    char *t = malloc(cap);   /* the caller free()s it */
     if (!t) {
-        free(cuda);
+        tf_free(cuda);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     }
     int at = snprintf(t, cap, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
@@ -565,7 +592,7 @@ tf_status tf_doctor(tf_context_t *ctx, char **out)
     }
     at += snprintf(t + at, cap - (size_t)at, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
     snprintf(t + at, cap - (size_t)at, "%s", cuda ? cuda : "cuda: out of memory describing it\n");
-    free(cuda);
+    tf_free(cuda);
     *out = t;
     return TF_OK;
 }
@@ -633,6 +660,7 @@ static size_t type_bytes(const tf_type *t) { return (size_t)tf_type_numel(t) * (
 tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target target, uint64_t seed,
                             tf_session_t **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !p || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
     const tf_backend *be = tf_backend_for(target);
@@ -642,18 +670,18 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
                             target_name(target));
     const char *why = be->unavailable();
     if (why) return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target '%s' cannot run here: %s", be->name, why);
-    tf_session_t *s = calloc(1, sizeof *s);
+    tf_session_t *s = tf_calloc(1, sizeof *s);
     if (!s) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     s->ctx = ctx;
     s->p = p;
     s->be = be;
     s->seed = seed;
-    s->bound = calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *s->bound);
-    s->out = calloc((size_t)(p->m->noutputs ? p->m->noutputs : 1), sizeof *s->out);
+    s->bound = tf_calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *s->bound);
+    s->out = tf_calloc((size_t)(p->m->noutputs ? p->m->noutputs : 1), sizeof *s->out);
     bool ok = s->bound && s->out;
     for (int i = 0; ok && i < p->m->noutputs; i++) {
         size_t b = type_bytes(&p->m->outputs[i].value->type);
-        ok = (s->out[i] = malloc(b ? b : 1)) != NULL;
+        ok = (s->out[i] = tf_malloc(b ? b : 1)) != NULL;
     }
     if (!ok) {
         tf_session_free(s);
@@ -674,13 +702,13 @@ const char *tf_session_missing_params(const tf_session_t *s) { return s ? s->mis
 void tf_session_free(tf_session_t *s)
 {
     if (!s) return;
-    free(s->missing);
+    tf_free(s->missing);
     if (s->be && s->impl) s->be->session_free(s);
     if (s->out)
-        for (int i = 0; i < s->p->m->noutputs; i++) free(s->out[i]);
-    free(s->out);
-    free(s->bound);
-    free(s);
+        for (int i = 0; i < s->p->m->noutputs; i++) tf_free(s->out[i]);
+    tf_free(s->out);
+    tf_free(s->bound);
+    tf_free(s);
 }
 
 static char *shape_str(char *buf, size_t n, tf_dtype dt, const int64_t *shape, int rank)
@@ -694,6 +722,7 @@ static char *shape_str(char *buf, size_t n, tf_dtype dt, const int64_t *shape, i
 tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype, const int64_t *shape, int rank,
                           const void *data)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !input || (!shape && rank) || !data)
         return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     for (int i = 0; i < s->p->inputs.n; i++) {
@@ -743,6 +772,7 @@ static tf_status check_indices(tf_session_t *s)
 
 tf_status tf_session_run(tf_session_t *s)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s) return TF_ERR_INVALID_ARG;
     for (int i = 0; i < s->p->inputs.n; i++)
         if (!s->bound[i])
@@ -754,6 +784,7 @@ tf_status tf_session_run(tf_session_t *s)
 
 tf_status tf_session_output(tf_session_t *s, const char *name, tf_tensor_view *out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !name || !out) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     for (int i = 0; i < s->p->m->noutputs; i++)
         if (!strcmp(s->p->m->outputs[i].name, name)) {
@@ -775,6 +806,7 @@ static const tf_value *find_state(const tf_session_t *s, const char *name)
 
 tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view *out, size_t capacity)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !name || !out) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     const tf_value *v = find_state(s, name);
     if (!v) return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no param or buffer named '%s'", name);
@@ -799,6 +831,7 @@ static tf_status check_view(tf_session_t *s, const tf_value *v, const tf_tensor_
 
 tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tensor_view *t)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !name || !t || !t->data) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     const tf_value *v = find_state(s, name);
     if (!v) return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no param or buffer named '%s'", name);
@@ -815,6 +848,7 @@ tf_status tf_session_load_state(tf_session_t *s, const char *path) { return tf_s
 
 tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **metadata_json_out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     char err[5120];
     tio_tensor *ts = NULL;
@@ -849,7 +883,7 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
         if (v) st = s->be->state_write(s, v, ts[i].data);
     }
     /* remember which params the file left at their initial values */
-    free(s->missing);
+    tf_free(s->missing);
     s->missing = NULL;
     for (int i = 0; !st && i < s->p->params.n; i++) {
         const tf_value *v = s->p->params.items[i];
@@ -857,7 +891,7 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
         for (size_t k = 0; k < n && !found; k++) found = !strcmp(ts[k].name, v->name);
         if (found) continue;
         size_t have = s->missing ? strlen(s->missing) : 0, add = strlen(v->name) + 3;
-        char *grown = realloc(s->missing, have + add);
+        char *grown = tf_realloc(s->missing, have + add);
         if (!grown) {
             st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
             break;
@@ -866,7 +900,7 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
         s->missing = grown;
     }
     tio_tensors_free(ts, n);
-    if (st) free(meta);
+    if (st) free(meta);   /* stdio's buffer, for the caller to free() */
     else if (metadata_json_out) *metadata_json_out = meta;
     return st;
 }
@@ -875,9 +909,10 @@ tf_status tf_session_save_state(tf_session_t *s, const char *path) { return tf_s
 
 tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const char *metadata_json_object)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     size_t n = (size_t)(s->p->params.n + s->p->buffers.n);
-    tio_tensor *ts = calloc(n ? n : 1, sizeof *ts);
+    tio_tensor *ts = tf_calloc(n ? n : 1, sizeof *ts);
     if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_status st = TF_OK;
     for (size_t i = 0; i < n && !st; i++) {
@@ -887,15 +922,15 @@ tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const ch
         ts[i].rank = v->type.rank;
         for (int k = 0; k < v->type.rank; k++) ts[i].shape[k] = v->type.dims[k].n;
         ts[i].nbytes = type_bytes(&v->type);
-        if (!(ts[i].data = malloc(ts[i].nbytes ? ts[i].nbytes : 1))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        if (!(ts[i].data = tf_malloc(ts[i].nbytes ? ts[i].nbytes : 1))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         else st = s->be->state_read(s, v, ts[i].data);
     }
     char err[5120];
     tio_status ws;
     if (!st && (ws = tio_safetensors_write(path, ts, n, metadata_json_object, err, sizeof err)))
         st = tf_set_error(s->ctx, metadata_json_object && ws == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : TF_ERR_IO, "%s", err);
-    for (size_t i = 0; i < n; i++) free(ts[i].data);
-    free(ts);
+    for (size_t i = 0; i < n; i++) tf_free(ts[i].data);
+    tf_free(ts);
     return st;
 }
 
@@ -921,14 +956,15 @@ struct tf_array {
 
 tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **out)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !path || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
-    tf_array_t *a = calloc(1, sizeof *a);
+    tf_array_t *a = tf_calloc(1, sizeof *a);
     if (!a) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     char err[5120];
     tio_status st = tio_npy_read(path, &a->t, err, sizeof err);
     if (st) {
-        free(a);
+        tf_free(a);
         return tf_set_error(ctx, st == TIO_ERR_IO ? TF_ERR_IO : st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err);
     }
     if (a->t.dtype > TIO_BOOL) {
@@ -943,6 +979,7 @@ tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **ou
 
 tf_status tf_array_save_npy(tf_context_t *ctx, const char *path, const tf_tensor_view *t)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !path || !t || !t->data || t->rank < 0 || t->rank > 8)
         return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: bad argument");
     tio_tensor tt = {.dtype = (tio_dtype)t->dtype, .rank = t->rank, .data = t->data};
@@ -971,7 +1008,7 @@ void tf_array_free(tf_array_t *a)
 {
     if (!a) return;
     tio_tensor_free(&a->t);
-    free(a);
+    tf_free(a);
 }
 
 /* ---- session facts and profiles ---- */
@@ -988,6 +1025,7 @@ tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out)
 
 tf_status tf_session_set_profiling(tf_session_t *s, int on)
 {
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s) return TF_ERR_INVALID_ARG;
     if (s->be->set_profiling) s->be->set_profiling(s, on != 0);
     return TF_OK;

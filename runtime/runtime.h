@@ -16,7 +16,11 @@
 
 struct tf_context {
     char err[6400];
+    tf_allocator alloc;     /* every allocation of a call on this context (ir/alloc.h) */
 };
+
+/* The context's allocator, or the C library's for NULL. */
+tf_allocator tf_context_allocator(const tf_context_t *ctx);
 
 struct tf_model {
     tf_module *m;

@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "tensorio.h"
+#include "alloc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -233,11 +234,11 @@ static tio_status src_read(const ectx *E, const source *S, uint64_t off, void *d
 /* A malloc'd copy of n bytes at off (n + 1 allocated, NUL-terminated). */
 static tio_status src_dup(const ectx *E, const source *S, uint64_t off, size_t n, const char *what, uint8_t **out)
 {
-    *out = malloc(n + 1);
+    *out = tf_malloc(n + 1);
     if (!*out) return fail(E, TIO_ERR_OOM, "cannot allocate %zu bytes for the %s", n + 1, what);
     tio_status st = src_read(E, S, off, *out, n);
     if (st) {
-        free(*out);
+        tf_free(*out);
         *out = NULL;
         return st;
     }
@@ -253,7 +254,7 @@ typedef struct chunk { const void *p; size_t n; } chunk;   /* a piece of an outp
 static tio_status atomic_write(const ectx *E, const chunk *cs, size_t nc)
 {
     size_t cap = strlen(E->path) + 32;
-    char *tmp = malloc(cap);
+    char *tmp = tf_malloc(cap);
     if (!tmp) return fail(E, TIO_ERR_OOM, "out of memory");
     snprintf(tmp, cap, "%s.tmp.%ld", E->path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -281,7 +282,7 @@ static tio_status atomic_write(const ectx *E, const chunk *cs, size_t nc)
         (void)fsync(fd);
         close(fd);
     }
-    free(tmp);
+    tf_free(tmp);
     return st;
 }
 
@@ -346,9 +347,9 @@ static tio_status expected(const pcur *c, const char *what)
 static void jfree(jval *v)
 {
     for (size_t i = 0; i < v->n; i++) { jfree(&v->el[i]); if (v->keys) jfree(&v->keys[i]); }
-    free(v->el);
-    free(v->keys);
-    free(v->str);
+    tf_free(v->el);
+    tf_free(v->keys);
+    tf_free(v->str);
     memset(v, 0, sizeof *v);
 }
 
@@ -440,7 +441,7 @@ static tio_status jstr(pcur *c, jval *v)
     size_t end = ++c->i, k = 0;
     while (end < c->n && c->s[end] != q) end += c->s[end] == '\\' && !c->py ? 2 : 1;
     if (end >= c->n) return cfail(c, TIO_ERR_FORMAT, v->at, "unterminated string");
-    char *o = v->str = malloc(end - c->i + 1);
+    char *o = v->str = tf_malloc(end - c->i + 1);
     if (!o) return fail(c->E, TIO_ERR_OOM, "out of memory while parsing");
     while (c->i < end) {
         unsigned ch = c->s[c->i++];
@@ -499,7 +500,7 @@ static int jkey_cmp(const void *a, const void *b)
 static tio_status jdupcheck(pcur *c, const jval *v)
 {
     if (v->n < 2) return TIO_OK;
-    const jval **p = malloc(v->n * sizeof *p);
+    const jval **p = tf_malloc(v->n * sizeof *p);
     tio_status st = TIO_OK;
     if (!p) return fail(c->E, TIO_ERR_OOM, "out of memory while parsing");
     for (size_t i = 0; i < v->n; i++) p[i] = &v->keys[i];
@@ -510,7 +511,7 @@ static tio_status jdupcheck(pcur *c, const jval *v)
             size_t at = p[i]->at > p[i - 1]->at ? p[i]->at : p[i - 1]->at;
             st = cfail(c, TIO_ERR_FORMAT, at, "duplicate key \"%s\"", show(p[i]->str, p[i]->len, b));
         }
-    free(p);
+    tf_free(p);
     return st;
 }
 
@@ -533,9 +534,9 @@ static tio_status jcontainer(pcur *c, jval *v, int depth)
         if (peek(c, close) && (v->n == 0 || c->py)) break;
         if (v->n == cap) {
             size_t nc = cap ? cap * 2 : 4;
-            jval *e = realloc(v->el, nc * sizeof *e), *k = NULL;
+            jval *e = tf_realloc(v->el, nc * sizeof *e), *k = NULL;
             if (e) v->el = e;
-            if (e && obj && (k = realloc(v->keys, nc * sizeof *k))) v->keys = k;
+            if (e && obj && (k = tf_realloc(v->keys, nc * sizeof *k))) v->keys = k;
             if (!e || (obj && !k)) return fail(c->E, TIO_ERR_OOM, "out of memory while parsing");
             cap = nc;
         }
@@ -702,7 +703,7 @@ static tio_status npy_parse(const ectx *E, const source *S, tio_tensor *out)
     st = jparse(&c, &root);
     if (!st) st = npy_header(&c, &root, &t, &swap, &fortran, descr);
     jfree(&root);
-    free(hdr);
+    tf_free(hdr);
     if (!st) st = shape_bytes(E, "", t.shape, t.rank, t.dtype, TIO_ERR_FORMAT, &nbytes);
     if (st) return st;
     /* The header says how many bytes follow it; the file must hold exactly
@@ -718,21 +719,21 @@ static tio_status npy_parse(const ectx *E, const source *S, tio_tensor *out)
                     (unsigned long long)(have - nbytes), have - nbytes == 1 ? "" : "s", shape_str(t.shape, t.rank, s), descr,
                     (unsigned long long)nbytes, (unsigned long long)doff, (unsigned long long)(doff + nbytes),
                     (unsigned long long)len);
-    if (!(t.data = malloc(nbytes ? (size_t)nbytes : 1)))
+    if (!(t.data = tf_malloc(nbytes ? (size_t)nbytes : 1)))
         return fail(E, TIO_ERR_OOM, "cannot allocate %llu bytes of tensor data", (unsigned long long)nbytes);
     t.nbytes = (size_t)nbytes;
     if (fortran && t.rank > 1 && nbytes) {
-        uint8_t *tmp = malloc((size_t)nbytes);
+        uint8_t *tmp = tf_malloc((size_t)nbytes);
         if (!tmp) st = fail(E, TIO_ERR_OOM, "cannot allocate %llu bytes to reorder Fortran-ordered data",
                             (unsigned long long)nbytes);
         else if (!(st = src_read(E, S, doff, tmp, (size_t)nbytes)))
             fortran_to_c(tmp, t.data, &t, nbytes / DT[t.dtype].size);
-        free(tmp);
+        tf_free(tmp);
     } else {
         st = src_read(E, S, doff, t.data, (size_t)nbytes);
     }
     if (st) {
-        free(t.data);
+        tf_free(t.data);
         return st;
     }
     fix_data(&t, swap);
@@ -850,7 +851,7 @@ static tio_status st_entry(pcur *c, const jval *key, const jval *v, uint64_t dat
                      shape_str(t->shape, t->rank, s), DT[i].st, (unsigned long long)nbytes);
     t->nbytes = (size_t)nbytes;
     *r = (st_range){(uint64_t)b, (uint64_t)e, 0};
-    if (!(t->name = malloc(key->len + 1))) return fail(c->E, TIO_ERR_OOM, "out of memory");
+    if (!(t->name = tf_malloc(key->len + 1))) return fail(c->E, TIO_ERR_OOM, "out of memory");
     memcpy(t->name, key->str, key->len + 1);
     return TIO_OK;
 }
@@ -868,7 +869,8 @@ static void json_put_str(FILE *f, const char *s, size_t len)
     fputc('"', f);
 }
 
-/* The (checked) "__metadata__" object as compact JSON text, malloc'd. */
+/* The (checked) "__metadata__" object as compact JSON text, from the C
+ * library's malloc (stdio's buffer): the API hands it to the caller to free(). */
 static tio_status meta_text(const ectx *E, const jval *m, char **out)
 {
     char *text = NULL;
@@ -885,7 +887,7 @@ static tio_status meta_text(const ectx *E, const jval *m, char **out)
     fputc('}', f);
     bool bad = ferror(f);
     if (fclose(f) != 0 || bad) {
-        free(text);
+        free(text);   /* stdio's buffer */
         return fail(E, TIO_ERR_OOM, "out of memory");
     }
     *out = text;
@@ -922,8 +924,8 @@ static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, siz
         st = cfail(&c, TIO_ERR_FORMAT, root.at, "expected a JSON object, found %s", jkind_name(&root));
     if (st) goto done;
     for (size_t i = 0; i < root.n; i++) count += !jis(&root.keys[i], "__metadata__");
-    ts = calloc(count ? count : 1, sizeof *ts);
-    r = calloc(count ? count : 1, sizeof *r);
+    ts = tf_calloc(count ? count : 1, sizeof *ts);
+    r = tf_calloc(count ? count : 1, sizeof *r);
     if (!ts || !r) { st = fail(E, TIO_ERR_OOM, "out of memory for %zu tensors", count); goto done; }
     for (size_t i = 0; i < root.n && !st; i++) {
         if (jis(&root.keys[i], "__metadata__")) {
@@ -965,7 +967,7 @@ static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, siz
     }
     for (size_t i = 0; i < count; i++) {
         tio_tensor *t = &ts[r[i].idx];
-        if (!(t->data = malloc(t->nbytes ? t->nbytes : 1))) {
+        if (!(t->data = tf_malloc(t->nbytes ? t->nbytes : 1))) {
             st = fail(E, TIO_ERR_OOM, "cannot allocate %zu bytes of tensor data", t->nbytes);
             goto done;
         }
@@ -974,14 +976,14 @@ static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, siz
     }
 done:
     jfree(&root);
-    free(r);
-    free(hdr);
+    tf_free(r);
+    tf_free(hdr);
     if (st) {
         tio_tensors_free(ts, count);
-        if (meta) free(*meta), *meta = NULL;
+        if (meta) tf_free(*meta), *meta = NULL;
         return st;
     }
-    if (!count) free(ts), ts = NULL;
+    if (!count) tf_free(ts), ts = NULL;
     *out = ts;
     *nout = count;
     return TIO_OK;
@@ -1041,7 +1043,7 @@ static tio_status st_check_tensors(const ectx *E, const tio_tensor *ts, size_t n
         if (st) return st;
     }
     if (n < 2) return TIO_OK;
-    const char **names = malloc(n * sizeof *names);
+    const char **names = tf_malloc(n * sizeof *names);
     tio_status st = TIO_OK;
     if (!names) return fail(E, TIO_ERR_OOM, "out of memory");
     for (size_t i = 0; i < n; i++) names[i] = ts[i].name;
@@ -1049,7 +1051,7 @@ static tio_status st_check_tensors(const ectx *E, const tio_tensor *ts, size_t n
     for (size_t i = 1; i < n && !st; i++)
         if (!strcmp(names[i - 1], names[i]))
             st = fail(E, TIO_ERR_ARG, "duplicate tensor name \"%s\"", show(names[i], strlen(names[i]), nm));
-    free(names);
+    tf_free(names);
     return st;
 }
 
@@ -1074,9 +1076,9 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
     size_t hlen = 0;
     uint64_t off = 0;
     uint8_t lenbuf[8];
-    chunk *cs = malloc((n + 2) * sizeof *cs);
+    chunk *cs = tf_malloc((n + 2) * sizeof *cs);
     FILE *m = cs ? open_memstream(&hdr, &hlen) : NULL;
-    if (!m) { free(cs); return fail(&E, TIO_ERR_OOM, "out of memory"); }
+    if (!m) { tf_free(cs); return fail(&E, TIO_ERR_OOM, "out of memory"); }
     fputc('{', m);
     if (meta) fputs("\"__metadata__\":", m), fputs(meta, m);
     for (size_t i = 0; i < n; i++) {
@@ -1108,8 +1110,8 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
         cs[1] = (chunk){hdr, hlen};
         st = atomic_write(&E, cs, n + 2);
     }
-    free(cs);
-    free(hdr);
+    tf_free(cs);
+    free(hdr);   /* stdio's buffer */
     return st;
 }
 
@@ -1118,8 +1120,8 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
 void tio_tensor_free(tio_tensor *t)
 {
     if (!t) return;
-    free(t->name);
-    free(t->data);
+    tf_free(t->name);
+    tf_free(t->data);
     t->name = t->data = NULL, t->nbytes = 0;
 }
 
@@ -1127,5 +1129,5 @@ void tio_tensors_free(tio_tensor *ts, size_t n)
 {
     if (!ts) return;
     for (size_t i = 0; i < n; i++) tio_tensor_free(&ts[i]);
-    free(ts);
+    tf_free(ts);
 }

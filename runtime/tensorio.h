@@ -102,6 +102,7 @@ tio_status tio_npy_write(const char *path, const tio_tensor *t, char *err, size_
 tio_status tio_safetensors_read(const char *path, tio_tensor **out, size_t *n,
                                 char *err, size_t errlen);
 /* The same, and *meta receives the "__metadata__" object as compact JSON
+ * (from the C library's malloc: free() it)
  * text ({"key":"value",...}, keys in file order), malloc'd, or NULL when the
  * file has none (meta may be NULL: not wanted). NULL on failure. */
 tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t *n, char **meta,

@@ -80,7 +80,7 @@ static void jit_trim(int keep)
         if (old < 0) return;
         tf_diag d = {0};
         tf_jit_release(g_jit, g_cache[old].code, &d);   /* its memory is gone either way; nothing to report to */
-        free(g_cache[old].key);
+        tf_free(g_cache[old].key);
         g_cache[old] = (struct jit_entry){0};
         g_unused--;
     }
@@ -109,7 +109,7 @@ static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, int *slot, boo
         if (!g_jit) st = tf_jit_create(&g_jit, d);
         if (!st && free_slot < 0 && g_ncache == g_capcache) {
             int cap = g_capcache ? 2 * g_capcache : 64;
-            struct jit_entry *c = realloc(g_cache, (size_t)cap * sizeof *c);
+            struct jit_entry *c = tf_realloc(g_cache, (size_t)cap * sizeof *c);
             if (!c) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
             else g_cache = c, g_capcache = cap;
         }
@@ -129,7 +129,7 @@ static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, int *slot, boo
         g_cache[*slot].used = ++g_clock;
     }
     pthread_mutex_unlock(&g_jit_mu);
-    free(key);
+    tf_free(key);
     return st;
 }
 
@@ -203,11 +203,11 @@ static const tf_value *root_of(const tf_value *v)
 
 static void *own(cpu *c, size_t bytes)
 {
-    void **o = realloc(c->owned, (size_t)(c->nowned + 1) * sizeof *o);
+    void **o = tf_realloc(c->owned, (size_t)(c->nowned + 1) * sizeof *o);
     if (!o) return NULL;
     c->owned = o;
     size_t n = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, n ? n : 64);
+    void *p = tf_malloc_aligned(64, n ? n : 64);
     if (p) memset(p, 0, n ? n : 64);
     if (p) c->owned[c->nowned++] = p;
     return p;
@@ -216,8 +216,8 @@ static void *own(cpu *c, size_t bytes)
 static float *scratch(cpu *c, size_t floats)
 {
     if (floats > c->nscratch) {
-        free(c->scratch);
-        c->scratch = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        tf_free_aligned(c->scratch);
+        c->scratch = tf_malloc_aligned(64, (floats * sizeof(float) + 63) / 64 * 64);
         c->nscratch = c->scratch ? floats : 0;
     }
     return c->scratch;
@@ -230,11 +230,11 @@ static tf_status place_values(tf_session_t *s, cpu *c)
 {
     const tf_module *m = s->p->m;
     int V = m->next_id > 0 ? m->next_id : 1;
-    c->ptr = calloc((size_t)V, sizeof *c->ptr);
+    c->ptr = tf_calloc((size_t)V, sizeof *c->ptr);
     if (!c->ptr) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     if (m->plan.planned && m->plan.arena_bytes > 0) {
         size_t n = ((size_t)m->plan.arena_bytes + 63) / 64 * 64;
-        if (!(c->arena = aligned_alloc(64, n)))
+        if (!(c->arena = tf_malloc_aligned(64, n)))
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory allocating the %lld-byte activation arena",
                                 (long long)m->plan.arena_bytes);
         memset(c->arena, 0, n);
@@ -304,7 +304,7 @@ static how library_how(const tf_node *n)
 
 static tf_status prepare(tf_session_t *s, cpu *c)
 {
-    c->ks = calloc((size_t)(c->plan.nkernels ? c->plan.nkernels : 1), sizeof *c->ks);
+    c->ks = tf_calloc((size_t)(c->plan.nkernels ? c->plan.nkernels : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].jit_slot = -1;
     double t0 = now_ns();
@@ -312,7 +312,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         const tf_kernel *k = &c->plan.kernels[i];
         ckernel *ck = &c->ks[i];
         ck->k = k;
-        ck->bufs = calloc((size_t)(k->nbufs ? k->nbufs : 1), sizeof *ck->bufs);
+        ck->bufs = tf_calloc((size_t)(k->nbufs ? k->nbufs : 1), sizeof *ck->bufs);
         if (!ck->bufs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         for (int b = 0; b < k->nbufs; b++) ck->bufs[b] = storage(c, k->bufs[b].value);
         int ax = tf_kernel_split_axis(k);
@@ -709,12 +709,12 @@ static tf_status cpu_run(tf_session_t *s)
         }
     }
     /* updates: read every new value before writing any state */
-    void **staged = calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *staged);
+    void **staged = tf_calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *staged);
     if (!staged) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < m->nupdates; i++) {
         const tf_value *v = root_of(m->updates[i].value);
         if (v->kind == TF_VAL_NODE) continue;   /* activations are not state: safe to read late */
-        if ((staged[i] = malloc(value_bytes(v) ? value_bytes(v) : 1))) memcpy(staged[i], storage(c, v), value_bytes(v));
+        if ((staged[i] = tf_malloc(value_bytes(v) ? value_bytes(v) : 1))) memcpy(staged[i], storage(c, v), value_bytes(v));
     }
     for (int i = 0; i < m->nupdates; i++) {
         const tf_value *v = m->updates[i].value, *dst = m->updates[i].buffer;
@@ -724,9 +724,9 @@ static tf_status cpu_run(tf_session_t *s)
         } else if (src && src != storage(c, dst)) {
             memcpy(storage(c, dst), src, value_bytes(dst));
         }
-        free(staged[i]);
+        tf_free(staged[i]);
     }
-    free(staged);
+    tf_free(staged);
     for (int i = 0; i < m->noutputs; i++) {
         const tf_value *v = m->outputs[i].value;
         if (v->kind == TF_VAL_CONST) {
@@ -746,25 +746,25 @@ static void cpu_free(tf_session_t *s)
     cpu *c = s->impl;
     if (!c) return;
     for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
-        free(c->ks[i].bufs);
+        tf_free(c->ks[i].bufs);
         jit_put(c->ks[i].jit_slot);
     }
-    free(c->ks);
+    tf_free(c->ks);
     tf_kernels_free(&c->plan);
-    for (int i = 0; i < c->nowned; i++) free(c->owned[i]);
-    free(c->owned);
-    free(c->arena);
-    free(c->ptr);
-    free(c->scratch);
+    for (int i = 0; i < c->nowned; i++) tf_free_aligned(c->owned[i]);
+    tf_free(c->owned);
+    tf_free_aligned(c->arena);
+    tf_free(c->ptr);
+    tf_free_aligned(c->scratch);
     tf_pool_free(c->pool);
     tf_interp_free(c->ip);
-    free(c);
+    tf_free(c);
     s->impl = NULL;
 }
 
 static tf_status cpu_create(tf_session_t *s)
 {
-    cpu *c = calloc(1, sizeof *c);
+    cpu *c = tf_calloc(1, sizeof *c);
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
     tf_diag d = {0};

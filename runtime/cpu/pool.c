@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "pool.h"
+#include "alloc.h"
 
 typedef struct worker {
     struct tf_pool *pool;
@@ -68,15 +69,15 @@ int tf_cpu_count(void)
 tf_pool *tf_pool_create(int nthreads)
 {
     if (nthreads < 1) nthreads = 1;
-    struct tf_pool *p = calloc(1, sizeof *p);
+    struct tf_pool *p = tf_calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n = nthreads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
     if (nthreads > 1) {
-        p->threads = calloc((size_t)nthreads - 1, sizeof *p->threads);
-        p->ws = calloc((size_t)nthreads - 1, sizeof *p->ws);
+        p->threads = tf_calloc((size_t)nthreads - 1, sizeof *p->threads);
+        p->ws = tf_calloc((size_t)nthreads - 1, sizeof *p->ws);
         if (!p->threads || !p->ws) {
             tf_pool_free(p);
             return NULL;
@@ -108,9 +109,9 @@ void tf_pool_free(tf_pool *p)
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->go);
     pthread_cond_destroy(&p->done);
-    free(p->threads);
-    free(p->ws);
-    free(p);
+    tf_free(p->threads);
+    tf_free(p->ws);
+    tf_free(p);
 }
 
 int tf_pool_threads(const tf_pool *p) { return p ? p->n : 1; }

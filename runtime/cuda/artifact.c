@@ -45,8 +45,8 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         return -1;
     }
     /* one job per distinct source */
-    tf_nvrtc_job *jobs = calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *jobs);
-    int *job_of = calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *job_of);
+    tf_nvrtc_job *jobs = tf_calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *jobs);
+    int *job_of = tf_calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *job_of);
     int njobs = 0, rc = jobs && job_of ? 0 : -1;
     if (rc) snprintf(err, n, "error: out of memory");
     for (int i = 0; !rc && i < prog.nkernels; i++) {
@@ -66,7 +66,7 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         } else {
             rc = write_file(path, cu, strlen(cu), err, n);
         }
-        free(cu);
+        tf_free(cu);
     }
     if (!rc && njobs && tf_nvrtc_compile_jobs(&libs, jobs, njobs, 0)) {
         for (int j = 0; j < njobs; j++)
@@ -83,7 +83,7 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     }
     /* the manifest: the plan in launch order */
     size_t cap = 256 + (size_t)plan->nkernels * 160, at = 0;
-    char *man = rc ? NULL : malloc(cap);
+    char *man = rc ? NULL : tf_malloc(cap);
     if (!rc && !man) {
         snprintf(err, n, "error: out of memory");
         rc = -1;
@@ -102,10 +102,10 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         snprintf(path, sizeof path, "%s/manifest.txt", dir);
         rc = write_file(path, man, at, err, n);
     }
-    free(man);
+    tf_free(man);
     for (int j = 0; j < njobs; j++) tf_nvrtc_job_free(&jobs[j]);
-    free(jobs);
-    free(job_of);
+    tf_free(jobs);
+    tf_free(job_of);
     tf_cuda_program_free(&prog);
     tf_cuda_libs_free(&libs);
     return rc;
@@ -114,7 +114,7 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
 char *tf_cuda_doctor(void)
 {
     size_t cap = 8192;
-    char *out = malloc(cap), err[2048];
+    char *out = tf_malloc(cap), err[2048];
     if (!out) return NULL;
     tf_cuda_libs libs;
     tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err);

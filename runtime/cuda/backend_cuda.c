@@ -78,7 +78,7 @@ static char g_probe_why[2048];   /* "" when the target can run; written once, re
 
 static void probe(void)
 {
-    tf_cuda_libs *l = calloc(1, sizeof *l);
+    tf_cuda_libs *l = tf_calloc(1, sizeof *l);
     char err[2048] = "";
     if (!l) {
         snprintf(g_probe_why, sizeof g_probe_why, "out of memory probing for the CUDA driver");
@@ -92,7 +92,7 @@ static void probe(void)
     else if (tf_cuda_libs_add(l, TF_CUDA_LIB_NVRTC, NULL, err, sizeof err))
         snprintf(g_probe_why, sizeof g_probe_why, "the cuda target compiles its kernels when a session starts, and %.1900s", l->nvrtc_error);
     tf_cuda_libs_free(l);
-    free(l);
+    tf_free(l);
 }
 
 static const char *cuda_unavailable(void)
@@ -245,9 +245,9 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
 {
     const tf_module *m = s->p->m;
     int V = m->next_id > 0 ? m->next_id : 1;
-    L->at = malloc((size_t)V * sizeof *L->at);
-    L->in_arena = calloc((size_t)V, sizeof *L->in_arena);
-    L->stage_at = malloc((size_t)(m->nupdates ? m->nupdates : 1) * sizeof *L->stage_at);
+    L->at = tf_malloc((size_t)V * sizeof *L->at);
+    L->in_arena = tf_calloc((size_t)V, sizeof *L->in_arena);
+    L->stage_at = tf_malloc((size_t)(m->nupdates ? m->nupdates : 1) * sizeof *L->stage_at);
     if (!L->at || !L->in_arena || !L->stage_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < V; i++) L->at[i] = -1;
     bool arena = m->plan.planned && m->plan.arena_bytes > 0;
@@ -338,8 +338,8 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
     if (c->arena_bytes) CU_DO("clearing the arena", MemsetD8Async(c->arena, 0, c->arena_bytes, c->stream));
     CU_DO("clearing the state block", MemsetD8Async(c->state, 0, c->state_bytes, c->stream));
     int V = m->next_id > 0 ? m->next_id : 1;
-    c->ptr = calloc((size_t)V, sizeof *c->ptr);
-    c->stage = calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *c->stage);
+    c->ptr = tf_calloc((size_t)V, sizeof *c->ptr);
+    c->stage = tf_calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *c->stage);
     if (!c->ptr || !c->stage) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < V; i++)
         if (L->at[i] >= 0) c->ptr[i] = (L->in_arena[i] ? c->arena : c->state) + (tf_cu_deviceptr)L->at[i];
@@ -349,8 +349,8 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
     c->ws_dev = c->ws_bytes ? c->state + L->ws_at : 0;
     /* pinned host staging: {seed, step}, inputs, outputs */
     const tf_program_t *p = s->p;
-    c->in_at = calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *c->in_at);
-    c->out_at = calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_at);
+    c->in_at = tf_calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *c->in_at);
+    c->out_at = tf_calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_at);
     if (!c->in_at || !c->out_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     size_t at = 64;
     for (int i = 0; i < p->inputs.n; i++) {
@@ -386,7 +386,7 @@ static tf_status initial_state(tf_session_t *s, cuda_session *c)
         const tf_value *v = m->decls.items[i];
         if (v->kind != TF_VAL_INPUT) total += value_bytes(v);
     }
-    unsigned char *buf = malloc(total ? total : 1), *at = buf;
+    unsigned char *buf = tf_malloc(total ? total : 1), *at = buf;
     if (!buf) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory staging the initial params (%zu bytes)", total);
     tf_status st = TF_OK;
     for (int i = 0; !st && i < m->decls.n; i++) {
@@ -406,7 +406,7 @@ static tf_status initial_state(tf_session_t *s, cuda_session *c)
     tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);   /* before buf goes */
     if (!st && tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
         st = cu_fail(s, c, r, "copying the initial params to the GPU");
-    free(buf);
+    tf_free(buf);
     return st;
 }
 
@@ -425,9 +425,9 @@ static void gemm_call_free(cuda_session *c, gemm_call *mm)
 {
     if (!mm) return;
     tf_gemm_free(&c->libs, &mm->g);
-    free(mm->off_a);
-    free(mm->off_b);
-    free(mm);
+    tf_free(mm->off_a);
+    tf_free(mm->off_b);
+    tf_free(mm);
 }
 
 /* Plan kernel gk's matmul; false with the reason in gk->why when cuBLASLt
@@ -464,7 +464,7 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
     for (int i = 0; i < r; i++) nb *= ov->type.dims[i].n;
     bool a_full = ra == r;   /* a has every batch axis, unbroadcast */
     for (int i = 0; a_full && i < r; i++) a_full = av->type.dims[i].n == ov->type.dims[i].n;
-    gemm_call *mm = calloc(1, sizeof *mm);
+    gemm_call *mm = tf_calloc(1, sizeof *mm);
     if (!mm) {
         *oom_out = true;
         return false;
@@ -491,8 +491,8 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
             sb[j] = bv->type.dims[i].n == 1 ? 0 : st;
             st *= bv->type.dims[i].n;
         }
-        mm->off_a = malloc((size_t)nb * sizeof *mm->off_a);
-        mm->off_b = malloc((size_t)nb * sizeof *mm->off_b);
+        mm->off_a = tf_malloc((size_t)nb * sizeof *mm->off_a);
+        mm->off_b = tf_malloc((size_t)nb * sizeof *mm->off_b);
         if (!mm->off_a || !mm->off_b) {
             gemm_call_free(c, mm);
             *oom_out = true;
@@ -518,8 +518,8 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
             mix_a |= (uint64_t)d.stride_a * mm->esz_ab;
             mix_b |= (uint64_t)d.stride_b * mm->esz_ab;
             mix_c |= (uint64_t)d.stride_c * mm->esz_c;
-            free(mm->off_a);
-            free(mm->off_b);
+            tf_free(mm->off_a);
+            tf_free(mm->off_b);
             mm->off_a = mm->off_b = NULL;
         } else {   /* broadcast batch axes: one call per batch index */
             mm->calls = nb;
@@ -566,8 +566,8 @@ static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
 static unsigned char *host_scratch(cuda_session *c, size_t bytes)
 {
     if (bytes > c->nhost) {
-        free(c->host);
-        c->host = malloc(bytes);
+        tf_free(c->host);
+        c->host = tf_malloc(bytes);
         c->nhost = c->host ? bytes : 0;
     }
     return c->host;
@@ -646,10 +646,10 @@ static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *ds
 static tf_status build_kernels(tf_session_t *s, cuda_session *c)
 {
     int nk = c->plan.nkernels;
-    c->ks = calloc((size_t)(nk ? nk : 1), sizeof *c->ks);
+    c->ks = tf_calloc((size_t)(nk ? nk : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     double t0 = now_ms();
-    tf_cuda_jit_job *jobs = calloc((size_t)(nk ? nk : 1), sizeof *jobs);
+    tf_cuda_jit_job *jobs = tf_calloc((size_t)(nk ? nk : 1), sizeof *jobs);
     if (!jobs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_status st = TF_OK;
     int njobs = 0;
@@ -704,7 +704,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
     }
     for (int j = 0; !st && j < njobs; j++) c->ks[jobs[j].owner].fn = jobs[j].fn;
     for (int j = 0; j < njobs; j++) tf_cuda_kernel_free(&jobs[j].kernel);
-    free(jobs);
+    tf_free(jobs);
     c->jit_ms = now_ms() - t0;
     if (st) return st;
     /* launch parameters: the buffers' device pointers, then {seed, step} */
@@ -713,8 +713,8 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         if (gk->fn < 0) continue;
         const tf_kernel *k = gk->k;
         const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
-        gk->dptr = calloc((size_t)k->nbufs + 1, sizeof *gk->dptr);
-        gk->args = calloc((size_t)k->nbufs + 1, sizeof *gk->args);
+        gk->dptr = tf_calloc((size_t)k->nbufs + 1, sizeof *gk->dptr);
+        gk->args = tf_calloc((size_t)k->nbufs + 1, sizeof *gk->args);
         if (!gk->dptr || !gk->args) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         for (int b = 0; b < k->nbufs; b++) {
             gk->dptr[b] = dev_of(c, k->bufs[b].value);
@@ -771,7 +771,7 @@ static tf_status ensure_events(tf_session_t *s, cuda_session *c)
 {
     if (c->ev) return TF_OK;
     int n = 2 * (c->plan.nkernels ? c->plan.nkernels : 1);
-    c->ev = calloc((size_t)n, sizeof *c->ev);
+    c->ev = tf_calloc((size_t)n, sizeof *c->ev);
     if (!c->ev) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < n; i++) CU_DO("creating the profiler's events", EventCreate(&c->ev[i], CU_EVENT_DEFAULT));
     return TF_OK;
@@ -910,11 +910,11 @@ static void cuda_free(tf_session_t *s)
         if (c->stream) cu->StreamSynchronize(c->stream);
     }
     for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
-        free(c->ks[i].dptr);
-        free(c->ks[i].args);
+        tf_free(c->ks[i].dptr);
+        tf_free(c->ks[i].args);
         gemm_call_free(c, c->ks[i].mm);
     }
-    free(c->ks);
+    tf_free(c->ks);
     if (c->lt) c->libs.lt.Destroy(c->lt);
     if (driver) {
         for (int i = 0; c->ev && i < 2 * (c->plan.nkernels ? c->plan.nkernels : 1); i++)
@@ -925,17 +925,17 @@ static void cuda_free(tf_session_t *s)
         if (c->pinned) cu->MemFreeHost(c->pinned);
         if (c->stream) cu->StreamDestroy(c->stream);
     }
-    free(c->ev);
+    tf_free(c->ev);
     if (c->ctx_retained) cu->DevicePrimaryCtxRelease(c->dev);
     if (c->have_plan) tf_kernels_free(&c->plan);
-    free(c->ptr);
-    free(c->stage);
-    free(c->in_at);
-    free(c->out_at);
-    free(c->host);
+    tf_free(c->ptr);
+    tf_free(c->stage);
+    tf_free(c->in_at);
+    tf_free(c->out_at);
+    tf_free(c->host);
     tf_interp_free(c->ip);
     tf_cuda_libs_free(&c->libs);
-    free(c);
+    tf_free(c);
     s->impl = NULL;
 }
 
@@ -1012,7 +1012,7 @@ static void open_cublaslt(cuda_session *c)
 
 static tf_status cuda_create(tf_session_t *s)
 {
-    cuda_session *c = calloc(1, sizeof *c);
+    cuda_session *c = tf_calloc(1, sizeof *c);
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
     c->rt[0] = s->seed;
@@ -1036,9 +1036,9 @@ static tf_status cuda_create(tf_session_t *s)
         if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
             st = cu_fail(s, c, r, "starting the session");
     }
-    free(L.at);
-    free(L.in_arena);
-    free(L.stage_at);
+    tf_free(L.at);
+    tf_free(L.in_arena);
+    tf_free(L.stage_at);
     if (st) {
         cuda_free(s);
         return st;

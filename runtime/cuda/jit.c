@@ -88,10 +88,10 @@ static void *cache_read(const tf_cuda_jit *j, uint64_t key, const char *name, co
     void *bin = NULL;
     if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, MAGIC, sizeof MAGIC) && h.key == key && h.size > 0 &&
         h.size < ((uint64_t)1 << 31) && !strncmp(h.name, name, sizeof h.name) && !strncmp(h.arch, arch, sizeof h.arch) &&
-        (bin = malloc(h.size))) {
+        (bin = tf_malloc(h.size))) {
         int extra = 0;
         if (fread(bin, 1, h.size, f) != h.size || fread(&extra, 1, 1, f) != 0 || fnv1a(FNV_BASIS, bin, h.size) != h.sum) {
-            free(bin);
+            tf_free(bin);
             bin = NULL;
         } else {
             *size = h.size;
@@ -161,7 +161,7 @@ static tf_cuda_status compile(const tf_cuda_libs *l, const char *arch, unique *u
                               size_t n)
 {
     if (!nidx) return TF_CUDA_OK;
-    tf_nvrtc_job *jobs = calloc((size_t)nidx, sizeof *jobs);
+    tf_nvrtc_job *jobs = tf_calloc((size_t)nidx, sizeof *jobs);
     if (!jobs) {
         snprintf(err, n, "out of memory");
         return TF_CUDA_ERR_OOM;
@@ -189,7 +189,7 @@ static tf_cuda_status compile(const tf_cuda_libs *l, const char *arch, unique *u
                 break;
             }
     for (int i = 0; i < nidx; i++) tf_nvrtc_job_free(&jobs[i]);
-    free(jobs);
+    tf_free(jobs);
     return st;
 }
 
@@ -199,9 +199,9 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
     memset(j, 0, sizeof *j);
     if (!njobs) return TF_CUDA_OK;
     cache_open(j);
-    unique *us = calloc((size_t)njobs, sizeof *us);
-    int *miss = calloc((size_t)njobs, sizeof *miss), nus = 0, nmiss = 0;
-    j->fns = calloc((size_t)njobs, sizeof *j->fns);
+    unique *us = tf_calloc((size_t)njobs, sizeof *us);
+    int *miss = tf_calloc((size_t)njobs, sizeof *miss), nus = 0, nmiss = 0;
+    j->fns = tf_calloc((size_t)njobs, sizeof *j->fns);
     tf_cuda_status st = TF_CUDA_OK;
     if (!us || !miss || !j->fns) {
         snprintf(err, n, "out of memory");
@@ -234,7 +234,7 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         j->nfns = u + 1;
         st = load_one(f, l, &us[u], arch, err, n);
         if (st && us[u].from_cache) {   /* a cached cubin the driver refuses: compile it again */
-            free(us[u].cubin);
+            tf_free(us[u].cubin);
             us[u].cubin = NULL;
             us[u].from_cache = false;
             int one = u;
@@ -245,9 +245,9 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         }
         j->cached += !st && us[u].from_cache;
     }
-    for (int u = 0; us && u < nus; u++) free(us[u].cubin);
-    free(us);
-    free(miss);
+    for (int u = 0; us && u < nus; u++) tf_free(us[u].cubin);
+    tf_free(us);
+    tf_free(miss);
     if (st) tf_cuda_jit_free(j, l);
     return st;
 }
@@ -256,7 +256,7 @@ void tf_cuda_jit_free(tf_cuda_jit *j, const tf_cuda_libs *l)
 {
     for (int i = 0; j->fns && i < j->nfns; i++)
         if (j->fns[i].module) l->cu.ModuleUnload(j->fns[i].module);
-    free(j->fns);
+    tf_free(j->fns);
     j->fns = NULL;
     j->nfns = 0;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cuda_libs.h"
+#include "alloc.h"
 
 /* ---- what each library is ---- */
 
@@ -143,7 +144,7 @@ static int site_patterns(char (*pats)[PATH_MAX], int max)
 static bool each_site_match(const char *suffix, bool (*fn)(void *arg, const char *path), void *arg)
 {
     enum { MAXPATS = 48 };
-    char (*pats)[PATH_MAX] = malloc(MAXPATS * sizeof *pats);
+    char (*pats)[PATH_MAX] = tf_malloc(MAXPATS * sizeof *pats);
     if (!pats) return false;
     int n = site_patterns(pats, MAXPATS);
     bool done = false;
@@ -155,7 +156,7 @@ static bool each_site_match(const char *suffix, bool (*fn)(void *arg, const char
             for (size_t j = 0; j < g.gl_pathc && !done; j++) done = fn(arg, g.gl_pathv[j]);
         globfree(&g);
     }
-    free(pats);
+    tf_free(pats);
     return done;
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cuda_libs.h"
+#include "alloc.h"
 
 /* "sm_90", "sm_90a", "sm_100f": the number must be one NVRTC supports. */
 static bool arch_known(const tf_cuda_libs *l, const char *arch)
@@ -69,7 +70,7 @@ tf_cuda_status tf_nvrtc_compile(const tf_cuda_libs *l, const char *src, const ch
     tf_nvrtc_result cr = l->nvrtc.CompileProgram(p, nopts, opts);
     size_t ls = 0;
     char *text = NULL;
-    if (!l->nvrtc.GetProgramLogSize(p, &ls) && (text = malloc(ls + 1))) {
+    if (!l->nvrtc.GetProgramLogSize(p, &ls) && (text = tf_malloc(ls + 1))) {
         if (l->nvrtc.GetProgramLog(p, text)) text[0] = 0;
         text[ls] = 0;
     }
@@ -88,12 +89,12 @@ tf_cuda_status tf_nvrtc_compile(const tf_cuda_libs *l, const char *src, const ch
         if ((r = l->nvrtc.GetCUBINSize(p, &cs)) || !cs) {
             snprintf(err, n, "nvrtcGetCUBINSize(%s): %s", file, r ? l->nvrtc.GetErrorString(r) : "empty cubin");
             st = TF_CUDA_ERR_COMPILE;
-        } else if (!(bin = malloc(cs))) {
+        } else if (!(bin = tf_malloc(cs))) {
             snprintf(err, n, "out of memory for the cubin of %s (%zu bytes)", file, cs);
             st = TF_CUDA_ERR_OOM;
         } else if ((r = l->nvrtc.GetCUBIN(p, bin))) {
             snprintf(err, n, "nvrtcGetCUBIN(%s): %s", file, l->nvrtc.GetErrorString(r));
-            free(bin);
+            tf_free(bin);
             st = TF_CUDA_ERR_COMPILE;
         } else {
             *cubin = bin;
@@ -102,7 +103,7 @@ tf_cuda_status tf_nvrtc_compile(const tf_cuda_libs *l, const char *src, const ch
     }
     l->nvrtc.DestroyProgram(&p);
     if (log) *log = text;
-    else free(text);
+    else tf_free(text);
     return st;
 }
 
@@ -160,8 +161,8 @@ tf_cuda_status tf_nvrtc_compile_jobs(const tf_cuda_libs *l, tf_nvrtc_job *jobs, 
 void tf_nvrtc_job_free(tf_nvrtc_job *job)
 {
     if (!job) return;
-    free(job->cubin);
-    free(job->log);
+    tf_free(job->cubin);
+    tf_free(job->log);
     job->cubin = NULL;
     job->log = NULL;
     job->cubin_size = 0;

@@ -22,13 +22,13 @@ extern const tf_backend tf_backend_cuda;
 /* A session built the way tf_session_create builds one, handed to the backend. */
 static tf_status direct_session(tf_context_t *ctx, const tf_program_t *p)
 {
-    tf_session_t *s = calloc(1, sizeof *s);
+    tf_session_t *s = tf_calloc(1, sizeof *s);
     s->ctx = ctx;
     s->p = p;
     s->be = &tf_backend_cuda;
     s->seed = 1;
-    s->bound = calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *s->bound);
-    s->out = calloc((size_t)(p->m->noutputs ? p->m->noutputs : 1), sizeof *s->out);
+    s->bound = tf_calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *s->bound);
+    s->out = tf_calloc((size_t)(p->m->noutputs ? p->m->noutputs : 1), sizeof *s->out);
     tf_status st = tf_backend_cuda.session_create(s);
     if (st) s->be = NULL;   /* a failed create leaves nothing to free */
     tf_session_free(s);

@@ -164,8 +164,8 @@ static void run_model(const model *md, const char *text, tf_ir_mode mode)
     char *p1 = tf_print_module(dropped), *p2 = NULL;
     if (again && !pass_bias_drop(again, &o) && !tf_verify(again, &d)) p2 = tf_print_module(again);
     CHECK(p1 && p2 && !strcmp(p1, p2), "%s %s: a second bias_drop changed the module", md->label, what);
-    free(p1);
-    free(p2);
+    tf_free(p1);
+    tf_free(p2);
     tf_module_free(again);
     if (mode == TF_IR_INFER)
         CHECK(count_op(dropped, TF_OP_BATCHNORM) == md->bn_left_infer, "%s: %d batchnorms left after folding, expected %d",
@@ -201,7 +201,7 @@ static void run_model(const model *md, const char *text, tf_ir_mode mode)
             const tf_tensor *tb = tf_interp_tensor(ip[1], tf_module_find_value(mod[1], rm->name), &d);
             const tf_node *src = dropped_source(bn, dropped);
             double mom = tf_node_float(bn, "momentum");
-            if (!shift[j]) shift[j] = calloc((size_t)ta->numel, sizeof(double));
+            if (!shift[j]) shift[j] = tf_calloc((size_t)ta->numel, sizeof(double));
             if (src) {
                 const tf_tensor *bias = tf_interp_tensor(ip[0], tf_module_find_value(mod[0], src->in[2]->name), &d);
                 for (int64_t k = 0; k < ta->numel; k++) shift[j][k] = (1 - mom) * shift[j][k] + mom * bias->data[k];
@@ -215,7 +215,7 @@ static void run_model(const model *md, const char *text, tf_ir_mode mode)
             j++;
         }
     }
-    for (int j = 0; j < 64; j++) free(shift[j]);
+    for (int j = 0; j < 64; j++) tf_free(shift[j]);
 out:
     for (int k = 0; k < 2; k++) {
         tf_interp_free(ip[k]);
@@ -255,7 +255,7 @@ int main(void)
             check_cnn_train(text);
         }
         for (int mode = 0; mode < 2; mode++) run_model(&models[i], text ? text : models[i].text, (tf_ir_mode)mode);
-        free(text);
+        free(text);   /* test_read_example's */
     }
     return check_report();
 }

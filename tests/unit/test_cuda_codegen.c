@@ -168,7 +168,7 @@ static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_
         if (i == 1 || ck->epilogue) {   /* the .cu text names the kernel and holds the source */
             char *dump = tf_cuda_dump(m, k, ck);
             CHECK(dump && strstr(dump, k->name) && strstr(dump, ck->src), "%s: %s: tf_cuda_dump", label, k->name);
-            free(dump);
+            tf_free(dump);   /* tfuse's allocation */
         }
         remember(label, ck);
     }
@@ -372,10 +372,10 @@ static void compile_errors(const tf_cuda_libs *libs)
     CHECK(st == TF_CUDA_ERR_COMPILE && !cubin && log && strstr(log, "undeclared") && strstr(err, "broken.cu") &&
               strstr(err, "undeclared"),
           "a compile error comes back with the log: %s", err);
-    free(log);
+    tf_free(log);
     st = tf_nvrtc_compile(libs, "extern \"C\" __global__ void k() {}\n", "k", "sm_10", &cubin, &size, &log, err, sizeof err);
     CHECK(st == TF_CUDA_ERR_ARCH && strstr(err, "sm_10"), "an unknown architecture is refused: %s", err);
-    free(log);
+    tf_free(log);
 }
 
 int main(void)

@@ -73,9 +73,9 @@ static void test_roundtrip_and_canonical(void)
     tf_module *c = tf_module_clone(m);
     char *p3 = c ? tf_print_module(c) : NULL;
     CHECK(p3 && !strcmp(p1, p3), "clone prints differently:\n%s", p3 ? p3 : "(null)");
-    free(p1);
-    free(p2);
-    free(p3);
+    tf_free(p1);
+    tf_free(p2);
+    tf_free(p3);
     tf_module_free(m);
     tf_module_free(m2);
     tf_module_free(c);
@@ -108,7 +108,7 @@ static void test_numbers_print_exactly(void)
     CHECK(p && strstr(p, "mul(x, 0.1)") && strstr(p, "add(a, 1e-07)") && strstr(p, "sub(b, 3.0)") &&
               strstr(p, "maximum(c, -inf)") && strstr(p, "eps=1.5e-05"),
           "numbers:\n%s", p ? p : "(null)");
-    free(p);
+    tf_free(p);
     tf_module_free(m);
 }
 
@@ -160,7 +160,7 @@ static void test_lower_names_and_modes(void)
             CHECK(p && strstr(p, "dropout_mask(h, p=0.5") && strstr(p, "d : f32[4, 2] = mul(h, d.mask)"), "train dropout:\n%s", p ? p : "(null)");
         else
             CHECK(p && !strstr(p, "dropout") && strstr(p, "output d = h"), "infer dropout vanishes:\n%s", p ? p : "(null)");
-        free(p);
+        tf_free(p);
         tf_module_free(m);
     }
 }

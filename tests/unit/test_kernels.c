@@ -70,7 +70,7 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
     CHECK(!m->nregions || regions_seen >= m->nregions, "%s: every region has a kernel", label);
     char *text_k = tf_kernels_print(m, &plan);
     CHECK(text_k && strstr(text_k, "kernel k0_"), "%s: kernels print", label);
-    free(text_k);
+    tf_free(text_k);
     tf_interp_ctx *a = tf_interp_create(m, mode, g_seed), *b = tf_interp_create(m, mode, g_seed);
     bool ok = a && b && !tf_interp_init_state(a, &d) && !tf_interp_init_state(b, &d);
     for (int step = 0; ok && step < 2; step++) {
@@ -130,7 +130,7 @@ int main(void)
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
         for (int mode = 0; mode < 2; mode++) run(path, text, (tf_ir_mode)mode, dims, ex->nd);
-        free(text);
+        free(text);   /* test_read_example's */
     }
     run("dropout", "input x : f32[3, 7]\nparam w : f32[7, 5] = uniform()\nh = linear(x, w)\nd = dropout(h, p=0.3)\n"
         "s = softmax(d)\nloss = mean(s, axes=[])\noutput loss\noutput s\n", TF_IR_TRAIN, NULL, 0);

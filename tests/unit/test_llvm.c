@@ -224,7 +224,7 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
             if (!tf_jit_supports(k, NULL, 0)) continue;
             char *s = tf_jit_print(k);
             CHECK(s && strstr(s, k->name) && strstr(s, "define"), "%s: tf_jit_print of %s", label, k->name);
-            free(s);
+            tf_free(s);   /* tfuse's allocation */
             break;
         }
     }
@@ -273,7 +273,7 @@ int main(void)
         if (!tf_run_pipeline(m, NULL, &o) && !tf_kernels_build(m, &plan, &d) && plan.nkernels == 1) {
             char *ir = tf_jit_print(&plan.kernels[0]);
             CHECK(ir && strstr(ir, bf ? " x i16>" : " x float>"), "the %s kernel is vectorized", bf ? "bf16" : "f32");
-            free(ir);
+            tf_free(ir);
         } else {
             CHECK(0, "vec: %s", d.msg);
         }

@@ -4,6 +4,7 @@
  * Build: gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g
  *        -fsanitize=address,undefined -Iruntime runtime/tensorio.c
  *        tests/unit/test_tensorio.c -o /tmp/t_tio */
+#include "alloc.h"
 #include "tensorio.h"
 
 #include <dirent.h>
@@ -55,7 +56,7 @@ static void bput(buf *b, const void *s, size_t n)
 {
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
+        b->p = tf_realloc(b->p, b->cap);
         if (!b->p) abort();
     }
     if (n) memcpy(b->p + b->n, s, n);
@@ -69,7 +70,7 @@ static void ble(buf *b, uint64_t v, int n)
         bput(b, &c, 1);
     }
 }
-static void bfree(buf *b) { free(b->p); memset(b, 0, sizeof *b); }
+static void bfree(buf *b) { tf_free(b->p); memset(b, 0, sizeof *b); }
 
 static void write_file(const char *path, const void *p, size_t n)
 {
@@ -87,7 +88,7 @@ static unsigned char *read_file(const char *path, size_t *n)
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);
     fseek(f, 0, SEEK_SET);
-    unsigned char *p = malloc(sz > 0 ? (size_t)sz : 1);
+    unsigned char *p = tf_malloc(sz > 0 ? (size_t)sz : 1);
     *n = fread(p, 1, (size_t)sz, f);
     fclose(f);
     return p;
@@ -136,7 +137,7 @@ static tio_tensor make_tensor(const char *name, tio_dtype dt, int rank, const in
 {
     tio_tensor t;
     memset(&t, 0, sizeof t);
-    t.name = name ? strcpy(malloc(strlen(name) + 1), name) : NULL;
+    t.name = name ? strcpy(tf_malloc(strlen(name) + 1), name) : NULL;
     t.dtype = dt;
     t.rank = rank;
     size_t n = 1;
@@ -145,7 +146,7 @@ static tio_tensor make_tensor(const char *name, tio_dtype dt, int rank, const in
         n *= (size_t)shape[i];
     }
     t.nbytes = n * tio_dtype_size(dt);
-    t.data = malloc(t.nbytes ? t.nbytes : 1);
+    t.data = tf_malloc(t.nbytes ? t.nbytes : 1);
     fill(t.data, t.nbytes, seed, dt);
     return t;
 }
@@ -167,7 +168,7 @@ static bool st_aligned(const char *path)
     uint64_t hl = 0;
     for (int i = 7; raw && len >= 8 && i >= 0; i--) hl = hl << 8 | raw[i];
     bool ok = raw && len >= 8 && hl <= len - 8 && (8 + hl) % 8 == 0;
-    free(raw);
+    tf_free(raw);
     return ok;
 }
 
@@ -205,7 +206,7 @@ static void test_npy_roundtrip(void)
             size_t doff = raw && n >= 10 ? 10 + (size_t)(raw[8] | raw[9] << 8) : 0;
             CHECK(doff && doff % 64 == 0 && raw[doff - 1] == '\n' && n == doff + t.nbytes,
                   "npy %s rank %d: data must start at a multiple of 64 after '\\n'", tio_dtype_name(t.dtype), rank);
-            free(raw);
+            tf_free(raw);
             tio_tensor_free(&t);
             tio_tensor_free(&u);
         }
@@ -235,7 +236,7 @@ static void expect_header(tio_dtype dt, int rank, const int64_t *shape, const ch
               (size_t)(raw[8] | raw[9] << 8) == total - 10 && !memcmp(raw + 10, dict, dl) && raw[total - 1] == '\n';
     for (size_t i = 10 + dl; ok && i < total - 1; i++) ok = raw[i] == ' ';
     CHECK(ok, "npy header for %s is not NumPy's: expected %s", tio_dtype_name(dt), dict);
-    free(raw);
+    tf_free(raw);
     tio_tensor_free(&t);
 }
 
@@ -520,7 +521,7 @@ static void test_st_roundtrip(void)
     CHECK(st_aligned(p), "safetensors data area must start 8-aligned");
     CHECK(raw && memmem(raw, len, "\"__metadata__\":", 15) && memmem(raw, len, "{\"format\": \"pt\"", 15),
           "metadata missing from header");
-    free(raw);
+    tf_free(raw);
 
     /* no tensors, no metadata */
     st = tio_safetensors_write(tpath("none.safetensors"), NULL, 0, NULL, err, sizeof err);
@@ -657,12 +658,12 @@ static void test_st_malformed(void)
     make_st(&b, "{\"a\tb\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", d32, 8);
     expect_bad(false, "tab in string", &b, TIO_ERR_FORMAT, "control");
     /* nesting bomb: refused by depth, no stack overflow */
-    char *bomb = malloc(20003);
+    char *bomb = tf_malloc(20003);
     strcpy(bomb, "{\"a\":");
     memset(bomb + 5, '[', 19990);
     bomb[19995] = 0;
     make_st(&b, bomb, NULL, 0);
-    free(bomb);
+    tf_free(bomb);
     expect_bad(false, "nesting bomb", &b, TIO_ERR_FORMAT, "nested");
     /* the data area is one byte shorter than the tensor */
     make_st(&b, T, d32, 7);
@@ -814,7 +815,7 @@ static void test_io_and_args(void)
         CHECK(st == TIO_ERR_FORMAT && !strncmp(err, "cut.npy: truncated data", 23), "tio_npy_read_mem cut: %s", err);
         st = tio_npy_read_mem("none.npy", NULL, 0, &u, err, sizeof err);
         CHECK(st == TIO_ERR_FORMAT && strstr(err, "none.npy"), "tio_npy_read_mem of nothing: %s", err);
-        free(raw);
+        tf_free(raw);
         unlink(p);
         tio_tensor_free(&w);
     }
@@ -867,7 +868,7 @@ static void fuzz(bool npy, const unsigned char *good, size_t len, size_t hdr_end
                                                 '-', '0', '9', ' ', 'u', 0x80, 0xc3};
     char err[ERRLEN];
     const char *p = tpath(npy ? "fuzz.npy" : "fuzz.safetensors");
-    unsigned char *m = malloc(len);
+    unsigned char *m = tf_malloc(len);
     int ok = 0, silent = 0;
     for (int iter = 0; iter < 2000; iter++) {
         size_t n = len;
@@ -896,7 +897,7 @@ static void fuzz(bool npy, const unsigned char *good, size_t len, size_t hdr_end
             if (silent++ < 3) printf("  mutation %d: status %d without a proper message: \"%s\"\n", iter, st, err);
         }
     }
-    free(m);
+    tf_free(m);
     CHECK(silent == 0, "%s fuzz: %d failures without a message naming the path", npy ? "npy" : "safetensors", silent);
     CHECK(ok < 2000, "%s fuzz: no mutation was rejected", npy ? "npy" : "safetensors");
 }
@@ -913,7 +914,7 @@ static void test_sweeps_and_fuzz(void)
         sweep(true, good, len);
         fuzz(true, good, len, 128);
     }
-    free(good);
+    tf_free(good);
     tio_tensor_free(&t);
 
     tio_tensor ts[3] = {make_tensor("alpha", TIO_F32, 2, s23, 1), make_tensor("beta", TIO_BF16, 1, s4, 2),
@@ -926,7 +927,7 @@ static void test_sweeps_and_fuzz(void)
         sweep(false, good, len);
         fuzz(false, good, len, 8 + hl);
     }
-    free(good);
+    tf_free(good);
     for (int i = 0; i < 3; i++) tio_tensor_free(&ts[i]);
 }
 
