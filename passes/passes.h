@@ -4,7 +4,9 @@
  * rewrites the module in place and reports problems into o->diag. The pass
  * manager runs a named pipeline (one list per mode), verifies the module
  * after every pass, and writes `--dump-ir` files as NN-NAME.ir, each of which
- * parses again. */
+ * parses again. Fitting into memory (the checkpoint recompute set, an auto
+ * dim) is searched by tf_fit_pipeline (fit.c), which drives the pass manager
+ * over copies of the module and measures memplan's planned peak. */
 #ifndef TF_PASSES_H
 #define TF_PASSES_H
 
