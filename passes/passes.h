@@ -118,7 +118,8 @@ typedef struct tf_fit {
  *    pipeline reaches an active checkpoint pass right after autodiff, the
  *    recompute set is searched for on copies of the module, each copy run
  *    through the rest of *this* pipeline (same list, same disabled passes)
- *    to memplan, whose planned peak is the measure. Candidates come from
+ *    to memplan, whose planned peak is the measure (a pipeline that does
+ *    not end in memplan is an error). Candidates come from
  *    tf_checkpoint_candidates and are tried in that order, greedily: one is
  *    kept when it lowers the peak, and the search stops as soon as the
  *    budget is met. The checkpoint pass then applies the set (o->recompute).
