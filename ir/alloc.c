@@ -95,6 +95,9 @@ void tf_free_aligned(void *p)
     if (p) tf_free(((void **)p)[-1]);
 }
 
+void *tf_libc_malloc(size_t n) { return malloc(n ? n : 1); }
+void tf_libc_free(void *p) { free(p); }
+
 void *tf_libc_copy(const void *p, size_t n)
 {
     void *d = malloc(n ? n : 1);

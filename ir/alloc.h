@@ -43,7 +43,10 @@ char *tf_strdup(const char *s);
 /* align (a power of two) -aligned blocks, released with tf_free_aligned. */
 void *tf_malloc_aligned(size_t align, size_t n);
 void  tf_free_aligned(void *p);
-/* A copy of n bytes from the C library's malloc (for memory the caller frees with free()). */
+/* The C library's own, named so that they stand out where they are meant:
+ * memory a caller free()s, and stdio's buffers. tf_libc_copy: n bytes of p. */
+void *tf_libc_malloc(size_t n);
+void  tf_libc_free(void *p);
 void *tf_libc_copy(const void *p, size_t n);
 
 /* Within the enclosing block, allocations use `alloc` (a tf_allocator);

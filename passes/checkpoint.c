@@ -1,20 +1,19 @@
 /* checkpoint.c — activation checkpointing: for each forward value the
  * backward pass reads, keep it or compute it again where it is needed.
  *
- * `--checkpoint=auto --memory-budget=BYTES`: when the planned peak of the
- * training step exceeds the budget, forward values that are cheap to
- * recompute are computed again just before their first backward use, so the
- * forward copy dies early. Candidates are forward results that a backward op
- * reads: pointwise ops (activations included) first, then layout ops
- * (reshape, transpose, broadcast), then pooling; within a class, the larger
- * first. A recomputation reads the original forward operands (no recompute
- * chains). Candidates are tried in that order and kept when they lower the
- * planned peak (each probe planned by the rest of the pipeline: amp,
- * cleanups, fuse, memplan); it stops as soon as the budget is met, so never
- * more is recomputed than needed. A budget it cannot meet is an error naming
- * the smallest peak reached. Recomputed ops print with `recompute=true` (cse leaves them
- * be) and --explain lists each with the bytes it frees. Gradients are the
- * same: a recomputation is the same op on the same operands. */
+ * `--checkpoint=auto --memory-budget=BYTES`: forward values that are cheap
+ * to recompute are computed again just before their first backward use, so
+ * the forward copy dies early. Candidates (tf_checkpoint_candidates) are
+ * forward results that a backward op reads: pointwise ops (activations
+ * included) first, then layout ops (reshape, transpose, broadcast), then
+ * pooling; within a class, the larger first. Which of them to recompute is
+ * not decided here: tf_fit_pipeline (fit.c) searches for the set that makes
+ * the rest of the pipeline plan within the budget, and this pass applies the
+ * set it is given in o->recompute, nothing else (it runs no other pass). A
+ * recomputation reads the original forward operands (no recompute chains).
+ * Recomputed ops print with `recompute=true` (cse leaves them be) and
+ * --explain lists each with the bytes it frees. Gradients are the same: a
+ * recomputation is the same op on the same operands. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,9 +35,8 @@ static int cand_order(const void *a, const void *b)
 
 static int64_t bytes_of(const tf_value *v) { return tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype); }
 
-/* Recompute the first k candidates in m (whose node order matches the one
- * they were found in). */
-static tf_ir_status apply(tf_module *m, const tf_options *o, const cand *c, int k, bool explain)
+/* Recompute nodes[0..k) of m (forward node indices, as renumbered). */
+static tf_ir_status apply(tf_module *m, const tf_options *o, const int *nodes, int k)
 {
     tf_module_renumber(m);
     int N = m->nodes.n, bs = m->backward_start;
@@ -52,7 +50,14 @@ static tf_ir_status apply(tf_module *m, const tf_options *o, const cand *c, int 
         goto done;
     }
     memcpy(old, m->nodes.items, (size_t)N * sizeof *old);
-    for (int i = 0; i < k; i++) chosen[c[i].node] = true;
+    for (int i = 0; i < k; i++) {
+        if (nodes[i] < 0 || nodes[i] >= bs) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_INTERNAL, NULL, "checkpoint: asked to recompute node %d, which is not "
+                               "one of the %d forward nodes", nodes[i], bs);
+            goto done;
+        }
+        chosen[nodes[i]] = true;
+    }
     for (int i = 0; i < N; i++) first_use[i] = -1;
     for (int j = bs; j < N; j++)
         for (int q = 0; q < old[j]->nin; q++) {
@@ -102,10 +107,9 @@ static tf_ir_status apply(tf_module *m, const tf_options *o, const cand *c, int 
                     break;
                 }
                 clone_of[src->out->id] = v;
-                if (explain)
-                    tf_explain(o, "checkpoint", &src->loc, "recompute %s (%s, %lld bytes) before the backward pass needs it, "
-                               "instead of keeping it from the forward pass", src->out->name, tf_op_info_of(src->op)->name,
-                               (long long)bytes_of(src->out));
+                tf_explain(o, "checkpoint", &src->loc, "recompute %s (%s, %lld bytes) before the backward pass needs it, "
+                           "instead of keeping it from the forward pass", src->out->name, tf_op_info_of(src->op)->name,
+                           (long long)bytes_of(src->out));
             }
         tf_node *n = old[j];
         if (j >= bs)
@@ -122,19 +126,42 @@ done:
     return st;
 }
 
-/* Planned peak of m after the rest of the pipeline, on a copy. */
-static tf_ir_status measure(const tf_module *m, const tf_options *o, const cand *c, int k, int64_t *peak)
+tf_ir_status tf_checkpoint_candidates(tf_module *m, tf_diag *d, int **nodes, int *n)
 {
-    tf_module *x = tf_module_clone((tf_module *)m);
-    if (!x) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
-    tf_options q = *o;
-    q.explain = NULL;
-    q.dump_ir = NULL;
-    tf_ir_status st = apply(x, &q, c, k, false);
-    if (!st) st = tf_run_pipeline(x, tf_pipeline_after(o->mode, "checkpoint"), &q);
-    *peak = x->plan.planned ? x->plan.arena_bytes + x->plan.persistent_bytes : -1;
-    tf_module_free(x);
-    return st;
+    tf_module_renumber(m);
+    int N = m->nodes.n, bs = m->backward_start, nc = 0;
+    cand *c = tf_malloc((size_t)(bs ? bs : 1) * sizeof *c);
+    bool *read_back = tf_calloc((size_t)(bs ? bs : 1), sizeof *read_back);
+    *nodes = tf_malloc((size_t)(bs ? bs : 1) * sizeof **nodes);
+    *n = 0;
+    if (!c || !read_back || !*nodes) {
+        tf_free(c);
+        tf_free(read_back);
+        tf_free(*nodes);
+        *nodes = NULL;
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
+    }
+    for (int j = bs; j < N; j++) {
+        tf_node *nd = m->nodes.items[j];
+        for (int q = 0; q < nd->nin; q++) {
+            tf_value *v = nd->in[q];
+            int i = v->kind == TF_VAL_NODE ? v->id - m->decls.n : -1;
+            if (i >= 0 && i < bs) read_back[i] = true;
+        }
+    }
+    for (int i = 0; i < bs; i++) {
+        tf_node *nd = m->nodes.items[i];
+        tf_op_kind k = tf_op_info_of(nd->op)->kind;
+        int cls = k == TF_OPK_POINTWISE ? 0 : k == TF_OPK_LAYOUT && nd->op != TF_OP_CONCAT && nd->op != TF_OP_SLICE ? 1
+                  : k == TF_OPK_POOL && nd->op != TF_OP_MAXPOOL2D_GRAD && nd->op != TF_OP_AVGPOOL2D_GRAD ? 2 : -1;
+        if (read_back[i] && cls >= 0) c[nc++] = (cand){i, cls, bytes_of(nd->out)};
+    }
+    tf_free(read_back);
+    qsort(c, (size_t)nc, sizeof *c, cand_order);
+    for (int i = 0; i < nc; i++) (*nodes)[i] = c[i].node;
+    *n = nc;
+    tf_free(c);
+    return TF_IR_OK;
 }
 
 tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
@@ -152,62 +179,20 @@ tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
         tf_explain(o, "checkpoint", NULL, "--checkpoint=auto without --memory-budget: nothing to fit, nothing recomputed");
         return TF_IR_OK;
     }
-    tf_module_renumber(m);
-    int N = m->nodes.n, bs = m->backward_start, nc = 0;
-    cand *c = tf_malloc((size_t)(bs ? bs : 1) * sizeof *c);
-    bool *read_back = tf_calloc((size_t)(bs ? bs : 1), sizeof *read_back);
-    if (!c || !read_back) {
-        tf_free(c);
-        tf_free(read_back);
-        return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
-    }
-    for (int j = bs; j < N; j++) {
-        tf_node *n = m->nodes.items[j];
-        for (int q = 0; q < n->nin; q++) {
-            tf_value *v = n->in[q];
-            int i = v->kind == TF_VAL_NODE ? v->id - m->decls.n : -1;
-            if (i >= 0 && i < bs) read_back[i] = true;
-        }
-    }
-    for (int i = 0; i < bs; i++) {
-        tf_node *n = m->nodes.items[i];
-        tf_op_kind k = tf_op_info_of(n->op)->kind;
-        int cls = k == TF_OPK_POINTWISE ? 0 : k == TF_OPK_LAYOUT && n->op != TF_OP_CONCAT && n->op != TF_OP_SLICE ? 1
-                  : k == TF_OPK_POOL && n->op != TF_OP_MAXPOOL2D_GRAD && n->op != TF_OP_AVGPOOL2D_GRAD ? 2 : -1;
-        if (read_back[i] && cls >= 0) c[nc++] = (cand){i, cls, bytes_of(n->out)};
-    }
-    tf_free(read_back);
-    qsort(c, (size_t)nc, sizeof *c, cand_order);
-    /* greedy in that order: keep a candidate when it lowers the planned
-     * peak, stop as soon as the budget is met */
-    int64_t peak0, best;
-    tf_ir_status st = measure(m, o, c, 0, &peak0);
-    best = peak0;
-    int nk = 0;
-    if (!st && peak0 <= o->memory_budget) {
-        tf_explain(o, "checkpoint", NULL, "planned peak %lld bytes fits --memory-budget=%lld: nothing recomputed",
-                   (long long)peak0, (long long)o->memory_budget);
-        tf_free(c);
+    const tf_recompute *r = o->recompute;
+    if (!r) {
+        tf_explain(o, "checkpoint", NULL, "no recompute set given (tf_fit_pipeline chooses one): nothing recomputed");
         return TF_IR_OK;
     }
-    for (int i = 0; i < nc && !st && best > o->memory_budget; i++) {
-        cand keep = c[nk];
-        c[nk] = c[i];   /* try the kept ones plus this one */
-        int64_t pk;
-        if ((st = measure(m, o, c, nk + 1, &pk))) break;
-        if (pk < best) best = pk, nk++;
-        else c[nk] = keep;
+    if (!r->n) {
+        tf_explain(o, "checkpoint", NULL, "planned peak %lld bytes fits --memory-budget=%lld: nothing recomputed",
+                   (long long)r->peak_before, (long long)o->memory_budget);
+        return TF_IR_OK;
     }
-    if (!st && best > o->memory_budget)
-        st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL,
-                           "--memory-budget=%lld cannot be met: the step plans %lld bytes, and at best %lld by recomputing "
-                           "%d of %d cheap forward values; a smaller batch fits (--dim B=auto --memory-limit=%lld)",
-                           (long long)o->memory_budget, (long long)peak0, (long long)best, nk, nc, (long long)o->memory_budget);
-    if (!st) {
-        st = apply(m, o, c, nk, true);
+    tf_ir_status st = apply(m, o, r->nodes, r->n);
+    if (!st)
         tf_explain(o, "checkpoint", NULL, "recomputed %d of %d candidates: planned peak %lld -> %lld bytes, within "
-                   "--memory-budget=%lld", nk, nc, (long long)peak0, (long long)best, (long long)o->memory_budget);
-    }
-    tf_free(c);
+                   "--memory-budget=%lld", r->n, r->ncand, (long long)r->peak_before, (long long)r->peak_after,
+                   (long long)o->memory_budget);
     return st;
 }

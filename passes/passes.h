@@ -4,13 +4,25 @@
  * rewrites the module in place and reports problems into o->diag. The pass
  * manager runs a named pipeline (one list per mode), verifies the module
  * after every pass, and writes `--dump-ir` files as NN-NAME.ir, each of which
- * parses again. */
+ * parses again. Fitting into memory (the checkpoint recompute set, an auto
+ * dim) is searched by tf_fit_pipeline (fit.c), which drives the pass manager
+ * over copies of the module and measures memplan's planned peak. */
 #ifndef TF_PASSES_H
 #define TF_PASSES_H
 
 #include <stdio.h>
 
 #include "ops.h"
+
+/* The checkpoint pass's decisions: which forward values to recompute.
+ * tf_fit_pipeline chooses them (see below) and hands them to the pass. */
+typedef struct tf_recompute {
+    const int *nodes;       /* forward node indices in the pass's input (renumbered), each < backward_start */
+    int n;
+    int ncand;              /* for --explain: how many candidates the search had */
+    int64_t peak_before;    /* for --explain: the planned peak recomputing nothing ... */
+    int64_t peak_after;     /* ... and recomputing these */
+} tf_recompute;
 
 typedef struct tf_options {
     tf_ir_mode mode;
@@ -26,6 +38,7 @@ typedef struct tf_options {
     bool grad_outputs;      /* autodiff also outputs each param's gradient as grad.<param> */
     int checkpoint;         /* TF_CHECKPOINT_NONE | TF_CHECKPOINT_AUTO */
     int64_t memory_budget;  /* bytes the training step should plan within (checkpoint) */
+    const tf_recompute *recompute;   /* set by tf_fit_pipeline for the checkpoint pass; NULL otherwise */
 } tf_options;
 
 enum { TF_CHECKPOINT_NONE, TF_CHECKPOINT_AUTO };
@@ -57,12 +70,69 @@ extern const tf_pass_info tf_passes[];
 extern const int tf_npasses;
 const tf_pass_info *tf_pass_find(const char *name, size_t len);
 
-/* The default pipeline of a mode, comma-separated; and the part of it
- * after the first occurrence of `pass` ("" if none). */
+/* The default pipeline of a mode, comma-separated. */
 const char *tf_pipeline_default(tf_ir_mode mode);
-const char *tf_pipeline_after(tf_ir_mode mode, const char *pass);
 /* Run a comma-separated pass list (NULL: the mode's default). Unknown names
- * are reported before anything runs. */
+ * are reported before anything runs. This is tf_fit_pipeline without an
+ * auto dim: with --checkpoint=auto and a budget, the checkpoint search runs. */
 tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o);
+
+/* ---- the pass manager's parts, for tf_fit_pipeline ---- */
+
+#define TF_PIPELINE_MAX 64
+typedef struct tf_pipeline {
+    const tf_pass_info *pass[TF_PIPELINE_MAX];
+    int n;
+} tf_pipeline;
+
+/* Resolve a comma-separated list (NULL: the mode's default) and check the
+ * pass names the options give (--dump-ir, --disable-pass); nothing runs. */
+tf_ir_status tf_pipeline_parse(const char *list, const tf_options *o, tf_pipeline *pl);
+/* Before the first pass of a run: --dump-ir's directory and 00-input.ir. */
+tf_ir_status tf_pipeline_begin(tf_module *m, const tf_options *o);
+/* Run passes [from, to) of pl on m: disabled ones are skipped, the module is
+ * verified after each, and --dump-ir files are numbered by position in pl. */
+tf_ir_status tf_pipeline_run(tf_module *m, const tf_pipeline *pl, int from, int to, const tf_options *o);
+/* Whether the options leave pass pi out (--O0, --disable-pass). */
+bool tf_pass_disabled(const tf_options *o, const tf_pass_info *pi);
+
+/* checkpoint.c: the forward values the checkpoint pass may recompute, in the
+ * order the search tries them (pointwise, then layout, then pooling; the
+ * larger first within a class): *nodes (malloc'd, *n of them) are node
+ * indices of m, which is renumbered. m must be right after autodiff. */
+tf_ir_status tf_checkpoint_candidates(tf_module *m, tf_diag *d, int **nodes, int *n);
+
+/* ---- fit.c: fitting into memory ---- */
+
+typedef struct tf_fit {
+    int dim;                /* in: the dim to choose (index into m->dims), or -1 for none */
+    int64_t limit;          /* in: the planned peak it must fit (--memory-limit), > 0 */
+    int64_t value;          /* out: the value chosen (also set in m) */
+    int64_t peak;           /* out: its planned peak */
+    int64_t over_peak;      /* out: the planned peak of the smallest value that did not fit; -1: none tried */
+} tf_fit;
+
+/* Run the pipeline `list` (NULL: the mode's default) on m, as
+ * tf_pipeline_run does, and make it fit into memory where the options ask:
+ *  - checkpoint (train mode, --checkpoint=auto, --memory-budget): when the
+ *    pipeline reaches an active checkpoint pass right after autodiff, the
+ *    recompute set is searched for on copies of the module, each copy run
+ *    through the rest of *this* pipeline (same list, same disabled passes)
+ *    to memplan, whose planned peak is the measure (a pipeline that does
+ *    not end in memplan is an error). Candidates come from
+ *    tf_checkpoint_candidates and are tried in that order, greedily: one is
+ *    kept when it lowers the peak, and the search stops as soon as the
+ *    budget is met. The checkpoint pass then applies the set (o->recompute).
+ *    A budget that cannot be met is a TF_IR_ERR_LIMIT error naming the best
+ *    peak reached.
+ *  - an auto dim (fit && fit->dim >= 0): the largest value whose planned
+ *    peak (after the whole pipeline, checkpoint search included) fits
+ *    fit->limit: double from 1 until a value does not fit, then bisect. A
+ *    value a shape rule refuses, or whose checkpoint budget cannot be met,
+ *    does not fit. Probes run quietly (no --explain, no dumps); then the dim
+ *    is set in m, one [memplan] --explain line says why, and the pipeline
+ *    runs on m for real. The pipeline must end in memplan.
+ * Every probe runs on a copy; on an error m is left part-way. */
+tf_ir_status tf_fit_pipeline(tf_module *m, const char *list, const tf_options *o, tf_fit *fit);
 
 #endif

@@ -24,15 +24,6 @@ static const char *const pipelines[] = {
 
 const char *tf_pipeline_default(tf_ir_mode mode) { return pipelines[mode]; }
 
-const char *tf_pipeline_after(tf_ir_mode mode, const char *pass)
-{
-    const char *p = pipelines[mode];
-    size_t n = strlen(pass);
-    for (const char *q = p; (q = strstr(q, pass)); q += n)
-        if ((q == p || q[-1] == ',') && (q[n] == ',' || q[n] == 0)) return q[n] ? q + n + 1 : "";
-    return "";
-}
-
 void tf_explain(const tf_options *o, const char *pass, const tf_loc *loc, const char *fmt, ...)
 {
     if (!o->explain) return;
@@ -60,7 +51,7 @@ static bool has_layer_ops(const tf_module *m)
     return false;
 }
 
-static bool is_disabled(const tf_options *o, const tf_pass_info *pi)
+bool tf_pass_disabled(const tf_options *o, const tf_pass_info *pi)
 {
     if (o->opt0 && (pi->flags & TF_PASSF_OPT)) return true;
     for (int i = 0; i < o->ndisabled; i++)
@@ -117,11 +108,10 @@ static tf_ir_status dump(tf_module *m, const tf_options *o, int index, const cha
     return TF_IR_OK;
 }
 
-tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o)
+tf_ir_status tf_pipeline_parse(const char *list, const tf_options *o, tf_pipeline *pl)
 {
     if (!list) list = tf_pipeline_default(o->mode);
-    const tf_pass_info *plan[64];
-    int n = 0;
+    pl->n = 0;
     for (const char *p = list; *p;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
@@ -135,8 +125,9 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
                 return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "unknown pass '%.*s'; passes are: %s", (int)len, p,
                                      names);
             }
-            if (n == 64) return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "more than 64 passes in one pipeline");
-            plan[n++] = pi;
+            if (pl->n == TF_PIPELINE_MAX)
+                return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "more than 64 passes in one pipeline");
+            pl->pass[pl->n++] = pi;
         }
         p += len + (comma ? 1 : 0);
     }
@@ -145,29 +136,44 @@ tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o
     for (int i = 0; i < o->ndisabled; i++)
         if (!tf_pass_find(o->disabled[i], strlen(o->disabled[i])))
             return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--disable-pass=%s names no pass", o->disabled[i]);
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_pipeline_begin(tf_module *m, const tf_options *o)
+{
     if (o->dump_ir && o->dump_dir && make_dirs(o->dump_dir, o->diag)) return o->diag->status;
     if (o->dump_ir && !strcmp(o->dump_ir, "all") && dump(m, o, 0, "input")) return o->diag->status;
-    for (int i = 0; i < n; i++) {
-        if (is_disabled(o, plan[i])) {
-            tf_explain(o, plan[i]->name, NULL, "skipped (%s)", o->opt0 && (plan[i]->flags & TF_PASSF_OPT) ? "--O0" : "--disable-pass");
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_pipeline_run(tf_module *m, const tf_pipeline *pl, int from, int to, const tf_options *o)
+{
+    for (int i = from; i < to; i++) {
+        const tf_pass_info *pi = pl->pass[i];
+        if (tf_pass_disabled(o, pi)) {
+            tf_explain(o, pi->name, NULL, "skipped (%s)", o->opt0 && (pi->flags & TF_PASSF_OPT) ? "--O0" : "--disable-pass");
             continue;
         }
-        if ((plan[i]->flags & TF_PASSF_CORE) && has_layer_ops(m))
+        if ((pi->flags & TF_PASSF_CORE) && has_layer_ops(m))
             return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL,
                                  "pass '%s' needs a lowered module: run 'lower' before it (e.g. --passes=lower,%s)",
-                                 plan[i]->name, plan[i]->name);
-        if (m->nregions && !(plan[i]->flags & TF_PASSF_REGIONS)) {
-            tf_explain(o, plan[i]->name, NULL, "dissolves %d fused region%s first (run fuse again to regroup)", m->nregions,
+                                 pi->name, pi->name);
+        if (m->nregions && !(pi->flags & TF_PASSF_REGIONS)) {
+            tf_explain(o, pi->name, NULL, "dissolves %d fused region%s first (run fuse again to regroup)", m->nregions,
                        m->nregions == 1 ? "" : "s");
             tf_module_clear_regions(m);
         }
         m->plan.planned = false;   /* any pass may move values; memplan plans again */
-        if (strcmp(plan[i]->name, "checkpoint")) m->backward_start = 0;   /* valid right after autodiff only */
-        if (plan[i]->run(m, o)) return o->diag->status;
+        if (strcmp(pi->name, "checkpoint")) m->backward_start = 0;   /* valid right after autodiff only */
+        if (pi->run(m, o)) return o->diag->status;
         if (tf_verify(m, o->diag)) return o->diag->status;   /* a pass that breaks the IR is caught here */
-        if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, plan[i]->name)) &&
-            dump(m, o, i + 1, plan[i]->name))
+        if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, pi->name)) && dump(m, o, i + 1, pi->name))
             return o->diag->status;
     }
     return TF_IR_OK;
+}
+
+tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o)
+{
+    return tf_fit_pipeline(m, list, o, NULL);
 }

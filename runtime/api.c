@@ -335,9 +335,11 @@ static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *di
 #endif
 }
 
-/* Run the pipeline on a copy of src. */
-static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
-                                tf_program_t **out)
+/* Run the pipeline on a copy of src, fitted into memory where the options
+ * ask (tf_fit_pipeline: the checkpoint search, and the auto dim when
+ * auto_dim >= 0, whose value goes to *chosen). */
+static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, int auto_dim,
+                                int64_t *chosen, tf_program_t **out)
 {
     tf_program_t *p = tf_calloc(1, sizeof *p);
     if (!p || !(p->m = tf_module_clone(src))) {
@@ -349,20 +351,22 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
     p->threads = opts->threads;
     tf_diag d = {0};
     tf_options o;
-    tf_status st = make_options(ctx, opts, quiet, &d, &o);
+    tf_status st = make_options(ctx, opts, false, &d, &o);
     if (st) {
         tf_program_free(p);
         return st;
     }
-    if (tf_run_pipeline(p->m, NULL, &o)) {
+    tf_fit fit = {.dim = auto_dim, .limit = opts->memory_limit};
+    if (tf_fit_pipeline(p->m, NULL, &o, &fit)) {
         tf_program_free(p);
         return tf_from_diag(ctx, &d);
     }
-    if (!quiet && opts->dump_kernels && (st = dump_kernels(ctx, p->m, opts->dump_kernels))) {
+    *chosen = fit.value;
+    if (opts->dump_kernels && (st = dump_kernels(ctx, p->m, opts->dump_kernels))) {
         tf_program_free(p);
         return st;
     }
-    if (!quiet && opts->dump_llvm && (st = dump_llvm(ctx, p->m, opts->dump_llvm))) {
+    if (opts->dump_llvm && (st = dump_llvm(ctx, p->m, opts->dump_llvm))) {
         tf_program_free(p);
         return st;
     }
@@ -373,76 +377,6 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
 static int64_t planned_peak(const tf_program_t *p)
 {
     return p->m->plan.planned ? p->m->plan.arena_bytes + p->m->plan.persistent_bytes : -1;
-}
-
-/* Compile with the auto dim set to v; *peak = the plan's peak, or -1 when
- * the model cannot take that value (a shape rule refuses it). */
-static tf_status probe_dim(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts, int64_t v,
-                           int64_t *peak)
-{
-    tf_module *m = tf_module_clone(model->m);
-    tf_diag d = {0};
-    if (!m) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-    *peak = -1;
-    tf_status st = TF_OK;
-    if (!tf_module_set_dim(m, model->auto_dim, v, &d)) {
-        tf_program_t *p = NULL;
-        if (!(st = compile_module(ctx, m, opts, true, &p))) {
-            *peak = planned_peak(p);
-            if (*peak < 0)
-                st = tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: --dim %s=auto needs memplan, which is disabled",
-                                  model->m->dims[model->auto_dim].name);
-        }
-        tf_program_free(p);
-    } else if (v == 1) {
-        st = tf_from_diag(ctx, &d);
-    }
-    tf_module_free(m);
-    return st;
-}
-
-/* --dim NAME=auto: the largest value whose planned peak fits the limit.
- * Peak grows with a batch-like dim: double until it no longer fits, then
- * bisect. Each probe is a full compile without dumps or explanations. */
-static tf_status pick_auto_dim(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
-                               int64_t *best, int64_t *fit_peak, int64_t *over_peak)
-{
-    const char *name = model->m->dims[model->auto_dim].name;
-    if (opts->memory_limit <= 0)
-        return tf_set_error(ctx, TF_ERR_INVALID_ARG,
-                            "error: --dim %s=auto picks the largest %s whose planned peak fits a memory limit; "
-                            "give one with --memory-limit=BYTES", name, name);
-    int64_t lo = 0, hi = 0, peak;   /* lo fits, hi does not (0: unknown) */
-    *fit_peak = *over_peak = -1;
-    tf_status st;
-    for (int64_t v = 1;; v = v > TF_MAX_DIM / 2 ? TF_MAX_DIM : 2 * v) {
-        if ((st = probe_dim(ctx, model, opts, v, &peak))) return st;
-        if (peak >= 0 && peak <= opts->memory_limit) {
-            lo = v;
-            *fit_peak = peak;
-            if (v == TF_MAX_DIM) break;
-        } else {
-            hi = v;
-            *over_peak = peak;
-            break;
-        }
-    }
-    while (hi && hi - lo > 1) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if ((st = probe_dim(ctx, model, opts, mid, &peak))) return st;
-        if (peak >= 0 && peak <= opts->memory_limit) {
-            lo = mid;
-            *fit_peak = peak;
-        } else {
-            hi = mid;
-            *over_peak = peak;
-        }
-    }
-    if (!lo)
-        return tf_set_error(ctx, TF_ERR_LIMIT, "error: --dim %s=auto: even %s=1 plans %lld bytes, more than --memory-limit=%lld",
-                            name, name, (long long)*over_peak, (long long)opts->memory_limit);
-    *best = lo;
-    return TF_OK;
 }
 
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
@@ -464,28 +398,17 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     tf_program_t *p = NULL;
     tf_status st;
     int64_t chosen = 0;
-    if (model->auto_dim >= 0) {
-        int64_t fit_peak = -1, over_peak = -1;
-        if ((st = pick_auto_dim(ctx, model, opts, &chosen, &fit_peak, &over_peak))) return st;
-        tf_module *m = tf_module_clone(model->m);
-        tf_diag d = {0};
-        if (!m) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-        if (tf_module_set_dim(m, model->auto_dim, chosen, &d)) {
-            tf_module_free(m);
-            return tf_from_diag(ctx, &d);
-        }
-        if (opts->explain) {
-            const char *nm = m->dims[model->auto_dim].name;
-            fprintf(opts->explain, "[memplan] --dim %s=auto: %s=%lld plans %lld bytes, within --memory-limit=%lld", nm,
-                    nm, (long long)chosen, (long long)fit_peak, (long long)opts->memory_limit);
-            if (over_peak >= 0) fprintf(opts->explain, "; one more would need %lld", (long long)over_peak);
-            fputc('\n', opts->explain);
-        }
-        st = compile_module(ctx, m, opts, false, &p);
-        tf_module_free(m);
-    } else {
-        st = compile_module(ctx, model->m, opts, false, &p);
+    if (model->auto_dim >= 0) {   /* the options of the search; tf_fit_pipeline does it */
+        const char *name = model->m->dims[model->auto_dim].name;
+        if (opts->memory_limit <= 0)
+            return tf_set_error(ctx, TF_ERR_INVALID_ARG,
+                                "error: --dim %s=auto picks the largest %s whose planned peak fits a memory limit; "
+                                "give one with --memory-limit=BYTES", name, name);
+        for (size_t i = 0; i < opts->ndisable_passes; i++)
+            if (opts->disable_passes[i] && !strcmp(opts->disable_passes[i], "memplan"))
+                return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: --dim %s=auto needs memplan, which is disabled", name);
     }
+    st = compile_module(ctx, model->m, opts, model->auto_dim, &chosen, &p);
     if (st) return st;
     int64_t params = 0;
     for (int i = 0; i < p->m->decls.n; i++) {
@@ -577,7 +500,7 @@ tf_status tf_doctor(tf_context_t *ctx, char **out)
     *out = NULL;
     char *cuda = tf_cuda_doctor();
     size_t cap = 4096 + (cuda ? strlen(cuda) : 0);
-    char *t = malloc(cap);   /* the caller free()s it */
+    char *t = tf_libc_malloc(cap);   /* the caller free()s it */
     if (!t) {
         tf_free(cuda);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
@@ -900,7 +823,7 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
         s->missing = grown;
     }
     tio_tensors_free(ts, n);
-    if (st) free(meta);   /* stdio's buffer, for the caller to free() */
+    if (st) tf_libc_free(meta);   /* stdio's buffer, for the caller to free() */
     else if (metadata_json_out) *metadata_json_out = meta;
     return st;
 }

@@ -887,7 +887,7 @@ static tio_status meta_text(const ectx *E, const jval *m, char **out)
     fputc('}', f);
     bool bad = ferror(f);
     if (fclose(f) != 0 || bad) {
-        free(text);   /* stdio's buffer */
+        tf_libc_free(text);   /* stdio's buffer */
         return fail(E, TIO_ERR_OOM, "out of memory");
     }
     *out = text;
@@ -1111,7 +1111,7 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
         st = atomic_write(&E, cs, n + 2);
     }
     tf_free(cs);
-    free(hdr);   /* stdio's buffer */
+    tf_libc_free(hdr);   /* stdio's buffer */
     return st;
 }
 

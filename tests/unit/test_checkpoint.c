@@ -3,7 +3,9 @@
  * a memory budget below their planned peak: the new plan fits the budget,
  * something was recomputed, and loss and every gradient are identical to the
  * step without checkpointing on the same params and inputs. A budget nothing
- * can meet is a clear error. */
+ * can meet is a clear error. The search (passes/fit.c) measures the pass list
+ * that runs, not the default one; and an auto dim searched with
+ * checkpointing inside each probe fits a larger batch. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,8 +101,76 @@ static void check_model(const char *file)
     free(text);
 }
 
+/* A custom pass list: the budget is met by the peak that list plans. */
+static void check_custom_list(const char *file)
+{
+    static const char list[] = "lower,autodiff,checkpoint,memplan";
+    char path[4096];
+    char *text = test_read_example(file, path, sizeof path);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (!text) return;
+    tf_diag d = {0};
+    tf_dim_set dims[1] = {{"B", 32}};
+    tf_module *a = NULL, *b = NULL;
+    int64_t full = 0, budget = 0;
+    for (int k = 0; k < 2; k++) {
+        tf_module **m = k ? &b : &a;
+        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d, .checkpoint = k ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE,
+                        .memory_budget = budget};
+        if (tf_parse(path, text, strlen(text), dims, 1, m, &d) || tf_run_pipeline(*m, list, &o)) break;
+        if (!k) budget = (full = peak(a)) - a->plan.arena_bytes / 10;
+    }
+    CHECK(a && b && !d.status, "%s --passes=%s: %s", path, list, d.msg);
+    if (b) {
+        CHECK(peak(b) <= budget, "%s --passes=%s: peak %lld within budget %lld (was %lld)", path, list,
+              (long long)peak(b), (long long)budget, (long long)full);
+        CHECK(recomputed(b) > 0, "%s --passes=%s: something is recomputed", path, list);
+    }
+    tf_module_free(a);
+    tf_module_free(b);
+    free(text);
+}
+
+/* --dim B=auto: with --checkpoint=auto (budget = limit) the chosen batch is
+ * larger, fits the limit, and the module has it. */
+static void check_auto_dim(const char *file)
+{
+    char path[4096];
+    char *text = test_read_example(file, path, sizeof path);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (!text) return;
+    int64_t limit = 2500000, chosen[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        tf_diag d = {0};
+        tf_module *m;
+        if (tf_parse(path, text, strlen(text), NULL, 0, &m, &d)) {
+            CHECK(false, "%s: %s", path, d.msg);
+            break;
+        }
+        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d, .checkpoint = k ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE,
+                        .memory_budget = k ? limit : 0};
+        tf_fit fit = {.dim = tf_module_find_dim(m, "B", 1), .limit = limit};
+        tf_ir_status st = tf_fit_pipeline(m, NULL, &o, &fit);
+        CHECK(!st, "%s --dim B=auto (checkpoint %d): %s", path, k, d.msg);
+        if (!st) {
+            chosen[k] = fit.value;
+            CHECK(fit.peak == peak(m) && peak(m) <= limit && fit.over_peak > limit,
+                  "%s: B=%lld plans %lld = %lld within %lld, one more %lld", path, (long long)fit.value,
+                  (long long)fit.peak, (long long)peak(m), (long long)limit, (long long)fit.over_peak);
+            CHECK(m->dims[fit.dim].value == fit.value, "%s: the module has B=%lld", path, (long long)fit.value);
+            CHECK(k == 0 || recomputed(m) > 0, "%s: B=%lld recomputes", path, (long long)fit.value);
+        }
+        tf_module_free(m);
+    }
+    CHECK(chosen[1] > chosen[0] && chosen[0] > 0, "%s: B=%lld with checkpointing > B=%lld without", path,
+          (long long)chosen[1], (long long)chosen[0]);
+    free(text);
+}
+
 int main(void)
 {
     check_model("transformer.ir");
+    check_custom_list("transformer.ir");
+    check_auto_dim("transformer.ir");
     return check_report();
 }
