@@ -1,6 +1,5 @@
 /* api.c — include/tfuse.h on top of the IR, the passes and the backends. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,59 +15,8 @@
 #include "runtime.h"
 #include "tensorio.h"
 
-_Static_assert((int)TF_DTYPE_F32 == (int)TF_DT_F32 && (int)TF_DTYPE_F16 == (int)TF_DT_F16 &&
-                   (int)TF_DTYPE_BF16 == (int)TF_DT_BF16 && (int)TF_DTYPE_F64 == (int)TF_DT_F64 &&
-                   (int)TF_DTYPE_I64 == (int)TF_DT_I64 && (int)TF_DTYPE_I32 == (int)TF_DT_I32 &&
-                   (int)TF_DTYPE_BOOL == (int)TF_DT_BOOL,
-               "public and IR dtype codes agree");
 _Static_assert((int)TIO_F32 == (int)TF_DT_F32 && (int)TIO_BOOL == (int)TF_DT_BOOL && (int)TIO_I32 == (int)TF_DT_I32,
                "tensorio and IR dtype codes agree");
-
-/* ---- context and errors ---- */
-
-tf_status tf_context_create(tf_context_t **out)
-{
-    if (!out) return TF_ERR_INVALID_ARG;
-    *out = calloc(1, sizeof **out);
-    return *out ? TF_OK : TF_ERR_OOM;
-}
-
-void tf_context_free(tf_context_t *ctx) { free(ctx); }
-
-const char *tf_context_last_error(const tf_context_t *ctx) { return ctx ? ctx->err : "no context"; }
-
-tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...)
-{
-    if (!ctx) return st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
-tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d)
-{
-    static const tf_status map[] = {
-        [TF_IR_OK] = TF_OK,           [TF_IR_ERR_SYNTAX] = TF_ERR_PARSE, [TF_IR_ERR_VERIFY] = TF_ERR_VERIFY,
-        [TF_IR_ERR_LIMIT] = TF_ERR_LIMIT, [TF_IR_ERR_OOM] = TF_ERR_OOM,  [TF_IR_ERR_RUNTIME] = TF_ERR_RUNTIME,
-        [TF_IR_ERR_INTERNAL] = TF_ERR_INTERNAL,
-    };
-    tf_status st = map[d->status];
-    if (st == TF_OK) st = TF_ERR_INTERNAL;   /* a failure without a message is our bug */
-    return tf_set_error(ctx, st, "%s", d->msg[0] ? d->msg : "error: internal: failure without a message");
-}
-
-const char *tf_status_name(tf_status s)
-{
-    static const char *names[] = {"ok", "invalid argument", "parse error", "verify error", "limit exceeded",
-                                  "i/o error", "format error", "out of memory", "target unavailable",
-                                  "unsupported", "runtime error", "internal error"};
-    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "unknown status";
-}
-
-const char *tf_dtype_str(tf_dtype t) { return tf_dtype_name((tf_dt)t); }
-int tf_dtype_size(tf_dtype t) { return tf_dtype_bytes((tf_dt)t); }
 
 /* ---- models ---- */
 
@@ -193,14 +141,6 @@ static bool parse_precision(const char *s, tf_precision *out)
             return true;
         }
     return false;
-}
-
-const tf_backend *tf_backend_for(tf_target t)
-{
-    return t == TF_TARGET_INTERP ? &tf_backend_interp
-           : t == TF_TARGET_CPU  ? &tf_backend_cpu
-           : t == TF_TARGET_CUDA ? &tf_backend_cuda
-                                 : NULL;
 }
 
 tf_target tf_default_target(void)

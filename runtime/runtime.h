@@ -72,7 +72,10 @@ struct tf_backend {
 };
 
 extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda;
+/* The backend of a target (context.c); NULL for one this build lacks. */
 const tf_backend *tf_backend_for(tf_target t);
+
+/* ---- what backends call back into: context.c and convert.c, never api.c ---- */
 
 /* Set the context's message; returns st. */
 tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
