@@ -162,6 +162,7 @@ static void add_stat(tf_program_t *p, const char *name, int64_t v)
 void tf_program_free(tf_program_t *p)
 {
     if (!p) return;
+    if (p->has_plan) tf_kernels_free(&p->plan);
     tf_module_free(p->m);
     free(p->inputs.items);
     free(p->params.items);
@@ -201,13 +202,12 @@ tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *pass
 }
 
 /* --dump-kernels=DIR: DIR/kernels.txt, the kernel IR the emitters lower. */
-static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char *dir)
+static tf_status dump_kernels(tf_context_t *ctx, const tf_program_t *p, const char *dir)
 {
-    tf_kernel_plan plan;
-    tf_diag d = {0};
-    if (tf_kernels_build(m, &plan, &d)) return tf_from_diag(ctx, &d);
-    char *text = tf_kernels_print(m, &plan);
-    tf_kernels_free(&plan);
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char *text = tf_kernels_print(p->m, plan);
     if (!text) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing kernels");
     char path[4096];
     snprintf(path, sizeof path, "%s/kernels.txt", dir);
@@ -221,12 +221,13 @@ static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char 
 
 /* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel the
  * cpu target compiles (one module per kernel, one after another). */
-static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *dir)
+static tf_status dump_llvm(tf_context_t *ctx, const tf_program_t *p, const char *dir)
 {
 #ifdef TFUSE_HAVE_LLVM
-    tf_kernel_plan plan;
-    tf_diag d = {0};
-    if (tf_kernels_build(m, &plan, &d)) return tf_from_diag(ctx, &d);
+    const tf_kernel_plan *pl;
+    tf_status st = tf_program_plan(ctx, p, &pl);
+    if (st) return st;
+    tf_kernel_plan plan = *pl;
     char path[4096];
     snprintf(path, sizeof path, "%s/kernels.ll", dir);
     mkdir(dir, 0777);
@@ -243,10 +244,9 @@ static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *di
         free(ir);
     }
     if (f && fclose(f) != 0) ok = false;
-    tf_kernels_free(&plan);
     return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
 #else
-    (void)m;
+    (void)p;
     (void)dir;
     return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: --dump-llvm needs a build with LLVM (this one has none)");
 #endif
@@ -274,14 +274,6 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
     if (tf_run_pipeline(p->m, NULL, &o)) {
         tf_program_free(p);
         return tf_from_diag(ctx, &d);
-    }
-    if (!quiet && opts->dump_kernels && (st = dump_kernels(ctx, p->m, opts->dump_kernels))) {
-        tf_program_free(p);
-        return st;
-    }
-    if (!quiet && opts->dump_llvm && (st = dump_llvm(ctx, p->m, opts->dump_llvm))) {
-        tf_program_free(p);
-        return st;
     }
     *out = p;
     return TF_OK;
@@ -435,6 +427,15 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
+    /* the kernel plan, once: every session and artifact of the program runs it */
+    if (tf_kernels_build(p->m, &p->plan, &p->plan_diag) == TF_IR_OK) p->has_plan = true;
+    else if (p->target != TF_TARGET_INTERP) st = tf_from_diag(ctx, &p->plan_diag);
+    if (!st && opts->dump_kernels) st = dump_kernels(ctx, p, opts->dump_kernels);
+    if (!st && opts->dump_llvm) st = dump_llvm(ctx, p, opts->dump_llvm);
+    if (st) {
+        tf_program_free(p);
+        return st;
+    }
     *out = p;
     return TF_OK;
 }
@@ -471,15 +472,11 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
     if (f && fclose(f) != 0) ok = false;
     free(text);
     if (!ok) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
-    if ((st = dump_kernels(ctx, p->m, dir))) return st;
+    if ((st = dump_kernels(ctx, p, dir))) return st;
     if (p->target != TF_TARGET_CUDA) return TF_OK;
-    tf_kernel_plan plan;
-    tf_diag d = {0};
-    if (tf_kernels_build(p->m, &plan, &d)) return tf_from_diag(ctx, &d);
     char err[4096];
     int n = 0;
-    int rc = tf_cuda_write_artifact(p->m, &plan, arch ? arch : "sm_90", dir, &n, err, sizeof err);
-    tf_kernels_free(&plan);
+    int rc = tf_cuda_write_artifact(p->m, &p->plan, arch ? arch : "sm_90", dir, &n, err, sizeof err);
     if (nbinaries) *nbinaries = n;
     return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
 }

@@ -70,3 +70,11 @@ const tf_backend *tf_backend_for(tf_target t)
                                  : NULL;
 }
 
+
+tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_kernel_plan **out)
+{
+    *out = NULL;
+    if (!p->has_plan) return tf_from_diag(ctx, &p->plan_diag);
+    *out = &p->plan;
+    return TF_OK;
+}

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "../include/tfuse.h"
+#include "kernel.h"
 #include "ops.h"
 #include "passes.h"
 
@@ -33,6 +34,13 @@ struct tf_program {
     int nstats;
     tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
     int threads;            /* tf_compile_options.threads */
+    /* The kernel plan (codegen/kernel.h), built once by tf_program_compile;
+     * the cpu and cuda backends' sessions and artifacts run this one. When
+     * building it failed for a program compiled for interp (which runs no
+     * plan), plan_diag says why and has_plan is false. */
+    tf_kernel_plan plan;
+    bool has_plan;
+    tf_diag plan_diag;
 };
 
 typedef struct tf_backend tf_backend;
@@ -81,6 +89,9 @@ const tf_backend *tf_backend_for(tf_target t);
 tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Carry an IR diagnostic into the context. */
 tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d);
+
+/* The program's kernel plan, or the reason it has none (into ctx). */
+tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_kernel_plan **out);
 
 /* Element conversion between doubles and storage dtypes (f16/bf16 as their
  * 16-bit patterns, rounding to nearest even; bool as one byte). */

@@ -1,6 +1,7 @@
 /* backend_cpu.c — the `cpu` target: the kernel plan run as compiled code.
  *
- * A session builds the kernel IR of the program (codegen/kernel.c), compiles
+ * A session takes the program's kernel IR (codegen/kernel.c, built once by
+ * tf_program_compile), compiles
  * each elementwise, reduction and epilogue kernel with the LLVM emitter
  * (codegen/llvm.c) and runs the plan in order over:
  *
@@ -168,7 +169,7 @@ typedef struct ckernel {
 } ckernel;
 
 typedef struct cpu {
-    tf_kernel_plan plan;
+    const tf_kernel_plan *plan;   /* the program's (s->p->plan) */
     ckernel *ks;
     void **ptr;            /* per value id: its storage */
     unsigned char *arena;
@@ -250,14 +251,14 @@ static tf_status place_values(tf_session_t *s, cpu *c)
         if (c->arena && v->offset >= 0) c->ptr[v->id] = c->arena + v->offset;
     }
     /* what memplan left unplaced but something reads or writes */
-    for (int i = 0; i < c->plan.nkernels; i++)
-        for (int b = 0; b < c->plan.kernels[i].nbufs; b++) {
-            const tf_value *v = root_of(c->plan.kernels[i].bufs[b].value);
+    for (int i = 0; i < c->plan->nkernels; i++)
+        for (int b = 0; b < c->plan->kernels[i].nbufs; b++) {
+            const tf_value *v = root_of(c->plan->kernels[i].bufs[b].value);
             if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
                 return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         }
-    for (int i = 0; i < c->plan.nkernels; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
         if (k->kind == TF_K_VIEW || !k->lib) continue;
         const tf_value *v = root_of(k->lib->out);
         if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
@@ -299,12 +300,12 @@ static how library_how(const tf_node *n)
 
 static tf_status prepare(tf_session_t *s, cpu *c)
 {
-    c->ks = calloc((size_t)(c->plan.nkernels ? c->plan.nkernels : 1), sizeof *c->ks);
+    c->ks = calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].jit_slot = -1;
+    for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].jit_slot = -1;
     double t0 = now_ns();
-    for (int i = 0; i < c->plan.nkernels; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
         ckernel *ck = &c->ks[i];
         ck->k = k;
         ck->bufs = calloc((size_t)(k->nbufs ? k->nbufs : 1), sizeof *ck->bufs);
@@ -653,7 +654,7 @@ static tf_status cpu_run(tf_session_t *s)
         memcpy(c->ptr[v->id], s->bound[i], value_bytes(v));
     }
     if (c->nscratch == 0 && !scratch(c, 1)) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    for (int i = 0; i < c->plan.nkernels; i++) {
+    for (int i = 0; i < c->plan->nkernels; i++) {
         ckernel *ck = &c->ks[i];
         double t0 = c->profile ? now_ns() : 0;
         tf_status st = run_kernel(s, c, ck);
@@ -700,12 +701,11 @@ static void cpu_free(tf_session_t *s)
 {
     cpu *c = s->impl;
     if (!c) return;
-    for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
+    for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         free(c->ks[i].bufs);
         jit_put(c->ks[i].jit_slot);
     }
     free(c->ks);
-    tf_kernels_free(&c->plan);
     for (int i = 0; i < c->nowned; i++) free(c->owned[i]);
     free(c->owned);
     free(c->arena);
@@ -719,15 +719,17 @@ static void cpu_free(tf_session_t *s)
 
 static tf_status cpu_create(tf_session_t *s)
 {
+    static const tf_kernel_plan no_plan;
     cpu *c = calloc(1, sizeof *c);
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
+    c->plan = &no_plan;
     tf_diag d = {0};
     tf_status st = TF_OK;
     c->rt[0] = s->seed;
     tf_cpu_blas_init();
     int threads = s->p->threads > 0 ? s->p->threads : tf_cpu_count();
-    if (tf_kernels_build(s->p->m, &c->plan, &d)) st = tf_from_diag(s->ctx, &d);
+    st = tf_program_plan(s->ctx, s->p, &c->plan);
     if (!st && !(c->pool = tf_pool_create(threads))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
     if (!st) st = place_values(s, c);
     if (!st) st = prepare(s, c);
@@ -773,10 +775,10 @@ static void cpu_set_profiling(tf_session_t *s, bool on)
 {
     cpu *c = s->impl;
     c->profile = on;
-    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].ns = 0, c->ks[i].calls = 0;
+    for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].ns = 0, c->ks[i].calls = 0;
 }
 
-static size_t cpu_profile_count(tf_session_t *s) { return (size_t)((cpu *)s->impl)->plan.nkernels; }
+static size_t cpu_profile_count(tf_session_t *s) { return (size_t)((cpu *)s->impl)->plan->nkernels; }
 
 static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
 {
@@ -793,12 +795,12 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
 {
     cpu *c = s->impl;
     out->threads = tf_pool_threads(c->pool);
-    out->kernels = c->plan.nkernels;
+    out->kernels = c->plan->nkernels;
     out->jit_compiled = c->jit_compiled;
     out->jit_cached = c->jit_cached;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
-    for (int i = 0; i < c->plan.nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
+    for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
     out->library = tf_cpu_blas_name();
 }
 

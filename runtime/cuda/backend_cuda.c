@@ -4,7 +4,8 @@
  *
  * A session:
  *
- *   - builds the kernel IR of the program (codegen/kernel.c) and emits CUDA C
+ *   - takes the program's kernel IR (codegen/kernel.c, built once by
+ *     tf_program_compile) and emits CUDA C
  *     for every elementwise and reduction kernel and every GEMM region's
  *     epilogue (codegen/cuda.c); identical sources compile once, with NVRTC
  *     on every core (jit.c), and the cubins are cached on disk;
@@ -143,8 +144,7 @@ typedef struct cuda_session {
     tf_cu_stream stream;
     char gpu[128], arch[16];
     int cc_major, cc_minor, sms, smem_optin;
-    tf_kernel_plan plan;
-    bool have_plan;
+    const tf_kernel_plan *plan;   /* the program's (s->p->plan) */
     gkernel *ks;
     tf_cuda_jit jit;            /* compiled code: modules and functions */
     /* device memory: two allocations */
@@ -266,8 +266,8 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
         L->in_arena[v->id] = true;
     }
     /* what memplan left unplaced but a kernel, an output or an update touches */
-    for (int i = 0; i < c->plan.nkernels; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
         for (int b = 0; b < k->nbufs; b++) {
             const tf_value *v = root_of(k->bufs[b].value);
             if (v->kind != TF_VAL_CONST && L->at[v->id] < 0) take(L, v->id, value_bytes(v));
@@ -645,7 +645,7 @@ static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *ds
 
 static tf_status build_kernels(tf_session_t *s, cuda_session *c)
 {
-    int nk = c->plan.nkernels;
+    int nk = c->plan->nkernels;
     c->ks = calloc((size_t)(nk ? nk : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     double t0 = now_ms();
@@ -654,7 +654,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
     tf_status st = TF_OK;
     int njobs = 0;
     for (int i = 0; !st && i < nk; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+        const tf_kernel *k = &c->plan->kernels[i];
         gkernel *gk = &c->ks[i];
         gk->k = k;
         gk->fn = -1;
@@ -770,7 +770,7 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
 static tf_status ensure_events(tf_session_t *s, cuda_session *c)
 {
     if (c->ev) return TF_OK;
-    int n = 2 * (c->plan.nkernels ? c->plan.nkernels : 1);
+    int n = 2 * (c->plan->nkernels ? c->plan->nkernels : 1);
     c->ev = calloc((size_t)n, sizeof *c->ev);
     if (!c->ev) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < n; i++) CU_DO("creating the profiler's events", EventCreate(&c->ev[i], CU_EVENT_DEFAULT));
@@ -802,7 +802,7 @@ static tf_status cuda_run(tf_session_t *s)
         if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
             return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err));
     }
-    for (int i = 0; i < c->plan.nkernels; i++) {
+    for (int i = 0; i < c->plan->nkernels; i++) {
         gkernel *gk = &c->ks[i];
         if (c->profile) {
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i], c->stream);
@@ -863,7 +863,7 @@ static tf_status cuda_run(tf_session_t *s)
         }
     }
     if (c->profile) {
-        for (int i = 0; i < c->plan.nkernels; i++) {
+        for (int i = 0; i < c->plan->nkernels; i++) {
             float ms = 0;
             CU_DO("reading the profiler's events", EventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
             c->ks[i].ms += ms;
@@ -909,7 +909,7 @@ static void cuda_free(tf_session_t *s)
         cu->CtxSetCurrent(c->ctx);
         if (c->stream) cu->StreamSynchronize(c->stream);
     }
-    for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
+    for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         free(c->ks[i].dptr);
         free(c->ks[i].args);
         gemm_call_free(c, c->ks[i].mm);
@@ -917,7 +917,7 @@ static void cuda_free(tf_session_t *s)
     free(c->ks);
     if (c->lt) c->libs.lt.Destroy(c->lt);
     if (driver) {
-        for (int i = 0; c->ev && i < 2 * (c->plan.nkernels ? c->plan.nkernels : 1); i++)
+        for (int i = 0; c->ev && i < 2 * (c->plan->nkernels ? c->plan->nkernels : 1); i++)
             if (c->ev[i]) cu->EventDestroy(c->ev[i]);
         tf_cuda_jit_free(&c->jit, &c->libs);
         if (c->arena) cu->MemFree(c->arena);
@@ -927,7 +927,6 @@ static void cuda_free(tf_session_t *s)
     }
     free(c->ev);
     if (c->ctx_retained) cu->DevicePrimaryCtxRelease(c->dev);
-    if (c->have_plan) tf_kernels_free(&c->plan);
     free(c->ptr);
     free(c->stage);
     free(c->in_at);
@@ -989,7 +988,7 @@ static tf_status open_device(tf_session_t *s, cuda_session *c)
 static void open_cublaslt(cuda_session *c)
 {
     bool any = false;
-    for (int i = 0; i < c->plan.nkernels && !any; i++) any = c->plan.kernels[i].lib && c->plan.kernels[i].lib->op == TF_OP_MATMUL;
+    for (int i = 0; i < c->plan->nkernels && !any; i++) any = c->plan->kernels[i].lib && c->plan->kernels[i].lib->op == TF_OP_MATMUL;
     if (!any || c->fallback_all) {
         snprintf(c->lt_why, sizeof c->lt_why, any ? "TFUSE_CUDA_FALLBACK=all" : "no matmul");
         return;
@@ -1012,20 +1011,18 @@ static void open_cublaslt(cuda_session *c)
 
 static tf_status cuda_create(tf_session_t *s)
 {
+    static const tf_kernel_plan no_plan;
     cuda_session *c = calloc(1, sizeof *c);
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
+    c->plan = &no_plan;
     c->rt[0] = s->seed;
     c->tf32 = !env_is("TFUSE_NO_TF32", "1");
     c->sync_each = env_is("TFUSE_CUDA_SYNC", "1");
     c->fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
-    tf_diag d = {0};
     layout L = {0};
     tf_status st = open_device(s, c);
-    if (!st) {
-        if (tf_kernels_build(s->p->m, &c->plan, &d)) st = tf_from_diag(s->ctx, &d);
-        else c->have_plan = true;
-    }
+    if (!st) st = tf_program_plan(s->ctx, s->p, &c->plan);
     if (!st) open_cublaslt(c);
     if (!st) st = plan_layout(s, c, &L);
     if (!st) st = allocate(s, c, &L);   /* before anything slow: out of memory is said at once */
@@ -1045,8 +1042,8 @@ static tf_status cuda_create(tf_session_t *s)
     }
     if (env_is("TFUSE_CUDA_EXPLAIN", "1")) {   /* what runs where, and why not on the GPU */
         fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
-                c->plan.nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
-        for (int i = 0; i < c->plan.nkernels; i++)
+                c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
+        for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
                 fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
                         c->ks[i].how == RUN_LIB_FALLBACK ? "its library op " : "", c->ks[i].why);
@@ -1060,10 +1057,10 @@ static void cuda_set_profiling(tf_session_t *s, bool on)
 {
     cuda_session *c = s->impl;
     c->profile = on;
-    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].ms = 0, c->ks[i].calls = 0;
+    for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].ms = 0, c->ks[i].calls = 0;
 }
 
-static size_t cuda_profile_count(tf_session_t *s) { return (size_t)((cuda_session *)s->impl)->plan.nkernels; }
+static size_t cuda_profile_count(tf_session_t *s) { return (size_t)((cuda_session *)s->impl)->plan->nkernels; }
 
 static void cuda_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
 {
@@ -1080,12 +1077,12 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
 {
     cuda_session *c = s->impl;
     out->threads = 1;
-    out->kernels = c->plan.nkernels;
+    out->kernels = c->plan->nkernels;
     out->jit_compiled = c->jit.compiled;
     out->jit_cached = c->jit.cached;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
-    for (int i = 0; i < c->plan.nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
+    for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
     out->library = c->lt_ok ? "cuBLASLt" : "none";
 }
 
