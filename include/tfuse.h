@@ -151,6 +151,17 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
  * *out malloc'd. */
 tf_status tf_doctor(tf_context_t *ctx, char **out);
 
+/* How a target runs a core op of the IR (by its name in the text format):
+ * *how is "interp" (the reference kernel), "jit" (generated code, fused
+ * with its neighbours), "library" (GEMM, convolution, pooling, gather ...),
+ * "view" (an alias of its operand) or "fallback" (the interpreter's kernel
+ * on the host, counted in tf_session_info.fallbacks); NULL when the target
+ * does not run it (a layer op, which the `lower` pass rewrites into core
+ * ops first; a target this build cannot run). detail[n] (may be NULL):
+ * how, or why not. An unknown op name is TF_ERR_INVALID_ARG. */
+tf_status tf_target_op_support(tf_context_t *ctx, tf_target target, const char *op, const char **how, char *detail,
+                               size_t n);
+
 /* Names and types of the program's inputs, outputs and state (params+buffers). */
 typedef enum tf_io_kind { TF_IO_INPUT, TF_IO_OUTPUT, TF_IO_PARAM, TF_IO_BUFFER } tf_io_kind;
 size_t    tf_program_io_count(const tf_program_t *p, tf_io_kind kind);

@@ -5,12 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "artifact.h"
-#include "cpu_ops.h"
 #include "kernel.h"
-#ifdef TFUSE_HAVE_LLVM
-#include "llvm.h"
-#endif
 #include "parser.h"
 #include "runtime.h"
 #include "tensorio.h"
@@ -219,39 +214,6 @@ static tf_status dump_kernels(tf_context_t *ctx, const tf_program_t *p, const ch
     return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
 }
 
-/* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel the
- * cpu target compiles (one module per kernel, one after another). */
-static tf_status dump_llvm(tf_context_t *ctx, const tf_program_t *p, const char *dir)
-{
-#ifdef TFUSE_HAVE_LLVM
-    const tf_kernel_plan *pl;
-    tf_status st = tf_program_plan(ctx, p, &pl);
-    if (st) return st;
-    tf_kernel_plan plan = *pl;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/kernels.ll", dir);
-    mkdir(dir, 0777);
-    FILE *f = fopen(path, "w");
-    bool ok = f != NULL;
-    for (int i = 0; ok && i < plan.nkernels; i++) {
-        char why[512];
-        if (!tf_jit_supports(&plan.kernels[i], why, sizeof why)) {
-            ok = fprintf(f, "; %s: not compiled: %s\n\n", plan.kernels[i].name, why) >= 0;
-            continue;
-        }
-        char *ir = tf_jit_print(&plan.kernels[i]);
-        ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan.kernels[i].name, ir) >= 0;
-        free(ir);
-    }
-    if (f && fclose(f) != 0) ok = false;
-    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
-#else
-    (void)p;
-    (void)dir;
-    return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: --dump-llvm needs a build with LLVM (this one has none)");
-#endif
-}
-
 /* Run the pipeline on a copy of src. */
 static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, bool quiet,
                                 tf_program_t **out)
@@ -431,7 +393,11 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     if (tf_kernels_build(p->m, &p->plan, &p->plan_diag) == TF_IR_OK) p->has_plan = true;
     else if (p->target != TF_TARGET_INTERP) st = tf_from_diag(ctx, &p->plan_diag);
     if (!st && opts->dump_kernels) st = dump_kernels(ctx, p, opts->dump_kernels);
-    if (!st && opts->dump_llvm) st = dump_llvm(ctx, p, opts->dump_llvm);
+    if (!st && opts->dump_llvm) {   /* the cpu target's code: its LLVM IR */
+        const tf_backend *cpu = tf_backend_for(TF_TARGET_CPU);
+        mkdir(opts->dump_llvm, 0777);
+        st = cpu->dump_code(ctx, p, opts->dump_llvm);
+    }
     if (st) {
         tf_program_free(p);
         return st;
@@ -473,37 +439,51 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
     free(text);
     if (!ok) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
     if ((st = dump_kernels(ctx, p, dir))) return st;
-    if (p->target != TF_TARGET_CUDA) return TF_OK;
-    char err[4096];
+    const tf_backend *be = tf_backend_for(p->target);
+    if (!be || !be->write_artifact) return TF_OK;
     int n = 0;
-    int rc = tf_cuda_write_artifact(p->m, &p->plan, arch ? arch : "sm_90", dir, &n, err, sizeof err);
+    st = be->write_artifact(ctx, p, dir, arch, &n);
     if (nbinaries) *nbinaries = n;
-    return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
+    return st;
 }
 
 tf_status tf_doctor(tf_context_t *ctx, char **out)
 {
     if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
-    char *cuda = tf_cuda_doctor();
-    size_t cap = 4096 + (cuda ? strlen(cuda) : 0);
-    char *t = malloc(cap);
-    if (!t) {
-        free(cuda);
-        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-    }
-    int at = snprintf(t, cap, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
+    tf_strbuf t = {0};
+    tf_strbuf_printf(&t, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
     static const tf_target all[] = {TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_INTERP};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         const tf_backend *be = tf_backend_for(all[i]);
         const char *why = be ? be->unavailable() : "not part of this build yet";
-        at += snprintf(t + at, cap - (size_t)at, "target %s: %s%s\n", target_name(all[i]), why ? "cannot run here: " : "available",
-                       why ? why : "");
+        tf_strbuf_printf(&t, "target %s: %s%s\n", target_name(all[i]), why ? "cannot run here: " : "available", why ? why : "");
     }
-    at += snprintf(t + at, cap - (size_t)at, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
-    snprintf(t + at, cap - (size_t)at, "%s", cuda ? cuda : "cuda: out of memory describing it\n");
-    free(cuda);
-    *out = t;
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        const tf_backend *be = tf_backend_for(all[i]);
+        if (be && be->doctor) be->doctor(&t);
+    }
+    if (t.oom || !t.p) {
+        free(t.p);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    *out = t.p;
+    return TF_OK;
+}
+
+tf_status tf_target_op_support(tf_context_t *ctx, tf_target target, const char *op, const char **how, char *detail,
+                               size_t n)
+{
+    if (!op || !how) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *how = NULL;
+    char scratch[8];
+    if (!detail || !n) detail = scratch, n = sizeof scratch;
+    detail[0] = 0;
+    const tf_backend *be = tf_backend_for(target);
+    if (!be) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: no target %d", (int)target);
+    int k = tf_op_lookup(op, strlen(op));
+    if (k < 0) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: no op named '%s'", op);
+    *how = be->op_support ? be->op_support((tf_op)k, detail, n) : NULL;
     return TF_OK;
 }
 

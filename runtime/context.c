@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime.h"
 
@@ -77,4 +78,32 @@ tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_ker
     if (!p->has_plan) return tf_from_diag(ctx, &p->plan_diag);
     *out = &p->plan;
     return TF_OK;
+}
+
+tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *r)
+{
+    const tf_op_info *info = tf_op_info_of(op);
+    if (tf_op_has(op, TF_OPF_LAYER)) return TF_OPC_LAYER;
+    if (op == TF_OP_RESHAPE) return TF_OPC_VIEW;
+    bool layout = op == TF_OP_TRANSPOSE || op == TF_OP_BROADCAST || op == TF_OP_SLICE;
+    bool pointwise = info->kind == TF_OPK_POINTWISE || info->kind == TF_OPK_RNG || info->kind == TF_OPK_GENERATOR ||
+                     op == TF_OP_ONE_HOT;
+    bool reduction = info->kind == TF_OPK_REDUCTION;
+    if (!layout && !pointwise && !reduction) return TF_OPC_LIBRARY;
+    memset(probe, 0, sizeof *probe);
+    snprintf(probe->name, sizeof probe->name, "%s", info->name);
+    probe->kind = reduction ? TF_K_REDUCTION : TF_K_ELEMENTWISE;
+    if (layout) return TF_OPC_CODE;   /* a copy through strides: one load */
+    *x = (tf_kexpr){.kind = reduction ? TF_KX_CONST : TF_KX_OP, .op = op, .dtype = TF_DT_F32};
+    probe->exprs = x;
+    probe->nexprs = 1;
+    if (reduction) {
+        *r = (tf_kreduce){.op = op, .arg = 0, .dtype = TF_DT_F32, .count = 1};
+        probe->reds = r;
+        probe->nreds = 1;
+        probe->reduce_mask = 1;
+        probe->rank = 1;
+        probe->dims[0] = 1;
+    }
+    return TF_OPC_CODE;
 }

@@ -77,6 +77,24 @@ struct tf_backend {
     size_t (*profile_count)(tf_session_t *s);
     void (*profile_get)(tf_session_t *s, size_t i, tf_kernel_profile *out);
     void (*info)(tf_session_t *s, tf_session_info *out);
+
+    /* What the backend can describe, dump or write, without a session. */
+    /* Optional: its lines of `tfuse doctor` (cpu: the GEMM library and the
+     * thread count; cuda: the libraries found or why not, and the GPUs). */
+    void (*doctor)(tf_strbuf *out);
+    /* Optional (NULL: the target writes no code): the program's compiled
+     * code for this target into dir (which exists), for
+     * tf_program_write_artifact; *nbinaries: binaries written (cuda: cubins
+     * for arch, NULL: its default). */
+    tf_status (*write_artifact)(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                int *nbinaries);
+    /* Optional: the generated code of every kernel as text into dir (cpu:
+     * kernels.ll, the optimized LLVM IR, for --dump-llvm). */
+    tf_status (*dump_code)(tf_context_t *ctx, const tf_program_t *p, const char *dir);
+    /* Whether the backend runs core op `op` and how: "interp", "jit",
+     * "library", "view", "fallback" (the interpreter's kernel on the host);
+     * NULL when it cannot. detail[n] says how or why not. */
+    const char *(*op_support)(tf_op op, char *detail, size_t n);
 };
 
 extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda;
@@ -92,6 +110,15 @@ tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d);
 
 /* The program's kernel plan, or the reason it has none (into ctx). */
 tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_kernel_plan **out);
+
+/* How the kernel plan treats a core op (codegen/kernel.c), for backends'
+ * op_support: a layer op (`lower` rewrites it first), a view (reshape), a
+ * generated kernel (pointwise, reduction, layout copy) or a library call
+ * (matmul, conv2d, pooling, gather, concat, ...). For TF_OPC_CODE, *probe
+ * becomes a one-op f32 kernel (using x and r) an emitter's supports() can
+ * judge. */
+typedef enum tf_op_class { TF_OPC_LAYER, TF_OPC_VIEW, TF_OPC_CODE, TF_OPC_LIBRARY } tf_op_class;
+tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *r);
 
 /* Element conversion between doubles and storage dtypes (f16/bf16 as their
  * 16-bit patterns, rounding to nearest even; bool as one byte). */

@@ -31,7 +31,9 @@
  * Initial state comes from the interpreter's initializers with the session's
  * seed, so a cpu session starts from exactly the params an interp session
  * starts from, and dropout draws the interpreter's masks. */
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -804,6 +806,33 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
     out->library = tf_cpu_blas_name();
 }
 
+/* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel
+ * (one module per kernel, one after another). */
+static tf_status cpu_dump_code(tf_context_t *ctx, const tf_program_t *p, const char *dir)
+{
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/kernels.ll", dir);
+    FILE *f = fopen(path, "w");
+    bool ok = f != NULL;
+    for (int i = 0; ok && i < plan->nkernels; i++) {
+        char why[512];
+        if (!tf_jit_supports(&plan->kernels[i], why, sizeof why)) {
+            ok = fprintf(f, "; %s: not compiled: %s\n\n", plan->kernels[i].name, why) >= 0;
+            continue;
+        }
+        char *ir = tf_jit_print(&plan->kernels[i]);
+        ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan->kernels[i].name, ir) >= 0;
+        free(ir);
+    }
+    if (f && fclose(f) != 0) ok = false;
+    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
+}
+
+static bool cpu_jit_supports(const tf_kernel *k, char *why, size_t n) { return tf_jit_supports(k, why, n); }
+
 #else /* !TFUSE_HAVE_LLVM */
 
 static const char *cpu_unavailable(void)
@@ -822,8 +851,70 @@ static void cpu_set_profiling(tf_session_t *s, bool on) { (void)s; (void)on; }
 static size_t cpu_profile_count(tf_session_t *s) { (void)s; return 0; }
 static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out) { (void)s; (void)i; (void)out; }
 static void cpu_info(tf_session_t *s, tf_session_info *out) { (void)s; (void)out; }
+static tf_status cpu_dump_code(tf_context_t *ctx, const tf_program_t *p, const char *dir)
+{
+    (void)p;
+    (void)dir;
+    return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: --dump-llvm needs a build with LLVM (this one has none)");
+}
+static bool cpu_jit_supports(const tf_kernel *k, char *why, size_t n)
+{
+    (void)k;
+    snprintf(why, n, "%s", cpu_unavailable());
+    return false;
+}
 
 #endif
+
+static void cpu_doctor(tf_strbuf *out)
+{
+    tf_strbuf_printf(out, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
+}
+
+static const char *cpu_op_support(tf_op op, char *detail, size_t n)
+{
+    const char *name = tf_op_info_of(op)->name;
+    tf_kernel probe;
+    tf_kexpr x;
+    tf_kreduce r;
+    if (cpu_unavailable()) {
+        snprintf(detail, n, "%s", cpu_unavailable());
+        return NULL;
+    }
+    switch (tf_op_classify(op, &probe, &x, &r)) {
+    case TF_OPC_LAYER:
+        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", name);
+        return NULL;
+    case TF_OPC_VIEW: snprintf(detail, n, "an alias of its operand's memory"); return "view";
+    case TF_OPC_CODE: {
+        char why[512];
+        if (cpu_jit_supports(&probe, why, sizeof why)) {
+            snprintf(detail, n, "compiled by LLVM into its kernel (fused with its neighbours)");
+            return "jit";
+        }
+        snprintf(detail, n, "the interpreter's kernel on widened copies: %s", why);
+        return "fallback";
+    }
+    case TF_OPC_LIBRARY: break;
+    }
+    switch (op) {
+    case TF_OP_MATMUL:
+        snprintf(detail, n, "GEMM through %s (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
+        return "library";
+    case TF_OP_CONV2D: case TF_OP_CONV2D_GRAD_INPUT: case TF_OP_CONV2D_GRAD_WEIGHT:
+        snprintf(detail, n, "im2col + GEMM through %s (2-d images in f32, f16, bf16)", tf_cpu_blas_name());
+        return "library";
+    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
+        snprintf(detail, n, "the runtime's pooling loops (2-d images in f32, f16, bf16)");
+        return "library";
+    case TF_OP_GATHER: case TF_OP_SCATTER_ADD:
+        snprintf(detail, n, "rows copied or added on storage (i64/i32 ids)");
+        return "library";
+    default:
+        snprintf(detail, n, "%s has no cpu implementation: the interpreter's kernel runs it on widened copies", name);
+        return "fallback";
+    }
+}
 
 const tf_backend tf_backend_cpu = {
     .name = "cpu",
@@ -839,4 +930,7 @@ const tf_backend tf_backend_cpu = {
     .profile_count = cpu_profile_count,
     .profile_get = cpu_profile_get,
     .info = cpu_info,
+    .doctor = cpu_doctor,
+    .dump_code = cpu_dump_code,
+    .op_support = cpu_op_support,
 };

@@ -43,6 +43,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "artifact.h"
 #include "blas.h"
 #include "cuda_jit.h"
 #include "interp.h"
@@ -1086,6 +1087,86 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->library = c->lt_ok ? "cuBLASLt" : "none";
 }
 
+/* `tfuse doctor`'s CUDA lines: every library the cuda target would load,
+ * found where or missing why, and the GPUs if a driver and a device are
+ * there. */
+static void cuda_doctor(tf_strbuf *sb)
+{
+    size_t cap = 8192;
+    char *out = malloc(cap), err[2048];
+    if (!out) {
+        tf_strbuf_printf(sb, "cuda: out of memory describing it\n");
+        return;
+    }
+    tf_cuda_libs libs;
+    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err);
+    int at = tf_cuda_libs_describe(&libs, out, cap);
+    if (at < 0 || (size_t)at >= cap) at = (int)strlen(out);
+    tf_strbuf_printf(sb, "%s", out);
+    free(out);
+    int ndev = 0;
+    if ((libs.loaded & TF_CUDA_LIB_DRIVER) && !tf_cuda_driver_init(&libs, &ndev, err, sizeof err)) {
+        for (int i = 0; i < ndev; i++) {
+            tf_cu_device dev;
+            char name[256] = "?";
+            int major = 0, minor = 0;
+            if (libs.cu.DeviceGet(&dev, i)) continue;
+            libs.cu.DeviceGetName(name, sizeof name, dev);
+            libs.cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+            libs.cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+            tf_strbuf_printf(sb, "gpu %d: %s (sm_%d%d)\n", i, name, major, minor);
+        }
+    } else if (libs.loaded & TF_CUDA_LIB_DRIVER) {
+        tf_strbuf_printf(sb, "gpu: none usable: %s\n", err);
+    } else {
+        tf_strbuf_printf(sb, "gpu: none (no driver)\n");
+    }
+    tf_cuda_libs_free(&libs);
+}
+
+/* compile -o DIR --target=cuda: every kernel's CUDA C and cubin for arch
+ * (default sm_90), and the launch manifest (artifact.c); no GPU needed. */
+static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                     int *nbinaries)
+{
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char err[4096];
+    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, nbinaries, err, sizeof err);
+    return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
+}
+
+static const char *cuda_op_support(tf_op op, char *detail, size_t n)
+{
+    const char *name = tf_op_info_of(op)->name;
+    tf_kernel probe;
+    tf_kexpr x;
+    tf_kreduce r;
+    switch (tf_op_classify(op, &probe, &x, &r)) {
+    case TF_OPC_LAYER:
+        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", name);
+        return NULL;
+    case TF_OPC_VIEW: snprintf(detail, n, "an alias of its operand's device memory"); return "view";
+    case TF_OPC_CODE: {
+        char why[512];
+        if (tf_cuda_supports(&probe, why, sizeof why)) {
+            snprintf(detail, n, "CUDA C compiled by NVRTC into its kernel (fused with its neighbours)");
+            return "jit";
+        }
+        snprintf(detail, n, "on the host, the interpreter's kernel: %s", why);
+        return "fallback";
+    }
+    case TF_OPC_LIBRARY: break;
+    }
+    if (op == TF_OP_MATMUL) {
+        snprintf(detail, n, "cuBLASLt (when it loads; else the interpreter's kernel on the host)");
+        return "library";
+    }
+    snprintf(detail, n, "%s has no GPU implementation in this build: the interpreter's kernel runs it on the host", name);
+    return "fallback";
+}
+
 const tf_backend tf_backend_cuda = {
     .name = "cuda",
     .unavailable = cuda_unavailable,
@@ -1100,4 +1181,7 @@ const tf_backend tf_backend_cuda = {
     .profile_count = cuda_profile_count,
     .profile_get = cuda_profile_get,
     .info = cuda_info,
+    .doctor = cuda_doctor,
+    .write_artifact = cuda_write_artifact,
+    .op_support = cuda_op_support,
 };
