@@ -25,6 +25,7 @@
  * promotes; instruction selection runs at LLVM's default (O2) level for the
  * host CPU and its features. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -886,13 +887,17 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
 
 /* ---- target, optimization, JIT ------------------------------------------ */
 
-static void init_native(void)
+static void init_native_once(void)
 {
-    static bool done;
-    if (done) return;
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
-    done = true;
+}
+
+/* Once per process, whichever thread compiles first. */
+static void init_native(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, init_native_once);
 }
 
 static LLVMTargetMachineRef host_tm(char *err, size_t n)
