@@ -119,12 +119,30 @@ tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
 
 /* ---- compiling ---- */
 
+static bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
+/* The target settings' defaults: the environment, read here only. */
+static void settings_from_env(tf_compile_options *o)
+{
+    const char *pipe = getenv("TFUSE_LLVM_PIPELINE");
+    o->llvm_pipeline = pipe && *pipe ? pipe : NULL;
+    o->no_tf32 = env_is("TFUSE_NO_TF32", "1");
+    o->cuda_sync = env_is("TFUSE_CUDA_SYNC", "1");
+    o->cuda_fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
+    o->cuda_explain = env_is("TFUSE_CUDA_EXPLAIN", "1");
+}
+
 void tf_compile_options_init(tf_compile_options *o)
 {
     memset(o, 0, sizeof *o);
     o->mode = TF_MODE_TRAIN;
     o->target = tf_default_target();
     o->opt_level = 1;
+    settings_from_env(o);
 }
 
 static bool parse_precision(const char *s, tf_precision *out)
@@ -158,6 +176,7 @@ void tf_program_free(tf_program_t *p)
 {
     if (!p) return;
     if (p->has_plan) tf_kernels_free(&p->plan);
+    free(p->settings.llvm_pipeline);
     tf_module_free(p->m);
     free(p->inputs.items);
     free(p->params.items);
@@ -389,6 +408,12 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
+    p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
+                                       .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0};
+    if (opts->llvm_pipeline && !(p->settings.llvm_pipeline = strdup(opts->llvm_pipeline))) {
+        tf_program_free(p);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
     /* the kernel plan, once: every session and artifact of the program runs it */
     if (tf_kernels_build(p->m, &p->plan, &p->plan_diag) == TF_IR_OK) p->has_plan = true;
     else if (p->target != TF_TARGET_INTERP) st = tf_from_diag(ctx, &p->plan_diag);
@@ -447,10 +472,61 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
     return st;
 }
 
-tf_status tf_doctor(tf_context_t *ctx, char **out)
+/* Where a setting's value came from: the caller, the environment or neither. */
+static const char *setting_from(bool same_as_env, const char *var, const char *set_value, char *buf, size_t n)
+{
+    if (!same_as_env) return "option";
+    const char *v = getenv(var);
+    if (!v || !set_value || strcmp(v, set_value)) return "default";
+    snprintf(buf, n, "env %s=%s", var, v);
+    return buf;
+}
+
+static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_strbuf *t)
+{
+    tf_compile_options env;
+    memset(&env, 0, sizeof env);
+    settings_from_env(&env);
+    char b[4200];
+    bool same = (!o->llvm_pipeline && !env.llvm_pipeline) ||
+                (o->llvm_pipeline && env.llvm_pipeline && !strcmp(o->llvm_pipeline, env.llvm_pipeline));
+    tf_strbuf_printf(t, "setting llvm_pipeline: %s (%s)\n", o->llvm_pipeline ? o->llvm_pipeline : "tfuse's own",
+                     setting_from(same, "TFUSE_LLVM_PIPELINE", env.llvm_pipeline, b, sizeof b));
+    const struct { const char *name, *var, *on, *off, *env_value; int v, e; } flags[] = {
+        {"no_tf32", "TFUSE_NO_TF32", "on", "off", "1", o->no_tf32 != 0, env.no_tf32},
+        {"cuda_sync", "TFUSE_CUDA_SYNC", "on", "off", "1", o->cuda_sync != 0, env.cuda_sync},
+        {"cuda_fallback", "TFUSE_CUDA_FALLBACK", "all", "none", "all", o->cuda_fallback_all != 0, env.cuda_fallback_all},
+        {"cuda_explain", "TFUSE_CUDA_EXPLAIN", "on", "off", "1", o->cuda_explain != 0, env.cuda_explain},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        tf_strbuf_printf(t, "setting %s: %s (%s)\n", flags[i].name, flags[i].v ? flags[i].on : flags[i].off,
+                         setting_from(flags[i].v == flags[i].e, flags[i].var, flags[i].e ? flags[i].env_value : NULL, b,
+                                      sizeof b));
+    tf_cache_info ci;
+    tf_cache_t *c = tf_context_cache(ctx);
+    if (c && !tf_cache_get_info(c, &ci)) {
+        const char *from = c->limit_from;
+        if (!strcmp(from, "set")) from = "option";
+        else if (!strcmp(from, "default")) from = "default";
+        else {
+            snprintf(b, sizeof b, "env TFUSE_JIT_CACHE_KERNELS=%s", getenv("TFUSE_JIT_CACHE_KERNELS") ? getenv("TFUSE_JIT_CACHE_KERNELS") : "?");
+            from = b;
+        }
+        tf_strbuf_printf(t, "setting jit_cache_kernels: %d (%s)\n", ci.limit, from);
+    }
+}
+
+tf_status tf_doctor(tf_context_t *ctx, char **out) { return tf_doctor_options(ctx, NULL, out); }
+
+tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *opts, char **out)
 {
     if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
+    tf_compile_options dflt;
+    if (!opts) {
+        tf_compile_options_init(&dflt);
+        opts = &dflt;
+    }
     tf_strbuf t = {0};
     tf_strbuf_printf(&t, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
     static const tf_target all[] = {TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_INTERP};
@@ -463,6 +539,7 @@ tf_status tf_doctor(tf_context_t *ctx, char **out)
         const tf_backend *be = tf_backend_for(all[i]);
         if (be && be->doctor) be->doctor(&t);
     }
+    doctor_settings(ctx, opts, &t);
     if (t.oom || !t.p) {
         free(t.p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");

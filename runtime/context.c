@@ -20,11 +20,117 @@ _Static_assert((int)TF_DTYPE_F32 == (int)TF_DT_F32 && (int)TF_DTYPE_F16 == (int)
 tf_status tf_context_create(tf_context_t **out)
 {
     if (!out) return TF_ERR_INVALID_ARG;
-    *out = calloc(1, sizeof **out);
-    return *out ? TF_OK : TF_ERR_OOM;
+    tf_context_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return *out = NULL, TF_ERR_OOM;
+    tf_status st = tf_cache_create(&ctx->cache);   /* its own: the context holds the creator's reference */
+    if (st) {
+        free(ctx);
+        return *out = NULL, st;
+    }
+    *out = ctx;
+    return TF_OK;
 }
 
-void tf_context_free(tf_context_t *ctx) { free(ctx); }
+void tf_context_free(tf_context_t *ctx)
+{
+    if (!ctx) return;
+    tf_cache_free(ctx->cache);
+    free(ctx);
+}
+
+tf_cache_t *tf_context_cache(tf_context_t *ctx) { return ctx ? ctx->cache : NULL; }
+
+tf_status tf_context_set_cache(tf_context_t *ctx, tf_cache_t *cache)
+{
+    if (!ctx) return TF_ERR_INVALID_ARG;
+    tf_cache_t *mine = NULL;
+    if (!cache) {
+        tf_status st = tf_cache_create(&mine);
+        if (st) return tf_set_error(ctx, st, "error: out of memory");
+        cache = mine;
+    } else {
+        tf_cache_retain(cache);
+    }
+    tf_cache_release(ctx->cache);
+    ctx->cache = cache;
+    return TF_OK;
+}
+
+/* ---- compiled-kernel caches ---- */
+
+static int env_cache_limit(const char **from)
+{
+    const char *e = getenv("TFUSE_JIT_CACHE_KERNELS");
+    char *end = NULL;
+    long v = e && *e ? strtol(e, &end, 10) : -1;
+    if (!e || !*e || *end || v < 0) {
+        *from = "default";
+        return 2048;
+    }
+    *from = "env TFUSE_JIT_CACHE_KERNELS";
+    return v > 1 << 20 ? 1 << 20 : (int)v;
+}
+
+tf_status tf_cache_create(tf_cache_t **out)
+{
+    if (!out) return TF_ERR_INVALID_ARG;
+    tf_cache_t *c = calloc(1, sizeof *c);
+    if (!c || pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        return *out = NULL, TF_ERR_OOM;
+    }
+    c->refs = 1;
+    c->limit = env_cache_limit(&c->limit_from);
+    *out = c;
+    return TF_OK;
+}
+
+void tf_cache_retain(tf_cache_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->refs++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void tf_cache_release(tf_cache_t *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    int left = --c->refs;
+    pthread_mutex_unlock(&c->mu);
+    if (left) return;
+    for (int t = TF_TARGET_INTERP; t <= TF_TARGET_CUDA; t++) {
+        const tf_backend *be = tf_backend_for((tf_target)t);
+        if (be && be->cache_free) be->cache_free(c);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void tf_cache_free(tf_cache_t *c) { tf_cache_release(c); }
+
+tf_status tf_cache_set_limit(tf_cache_t *c, int kernels)
+{
+    if (!c || kernels < 0) return TF_ERR_INVALID_ARG;
+    pthread_mutex_lock(&c->mu);
+    c->limit = kernels > 1 << 20 ? 1 << 20 : kernels;
+    c->limit_from = "set";
+    for (int t = TF_TARGET_INTERP; t <= TF_TARGET_CUDA; t++) {
+        const tf_backend *be = tf_backend_for((tf_target)t);
+        if (be && be->cache_trim) be->cache_trim(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return TF_OK;
+}
+
+tf_status tf_cache_get_info(tf_cache_t *c, tf_cache_info *out)
+{
+    if (!c || !out) return TF_ERR_INVALID_ARG;
+    pthread_mutex_lock(&c->mu);
+    *out = (tf_cache_info){.limit = c->limit, .kernels = c->kernels, .in_use = c->kernels - c->unused, .evicted = c->evicted};
+    pthread_mutex_unlock(&c->mu);
+    return TF_OK;
+}
 
 const char *tf_context_last_error(const tf_context_t *ctx) { return ctx ? ctx->err : "no context"; }
 

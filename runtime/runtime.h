@@ -8,6 +8,7 @@
 #ifndef TF_RUNTIME_H
 #define TF_RUNTIME_H
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "../include/tfuse.h"
@@ -15,9 +16,33 @@
 #include "ops.h"
 #include "passes.h"
 
+/* A compiled-kernel cache (include/tfuse.h): shared by the contexts that
+ * hold it and the sessions that started with it; mu guards everything
+ * here and what backends keep in it. */
+struct tf_cache {
+    pthread_mutex_t mu;
+    int refs;               /* its creator's (until tf_cache_free), contexts', sessions' */
+    int limit;              /* kernels no session holds that stay */
+    const char *limit_from; /* "default", "env TFUSE_JIT_CACHE_KERNELS", "set" */
+    int kernels, unused;    /* held, and of them held by no session */
+    int64_t evicted;
+    void *cpu;              /* the cpu backend's JIT and its kernels (backend_cpu.c) */
+};
+/* A reference for a session (or context); tf_cache_release drops one. */
+void tf_cache_retain(tf_cache_t *c);
+void tf_cache_release(tf_cache_t *c);
+
 struct tf_context {
     char err[6400];
+    tf_cache_t *cache;      /* its own, or one attached with tf_context_set_cache */
 };
+
+/* Settings of the targets, from tf_compile_options (the environment gives
+ * their defaults in tf_compile_options_init); a program keeps a copy. */
+typedef struct tf_target_settings {
+    char *llvm_pipeline;    /* cpu: NULL = tfuse's own; owned */
+    bool no_tf32, cuda_sync, cuda_fallback_all, cuda_explain;
+} tf_target_settings;
 
 struct tf_model {
     tf_module *m;
@@ -41,6 +66,7 @@ struct tf_program {
     tf_kernel_plan plan;
     bool has_plan;
     tf_diag plan_diag;
+    tf_target_settings settings;
 };
 
 typedef struct tf_backend tf_backend;
@@ -95,6 +121,11 @@ struct tf_backend {
      * "library", "view", "fallback" (the interpreter's kernel on the host);
      * NULL when it cannot. detail[n] says how or why not. */
     const char *(*op_support)(tf_op op, char *detail, size_t n);
+    /* Optional: what the backend keeps in a cache. trim: give back the code
+     * of kernels no session holds until at most c->limit remain (under
+     * c->mu); cache_free: free it all (no session holds any). */
+    void (*cache_trim)(tf_cache_t *c);
+    void (*cache_free)(tf_cache_t *c);
 };
 
 extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda;

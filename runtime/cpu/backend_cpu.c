@@ -21,13 +21,16 @@
  * `tfuse bench` so they are visible. Elementwise work splits over the pool along each kernel's split
  * axis.
  *
- * Compiled kernels are cached in the process, keyed by tf_kernel_key: a
- * second session of the same program compiles nothing. Sessions hold
- * references on the kernels they run; of the kernels no session holds, the
- * most recently used TF_JIT_CACHE_KERNELS stay (default 2048), and older
- * ones give their code and memory back, so a process that compiles model
- * after model (a server, tfuse_difftest) stays bounded: every JIT'd module
- * costs memory mappings, and a process has at most vm.max_map_count.
+ * Compiled kernels are kept in the context's tf_cache_t (one per context, or
+ * shared between contexts), keyed by tf_kernel_key and the LLVM pipeline: a
+ * second session of the same program compiles nothing. The cache's mutex
+ * guards its JIT and slots. Sessions hold a reference on the cache and on
+ * the kernels they run; of the kernels no session holds, the most recently
+ * used `limit` stay (tf_cache_set_limit; default $TFUSE_JIT_CACHE_KERNELS,
+ * else 2048), and older ones give their code and memory back, so a process
+ * that compiles model after model (a server, tfuse_difftest) stays bounded:
+ * every JIT'd module costs memory mappings, and a process has at most
+ * vm.max_map_count.
  * Initial state comes from the interpreter's initializers with the session's
  * seed, so a cpu session starts from exactly the params an interp session
  * starts from, and dropout draws the interpreter's masks. */
@@ -49,103 +52,126 @@
 
 #ifdef TFUSE_HAVE_LLVM
 
-/* ---- the process-wide JIT and its cache ------------------------------------ */
+/* ---- the JIT and its kernels, kept in a tf_cache_t ------------------------- */
 
-static pthread_mutex_t g_jit_mu = PTHREAD_MUTEX_INITIALIZER;
-static tf_jit *g_jit;
-/* Slots stay where they are while a session refers to them (by index);
- * a slot whose key is NULL is free. */
-static struct jit_entry {
-    char *key;
-    tf_kernel_fn fn;
-    tf_jit_code *code;
-    int refs;              /* sessions running it */
-    uint64_t used;         /* when a session last took it */
-} *g_cache;
-static int g_ncache, g_capcache, g_unused;
-static uint64_t g_clock;
-
-static int jit_keep_unused(void)
-{
-    const char *e = getenv("TFUSE_JIT_CACHE_KERNELS");
-    long v = e && *e ? strtol(e, NULL, 10) : 2048;
-    return v < 0 ? 0 : v > 1 << 20 ? 1 << 20 : (int)v;
-}
+/* What the cpu backend keeps in a cache (c->cpu), under c->mu. Slots stay
+ * where they are while a session refers to them (by index); a slot whose
+ * key is NULL is free. */
+typedef struct jit_cache {
+    tf_jit *jit;
+    struct jit_entry {
+        char *key;
+        tf_kernel_fn fn;
+        tf_jit_code *code;
+        int refs;              /* sessions running it */
+        uint64_t used;         /* when a session last took it */
+    } *e;
+    int n, cap;
+    uint64_t clock;
+} jit_cache;
 
 /* Give back the code of the least recently used kernels no session holds
- * until at most `keep` remain. Under g_jit_mu. */
-static void jit_trim(int keep)
+ * until at most c->limit remain. Under c->mu. */
+static void cpu_cache_trim(tf_cache_t *c)
 {
-    while (g_unused > keep) {
+    jit_cache *jc = c->cpu;
+    while (jc && c->unused > c->limit) {
         int old = -1;
-        for (int i = 0; i < g_ncache; i++)
-            if (g_cache[i].key && !g_cache[i].refs && (old < 0 || g_cache[i].used < g_cache[old].used)) old = i;
+        for (int i = 0; i < jc->n; i++)
+            if (jc->e[i].key && !jc->e[i].refs && (old < 0 || jc->e[i].used < jc->e[old].used)) old = i;
         if (old < 0) return;
         tf_diag d = {0};
-        tf_jit_release(g_jit, g_cache[old].code, &d);   /* its memory is gone either way; nothing to report to */
-        free(g_cache[old].key);
-        g_cache[old] = (struct jit_entry){0};
-        g_unused--;
+        tf_jit_release(jc->jit, jc->e[old].code, &d);   /* its memory is gone either way; nothing to report to */
+        free(jc->e[old].key);
+        jc->e[old] = (struct jit_entry){0};
+        c->unused--;
+        c->kernels--;
+        c->evicted++;
     }
 }
 
-/* The compiled function of k, from the cache or compiled now, with a
- * reference the session gives back through jit_put(*slot). */
-static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, int *slot, bool *hit, tf_diag *d)
+static void cpu_cache_free(tf_cache_t *c)
+{
+    jit_cache *jc = c->cpu;
+    if (!jc) return;
+    for (int i = 0; i < jc->n; i++) free(jc->e[i].key);
+    tf_jit_free(jc->jit);   /* every kernel's code with it */
+    free(jc->e);
+    free(jc);
+    c->cpu = NULL;
+}
+
+/* The compiled function of k (with the LLVM pipeline `pipe`, NULL: tfuse's
+ * own), from the cache or compiled now, with a reference the session gives
+ * back through jit_put(c, *slot). */
+static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe, tf_kernel_fn *fn, int *slot, bool *hit,
+                            tf_diag *d)
 {
     *slot = -1;
-    char *key = tf_kernel_key(k);
+    char *kkey = tf_kernel_key(k), *key = NULL;
+    if (kkey && pipe) {   /* another pipeline compiles other code */
+        size_t n = strlen(pipe) + strlen(kkey) + 16;
+        if ((key = malloc(n))) snprintf(key, n, "pipeline %s\n%s", pipe, kkey);
+        free(kkey);
+    } else {
+        key = kkey;
+    }
     if (!key) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = TF_IR_OK;
-    pthread_mutex_lock(&g_jit_mu);
+    pthread_mutex_lock(&c->mu);
     *hit = false;
+    jit_cache *jc = c->cpu;
+    if (!jc && !(jc = c->cpu = calloc(1, sizeof *jc))) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     int free_slot = -1;
-    for (int i = 0; i < g_ncache && !*hit; i++) {
-        if (!g_cache[i].key) {
+    for (int i = 0; !st && i < jc->n && !*hit; i++) {
+        if (!jc->e[i].key) {
             if (free_slot < 0) free_slot = i;
-        } else if (strcmp(g_cache[i].key, key) == 0) {
+        } else if (strcmp(jc->e[i].key, key) == 0) {
             *hit = true;
             *slot = i;
         }
     }
-    if (!*hit) {
-        if (!g_jit) st = tf_jit_create(&g_jit, d);
-        if (!st && free_slot < 0 && g_ncache == g_capcache) {
-            int cap = g_capcache ? 2 * g_capcache : 64;
-            struct jit_entry *c = realloc(g_cache, (size_t)cap * sizeof *c);
-            if (!c) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-            else g_cache = c, g_capcache = cap;
+    if (!st && !*hit) {
+        if (!jc->jit) st = tf_jit_create(&jc->jit, d);
+        if (!st && free_slot < 0 && jc->n == jc->cap) {
+            int cap = jc->cap ? 2 * jc->cap : 64;
+            struct jit_entry *e = realloc(jc->e, (size_t)cap * sizeof *e);
+            if (!e) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+            else jc->e = e, jc->cap = cap;
         }
         tf_jit_code *code = NULL;
-        if (!st) st = tf_jit_compile(g_jit, k, fn, &code, d);
+        if (!st && tf_jit_set_pipeline(jc->jit, pipe)) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+        if (!st) st = tf_jit_compile(jc->jit, k, fn, &code, d);
         if (!st) {
-            *slot = free_slot >= 0 ? free_slot : g_ncache++;
-            g_cache[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
+            *slot = free_slot >= 0 ? free_slot : jc->n++;
+            jc->e[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
+            c->kernels++;
             key = NULL;
         }
-    } else if (!g_cache[*slot].refs) {
-        g_unused--;
+    } else if (!st && !jc->e[*slot].refs) {
+        c->unused--;
     }
     if (*slot >= 0) {
-        *fn = g_cache[*slot].fn;
-        g_cache[*slot].refs++;
-        g_cache[*slot].used = ++g_clock;
+        *fn = jc->e[*slot].fn;
+        jc->e[*slot].refs++;
+        jc->e[*slot].used = ++jc->clock;
     }
-    pthread_mutex_unlock(&g_jit_mu);
+    pthread_mutex_unlock(&c->mu);
     free(key);
     return st;
 }
 
 /* A session is done with the kernel in slot (-1: none). */
-static void jit_put(int slot)
+static void jit_put(tf_cache_t *c, int slot)
 {
     if (slot < 0) return;
-    pthread_mutex_lock(&g_jit_mu);
-    if (--g_cache[slot].refs == 0) {
-        g_unused++;
-        jit_trim(jit_keep_unused());
+    pthread_mutex_lock(&c->mu);
+    jit_cache *jc = c->cpu;
+    if (--jc->e[slot].refs == 0) {
+        c->unused++;
+        cpu_cache_trim(c);
     }
-    pthread_mutex_unlock(&g_jit_mu);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- session state ------------------------------------------------------- */
@@ -186,6 +212,7 @@ typedef struct cpu {
     bool profile;
     int jit_compiled, jit_cached;
     double jit_ms;
+    tf_cache_t *cache;     /* where its kernels are (the context's at the start), referenced */
 } cpu;
 
 static double now_ns(void)
@@ -330,7 +357,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         if (wants_fn) {
             tf_diag d = {0};
             bool hit = false;
-            if (jit_get(k, &ck->fn, &ck->jit_slot, &hit, &d)) {
+            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, &ck->fn, &ck->jit_slot, &hit, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
                 ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
                 ck->fn = NULL;
@@ -705,8 +732,9 @@ static void cpu_free(tf_session_t *s)
     if (!c) return;
     for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         free(c->ks[i].bufs);
-        jit_put(c->ks[i].jit_slot);
+        jit_put(c->cache, c->ks[i].jit_slot);
     }
+    tf_cache_release(c->cache);
     free(c->ks);
     for (int i = 0; i < c->nowned; i++) free(c->owned[i]);
     free(c->owned);
@@ -726,6 +754,8 @@ static tf_status cpu_create(tf_session_t *s)
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
     c->plan = &no_plan;
+    c->cache = s->ctx->cache;
+    tf_cache_retain(c->cache);
     tf_diag d = {0};
     tf_status st = TF_OK;
     c->rt[0] = s->seed;
@@ -823,7 +853,7 @@ static tf_status cpu_dump_code(tf_context_t *ctx, const tf_program_t *p, const c
             ok = fprintf(f, "; %s: not compiled: %s\n\n", plan->kernels[i].name, why) >= 0;
             continue;
         }
-        char *ir = tf_jit_print(&plan->kernels[i]);
+        char *ir = tf_jit_print_pipeline(&plan->kernels[i], p->settings.llvm_pipeline);
         ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan->kernels[i].name, ir) >= 0;
         free(ir);
     }
@@ -933,4 +963,8 @@ const tf_backend tf_backend_cpu = {
     .doctor = cpu_doctor,
     .dump_code = cpu_dump_code,
     .op_support = cpu_op_support,
+#ifdef TFUSE_HAVE_LLVM
+    .cache_trim = cpu_cache_trim,
+    .cache_free = cpu_cache_free,
+#endif
 };

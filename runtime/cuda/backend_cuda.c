@@ -29,13 +29,16 @@
  * back. Such kernels are counted in info().fallbacks, named "fallback" in
  * profiles, and a GEMM region's epilogue still runs on the GPU.
  *
- * Environment: TFUSE_NO_TF32=1 keeps fp32 GEMMs in full fp32 (TF32 tensor
- * cores otherwise); TFUSE_CUDA_SYNC=1 synchronizes after every kernel, so
- * an asynchronous fault names the kernel that caused it; TFUSE_CUDA_FALLBACK=all
- * runs every kernel on the host (separates a code generation bug from a
- * runtime one); TFUSE_CUDA_EXPLAIN=1 prints, when a session starts, which
- * kernels run on the host and why; TFUSE_CACHE_DIR moves the cubin cache
- * (default ~/.cache/tfuse). */
+ * Settings, from the program (tf_compile_options; the environment gives
+ * their defaults in tf_compile_options_init): no_tf32 (--no-tf32,
+ * TFUSE_NO_TF32=1) keeps fp32 GEMMs in full fp32 (TF32 tensor cores
+ * otherwise); cuda_sync (--cuda-sync, TFUSE_CUDA_SYNC=1) synchronizes after
+ * every kernel, so an asynchronous fault names the kernel that caused it;
+ * cuda_fallback_all (--cuda-fallback=all, TFUSE_CUDA_FALLBACK=all) runs
+ * every kernel on the host (separates a code generation bug from a runtime
+ * one); cuda_explain (--cuda-explain, TFUSE_CUDA_EXPLAIN=1) prints, when a
+ * session starts, which kernels run on the host and why. TFUSE_CACHE_DIR
+ * moves the cubin cache (default ~/.cache/tfuse). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -178,12 +181,6 @@ static double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, value) == 0;
 }
 
 static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype); }
@@ -667,7 +664,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         }
         if (c->fallback_all) {
             gk->how = k->lib || k->nexprs ? RUN_FALLBACK : RUN_NOTHING;
-            snprintf(gk->why, sizeof gk->why, "TFUSE_CUDA_FALLBACK=all");
+            snprintf(gk->why, sizeof gk->why, "--cuda-fallback=all");
             continue;
         }
         bool code = k->nexprs && (!k->lib || k->nstores);   /* the whole kernel, or a GEMM region's epilogue */
@@ -854,7 +851,7 @@ static tf_status cuda_run(tf_session_t *s)
     if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
         return tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
                             "error: cuda: the step failed on the GPU: %s (the failure may come from any kernel of the step; "
-                            "TFUSE_CUDA_SYNC=1 names the kernel, compute-sanitizer finds the access)", c->err);
+                            "--cuda-sync names the kernel, compute-sanitizer finds the access)", c->err);
     for (int i = 0; i < m->noutputs; i++) {
         const tf_value *v = m->outputs[i].value;
         if (v->kind == TF_VAL_CONST) {
@@ -991,7 +988,7 @@ static void open_cublaslt(cuda_session *c)
     bool any = false;
     for (int i = 0; i < c->plan->nkernels && !any; i++) any = c->plan->kernels[i].lib && c->plan->kernels[i].lib->op == TF_OP_MATMUL;
     if (!any || c->fallback_all) {
-        snprintf(c->lt_why, sizeof c->lt_why, any ? "TFUSE_CUDA_FALLBACK=all" : "no matmul");
+        snprintf(c->lt_why, sizeof c->lt_why, any ? "--cuda-fallback=all" : "no matmul");
         return;
     }
     char err[1200];
@@ -1018,9 +1015,9 @@ static tf_status cuda_create(tf_session_t *s)
     s->impl = c;
     c->plan = &no_plan;
     c->rt[0] = s->seed;
-    c->tf32 = !env_is("TFUSE_NO_TF32", "1");
-    c->sync_each = env_is("TFUSE_CUDA_SYNC", "1");
-    c->fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
+    c->tf32 = !s->p->settings.no_tf32;
+    c->sync_each = s->p->settings.cuda_sync;
+    c->fallback_all = s->p->settings.cuda_fallback_all;
     layout L = {0};
     tf_status st = open_device(s, c);
     if (!st) st = tf_program_plan(s->ctx, s->p, &c->plan);
@@ -1041,7 +1038,7 @@ static tf_status cuda_create(tf_session_t *s)
         cuda_free(s);
         return st;
     }
-    if (env_is("TFUSE_CUDA_EXPLAIN", "1")) {   /* what runs where, and why not on the GPU */
+    if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
         fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
                 c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
         for (int i = 0; i < c->plan->nkernels; i++)
