@@ -48,7 +48,12 @@ typedef struct args {
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;
     train_args train;
-    unsigned short seen[32];  /* how often each flag of main.c's table was given */
+    /* target settings (tf_compile_options; the environment gives their defaults) */
+    const char *llvm_pipeline;    /* --llvm-pipeline=PIPE */
+    bool no_tf32, cuda_sync, cuda_explain;   /* --no-tf32, --cuda-sync, --cuda-explain */
+    const char *cuda_fallback;    /* --cuda-fallback=all|none; NULL: not given */
+    uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
+    unsigned short seen[40];  /* how often each flag of main.c's table was given */
 } args;
 
 /* main.c

@@ -31,6 +31,17 @@
 
 #include "cli.h"
 
+#define SETTINGS_HELP                                                                                          \
+    "Target settings (compile, run, train, bench and doctor; each flag overrides the environment variable\n"    \
+    "that gives its default):\n"                                                                                \
+    "  --llvm-pipeline=PIPE   cpu: the LLVM pass pipeline, as opt -passes= takes it (TFUSE_LLVM_PIPELINE)\n"   \
+    "  --no-tf32              cuda: fp32 GEMMs in full fp32, not on TF32 tensor cores (TFUSE_NO_TF32=1)\n"     \
+    "  --cuda-sync            cuda: synchronize after every kernel, so a fault names its kernel (TFUSE_CUDA_SYNC=1)\n" \
+    "  --cuda-fallback=all|none  cuda: every kernel on the host, or not (TFUSE_CUDA_FALLBACK=all)\n"            \
+    "  --cuda-explain         cuda: print what compiled and what runs on the host, and why (TFUSE_CUDA_EXPLAIN=1)\n" \
+    "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
+    "                         default 2048)"
+
 static void usage_cmd(const char *cmd, FILE *f);
 
 int cli_usage_error(const char *cmd, const char *fmt, const char *arg)
@@ -99,13 +110,15 @@ static void free_args(args *a)
  * A flag a command would ignore is an error that names who takes it: nothing
  * on the command line is silently dropped. */
 
-enum { C_PRINT = 1, C_OPT = 2, C_COMPILE = 4, C_RUN = 8, C_TRAIN = 16, C_BENCH = 32 };
+enum { C_PRINT = 1, C_OPT = 2, C_COMPILE = 4, C_RUN = 8, C_TRAIN = 16, C_BENCH = 32, C_DOCTOR = 64 };
 #define C_COMPILING (C_COMPILE | C_RUN | C_TRAIN | C_BENCH)
+#define C_SETTING (C_COMPILING | C_DOCTOR)   /* target settings: doctor shows them */
 
 typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
-    F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS, NFLAGS
+    F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
+    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_JIT_CACHE_KERNELS, NFLAGS
 } flag_id;
 
 static const struct flag_info {
@@ -142,9 +155,15 @@ static const struct flag_info {
     [F_OUT]            = {"-o",               C_COMPILE,                   false, NULL},
     [F_STATS]          = {"--stats",          C_COMPILE,                   false, NULL},
     [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
+    [F_LLVM_PIPELINE]  = {"--llvm-pipeline",  C_SETTING,                   false, NULL},
+    [F_NO_TF32]        = {"--no-tf32",        C_SETTING,                   false, NULL},
+    [F_CUDA_SYNC]      = {"--cuda-sync",      C_SETTING,                   false, NULL},
+    [F_CUDA_FALLBACK]  = {"--cuda-fallback",  C_SETTING,                   false, NULL},
+    [F_CUDA_EXPLAIN]   = {"--cuda-explain",   C_SETTING,                   false, NULL},
+    [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
 };
 
-static const char *const cmd_names[] = {"print", "opt", "compile", "run", "train", "bench"};
+static const char *const cmd_names[] = {"print", "opt", "compile", "run", "train", "bench", "doctor"};
 
 static unsigned cmd_bit(const char *cmd)
 {
@@ -319,6 +338,27 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (!strcmp(s, "--random-inputs")) {
             NOTE(F_RANDOM_INPUTS);
             a->random_inputs = true;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--llvm-pipeline"))) {
+            NOTE(F_LLVM_PIPELINE);
+            a->llvm_pipeline = cli_nonempty(cmd, "--llvm-pipeline", v, &r);
+        } else if (!strcmp(s, "--no-tf32")) {
+            NOTE(F_NO_TF32);
+            a->no_tf32 = true;
+        } else if (!strcmp(s, "--cuda-sync")) {
+            NOTE(F_CUDA_SYNC);
+            a->cuda_sync = true;
+        } else if (!strcmp(s, "--cuda-explain")) {
+            NOTE(F_CUDA_EXPLAIN);
+            a->cuda_explain = true;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-fallback"))) {
+            NOTE(F_CUDA_FALLBACK);
+            if (strcmp(v, "all") && strcmp(v, "none"))
+                return cli_usage_error(cmd, "--cuda-fallback expects all or none, found '%s'", v);
+            a->cuda_fallback = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--jit-cache-kernels"))) {
+            NOTE(F_JIT_CACHE_KERNELS);
+            if (!cli_parse_u64(v, &a->jit_cache_kernels) || a->jit_cache_kernels > (1u << 20))
+                return cli_usage_error(cmd, "--jit-cache-kernels expects an integer in [0, 1048576], found '%s'", v);
         } else if (!strcmp(cmd, "train") && (r = train_parse_flag(argc, argv, &i, a))) {
             if (r != 1) return r;
             r = 0;
@@ -359,7 +399,9 @@ static int check_flags(const args *a)
     unsigned me = cmd_bit(cmd);
     if (!strcmp(cmd, "doctor")) {
         for (int f = 0; f < NFLAGS; f++)
-            if (a->seen[f]) return cli_usage_errorf(cmd, "doctor takes no flags but --help, found %s", flag_table[f].name);
+            if (a->seen[f] && !(flag_table[f].cmds & C_DOCTOR))
+                return cli_usage_errorf(cmd, "doctor takes no flags but --help and the target settings, found %s",
+                                        flag_table[f].name);
         return 0;
     }
     for (int f = 0; f < NFLAGS; f++) {
@@ -418,7 +460,7 @@ static int check_flags(const args *a)
     return 0;
 }
 
-_Static_assert(NFLAGS <= 32, "args.seen has 32 counters");
+_Static_assert(NFLAGS <= 40, "args.seen has 40 counters");
 
 int cli_errorf(const char *fmt, ...)
 {
@@ -619,6 +661,12 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     o->memory_budget = a->memory_budget;
     o->dump_llvm = a->dump_llvm;
     o->threads = (int)a->threads;
+    /* a flag overrides the environment's default */
+    if (a->llvm_pipeline) o->llvm_pipeline = a->llvm_pipeline;
+    if (a->no_tf32) o->no_tf32 = 1;
+    if (a->cuda_sync) o->cuda_sync = 1;
+    if (a->cuda_explain) o->cuda_explain = 1;
+    if (a->cuda_fallback) o->cuda_fallback_all = !strcmp(a->cuda_fallback, "all");
 }
 
 static int cmd_opt(tf_context_t *ctx, const args *a)
@@ -897,19 +945,33 @@ static const struct {
      "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
     {"train", train_synopsis, train_help},
     {"bench", bench_synopsis, bench_help},
-    {"doctor", "", "What this build and machine can run: the targets (and why one cannot run here), the cpu\n"
-                   "target's GEMM library and threads, the CUDA libraries found (or where the search looked) and the GPUs."},
+    {"doctor", "[target settings]", "What this build and machine can run: the targets (and why one cannot run here), the cpu\n"
+                   "target's GEMM library and threads, the CUDA libraries found (or where the search looked) and the GPUs;\n"
+                   "then each target setting, its value and where it came from (default, env VAR=VALUE, or option:\n"
+                   "a flag given here)."},
 };
+
+#define SETTINGS_HELP                                                                                          \
+    "Target settings (compile, run, train, bench and doctor; each flag overrides the environment variable\n"    \
+    "that gives its default):\n"                                                                                \
+    "  --llvm-pipeline=PIPE   cpu: the LLVM pass pipeline, as opt -passes= takes it (TFUSE_LLVM_PIPELINE)\n"   \
+    "  --no-tf32              cuda: fp32 GEMMs in full fp32, not on TF32 tensor cores (TFUSE_NO_TF32=1)\n"     \
+    "  --cuda-sync            cuda: synchronize after every kernel, so a fault names its kernel (TFUSE_CUDA_SYNC=1)\n" \
+    "  --cuda-fallback=all|none  cuda: every kernel on the host, or not (TFUSE_CUDA_FALLBACK=all)\n"            \
+    "  --cuda-explain         cuda: print what compiled and what runs on the host, and why (TFUSE_CUDA_EXPLAIN=1)\n" \
+    "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
+    "                         default 2048)"
 
 static void usage_cmd(const char *cmd, FILE *f)
 {
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(commands[i].name, cmd)) {
             fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help,
-                    !strcmp(cmd, "doctor") ? "It takes no flags but --help."
+                    !strcmp(cmd, "doctor") ? "It takes no flags but --help and the target settings below.\n\n" SETTINGS_HELP
                     : "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
                       "A flag the command would ignore, or one that needs another (--memory-limit and --dim K=auto,\n"
-                      "--checkpoint=auto and --memory-budget, --dump-dir and --dump-ir), is an error (exit 2).");
+                      "--checkpoint=auto and --memory-budget, --dump-dir and --dump-ir), is an error (exit 2).\n\n"
+                      SETTINGS_HELP);
             return;
         }
 }
@@ -958,9 +1020,12 @@ int main(int argc, char **argv)
         free_args(&a);
         return cli_errorf("out of memory");
     }
+    if (a.seen[F_JIT_CACHE_KERNELS]) tf_cache_set_limit(tf_context_cache(ctx), (int)a.jit_cache_kernels);
     if (!strcmp(cmd, "doctor")) {
         char *text = NULL;
-        if (tf_doctor(ctx, &text)) rc = fail(ctx);
+        tf_compile_options o;
+        cli_fill_options(&a, &o, NULL);
+        if (tf_doctor_options(ctx, &o, &text)) rc = fail(ctx);
         else fputs(text, stdout);
         free(text);
     } else if (!strcmp(cmd, "print")) rc = cmd_print(ctx, &a);

@@ -25,6 +25,7 @@
  * promotes; instruction selection runs at LLVM's default (O2) level for the
  * host CPU and its features. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct tf_jit {
     LLVMTargetMachineRef tm;
     char **names;          /* function names already defined */
     int nnames, cap;
+    char *pipeline;        /* tf_jit_set_pipeline's; NULL: ours */
 };
 
 /* ---- what is supported -------------------------------------------------- */
@@ -898,13 +900,17 @@ static LLVMModuleRef build_module(LLVMContextRef cx, const tf_kernel *k, const c
 
 /* ---- target, optimization, JIT ------------------------------------------ */
 
-static void init_native(void)
+static void init_native_once(void)
 {
-    static bool done;
-    if (done) return;
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
-    done = true;
+}
+
+/* Once per process, whichever thread compiles first. */
+static void init_native(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, init_native_once);
 }
 
 static LLVMTargetMachineRef host_tm(char *err, size_t n)
@@ -931,14 +937,15 @@ static LLVMTargetMachineRef host_tm(char *err, size_t n)
  * simplify, rotate loops, hoist invariants — the reduced-domain expressions
  * and buffer pointers — canonicalize induction variables, vectorize), at
  * about a third of O2's compile time and with the same kernel speed on the
- * benchmark models. TFUSE_LLVM_PIPELINE overrides it (e.g. "default<O3>"),
- * for experiments. */
+ * benchmark models. tf_compile_options.llvm_pipeline (--llvm-pipeline;
+ * default $TFUSE_LLVM_PIPELINE) overrides it (e.g. "default<O3>"), for
+ * experiments. */
 static const char pipeline[] =
     "always-inline,function(sroa,early-cse,instcombine,simplifycfg,loop(loop-rotate),loop-mssa(licm),indvars,"
     "loop-vectorize,instcombine,simplifycfg)";
 
 /* Verify and optimize; 0 on success, else the message in err. */
-static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, size_t n)
+static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, const char *pipe, char *err, size_t n)
 {
     char *msg = NULL;
     if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
@@ -963,8 +970,7 @@ static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, 
     LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
     LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
     LLVMPassBuilderOptionsSetSLPVectorization(po, 0);
-    const char *pipe = getenv("TFUSE_LLVM_PIPELINE") ? getenv("TFUSE_LLVM_PIPELINE") : pipeline;
-    LLVMErrorRef e = LLVMRunPasses(mod, pipe, tm, po);
+    LLVMErrorRef e = LLVMRunPasses(mod, pipe ? pipe : pipeline, tm, po);
     LLVMDisposePassBuilderOptions(po);
     if (e) {
         char *m = LLVMGetErrorMessage(e);
@@ -1048,6 +1054,7 @@ void tf_jit_free(tf_jit *j)
         if (e) LLVMConsumeError(e);
     }
     if (j->tm) LLVMDisposeTargetMachine(j->tm);
+    tf_free(j->pipeline);
     for (int i = 0; i < j->nnames; i++) tf_free(j->names[i]);
     tf_free(j->names);
     tf_free(j);
@@ -1116,7 +1123,7 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
         LLVMOrcDisposeThreadSafeContext(tsc);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     }
-    if (finish_module(mod, j->tm, why, sizeof why)) {
+    if (finish_module(mod, j->tm, j->pipeline, why, sizeof why)) {
         LLVMDisposeModule(mod);
         LLVMOrcDisposeThreadSafeContext(tsc);
         return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: %s", k->name, why);
@@ -1156,7 +1163,19 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
     return TF_IR_OK;
 }
 
-char *tf_jit_print(const tf_kernel *k)
+tf_ir_status tf_jit_set_pipeline(tf_jit *j, const char *pipe)
+{
+    if ((!pipe && !j->pipeline) || (pipe && j->pipeline && !strcmp(pipe, j->pipeline))) return TF_IR_OK;
+    char *copy = pipe ? tf_strdup(pipe) : NULL;
+    if (pipe && !copy) return TF_IR_ERR_OOM;
+    tf_free(j->pipeline);
+    j->pipeline = copy;
+    return TF_IR_OK;
+}
+
+char *tf_jit_print(const tf_kernel *k) { return tf_jit_print_pipeline(k, NULL); }
+
+char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipe)
 {
     if (!tf_jit_supports(k, NULL, 0)) return NULL;
     init_native();
@@ -1166,7 +1185,7 @@ char *tf_jit_print(const tf_kernel *k)
     char *out = NULL;
     if (mod) {
         LLVMTargetMachineRef tm = host_tm(err, sizeof err);
-        if (!finish_module(mod, tm, err, sizeof err)) {
+        if (!finish_module(mod, tm, pipe, err, sizeof err)) {
             char *s = LLVMPrintModuleToString(mod);
             out = tf_strdup(s);
             LLVMDisposeMessage(s);

@@ -37,6 +37,11 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
  * function must not be called again. */
 tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *code, tf_diag *d);
 
+/* The LLVM pass pipeline of the following compiles (text as `opt
+ * -passes=` takes it, e.g. "default<O3>"); NULL: tfuse's own. A pipeline
+ * LLVM cannot parse fails the compile (TF_IR_ERR_INTERNAL, LLVM's message). */
+tf_ir_status tf_jit_set_pipeline(tf_jit *j, const char *pipeline);
+
 /* Whether tf_jit_compile supports k; when not, why (into why, if given). */
 bool tf_jit_supports(const tf_kernel *k, char *why, size_t n);
 /* Whether this generator lowers the op's scalar expression (ops.def's
@@ -46,5 +51,7 @@ bool tf_jit_lowers(int op, char *why, size_t n);
 /* The LLVM IR text of a kernel (for --dump-llvm), malloc'd; NULL when the
  * kernel is not supported. */
 char *tf_jit_print(const tf_kernel *k);
+/* The same through the given pipeline (NULL: tfuse's own). */
+char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipeline);
 
 #endif

@@ -5,6 +5,7 @@
  * (LLVM JIT + OpenBLAS) or `cuda` (NVRTC + cuBLASLt/cuDNN). The objects:
  *
  *   tf_context_t   error state and settings; one per thread of use
+ *   tf_cache_t     compiled kernels, kept for reuse; one per context unless shared
  *   tf_model_t     a parsed, verified module (the IR)
  *   tf_program_t   a compiled model: passes run, plan made, stats known
  *   tf_session_t   a program on a target: state (params, buffers) + bindings
@@ -68,6 +69,7 @@ typedef struct tf_model   tf_model_t;
 typedef struct tf_program tf_program_t;
 typedef struct tf_session tf_session_t;
 typedef struct tf_array   tf_array_t;
+typedef struct tf_cache   tf_cache_t;
 
 /* A view of tensor memory owned by someone else. */
 typedef struct tf_tensor_view {
@@ -102,6 +104,38 @@ tf_status   tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_contex
 void        tf_context_free(tf_context_t *ctx);
 const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
 const char *tf_status_name(tf_status s);
+
+/* ---- compiled-kernel caches ----
+ * The cpu target's JIT-compiled kernels are kept in a cache, keyed by what
+ * the kernel computes (and the LLVM pipeline), so a second session of the
+ * same kernels compiles nothing (tf_session_info.jit_cached). Every context
+ * creates its own; contexts may share one (a server's per-thread contexts,
+ * say): tf_context_set_cache. A cache is thread-safe: a mutex guards it (a
+ * compile holds it), so contexts on different threads may share it. It
+ * keeps every kernel a live session runs and, of the kernels no session
+ * holds, the `limit` most recently used; older ones give their code and
+ * memory back (every JIT'd kernel costs memory mappings, of which a process
+ * has a bounded number). The limit's default is $TFUSE_JIT_CACHE_KERNELS
+ * when set (read by tf_cache_create), else 2048.
+ * Lifetime: tf_cache_free drops the creator's reference; the cache goes
+ * when no context or session holds it any more. */
+tf_status   tf_cache_create(tf_cache_t **out);
+void        tf_cache_free(tf_cache_t *cache);
+/* Kernels no session holds that stay (>= 0); evicts down to it at once. */
+tf_status   tf_cache_set_limit(tf_cache_t *cache, int kernels);
+typedef struct tf_cache_info {
+    int limit;              /* tf_cache_set_limit's, or the default */
+    int kernels;            /* compiled kernels held */
+    int in_use;             /* of them, run by a live session */
+    int64_t evicted;        /* kernels whose code was given back so far */
+} tf_cache_info;
+tf_status   tf_cache_get_info(tf_cache_t *cache, tf_cache_info *out);
+/* The context's cache (its own, or the one attached); owned by the context. */
+tf_cache_t *tf_context_cache(tf_context_t *ctx);
+/* Sessions created from now on use `cache` (the context takes a reference,
+ * so the caller may tf_cache_free its own); NULL: a new cache of the
+ * context's own. Sessions already made keep theirs. */
+tf_status   tf_context_set_cache(tf_context_t *ctx, tf_cache_t *cache);
 const char *tf_dtype_str(tf_dtype t);                      /* "f32", ... */
 int         tf_dtype_size(tf_dtype t);                     /* bytes per element */
 
@@ -141,6 +175,23 @@ typedef struct tf_compile_options {
     int64_t memory_budget;   /* bytes; 0 = none */
     int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
     const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */
+    /* Target settings: the program keeps them, and its sessions run by
+     * them. tf_compile_options_init takes each default from the environment
+     * variable named, when set (and only there: nothing reads the
+     * environment later); the CLI flag named sets it. tf_doctor_options
+     * shows each and where it came from. */
+    const char *llvm_pipeline;  /* cpu: the LLVM pass pipeline, as `opt -passes=` takes it ("default<O3>");
+                                 * NULL: tfuse's own. TFUSE_LLVM_PIPELINE=PIPE, --llvm-pipeline=PIPE */
+    int no_tf32;                /* cuda: fp32 GEMMs in full fp32 instead of on TF32 tensor cores.
+                                 * TFUSE_NO_TF32=1, --no-tf32 */
+    int cuda_sync;              /* cuda: synchronize after every kernel, so that an asynchronous fault
+                                 * names the kernel that caused it (slower). TFUSE_CUDA_SYNC=1, --cuda-sync */
+    int cuda_fallback_all;      /* cuda: run every kernel on the host (the interpreter's kernels): tells
+                                 * a code generation bug from a runtime one. TFUSE_CUDA_FALLBACK=all,
+                                 * --cuda-fallback=all (--cuda-fallback=none: off) */
+    int cuda_explain;           /* cuda: when a session starts, print to stderr what compiled, what came
+                                 * from the cache and which kernels run on the host and why.
+                                 * TFUSE_CUDA_EXPLAIN=1, --cuda-explain */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
@@ -165,6 +216,21 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
  * libraries found (or not, and where the search looked) and the GPUs.
  * *out malloc'd. */
 tf_status tf_doctor(tf_context_t *ctx, char **out);
+/* The same, then one line per setting of `o` (NULL: tf_compile_options_init's)
+ * and of the context's cache: "setting NAME: VALUE (FROM)", FROM being
+ * "default", "env VAR=VALUE" or "option" (set by the caller: a CLI flag). */
+tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *o, char **out);
+
+/* How a target runs a core op of the IR (by its name in the text format):
+ * *how is "interp" (the reference kernel), "jit" (generated code, fused
+ * with its neighbours), "library" (GEMM, convolution, pooling, gather ...),
+ * "view" (an alias of its operand) or "fallback" (the interpreter's kernel
+ * on the host, counted in tf_session_info.fallbacks); NULL when the target
+ * does not run it (a layer op, which the `lower` pass rewrites into core
+ * ops first; a target this build cannot run). detail[n] (may be NULL):
+ * how, or why not. An unknown op name is TF_ERR_INVALID_ARG. */
+tf_status tf_target_op_support(tf_context_t *ctx, tf_target target, const char *op, const char **how, char *detail,
+                               size_t n);
 
 /* Names and types of the program's inputs, outputs and state (params+buffers). */
 typedef enum tf_io_kind { TF_IO_INPUT, TF_IO_OUTPUT, TF_IO_PARAM, TF_IO_BUFFER } tf_io_kind;
@@ -224,7 +290,7 @@ tf_status tf_session_set_step(tf_session_t *s, uint64_t step);
 
 /* How a session runs: its target, threads, kernels, and for the cpu target
  * how many kernels were JIT-compiled now and how many came from the
- * process's cache (compiled code is kept for the life of the process), how
+ * context's cache (tf_cache_t above; for cuda, the on-disk cubin cache), how
  * long that took, how many library kernels run through the reference
  * implementation (`fallbacks`), and the GEMM library. Fields a target does
  * not have are 0 or NULL. */

@@ -1,82 +1,17 @@
 /* api.c — include/tfuse.h on top of the IR, the passes and the backends. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "artifact.h"
-#include "cpu_ops.h"
 #include "kernel.h"
-#ifdef TFUSE_HAVE_LLVM
-#include "llvm.h"
-#endif
 #include "parser.h"
 #include "runtime.h"
 #include "tensorio.h"
 
-_Static_assert((int)TF_DTYPE_F32 == (int)TF_DT_F32 && (int)TF_DTYPE_F16 == (int)TF_DT_F16 &&
-                   (int)TF_DTYPE_BF16 == (int)TF_DT_BF16 && (int)TF_DTYPE_F64 == (int)TF_DT_F64 &&
-                   (int)TF_DTYPE_I64 == (int)TF_DT_I64 && (int)TF_DTYPE_I32 == (int)TF_DT_I32 &&
-                   (int)TF_DTYPE_BOOL == (int)TF_DT_BOOL,
-               "public and IR dtype codes agree");
 _Static_assert((int)TIO_F32 == (int)TF_DT_F32 && (int)TIO_BOOL == (int)TF_DT_BOOL && (int)TIO_I32 == (int)TF_DT_I32,
                "tensorio and IR dtype codes agree");
-
-/* ---- context and errors ---- */
-
-tf_status tf_context_create(tf_context_t **out) { return tf_context_create_with_allocator(NULL, NULL, out); }
-
-tf_status tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_context_t **out)
-{
-    if (!out) return TF_ERR_INVALID_ARG;
-    tf_allocator a = {fn, ud};
-    TF_ALLOC_SCOPE(a);
-    *out = tf_calloc(1, sizeof **out);
-    if (!*out) return TF_ERR_OOM;
-    (*out)->alloc = a;
-    return TF_OK;
-}
-
-tf_allocator tf_context_allocator(const tf_context_t *ctx) { return ctx ? ctx->alloc : (tf_allocator){NULL, NULL}; }
-
-void tf_context_free(tf_context_t *ctx) { tf_free(ctx); }
-
-const char *tf_context_last_error(const tf_context_t *ctx) { return ctx ? ctx->err : "no context"; }
-
-tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...)
-{
-    if (!ctx) return st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
-tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d)
-{
-    static const tf_status map[] = {
-        [TF_IR_OK] = TF_OK,           [TF_IR_ERR_SYNTAX] = TF_ERR_PARSE, [TF_IR_ERR_VERIFY] = TF_ERR_VERIFY,
-        [TF_IR_ERR_LIMIT] = TF_ERR_LIMIT, [TF_IR_ERR_OOM] = TF_ERR_OOM,  [TF_IR_ERR_RUNTIME] = TF_ERR_RUNTIME,
-        [TF_IR_ERR_INTERNAL] = TF_ERR_INTERNAL,
-    };
-    tf_status st = map[d->status];
-    if (st == TF_OK) st = TF_ERR_INTERNAL;   /* a failure without a message is our bug */
-    return tf_set_error(ctx, st, "%s", d->msg[0] ? d->msg : "error: internal: failure without a message");
-}
-
-const char *tf_status_name(tf_status s)
-{
-    static const char *names[] = {"ok", "invalid argument", "parse error", "verify error", "limit exceeded",
-                                  "i/o error", "format error", "out of memory", "target unavailable",
-                                  "unsupported", "runtime error", "internal error"};
-    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "unknown status";
-}
-
-const char *tf_dtype_str(tf_dtype t) { return tf_dtype_name((tf_dt)t); }
-int tf_dtype_size(tf_dtype t) { return tf_dtype_bytes((tf_dt)t); }
 
 /* ---- models ---- */
 
@@ -198,12 +133,30 @@ tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
 
 /* ---- compiling ---- */
 
+static bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
+/* The target settings' defaults: the environment, read here only. */
+static void settings_from_env(tf_compile_options *o)
+{
+    const char *pipe = getenv("TFUSE_LLVM_PIPELINE");
+    o->llvm_pipeline = pipe && *pipe ? pipe : NULL;
+    o->no_tf32 = env_is("TFUSE_NO_TF32", "1");
+    o->cuda_sync = env_is("TFUSE_CUDA_SYNC", "1");
+    o->cuda_fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
+    o->cuda_explain = env_is("TFUSE_CUDA_EXPLAIN", "1");
+}
+
 void tf_compile_options_init(tf_compile_options *o)
 {
     memset(o, 0, sizeof *o);
     o->mode = TF_MODE_TRAIN;
     o->target = tf_default_target();
     o->opt_level = 1;
+    settings_from_env(o);
 }
 
 static bool parse_precision(const char *s, tf_precision *out)
@@ -215,14 +168,6 @@ static bool parse_precision(const char *s, tf_precision *out)
             return true;
         }
     return false;
-}
-
-const tf_backend *tf_backend_for(tf_target t)
-{
-    return t == TF_TARGET_INTERP ? &tf_backend_interp
-           : t == TF_TARGET_CPU  ? &tf_backend_cpu
-           : t == TF_TARGET_CUDA ? &tf_backend_cuda
-                                 : NULL;
 }
 
 tf_target tf_default_target(void)
@@ -244,6 +189,8 @@ static void add_stat(tf_program_t *p, const char *name, int64_t v)
 void tf_program_free(tf_program_t *p)
 {
     if (!p) return;
+    if (p->has_plan) tf_kernels_free(&p->plan);
+    tf_free(p->settings.llvm_pipeline);
     tf_module_free(p->m);
     tf_free(p->inputs.items);
     tf_free(p->params.items);
@@ -284,13 +231,12 @@ tf_status tf_model_run_passes(tf_context_t *ctx, tf_model_t *m, const char *pass
 }
 
 /* --dump-kernels=DIR: DIR/kernels.txt, the kernel IR the emitters lower. */
-static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char *dir)
+static tf_status dump_kernels(tf_context_t *ctx, const tf_program_t *p, const char *dir)
 {
-    tf_kernel_plan plan;
-    tf_diag d = {0};
-    if (tf_kernels_build(m, &plan, &d)) return tf_from_diag(ctx, &d);
-    char *text = tf_kernels_print(m, &plan);
-    tf_kernels_free(&plan);
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char *text = tf_kernels_print(p->m, plan);
     if (!text) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing kernels");
     char path[4096];
     snprintf(path, sizeof path, "%s/kernels.txt", dir);
@@ -300,39 +246,6 @@ static tf_status dump_kernels(tf_context_t *ctx, const tf_module *m, const char 
     if (f && fclose(f) != 0) ok = false;
     tf_free(text);
     return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
-}
-
-/* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel the
- * cpu target compiles (one module per kernel, one after another). */
-static tf_status dump_llvm(tf_context_t *ctx, const tf_module *m, const char *dir)
-{
-#ifdef TFUSE_HAVE_LLVM
-    tf_kernel_plan plan;
-    tf_diag d = {0};
-    if (tf_kernels_build(m, &plan, &d)) return tf_from_diag(ctx, &d);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/kernels.ll", dir);
-    mkdir(dir, 0777);
-    FILE *f = fopen(path, "w");
-    bool ok = f != NULL;
-    for (int i = 0; ok && i < plan.nkernels; i++) {
-        char why[512];
-        if (!tf_jit_supports(&plan.kernels[i], why, sizeof why)) {
-            ok = fprintf(f, "; %s: not compiled: %s\n\n", plan.kernels[i].name, why) >= 0;
-            continue;
-        }
-        char *ir = tf_jit_print(&plan.kernels[i]);
-        ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan.kernels[i].name, ir) >= 0;
-        tf_free(ir);
-    }
-    if (f && fclose(f) != 0) ok = false;
-    tf_kernels_free(&plan);
-    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
-#else
-    (void)m;
-    (void)dir;
-    return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: --dump-llvm needs a build with LLVM (this one has none)");
-#endif
 }
 
 /* Run the pipeline on a copy of src, fitted into memory where the options
@@ -362,14 +275,6 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
         return tf_from_diag(ctx, &d);
     }
     *chosen = fit.value;
-    if (opts->dump_kernels && (st = dump_kernels(ctx, p->m, opts->dump_kernels))) {
-        tf_program_free(p);
-        return st;
-    }
-    if (opts->dump_llvm && (st = dump_llvm(ctx, p->m, opts->dump_llvm))) {
-        tf_program_free(p);
-        return st;
-    }
     *out = p;
     return TF_OK;
 }
@@ -442,6 +347,25 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
+    p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
+                                       .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0};
+    if (opts->llvm_pipeline && !(p->settings.llvm_pipeline = tf_strdup(opts->llvm_pipeline))) {
+        tf_program_free(p);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    /* the kernel plan, once: every session and artifact of the program runs it */
+    if (tf_kernels_build(p->m, &p->plan, &p->plan_diag) == TF_IR_OK) p->has_plan = true;
+    else if (p->target != TF_TARGET_INTERP) st = tf_from_diag(ctx, &p->plan_diag);
+    if (!st && opts->dump_kernels) st = dump_kernels(ctx, p, opts->dump_kernels);
+    if (!st && opts->dump_llvm) {   /* the cpu target's code: its LLVM IR */
+        const tf_backend *cpu = tf_backend_for(TF_TARGET_CPU);
+        mkdir(opts->dump_llvm, 0777);
+        st = cpu->dump_code(ctx, p, opts->dump_llvm);
+    }
+    if (st) {
+        tf_program_free(p);
+        return st;
+    }
     *out = p;
     return TF_OK;
 }
@@ -480,43 +404,104 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
     if (f && fclose(f) != 0) ok = false;
     tf_free(text);
     if (!ok) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
-    if ((st = dump_kernels(ctx, p->m, dir))) return st;
-    if (p->target != TF_TARGET_CUDA) return TF_OK;
-    tf_kernel_plan plan;
-    tf_diag d = {0};
-    if (tf_kernels_build(p->m, &plan, &d)) return tf_from_diag(ctx, &d);
-    char err[4096];
+    if ((st = dump_kernels(ctx, p, dir))) return st;
+    const tf_backend *be = tf_backend_for(p->target);
+    if (!be || !be->write_artifact) return TF_OK;
     int n = 0;
-    int rc = tf_cuda_write_artifact(p->m, &plan, arch ? arch : "sm_90", dir, &n, err, sizeof err);
-    tf_kernels_free(&plan);
+    st = be->write_artifact(ctx, p, dir, arch, &n);
     if (nbinaries) *nbinaries = n;
-    return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
+    return st;
 }
 
-tf_status tf_doctor(tf_context_t *ctx, char **out)
+/* Where a setting's value came from: the caller, the environment or neither. */
+static const char *setting_from(bool same_as_env, const char *var, const char *set_value, char *buf, size_t n)
+{
+    if (!same_as_env) return "option";
+    const char *v = getenv(var);
+    if (!v || !set_value || strcmp(v, set_value)) return "default";
+    snprintf(buf, n, "env %s=%s", var, v);
+    return buf;
+}
+
+static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_strbuf *t)
+{
+    tf_compile_options env;
+    memset(&env, 0, sizeof env);
+    settings_from_env(&env);
+    char b[4200];
+    bool same = (!o->llvm_pipeline && !env.llvm_pipeline) ||
+                (o->llvm_pipeline && env.llvm_pipeline && !strcmp(o->llvm_pipeline, env.llvm_pipeline));
+    tf_strbuf_printf(t, "setting llvm_pipeline: %s (%s)\n", o->llvm_pipeline ? o->llvm_pipeline : "tfuse's own",
+                     setting_from(same, "TFUSE_LLVM_PIPELINE", env.llvm_pipeline, b, sizeof b));
+    const struct { const char *name, *var, *on, *off, *env_value; int v, e; } flags[] = {
+        {"no_tf32", "TFUSE_NO_TF32", "on", "off", "1", o->no_tf32 != 0, env.no_tf32},
+        {"cuda_sync", "TFUSE_CUDA_SYNC", "on", "off", "1", o->cuda_sync != 0, env.cuda_sync},
+        {"cuda_fallback", "TFUSE_CUDA_FALLBACK", "all", "none", "all", o->cuda_fallback_all != 0, env.cuda_fallback_all},
+        {"cuda_explain", "TFUSE_CUDA_EXPLAIN", "on", "off", "1", o->cuda_explain != 0, env.cuda_explain},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        tf_strbuf_printf(t, "setting %s: %s (%s)\n", flags[i].name, flags[i].v ? flags[i].on : flags[i].off,
+                         setting_from(flags[i].v == flags[i].e, flags[i].var, flags[i].e ? flags[i].env_value : NULL, b,
+                                      sizeof b));
+    tf_cache_info ci;
+    tf_cache_t *c = tf_context_cache(ctx);
+    if (c && !tf_cache_get_info(c, &ci)) {
+        const char *from = c->limit_from;
+        if (!strcmp(from, "set")) from = "option";
+        else if (!strcmp(from, "default")) from = "default";
+        else {
+            snprintf(b, sizeof b, "env TFUSE_JIT_CACHE_KERNELS=%s", getenv("TFUSE_JIT_CACHE_KERNELS") ? getenv("TFUSE_JIT_CACHE_KERNELS") : "?");
+            from = b;
+        }
+        tf_strbuf_printf(t, "setting jit_cache_kernels: %d (%s)\n", ci.limit, from);
+    }
+}
+
+tf_status tf_doctor(tf_context_t *ctx, char **out) { return tf_doctor_options(ctx, NULL, out); }
+
+tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *opts, char **out)
 {
     TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
-    char *cuda = tf_cuda_doctor();
-    size_t cap = 4096 + (cuda ? strlen(cuda) : 0);
-    char *t = tf_libc_malloc(cap);   /* the caller free()s it */
-    if (!t) {
-        tf_free(cuda);
-        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    tf_compile_options dflt;
+    if (!opts) {
+        tf_compile_options_init(&dflt);
+        opts = &dflt;
     }
-    int at = snprintf(t, cap, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
+    tf_strbuf t = {0};
+    tf_strbuf_printf(&t, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
     static const tf_target all[] = {TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_INTERP};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         const tf_backend *be = tf_backend_for(all[i]);
         const char *why = be ? be->unavailable() : "not part of this build yet";
-        at += snprintf(t + at, cap - (size_t)at, "target %s: %s%s\n", target_name(all[i]), why ? "cannot run here: " : "available",
-                       why ? why : "");
+        tf_strbuf_printf(&t, "target %s: %s%s\n", target_name(all[i]), why ? "cannot run here: " : "available", why ? why : "");
     }
-    at += snprintf(t + at, cap - (size_t)at, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
-    snprintf(t + at, cap - (size_t)at, "%s", cuda ? cuda : "cuda: out of memory describing it\n");
-    tf_free(cuda);
-    *out = t;
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        const tf_backend *be = tf_backend_for(all[i]);
+        if (be && be->doctor) be->doctor(&t);
+    }
+    doctor_settings(ctx, opts, &t);
+    *out = t.oom || !t.p ? NULL : tf_libc_copy(t.p, t.n + 1);   /* the caller free()s it */
+    tf_free(t.p);
+    if (!*out) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    return TF_OK;
+}
+
+tf_status tf_target_op_support(tf_context_t *ctx, tf_target target, const char *op, const char **how, char *detail,
+                               size_t n)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!op || !how) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *how = NULL;
+    char scratch[8];
+    if (!detail || !n) detail = scratch, n = sizeof scratch;
+    detail[0] = 0;
+    const tf_backend *be = tf_backend_for(target);
+    if (!be) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: no target %d", (int)target);
+    int k = tf_op_lookup(op, strlen(op));
+    if (k < 0) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: no op named '%s'", op);
+    *how = be->op_support ? be->op_support((tf_op)k, detail, n) : NULL;
     return TF_OK;
 }
 

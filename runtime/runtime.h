@@ -8,19 +8,45 @@
 #ifndef TF_RUNTIME_H
 #define TF_RUNTIME_H
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "../include/tfuse.h"
+#include "kernel.h"
 #include "ops.h"
 #include "passes.h"
+
+/* A compiled-kernel cache (include/tfuse.h): shared by the contexts that
+ * hold it and the sessions that started with it; mu guards everything
+ * here and what backends keep in it. */
+struct tf_cache {
+    pthread_mutex_t mu;
+    int refs;               /* its creator's (until tf_cache_free), contexts', sessions' */
+    int limit;              /* kernels no session holds that stay */
+    const char *limit_from; /* "default", "env TFUSE_JIT_CACHE_KERNELS", "set" */
+    int kernels, unused;    /* held, and of them held by no session */
+    int64_t evicted;
+    void *cpu;              /* the cpu backend's JIT and its kernels (backend_cpu.c) */
+};
+/* A reference for a session (or context); tf_cache_release drops one. */
+void tf_cache_retain(tf_cache_t *c);
+void tf_cache_release(tf_cache_t *c);
 
 struct tf_context {
     char err[6400];
     tf_allocator alloc;     /* every allocation of a call on this context (ir/alloc.h) */
+    tf_cache_t *cache;      /* its own, or one attached with tf_context_set_cache */
 };
 
 /* The context's allocator, or the C library's for NULL. */
 tf_allocator tf_context_allocator(const tf_context_t *ctx);
+
+/* Settings of the targets, from tf_compile_options (the environment gives
+ * their defaults in tf_compile_options_init); a program keeps a copy. */
+typedef struct tf_target_settings {
+    char *llvm_pipeline;    /* cpu: NULL = tfuse's own; owned */
+    bool no_tf32, cuda_sync, cuda_fallback_all, cuda_explain;
+} tf_target_settings;
 
 struct tf_model {
     tf_module *m;
@@ -37,6 +63,14 @@ struct tf_program {
     int nstats;
     tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
     int threads;            /* tf_compile_options.threads */
+    /* The kernel plan (codegen/kernel.h), built once by tf_program_compile;
+     * the cpu and cuda backends' sessions and artifacts run this one. When
+     * building it failed for a program compiled for interp (which runs no
+     * plan), plan_diag says why and has_plan is false. */
+    tf_kernel_plan plan;
+    bool has_plan;
+    tf_diag plan_diag;
+    tf_target_settings settings;
 };
 
 typedef struct tf_backend tf_backend;
@@ -73,15 +107,53 @@ struct tf_backend {
     size_t (*profile_count)(tf_session_t *s);
     void (*profile_get)(tf_session_t *s, size_t i, tf_kernel_profile *out);
     void (*info)(tf_session_t *s, tf_session_info *out);
+
+    /* What the backend can describe, dump or write, without a session. */
+    /* Optional: its lines of `tfuse doctor` (cpu: the GEMM library and the
+     * thread count; cuda: the libraries found or why not, and the GPUs). */
+    void (*doctor)(tf_strbuf *out);
+    /* Optional (NULL: the target writes no code): the program's compiled
+     * code for this target into dir (which exists), for
+     * tf_program_write_artifact; *nbinaries: binaries written (cuda: cubins
+     * for arch, NULL: its default). */
+    tf_status (*write_artifact)(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                int *nbinaries);
+    /* Optional: the generated code of every kernel as text into dir (cpu:
+     * kernels.ll, the optimized LLVM IR, for --dump-llvm). */
+    tf_status (*dump_code)(tf_context_t *ctx, const tf_program_t *p, const char *dir);
+    /* Whether the backend runs core op `op` and how: "interp", "jit",
+     * "library", "view", "fallback" (the interpreter's kernel on the host);
+     * NULL when it cannot. detail[n] says how or why not. */
+    const char *(*op_support)(tf_op op, char *detail, size_t n);
+    /* Optional: what the backend keeps in a cache. trim: give back the code
+     * of kernels no session holds until at most c->limit remain (under
+     * c->mu); cache_free: free it all (no session holds any). */
+    void (*cache_trim)(tf_cache_t *c);
+    void (*cache_free)(tf_cache_t *c);
 };
 
 extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda;
+/* The backend of a target (context.c); NULL for one this build lacks. */
 const tf_backend *tf_backend_for(tf_target t);
+
+/* ---- what backends call back into: context.c and convert.c, never api.c ---- */
 
 /* Set the context's message; returns st. */
 tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Carry an IR diagnostic into the context. */
 tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d);
+
+/* The program's kernel plan, or the reason it has none (into ctx). */
+tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_kernel_plan **out);
+
+/* How the kernel plan treats a core op (codegen/kernel.c), for backends'
+ * op_support: a layer op (`lower` rewrites it first), a view (reshape), a
+ * generated kernel (pointwise, reduction, layout copy) or a library call
+ * (matmul, conv2d, pooling, gather, concat, ...). For TF_OPC_CODE, *probe
+ * becomes a one-op f32 kernel (using x and r) an emitter's supports() can
+ * judge. */
+typedef enum tf_op_class { TF_OPC_LAYER, TF_OPC_VIEW, TF_OPC_CODE, TF_OPC_LIBRARY } tf_op_class;
+tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *r);
 
 /* Element conversion between doubles and storage dtypes (f16/bf16 as their
  * 16-bit patterns, rounding to nearest even; bool as one byte). */

@@ -1,6 +1,7 @@
 /* backend_cpu.c — the `cpu` target: the kernel plan run as compiled code.
  *
- * A session builds the kernel IR of the program (codegen/kernel.c), compiles
+ * A session takes the program's kernel IR (codegen/kernel.c, built once by
+ * tf_program_compile), compiles
  * each elementwise, reduction and epilogue kernel with the LLVM emitter
  * (codegen/llvm.c) and runs the plan in order over:
  *
@@ -20,17 +21,22 @@
  * `tfuse bench` so they are visible. Elementwise work splits over the pool along each kernel's split
  * axis.
  *
- * Compiled kernels are cached in the process, keyed by tf_kernel_key: a
- * second session of the same program compiles nothing. Sessions hold
- * references on the kernels they run; of the kernels no session holds, the
- * most recently used TF_JIT_CACHE_KERNELS stay (default 2048), and older
- * ones give their code and memory back, so a process that compiles model
- * after model (a server, tfuse_difftest) stays bounded: every JIT'd module
- * costs memory mappings, and a process has at most vm.max_map_count.
+ * Compiled kernels are kept in the context's tf_cache_t (one per context, or
+ * shared between contexts), keyed by tf_kernel_key and the LLVM pipeline: a
+ * second session of the same program compiles nothing. The cache's mutex
+ * guards its JIT and slots. Sessions hold a reference on the cache and on
+ * the kernels they run; of the kernels no session holds, the most recently
+ * used `limit` stay (tf_cache_set_limit; default $TFUSE_JIT_CACHE_KERNELS,
+ * else 2048), and older ones give their code and memory back, so a process
+ * that compiles model after model (a server, tfuse_difftest) stays bounded:
+ * every JIT'd module costs memory mappings, and a process has at most
+ * vm.max_map_count.
  * Initial state comes from the interpreter's initializers with the session's
  * seed, so a cpu session starts from exactly the params an interp session
  * starts from, and dropout draws the interpreter's masks. */
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -46,103 +52,126 @@
 
 #ifdef TFUSE_HAVE_LLVM
 
-/* ---- the process-wide JIT and its cache ------------------------------------ */
+/* ---- the JIT and its kernels, kept in a tf_cache_t ------------------------- */
 
-static pthread_mutex_t g_jit_mu = PTHREAD_MUTEX_INITIALIZER;
-static tf_jit *g_jit;
-/* Slots stay where they are while a session refers to them (by index);
- * a slot whose key is NULL is free. */
-static struct jit_entry {
-    char *key;
-    tf_kernel_fn fn;
-    tf_jit_code *code;
-    int refs;              /* sessions running it */
-    uint64_t used;         /* when a session last took it */
-} *g_cache;
-static int g_ncache, g_capcache, g_unused;
-static uint64_t g_clock;
-
-static int jit_keep_unused(void)
-{
-    const char *e = getenv("TFUSE_JIT_CACHE_KERNELS");
-    long v = e && *e ? strtol(e, NULL, 10) : 2048;
-    return v < 0 ? 0 : v > 1 << 20 ? 1 << 20 : (int)v;
-}
+/* What the cpu backend keeps in a cache (c->cpu), under c->mu. Slots stay
+ * where they are while a session refers to them (by index); a slot whose
+ * key is NULL is free. */
+typedef struct jit_cache {
+    tf_jit *jit;
+    struct jit_entry {
+        char *key;
+        tf_kernel_fn fn;
+        tf_jit_code *code;
+        int refs;              /* sessions running it */
+        uint64_t used;         /* when a session last took it */
+    } *e;
+    int n, cap;
+    uint64_t clock;
+} jit_cache;
 
 /* Give back the code of the least recently used kernels no session holds
- * until at most `keep` remain. Under g_jit_mu. */
-static void jit_trim(int keep)
+ * until at most c->limit remain. Under c->mu. */
+static void cpu_cache_trim(tf_cache_t *c)
 {
-    while (g_unused > keep) {
+    jit_cache *jc = c->cpu;
+    while (jc && c->unused > c->limit) {
         int old = -1;
-        for (int i = 0; i < g_ncache; i++)
-            if (g_cache[i].key && !g_cache[i].refs && (old < 0 || g_cache[i].used < g_cache[old].used)) old = i;
+        for (int i = 0; i < jc->n; i++)
+            if (jc->e[i].key && !jc->e[i].refs && (old < 0 || jc->e[i].used < jc->e[old].used)) old = i;
         if (old < 0) return;
         tf_diag d = {0};
-        tf_jit_release(g_jit, g_cache[old].code, &d);   /* its memory is gone either way; nothing to report to */
-        tf_free(g_cache[old].key);
-        g_cache[old] = (struct jit_entry){0};
-        g_unused--;
+        tf_jit_release(jc->jit, jc->e[old].code, &d);   /* its memory is gone either way; nothing to report to */
+        tf_free(jc->e[old].key);
+        jc->e[old] = (struct jit_entry){0};
+        c->unused--;
+        c->kernels--;
+        c->evicted++;
     }
 }
 
-/* The compiled function of k, from the cache or compiled now, with a
- * reference the session gives back through jit_put(*slot). */
-static tf_ir_status jit_get(const tf_kernel *k, tf_kernel_fn *fn, int *slot, bool *hit, tf_diag *d)
+static void cpu_cache_free(tf_cache_t *c)
+{
+    jit_cache *jc = c->cpu;
+    if (!jc) return;
+    for (int i = 0; i < jc->n; i++) tf_free(jc->e[i].key);
+    tf_jit_free(jc->jit);   /* every kernel's code with it */
+    tf_free(jc->e);
+    tf_free(jc);
+    c->cpu = NULL;
+}
+
+/* The compiled function of k (with the LLVM pipeline `pipe`, NULL: tfuse's
+ * own), from the cache or compiled now, with a reference the session gives
+ * back through jit_put(c, *slot). */
+static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe, tf_kernel_fn *fn, int *slot, bool *hit,
+                            tf_diag *d)
 {
     *slot = -1;
-    char *key = tf_kernel_key(k);
+    char *kkey = tf_kernel_key(k), *key = NULL;
+    if (kkey && pipe) {   /* another pipeline compiles other code */
+        size_t n = strlen(pipe) + strlen(kkey) + 16;
+        if ((key = tf_malloc(n))) snprintf(key, n, "pipeline %s\n%s", pipe, kkey);
+        tf_free(kkey);
+    } else {
+        key = kkey;
+    }
     if (!key) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = TF_IR_OK;
-    pthread_mutex_lock(&g_jit_mu);
+    pthread_mutex_lock(&c->mu);
     *hit = false;
+    jit_cache *jc = c->cpu;
+    if (!jc && !(jc = c->cpu = tf_calloc(1, sizeof *jc))) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     int free_slot = -1;
-    for (int i = 0; i < g_ncache && !*hit; i++) {
-        if (!g_cache[i].key) {
+    for (int i = 0; !st && i < jc->n && !*hit; i++) {
+        if (!jc->e[i].key) {
             if (free_slot < 0) free_slot = i;
-        } else if (strcmp(g_cache[i].key, key) == 0) {
+        } else if (strcmp(jc->e[i].key, key) == 0) {
             *hit = true;
             *slot = i;
         }
     }
-    if (!*hit) {
-        if (!g_jit) st = tf_jit_create(&g_jit, d);
-        if (!st && free_slot < 0 && g_ncache == g_capcache) {
-            int cap = g_capcache ? 2 * g_capcache : 64;
-            struct jit_entry *c = tf_realloc(g_cache, (size_t)cap * sizeof *c);
-            if (!c) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-            else g_cache = c, g_capcache = cap;
+    if (!st && !*hit) {
+        if (!jc->jit) st = tf_jit_create(&jc->jit, d);
+        if (!st && free_slot < 0 && jc->n == jc->cap) {
+            int cap = jc->cap ? 2 * jc->cap : 64;
+            struct jit_entry *e = tf_realloc(jc->e, (size_t)cap * sizeof *e);
+            if (!e) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+            else jc->e = e, jc->cap = cap;
         }
         tf_jit_code *code = NULL;
-        if (!st) st = tf_jit_compile(g_jit, k, fn, &code, d);
+        if (!st && tf_jit_set_pipeline(jc->jit, pipe)) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+        if (!st) st = tf_jit_compile(jc->jit, k, fn, &code, d);
         if (!st) {
-            *slot = free_slot >= 0 ? free_slot : g_ncache++;
-            g_cache[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
+            *slot = free_slot >= 0 ? free_slot : jc->n++;
+            jc->e[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
+            c->kernels++;
             key = NULL;
         }
-    } else if (!g_cache[*slot].refs) {
-        g_unused--;
+    } else if (!st && !jc->e[*slot].refs) {
+        c->unused--;
     }
     if (*slot >= 0) {
-        *fn = g_cache[*slot].fn;
-        g_cache[*slot].refs++;
-        g_cache[*slot].used = ++g_clock;
+        *fn = jc->e[*slot].fn;
+        jc->e[*slot].refs++;
+        jc->e[*slot].used = ++jc->clock;
     }
-    pthread_mutex_unlock(&g_jit_mu);
+    pthread_mutex_unlock(&c->mu);
     tf_free(key);
     return st;
 }
 
 /* A session is done with the kernel in slot (-1: none). */
-static void jit_put(int slot)
+static void jit_put(tf_cache_t *c, int slot)
 {
     if (slot < 0) return;
-    pthread_mutex_lock(&g_jit_mu);
-    if (--g_cache[slot].refs == 0) {
-        g_unused++;
-        jit_trim(jit_keep_unused());
+    pthread_mutex_lock(&c->mu);
+    jit_cache *jc = c->cpu;
+    if (--jc->e[slot].refs == 0) {
+        c->unused++;
+        cpu_cache_trim(c);
     }
-    pthread_mutex_unlock(&g_jit_mu);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- session state ------------------------------------------------------- */
@@ -168,7 +197,7 @@ typedef struct ckernel {
 } ckernel;
 
 typedef struct cpu {
-    tf_kernel_plan plan;
+    const tf_kernel_plan *plan;   /* the program's (s->p->plan) */
     ckernel *ks;
     void **ptr;            /* per value id: its storage */
     unsigned char *arena;
@@ -183,6 +212,7 @@ typedef struct cpu {
     bool profile;
     int jit_compiled, jit_cached;
     double jit_ms;
+    tf_cache_t *cache;     /* where its kernels are (the context's at the start), referenced */
 } cpu;
 
 static double now_ns(void)
@@ -250,14 +280,14 @@ static tf_status place_values(tf_session_t *s, cpu *c)
         if (c->arena && v->offset >= 0) c->ptr[v->id] = c->arena + v->offset;
     }
     /* what memplan left unplaced but something reads or writes */
-    for (int i = 0; i < c->plan.nkernels; i++)
-        for (int b = 0; b < c->plan.kernels[i].nbufs; b++) {
-            const tf_value *v = root_of(c->plan.kernels[i].bufs[b].value);
+    for (int i = 0; i < c->plan->nkernels; i++)
+        for (int b = 0; b < c->plan->kernels[i].nbufs; b++) {
+            const tf_value *v = root_of(c->plan->kernels[i].bufs[b].value);
             if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
                 return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         }
-    for (int i = 0; i < c->plan.nkernels; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
         if (k->kind == TF_K_VIEW || !k->lib) continue;
         const tf_value *v = root_of(k->lib->out);
         if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
@@ -304,12 +334,12 @@ static how library_how(const tf_node *n)
 
 static tf_status prepare(tf_session_t *s, cpu *c)
 {
-    c->ks = tf_calloc((size_t)(c->plan.nkernels ? c->plan.nkernels : 1), sizeof *c->ks);
+    c->ks = tf_calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].jit_slot = -1;
+    for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].jit_slot = -1;
     double t0 = now_ns();
-    for (int i = 0; i < c->plan.nkernels; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
         ckernel *ck = &c->ks[i];
         ck->k = k;
         ck->bufs = tf_calloc((size_t)(k->nbufs ? k->nbufs : 1), sizeof *ck->bufs);
@@ -332,7 +362,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         if (wants_fn) {
             tf_diag d = {0};
             bool hit = false;
-            if (jit_get(k, &ck->fn, &ck->jit_slot, &hit, &d)) {
+            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, &ck->fn, &ck->jit_slot, &hit, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
                 ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
                 ck->fn = NULL;
@@ -698,7 +728,7 @@ static tf_status cpu_run(tf_session_t *s)
         memcpy(c->ptr[v->id], s->bound[i], value_bytes(v));
     }
     if (c->nscratch == 0 && !scratch(c, 1)) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    for (int i = 0; i < c->plan.nkernels; i++) {
+    for (int i = 0; i < c->plan->nkernels; i++) {
         ckernel *ck = &c->ks[i];
         double t0 = c->profile ? now_ns() : 0;
         tf_status st = run_kernel(s, c, ck);
@@ -745,12 +775,12 @@ static void cpu_free(tf_session_t *s)
 {
     cpu *c = s->impl;
     if (!c) return;
-    for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
+    for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         tf_free(c->ks[i].bufs);
-        jit_put(c->ks[i].jit_slot);
+        jit_put(c->cache, c->ks[i].jit_slot);
     }
+    tf_cache_release(c->cache);
     tf_free(c->ks);
-    tf_kernels_free(&c->plan);
     for (int i = 0; i < c->nowned; i++) tf_free_aligned(c->owned[i]);
     tf_free(c->owned);
     tf_free_aligned(c->arena);
@@ -764,15 +794,19 @@ static void cpu_free(tf_session_t *s)
 
 static tf_status cpu_create(tf_session_t *s)
 {
+    static const tf_kernel_plan no_plan;
     cpu *c = tf_calloc(1, sizeof *c);
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
+    c->plan = &no_plan;
+    c->cache = s->ctx->cache;
+    tf_cache_retain(c->cache);
     tf_diag d = {0};
     tf_status st = TF_OK;
     c->rt[0] = s->seed;
     tf_cpu_blas_init();
     int threads = s->p->threads > 0 ? s->p->threads : tf_cpu_count();
-    if (tf_kernels_build(s->p->m, &c->plan, &d)) st = tf_from_diag(s->ctx, &d);
+    st = tf_program_plan(s->ctx, s->p, &c->plan);
     if (!st && !(c->pool = tf_pool_create(threads))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
     if (!st) st = place_values(s, c);
     if (!st) st = prepare(s, c);
@@ -818,10 +852,10 @@ static void cpu_set_profiling(tf_session_t *s, bool on)
 {
     cpu *c = s->impl;
     c->profile = on;
-    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].ns = 0, c->ks[i].calls = 0;
+    for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].ns = 0, c->ks[i].calls = 0;
 }
 
-static size_t cpu_profile_count(tf_session_t *s) { return (size_t)((cpu *)s->impl)->plan.nkernels; }
+static size_t cpu_profile_count(tf_session_t *s) { return (size_t)((cpu *)s->impl)->plan->nkernels; }
 
 static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
 {
@@ -838,14 +872,41 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
 {
     cpu *c = s->impl;
     out->threads = tf_pool_threads(c->pool);
-    out->kernels = c->plan.nkernels;
+    out->kernels = c->plan->nkernels;
     out->jit_compiled = c->jit_compiled;
     out->jit_cached = c->jit_cached;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
-    for (int i = 0; i < c->plan.nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
+    for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
     out->library = tf_cpu_blas_name();
 }
+
+/* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel
+ * (one module per kernel, one after another). */
+static tf_status cpu_dump_code(tf_context_t *ctx, const tf_program_t *p, const char *dir)
+{
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/kernels.ll", dir);
+    FILE *f = fopen(path, "w");
+    bool ok = f != NULL;
+    for (int i = 0; ok && i < plan->nkernels; i++) {
+        char why[512];
+        if (!tf_jit_supports(&plan->kernels[i], why, sizeof why)) {
+            ok = fprintf(f, "; %s: not compiled: %s\n\n", plan->kernels[i].name, why) >= 0;
+            continue;
+        }
+        char *ir = tf_jit_print_pipeline(&plan->kernels[i], p->settings.llvm_pipeline);
+        ok = ir && fprintf(f, "; ---- kernel %s\n%s\n", plan->kernels[i].name, ir) >= 0;
+        tf_free(ir);
+    }
+    if (f && fclose(f) != 0) ok = false;
+    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
+}
+
+static bool cpu_jit_supports(const tf_kernel *k, char *why, size_t n) { return tf_jit_supports(k, why, n); }
 
 #else /* !TFUSE_HAVE_LLVM */
 
@@ -865,8 +926,70 @@ static void cpu_set_profiling(tf_session_t *s, bool on) { (void)s; (void)on; }
 static size_t cpu_profile_count(tf_session_t *s) { (void)s; return 0; }
 static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out) { (void)s; (void)i; (void)out; }
 static void cpu_info(tf_session_t *s, tf_session_info *out) { (void)s; (void)out; }
+static tf_status cpu_dump_code(tf_context_t *ctx, const tf_program_t *p, const char *dir)
+{
+    (void)p;
+    (void)dir;
+    return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: --dump-llvm needs a build with LLVM (this one has none)");
+}
+static bool cpu_jit_supports(const tf_kernel *k, char *why, size_t n)
+{
+    (void)k;
+    snprintf(why, n, "%s", cpu_unavailable());
+    return false;
+}
 
 #endif
+
+static void cpu_doctor(tf_strbuf *out)
+{
+    tf_strbuf_printf(out, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
+}
+
+static const char *cpu_op_support(tf_op op, char *detail, size_t n)
+{
+    const char *name = tf_op_info_of(op)->name;
+    tf_kernel probe;
+    tf_kexpr x;
+    tf_kreduce r;
+    if (cpu_unavailable()) {
+        snprintf(detail, n, "%s", cpu_unavailable());
+        return NULL;
+    }
+    switch (tf_op_classify(op, &probe, &x, &r)) {
+    case TF_OPC_LAYER:
+        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", name);
+        return NULL;
+    case TF_OPC_VIEW: snprintf(detail, n, "an alias of its operand's memory"); return "view";
+    case TF_OPC_CODE: {
+        char why[512];
+        if (cpu_jit_supports(&probe, why, sizeof why)) {
+            snprintf(detail, n, "compiled by LLVM into its kernel (fused with its neighbours)");
+            return "jit";
+        }
+        snprintf(detail, n, "the interpreter's kernel on widened copies: %s", why);
+        return "fallback";
+    }
+    case TF_OPC_LIBRARY: break;
+    }
+    switch (op) {
+    case TF_OP_MATMUL:
+        snprintf(detail, n, "GEMM through %s (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
+        return "library";
+    case TF_OP_CONV2D: case TF_OP_CONV2D_GRAD_INPUT: case TF_OP_CONV2D_GRAD_WEIGHT:
+        snprintf(detail, n, "im2col + GEMM through %s (2-d images in f32, f16, bf16)", tf_cpu_blas_name());
+        return "library";
+    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
+        snprintf(detail, n, "the runtime's pooling loops (2-d images in f32, f16, bf16)");
+        return "library";
+    case TF_OP_GATHER: case TF_OP_SCATTER_ADD:
+        snprintf(detail, n, "rows copied or added on storage (i64/i32 ids)");
+        return "library";
+    default:
+        snprintf(detail, n, "%s has no cpu implementation: the interpreter's kernel runs it on widened copies", name);
+        return "fallback";
+    }
+}
 
 const tf_backend tf_backend_cpu = {
     .name = "cpu",
@@ -882,4 +1005,11 @@ const tf_backend tf_backend_cpu = {
     .profile_count = cpu_profile_count,
     .profile_get = cpu_profile_get,
     .info = cpu_info,
+    .doctor = cpu_doctor,
+    .dump_code = cpu_dump_code,
+    .op_support = cpu_op_support,
+#ifdef TFUSE_HAVE_LLVM
+    .cache_trim = cpu_cache_trim,
+    .cache_free = cpu_cache_free,
+#endif
 };

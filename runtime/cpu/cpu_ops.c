@@ -1,5 +1,6 @@
 /* cpu_ops.c — see cpu_ops.h. */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -9,12 +10,15 @@
 void openblas_set_num_threads(int num_threads);   /* OpenBLAS's own extension */
 #endif
 
+#ifdef TFUSE_HAVE_OPENBLAS
+static void blas_init_once(void) { openblas_set_num_threads(1); }
+#endif
+
 void tf_cpu_blas_init(void)
 {
 #ifdef TFUSE_HAVE_OPENBLAS
-    static int done;
-    if (!done) openblas_set_num_threads(1);
-    done = 1;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_init_once);
 #endif
 }
 

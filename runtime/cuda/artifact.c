@@ -110,33 +110,3 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     tf_cuda_libs_free(&libs);
     return rc;
 }
-
-char *tf_cuda_doctor(void)
-{
-    size_t cap = 8192;
-    char *out = tf_malloc(cap), err[2048];
-    if (!out) return NULL;
-    tf_cuda_libs libs;
-    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err);
-    int at = tf_cuda_libs_describe(&libs, out, cap);
-    if (at < 0 || (size_t)at >= cap) at = (int)strlen(out);
-    int ndev = 0;
-    if ((libs.loaded & TF_CUDA_LIB_DRIVER) && !tf_cuda_driver_init(&libs, &ndev, err, sizeof err)) {
-        for (int i = 0; i < ndev && (size_t)at < cap; i++) {
-            tf_cu_device dev;
-            char name[256] = "?";
-            int major = 0, minor = 0;
-            if (libs.cu.DeviceGet(&dev, i)) continue;
-            libs.cu.DeviceGetName(name, sizeof name, dev);
-            libs.cu.DeviceGetAttribute(&major, 75, dev);   /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
-            libs.cu.DeviceGetAttribute(&minor, 76, dev);   /* ..._MINOR */
-            at += snprintf(out + at, cap - (size_t)at, "gpu %d: %s (sm_%d%d)\n", i, name, major, minor);
-        }
-    } else if (libs.loaded & TF_CUDA_LIB_DRIVER) {
-        at += snprintf(out + at, cap - (size_t)at, "gpu: none usable: %s\n", err);
-    } else {
-        at += snprintf(out + at, cap - (size_t)at, "gpu: none (no driver)\n");
-    }
-    tf_cuda_libs_free(&libs);
-    return out;
-}

@@ -1,7 +1,7 @@
-/* artifact.h — what the cuda target writes and reports without a GPU:
- * `tfuse compile --target=cuda --arch=sm_90 -o DIR` (every kernel's CUDA C
- * and its cubin, compiled by NVRTC, which needs no GPU) and the CUDA lines
- * of `tfuse doctor`. Only runtime/cuda knows CUDA; api.c calls these. */
+/* artifact.h — what the cuda target writes without a GPU: `tfuse compile
+ * --target=cuda --arch=sm_90 -o DIR` (every kernel's CUDA C and its cubin,
+ * compiled by NVRTC, which needs no GPU). Only runtime/cuda knows CUDA: the
+ * cuda backend (backend_cuda.c) calls this behind its write_artifact. */
 #ifndef TF_RUNTIME_CUDA_ARTIFACT_H
 #define TF_RUNTIME_CUDA_ARTIFACT_H
 
@@ -17,13 +17,8 @@
  * Identical kernels share one source and one cubin. *ncubins: cubins
  * written. 0 on success, else -1 with the reason in err (NVRTC missing,
  * an architecture NVRTC does not know, a compile error with its log, a
- * file that cannot be written). */
+ * file that cannot be written). The cuda backend's write_artifact. */
 int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
                            char *err, size_t n);
-
-/* The CUDA part of `tfuse doctor`: every library the cuda target would
- * load, found where or missing why, and the GPU if a driver and a device
- * are there. malloc'd text; NULL when out of memory. */
-char *tf_cuda_doctor(void);
 
 #endif

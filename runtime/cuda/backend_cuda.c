@@ -4,7 +4,8 @@
  *
  * A session:
  *
- *   - builds the kernel IR of the program (codegen/kernel.c) and emits CUDA C
+ *   - takes the program's kernel IR (codegen/kernel.c, built once by
+ *     tf_program_compile) and emits CUDA C
  *     for every elementwise and reduction kernel and every GEMM region's
  *     epilogue (codegen/cuda.c); identical sources compile once, with NVRTC
  *     on every core (jit.c), and the cubins are cached on disk;
@@ -28,13 +29,16 @@
  * back. Such kernels are counted in info().fallbacks, named "fallback" in
  * profiles, and a GEMM region's epilogue still runs on the GPU.
  *
- * Environment: TFUSE_NO_TF32=1 keeps fp32 GEMMs in full fp32 (TF32 tensor
- * cores otherwise); TFUSE_CUDA_SYNC=1 synchronizes after every kernel, so
- * an asynchronous fault names the kernel that caused it; TFUSE_CUDA_FALLBACK=all
- * runs every kernel on the host (separates a code generation bug from a
- * runtime one); TFUSE_CUDA_EXPLAIN=1 prints, when a session starts, which
- * kernels run on the host and why; TFUSE_CACHE_DIR moves the cubin cache
- * (default ~/.cache/tfuse). */
+ * Settings, from the program (tf_compile_options; the environment gives
+ * their defaults in tf_compile_options_init): no_tf32 (--no-tf32,
+ * TFUSE_NO_TF32=1) keeps fp32 GEMMs in full fp32 (TF32 tensor cores
+ * otherwise); cuda_sync (--cuda-sync, TFUSE_CUDA_SYNC=1) synchronizes after
+ * every kernel, so an asynchronous fault names the kernel that caused it;
+ * cuda_fallback_all (--cuda-fallback=all, TFUSE_CUDA_FALLBACK=all) runs
+ * every kernel on the host (separates a code generation bug from a runtime
+ * one); cuda_explain (--cuda-explain, TFUSE_CUDA_EXPLAIN=1) prints, when a
+ * session starts, which kernels run on the host and why. TFUSE_CACHE_DIR
+ * moves the cubin cache (default ~/.cache/tfuse). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "artifact.h"
 #include "blas.h"
 #include "cuda_jit.h"
 #include "interp.h"
@@ -143,8 +148,7 @@ typedef struct cuda_session {
     tf_cu_stream stream;
     char gpu[128], arch[16];
     int cc_major, cc_minor, sms, smem_optin;
-    tf_kernel_plan plan;
-    bool have_plan;
+    const tf_kernel_plan *plan;   /* the program's (s->p->plan) */
     gkernel *ks;
     tf_cuda_jit jit;            /* compiled code: modules and functions */
     /* device memory: two allocations */
@@ -177,12 +181,6 @@ static double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, value) == 0;
 }
 
 static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype); }
@@ -266,8 +264,8 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
         L->in_arena[v->id] = true;
     }
     /* what memplan left unplaced but a kernel, an output or an update touches */
-    for (int i = 0; i < c->plan.nkernels; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
         for (int b = 0; b < k->nbufs; b++) {
             const tf_value *v = root_of(k->bufs[b].value);
             if (v->kind != TF_VAL_CONST && L->at[v->id] < 0) take(L, v->id, value_bytes(v));
@@ -645,7 +643,7 @@ static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *ds
 
 static tf_status build_kernels(tf_session_t *s, cuda_session *c)
 {
-    int nk = c->plan.nkernels;
+    int nk = c->plan->nkernels;
     c->ks = tf_calloc((size_t)(nk ? nk : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     double t0 = now_ms();
@@ -654,7 +652,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
     tf_status st = TF_OK;
     int njobs = 0;
     for (int i = 0; !st && i < nk; i++) {
-        const tf_kernel *k = &c->plan.kernels[i];
+        const tf_kernel *k = &c->plan->kernels[i];
         gkernel *gk = &c->ks[i];
         gk->k = k;
         gk->fn = -1;
@@ -666,7 +664,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         }
         if (c->fallback_all) {
             gk->how = k->lib || k->nexprs ? RUN_FALLBACK : RUN_NOTHING;
-            snprintf(gk->why, sizeof gk->why, "TFUSE_CUDA_FALLBACK=all");
+            snprintf(gk->why, sizeof gk->why, "--cuda-fallback=all");
             continue;
         }
         bool code = k->nexprs && (!k->lib || k->nstores);   /* the whole kernel, or a GEMM region's epilogue */
@@ -770,7 +768,7 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
 static tf_status ensure_events(tf_session_t *s, cuda_session *c)
 {
     if (c->ev) return TF_OK;
-    int n = 2 * (c->plan.nkernels ? c->plan.nkernels : 1);
+    int n = 2 * (c->plan->nkernels ? c->plan->nkernels : 1);
     c->ev = tf_calloc((size_t)n, sizeof *c->ev);
     if (!c->ev) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < n; i++) CU_DO("creating the profiler's events", EventCreate(&c->ev[i], CU_EVENT_DEFAULT));
@@ -802,7 +800,7 @@ static tf_status cuda_run(tf_session_t *s)
         if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
             return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err));
     }
-    for (int i = 0; i < c->plan.nkernels; i++) {
+    for (int i = 0; i < c->plan->nkernels; i++) {
         gkernel *gk = &c->ks[i];
         if (c->profile) {
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i], c->stream);
@@ -853,7 +851,7 @@ static tf_status cuda_run(tf_session_t *s)
     if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
         return tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
                             "error: cuda: the step failed on the GPU: %s (the failure may come from any kernel of the step; "
-                            "TFUSE_CUDA_SYNC=1 names the kernel, compute-sanitizer finds the access)", c->err);
+                            "--cuda-sync names the kernel, compute-sanitizer finds the access)", c->err);
     for (int i = 0; i < m->noutputs; i++) {
         const tf_value *v = m->outputs[i].value;
         if (v->kind == TF_VAL_CONST) {
@@ -863,7 +861,7 @@ static tf_status cuda_run(tf_session_t *s)
         }
     }
     if (c->profile) {
-        for (int i = 0; i < c->plan.nkernels; i++) {
+        for (int i = 0; i < c->plan->nkernels; i++) {
             float ms = 0;
             CU_DO("reading the profiler's events", EventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
             c->ks[i].ms += ms;
@@ -909,7 +907,7 @@ static void cuda_free(tf_session_t *s)
         cu->CtxSetCurrent(c->ctx);
         if (c->stream) cu->StreamSynchronize(c->stream);
     }
-    for (int i = 0; c->ks && i < c->plan.nkernels; i++) {
+    for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         tf_free(c->ks[i].dptr);
         tf_free(c->ks[i].args);
         gemm_call_free(c, c->ks[i].mm);
@@ -917,7 +915,7 @@ static void cuda_free(tf_session_t *s)
     tf_free(c->ks);
     if (c->lt) c->libs.lt.Destroy(c->lt);
     if (driver) {
-        for (int i = 0; c->ev && i < 2 * (c->plan.nkernels ? c->plan.nkernels : 1); i++)
+        for (int i = 0; c->ev && i < 2 * (c->plan->nkernels ? c->plan->nkernels : 1); i++)
             if (c->ev[i]) cu->EventDestroy(c->ev[i]);
         tf_cuda_jit_free(&c->jit, &c->libs);
         if (c->arena) cu->MemFree(c->arena);
@@ -927,7 +925,6 @@ static void cuda_free(tf_session_t *s)
     }
     tf_free(c->ev);
     if (c->ctx_retained) cu->DevicePrimaryCtxRelease(c->dev);
-    if (c->have_plan) tf_kernels_free(&c->plan);
     tf_free(c->ptr);
     tf_free(c->stage);
     tf_free(c->in_at);
@@ -989,9 +986,9 @@ static tf_status open_device(tf_session_t *s, cuda_session *c)
 static void open_cublaslt(cuda_session *c)
 {
     bool any = false;
-    for (int i = 0; i < c->plan.nkernels && !any; i++) any = c->plan.kernels[i].lib && c->plan.kernels[i].lib->op == TF_OP_MATMUL;
+    for (int i = 0; i < c->plan->nkernels && !any; i++) any = c->plan->kernels[i].lib && c->plan->kernels[i].lib->op == TF_OP_MATMUL;
     if (!any || c->fallback_all) {
-        snprintf(c->lt_why, sizeof c->lt_why, any ? "TFUSE_CUDA_FALLBACK=all" : "no matmul");
+        snprintf(c->lt_why, sizeof c->lt_why, any ? "--cuda-fallback=all" : "no matmul");
         return;
     }
     char err[1200];
@@ -1012,20 +1009,18 @@ static void open_cublaslt(cuda_session *c)
 
 static tf_status cuda_create(tf_session_t *s)
 {
+    static const tf_kernel_plan no_plan;
     cuda_session *c = tf_calloc(1, sizeof *c);
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
+    c->plan = &no_plan;
     c->rt[0] = s->seed;
-    c->tf32 = !env_is("TFUSE_NO_TF32", "1");
-    c->sync_each = env_is("TFUSE_CUDA_SYNC", "1");
-    c->fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
-    tf_diag d = {0};
+    c->tf32 = !s->p->settings.no_tf32;
+    c->sync_each = s->p->settings.cuda_sync;
+    c->fallback_all = s->p->settings.cuda_fallback_all;
     layout L = {0};
     tf_status st = open_device(s, c);
-    if (!st) {
-        if (tf_kernels_build(s->p->m, &c->plan, &d)) st = tf_from_diag(s->ctx, &d);
-        else c->have_plan = true;
-    }
+    if (!st) st = tf_program_plan(s->ctx, s->p, &c->plan);
     if (!st) open_cublaslt(c);
     if (!st) st = plan_layout(s, c, &L);
     if (!st) st = allocate(s, c, &L);   /* before anything slow: out of memory is said at once */
@@ -1043,10 +1038,10 @@ static tf_status cuda_create(tf_session_t *s)
         cuda_free(s);
         return st;
     }
-    if (env_is("TFUSE_CUDA_EXPLAIN", "1")) {   /* what runs where, and why not on the GPU */
+    if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
         fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
-                c->plan.nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
-        for (int i = 0; i < c->plan.nkernels; i++)
+                c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
+        for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
                 fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
                         c->ks[i].how == RUN_LIB_FALLBACK ? "its library op " : "", c->ks[i].why);
@@ -1060,10 +1055,10 @@ static void cuda_set_profiling(tf_session_t *s, bool on)
 {
     cuda_session *c = s->impl;
     c->profile = on;
-    for (int i = 0; i < c->plan.nkernels; i++) c->ks[i].ms = 0, c->ks[i].calls = 0;
+    for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].ms = 0, c->ks[i].calls = 0;
 }
 
-static size_t cuda_profile_count(tf_session_t *s) { return (size_t)((cuda_session *)s->impl)->plan.nkernels; }
+static size_t cuda_profile_count(tf_session_t *s) { return (size_t)((cuda_session *)s->impl)->plan->nkernels; }
 
 static void cuda_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
 {
@@ -1080,13 +1075,93 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
 {
     cuda_session *c = s->impl;
     out->threads = 1;
-    out->kernels = c->plan.nkernels;
+    out->kernels = c->plan->nkernels;
     out->jit_compiled = c->jit.compiled;
     out->jit_cached = c->jit.cached;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
-    for (int i = 0; i < c->plan.nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
+    for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
     out->library = c->lt_ok ? "cuBLASLt" : "none";
+}
+
+/* `tfuse doctor`'s CUDA lines: every library the cuda target would load,
+ * found where or missing why, and the GPUs if a driver and a device are
+ * there. */
+static void cuda_doctor(tf_strbuf *sb)
+{
+    size_t cap = 8192;
+    char *out = tf_malloc(cap), err[2048];
+    if (!out) {
+        tf_strbuf_printf(sb, "cuda: out of memory describing it\n");
+        return;
+    }
+    tf_cuda_libs libs;
+    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err);
+    int at = tf_cuda_libs_describe(&libs, out, cap);
+    if (at < 0 || (size_t)at >= cap) at = (int)strlen(out);
+    tf_strbuf_printf(sb, "%s", out);
+    tf_free(out);
+    int ndev = 0;
+    if ((libs.loaded & TF_CUDA_LIB_DRIVER) && !tf_cuda_driver_init(&libs, &ndev, err, sizeof err)) {
+        for (int i = 0; i < ndev; i++) {
+            tf_cu_device dev;
+            char name[256] = "?";
+            int major = 0, minor = 0;
+            if (libs.cu.DeviceGet(&dev, i)) continue;
+            libs.cu.DeviceGetName(name, sizeof name, dev);
+            libs.cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+            libs.cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+            tf_strbuf_printf(sb, "gpu %d: %s (sm_%d%d)\n", i, name, major, minor);
+        }
+    } else if (libs.loaded & TF_CUDA_LIB_DRIVER) {
+        tf_strbuf_printf(sb, "gpu: none usable: %s\n", err);
+    } else {
+        tf_strbuf_printf(sb, "gpu: none (no driver)\n");
+    }
+    tf_cuda_libs_free(&libs);
+}
+
+/* compile -o DIR --target=cuda: every kernel's CUDA C and cubin for arch
+ * (default sm_90), and the launch manifest (artifact.c); no GPU needed. */
+static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                     int *nbinaries)
+{
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char err[4096];
+    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, nbinaries, err, sizeof err);
+    return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
+}
+
+static const char *cuda_op_support(tf_op op, char *detail, size_t n)
+{
+    const char *name = tf_op_info_of(op)->name;
+    tf_kernel probe;
+    tf_kexpr x;
+    tf_kreduce r;
+    switch (tf_op_classify(op, &probe, &x, &r)) {
+    case TF_OPC_LAYER:
+        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", name);
+        return NULL;
+    case TF_OPC_VIEW: snprintf(detail, n, "an alias of its operand's device memory"); return "view";
+    case TF_OPC_CODE: {
+        char why[512];
+        if (tf_cuda_supports(&probe, why, sizeof why)) {
+            snprintf(detail, n, "CUDA C compiled by NVRTC into its kernel (fused with its neighbours)");
+            return "jit";
+        }
+        snprintf(detail, n, "on the host, the interpreter's kernel: %s", why);
+        return "fallback";
+    }
+    case TF_OPC_LIBRARY: break;
+    }
+    if (op == TF_OP_MATMUL) {
+        snprintf(detail, n, "cuBLASLt (when it loads; else the interpreter's kernel on the host)");
+        return "library";
+    }
+    snprintf(detail, n, "%s has no GPU implementation in this build: the interpreter's kernel runs it on the host", name);
+    return "fallback";
 }
 
 const tf_backend tf_backend_cuda = {
@@ -1103,4 +1178,7 @@ const tf_backend tf_backend_cuda = {
     .profile_count = cuda_profile_count,
     .profile_get = cuda_profile_get,
     .info = cuda_info,
+    .doctor = cuda_doctor,
+    .write_artifact = cuda_write_artifact,
+    .op_support = cuda_op_support,
 };

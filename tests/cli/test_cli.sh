@@ -64,6 +64,9 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   expect 0 "^threads: 1$" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
   rm -rf "$tmp/llvm"
   expect 0 "" -- "$tfuse" compile "$ex/mlp.ir" --dump-llvm="$tmp/llvm"
+  # --llvm-pipeline reaches the JIT: a pipeline LLVM cannot parse fails the run, with LLVM's message
+  expect 1 "LLVM optimization failed" -- "$tfuse" run "$ex/mlp.ir" --target=cpu --random-inputs --llvm-pipeline=no-such-pass
+  expect 0 "" -- "$tfuse" run "$ex/mlp.ir" --target=cpu --random-inputs --llvm-pipeline="default<O1>"
   if grep -q "^define void @k" "$tmp/llvm/kernels.ll" && grep -qE "<[0-9]+ x (float|double|i16)>" "$tmp/llvm/kernels.ll"; then ok; else bad "--dump-llvm: no vectorized kernels in $tmp/llvm/kernels.ll"; fi
 else
   if grep -q "has no LLVM" <<<"$cpu"; then ok; else bad "--target=cpu failed without saying why: $cpu"; fi
@@ -136,7 +139,18 @@ expect 2 "--threads sets the cpu target's threads, and the target is interp" -- 
 expect 2 "--arch picks the GPU .* it needs --target=cuda and -o DIR" -- "$tfuse" compile "$mlp" --arch=sm_80
 expect 2 "--dump-ir needs a value" -- "$tfuse" compile "$mlp" --dump-ir=
 expect 2 "doctor takes no arguments, found 'x.ir'" -- "$tfuse" doctor x.ir
-expect 2 "doctor takes no flags but --help, found --dim" -- "$tfuse" doctor --dim B=2
+expect 2 "doctor takes no flags but --help and the target settings, found --dim" -- "$tfuse" doctor --dim B=2
+# doctor lists the target settings and where each came from; a flag changes one
+expect 0 "setting no_tf32: off \(default\)" -- env -u TFUSE_NO_TF32 "$tfuse" doctor
+expect 0 "setting no_tf32: on \(env TFUSE_NO_TF32=1\)" -- env TFUSE_NO_TF32=1 "$tfuse" doctor
+expect 0 "setting no_tf32: on \(option\)" -- env -u TFUSE_NO_TF32 "$tfuse" doctor --no-tf32
+expect 0 "setting cuda_fallback: all \(option\)" -- env -u TFUSE_CUDA_FALLBACK "$tfuse" doctor --cuda-fallback=all
+expect 0 "setting cuda_fallback: none \(option\)" -- env TFUSE_CUDA_FALLBACK=all "$tfuse" doctor --cuda-fallback=none
+expect 0 "setting cuda_sync: on \(option\)" -- "$tfuse" doctor --cuda-sync
+expect 0 "setting llvm_pipeline: default<O1> \(option\)" -- "$tfuse" doctor --llvm-pipeline="default<O1>"
+expect 0 "setting jit_cache_kernels: 7 \(option\)" -- "$tfuse" doctor --jit-cache-kernels=7
+expect 2 "--cuda-fallback expects all or none, found 'some'" -- "$tfuse" doctor --cuda-fallback=some
+expect 2 "'tfuse print' takes no --no-tf32" -- "$tfuse" print "$ex/mlp.ir" --no-tf32
 expect 0 "usage: tfuse doctor" -- "$tfuse" doctor --help
 
 # ---- train mode needs an output named loss (exit 1, naming the file)

@@ -162,9 +162,45 @@ static void test_threads(void)
     CHECK(!memcmp(jobs[0].out, jobs[1].out, sizeof jobs[0].out), "same seed, same numbers");
 }
 
+/* What each target says about how it runs an op. */
+static void test_op_support(void)
+{
+    tf_context_t *ctx;
+    tf_context_create(&ctx);
+    const char *how = NULL;
+    char why[512];
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_INTERP, "matmul", &how, why, sizeof why) && how && !strcmp(how, "interp"),
+          "interp runs matmul: %s", how ? how : "NULL");
+    CHECK(tf_target_op_support(ctx, TF_TARGET_CPU, "frobnicate", &how, why, sizeof why) == TF_ERR_INVALID_ARG &&
+              strstr(tf_context_last_error(ctx), "no op named 'frobnicate'"),
+          "an unknown op: %s", tf_context_last_error(ctx));
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "matmul", &how, why, sizeof why) && how && !strcmp(how, "library") &&
+              strstr(why, "cuBLASLt"),
+          "cuda: matmul through cuBLASLt (%s: %s)", how ? how : "NULL", why);
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "exp", &how, why, sizeof why) && how && !strcmp(how, "jit"),
+          "cuda: exp is generated code (%s: %s)", how ? how : "NULL", why);
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "conv2d", &how, why, sizeof why) && how && !strcmp(how, "fallback") &&
+              strstr(why, "no GPU implementation"),
+          "cuda: conv2d on the host (%s: %s)", how ? how : "NULL", why);
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CPU, "reshape", &how, why, sizeof why) && (!how || !strcmp(how, "view")),
+          "cpu: reshape is a view (%s: %s)", how ? how : "NULL", why);
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CPU, "linear", &how, why, sizeof why) && !how && why[0],
+          "cpu: a layer op is lowered first: %s", why);
+    const char *cpu_exp = NULL;   /* NULL: a build without LLVM, which has no cpu target */
+    tf_target_op_support(ctx, TF_TARGET_CPU, "exp", &cpu_exp, NULL, 0);
+    if (cpu_exp) {
+        CHECK(!tf_target_op_support(ctx, TF_TARGET_CPU, "reduce_sum", &how, why, sizeof why) && how && !strcmp(how, "jit"),
+              "cpu: reduce_sum is JIT-compiled (%s: %s)", how ? how : "NULL", why);
+        CHECK(!tf_target_op_support(ctx, TF_TARGET_CPU, "matmul", &how, why, sizeof why) && how && !strcmp(how, "library"),
+              "cpu: matmul is a GEMM (%s: %s)", how ? how : "NULL", why);
+    }
+    tf_context_free(ctx);
+}
+
 int main(void)
 {
     test_misuse();
+    test_op_support();
     test_threads();
     return check_report();
 }
