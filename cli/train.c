@@ -742,10 +742,10 @@ static bool has_output(const tf_program_t *p, const char *name, tf_dtype *dt, in
 
 /* The precision training runs in: --precision, else the train block's
  * (fp32 when it names none). */
-static const char *train_precision(tf_context_t *ctx, const tf_model_t *m, const char *override)
+static const char *train_precision(tf_context_t *ctx, const tf_model_t *m, tf_precision override)
 {
     static const char *const names[] = {"fp32", "fp16", "bf16"};
-    if (override) return override;
+    if (override != TF_PRECISION_DEFAULT) return tf_precision_name(override);
     char *text = NULL;
     const char *prec = "fp32";
     bool in_train = false;

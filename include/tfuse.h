@@ -62,6 +62,17 @@ typedef enum tf_dtype {
 
 typedef enum tf_target { TF_TARGET_INTERP, TF_TARGET_CPU, TF_TARGET_CUDA } tf_target;
 typedef enum tf_mode { TF_MODE_TRAIN, TF_MODE_INFER } tf_mode;
+/* The precision a program computes in: fp32, or 16-bit activations with f32
+ * params (`amp`; in train mode fp16 adds dynamic loss scaling).
+ * TF_PRECISION_DEFAULT, as a compile option, keeps the train block's (fp32
+ * when the model has none or it names none). */
+typedef enum tf_precision {
+    TF_PRECISION_DEFAULT, TF_PRECISION_FP32, TF_PRECISION_FP16, TF_PRECISION_BF16,
+} tf_precision;
+/* Activation checkpointing: TF_CHECKPOINT_AUTO recomputes cheap forward
+ * values in the backward pass until the step plans within
+ * tf_compile_options.memory_budget. */
+typedef enum tf_checkpoint { TF_CHECKPOINT_NONE, TF_CHECKPOINT_AUTO } tf_checkpoint;
 
 typedef struct tf_context tf_context_t;
 typedef struct tf_model   tf_model_t;
@@ -89,6 +100,13 @@ const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
 const char *tf_status_name(tf_status s);
 const char *tf_dtype_str(tf_dtype t);                      /* "f32", ... */
 int         tf_dtype_size(tf_dtype t);                     /* bytes per element */
+/* The names of the enums above ("default", "fp32", "fp16", "bf16"; "none",
+ * "auto"; "?" for a value out of range), and back: parsing a name that is
+ * not one of them is TF_ERR_INVALID_ARG, and *out is left as it was. */
+const char *tf_precision_name(tf_precision p);
+tf_status   tf_precision_parse(const char *name, tf_precision *out);
+const char *tf_checkpoint_name(tf_checkpoint c);
+tf_status   tf_checkpoint_parse(const char *name, tf_checkpoint *out);
 
 /* ---- models ---- */
 /* Parse and verify. `dims` override `dim` declarations by name (an unknown
@@ -117,12 +135,12 @@ typedef struct tf_compile_options {
     int opt_level;           /* 0: only the passes a target needs (--O0); default 1 */
     const char *const *disable_passes;   /* pass names left out of the pipeline */
     size_t ndisable_passes;
-    const char *precision;   /* "fp32", "fp16", "bf16" overrides the train block; NULL keeps it */
+    tf_precision precision;  /* default TF_PRECISION_DEFAULT: the train block's; another overrides it */
     FILE *explain;           /* one line per compiler decision, or NULL */
     int64_t memory_limit;    /* bytes, for a TF_DIM_AUTO dim; 0 = none */
     const char *dump_kernels;   /* a directory: kernels.txt, the kernel IR of every kernel; NULL: none */
-    const char *checkpoint;  /* "none" (default) or "auto": recompute cheap forward values in the
-                              * backward pass until the step plans within memory_budget */
+    tf_checkpoint checkpoint;   /* default TF_CHECKPOINT_NONE; TF_CHECKPOINT_AUTO: recompute cheap forward
+                                 * values in the backward pass until the step plans within memory_budget */
     int64_t memory_budget;   /* bytes; 0 = none */
     int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
     const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */

@@ -79,6 +79,12 @@ tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...) __
 /* Carry an IR diagnostic into the context. */
 tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d);
 
+/* training.c: the public precision as the passes take it (*set false for
+ * TF_PRECISION_DEFAULT: the train block's); false for a value out of range.
+ * And back. */
+bool tf_ir_precision_of(tf_precision p, bool *set, tf_ir_precision *out);
+tf_precision tf_precision_of_ir(tf_ir_precision p);
+
 /* Element conversion between doubles and storage dtypes (f16/bf16 as their
  * 16-bit patterns, rounding to nearest even; bool as one byte). */
 double tf_elem_load(tf_dt t, const void *base, int64_t i);

@@ -45,12 +45,12 @@ static void check_model(const char *file)
     CHECK(text != NULL, "cannot read %s", path);
     if (!text) return;
     tf_diag d;
-    tf_module *a = compile(path, text, TF_CHECKPOINT_NONE, 0, &d);
+    tf_module *a = compile(path, text, TF_IR_CHECKPOINT_NONE, 0, &d);
     CHECK(a != NULL, "%s: %s", path, d.msg);
     if (!a) { free(text); return; }
     int64_t full = peak(a), arena = a->plan.arena_bytes;
     int64_t budget = full - arena / 10;   /* a tenth of the arena must go */
-    tf_module *b = compile(path, text, TF_CHECKPOINT_AUTO, budget, &d);
+    tf_module *b = compile(path, text, TF_IR_CHECKPOINT_AUTO, budget, &d);
     CHECK(b != NULL, "%s with budget %lld: %s", path, (long long)budget, d.msg);
     if (b) {
         CHECK(peak(b) <= budget, "%s: peak %lld within budget %lld (was %lld)", path, (long long)peak(b), (long long)budget,
@@ -92,7 +92,7 @@ static void check_model(const char *file)
     }
     tf_module_free(b);
     /* an impossible budget */
-    tf_module *c = compile(path, text, TF_CHECKPOINT_AUTO, 1000, &d);
+    tf_module *c = compile(path, text, TF_IR_CHECKPOINT_AUTO, 1000, &d);
     CHECK(!c && strstr(d.msg, "--memory-budget=1000 cannot be met"), "%s: impossible budget: %s", path, d.msg);
     tf_module_free(c);
     tf_module_free(a);
