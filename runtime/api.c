@@ -322,6 +322,7 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
         tf_program_free(p);
         return st;
     }
+    p->precision = tf_precision_of_ir(tf_options_precision(&o, p->m));
     if (tf_run_pipeline(p->m, NULL, &o)) {
         tf_program_free(p);
         return tf_from_diag(ctx, &d);

@@ -33,6 +33,7 @@ struct tf_program {
     int nstats;
     tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
     int threads;            /* tf_compile_options.threads */
+    tf_precision precision; /* what it was compiled in (never DEFAULT) */
 };
 
 typedef struct tf_backend tf_backend;
