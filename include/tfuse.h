@@ -9,7 +9,8 @@
  *   tf_program_t   a compiled model: passes run, plan made, stats known
  *   tf_session_t   a program on a target: state (params, buffers) + bindings
  *   tf_array_t     a host tensor owned by tfuse (loaded .npy, say)
- *   tf_loader_t    batches of .npy data for a program's inputs, gathered by threads
+ *   tf_loader_t    batches of .npy data for a program's inputs, gathered by
+ *                  worker threads, shuffled per epoch, resumable
  *
  * Ownership is explicit: every *_create/_parse/_compile/_load has one *_free;
  * a child holds no reference on its parent, so free children first. Every
@@ -27,6 +28,15 @@
  *   tf_session_run(s);
  *   tf_tensor_view out; tf_session_output(s, "logits", &out);   // valid until the next run
  *   tf_session_free(s); tf_program_free(p); tf_model_free(m); tf_context_free(ctx);
+ *
+ * Training (what `tfuse train` does, cli/train.c): compile in TF_MODE_TRAIN
+ * (each run is a whole step), feed it batches from a tf_loader_t, save with
+ * tf_session_save_state_meta and the loader's position as metadata:
+ *
+ *   tf_data_source src[] = {{"x", "x.npy"}, {"y", "y.npy"}};
+ *   tf_loader_t *L; tf_loader_create(ctx, p, src, 2, NULL, &L);   // shuffled, seed 0, 2 threads
+ *   for (int k = 0; k < steps; k++) { tf_loader_next(L, s, NULL); tf_session_run(s); }
+ *   tf_loader_free(L);
  */
 #ifndef TFUSE_H
 #define TFUSE_H
@@ -320,8 +330,9 @@ typedef struct tf_loader_options {
     int workers;             /* threads gathering batches ahead, 1 to 64; default 2 */
 } tf_loader_options;
 /* Where the stream is: the next batch starts `offset` samples into epoch
- * `epoch`'s order (an offset at or past the epoch's last full batch begins
- * the next epoch), shuffled with `seed`. */
+ * `epoch`'s order, shuffled with `seed` (where that epoch has no batch left
+ * from the offset, the next epoch begins). A training checkpoint stores it
+ * (tf_metadata_set) so that a resumed run continues the data order. */
 typedef struct tf_loader_position { uint64_t epoch; int64_t offset; uint64_t seed; } tf_loader_position;
 typedef struct tf_batch_info {
     uint64_t epoch;          /* the epoch the batch belongs to */

@@ -13,34 +13,31 @@ static const char *const precision_names[] = {
 static const char *const checkpoint_names[] = {[TF_CHECKPOINT_NONE] = "none", [TF_CHECKPOINT_AUTO] = "auto"};
 enum { NPRECISIONS = sizeof precision_names / sizeof *precision_names, NCHECKPOINTS = 2 };
 
-const char *tf_precision_name(tf_precision p)
+/* The index of `name` in names[n], or -1. */
+static int find_name(const char *const *names, int n, const char *name)
 {
-    return (unsigned)p < NPRECISIONS ? precision_names[p] : "?";
+    for (int i = 0; name && i < n; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
 }
+
+const char *tf_precision_name(tf_precision p) { return (unsigned)p < NPRECISIONS ? precision_names[p] : "?"; }
+const char *tf_checkpoint_name(tf_checkpoint c) { return (unsigned)c < NCHECKPOINTS ? checkpoint_names[c] : "?"; }
 
 tf_status tf_precision_parse(const char *name, tf_precision *out)
 {
-    for (int i = 0; name && out && i < NPRECISIONS; i++)
-        if (!strcmp(name, precision_names[i])) {
-            *out = (tf_precision)i;
-            return TF_OK;
-        }
-    return TF_ERR_INVALID_ARG;
-}
-
-const char *tf_checkpoint_name(tf_checkpoint c)
-{
-    return (unsigned)c < NCHECKPOINTS ? checkpoint_names[c] : "?";
+    int i = find_name(precision_names, NPRECISIONS, name);
+    if (i < 0 || !out) return TF_ERR_INVALID_ARG;
+    *out = (tf_precision)i;
+    return TF_OK;
 }
 
 tf_status tf_checkpoint_parse(const char *name, tf_checkpoint *out)
 {
-    for (int i = 0; name && out && i < NCHECKPOINTS; i++)
-        if (!strcmp(name, checkpoint_names[i])) {
-            *out = (tf_checkpoint)i;
-            return TF_OK;
-        }
-    return TF_ERR_INVALID_ARG;
+    int i = find_name(checkpoint_names, NCHECKPOINTS, name);
+    if (i < 0 || !out) return TF_ERR_INVALID_ARG;
+    *out = (tf_checkpoint)i;
+    return TF_OK;
 }
 
 bool tf_ir_precision_of(tf_precision p, bool *set, tf_ir_precision *out)
