@@ -32,12 +32,13 @@ typedef struct args {
     tf_mode mode;
     bool mode_set;
     tf_target target;
-    const char *passes, *dump_ir, *dump_dir, *out, *params, *precision;
+    const char *passes, *dump_ir, *dump_dir, *out, *params;
+    tf_precision precision;   /* --precision; TF_PRECISION_DEFAULT: not given */
     bool stats, random_inputs, help, explain, o0;
     const char *disabled[MAX_ITEMS];
     size_t ndisabled;
     int64_t memory_limit;
-    const char *checkpoint;   /* --checkpoint=none|auto */
+    tf_checkpoint checkpoint; /* --checkpoint=none|auto */
     const char *dump_kernels; /* --dump-kernels=DIR */
     int64_t memory_budget;    /* --memory-budget=BYTES */
     const char *dump_llvm;    /* --dump-llvm=DIR */

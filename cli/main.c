@@ -288,9 +288,8 @@ static int parse_args(int argc, char **argv, args *a)
             a->profile = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
             NOTE(F_CHECKPOINT);
-            if (strcmp(v, "none") && strcmp(v, "auto"))
+            if (tf_checkpoint_parse(v, &a->checkpoint))
                 return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
-            a->checkpoint = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
             NOTE(F_MEMORY_BUDGET);
             if (!parse_bytes(v, &a->memory_budget))
@@ -301,9 +300,8 @@ static int parse_args(int argc, char **argv, args *a)
                 return cli_usage_error(cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--precision"))) {
             NOTE(F_PRECISION);
-            if (strcmp(v, "fp32") && strcmp(v, "fp16") && strcmp(v, "bf16"))
+            if (tf_precision_parse(v, &a->precision) || a->precision == TF_PRECISION_DEFAULT)   /* "default": leave it out */
                 return cli_usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
-            a->precision = v;
         } else if (!strcmp(s, "--O0") || !strcmp(s, "-O0")) {
             NOTE(F_O0);
             a->o0 = true;
@@ -439,7 +437,7 @@ static int check_flags(const args *a)
         return cli_usage_errorf(cmd, "--memory-limit sizes a dim declared auto, and none is: "
                                      "add --dim NAME=auto (e.g. --dim B=auto)");
     /* --checkpoint=auto and --memory-budget go together, in train mode */
-    bool ckpt_auto = a->checkpoint && !strcmp(a->checkpoint, "auto");
+    bool ckpt_auto = a->checkpoint == TF_CHECKPOINT_AUTO;
     if (ckpt_auto && mode != TF_MODE_TRAIN)
         return cli_usage_errorf(cmd, "--checkpoint=auto recomputes forward values in the backward pass, and infer mode "
                                      "has none: drop it or use --mode=train");

@@ -10,6 +10,8 @@
  *   tf_program_t   a compiled model: passes run, plan made, stats known
  *   tf_session_t   a program on a target: state (params, buffers) + bindings
  *   tf_array_t     a host tensor owned by tfuse (loaded .npy, say)
+ *   tf_loader_t    batches of .npy data for a program's inputs, gathered by
+ *                  worker threads, shuffled per epoch, resumable
  *
  * Ownership is explicit: every *_create/_parse/_compile/_load has one *_free;
  * a child holds no reference on its parent, so free children first. Every
@@ -27,6 +29,15 @@
  *   tf_session_run(s);
  *   tf_tensor_view out; tf_session_output(s, "logits", &out);   // valid until the next run
  *   tf_session_free(s); tf_program_free(p); tf_model_free(m); tf_context_free(ctx);
+ *
+ * Training (what `tfuse train` does, cli/train.c): compile in TF_MODE_TRAIN
+ * (each run is a whole step), feed it batches from a tf_loader_t, save with
+ * tf_session_save_state_meta and the loader's position as metadata:
+ *
+ *   tf_data_source src[] = {{"x", "x.npy"}, {"y", "y.npy"}};
+ *   tf_loader_t *L; tf_loader_create(ctx, p, src, 2, NULL, &L);   // shuffled, seed 0, 2 threads
+ *   for (int k = 0; k < steps; k++) { tf_loader_next(L, s, NULL); tf_session_run(s); }
+ *   tf_loader_free(L);
  */
 #ifndef TFUSE_H
 #define TFUSE_H
@@ -63,6 +74,17 @@ typedef enum tf_dtype {
 
 typedef enum tf_target { TF_TARGET_INTERP, TF_TARGET_CPU, TF_TARGET_CUDA } tf_target;
 typedef enum tf_mode { TF_MODE_TRAIN, TF_MODE_INFER } tf_mode;
+/* The precision a program computes in: fp32, or 16-bit activations with f32
+ * params (`amp`; in train mode fp16 adds dynamic loss scaling).
+ * TF_PRECISION_DEFAULT, as a compile option, keeps the train block's (fp32
+ * when the model has none or it names none). */
+typedef enum tf_precision {
+    TF_PRECISION_DEFAULT, TF_PRECISION_FP32, TF_PRECISION_FP16, TF_PRECISION_BF16,
+} tf_precision;
+/* Activation checkpointing: TF_CHECKPOINT_AUTO recomputes cheap forward
+ * values in the backward pass until the step plans within
+ * tf_compile_options.memory_budget. */
+typedef enum tf_checkpoint { TF_CHECKPOINT_NONE, TF_CHECKPOINT_AUTO } tf_checkpoint;
 
 typedef struct tf_context tf_context_t;
 typedef struct tf_model   tf_model_t;
@@ -138,6 +160,13 @@ tf_cache_t *tf_context_cache(tf_context_t *ctx);
 tf_status   tf_context_set_cache(tf_context_t *ctx, tf_cache_t *cache);
 const char *tf_dtype_str(tf_dtype t);                      /* "f32", ... */
 int         tf_dtype_size(tf_dtype t);                     /* bytes per element */
+/* The names of the enums above ("default", "fp32", "fp16", "bf16"; "none",
+ * "auto"; "?" for a value out of range), and back: parsing a name that is
+ * not one of them is TF_ERR_INVALID_ARG, and *out is left as it was. */
+const char *tf_precision_name(tf_precision p);
+tf_status   tf_precision_parse(const char *name, tf_precision *out);
+const char *tf_checkpoint_name(tf_checkpoint c);
+tf_status   tf_checkpoint_parse(const char *name, tf_checkpoint *out);
 
 /* ---- models ---- */
 /* Parse and verify. `dims` override `dim` declarations by name (an unknown
@@ -166,12 +195,12 @@ typedef struct tf_compile_options {
     int opt_level;           /* 0: only the passes a target needs (--O0); default 1 */
     const char *const *disable_passes;   /* pass names left out of the pipeline */
     size_t ndisable_passes;
-    const char *precision;   /* "fp32", "fp16", "bf16" overrides the train block; NULL keeps it */
+    tf_precision precision;  /* default TF_PRECISION_DEFAULT: the train block's; another overrides it */
     FILE *explain;           /* one line per compiler decision, or NULL */
     int64_t memory_limit;    /* bytes, for a TF_DIM_AUTO dim; 0 = none */
     const char *dump_kernels;   /* a directory: kernels.txt, the kernel IR of every kernel; NULL: none */
-    const char *checkpoint;  /* "none" (default) or "auto": recompute cheap forward values in the
-                              * backward pass until the step plans within memory_budget */
+    tf_checkpoint checkpoint;   /* default TF_CHECKPOINT_NONE; TF_CHECKPOINT_AUTO: recompute cheap forward
+                                 * values in the backward pass until the step plans within memory_budget */
     int64_t memory_budget;   /* bytes; 0 = none */
     int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
     const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */
@@ -313,6 +342,104 @@ typedef struct tf_kernel_profile {
 tf_status tf_session_set_profiling(tf_session_t *s, int on);
 size_t    tf_session_profile_count(const tf_session_t *s);
 tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile *out);
+
+/* ---- training facts ---- */
+/* What a model's train block says, with every default filled in: the
+ * optimizer (sgd with lr 0.01 without one) and its parameters, the learning
+ * rate schedule (constant without one) and its parameters, the precision,
+ * gradient clipping and accumulation. Names point to static strings.
+ * Booleans and integers are given as doubles. */
+typedef struct tf_train_param { const char *name; double value; } tf_train_param;
+typedef struct tf_train_config {
+    int has_block;                     /* the model has a train block */
+    const char *optimizer;             /* "sgd", "adam", "adamw", "lamb" */
+    double lr;                         /* the optimizer's lr (the schedule's base) */
+    tf_train_param optimizer_params[8];   /* all of them, lr included, in the IR's order */
+    size_t noptimizer_params;
+    const char *schedule;              /* "constant", "step", "cosine", "onecycle" */
+    tf_train_param schedule_params[8];
+    size_t nschedule_params;
+    tf_precision precision;            /* FP32, FP16 or BF16: never DEFAULT */
+    double clip_grad_norm;             /* 0: no clipping */
+    int64_t accumulate;                /* micro-batches per optimizer step, >= 1 */
+} tf_train_config;
+/* The model's train block (precision: the block's, fp32 when it names none). */
+tf_status tf_model_train_config(tf_context_t *ctx, const tf_model_t *m, tf_train_config *out);
+/* The same for a compiled program, whose precision is the one it was
+ * compiled in: tf_compile_options.precision where that is not DEFAULT. */
+tf_status tf_program_train_config(tf_context_t *ctx, const tf_program_t *p, tf_train_config *out);
+
+/* Checkpoint metadata: a flat JSON object whose values are strings, as
+ * tf_session_save_state_meta writes and tf_session_load_state_meta returns.
+ * get: the value of `key`, decoded, into *value (malloc'd; the caller
+ * free()s it), or NULL when the object has no such key. set: *json (NULL:
+ * a new, empty object) becomes a new malloc'd text with key = value (a key
+ * already there keeps its place), compact, keys in order; the old text is
+ * freed. Text that is not such an object is TF_ERR_FORMAT; on failure
+ * nothing changes. */
+tf_status tf_metadata_get(tf_context_t *ctx, const char *json, const char *key, char **value);
+tf_status tf_metadata_set(tf_context_t *ctx, char **json, const char *key, const char *value);
+
+/* Element i (row-major) of a tensor as a double: f16 and bf16 decoded,
+ * integers and bool converted. NaN when the view has no data or i is out of
+ * range. */
+double tf_view_element(const tf_tensor_view *v, int64_t i);
+
+/* ---- data loading: batches of .npy arrays for a program's inputs ----
+ *
+ * One .npy array per program input (every input needs one), its first axis
+ * counting samples; each sample's shape and the dtype must match the
+ * input's type without its first axis, which is the batch size B (no
+ * conversion). With `shuffle`, each epoch visits the samples in a fresh
+ * order (Fisher-Yates, seeded by (seed, epoch)) in batches of B, and the
+ * N mod B samples left at the end of that order are not used that epoch;
+ * without it, an epoch is ceil(N / B) batches in file order, the last one
+ * filled up with samples from the start (tf_batch_info.samples counts the
+ * real ones). Worker threads gather batches into a ring ahead of
+ * tf_loader_next; batch k depends only on the position, never on which
+ * thread filled it or when, so a run resumed from a position sees the
+ * batches the uninterrupted run saw. Bad data is TF_ERR_INVALID_ARG naming
+ * the file and what was expected (opts.name names the data set); a file
+ * that cannot be read, as tf_array_load_npy. A loader is used from one
+ * thread at a time. */
+typedef struct tf_loader tf_loader_t;
+typedef struct tf_data_source { const char *input; const char *path; } tf_data_source;
+typedef struct tf_loader_options {
+    const char *name;        /* names the data in messages ("--data"); NULL: "data" */
+    int shuffle;             /* default 1 */
+    uint64_t seed;           /* the shuffle's seed; default 0 */
+    int workers;             /* threads gathering batches ahead, 1 to 64; default 2 */
+} tf_loader_options;
+/* Where the stream is: the next batch starts `offset` samples into epoch
+ * `epoch`'s order, shuffled with `seed` (where that epoch has no batch left
+ * from the offset, the next epoch begins). A training checkpoint stores it
+ * (tf_metadata_set) so that a resumed run continues the data order. */
+typedef struct tf_loader_position { uint64_t epoch; int64_t offset; uint64_t seed; } tf_loader_position;
+typedef struct tf_batch_info {
+    uint64_t epoch;          /* the epoch the batch belongs to */
+    int64_t samples;         /* real samples in it: B, or fewer in an unshuffled epoch's last batch */
+    tf_loader_position next; /* the position after it: save this to resume after the batch */
+} tf_batch_info;
+void      tf_loader_options_init(tf_loader_options *o);
+/* Load and check the arrays against p's inputs (the loader does not keep p;
+ * opts NULL: the defaults). Shuffled data needs at least B samples. */
+tf_status tf_loader_create(tf_context_t *ctx, const tf_program_t *p, const tf_data_source *sources, size_t nsources,
+                           const tf_loader_options *opts, tf_loader_t **out);
+void      tf_loader_free(tf_loader_t *l);
+int64_t   tf_loader_samples(const tf_loader_t *l);        /* N */
+int64_t   tf_loader_batch_size(const tf_loader_t *l);     /* B */
+uint64_t  tf_loader_epoch_batches(const tf_loader_t *l);  /* shuffled: floor(N / B); else ceil(N / B) */
+/* Wait for the next batch and, with s (may be NULL), bind its arrays to s's
+ * inputs (tf_session_bind: no copy). The batch stays valid until the next
+ * tf_loader_next, set_position or free; tf_loader_view gives its array for
+ * an input. info may be NULL. */
+tf_status tf_loader_next(tf_loader_t *l, tf_session_t *s, tf_batch_info *info);
+tf_status tf_loader_view(const tf_loader_t *l, const char *input, tf_tensor_view *out);
+/* get: the position after the last batch tf_loader_next gave ({0, 0, seed}
+ * before the first). set: the next batch is the one at pos (the ring is
+ * emptied; the current batch is no longer valid). */
+tf_status tf_loader_get_position(const tf_loader_t *l, tf_loader_position *out);
+tf_status tf_loader_set_position(tf_loader_t *l, const tf_loader_position *pos);
 
 /* The target that runs best here: cuda when a GPU can run, else cpu when
  * this build has LLVM, else interp. tf_compile_options_init picks it. */

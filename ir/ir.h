@@ -272,7 +272,7 @@ typedef struct tf_update {  /* state <- value after each step: buffers (batchnor
 
 /* ---- the train block ---------------------------------------------------------- */
 
-typedef enum tf_precision { TF_PREC_FP32, TF_PREC_FP16, TF_PREC_BF16 } tf_precision;
+typedef enum tf_ir_precision { TF_PREC_FP32, TF_PREC_FP16, TF_PREC_BF16 } tf_ir_precision;
 
 typedef struct tf_train {
     bool present;
@@ -280,7 +280,7 @@ typedef struct tf_train {
     tf_call optimizer;      /* fn indexes tf_optimizer_fns */
     tf_call schedule;       /* fn indexes tf_schedule_fns */
     bool has_precision, has_clip, has_accumulate;
-    tf_precision precision;
+    tf_ir_precision precision;
     double clip_grad_norm;  /* 0: off */
     int64_t accumulate;     /* >= 1 */
 } tf_train;

@@ -230,7 +230,7 @@ static tf_ir_status restore_boundaries(amp *a, const tf_dt *out_dt)
 
 tf_ir_status pass_amp(tf_module *m, const tf_options *o)
 {
-    tf_precision p = tf_options_precision(o, m);
+    tf_ir_precision p = tf_options_precision(o, m);
     if (p == TF_PREC_FP32) {
         tf_explain(o, "amp", NULL, "precision fp32: every value stays f32");
         return TF_IR_OK;

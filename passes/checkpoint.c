@@ -166,7 +166,7 @@ tf_ir_status tf_checkpoint_candidates(tf_module *m, tf_diag *d, int **nodes, int
 
 tf_ir_status pass_checkpoint(tf_module *m, const tf_options *o)
 {
-    if (o->mode != TF_IR_TRAIN || o->checkpoint == TF_CHECKPOINT_NONE) {
+    if (o->mode != TF_IR_TRAIN || o->checkpoint == TF_IR_CHECKPOINT_NONE) {
         tf_explain(o, "checkpoint", NULL, "%s: every forward value the backward pass reads is kept",
                    o->mode != TF_IR_TRAIN ? "infer mode" : "--checkpoint=none");
         return TF_IR_OK;

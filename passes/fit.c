@@ -109,7 +109,7 @@ static tf_ir_status run_fitted(tf_module *m, const tf_pipeline *pl, const tf_opt
         if (tf_pipeline_run(m, pl, from, i, o)) return o->diag->status;
         from = i;
         /* backward_start is what the pass will see: the pass manager keeps it for checkpoint */
-        if (o->mode != TF_IR_TRAIN || o->checkpoint != TF_CHECKPOINT_AUTO || o->memory_budget <= 0 || !m->backward_start)
+        if (o->mode != TF_IR_TRAIN || o->checkpoint != TF_IR_CHECKPOINT_AUTO || o->memory_budget <= 0 || !m->backward_start)
             continue;   /* the pass says why it does nothing */
         ck_search s;
         tf_ir_status st = search_checkpoint(m, pl, i, o, &s);

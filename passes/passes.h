@@ -34,14 +34,14 @@ typedef struct tf_options {
     const char *const *disabled;   /* --disable-pass names */
     int ndisabled;
     bool precision_set;     /* --precision overrides the train block */
-    tf_precision precision;
+    tf_ir_precision precision;
     bool grad_outputs;      /* autodiff also outputs each param's gradient as grad.<param> */
-    int checkpoint;         /* TF_CHECKPOINT_NONE | TF_CHECKPOINT_AUTO */
+    int checkpoint;         /* TF_IR_CHECKPOINT_NONE | TF_IR_CHECKPOINT_AUTO */
     int64_t memory_budget;  /* bytes the training step should plan within (checkpoint) */
     const tf_recompute *recompute;   /* set by tf_fit_pipeline for the checkpoint pass; NULL otherwise */
 } tf_options;
 
-enum { TF_CHECKPOINT_NONE, TF_CHECKPOINT_AUTO };
+typedef enum tf_ir_checkpoint { TF_IR_CHECKPOINT_NONE, TF_IR_CHECKPOINT_AUTO } tf_ir_checkpoint;
 
 typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
 
@@ -63,7 +63,7 @@ typedef struct tf_pass_info {
 void tf_explain(const tf_options *o, const char *pass, const tf_loc *loc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The precision the module trains in: --precision, else the train block's. */
-tf_precision tf_options_precision(const tf_options *o, const tf_module *m);
+tf_ir_precision tf_options_precision(const tf_options *o, const tf_module *m);
 
 /* Every registered pass, and lookup by name (NULL if none). */
 extern const tf_pass_info tf_passes[];

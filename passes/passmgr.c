@@ -36,7 +36,7 @@ void tf_explain(const tf_options *o, const char *pass, const tf_loc *loc, const 
     fputc('\n', o->explain);
 }
 
-tf_precision tf_options_precision(const tf_options *o, const tf_module *m)
+tf_ir_precision tf_options_precision(const tf_options *o, const tf_module *m)
 {
     if (o->precision_set) return o->precision;
     return m->train.has_precision ? m->train.precision : TF_PREC_FP32;

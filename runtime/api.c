@@ -159,17 +159,6 @@ void tf_compile_options_init(tf_compile_options *o)
     settings_from_env(o);
 }
 
-static bool parse_precision(const char *s, tf_precision *out)
-{
-    static const char *names[] = {[TF_PREC_FP32] = "fp32", [TF_PREC_FP16] = "fp16", [TF_PREC_BF16] = "bf16"};
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, names[i])) {
-            *out = (tf_precision)i;
-            return true;
-        }
-    return false;
-}
-
 tf_target tf_default_target(void)
 {
     if (!tf_backend_cuda.unavailable()) return TF_TARGET_CUDA;
@@ -204,11 +193,13 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
                       .dump_ir = quiet ? NULL : opts->dump_ir, .dump_dir = opts->dump_dir, .diag = d,
                       .explain = quiet ? NULL : opts->explain, .opt0 = opts->opt_level == 0,
                       .disabled = opts->disable_passes, .ndisabled = (int)opts->ndisable_passes};
-    if (opts->precision && !(o->precision_set = parse_precision(opts->precision, &o->precision)))
-        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision '%s': expected fp32, fp16 or bf16", opts->precision);
-    if (opts->checkpoint && strcmp(opts->checkpoint, "none") && strcmp(opts->checkpoint, "auto"))
-        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: checkpoint '%s': expected none or auto", opts->checkpoint);
-    o->checkpoint = opts->checkpoint && !strcmp(opts->checkpoint, "auto") ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE;
+    if (!tf_ir_precision_of(opts->precision, &o->precision_set, &o->precision))
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: precision %d: expected one of tf_precision's values",
+                            (int)opts->precision);
+    if (opts->checkpoint != TF_CHECKPOINT_NONE && opts->checkpoint != TF_CHECKPOINT_AUTO)
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: checkpoint %d: expected TF_CHECKPOINT_NONE or TF_CHECKPOINT_AUTO",
+                            (int)opts->checkpoint);
+    o->checkpoint = opts->checkpoint == TF_CHECKPOINT_AUTO ? TF_IR_CHECKPOINT_AUTO : TF_IR_CHECKPOINT_NONE;
     o->memory_budget = opts->memory_budget;
     return TF_OK;
 }
@@ -269,6 +260,7 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
         tf_program_free(p);
         return st;
     }
+    p->precision = tf_precision_of_ir(tf_options_precision(&o, p->m));
     tf_fit fit = {.dim = auto_dim, .limit = opts->memory_limit};
     if (tf_fit_pipeline(p->m, NULL, &o, &fit)) {
         tf_program_free(p);

@@ -71,6 +71,7 @@ struct tf_program {
     bool has_plan;
     tf_diag plan_diag;
     tf_target_settings settings;
+    tf_precision precision; /* what it was compiled in (never DEFAULT) */
 };
 
 typedef struct tf_backend tf_backend;
@@ -154,6 +155,11 @@ tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_ker
  * judge. */
 typedef enum tf_op_class { TF_OPC_LAYER, TF_OPC_VIEW, TF_OPC_CODE, TF_OPC_LIBRARY } tf_op_class;
 tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *r);
+/* training.c: the public precision as the passes take it (*set false for
+ * TF_PRECISION_DEFAULT: the train block's); false for a value out of range.
+ * And back. */
+bool tf_ir_precision_of(tf_precision p, bool *set, tf_ir_precision *out);
+tf_precision tf_precision_of_ir(tf_ir_precision p);
 
 /* Element conversion between doubles and storage dtypes (f16/bf16 as their
  * 16-bit patterns, rounding to nearest even; bool as one byte). */

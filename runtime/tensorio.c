@@ -869,20 +869,30 @@ static void json_put_str(FILE *f, const char *s, size_t len)
     fputc('"', f);
 }
 
-/* The (checked) "__metadata__" object as compact JSON text, from the C
- * library's malloc (stdio's buffer): the API hands it to the caller to free(). */
-static tio_status meta_text(const ectx *E, const jval *m, char **out)
+/* The (checked) "__metadata__" object as compact JSON text, malloc'd; with
+ * `key` (may be NULL), that key's value is `value`, appended when m lacks
+ * the key. */
+static tio_status meta_text(const ectx *E, const jval *m, const char *key, const char *value, char **out)
 {
     char *text = NULL;
     size_t tlen = 0;
+    bool found = false;
     FILE *f = open_memstream(&text, &tlen);
     if (!f) return fail(E, TIO_ERR_OOM, "out of memory");
     fputc('{', f);
     for (size_t i = 0; i < m->n; i++) {
+        bool match = key && jis(&m->keys[i], key);
+        found |= match;
         if (i) fputc(',', f);
         json_put_str(f, m->keys[i].str, m->keys[i].len);
         fputc(':', f);
-        json_put_str(f, m->el[i].str, m->el[i].len);
+        json_put_str(f, match ? value : m->el[i].str, match ? strlen(value) : m->el[i].len);
+    }
+    if (key && !found) {
+        if (m->n) fputc(',', f);
+        json_put_str(f, key, strlen(key));
+        fputc(':', f);
+        json_put_str(f, value, strlen(value));
     }
     fputc('}', f);
     bool bad = ferror(f);
@@ -929,7 +939,7 @@ static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, siz
     if (!ts || !r) { st = fail(E, TIO_ERR_OOM, "out of memory for %zu tensors", count); goto done; }
     for (size_t i = 0; i < root.n && !st; i++) {
         if (jis(&root.keys[i], "__metadata__")) {
-            if (!(st = check_metadata(&c, &root.el[i])) && meta) st = meta_text(E, &root.el[i], meta);
+            if (!(st = check_metadata(&c, &root.el[i])) && meta) st = meta_text(E, &root.el[i], NULL, NULL, meta);
         } else if (!(st = st_entry(&c, &root.keys[i], &root.el[i], data_len, &ts[k], &r[k]))) r[k].idx = k, k++;
     }
     if (st) goto done;
@@ -1112,6 +1122,48 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
     }
     tf_free(cs);
     tf_libc_free(hdr);   /* stdio's buffer */
+    return st;
+}
+
+/* ---- metadata objects -------------------------------------------------------------------- */
+
+static tio_status meta_parse(const ectx *E, const char *json, jval *m)
+{
+    pcur c = {E, "metadata JSON", (const unsigned char *)json, strlen(json), 0, 0, false};
+    tio_status st = jparse(&c, m);
+    return st ? st : check_metadata(&c, m);
+}
+
+tio_status tio_meta_get(const char *json, const char *key, char **value, char *err, size_t errlen)
+{
+    ectx E = {"metadata", err, errlen};
+    if (err && errlen) err[0] = 0;
+    if (value) *value = NULL;
+    if (!json || !key || !value) return fail(&E, TIO_ERR_ARG, "NULL argument");
+    jval m = {0};
+    tio_status st = meta_parse(&E, json, &m);
+    const jval *v = st ? NULL : jget(&m, key);
+    if (v && !(*value = tf_libc_copy(v->str, strlen(v->str) + 1)))   /* the caller free()s it */
+        st = fail(&E, TIO_ERR_OOM, "out of memory");
+    jfree(&m);
+    return st;
+}
+
+tio_status tio_meta_set(const char *json, const char *key, const char *value, char **out, char *err, size_t errlen)
+{
+    ectx E = {"metadata", err, errlen};
+    if (err && errlen) err[0] = 0;
+    if (out) *out = NULL;
+    if (!key || !value || !out) return fail(&E, TIO_ERR_ARG, "NULL argument");
+    char b[NAME_BUF];
+    if (utf8_bad((const unsigned char *)key, strlen(key)) < strlen(key))
+        return fail(&E, TIO_ERR_ARG, "key \"%s\" is not valid UTF-8", show(key, strlen(key), b));
+    if (utf8_bad((const unsigned char *)value, strlen(value)) < strlen(value))
+        return fail(&E, TIO_ERR_ARG, "the value of \"%s\" is not valid UTF-8", show(key, strlen(key), b));
+    jval m = {.kind = J_OBJ};
+    tio_status st = json ? meta_parse(&E, json, &m) : TIO_OK;
+    if (!st) st = meta_text(&E, &m, key, value, out);
+    jfree(&m);
     return st;
 }
 

@@ -118,6 +118,14 @@ tio_status tio_npy_read_mem(const char *name, const void *data, size_t len, tio_
 tio_status tio_safetensors_read_mem(const char *name, const void *data, size_t len, tio_tensor **out, size_t *n,
                                     char **meta, char *err, size_t errlen);
 
+/* Metadata objects (what "__metadata__" holds: an object of strings).
+ * get: *value = the decoded value of `key` (malloc'd), NULL when absent.
+ * set: *out = json (NULL: {}) with key = value, compact, malloc'd; a key
+ * already there keeps its place, a new one goes last. Text that is not such
+ * an object is TIO_ERR_FORMAT, a key or value that is not UTF-8 TIO_ERR_ARG. */
+tio_status tio_meta_get(const char *json, const char *key, char **value, char *err, size_t errlen);
+tio_status tio_meta_set(const char *json, const char *key, const char *value, char **out, char *err, size_t errlen);
+
 void tio_tensor_free(tio_tensor *t);              /* frees name and data, not t */
 void tio_tensors_free(tio_tensor *ts, size_t n);  /* frees each and the array */
 size_t tio_dtype_size(tio_dtype t);               /* 0 for an invalid dtype */

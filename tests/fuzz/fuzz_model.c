@@ -47,7 +47,8 @@ static void check_error(tf_status st, const char *stage, int parse)
 
 static void compile_one(const tf_model_t *m, tf_mode mode, uint8_t knobs)
 {
-    static const char *const precision[4] = {NULL, NULL, "fp16", "bf16"};
+    static const tf_precision precision[4] = {TF_PRECISION_DEFAULT, TF_PRECISION_DEFAULT, TF_PRECISION_FP16,
+                                              TF_PRECISION_BF16};
     tf_compile_options o;
     tf_compile_options_init(&o);
     o.mode = mode;
@@ -55,7 +56,7 @@ static void compile_one(const tf_model_t *m, tf_mode mode, uint8_t knobs)
     o.precision = precision[knobs & 3];
     o.opt_level = (knobs & 4) ? 0 : 1;
     if ((knobs & 24) == 24) {   /* one input in four: the budget search compiles the step many times */
-        o.checkpoint = "auto";
+        o.checkpoint = TF_CHECKPOINT_AUTO;
         o.memory_budget = (int64_t)1 << (10 + 2 * (knobs >> 5));
     }
     tf_program_t *p = NULL;

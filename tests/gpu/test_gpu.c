@@ -141,7 +141,7 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
     tf_compile_options_init(&o);
     o.mode = mode;
     o.target = compile_target();
-    o.precision = precision;
+    if (precision) tf_precision_parse(precision, &o.precision);   /* NULL: the train block's */
     o.opt_level = g_opt;
     o.disable_passes = g_disable;
     o.ndisable_passes = g_ndisable;

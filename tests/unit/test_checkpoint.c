@@ -47,12 +47,12 @@ static void check_model(const char *file)
     CHECK(text != NULL, "cannot read %s", path);
     if (!text) return;
     tf_diag d;
-    tf_module *a = compile(path, text, TF_CHECKPOINT_NONE, 0, &d);
+    tf_module *a = compile(path, text, TF_IR_CHECKPOINT_NONE, 0, &d);
     CHECK(a != NULL, "%s: %s", path, d.msg);
     if (!a) { free(text); return; }
     int64_t full = peak(a), arena = a->plan.arena_bytes;
     int64_t budget = full - arena / 10;   /* a tenth of the arena must go */
-    tf_module *b = compile(path, text, TF_CHECKPOINT_AUTO, budget, &d);
+    tf_module *b = compile(path, text, TF_IR_CHECKPOINT_AUTO, budget, &d);
     CHECK(b != NULL, "%s with budget %lld: %s", path, (long long)budget, d.msg);
     if (b) {
         CHECK(peak(b) <= budget, "%s: peak %lld within budget %lld (was %lld)", path, (long long)peak(b), (long long)budget,
@@ -94,7 +94,7 @@ static void check_model(const char *file)
     }
     tf_module_free(b);
     /* an impossible budget */
-    tf_module *c = compile(path, text, TF_CHECKPOINT_AUTO, 1000, &d);
+    tf_module *c = compile(path, text, TF_IR_CHECKPOINT_AUTO, 1000, &d);
     CHECK(!c && strstr(d.msg, "--memory-budget=1000 cannot be met"), "%s: impossible budget: %s", path, d.msg);
     tf_module_free(c);
     tf_module_free(a);
@@ -115,7 +115,7 @@ static void check_custom_list(const char *file)
     int64_t full = 0, budget = 0;
     for (int k = 0; k < 2; k++) {
         tf_module **m = k ? &b : &a;
-        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d, .checkpoint = k ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE,
+        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d, .checkpoint = k ? TF_IR_CHECKPOINT_AUTO : TF_IR_CHECKPOINT_NONE,
                         .memory_budget = budget};
         if (tf_parse(path, text, strlen(text), dims, 1, m, &d) || tf_run_pipeline(*m, list, &o)) break;
         if (!k) budget = (full = peak(a)) - a->plan.arena_bytes / 10;
@@ -147,7 +147,7 @@ static void check_auto_dim(const char *file)
             CHECK(false, "%s: %s", path, d.msg);
             break;
         }
-        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d, .checkpoint = k ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE,
+        tf_options o = {.mode = TF_IR_TRAIN, .diag = &d, .checkpoint = k ? TF_IR_CHECKPOINT_AUTO : TF_IR_CHECKPOINT_NONE,
                         .memory_budget = k ? limit : 0};
         tf_fit fit = {.dim = tf_module_find_dim(m, "B", 1), .limit = limit};
         tf_ir_status st = tf_fit_pipeline(m, NULL, &o, &fit);

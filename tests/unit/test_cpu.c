@@ -64,7 +64,7 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
     tf_compile_options_init(&o);
     o.mode = mode;
     o.target = TF_TARGET_CPU;
-    o.precision = precision;
+    if (precision) tf_precision_parse(precision, &o.precision);   /* NULL: the train block's */
     if (tf_model_parse_string(q->ctx, label, text, strlen(text), dims, nd, &q->m) ||
         tf_program_compile(q->ctx, q->m, &o, &q->p) || tf_session_create(q->ctx, q->p, TF_TARGET_INTERP, g_seed, &q->ref) ||
         tf_session_create(q->ctx, q->p, TF_TARGET_CPU, g_seed, &q->cpu)) {

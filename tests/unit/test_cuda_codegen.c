@@ -86,7 +86,7 @@ static bool wants_code(const tf_kernel *k)
     return k->kind == TF_K_LIBRARY && k->nexprs && k->nstores;   /* an epilogue */
 }
 
-static tf_module *compile_model(const char *label, const char *text, tf_ir_mode mode, tf_precision prec, const tf_dim_set *dims,
+static tf_module *compile_model(const char *label, const char *text, tf_ir_mode mode, tf_ir_precision prec, const tf_dim_set *dims,
                                 int nd, tf_kernel_plan *plan)
 {
     tf_diag d = {0};
@@ -122,7 +122,7 @@ static void check_geometry(const char *label, const tf_kernel *k, const tf_cuda_
 /* Counts of what the plans held, by kernel shape. */
 static int g_shapes[4];
 
-static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_precision prec, const tf_dim_set *dims, int nd)
+static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_ir_precision prec, const tf_dim_set *dims, int nd)
 {
     tf_kernel_plan plan = {0};
     tf_module *m = compile_model(label, text, mode, prec, dims, nd, &plan);
@@ -386,7 +386,7 @@ int main(void)
     loader_failures(tmpdir);
     rmdir(tmpdir);
 
-    static const struct { tf_precision p; const char *name; } precs[] = {
+    static const struct { tf_ir_precision p; const char *name; } precs[] = {
         {TF_PREC_FP32, "fp32"}, {TF_PREC_BF16, "bf16"}, {TF_PREC_FP16, "fp16"}};
     for (size_t i = 0; i < TEST_NEXAMPLES; i++) {
         const test_example *ex = &test_examples[i];

@@ -128,9 +128,9 @@ static bool is_read(const tf_kernel *k, int b)
     return false;
 }
 
-static const char *prec_name(tf_precision p) { return p == TF_PREC_BF16 ? "bf16" : p == TF_PREC_FP16 ? "fp16" : "fp32"; }
+static const char *prec_name(tf_ir_precision p) { return p == TF_PREC_BF16 ? "bf16" : p == TF_PREC_FP16 ? "fp16" : "fp32"; }
 
-static void run(const char *label, const char *text, tf_ir_mode mode, const tf_dim_set *dims, int nd, tf_precision prec)
+static void run(const char *label, const char *text, tf_ir_mode mode, const tf_dim_set *dims, int nd, tf_ir_precision prec)
 {
     tf_diag d = {0};
     tf_module *m;

@@ -99,7 +99,7 @@ static void run_case(const char *path, const char *text, tf_ir_mode mode, const 
     a = compile(path, text, mode, NULL, false);
     b = compile(path, text, mode, pass, o0);
     if (!orig || !a || !b) goto done;
-    tf_precision prec = orig->train.has_precision ? orig->train.precision : TF_PREC_FP32;
+    tf_ir_precision prec = orig->train.has_precision ? orig->train.precision : TF_PREC_FP32;
     /* passes that change the arithmetic (not just its grouping or order):
      * amp itself, and bias_drop, whose cancellation is exact only in exact
      * arithmetic and which runs in half precision when the model does */

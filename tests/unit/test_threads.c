@@ -60,7 +60,7 @@ static bool run_make(run *r, const char *label, const char *text, tf_mode mode, 
         tf_compile_options_init(&o);
         o.mode = mode;
         o.target = TF_TARGET_CPU;
-        o.precision = precision;
+        if (precision) tf_precision_parse(precision, &o.precision);   /* NULL: the train block's */
         o.threads = thread_counts[t];
         if (tf_program_compile(r->ctx, r->m, &o, &r->p[t]) || tf_session_create(r->ctx, r->p[t], TF_TARGET_CPU, g_seed, &r->s[t])) {
             CHECK(0, "%s, %d threads: %s", label, thread_counts[t], tf_context_last_error(r->ctx));
