@@ -154,6 +154,14 @@ static tf_value *select3(opt *p, const char *name, tf_value *c, tf_value *a, tf_
     return build(p->g, name, &p->loc, TF_OP_WHERE, in, 3, NULL, 0);
 }
 
+/* A declaration tf_module_add_decl could not make: its name is taken, or
+ * memory ran out. */
+static tf_ir_status decl_failed(tf_module *m, tf_diag *d, const tf_loc *loc, const char *what, const char *name)
+{
+    if (!tf_module_find_value(m, name)) return tf_diag_error(d, TF_IR_ERR_OOM, loc, "out of memory adding %s '%s'", what, name);
+    return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "cannot add %s '%s': the name is taken", what, name);
+}
+
 static tf_value *state(opt *p, const char *slot, const tf_value *like, tf_dt dt)
 {
     char name[512];
@@ -163,7 +171,7 @@ static tf_value *state(opt *p, const char *slot, const tf_value *like, tf_dt dt)
     tf_value *v = tf_module_add_decl(p->g->m, name, TF_VAL_BUFFER, &t, TF_INIT_ZEROS);
     if (!v) {
         p->g->failed = true;
-        tf_diag_error(p->g->d, TF_IR_ERR_VERIFY, &p->loc, "cannot add optimizer state '%s' (the name is taken?)", name);
+        decl_failed(p->g->m, p->g->d, &p->loc, "optimizer state", name);
     }
     return v;
 }
@@ -304,7 +312,7 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     opt p = {g, tr->present ? tr->loc : loss->loc};
     tf_type scalar_i = {.dtype = TF_DT_I64, .rank = 0};
     tf_value *step = tf_module_add_decl(m, "train.step", TF_VAL_BUFFER, &scalar_i, TF_INIT_ZEROS);
-    if (!step) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p.loc, "cannot add the step counter 'train.step' (the name is taken?)");
+    if (!step) return decl_failed(m, g->d, &p.loc, "the step counter", "train.step");
     tf_named_attr to_f = {"to", tf_attr_dtype(TF_DT_F32)};
     tf_value *s = build(g, "train.s", &p.loc, TF_OP_CAST, &step, 1, &to_f, 1);
     tf_value *t = ob(&p, "train.t", TF_OP_ADD, s, onum(&p, 1));
@@ -352,7 +360,7 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     int64_t nacc = tr->accumulate > 1 ? tr->accumulate : 1;
     if (nacc > 1) {
         micro = tf_module_add_decl(m, "train.micro", TF_VAL_BUFFER, &scalar_i, TF_INIT_ZEROS);
-        if (!micro) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p.loc, "cannot add 'train.micro' (the name is taken?)");
+        if (!micro) return decl_failed(m, g->d, &p.loc, "the micro-step counter", "train.micro");
         tf_value *is_first = ob(&p, "train.micro_first", TF_OP_EQ, micro, tf_const(m, 0, TF_DT_I64));
         is_last = ob(&p, "train.micro_last", TF_OP_EQ, micro, tf_const(m, (double)(nacc - 1), TF_DT_I64));
         for (int i = 0; i < np && !g->failed; i++) {
@@ -534,7 +542,7 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
         tf_type scalar_f = {.dtype = TF_DT_F32, .rank = 0};
         scale = tf_module_add_decl(m, "train.loss_scale", TF_VAL_BUFFER, &scalar_f, TF_INIT_CONST);
         if (!scale)
-            return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, &loss->loc, "cannot add 'train.loss_scale' (the name is taken?)");
+            return decl_failed(m, o->diag, &loss->loc, "the loss scale", "train.loss_scale");
         scale->init.attrs[0] = tf_attr_float(65536.0);
     }
     tf_module_renumber(m);

@@ -335,7 +335,7 @@ static void group_nodes(fz *f, bool *mark)
  * every param updated by one kernel, not one per tensor. Such groups are
  * independent of each other (nothing but updates reads them), so the merged
  * region stays convex. */
-static void merge_updates(fz *f)
+static bool merge_updates(fz *f)
 {
     tf_module *m = f->m;
     int D = m->decls.n;
@@ -343,7 +343,7 @@ static void merge_updates(fz *f)
     if (!ok || !feeds) {
         tf_free(ok);
         tf_free(feeds);
-        return;   /* an optimization: without memory, updates stay per tensor */
+        return false;   /* out of memory: the pass fails (an embedder's allocator said no; see ir/alloc.h) */
     }
     for (int g = 0; g < f->ng; g++) ok[g] = f->g[g].count > 0 && f->g[g].kind == TF_REGION_POINTWISE;
     for (int i = 0; i < f->n; i++) {
@@ -382,6 +382,7 @@ static void merge_updates(fz *f)
         f->g[into].kind = TF_REGION_POINTWISE;   /* a single lone update: no region needed */
     tf_free(ok);
     tf_free(feeds);
+    return true;
 }
 
 /* Order nodes so each region is contiguous: Kahn's algorithm over regions
@@ -478,7 +479,10 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     }
     for (int i = 0; i < f.n; i++) f.grp[i] = -1;
     group_nodes(&f, mark);
-    merge_updates(&f);
+    if (!merge_updates(&f)) {
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+        goto done;
+    }
 
     /* groups of two or more ops become regions; units for ordering */
     int nunits = 0, nreg = 0;

@@ -828,7 +828,8 @@ tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const ch
     char err[5120];
     tio_status ws;
     if (!st && (ws = tio_safetensors_write(path, ts, n, metadata_json_object, err, sizeof err)))
-        st = tf_set_error(s->ctx, metadata_json_object && ws == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : TF_ERR_IO, "%s", err);
+        st = tf_set_error(s->ctx, metadata_json_object && ws == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : ws == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_IO,
+                          "%s", err);
     for (size_t i = 0; i < n; i++) tf_free(ts[i].data);
     tf_free(ts);
     return st;
@@ -891,7 +892,7 @@ tf_status tf_array_save_npy(tf_context_t *ctx, const char *path, const tf_tensor
     tt.nbytes = n * (size_t)tf_dtype_bytes((tf_dt)t->dtype);
     char err[5120];
     tio_status st = tio_npy_write(path, &tt, err, sizeof err);
-    return st ? tf_set_error(ctx, st == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : TF_ERR_IO, "%s", err) : TF_OK;
+    return st ? tf_set_error(ctx, st == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_IO, "%s", err) : TF_OK;
 }
 
 tf_status tf_array_view(const tf_array_t *a, tf_tensor_view *out)

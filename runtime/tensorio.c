@@ -990,7 +990,7 @@ done:
     tf_free(hdr);
     if (st) {
         tio_tensors_free(ts, count);
-        if (meta) tf_free(*meta), *meta = NULL;
+        if (meta) tf_libc_free(*meta), *meta = NULL;   /* stdio's buffer */
         return st;
     }
     if (!count) tf_free(ts), ts = NULL;
