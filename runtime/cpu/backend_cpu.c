@@ -94,8 +94,12 @@ static void cpu_cache_free(tf_cache_t *c)
 {
     jit_cache *jc = c->cpu;
     if (!jc) return;
-    for (int i = 0; i < jc->n; i++) tf_free(jc->e[i].key);
-    tf_jit_free(jc->jit);   /* every kernel's code with it */
+    for (int i = 0; i < jc->n; i++) {
+        tf_diag d = {0};
+        if (jc->e[i].code) tf_jit_release(jc->jit, jc->e[i].code, &d);   /* its memory is gone either way */
+        tf_free(jc->e[i].key);
+    }
+    tf_jit_free(jc->jit);
     tf_free(jc->e);
     tf_free(jc);
     c->cpu = NULL;
