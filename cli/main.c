@@ -949,17 +949,6 @@ static const struct {
                    "a flag given here)."},
 };
 
-#define SETTINGS_HELP                                                                                          \
-    "Target settings (compile, run, train, bench and doctor; each flag overrides the environment variable\n"    \
-    "that gives its default):\n"                                                                                \
-    "  --llvm-pipeline=PIPE   cpu: the LLVM pass pipeline, as opt -passes= takes it (TFUSE_LLVM_PIPELINE)\n"   \
-    "  --no-tf32              cuda: fp32 GEMMs in full fp32, not on TF32 tensor cores (TFUSE_NO_TF32=1)\n"     \
-    "  --cuda-sync            cuda: synchronize after every kernel, so a fault names its kernel (TFUSE_CUDA_SYNC=1)\n" \
-    "  --cuda-fallback=all|none  cuda: every kernel on the host, or not (TFUSE_CUDA_FALLBACK=all)\n"            \
-    "  --cuda-explain         cuda: print what compiled and what runs on the host, and why (TFUSE_CUDA_EXPLAIN=1)\n" \
-    "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
-    "                         default 2048)"
-
 static void usage_cmd(const char *cmd, FILE *f)
 {
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)

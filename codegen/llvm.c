@@ -64,26 +64,9 @@ static bool llvm_has(tf_sprim p) { return (unsigned)p < TF_S_COUNT; }
 
 /* Whether the op's scalar expression parses, uses only primitives this
  * generator has, and fits the operands the kernel gives it. */
-static bool lowered(const tf_kexpr *x, char *why, size_t n)
-{
-    const char *no;
-    const tf_sexpr *se = tf_scalar_lowering(x->op, &no);
-    if (!se) { snprintf(why, n, "%s", no); return false; }
-    if (se->nargs > x->nargs) { snprintf(why, n, "its expression names more operands than the op has"); return false; }
-    for (int j = 0; j < se->n; j++)
-        if (!llvm_has(se->node[j].prim)) {
-            snprintf(why, n, "primitive '%s' is not implemented here", tf_sprim_name(se->node[j].prim));
-            return false;
-        }
-    return true;
-}
+static bool lowered(const tf_kexpr *x, char *why, size_t n) { return tf_sexpr_lowerable(x->op, x->nargs, llvm_has, why, n); }
 
-bool tf_jit_lowers(int op, char *why, size_t n)
-{
-    char tmp[8];
-    tf_kexpr x = {.kind = TF_KX_OP, .op = op, .nargs = 3};   /* one_hot gets the class index as b */
-    return lowered(&x, why ? why : tmp, why ? n : sizeof tmp);
-}
+bool tf_jit_lowers(int op, char *why, size_t n) { return tf_sexpr_lowerable(op, 3, llvm_has, why, n); }   /* one_hot gets the class index as b */
 
 bool tf_jit_supports(const tf_kernel *k, char *why, size_t n)
 {

@@ -210,6 +210,22 @@ const tf_sexpr *tf_scalar_lowering(int op, const char **why)
     return parsed_ok[op] ? &parsed[op] : NULL;
 }
 
+bool tf_sexpr_lowerable(int op, int nargs, bool (*has)(tf_sprim), char *why, size_t n)
+{
+    char tmp[8];
+    if (!why) { why = tmp; n = sizeof tmp; }
+    const char *no;
+    const tf_sexpr *se = tf_scalar_lowering(op, &no);
+    if (!se) { snprintf(why, n, "%s", no); return false; }
+    if (se->nargs > nargs) { snprintf(why, n, "its expression names more operands than the op has"); return false; }
+    for (int j = 0; j < se->n; j++)
+        if (!has(se->node[j].prim)) {
+            snprintf(why, n, "primitive '%s' is not implemented here", tf_sprim_name(se->node[j].prim));
+            return false;
+        }
+    return true;
+}
+
 /* ---- float64 evaluation (what the tests compare with the interpreter) ---- */
 
 double tf_sexpr_eval(const tf_sexpr *e, const double *args)

@@ -69,6 +69,11 @@ bool tf_sexpr_parse(const char *text, tf_sexpr *out, char *why, size_t n);
  * its text does not parse (then *why, if given, says so). */
 const tf_sexpr *tf_scalar_lowering(int op, const char **why);
 
+/* Whether a generator implementing the primitives `has` accepts can lower
+ * the op's expression, given nargs operands (a kernel's TF_KX_OP gives its
+ * operands; 3 asks about the op in general); if not, why (why may be NULL). */
+bool tf_sexpr_lowerable(int op, int nargs, bool (*has)(tf_sprim), char *why, size_t n);
+
 /* The expression in float64 on operand values (dropout() counts as 1: kept). */
 double tf_sexpr_eval(const tf_sexpr *e, const double *args);
 
