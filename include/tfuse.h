@@ -4,7 +4,8 @@
  * it on a target: `interp` (the float64 reference interpreter), `cpu`
  * (LLVM JIT + OpenBLAS) or `cuda` (NVRTC + cuBLASLt/cuDNN). The objects:
  *
- *   tf_context_t   error state and settings; one per thread of use
+ *   tf_context_t   error state, settings and the allocator every call on it
+ *                  uses (tf_context_create_with_allocator); one per thread of use
  *   tf_cache_t     compiled kernels, kept for reuse; one per context unless shared
  *   tf_model_t     a parsed, verified module (the IR)
  *   tf_program_t   a compiled model: passes run, plan made, stats known
