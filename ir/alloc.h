@@ -53,6 +53,6 @@ void *tf_libc_copy(const void *p, size_t n);
  * the previous allocator is restored however the block is left. */
 static inline void tf_alloc_scope_end(tf_allocator *prev) { tf_alloc_swap(*prev); }
 #define TF_ALLOC_SCOPE(alloc) \
-    tf_allocator tf_alloc_prev_ __attribute__((cleanup(tf_alloc_scope_end))) = tf_alloc_swap(alloc)
+    tf_allocator tf_alloc_prev_ __attribute__((cleanup(tf_alloc_scope_end), unused)) = tf_alloc_swap(alloc)
 
 #endif
