@@ -119,7 +119,8 @@ tf_status   tf_context_create(tf_context_t **out);
  * through fn (blocks are freed through the allocator that made them), except
  * what LLVM, OpenBLAS and the CUDA libraries allocate for themselves and the
  * strings tfuse hands to the caller to free() (tf_model_print, ...), which
- * come from malloc. fn is called from the thread making the call; it must
+ * come from malloc, and what tfuse's own worker threads (the cpu target's
+ * pool, the loader's gatherers) allocate while they work. fn is called from the thread making the call; it must
  * be thread-safe if the context's objects are used from several threads.
  * fn NULL: the C library's (tf_context_create). */
 typedef void *(*tf_alloc_fn)(void *ud, void *ptr, size_t osize, size_t nsize);

@@ -4,11 +4,12 @@
  *
  * The allocator in use is per thread: a public API call sets its context's
  * for its duration (TF_ALLOC_SCOPE) and puts the previous one back on the
- * way out; outside any call (and on threads tfuse starts, whose work never
- * allocates) it is the C library's. Each block remembers the allocator that
- * made it, in a small header in front of it, so tf_free and tf_realloc
- * return it there whichever thread or call frees it, and the allocator is
- * told every block's size on release, as Lua tells it.
+ * way out; outside any call, and on the worker threads tfuse starts (the
+ * cpu target's pool, the data loader's gatherers), it is the C library's.
+ * Each block remembers the allocator that made it, in a small header in
+ * front of it, so tf_free and tf_realloc return it there whichever thread
+ * or call frees it, and the allocator is told every block's size on
+ * release, as Lua tells it.
  *
  * Not routed (they allocate for themselves): LLVM's C++ objects, OpenBLAS's
  * buffers, the CUDA libraries, and stdio's (open_memstream) buffers. Memory
