@@ -224,3 +224,29 @@ tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *
     }
     return TF_OPC_CODE;
 }
+
+const char *tf_op_support_plan(tf_op op, bool (*supports)(const tf_kernel *, char *, size_t), const char *alias,
+                               const char *compiled, const char *fallback, char *detail, size_t n, bool *library)
+{
+    tf_kernel probe;
+    tf_kexpr x;
+    tf_kreduce r;
+    char why[512];
+    *library = false;
+    switch (tf_op_classify(op, &probe, &x, &r)) {
+    case TF_OPC_LAYER:
+        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", tf_op_info_of(op)->name);
+        return NULL;
+    case TF_OPC_VIEW: snprintf(detail, n, "%s", alias); return "view";
+    case TF_OPC_CODE:
+        if (supports(&probe, why, sizeof why)) {
+            snprintf(detail, n, "%s", compiled);
+            return "jit";
+        }
+        snprintf(detail, n, "%s: %s", fallback, why);
+        return "fallback";
+    case TF_OPC_LIBRARY: break;
+    }
+    *library = true;
+    return NULL;
+}

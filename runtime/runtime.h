@@ -155,6 +155,13 @@ tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_ker
  * judge. */
 typedef enum tf_op_class { TF_OPC_LAYER, TF_OPC_VIEW, TF_OPC_CODE, TF_OPC_LIBRARY } tf_op_class;
 tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *r);
+/* A code-generating backend's op_support for what the kernel plan decides:
+ * a layer op (NULL), a view (`view`, described by `alias`), or generated
+ * code judged by supports() ("jit", described by `compiled`, or
+ * "fallback", by `fallback` and the reason). For a library op it returns
+ * NULL with *library set: the backend describes its own library calls. */
+const char *tf_op_support_plan(tf_op op, bool (*supports)(const tf_kernel *, char *, size_t), const char *alias,
+                               const char *compiled, const char *fallback, char *detail, size_t n, bool *library);
 /* training.c: the public precision as the passes take it (*set false for
  * TF_PRECISION_DEFAULT: the train block's); false for a value out of range.
  * And back. */

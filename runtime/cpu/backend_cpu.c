@@ -953,29 +953,15 @@ static void cpu_doctor(tf_strbuf *out)
 static const char *cpu_op_support(tf_op op, char *detail, size_t n)
 {
     const char *name = tf_op_info_of(op)->name;
-    tf_kernel probe;
-    tf_kexpr x;
-    tf_kreduce r;
     if (cpu_unavailable()) {
         snprintf(detail, n, "%s", cpu_unavailable());
         return NULL;
     }
-    switch (tf_op_classify(op, &probe, &x, &r)) {
-    case TF_OPC_LAYER:
-        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", name);
-        return NULL;
-    case TF_OPC_VIEW: snprintf(detail, n, "an alias of its operand's memory"); return "view";
-    case TF_OPC_CODE: {
-        char why[512];
-        if (cpu_jit_supports(&probe, why, sizeof why)) {
-            snprintf(detail, n, "compiled by LLVM into its kernel (fused with its neighbours)");
-            return "jit";
-        }
-        snprintf(detail, n, "the interpreter's kernel on widened copies: %s", why);
-        return "fallback";
-    }
-    case TF_OPC_LIBRARY: break;
-    }
+    bool library;
+    const char *how = tf_op_support_plan(op, cpu_jit_supports, "an alias of its operand's memory",
+                                         "compiled by LLVM into its kernel (fused with its neighbours)",
+                                         "the interpreter's kernel on widened copies", detail, n, &library);
+    if (!library) return how;
     switch (op) {
     case TF_OP_MATMUL:
         snprintf(detail, n, "GEMM through %s (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
@@ -988,6 +974,9 @@ static const char *cpu_op_support(tf_op op, char *detail, size_t n)
         return "library";
     case TF_OP_GATHER: case TF_OP_SCATTER_ADD:
         snprintf(detail, n, "rows copied or added on storage (i64/i32 ids)");
+        return "library";
+    case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
+        snprintf(detail, n, "copies on storage (any dtype)");
         return "library";
     default:
         snprintf(detail, n, "%s has no cpu implementation: the interpreter's kernel runs it on widened copies", name);

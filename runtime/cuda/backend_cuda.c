@@ -1137,25 +1137,11 @@ static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, c
 static const char *cuda_op_support(tf_op op, char *detail, size_t n)
 {
     const char *name = tf_op_info_of(op)->name;
-    tf_kernel probe;
-    tf_kexpr x;
-    tf_kreduce r;
-    switch (tf_op_classify(op, &probe, &x, &r)) {
-    case TF_OPC_LAYER:
-        snprintf(detail, n, "%s is a layer op: the lower pass rewrites it into core ops first", name);
-        return NULL;
-    case TF_OPC_VIEW: snprintf(detail, n, "an alias of its operand's device memory"); return "view";
-    case TF_OPC_CODE: {
-        char why[512];
-        if (tf_cuda_supports(&probe, why, sizeof why)) {
-            snprintf(detail, n, "CUDA C compiled by NVRTC into its kernel (fused with its neighbours)");
-            return "jit";
-        }
-        snprintf(detail, n, "on the host, the interpreter's kernel: %s", why);
-        return "fallback";
-    }
-    case TF_OPC_LIBRARY: break;
-    }
+    bool library;
+    const char *how = tf_op_support_plan(op, tf_cuda_supports, "an alias of its operand's device memory",
+                                         "CUDA C compiled by NVRTC into its kernel (fused with its neighbours)",
+                                         "on the host, the interpreter's kernel", detail, n, &library);
+    if (!library) return how;
     if (op == TF_OP_MATMUL) {
         snprintf(detail, n, "cuBLASLt (when it loads; else the interpreter's kernel on the host)");
         return "library";
