@@ -64,6 +64,10 @@ static const sym lt_syms[] = {
 };
 #undef LT
 
+#define DNN(f) {"cudnn" #f, NULL, offsetof(tf_cudnn_api, f)}
+static const sym dnn_syms[] = {DNN(GetVersion), DNN(GetErrorString), DNN(Create), DNN(Destroy), DNN(SetStream)};
+#undef DNN
+
 typedef struct libspec {
     const char *what;             /* for messages */
     const char *const *files;     /* names in order of preference */
@@ -84,12 +88,21 @@ static const char *const driver_places[] = {"/usr/lib/x86_64-linux-gnu", "/usr/l
 
 static const char *const cublaslt_files[] = {"libcublasLt.so.13", "libcublasLt.so.12", NULL};
 
+/* cuDNN 9 (8 has the same calls used here): the toolkit's lib64, Debian's
+ * and Ubuntu's packages (libcudnn9-cuda-*), pip's nvidia-cudnn-cu* */
+static const char *const cudnn_files[] = {"libcudnn.so.9", "libcudnn.so.8", NULL};
+static const char *const cudnn_places[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/lib",
+                                           "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",
+                                           "/usr/lib64", NULL};
+
 static const libspec nvrtc_spec = {"NVRTC", nvrtc_files, toolkit_places, true, nvrtc_syms,
                                    (int)(sizeof nvrtc_syms / sizeof *nvrtc_syms)};
 static const libspec driver_spec = {"the CUDA driver", driver_files, driver_places, false, cu_syms,
                                     (int)(sizeof cu_syms / sizeof *cu_syms)};
 static const libspec cublaslt_spec = {"cuBLASLt", cublaslt_files, toolkit_places, true, lt_syms,
                                       (int)(sizeof lt_syms / sizeof *lt_syms)};
+static const libspec cudnn_spec = {"cuDNN", cudnn_files, cudnn_places, true, dnn_syms,
+                                   (int)(sizeof dnn_syms / sizeof *dnn_syms)};
 
 /* ---- small text helpers ---- */
 
@@ -291,6 +304,9 @@ static bool find(finder *f, const tf_cuda_search *s, char *err, size_t n)
     else if (sp == &cublaslt_spec)
         add(&t, "; install the CUDA toolkit's cuBLAS or `pip install nvidia-cublas`, or set TFUSE_CUDA_LIBS to the directory "
                 "holding libcublasLt.so");
+    else if (sp == &cudnn_spec)
+        add(&t, "; install cuDNN 9 (NVIDIA's libcudnn9-cuda-12 or -13 package) or `pip install nvidia-cudnn-cu12`, or set "
+                "TFUSE_CUDA_LIBS to the directory holding libcudnn.so.9");
     else if (!only)
         add(&t, "; GPU targets need the NVIDIA driver (TFUSE_CUDA_LIBS may name the directory holding libcuda.so.1)");
     return false;
@@ -418,6 +434,19 @@ tf_cuda_status tf_cuda_libs_add(tf_cuda_libs *out, unsigned which, const tf_cuda
             if (!st) st = TF_CUDA_ERR_NOT_FOUND;
         }
     }
+    if (which & TF_CUDA_LIB_CUDNN) {
+        finder f = {.spec = &cudnn_spec, .api = &out->dnn};
+        if (find(&f, s, out->cudnn_error, sizeof out->cudnn_error)) {
+            out->loaded |= TF_CUDA_LIB_CUDNN;
+            out->cudnn_handle = f.handle;
+            snprintf(out->cudnn_path, sizeof out->cudnn_path, "%s", f.path);
+            out->cudnn_version = out->dnn.GetVersion();
+        } else {
+            memset(&out->dnn, 0, sizeof out->dnn);
+            add(&t, "%s%s", t.at ? "\n" : "", out->cudnn_error);
+            if (!st) st = TF_CUDA_ERR_NOT_FOUND;
+        }
+    }
     return st;
 }
 
@@ -428,6 +457,7 @@ void tf_cuda_libs_free(tf_cuda_libs *l)
     if (l->nvrtc_handle) dlclose(l->nvrtc_handle);
     if (l->driver_handle) dlclose(l->driver_handle);
     if (l->cublaslt_handle) dlclose(l->cublaslt_handle);
+    if (l->cudnn_handle) dlclose(l->cudnn_handle);
     memset(l, 0, sizeof *l);
 }
 
@@ -452,6 +482,11 @@ int tf_cuda_libs_describe(const tf_cuda_libs *l, char *buf, size_t n)
             l->cublaslt_version % 100, l->cublaslt_path);
     else if (l->cublaslt_error[0])
         add(&t, "cublasLt: not loaded: %s\n", l->cublaslt_error);
+    if (l->loaded & TF_CUDA_LIB_CUDNN)
+        add(&t, "cudnn: %zu.%zu.%zu %s\n", l->cudnn_version / 10000, l->cudnn_version / 100 % 100, l->cudnn_version % 100,
+            l->cudnn_path);
+    else if (l->cudnn_error[0])
+        add(&t, "cudnn: not loaded: %s\n", l->cudnn_error);
     return (int)t.at;
 }
 

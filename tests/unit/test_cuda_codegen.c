@@ -267,15 +267,40 @@ static void loader_failures(const char *tmpdir)
         fputs("not a shared object\n", f);
         fclose(f);
     }
-    tf_cuda_search only = {TF_CUDA_SEARCH_DIRS_ONLY, tmpdir};
+    tf_cuda_search only = {TF_CUDA_SEARCH_DIRS_ONLY, tmpdir}, all_places = {TF_CUDA_SEARCH_EVERYWHERE, NULL};
     st = tf_cuda_libs_load(&l, TF_CUDA_LIB_NVRTC, &only, err, sizeof err);
     CHECK(st == TF_CUDA_ERR_NOT_FOUND && strstr(err, fake) && strstr(err, "directories-only"),
           "a file that does not load is reported: %s", err);
     tf_cuda_libs_free(&l);
     remove(fake);
 
+    /* cuDNN: missing from a directories-only search, the message says what
+     * and where; searched everywhere, found with its version and functions
+     * (this machine's toolkit has it) or missing with the places searched */
+    st = tf_cuda_libs_load(&l, TF_CUDA_LIB_CUDNN, &only, err, sizeof err);
+    CHECK(st == TF_CUDA_ERR_NOT_FOUND && !(l.loaded & TF_CUDA_LIB_CUDNN) && strstr(err, "cuDNN not found") &&
+              strstr(err, "libcudnn.so.9") && strstr(err, tmpdir) && strstr(err, "nvidia-cudnn"),
+          "cuDNN missing: %s", err);
+    tf_cuda_libs_describe(&l, desc, sizeof desc);
+    CHECK(strstr(desc, "cudnn: not loaded: cuDNN not found") != NULL, "describe says cuDNN did not load: %s", desc);
+    tf_cuda_libs_free(&l);
+    st = tf_cuda_libs_load(&l, TF_CUDA_LIB_CUDNN, &all_places, err, sizeof err);
+    tf_cuda_libs_describe(&l, desc, sizeof desc);
+    if (st) {
+        CHECK(strstr(err, "cuDNN not found") && strstr(err, "/usr/local/cuda/lib64") && strstr(err, "site-packages"),
+              "cuDNN not on this machine, and the message says where it looked: %s", err);
+        printf("cudnn: %s\n", l.cudnn_error);
+    } else {
+        CHECK(l.cudnn_version >= 80000 && l.dnn.Create && l.dnn.SetStream && strstr(desc, "cudnn: ") &&
+                  strstr(desc, l.cudnn_path),
+              "cuDNN loaded with its version, functions and path: %s", desc);
+        CHECK(strcmp(l.dnn.GetErrorString(0), "") != 0, "cudnnGetErrorString answers");
+        printf("cudnn: %zu from %s\n", l.cudnn_version, l.cudnn_path);
+    }
+    tf_cuda_libs_free(&l);
+
     /* the driver, searched everywhere: on a machine without one, say so */
-    tf_cuda_search all = {TF_CUDA_SEARCH_EVERYWHERE, NULL};
+    tf_cuda_search all = all_places;
     st = tf_cuda_libs_load(&l, TF_CUDA_LIB_DRIVER, &all, err, sizeof err);
     if (st) {
         CHECK(strstr(err, "libcuda.so.1") && strstr(err, "no NVIDIA GPU driver"), "no driver: %s", err);
