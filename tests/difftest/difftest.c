@@ -386,7 +386,7 @@ static void pointwise_op(gen *g)
 {
     gval c = g->pool[g->cur];
     char o[24], t[24], t2[24];
-    int k = rng_int(&g->r, 22);
+    int k = rng_int(&g->r, 23);
     switch (k) {
     case 0: case 1: case 2: case 3: case 4: {
         static const char *bin[] = {"add", "sub", "mul", "maximum", "minimum"};
@@ -453,7 +453,8 @@ static void pointwise_op(gen *g)
         return;
     }
     default: {
-        static const char *un[] = {"neg", "abs", "relu", "tanh", "sigmoid", "erf", "sin", "cos", "silu", "gelu", "gelu"};
+        static const char *un[] = {"neg", "abs", "relu", "tanh", "sigmoid", "erf", "sin", "cos", "silu", "gelu", "gelu",
+                                   "softplus"};
         const char *u = un[k - 11];
         if (!strcmp(u, "gelu") && k == 21) emit(g, c.rank, c.sh, c.has_param, "gelu(%s, approx=\"tanh\")", c.name);
         else emit(g, c.rank, c.sh, c.has_param, "%s(%s)", u, c.name);
