@@ -119,6 +119,7 @@ double tf_call_float(const tf_fn_info *fns, const tf_call *c, const char *name)
     int i = spec_index(fns[c->fn].attrs, fns[c->fn].nattrs, name);
     if (i < 0) return 0;
     const tf_attr *a = &c->attrs[i];
+    if (a->kind == TF_ATTR_BOOL) return a->u.b ? 1.0 : 0.0;   /* (nesterov) */
     return a->kind == TF_ATTR_INT ? (double)a->u.i.v : a->u.f;
 }
 
