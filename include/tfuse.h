@@ -112,7 +112,8 @@ tf_status   tf_context_create(tf_context_t **out);
 /* An embedder's allocator, as Lua's lua_Alloc: ptr NULL and nsize > 0:
  * allocate nsize bytes; nsize 0: free ptr, a block of osize bytes, and
  * return NULL; otherwise resize ptr from osize to nsize bytes (keeping it
- * untouched on failure). Return NULL when an allocation or resize fails:
+ * untouched on failure), aligned as malloc aligns (16 bytes on x86-64 and
+ * arm64). Return NULL when an allocation or resize fails:
  * the call that needed it returns TF_ERR_OOM with nothing leaked and the
  * context still usable. Every allocation libtfuse makes during a call on
  * this context, or on the models, programs and sessions made with it, goes
