@@ -256,19 +256,7 @@ static void op_case(const char *label, const char *text, tf_mode mode)
     }
 }
 
-static void ops(void)
-{
-    for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)
-        op_case(target_cases[i].label, target_cases[i].text, target_cases[i].mode);
-    for (int op = 0; op < TF_OP_COUNT; op++)   /* and the cases made from the op table */
-        for (int train = 0; train < 2; train++) {
-            char text[2048], label[128];
-            tf_mode mode;
-            if (!tc_generated(op, train, text, sizeof text, &mode)) continue;
-            snprintf(label, sizeof label, "generated %s [%s]", tf_op_info_of(op)->name, train ? "train" : "infer");
-            op_case(label, text, mode);
-        }
-}
+static void ops(void) { tc_each_case(op_case); }   /* the written cases and those made from the op table */
 
 /* ---- the examples ---------------------------------------------------------------- */
 

@@ -147,6 +147,25 @@ static inline bool tc_generated(int op, bool train, char *buf, size_t n, tf_mode
     return true;
 }
 
+/* Every written case, then every case tc_generated makes, to fn (label, text,
+ * mode); returns how many were generated. */
+static inline int tc_each_case(void (*fn)(const char *label, const char *text, tf_mode mode))
+{
+    for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)
+        fn(target_cases[i].label, target_cases[i].text, target_cases[i].mode);
+    int generated = 0;
+    for (int op = 0; op < TF_OP_COUNT; op++)
+        for (int train = 0; train < 2; train++) {
+            char text[2048], label[128];
+            tf_mode mode;
+            if (!tc_generated(op, train, text, sizeof text, &mode)) continue;
+            snprintf(label, sizeof label, "generated %s [%s]", tf_op_info_of(op)->name, train ? "train" : "infer");
+            fn(label, text, mode);
+            generated++;
+        }
+    return generated;
+}
+
 /* The text of the case with this label (NULL if none). */
 static inline const char *tc_text(const char *label)
 {

@@ -119,19 +119,7 @@ static void walk(void)
 
 static void coverage(void)
 {
-    for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)
-        cover(target_cases[i].label, target_cases[i].text, target_cases[i].mode);
-    int generated = 0;
-    for (int op = 0; op < TF_OP_COUNT; op++)
-        for (int train = 0; train < 2; train++) {
-            char text[2048];
-            tf_mode mode;
-            if (!tc_generated(op, train, text, sizeof text, &mode)) continue;
-            char label[128];
-            snprintf(label, sizeof label, "generated %s [%s]", tf_op_info_of(op)->name, train ? "train" : "infer");
-            cover(label, text, mode);
-            generated++;
-        }
+    int generated = tc_each_case(cover);
     int missing = 0;
     for (int op = 0; op < TF_OP_COUNT; op++)
         if (!seen[op]) {
