@@ -1,0 +1,43 @@
+/* emu.h — cuda-emu: the CUDA libraries the cuda target calls, stood in for
+ * on the host, so that `--target=cuda-emu` runs the cuda target's own code
+ * (the same plan, arena, launches, copies, streams and library calls) on a
+ * machine with no GPU, and every generated kernel actually executes.
+ *
+ *   driver    device memory is host memory (a device pointer is a host
+ *             address), copies and memsets are checked against the live
+ *             allocations; a module is the kernel's CUDA C source, compiled
+ *             with the host C++ compiler against a small prelude that
+ *             defines the built-ins the emitter uses; a launch runs every
+ *             thread of every block as a coroutine, with real block
+ *             barriers and warp shuffles among the 32 lanes of a warp;
+ *             streams run their work in order at once, or record it while a
+ *             stream captures a graph, and a graph replays what it recorded;
+ *   NVRTC     hands back the source as the "cubin" (the driver compiles it);
+ *   cuBLASLt  computes each matmul on the host from the descriptors;
+ *   cuDNN     computes each convolution on the host from the descriptors.
+ *
+ * Slow and exact: a debugging aid and what CI runs the cuda target on. The
+ * stand-ins fill a tf_cuda_libs (cuda_libs.h) when it is loaded with the
+ * search mode TF_CUDA_SEARCH_EMU; nothing is dlopen'd but the compiled
+ * kernels. */
+#ifndef TF_RUNTIME_CUDA_EMU_H
+#define TF_RUNTIME_CUDA_EMU_H
+
+#include <stddef.h>
+
+#include "cuda_libs.h"
+
+/* Fill the tables of l named by which (TF_CUDA_LIB_*) with the stand-ins. */
+void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which);
+
+/* Work a stand-in library does on stream s: run now, or, while s captures
+ * a graph, recorded into it and run at each replay. arg (arg_bytes) is
+ * copied; fn returns 0 or a CUresult-style error code. Returns 0 or the
+ * error of running it now. */
+typedef int (*tf_cuda_emu_work)(void *arg);
+int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, size_t arg_bytes);
+
+/* The cuDNN stand-in's functions into api (emu_dnn.c). */
+void tf_cuda_emu_dnn_fill(tf_cudnn_api *api);
+
+#endif
