@@ -220,9 +220,14 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
                 free(b.data);
                 continue;
             }
+            /* a state that is rounding noise around an exact zero (a conv bias before batchnorm at --O0,
+             * where bias_drop does not remove it, has a zero gradient: both sides hold 1e-11 .. 1e-9) is
+             * not measured against its own size: an RMS difference under 1e-6, fp32's resolution at unit
+             * scale, is rounding either way */
             double e = tc_rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? stol : tol_of(a.dtype), prec_tol);
-            CHECK(e <= t, "%s: state %s (%s): relative L2 error %.3g > %.3g (seed %llu)", label, name, tf_dtype_str(a.dtype), e, t,
-                  (unsigned long long)g_seed);
+            double rms = tc_rel_l2_floor(&b, &a, 1) * (tc_numel(&a) ? 1 : 0);
+            CHECK(e <= t || rms <= 1e-6, "%s: state %s (%s): relative L2 error %.3g > %.3g, RMS difference %.3g (seed %llu)", label, name,
+                  tf_dtype_str(a.dtype), e, t, rms, (unsigned long long)g_seed);
             free(a.data);
             free(b.data);
         }
@@ -531,6 +536,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    if (g_emu && !getenv("TFUSE_CACHE_DIR")) setenv("TFUSE_CACHE_DIR", "emu-cache", 1);   /* the compiled kernels, beside the test */
     g_tf32 = !g_fake && !g_emu && !(getenv("TFUSE_NO_TF32") && !strcmp(getenv("TFUSE_NO_TF32"), "1"));
     g_seed = test_seed();
     const char *why = g_emu ? tf_backend_for(g_target)->unavailable() : tf_backend_cuda.unavailable();
