@@ -13,32 +13,37 @@
  *     value lives at its offset (in-place reuse and the planned peak are what
  *     runs), and one block for inputs, params, buffers, values memplan did not
  *     place, the updates' staging, the {seed, step} pair dropout kernels read
- *     and cuBLASLt's workspace; reshapes alias their operand;
+ *     and cuBLASLt's workspace, which cuDNN shares (a third block only when
+ *     the convolutions' algorithms need more); reshapes alias their operand;
  *   - starts from the interpreter's initial state (the same seed gives the
  *     same params as the interp and cpu targets), converted to storage dtype;
  *   - runs a step on one stream: inputs from a pinned staging buffer, the
- *     kernels in plan order, matmuls through cuBLASLt (blas.c), the updates
+ *     kernels in plan order, matmuls through cuBLASLt (blas.c), conv2d and
+ *     its two gradients through cuDNN (dnn.c: the algorithm cudnnFind picks
+ *     once per shape, cached on disk beside the cubins), the updates
  *     (every new value read before any state is written), the outputs back
  *     into pinned memory, and one synchronization at the end.
  *
  * What the GPU does not run yet runs on the host, correctly and visibly: a
- * library op without a GPU implementation here (conv2d and its gradients,
- * pooling, gather, scatter_add, concat, slice_grad; a matmul cuBLASLt cannot
- * take) or a kernel the emitter refuses is copied to the host, run by the
+ * library op without a GPU implementation here (pooling, gather,
+ * scatter_add, concat, slice_grad; a matmul cuBLASLt cannot take; a
+ * convolution when cuDNN is missing or has no algorithm for it) or a kernel
+ * the emitter refuses is copied to the host, run by the
  * interpreter's kernel (tf_kernels_eval on a one-kernel plan) and copied
  * back. Such kernels are counted in info().fallbacks, named "fallback" in
  * profiles, and a GEMM region's epilogue still runs on the GPU.
  *
  * Settings, from the program (tf_compile_options; the environment gives
  * their defaults in tf_compile_options_init): no_tf32 (--no-tf32,
- * TFUSE_NO_TF32=1) keeps fp32 GEMMs in full fp32 (TF32 tensor cores
- * otherwise); cuda_sync (--cuda-sync, TFUSE_CUDA_SYNC=1) synchronizes after
+ * TFUSE_NO_TF32=1) keeps fp32 GEMMs and convolutions in full fp32 (TF32
+ * tensor cores otherwise); cuda_sync (--cuda-sync, TFUSE_CUDA_SYNC=1) synchronizes after
  * every kernel, so an asynchronous fault names the kernel that caused it;
  * cuda_fallback_all (--cuda-fallback=all, TFUSE_CUDA_FALLBACK=all) runs
  * every kernel on the host (separates a code generation bug from a runtime
  * one); cuda_explain (--cuda-explain, TFUSE_CUDA_EXPLAIN=1) prints, when a
- * session starts, which kernels run on the host and why. TFUSE_CACHE_DIR
- * moves the cubin cache (default ~/.cache/tfuse). */
+ * session starts, which kernels run on the host and why, and which cuDNN
+ * algorithm each convolution got. TFUSE_CACHE_DIR moves the cubin and
+ * algorithm cache (default ~/.cache/tfuse). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
