@@ -672,6 +672,10 @@ static bool conv_setup(cuda_session *c, gkernel *gk, bool *oom_out)
     d.tf32 = c->tf32;
     d.gpu = c->gpu;
     d.x = dev_of(c, x), d.w = dev_of(c, w), d.y = dev_of(c, y);
+    if (!d.x || !d.w || !d.y) {
+        snprintf(gk->why, sizeof gk->why, "%s: an operand or the result is not in device memory", tf_op_info_of(n->op)->name);
+        return false;
+    }
     d.max_workspace = conv_ws_limit(c);
     d.cached_only = true;   /* Find's scratch only when something is not cached */
     tf_conv *cv = tf_calloc(1, sizeof *cv);
