@@ -179,9 +179,15 @@ static void test_op_support(void)
           "cuda: matmul through cuBLASLt (%s: %s)", how ? how : "NULL", why);
     CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "exp", &how, why, sizeof why) && how && !strcmp(how, "jit"),
           "cuda: exp is generated code (%s: %s)", how ? how : "NULL", why);
-    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "conv2d", &how, why, sizeof why) && how && !strcmp(how, "fallback") &&
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "conv2d", &how, why, sizeof why) && how && !strcmp(how, "library") &&
+              strstr(why, "cuDNN"),
+          "cuda: conv2d through cuDNN (%s: %s)", how ? how : "NULL", why);
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "conv2d_grad_weight", &how, why, sizeof why) && how && !strcmp(how, "library") &&
+              strstr(why, "cuDNN"),
+          "cuda: conv2d_grad_weight through cuDNN (%s: %s)", how ? how : "NULL", why);
+    CHECK(!tf_target_op_support(ctx, TF_TARGET_CUDA, "maxpool2d", &how, why, sizeof why) && how && !strcmp(how, "fallback") &&
               strstr(why, "no GPU implementation"),
-          "cuda: conv2d on the host (%s: %s)", how ? how : "NULL", why);
+          "cuda: maxpool2d on the host (%s: %s)", how ? how : "NULL", why);
     CHECK(!tf_target_op_support(ctx, TF_TARGET_CPU, "reshape", &how, why, sizeof why) && (!how || !strcmp(how, "view")),
           "cpu: reshape is a view (%s: %s)", how ? how : "NULL", why);
     CHECK(!tf_target_op_support(ctx, TF_TARGET_CPU, "linear", &how, why, sizeof why) && !how && why[0],
