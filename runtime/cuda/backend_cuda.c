@@ -129,6 +129,7 @@ static const char *const how_names[] = {"jit", "view", "gemm", "fallback", "fall
 
 typedef struct gemm_call {
     tf_gemm g;
+    tf_cu_deviceptr d;          /* where the product goes: the matmul's result, or a value its epilogue stores */
     int64_t calls;              /* 1, or one per batch index when the batch axes do not stride evenly */
     int64_t *off_a, *off_b;     /* per call: element offsets into A and B (NULL when calls == 1) */
     int64_t step_c;             /* elements between consecutive calls' results */
@@ -142,6 +143,8 @@ typedef struct gkernel {
     tf_cu_deviceptr *dptr;      /* per kernel->bufs entry, then {seed, step} when the code draws dropout masks */
     void **args;                /* &dptr[i]: cuLaunchKernel's parameters */
     gemm_call *mm;              /* RUN_GEMM */
+    tf_kernel *rest;            /* RUN_GEMM with a cuBLASLt epilogue: what the epilogue kernel still does (NULL: nothing) */
+    char epi[240];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
     tf_conv *conv;              /* RUN_CONV */
     char why[480];              /* RUN_*FALLBACK: why the GPU does not run it */
     int64_t work;               /* elements of the index space */
@@ -511,9 +514,159 @@ static void gemm_call_free(cuda_session *c, gemm_call *mm)
     tf_free(mm);
 }
 
+/* ---- cuBLASLt epilogues ---------------------------------------------------------------- */
+
+/* What a GEMM region's epilogue hands to cuBLASLt: a bias added along the
+ * product's rows, and a ReLU after it, when the region computes exactly
+ * that (the bias in the product's dtype, broadcast along every axis but the
+ * last). The GEMM then writes the biased (and rectified) product straight
+ * into the value the region stores it as, where that value overlaps no
+ * other buffer of the kernel; what else the region computes from it stays
+ * in the epilogue kernel, reading that value. cuBLASLt adds the bias before
+ * rounding the product to a 16-bit type once, where the region rounds the
+ * product and then the sum: a half-ulp apart at most. GELU is never handed
+ * over: cuBLASLt's is the tanh approximation, tfuse's gelu is erf's. */
+typedef struct epi_plan {
+    tf_gemm_epilogue kind;
+    int bias_buf, d_buf;        /* kernel buffers: the bias, and where the product goes */
+    tf_kernel *rest;            /* the epilogue kernel left (NULL: none), owning exprs and stores */
+} epi_plan;
+
+static int buf_index(const tf_kernel *k, const tf_value *v)
+{
+    for (int b = 0; b < k->nbufs; b++)
+        if (k->bufs[b].value == v) return b;
+    return -1;
+}
+
+static bool row_major_load(const tf_kernel *k, const tf_kexpr *x, int buf)
+{
+    if (x->kind != TF_KX_LOAD || x->buf != buf || x->offset) return false;
+    int64_t s = 1;
+    for (int a = k->rank - 1; a >= 0; a--) {
+        if (k->dims[a] > 1 && x->strides[a] != s) return false;
+        s *= k->dims[a];
+    }
+    return true;
+}
+
+/* A bias: the last axis at stride 1, every other at 0, a vector of that length. */
+static bool bias_load(const tf_kernel *k, const tf_kexpr *x)
+{
+    if (x->kind != TF_KX_LOAD || x->offset || k->rank < 1 || k->bufs[x->buf].written) return false;
+    for (int a = 0; a < k->rank - 1; a++)
+        if (k->dims[a] > 1 && x->strides[a]) return false;
+    int64_t n = k->dims[k->rank - 1];
+    return (n == 1 || x->strides[k->rank - 1] == 1) && tf_type_numel(&k->bufs[x->buf].value->type) == n;
+}
+
+static void epi_free(tf_kernel *rest)
+{
+    if (!rest) return;
+    tf_free(rest->exprs);
+    tf_free(rest->stores);
+    tf_free(rest);
+}
+
+/* false (with why) when the region is not a bias add (and ReLU) cuBLASLt can do. */
+static bool plan_epilogue(const tf_kernel *k, epi_plan *e, bool *oom, char *why, size_t n)
+{
+    memset(e, 0, sizeof *e);
+    *oom = false;
+    const tf_value *out = k->lib->out;
+    tf_dt dt = out->type.dtype;
+    int ob = buf_index(k, out);
+    if (!k->nexprs || !k->nstores) return snprintf(why, n, "the region has no epilogue"), false;
+    if (k->nreds || ob < 0 || (dt != TF_DT_F32 && dt != TF_DT_F16 && dt != TF_DT_BF16))
+        return snprintf(why, n, "the epilogue is not a bias add"), false;
+    int add = -1;
+    for (int i = 0; i < k->nexprs && add < 0; i++) {
+        const tf_kexpr *x = &k->exprs[i];
+        if (x->kind != TF_KX_OP || x->op != TF_OP_ADD || x->nargs != 2 || x->dtype != dt) continue;
+        for (int q = 0; q < 2 && add < 0; q++) {
+            const tf_kexpr *p = &k->exprs[x->args[q]], *b = &k->exprs[x->args[1 - q]];
+            if (row_major_load(k, p, ob) && bias_load(k, b) && k->bufs[b->buf].value->type.dtype == dt && b->buf != ob) {
+                add = i;
+                e->bias_buf = b->buf;
+            }
+        }
+    }
+    if (add < 0) return snprintf(why, n, "the epilogue has no bias add along the product's rows"), false;
+    /* the product is read by the bias add alone */
+    for (int i = 0; i < k->nexprs; i++) {
+        const tf_kexpr *x = &k->exprs[i];
+        bool prod = x->kind == TF_KX_LOAD && x->buf == ob;
+        for (int q = 0; prod && q < k->nexprs; q++)
+            for (int a = 0; a < k->exprs[q].nargs && a < 3; a++)
+                if (k->exprs[q].args[a] == i && q != add) return snprintf(why, n, "the epilogue reads the product apart from its bias add"), false;
+        for (int s = 0; prod && s < k->nstores; s++)
+            if (k->stores[s].expr == i) return snprintf(why, n, "the epilogue stores the product itself"), false;
+    }
+    int relu = -1, users = 0;
+    for (int i = 0; i < k->nexprs; i++)
+        for (int a = 0; a < k->exprs[i].nargs && a < 3; a++)
+            if (k->exprs[i].args[a] == add) {
+                users++;
+                if (k->exprs[i].kind == TF_KX_OP && k->exprs[i].op == TF_OP_RELU && k->exprs[i].dtype == dt) relu = i;
+            }
+    /* a value the GEMM can write: the region's store of `expr`, of the product's dtype and size, overlapping nothing */
+    int d_store = -1, act_store = -1;
+    for (int s = 0; s < k->nstores; s++) {
+        const tf_kbuf *b = &k->bufs[k->stores[s].buf];
+        bool fits = b->disjoint && b->value->type.dtype == dt && tf_type_numel(&b->value->type) == tf_type_numel(&out->type) &&
+                    !k->stores[s].reduced_domain;
+        if (fits && k->stores[s].expr == add && d_store < 0) d_store = s;
+        if (fits && relu >= 0 && k->stores[s].expr == relu) act_store = s;
+    }
+    e->d_buf = ob;
+    if (k->nstores == 1 && act_store == 0 && users == 1) {   /* relu(x @ w + b) alone: nothing left to do */
+        e->kind = TF_GEMM_EPI_RELU_BIAS;
+        e->d_buf = k->stores[0].buf;
+        return true;
+    }
+    e->kind = TF_GEMM_EPI_BIAS;
+    if (k->nstores == 1 && d_store == 0 && !users) {   /* x @ w + b alone */
+        e->d_buf = k->stores[0].buf;
+        return true;
+    }
+    /* the rest stays: the bias add becomes a load of what the GEMM wrote */
+    tf_kernel *r = tf_calloc(1, sizeof *r);
+    if (r) *r = *k;
+    if (!r || !(r->exprs = tf_malloc((size_t)k->nexprs * sizeof *r->exprs)) ||
+        !(r->stores = tf_malloc((size_t)k->nstores * sizeof *r->stores))) {
+        if (r) tf_free(r->exprs);
+        tf_free(r);
+        *oom = true;
+        return false;
+    }
+    memcpy(r->exprs, k->exprs, (size_t)k->nexprs * sizeof *r->exprs);
+    r->nstores = 0;
+    if (d_store >= 0) e->d_buf = k->stores[d_store].buf;
+    for (int s = 0; s < k->nstores; s++)
+        if (s != d_store) r->stores[r->nstores++] = k->stores[s];
+    tf_kexpr *x = &r->exprs[add];
+    const tf_node *node = x->node;
+    memset(x, 0, sizeof *x);
+    x->kind = TF_KX_LOAD;
+    x->dtype = dt;
+    x->buf = e->d_buf;
+    x->node = node;
+    int64_t st = 1;
+    for (int a = k->rank - 1; a >= 0; a--) {
+        x->strides[a] = k->dims[a] > 1 ? st : 0;
+        st *= k->dims[a];
+    }
+    if (!r->nstores) {   /* never: a region stores something */
+        epi_free(r);
+        r = NULL;
+    }
+    e->rest = r;
+    return true;
+}
+
 /* Plan kernel gk's matmul; false with the reason in gk->why when cuBLASLt
  * cannot take it (the host then runs it). */
-static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
+static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *oom_out)
 {
     const tf_node *n = gk->k->lib;
     const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
@@ -555,6 +708,8 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
     mm->calls = 1;
     mm->step_c = d.M * d.N;
     tf_cu_deviceptr pa = dev_of(c, av), pb = dev_of(c, bv), pc = dev_of(c, ov);
+    if (ep && ep->kind != TF_GEMM_EPI_NONE) pc = dev_of(c, gk->k->bufs[ep->d_buf].value);
+    mm->d = pc;
     uint64_t mix_a = pa, mix_b = pb, mix_c = pc;
     d.batch = 1;
     if (rb == 0 && !d.ta && a_full) {
@@ -615,6 +770,15 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
     d.align_b = tf_gemm_alignment(mix_b);
     d.align_c = tf_gemm_alignment(mix_c);
     char err[400];
+    if (ep && ep->kind != TF_GEMM_EPI_NONE) {
+        if (d.batch != 1 || mm->calls != 1) {
+            gemm_call_free(c, mm);
+            snprintf(gk->why, sizeof gk->why, "a batched GEMM");
+            return false;
+        }
+        d.epilogue = ep->kind;
+        d.bias = dev_of(c, gk->k->bufs[ep->bias_buf].value);
+    }
     tf_cuda_status st = tf_gemm_plan(&c->libs, c->lt, &d, &mm->g, err, sizeof err);
     if (st) {
         set_text(gk->why, sizeof gk->why, err);
@@ -630,7 +794,7 @@ static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
 {
     const tf_node *n = gk->k->lib;
     gemm_call *mm = gk->mm;
-    tf_cu_deviceptr pa = dev_of(c, n->in[0]), pb = dev_of(c, n->in[1]), pc = dev_of(c, n->out);
+    tf_cu_deviceptr pa = dev_of(c, n->in[0]), pb = dev_of(c, n->in[1]), pc = mm->d;
     char err[600];
     for (int64_t i = 0; i < mm->calls; i++) {
         tf_cu_deviceptr a = pa + (mm->off_a ? (tf_cu_deviceptr)mm->off_a[i] * mm->esz_ab : 0);
@@ -914,10 +1078,38 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             snprintf(gk->why, sizeof gk->why, "--cuda-fallback=all");
             continue;
         }
-        bool code = k->nexprs && (!k->lib || k->nstores);   /* the whole kernel, or a GEMM region's epilogue */
+        /* a matmul first: cuBLASLt may take over its region's bias (and ReLU) */
+        const tf_kernel *ek = k;   /* the code to emit: the kernel, or what its GEMM leaves of it */
+        bool gemm_done = false, oom_hit = false;
+        if (k->lib && k->lib->op == TF_OP_MATMUL && c->lt_ok) {
+            epi_plan ep;
+            char why[200];
+            bool use = plan_epilogue(k, &ep, &oom_hit, why, sizeof why);
+            if (use && gemm_setup(c, gk, &ep, &oom_hit)) {
+                static const char *const names[] = {"none", "BIAS", "RELU_BIAS"};
+                snprintf(gk->epi, sizeof gk->epi, "%s (bias %.60s, written to %.60s)%s", names[ep.kind],
+                         k->bufs[ep.bias_buf].value->name ? k->bufs[ep.bias_buf].value->name : "?",
+                         k->bufs[ep.d_buf].value->name ? k->bufs[ep.d_buf].value->name : "?",
+                         ep.rest ? "; the rest of the region in its epilogue kernel" : "; no epilogue kernel");
+                gk->rest = ep.rest;
+                ek = ep.rest;
+                gemm_done = true;
+            } else {
+                epi_free(ep.rest);
+                if (use && !oom_hit) snprintf(why, sizeof why, "cuBLASLt takes no bias epilogue here (%.150s)", gk->why);
+                snprintf(gk->epi, sizeof gk->epi, "none: %s", why);
+                gemm_done = !oom_hit && gemm_setup(c, gk, NULL, &oom_hit);
+            }
+            if (oom_hit) {
+                st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the GEMM of kernel %s", k->name);
+                break;
+            }
+            if (gemm_done) gk->how = RUN_GEMM;
+        }
+        bool code = ek && ek->nexprs && (!ek->lib || ek->nstores);   /* the whole kernel, or a GEMM region's epilogue */
         if (code) {
             tf_diag d = {0};
-            if (tf_cuda_emit(k, &jobs[njobs].kernel, &d)) {
+            if (tf_cuda_emit(ek, &jobs[njobs].kernel, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) {
                     st = tf_from_diag(s->ctx, &d);
                     break;
@@ -933,8 +1125,8 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             gk->how = code ? RUN_JIT : RUN_NOTHING;
             continue;
         }
-        bool oom_hit = false;
-        if (k->lib->op == TF_OP_MATMUL && gemm_setup(c, gk, &oom_hit)) gk->how = RUN_GEMM;
+        if (gemm_done) continue;
+        if (k->lib->op == TF_OP_MATMUL && gemm_setup(c, gk, NULL, &oom_hit)) gk->how = RUN_GEMM;
         else if (is_conv(k->lib->op) && conv_setup(c, gk, &oom_hit)) gk->how = RUN_CONV;
         else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the %s of kernel %s",
                                             k->lib->op == TF_OP_MATMUL ? "GEMM" : "convolution", k->name);
@@ -1214,6 +1406,7 @@ static void cuda_free(tf_session_t *s)
         tf_free(c->ks[i].dptr);
         tf_free(c->ks[i].args);
         gemm_call_free(c, c->ks[i].mm);
+        epi_free(c->ks[i].rest);
         conv_free(c, c->ks[i].conv);
     }
     tf_free(c->ks);
@@ -1418,6 +1611,8 @@ static tf_status cuda_create(tf_session_t *s)
                 c->arch, c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why,
                 c->dnn_ok ? dnn : c->dnn_why);
         explain_convs(c);
+        for (int i = 0; i < c->plan->nkernels; i++)
+            if (c->ks[i].how == RUN_GEMM) fprintf(stderr, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
         for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
                 fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,

@@ -346,6 +346,55 @@ static void examples(void)
     }
 }
 
+/* ---- cuBLASLt epilogues: a bias (and ReLU) in the GEMM, the rest in the epilogue kernel ---- */
+
+static void epilogues(void)
+{
+    static const struct { const char *label, *text; int kernels; } cases[] = {
+        /* relu(x w + b) alone: the GEMM does it all, no kernel is generated */
+        {"relu(x w + b)", "input x : f32[37, 24]\nparam w : f32[24, 19] = uniform()\nparam b : f32[19] = uniform()\n"
+                          "h = linear(x, w, b)\ny = relu(h)\noutput y\n", 0},
+        /* x w + b alone */
+        {"x w + b", "input x : f32[37, 24]\nparam w : f32[24, 19] = uniform()\nparam b : f32[19] = uniform()\n"
+                    "y = linear(x, w, b)\noutput y\n", 0},
+        /* both stored: the GEMM writes x w + b, one kernel takes its ReLU */
+        {"x w + b and its relu", "input x : f32[37, 24]\nparam w : f32[24, 19] = uniform()\nparam b : f32[19] = uniform()\n"
+                                 "h = linear(x, w, b)\ny = relu(h)\noutput h\noutput y\n", 1},
+        /* the product read apart from the bias add: no epilogue, one kernel */
+        {"x w + b and x w", "input x : f32[37, 24]\ninput w : f32[24, 19]\ninput b : f32[19]\np = matmul(x, w)\n"
+                            "h = add(p, b)\nz = mul(p, p)\noutput h\noutput z\n", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int pi = 0; pi < 3; pi++) {
+            static const char *const names[] = {"f32", "bf16", "f16"};
+            char lab[200], text[1024];
+            snprintf(lab, sizeof lab, "epilogue: %s [%s]", cases[i].label, names[pi]);
+            /* the model in each storage type */
+            const char *src = cases[i].text;
+            size_t at = 0;
+            for (const char *p = src; *p && at + 8 < sizeof text; p++) {
+                if (!strncmp(p, "f32", 3)) {
+                    at += (size_t)snprintf(text + at, sizeof text - at, "%s", names[pi]);
+                    p += 2;
+                } else {
+                    text[at++] = *p;
+                }
+            }
+            text[at] = 0;
+            pair q;
+            if (pair_make(&q, lab, text, TF_MODE_INFER, NULL, NULL, 0) && pair_step(&q, lab)) {
+                pair_compare(&q, lab, false, state_tol(), 0);
+                tf_session_info info;
+                tf_session_get_info(q.dev, &info);
+                CHECK(info.jit_compiled + info.jit_cached == cases[i].kernels && info.fallbacks == 0,
+                      "%s: %d generated kernels beside the GEMM (want %d), %d on the host", lab, info.jit_compiled + info.jit_cached,
+                      cases[i].kernels, info.fallbacks);
+            }
+            pair_free(&q);
+        }
+    }
+}
+
 /* ---- CUDA graphs: a replayed step computes exactly what a launched one does ------------ */
 
 static bool same_bytes(const tf_tensor_view *a, const tf_tensor_view *b)
@@ -740,6 +789,7 @@ int main(int argc, char **argv)
     ops();
     examples();
     if (!g_fake) graphs();   /* the fake driver runs no kernel, and captures nothing */
+    if (!g_fake) epilogues();   /* nor has it a cuBLASLt */
     contract();
     if (g_fake) {
         fake_compiles(cache);
