@@ -16,7 +16,7 @@
 #include "cli.h"
 
 const char bench_synopsis[] =
-    "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--iters N] [--warmup N] [--threads N] [--profile]\n"
+    "FILE [--mode=train|infer] [--target=interp|cpu|cuda|cuda-emu] [--iters N] [--warmup N] [--threads N] [--profile]\n"
     "                     [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--checkpoint=auto --memory-budget=B]";
 const char bench_help[] =
     "Time one step of a model on random inputs: prints key: value lines (target, mode, threads,\n"

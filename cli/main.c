@@ -243,7 +243,8 @@ static int parse_args(int argc, char **argv, args *a)
             if (!strcmp(v, "interp")) a->target = TF_TARGET_INTERP;
             else if (!strcmp(v, "cpu")) a->target = TF_TARGET_CPU;
             else if (!strcmp(v, "cuda")) a->target = TF_TARGET_CUDA;
-            else return cli_usage_error(cmd, "--target expects interp, cpu or cuda, found '%s'", v);
+            else if (!strcmp(v, "cuda-emu")) a->target = TF_TARGET_CUDA_EMU;
+            else return cli_usage_error(cmd, "--target expects interp, cpu, cuda or cuda-emu, found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--passes"))) {
             NOTE(F_PASSES);
             a->passes = cli_nonempty(cmd, "--passes", v, &r);
@@ -386,7 +387,7 @@ static tf_mode effective_mode(const args *a)
 
 static const char *target_str(tf_target t)
 {
-    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : "cuda";
+    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : "cuda-emu";
 }
 
 /* After parsing: flags the command does not take, and flags that would do
@@ -923,7 +924,7 @@ static const struct {
      "Parse and verify a model, then print its canonical text (every value typed)."},
     {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
-    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda] [--arch=sm_90] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
+    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda|cuda-emu] [--arch=sm_90] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
      "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES]\n"
      "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--dump-llvm=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"

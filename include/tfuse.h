@@ -73,7 +73,10 @@ typedef enum tf_dtype {
     TF_DTYPE_I64, TF_DTYPE_I32, TF_DTYPE_BOOL,
 } tf_dtype;
 
-typedef enum tf_target { TF_TARGET_INTERP, TF_TARGET_CPU, TF_TARGET_CUDA } tf_target;
+/* TF_TARGET_CUDA_EMU: the cuda target's code with its generated CUDA C run
+ * on the host (every thread of every block, stand-ins for the driver,
+ * cuBLASLt and cuDNN): slow and exact, for debugging without a GPU. */
+typedef enum tf_target { TF_TARGET_INTERP, TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_CUDA_EMU } tf_target;
 typedef enum tf_mode { TF_MODE_TRAIN, TF_MODE_INFER } tf_mode;
 /* The precision a program computes in: fp32, or 16-bit activations with f32
  * params (`amp`; in train mode fp16 adds dynamic loss scaling).

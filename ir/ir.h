@@ -72,6 +72,10 @@ bool tf_dtype_from_name(const char *s, size_t n, tf_dt *out);
 /* Round a value to what the dtype can hold (f32/f16/bf16 rounding to nearest
  * even, integers truncated toward zero, bool to 0/1). */
 double tf_dtype_round(tf_dt t, double v);
+/* Element i of an array of dtype t in storage form (f16/bf16 as their 16 bits,
+ * bool as a byte), as a double; and v stored there, rounded to t. */
+double tf_elem_load(tf_dt t, const void *base, int64_t i);
+void tf_elem_store(tf_dt t, void *base, int64_t i, double v);
 
 /* tfuse's own exp, expm1 and tanh (double in, double out), used by the op
  * table's scalar functions, hence by the interpreter, and spelled operation

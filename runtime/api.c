@@ -167,7 +167,7 @@ tf_target tf_default_target(void)
 
 static const char *target_name(tf_target t)
 {
-    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : "?";
+    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : t == TF_TARGET_CUDA_EMU ? "cuda-emu" : "?";
 }
 
 static void add_stat(tf_program_t *p, const char *name, int64_t v)
@@ -463,7 +463,7 @@ tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *opts, c
     }
     tf_strbuf t = {0};
     tf_strbuf_printf(&t, "tfuse %s\ndefault target: %s\n", TFUSE_VERSION, target_name(tf_default_target()));
-    static const tf_target all[] = {TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_INTERP};
+    static const tf_target all[] = {TF_TARGET_CPU, TF_TARGET_CUDA, TF_TARGET_CUDA_EMU, TF_TARGET_INTERP};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         const tf_backend *be = tf_backend_for(all[i]);
         const char *why = be ? be->unavailable() : "not part of this build yet";

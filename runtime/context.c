@@ -107,7 +107,7 @@ void tf_cache_release(tf_cache_t *c)
     int left = --c->refs;
     pthread_mutex_unlock(&c->mu);
     if (left) return;
-    for (int t = TF_TARGET_INTERP; t <= TF_TARGET_CUDA; t++) {
+    for (int t = TF_TARGET_INTERP; t <= TF_TARGET_CUDA_EMU; t++) {
         const tf_backend *be = tf_backend_for((tf_target)t);
         if (be && be->cache_free) be->cache_free(c);
     }
@@ -123,7 +123,7 @@ tf_status tf_cache_set_limit(tf_cache_t *c, int kernels)
     pthread_mutex_lock(&c->mu);
     c->limit = kernels > 1 << 20 ? 1 << 20 : kernels;
     c->limit_from = "set";
-    for (int t = TF_TARGET_INTERP; t <= TF_TARGET_CUDA; t++) {
+    for (int t = TF_TARGET_INTERP; t <= TF_TARGET_CUDA_EMU; t++) {
         const tf_backend *be = tf_backend_for((tf_target)t);
         if (be && be->cache_trim) be->cache_trim(c);
     }
@@ -182,6 +182,7 @@ const tf_backend *tf_backend_for(tf_target t)
     return t == TF_TARGET_INTERP ? &tf_backend_interp
            : t == TF_TARGET_CPU  ? &tf_backend_cpu
            : t == TF_TARGET_CUDA ? &tf_backend_cuda
+           : t == TF_TARGET_CUDA_EMU ? &tf_backend_cuda_emu
                                  : NULL;
 }
 

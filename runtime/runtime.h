@@ -133,7 +133,7 @@ struct tf_backend {
     void (*cache_free)(tf_cache_t *c);
 };
 
-extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda;
+extern const tf_backend tf_backend_interp, tf_backend_cpu, tf_backend_cuda, tf_backend_cuda_emu;
 /* The backend of a target (context.c); NULL for one this build lacks. */
 const tf_backend *tf_backend_for(tf_target t);
 
@@ -167,10 +167,5 @@ const char *tf_op_support_plan(tf_op op, bool (*supports)(const tf_kernel *, cha
  * And back. */
 bool tf_ir_precision_of(tf_precision p, bool *set, tf_ir_precision *out);
 tf_precision tf_precision_of_ir(tf_ir_precision p);
-
-/* Element conversion between doubles and storage dtypes (f16/bf16 as their
- * 16-bit patterns, rounding to nearest even; bool as one byte). */
-double tf_elem_load(tf_dt t, const void *base, int64_t i);
-void tf_elem_store(tf_dt t, void *base, int64_t i, double v);
 
 #endif

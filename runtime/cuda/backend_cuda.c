@@ -49,6 +49,7 @@
 #include "artifact.h"
 #include "blas.h"
 #include "cuda_jit.h"
+#include "emu.h"
 #include "interp.h"
 #include "kernel.h"
 #include "runtime.h"
@@ -140,6 +141,8 @@ typedef struct gkernel {
 } gkernel;
 
 typedef struct cuda_session {
+    bool emu;                   /* cuda-emu: the libraries are emu.h's stand-ins */
+    tf_cuda_search search;      /* where the libraries come from */
     tf_cuda_libs libs;
     char err[2048];             /* the last failed CUDA call's words (TF_CU_CALL) */
     tf_cu_device dev;
@@ -959,7 +962,9 @@ static tf_status pick_arch(tf_session_t *s, cuda_session *c)
 static tf_status open_device(tf_session_t *s, cuda_session *c)
 {
     char err[2048];
-    tf_cuda_libs_load(&c->libs, TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_NVRTC, NULL, err, sizeof err);
+    const char *why = c->emu ? tf_cuda_emu_unavailable() : NULL;
+    if (why) return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda-emu' cannot run here: %s", why);
+    tf_cuda_libs_load(&c->libs, TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_NVRTC, &c->search, err, sizeof err);
     if (!(c->libs.loaded & TF_CUDA_LIB_DRIVER))
         return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda' cannot run here: %s", c->libs.driver_error);
     if (!(c->libs.loaded & TF_CUDA_LIB_NVRTC))
@@ -992,7 +997,7 @@ static void open_cublaslt(cuda_session *c)
         return;
     }
     char err[1200];
-    if (tf_cuda_libs_add(&c->libs, TF_CUDA_LIB_CUBLASLT, NULL, err, sizeof err)) {
+    if (tf_cuda_libs_add(&c->libs, TF_CUDA_LIB_CUBLASLT, &c->search, err, sizeof err)) {
         set_text(c->lt_why, sizeof c->lt_why, c->libs.cublaslt_error);
         return;
     }
@@ -1014,6 +1019,8 @@ static tf_status cuda_create(tf_session_t *s)
     if (!c) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     s->impl = c;
     c->plan = &no_plan;
+    c->emu = s->be == &tf_backend_cuda_emu;
+    c->search.mode = c->emu ? TF_CUDA_SEARCH_EMU : TF_CUDA_SEARCH_ENV;
     c->rt[0] = s->seed;
     c->tf32 = !s->p->settings.no_tf32;
     c->sync_each = s->p->settings.cuda_sync;
@@ -1081,7 +1088,7 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
-    out->library = c->lt_ok ? "cuBLASLt" : "none";
+    out->library = c->lt_ok ? (c->emu ? "cuBLASLt (cuda-emu's stand-in)" : "cuBLASLt") : "none";
 }
 
 /* `tfuse doctor`'s CUDA lines: every library the cuda target would load,
@@ -1166,5 +1173,28 @@ const tf_backend tf_backend_cuda = {
     .info = cuda_info,
     .doctor = cuda_doctor,
     .write_artifact = cuda_write_artifact,
+    .op_support = cuda_op_support,
+};
+
+/* cuda-emu: the same session code over emu.h's stand-ins. */
+static const char *cuda_emu_unavailable(void) { return tf_cuda_emu_unavailable(); }
+
+static void cuda_emu_doctor(tf_strbuf *sb) { tf_cuda_emu_describe(sb); }
+
+const tf_backend tf_backend_cuda_emu = {
+    .name = "cuda-emu",
+    .unavailable = cuda_emu_unavailable,
+    .session_create = cuda_create,
+    .session_free = cuda_free,
+    .run = cuda_run,
+    .state_read = cuda_state_read,
+    .state_write = cuda_state_write,
+    .step_get = cuda_step_get,
+    .step_set = cuda_step_set,
+    .set_profiling = cuda_set_profiling,
+    .profile_count = cuda_profile_count,
+    .profile_get = cuda_profile_get,
+    .info = cuda_info,
+    .doctor = cuda_emu_doctor,
     .op_support = cuda_op_support,
 };

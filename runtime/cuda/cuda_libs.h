@@ -182,6 +182,7 @@ typedef enum tf_cuda_search_mode {
     TF_CUDA_SEARCH_ENV,         /* dirs from $TFUSE_CUDA_LIBS; alone when $TFUSE_CUDA_LIBS_ONLY=1 */
     TF_CUDA_SEARCH_EVERYWHERE,  /* dirs first, then the sonames, the usual places, site-packages */
     TF_CUDA_SEARCH_DIRS_ONLY,   /* dirs alone */
+    TF_CUDA_SEARCH_EMU,         /* none: cuda-emu's host stand-ins (emu.h) */
 } tf_cuda_search_mode;
 
 typedef struct tf_cuda_search {

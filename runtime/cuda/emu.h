@@ -26,6 +26,15 @@
 #include <stddef.h>
 
 #include "cuda_libs.h"
+#include "ir.h"
+
+/* NULL when cuda-emu can run here, else why not (no host C++ compiler, no
+ * cache directory). */
+const char *tf_cuda_emu_unavailable(void);
+/* `tfuse doctor`'s lines: the compiler, its version and the kernel cache. */
+void tf_cuda_emu_describe(tf_strbuf *sb);
+/* Allocations, modules, streams and events alive (a test's leak check). */
+int tf_cuda_emu_live(void);
 
 /* Fill the tables of l named by which (TF_CUDA_LIB_*) with the stand-ins. */
 void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cuda_libs.h"
+#include "emu.h"
 #include "alloc.h"
 
 /* ---- what each library is ---- */
@@ -389,6 +390,10 @@ tf_cuda_status tf_cuda_libs_add(tf_cuda_libs *out, unsigned which, const tf_cuda
     text t = {err, n, 0};
     if (n) err[0] = 0;
     which &= ~out->loaded;
+    if (s && s->mode == TF_CUDA_SEARCH_EMU) {
+        tf_cuda_emu_load(out, which);
+        return TF_CUDA_OK;
+    }
     if (which & TF_CUDA_LIB_NVRTC) {
         finder f = {.spec = &nvrtc_spec, .api = &out->nvrtc};
         if (find(&f, s, out->nvrtc_error, sizeof out->nvrtc_error)) {

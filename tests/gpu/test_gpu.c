@@ -5,6 +5,9 @@
  *                            libcuda.so.1 (host memory for device memory, no
  *                            kernels), and every kernel runs through the
  *                            target's host fallback (TFUSE_CUDA_FALLBACK=all)
+ *   test_gpu --emu           anywhere: the cuda-emu target, the cuda target's
+ *                            code over emu.h's stand-ins: every generated
+ *                            kernel runs, every thread of every block
  *
  * Through the public API, like test_cpu.c for the cpu target: one program,
  * two sessions with the same seed (interp, the float64 oracle, and cuda),
@@ -33,7 +36,8 @@
  * normalized step turns a float-sized gradient difference into a visible
  * one on a few elements), 1e-2 with TF32; 50-step loss curves within 1e-3
  * (2e-2 with TF32). With --fake every kernel is the interpreter's own, so
- * every comparison is exact (tolerance 0). */
+ * every comparison is exact (tolerance 0). With --emu the GEMMs are exact
+ * (the stand-in accumulates in double) and the tolerances are fp32's. */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
@@ -43,6 +47,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "emu.h"
 #include "runtime.h"
 #include "target_cases.h"
 #include "testutil.h"
@@ -57,7 +62,8 @@ const char *__lsan_default_suppressions(void) { return "leak:libcublasLt\n"; }
 
 static uint64_t g_seed;
 static int g_cases;
-static bool g_fake, g_tf32;
+static bool g_fake, g_emu, g_tf32;
+static tf_target g_target = TF_TARGET_CUDA;   /* the device sessions' */
 static int g_opt = 1;                       /* pair_make's options: --O0, passes left out */
 static const char *const *g_disable;
 static size_t g_ndisable;
@@ -82,13 +88,13 @@ static int fake_counter(const char *name)
 /* ---- cuda sessions ------------------------------------------------------------ */
 
 /* The target the programs are compiled for: cuda once api.c knows it. */
-static tf_target compile_target(void) { return tf_backend_for(TF_TARGET_CUDA) ? TF_TARGET_CUDA : TF_TARGET_INTERP; }
+static tf_target compile_target(void) { return tf_backend_for(g_target) ? g_target : TF_TARGET_INTERP; }
 
 /* A cuda session through tf_session_create once api.c has the target; until
  * then built here the way tf_session_create builds one. */
 static tf_status cuda_session(tf_context_t *ctx, const tf_program_t *p, uint64_t seed, tf_session_t **out)
 {
-    if (tf_backend_for(TF_TARGET_CUDA)) return tf_session_create(ctx, p, TF_TARGET_CUDA, seed, out);
+    if (tf_backend_for(g_target)) return tf_session_create(ctx, p, g_target, seed, out);
     *out = NULL;
     const char *why = tf_backend_cuda.unavailable();
     if (why) return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target 'cuda' cannot run here: %s", why);
@@ -338,9 +344,10 @@ static void contract(void)
     CHECK(!tf_session_get_info(q.dev, &info), "info: %s", tf_context_last_error(q.ctx));
     printf("cuda session: %d kernels, %d compiled, %d cached, %d on the host, GEMMs through %s, %.0f ms to start\n", info.kernels,
            info.jit_compiled, info.jit_cached, info.fallbacks, info.library, info.jit_ms);
-    CHECK(!strcmp(info.target, "cuda") && info.threads == 1 && info.kernels > 0, "info says cuda, one thread, kernels");
+    CHECK(!strcmp(info.target, g_emu ? "cuda-emu" : "cuda") && info.threads == 1 && info.kernels > 0, "info says %s, one thread, kernels",
+          g_emu ? "cuda-emu" : "cuda");
     if (g_fake) CHECK(!strcmp(info.library, "none") && info.fallbacks > 0, "everything on the host: %d fallbacks", info.fallbacks);
-    else CHECK(!strcmp(info.library, "cuBLASLt"), "GEMMs through cuBLASLt (got %s)", info.library);
+    else CHECK(!strncmp(info.library, "cuBLASLt", 8), "GEMMs through cuBLASLt (got %s)", info.library);
 
     /* profiles: one entry per kernel, one call each after one run */
     tf_session_set_profiling(q.dev, 1);
@@ -396,8 +403,9 @@ static void contract(void)
     tf_context_create(&ctx);
     const char *big = "dim N = 16\ninput x : f32[4]\nparam w : f32[4, 3] = ones()\na = broadcast(x, shape=[N, 4])\n"
                       "y = matmul(a, w)\nz = reduce_sum(y, axes=[0, 1])\noutput z\n";
-    tf_dim_override dim = {"N", g_fake ? (int64_t)1 << 20 : (int64_t)1 << 36};   /* 16 MiB in a 4 MiB fake; 1 TiB */
+    tf_dim_override dim = {"N", g_fake || g_emu ? (int64_t)1 << 20 : (int64_t)1 << 36};   /* 16 MiB in a 4 MiB fake; 1 TiB */
     if (g_fake) setenv("FAKE_CUDA_MEMORY", "4194304", 1);
+    if (g_emu) setenv("TFUSE_EMU_MEMORY", "4194304", 1);
     tf_model_t *m = NULL;
     tf_program_t *p = NULL;
     tf_session_t *s = NULL;
@@ -416,6 +424,7 @@ static void contract(void)
         printf("out of memory: %s\n", e);
     }
     unsetenv("FAKE_CUDA_MEMORY");
+    unsetenv("TFUSE_EMU_MEMORY");
     tf_session_free(s);
     tf_program_free(p);
     tf_model_free(m);
@@ -499,8 +508,9 @@ int main(int argc, char **argv)
     const char *fake_dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--fake") && i + 1 < argc) fake_dir = argv[++i];
+        else if (!strcmp(argv[i], "--emu")) g_emu = true, g_target = TF_TARGET_CUDA_EMU;
         else {
-            fprintf(stderr, "usage: test_gpu [--fake DIR_WITH_FAKE_LIBCUDA]\n");
+            fprintf(stderr, "usage: test_gpu [--fake DIR_WITH_FAKE_LIBCUDA | --emu]\n");
             return 2;
         }
     }
@@ -521,9 +531,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    g_tf32 = !g_fake && !(getenv("TFUSE_NO_TF32") && !strcmp(getenv("TFUSE_NO_TF32"), "1"));
+    g_tf32 = !g_fake && !g_emu && !(getenv("TFUSE_NO_TF32") && !strcmp(getenv("TFUSE_NO_TF32"), "1"));
     g_seed = test_seed();
-    const char *why = tf_backend_cuda.unavailable();
+    const char *why = g_emu ? tf_backend_for(g_target)->unavailable() : tf_backend_cuda.unavailable();
     if (why && g_fake && getenv("TFUSE_NO_NVRTC") && !strcmp(getenv("TFUSE_NO_NVRTC"), "1")) {
         printf("SKIP: TFUSE_NO_NVRTC=1 and the cuda target cannot start without NVRTC: %s\n", why);
         return 0;
@@ -532,7 +542,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_gpu: the cuda target cannot run here: %s\n", why);
         return 1;
     }
-    printf("cuda target: %s%s; sessions %s\n", g_fake ? "fake driver, every kernel on the host" : "GPU",
+    printf("cuda target: %s%s; sessions %s\n", g_fake ? "fake driver, every kernel on the host" : g_emu ? "cuda-emu, every kernel run on the host" : "GPU",
            g_fake ? "" : g_tf32 ? ", TF32 GEMMs" : ", fp32 GEMMs (TFUSE_NO_TF32=1)",
            tf_backend_for(TF_TARGET_CUDA) ? "through tf_session_create" : "built by the test (api.c does not route TF_TARGET_CUDA yet)");
     ops();
@@ -545,6 +555,7 @@ int main(int argc, char **argv)
         CHECK(fake_counter("fake_cuda_errors") == 0, "no copy or memset outside an allocation, no bad handle (%d)",
               fake_counter("fake_cuda_errors"));
     }
+    if (g_emu) CHECK(tf_cuda_emu_live() == 0, "every cuda-emu allocation, module, stream and event is released (%d left)", tf_cuda_emu_live());
     printf("cuda: %d op cases against the interpreter\n", g_cases);
     return check_report();
 }
