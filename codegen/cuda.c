@@ -211,6 +211,7 @@ typedef struct em {
 
 static bool contiguous(const tf_kernel *k, const int64_t *row, const tf_kexpr *x)
 {
+    if (x->offset) return false;   /* a slice starting past 0: indexed (a vector would lose the alignment) */
     for (int a = 0; a < k->rank; a++)
         if (k->dims[a] > 1 && x->strides[a] != row[a]) return false;
     return true;
@@ -320,7 +321,8 @@ static void load_code(const em *e, int i, char *out, size_t n)
     } else {
         if (e->md == M_FLAT && e->contig[i]) snprintf(off, sizeof off, "i");
         else offset_code(k, x->strides, off, sizeof off);
-        snprintf(ref, sizeof ref, "b%d[%s]", x->buf, off);
+        if (x->offset) snprintf(ref, sizeof ref, "b%d[%lld + %s]", x->buf, (long long)x->offset, off);
+        else snprintf(ref, sizeof ref, "b%d[%s]", x->buf, off);
     }
     switch (k->bufs[x->buf].value->type.dtype) {
     case TF_DT_F16: snprintf(out, n, "__half2float(%s)", ref); break;

@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
+# cuda-emu's compiled kernels do not depend on how tfuse was built: the three
+# builds share one cache (the first compiles, the others load)
+export TFUSE_CACHE_DIR="${TFUSE_CACHE_DIR:-$PWD/build-cache}"
 for variant in build build-asan build-nollvm; do
   flags=()
   [ "$variant" = build-asan ] && flags=(-DTFUSE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug)

@@ -220,9 +220,14 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
                 free(b.data);
                 continue;
             }
+            /* a state that is rounding noise around an exact zero (a conv bias before batchnorm at --O0,
+             * where bias_drop does not remove it, has a zero gradient: both sides hold 1e-11 .. 1e-9) is
+             * not measured against its own size: an RMS difference under 1e-6, fp32's resolution at unit
+             * scale, is rounding either way */
             double e = tc_rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? stol : tol_of(a.dtype), prec_tol);
-            CHECK(e <= t, "%s: state %s (%s): relative L2 error %.3g > %.3g (seed %llu)", label, name, tf_dtype_str(a.dtype), e, t,
-                  (unsigned long long)g_seed);
+            double rms = tc_rel_l2_floor(&b, &a, 1) * (tc_numel(&a) ? 1 : 0);
+            CHECK(e <= t || rms <= 1e-6, "%s: state %s (%s): relative L2 error %.3g > %.3g, RMS difference %.3g (seed %llu)", label, name,
+                  tf_dtype_str(a.dtype), e, t, rms, (unsigned long long)g_seed);
             free(a.data);
             free(b.data);
         }
@@ -276,13 +281,19 @@ static void examples(void)
         char *text = test_read_example(ex->file, path, sizeof path);
         CHECK(text != NULL, "cannot read %s", path);
         if (!text) continue;
-        for (int fp32 = 0; fp32 < 2; fp32++) {
-            char lab[4200];
-            snprintf(lab, sizeof lab, "%s train step [%s]", path, fp32 ? "fp32" : "model precision");
-            pair q;
-            if (pair_make(&q, lab, text, TF_MODE_TRAIN, fp32 ? "fp32" : NULL, dims, ex->nd) && pair_step(&q, lab))
-                pair_compare(&q, lab, true, state_tol(), fp32 ? 0 : tol_of(TF_DTYPE_BF16));
-            pair_free(&q);
+        static const char *const precs[] = {"fp32", "bf16", "fp16"};
+        for (int pi = 0; pi < 4; pi++) {   /* the model's own precision, then each one */
+            const char *prec = pi ? precs[pi - 1] : NULL;
+            double ptol = pi == 2 ? tol_of(TF_DTYPE_BF16) : pi == 3 ? tol_of(TF_DTYPE_F16) : pi == 0 ? tol_of(TF_DTYPE_BF16) : 0;
+            for (int infer = 0; infer < 2; infer++) {
+                if (infer && !pi) continue;
+                char lab[4200];
+                snprintf(lab, sizeof lab, "%s %s step [%s]", path, infer ? "infer" : "train", prec ? prec : "model precision");
+                pair q;
+                if (pair_make(&q, lab, text, infer ? TF_MODE_INFER : TF_MODE_TRAIN, prec, dims, ex->nd) && pair_step(&q, lab))
+                    pair_compare(&q, lab, !infer, state_tol(), ptol);
+                pair_free(&q);
+            }
         }
         /* other plans of the same step: --O0 (no fusion, no in-place reuse), no memplan (every value in
          * its own block), no fusion */
@@ -304,26 +315,30 @@ static void examples(void)
             g_disable = NULL;
             g_ndisable = 0;
         }
-        char lab[4200];
-        snprintf(lab, sizeof lab, "%s 50 steps", path);
-        pair q;
-        if (pair_make(&q, lab, text, TF_MODE_TRAIN, "fp32", dims, ex->nd)) {
-            double first = 0, last = 0, worst = 0;
-            for (int step = 0; step < 50 && pair_step(&q, lab); step++) {
-                tf_tensor_view a, b;
-                tf_session_output(q.ref, "loss", &a);
-                tf_session_output(q.dev, "loss", &b);
-                double la = *(const float *)a.data, lb = *(const float *)b.data;
-                double e = fabs(la - lb) / (1 + fabs(la));
-                if (e > worst || isnan(e)) worst = isnan(e) ? INFINITY : e;
-                if (!step) first = la;
-                last = la;
+        for (int pi = 0; pi < 3; pi++) {
+            char lab[4200];
+            snprintf(lab, sizeof lab, "%s 50 steps [%s]", path, precs[pi]);
+            /* 16-bit: both sides round every activation alike, and differ by float accumulation order */
+            double ctol = pi ? tol_of(pi == 1 ? TF_DTYPE_BF16 : TF_DTYPE_F16) : curve_tol();
+            pair q;
+            if (pair_make(&q, lab, text, TF_MODE_TRAIN, precs[pi], dims, ex->nd)) {
+                double first = 0, last = 0, worst = 0;
+                for (int step = 0; step < 50 && pair_step(&q, lab); step++) {
+                    tf_tensor_view a, b;
+                    tf_session_output(q.ref, "loss", &a);
+                    tf_session_output(q.dev, "loss", &b);
+                    double la = tf_view_element(&a, 0), lb = tf_view_element(&b, 0);
+                    double e = fabs(la - lb) / (1 + fabs(la));
+                    if (e > worst || isnan(e)) worst = isnan(e) ? INFINITY : e;
+                    if (!step) first = la;
+                    last = la;
+                }
+                printf("%s: loss %.5f -> %.5f, worst relative difference cuda vs interp %.3g\n", lab, first, last, worst);
+                CHECK(worst <= ctol, "%s: loss curves differ by %.3g (seed %llu)", lab, worst, (unsigned long long)g_seed);
+                CHECK(last < first, "%s: the loss went down (%g -> %g)", lab, first, last);
             }
-            printf("%s: loss %.5f -> %.5f, worst relative difference cuda vs interp %.3g\n", lab, first, last, worst);
-            CHECK(worst <= curve_tol(), "%s: loss curves differ by %.3g (seed %llu)", lab, worst, (unsigned long long)g_seed);
-            CHECK(last < first, "%s: the loss went down (%g -> %g)", lab, first, last);
+            pair_free(&q);
         }
-        pair_free(&q);
         free(text);
     }
 }
@@ -531,6 +546,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    if (g_emu && !getenv("TFUSE_CACHE_DIR")) setenv("TFUSE_CACHE_DIR", "emu-cache", 1);   /* the compiled kernels, beside the test */
     g_tf32 = !g_fake && !g_emu && !(getenv("TFUSE_NO_TF32") && !strcmp(getenv("TFUSE_NO_TF32"), "1"));
     g_seed = test_seed();
     const char *why = g_emu ? tf_backend_for(g_target)->unavailable() : tf_backend_cuda.unavailable();

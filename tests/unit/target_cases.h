@@ -207,7 +207,10 @@ static inline double tc_compare_elems(const tf_tensor_view *got, const tf_tensor
 }
 
 /* ||got - want|| / ||want|| (the absolute norm when want is 0). */
-static inline double tc_rel_l2(const tf_tensor_view *got, const tf_tensor_view *want)
+/* ||got - want|| / max(||want||, floor * sqrt(n)): relative, but never finer
+ * than `floor` per element (floor 1 and a tensor of elements below 1: the RMS
+ * difference). */
+static inline double tc_rel_l2_floor(const tf_tensor_view *got, const tf_tensor_view *want, double floor)
 {
     int64_t n = tc_numel(want);
     double num = 0, den = 0;
@@ -216,7 +219,10 @@ static inline double tc_rel_l2(const tf_tensor_view *got, const tf_tensor_view *
         num += (g - w) * (g - w);
         den += w * w;
     }
+    if (den < floor * floor * (double)n) den = floor * floor * (double)n;
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+static inline double tc_rel_l2(const tf_tensor_view *got, const tf_tensor_view *want) { return tc_rel_l2_floor(got, want, 0); }
 
 #endif
