@@ -15,7 +15,8 @@
  * scatter_add, concat and slice_grad kernel of the examples, and a set of
  * models of those ops in f32, bf16, f16 and f64 (the copies and scatter_add
  * also in i32, i64 and bool) at odd shapes: padding, strides above 1,
- * non-square windows, windows that skip elements, concat along the first,
+ * non-square windows, windows that skip elements, tensors of 2^30 elements
+ * and more (64-bit indices), concat along the first,
  * a middle and the last axis (an operand twice), gather from tables of rank
  * 1 to 3 with i32 and i64 ids, slice_grad with steps and a negative start.
  * Each is emitted (matmul and the convolutions are not, with a reason),
@@ -348,6 +349,38 @@ static void emit_library_ops(const char *dt)
     emit_model(label, text, TF_IR_INFER, TF_PREC_FP32, NULL, 0);
 }
 
+/* Tensors of 2^30 elements and more: the library kernels index in 64 bits. */
+static void emit_library_wide(void)
+{
+    static const char *t =
+        "input ids : i64[8]\ninput tab : f32[65536, 16384]\ninput a : bf16[32768, 32768]\ninput x : f16[1, 1, 32768, 32768]\n"
+        "input dy : f32[8, 16384]\n"
+        "g = gather(ids, tab)\ns = scatter_add(ids, dy, shape=[65536, 16384])\nc = concat(a, a, axis=1)\n"
+        "z = slice_grad(a, axis=0, start=1, end=65536, step=2, size=65536)\np = maxpool2d(x, kernel=3, stride=2, padding=1)\n"
+        "q = maxpool2d_grad(x, p, kernel=3, stride=2, padding=1)\noutput g\noutput s\noutput c\noutput z\noutput q\n";
+    tf_kernel_plan plan = {0};
+    tf_module *m = compile_model("library ops, 64-bit indices", t, TF_IR_INFER, TF_PREC_FP32, NULL, 0, &plan);
+    if (!m) return;
+    int wide = 0;
+    for (int i = 0; i < plan.nkernels; i++) {
+        const tf_kernel *k = &plan.kernels[i];
+        if (!tf_cuda_library_supports(k, NULL, 0)) continue;
+        tf_cuda_kernel ck;
+        tf_diag d = {0};
+        if (tf_cuda_emit_library(k, &ck, &d)) {
+            CHECK(0, "wide: %s: %s", k->name, d.msg);
+            continue;
+        }
+        CHECK(ck.wide_index && strstr(ck.src, "typedef long long tf_idx;"), "wide: %s indexes in 64 bits", k->name);
+        wide += ck.wide_index;
+        remember("library ops, 64-bit indices", &ck);
+        tf_cuda_kernel_free(&ck);
+    }
+    CHECK(wide == 6, "wide: six library kernels (%d)", wide);
+    tf_kernels_free(&plan);
+    tf_module_free(m);
+}
+
 /* ---- the loader ---- */
 
 static void loader_failures(const char *tmpdir)
@@ -553,6 +586,7 @@ int main(void)
     emit_dropout();
     static const char *lib_dts[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "bool"};
     for (size_t i = 0; i < sizeof lib_dts / sizeof *lib_dts; i++) emit_library_ops(lib_dts[i]);
+    emit_library_wide();
     static const int lib_ops[] = {TF_OP_MAXPOOL2D, TF_OP_AVGPOOL2D, TF_OP_MAXPOOL2D_GRAD, TF_OP_AVGPOOL2D_GRAD,
                                   TF_OP_GATHER, TF_OP_SCATTER_ADD, TF_OP_CONCAT, TF_OP_SLICE_GRAD};
     static const tf_dt lib_fl[] = {TF_DT_F32, TF_DT_BF16, TF_DT_F16, TF_DT_F64};
