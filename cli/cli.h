@@ -53,6 +53,7 @@ typedef struct args {
     const char *llvm_pipeline;    /* --llvm-pipeline=PIPE */
     bool no_tf32, cuda_sync, cuda_explain;   /* --no-tf32, --cuda-sync, --cuda-explain */
     const char *cuda_fallback;    /* --cuda-fallback=all|none; NULL: not given */
+    const char *cuda_graphs;      /* --cuda-graphs=on|off; NULL: not given */
     uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
     unsigned short seen[40];  /* how often each flag of main.c's table was given */
 } args;

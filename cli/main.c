@@ -39,6 +39,8 @@
     "  --cuda-sync            cuda: synchronize after every kernel, so a fault names its kernel (TFUSE_CUDA_SYNC=1)\n" \
     "  --cuda-fallback=all|none  cuda: every kernel on the host, or not (TFUSE_CUDA_FALLBACK=all)\n"            \
     "  --cuda-explain         cuda: print what compiled and what runs on the host, and why (TFUSE_CUDA_EXPLAIN=1)\n" \
+    "  --cuda-graphs=on|off   cuda: the step captured as one CUDA graph and replayed, or launched kernel by kernel\n" \
+    "                         (TFUSE_CUDA_GRAPHS=0: off; default on)\n" \
     "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
     "                         default 2048)"
 
@@ -118,7 +120,7 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_JIT_CACHE_KERNELS, NFLAGS
+    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, NFLAGS
 } flag_id;
 
 static const struct flag_info {
@@ -160,6 +162,7 @@ static const struct flag_info {
     [F_CUDA_SYNC]      = {"--cuda-sync",      C_SETTING,                   false, NULL},
     [F_CUDA_FALLBACK]  = {"--cuda-fallback",  C_SETTING,                   false, NULL},
     [F_CUDA_EXPLAIN]   = {"--cuda-explain",   C_SETTING,                   false, NULL},
+    [F_CUDA_GRAPHS]    = {"--cuda-graphs",    C_SETTING,                   false, NULL},
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
 };
 
@@ -349,6 +352,10 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (!strcmp(s, "--cuda-explain")) {
             NOTE(F_CUDA_EXPLAIN);
             a->cuda_explain = true;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-graphs"))) {
+            NOTE(F_CUDA_GRAPHS);
+            if (strcmp(v, "on") && strcmp(v, "off")) return cli_usage_error(cmd, "--cuda-graphs expects on or off, found '%s'", v);
+            a->cuda_graphs = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-fallback"))) {
             NOTE(F_CUDA_FALLBACK);
             if (strcmp(v, "all") && strcmp(v, "none"))
@@ -666,6 +673,7 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     if (a->cuda_sync) o->cuda_sync = 1;
     if (a->cuda_explain) o->cuda_explain = 1;
     if (a->cuda_fallback) o->cuda_fallback_all = !strcmp(a->cuda_fallback, "all");
+    if (a->cuda_graphs) o->cuda_no_graphs = !strcmp(a->cuda_graphs, "off");
 }
 
 static int cmd_opt(tf_context_t *ctx, const args *a)

@@ -227,6 +227,9 @@ typedef struct tf_compile_options {
     int cuda_explain;           /* cuda: when a session starts, print to stderr what compiled, what came
                                  * from the cache and which kernels run on the host and why.
                                  * TFUSE_CUDA_EXPLAIN=1, --cuda-explain */
+    int cuda_no_graphs;         /* cuda: launch the step's kernels one by one instead of capturing the
+                                 * step as a CUDA graph on the first run and replaying it after.
+                                 * TFUSE_CUDA_GRAPHS=0, --cuda-graphs=off */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
@@ -336,6 +339,11 @@ typedef struct tf_session_info {
     int threads, kernels, jit_compiled, jit_cached, fallbacks;
     double jit_ms;
     const char *library;
+    /* cuda: how a step runs: "graph" (captured as one CUDA graph on its first
+     * run, replayed since: graph_replays times), or why it is launched kernel
+     * by kernel; NULL on targets without graphs */
+    const char *step_graph;
+    int64_t graph_replays;
 } tf_session_info;
 tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
 

@@ -148,6 +148,7 @@ static void settings_from_env(tf_compile_options *o)
     o->cuda_sync = env_is("TFUSE_CUDA_SYNC", "1");
     o->cuda_fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
     o->cuda_explain = env_is("TFUSE_CUDA_EXPLAIN", "1");
+    o->cuda_no_graphs = env_is("TFUSE_CUDA_GRAPHS", "0");
 }
 
 void tf_compile_options_init(tf_compile_options *o)
@@ -340,7 +341,8 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
-                                       .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0};
+                                       .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0,
+                                       .cuda_no_graphs = opts->cuda_no_graphs != 0};
     if (opts->llvm_pipeline && !(p->settings.llvm_pipeline = tf_strdup(opts->llvm_pipeline))) {
         tf_program_free(p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
@@ -430,6 +432,7 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
         {"cuda_sync", "TFUSE_CUDA_SYNC", "on", "off", "1", o->cuda_sync != 0, env.cuda_sync},
         {"cuda_fallback", "TFUSE_CUDA_FALLBACK", "all", "none", "all", o->cuda_fallback_all != 0, env.cuda_fallback_all},
         {"cuda_explain", "TFUSE_CUDA_EXPLAIN", "on", "off", "1", o->cuda_explain != 0, env.cuda_explain},
+        {"cuda_graphs", "TFUSE_CUDA_GRAPHS", "off", "on", "0", o->cuda_no_graphs != 0, env.cuda_no_graphs},
     };
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         tf_strbuf_printf(t, "setting %s: %s (%s)\n", flags[i].name, flags[i].v ? flags[i].on : flags[i].off,

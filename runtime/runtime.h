@@ -45,7 +45,7 @@ tf_allocator tf_context_allocator(const tf_context_t *ctx);
  * their defaults in tf_compile_options_init); a program keeps a copy. */
 typedef struct tf_target_settings {
     char *llvm_pipeline;    /* cpu: NULL = tfuse's own; owned */
-    bool no_tf32, cuda_sync, cuda_fallback_all, cuda_explain;
+    bool no_tf32, cuda_sync, cuda_fallback_all, cuda_explain, cuda_no_graphs;
 } tf_target_settings;
 
 struct tf_model {

@@ -195,6 +195,16 @@ typedef struct cuda_session {
     tf_cublaslt_handle lt;
     bool lt_ok;
     char lt_why[1200];
+    /* constants written inside a step (a reshape of a number, an update to one): their bytes wait in
+     * device memory, filled when the session starts, so that writing them is a device copy */
+    tf_cu_deviceptr *kpool;     /* per kernel: the filled constant of a RUN_VIEW of a number, 0: none */
+    tf_cu_deviceptr *upool;     /* per update: the filled constant it writes, 0: none */
+    /* CUDA graphs: the step captured on its first run, replayed after */
+    bool graphs;
+    char graph_why[240];        /* why the step runs kernel by kernel, when it does */
+    tf_cu_graph graph;
+    tf_cu_graph_exec gexec;
+    int64_t replays;
     /* behaviour */
     bool tf32, sync_each, fallback_all;
     bool profile;
@@ -255,6 +265,8 @@ typedef struct layout {
     int64_t *at;                /* per value id: byte offset, -1: none */
     bool *in_arena;             /* per value id */
     int64_t *stage_at;          /* per update: offset of its staging, -1: none */
+    int64_t *kpool_at;          /* per kernel: offset of a RUN_VIEW constant's filled bytes, -1: none */
+    int64_t *upool_at;          /* per update to a constant: offset of its filled bytes, -1: none */
     size_t rt_at, ws_at, size;
 } layout;
 
@@ -315,6 +327,27 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
         L->stage_at[i] = (int64_t)L->size;
         L->size += value_bytes(v) ? value_bytes(v) : 1;
     }
+    /* constants a step writes: a reshape of a number, an update to one */
+    L->kpool_at = tf_malloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1) * sizeof *L->kpool_at);
+    L->upool_at = tf_malloc((size_t)(m->nupdates ? m->nupdates : 1) * sizeof *L->upool_at);
+    if (!L->kpool_at || !L->upool_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *k = &c->plan->kernels[i];
+        L->kpool_at[i] = -1;
+        if (k->kind != TF_K_VIEW || k->lib->in[0]->kind != TF_VAL_CONST) continue;
+        const tf_value *dst = root_of(k->lib->out);
+        if (L->at[dst->id] < 0) continue;
+        L->size = align_up(L->size);
+        L->kpool_at[i] = (int64_t)L->size;
+        L->size += value_bytes(k->lib->out) ? value_bytes(k->lib->out) : 1;
+    }
+    for (int i = 0; i < m->nupdates; i++) {
+        L->upool_at[i] = -1;
+        if (m->updates[i].value->kind != TF_VAL_CONST) continue;
+        L->size = align_up(L->size);
+        L->upool_at[i] = (int64_t)L->size;
+        L->size += value_bytes(m->updates[i].buffer) ? value_bytes(m->updates[i].buffer) : 1;
+    }
     L->size = align_up(L->size);
     L->rt_at = L->size;
     c->nerr = 0;
@@ -371,6 +404,13 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
         if (L->at[i] >= 0) c->ptr[i] = (L->in_arena[i] ? c->arena : c->state) + (tf_cu_deviceptr)L->at[i];
     for (int i = 0; i < m->nupdates; i++)
         if (L->stage_at[i] >= 0) c->stage[i] = c->state + (tf_cu_deviceptr)L->stage_at[i];
+    c->kpool = tf_calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *c->kpool);
+    c->upool = tf_calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *c->upool);
+    if (!c->kpool || !c->upool) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < c->plan->nkernels; i++)
+        if (L->kpool_at[i] >= 0) c->kpool[i] = c->state + (tf_cu_deviceptr)L->kpool_at[i];
+    for (int i = 0; i < m->nupdates; i++)
+        if (L->upool_at[i] >= 0) c->upool[i] = c->state + (tf_cu_deviceptr)L->upool_at[i];
     c->rt_dev = c->state + L->rt_at;
     c->err_dev = c->rt_dev + 16;
     c->ws_dev = c->ws_bytes ? c->state + L->ws_at : 0;
@@ -435,6 +475,28 @@ static tf_status initial_state(tf_session_t *s, cuda_session *c)
         st = cu_fail(s, c, r, "copying the initial params to the GPU");
     tf_free(buf);
     return st;
+}
+
+/* The constants a step writes, filled once into their device copies. */
+static tf_status fill_pools(tf_session_t *s, cuda_session *c)
+{
+    const tf_module *m = s->p->m;
+    for (int i = 0; i < c->plan->nkernels + m->nupdates; i++) {
+        bool kern = i < c->plan->nkernels;
+        tf_cu_deviceptr to = kern ? c->kpool[i] : c->upool[i - c->plan->nkernels];
+        if (!to) continue;
+        const tf_value *dst = kern ? c->plan->kernels[i].lib->out : m->updates[i - c->plan->nkernels].buffer;
+        const tf_value *src = kern ? c->plan->kernels[i].lib->in[0] : m->updates[i - c->plan->nkernels].value;
+        size_t bytes = value_bytes(dst);
+        unsigned char *h = tf_malloc(bytes ? bytes : 1);
+        if (!h) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        double x = tf_dtype_round(src->type.dtype, src->cval);
+        for (int64_t j = 0; j < numel(dst); j++) tf_elem_store(dst->type.dtype, h, j, x);
+        tf_cu_result r = bytes ? c->libs.cu.MemcpyHtoD(to, h, bytes) : 0;
+        tf_free(h);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoD", __FILE__, __LINE__, c->err, sizeof c->err)) return cu_fail(s, c, r, "filling a constant");
+    }
+    return TF_OK;
 }
 
 /* ---- matmul through cuBLASLt ---------------------------------------------------- */
@@ -654,17 +716,13 @@ static tf_status run_fallback(tf_session_t *s, cuda_session *c, const tf_kernel 
     return st;
 }
 
-/* Fill a device value with a constant (a reshape of a number, an update or
- * output that is one). */
-static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *dst, const tf_value *src)
+/* Write a constant's filled bytes (pool: fill_pools made them) into dst:
+ * a device copy, inside the step's stream and its graph. */
+static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *dst, tf_cu_deviceptr pool)
 {
-    size_t bytes = value_bytes(dst);
-    unsigned char *h = host_scratch(c, bytes ? bytes : 1);
-    if (!h) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    double x = tf_dtype_round(src->type.dtype, src->cval);
-    for (int64_t i = 0; i < numel(dst); i++) tf_elem_store(dst->type.dtype, h, i, x);
-    CU_DO("filling a constant", MemcpyHtoDAsync(dev_of(c, dst), h, bytes, c->stream));
-    CU_DO("filling a constant", StreamSynchronize(c->stream));
+    if (!pool) return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: cuda: no filled copy of the constant written to %s",
+                                   dst->name ? dst->name : "a value");
+    if (value_bytes(dst)) CU_DO("filling a constant", MemcpyDtoDAsync(dev_of(c, dst), pool, value_bytes(dst), c->stream));
     return TF_OK;
 }
 
@@ -913,7 +971,7 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
     case RUN_VIEW: {
         const tf_value *src = k->lib->in[0], *dst = k->lib->out;
         if (!dev_of(c, dst)) return TF_OK;   /* nothing reads it */
-        if (src->kind == TF_VAL_CONST) return fill_const(s, c, dst, src);
+        if (src->kind == TF_VAL_CONST) return fill_const(s, c, dst, c->kpool[gk - c->ks]);
         if (dev_of(c, src) != dev_of(c, dst))
             CU_DO(k->name, MemcpyDtoDAsync(dev_of(c, dst), dev_of(c, src), value_bytes(dst), c->stream));
         return TF_OK;
@@ -946,42 +1004,38 @@ static tf_status drain(cuda_session *c, tf_status st)
     return st;
 }
 
-static tf_status cuda_run(tf_session_t *s)
+/* One step onto the stream, from the inputs waiting in pinned memory to the
+ * outputs copied back into it: no host synchronization inside, so that it
+ * can be captured as a graph. */
+static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
 {
-    cuda_session *c = s->impl;
     const tf_program_t *p = s->p;
     const tf_module *m = p->m;
     tf_status st;
-    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
-    if (c->profile && (st = ensure_events(s, c))) return st;
-    memcpy(c->pinned, c->rt, sizeof c->rt);
     CU_DO("copying {seed, step} to the GPU", MemcpyHtoDAsync(c->rt_dev, c->pinned, sizeof c->rt, c->stream));
     if (c->err_read) CU_DO("clearing the library kernels' error words", MemsetD8Async(c->err_dev, 0, 8 * (size_t)c->nerr, c->stream));
     for (int i = 0; i < p->inputs.n; i++) {
         const tf_value *v = p->inputs.items[i];
-        memcpy(c->pinned + c->in_at[i], s->bound[i], value_bytes(v));
         tf_cu_result r = c->libs.cu.MemcpyHtoDAsync(c->ptr[v->id], c->pinned + c->in_at[i], value_bytes(v), c->stream);
         if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
-            return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err));
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err);
     }
     for (int i = 0; i < c->plan->nkernels; i++) {
         gkernel *gk = &c->ks[i];
         if (c->profile) {
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i], c->stream);
-            if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err))
-                return drain(c, cu_fail(s, c, r, gk->k->name));
+            if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err)) return cu_fail(s, c, r, gk->k->name);
         }
-        if ((st = run_kernel(s, c, gk))) return drain(c, st);
+        if ((st = run_kernel(s, c, gk))) return st;
         if (c->profile) {
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i + 1], c->stream);
-            if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err))
-                return drain(c, cu_fail(s, c, r, gk->k->name));
+            if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err)) return cu_fail(s, c, r, gk->k->name);
         }
         if (c->sync_each) {
             tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
             if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
-                return drain(c, tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
-                                             "error: cuda: kernel %s (%s) failed: %s", gk->k->name, how_names[gk->how], c->err));
+                return tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
+                                    "error: cuda: kernel %s (%s) failed: %s", gk->k->name, how_names[gk->how], c->err);
         }
     }
     /* ids the API could not check before the step (computed ones): a kernel
@@ -1006,26 +1060,82 @@ static tf_status cuda_run(tf_session_t *s)
         const tf_value *v = m->updates[i].value;
         tf_cu_result r = c->libs.cu.MemcpyDtoDAsync(c->stage[i], dev_of(c, v), value_bytes(v), c->stream);
         if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
-            return drain(c, cu_fail(s, c, r, "staging an update"));
+            return cu_fail(s, c, r, "staging an update");
     }
     for (int i = 0; i < m->nupdates; i++) {
         const tf_value *v = m->updates[i].value, *dst = m->updates[i].buffer;
         if (v->kind == TF_VAL_CONST) {
-            if ((st = fill_const(s, c, dst, v))) return drain(c, st);
+            if ((st = fill_const(s, c, dst, c->upool[i]))) return st;
             continue;
         }
         tf_cu_deviceptr from = c->stage[i] ? c->stage[i] : dev_of(c, v), to = dev_of(c, dst);
         if (from == to) continue;
         tf_cu_result r = c->libs.cu.MemcpyDtoDAsync(to, from, value_bytes(dst), c->stream);
         if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
-            return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: updating %s: %s", dst->name, c->err));
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: updating %s: %s", dst->name, c->err);
     }
     for (int i = 0; i < m->noutputs; i++) {
         const tf_value *v = m->outputs[i].value;
         if (v->kind == TF_VAL_CONST) continue;
         tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned + c->out_at[i], dev_of(c, v), value_bytes(v), c->stream);
         if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
-            return drain(c, tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying output '%s' to the host: %s", m->outputs[i].name, c->err));
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying output '%s' to the host: %s", m->outputs[i].name, c->err);
+    }
+    return TF_OK;
+}
+
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0 };
+
+/* The step captured as a graph and instantiated. A capture the driver or a
+ * library refuses is no error: the step then runs kernel by kernel, and
+ * graph_why says why. Errors of the step itself are returned. */
+static tf_status capture_step(tf_session_t *s, cuda_session *c)
+{
+    tf_cu_result r = c->libs.cu.StreamBeginCapture(c->stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (r) {
+        tf_cuda_check(&c->libs, r, "cuStreamBeginCapture", __FILE__, __LINE__, c->err, sizeof c->err);
+        snprintf(c->graph_why, sizeof c->graph_why, "capturing the step failed: %.200s", c->err);
+        c->graphs = false;
+        return TF_OK;
+    }
+    tf_status st = enqueue_step(s, c);
+    tf_cu_graph g = NULL;
+    r = c->libs.cu.StreamEndCapture(c->stream, &g);
+    if (st) {   /* the step's own error, whatever the capture made of it */
+        if (g) c->libs.cu.GraphDestroy(g);
+        return st;
+    }
+    if (!r) r = c->libs.cu.GraphInstantiate(&c->gexec, g, 0);
+    if (g) c->libs.cu.GraphDestroy(g);
+    if (r) {
+        c->gexec = NULL;
+        tf_cuda_check(&c->libs, r, "capturing the step", __FILE__, __LINE__, c->err, sizeof c->err);
+        snprintf(c->graph_why, sizeof c->graph_why, "the driver refused the captured step: %.200s", c->err);
+        c->graphs = false;
+    }
+    return TF_OK;
+}
+
+static tf_status cuda_run(tf_session_t *s)
+{
+    cuda_session *c = s->impl;
+    const tf_program_t *p = s->p;
+    const tf_module *m = p->m;
+    tf_status st;
+    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    if (c->profile && (st = ensure_events(s, c))) return st;
+    /* the host's part: this step's {seed, step} and inputs into pinned memory, which the step (or its graph) copies from */
+    memcpy(c->pinned, c->rt, sizeof c->rt);
+    for (int i = 0; i < p->inputs.n; i++) memcpy(c->pinned + c->in_at[i], s->bound[i], value_bytes(p->inputs.items[i]));
+    bool graph = c->graphs && !c->profile;   /* profiles time each kernel: launched one by one */
+    if (graph && !c->gexec && (st = capture_step(s, c))) return drain(c, st);
+    if (graph && c->gexec) {
+        tf_cu_result r = c->libs.cu.GraphLaunch(c->gexec, c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuGraphLaunch", __FILE__, __LINE__, c->err, sizeof c->err))
+            return drain(c, cu_fail(s, c, r, "launching the step's graph"));
+        c->replays++;
+    } else if ((st = enqueue_step(s, c))) {
+        return drain(c, st);
     }
     tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
     if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
@@ -1096,6 +1206,7 @@ static void cuda_free(tf_session_t *s)
     }
     tf_free(c->ks);
     if (c->lt) c->libs.lt.Destroy(c->lt);
+    if (driver && c->gexec) cu->GraphExecDestroy(c->gexec);
     if (driver) {
         for (int i = 0; c->ev && i < 2 * (c->plan->nkernels ? c->plan->nkernels : 1); i++)
             if (c->ev[i]) cu->EventDestroy(c->ev[i]);
@@ -1109,6 +1220,8 @@ static void cuda_free(tf_session_t *s)
     if (c->ctx_retained) cu->DevicePrimaryCtxRelease(c->dev);
     tf_free(c->ptr);
     tf_free(c->stage);
+    tf_free(c->kpool);
+    tf_free(c->upool);
     tf_free(c->in_at);
     tf_free(c->out_at);
     tf_free(c->host);
@@ -1211,6 +1324,7 @@ static tf_status cuda_create(tf_session_t *s)
     if (!st) st = plan_layout(s, c, &L);
     if (!st) st = allocate(s, c, &L);   /* before anything slow: out of memory is said at once */
     if (!st) st = initial_state(s, c);
+    if (!st) st = fill_pools(s, c);
     if (!st) st = build_kernels(s, c);
     if (!st) {
         tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
@@ -1220,10 +1334,20 @@ static tf_status cuda_create(tf_session_t *s)
     tf_free(L.at);
     tf_free(L.in_arena);
     tf_free(L.stage_at);
+    tf_free(L.kpool_at);
+    tf_free(L.upool_at);
     if (st) {
         cuda_free(s);
         return st;
     }
+    /* one graph per step, unless something in it cannot be captured */
+    c->graphs = true;
+    if (s->p->settings.cuda_no_graphs) snprintf(c->graph_why, sizeof c->graph_why, "--cuda-graphs=off");
+    else if (c->sync_each) snprintf(c->graph_why, sizeof c->graph_why, "--cuda-sync synchronizes after every kernel");
+    for (int i = 0; !c->graph_why[0] && i < c->plan->nkernels; i++)
+        if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
+            snprintf(c->graph_why, sizeof c->graph_why, "kernel %.60s runs on the host (%.120s)", c->ks[i].k->name, c->ks[i].why);
+    if (c->graph_why[0]) c->graphs = false;
     if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
         fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
                 c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
@@ -1231,6 +1355,8 @@ static tf_status cuda_create(tf_session_t *s)
             if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
                 fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
                         c->ks[i].how == RUN_LIB_FALLBACK ? "its library op " : "", c->ks[i].why);
+        if (c->graphs) fprintf(stderr, "cuda: each step runs as one CUDA graph, captured on the first run\n");
+        else fprintf(stderr, "cuda: each step is launched kernel by kernel: %s\n", c->graph_why);
     }
     return TF_OK;
 }
@@ -1268,6 +1394,8 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
     out->library = c->lt_ok ? (c->emu ? "cuBLASLt (cuda-emu's stand-in)" : "cuBLASLt") : "none";
+    out->step_graph = c->graphs ? "graph" : c->graph_why;
+    out->graph_replays = c->replays;
 }
 
 /* `tfuse doctor`'s CUDA lines: every library the cuda target would load,

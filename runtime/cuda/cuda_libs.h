@@ -89,6 +89,8 @@ typedef struct tf_cu_func_ *tf_cu_function;    /* CUfunction */
 typedef struct tf_cu_stream_ *tf_cu_stream;    /* CUstream */
 typedef struct tf_cu_event_ *tf_cu_event;      /* CUevent */
 typedef unsigned long long tf_cu_deviceptr;    /* CUdeviceptr */
+typedef struct tf_cu_graph_ *tf_cu_graph;      /* CUgraph */
+typedef struct tf_cu_gexec_ *tf_cu_graph_exec; /* CUgraphExec */
 
 /* The driver functions the runtime starts from (dlsym names in comments
  * where they carry a version suffix). */
@@ -131,6 +133,13 @@ typedef struct tf_cu_api {
     tf_cu_result (*EventDestroy)(tf_cu_event e);                                          /* cuEventDestroy_v2 */
     tf_cu_result (*EventRecord)(tf_cu_event e, tf_cu_stream s);
     tf_cu_result (*EventElapsedTime)(float *ms, tf_cu_event start, tf_cu_event end);     /* _v2, or the first one */
+    /* CUDA graphs: a step captured once, replayed after */
+    tf_cu_result (*StreamBeginCapture)(tf_cu_stream s, int mode);                         /* cuStreamBeginCapture_v2 */
+    tf_cu_result (*StreamEndCapture)(tf_cu_stream s, tf_cu_graph *g);
+    tf_cu_result (*GraphInstantiate)(tf_cu_graph_exec *e, tf_cu_graph g, unsigned long long flags); /* ...WithFlags */
+    tf_cu_result (*GraphLaunch)(tf_cu_graph_exec e, tf_cu_stream s);
+    tf_cu_result (*GraphExecDestroy)(tf_cu_graph_exec e);
+    tf_cu_result (*GraphDestroy)(tf_cu_graph g);
 } tf_cu_api;
 
 /* cuBLASLt's C ABI: opaque handles, the two semi-opaque structs the caller

@@ -91,6 +91,7 @@ typedef struct emu_module {
 typedef struct work {
     tf_cuda_emu_work fn;
     void *arg;
+    size_t bytes;
 } work;
 
 typedef struct emu_graph {
@@ -111,7 +112,8 @@ static pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;   /* one launch 
 static emu_alloc *g_allocs;
 static int g_nallocs, g_cap_allocs;
 static size_t g_used;
-static int g_live_modules, g_live_streams, g_live_events;
+static int g_live_modules, g_live_streams, g_live_events, g_live_graphs;
+static int g_capturing;      /* streams capturing: synchronous calls are errors meanwhile, as on a GPU */
 static emu_module *g_pending;
 static char *g_stacks;
 static _Thread_local char g_msg[2048];   /* the last failure's words, for cuGetErrorString */
@@ -214,6 +216,8 @@ static int check_range(const void *p, size_t n, bool host_ok, const char *what)
 
 /* ---- streams and graphs ---------------------------------------------------------- */
 
+static void graph_free(emu_graph *g);
+
 int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, size_t arg_bytes)
 {
     emu_stream *st = (emu_stream *)s;
@@ -226,7 +230,7 @@ int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, siz
         return fail(OUT_OF_MEMORY, "out of host memory recording a graph");
     }
     memcpy(copy, arg, arg_bytes);
-    g->w[g->n++] = (work){fn, copy};
+    g->w[g->n++] = (work){fn, copy, arg_bytes};
     return OK;
 }
 
@@ -758,6 +762,7 @@ static int run_copy(void *argp)
 static tf_cu_result copy_on(tf_cu_stream s, void *dst, const void *src, size_t n, bool dst_dev, bool src_dev, const char *what)
 {
     int r = OK;
+    if (!s && g_capturing) return fail(STREAM_CAPTURE_UNSUPPORTED, "%s: a synchronous copy while a stream captures a graph", what);
     if (dst_dev && (r = check_range(dst, n, false, what))) return r;
     if (src_dev && (r = check_range(src, n, false, what))) return r;
     if (!n) return OK;
@@ -852,7 +857,11 @@ static int g_ctx_token;
 static tf_cu_result emu_ctx_retain(tf_cu_context *c, tf_cu_device d) { (void)d; *c = (tf_cu_context)&g_ctx_token; return OK; }
 static tf_cu_result emu_ctx_release(tf_cu_device d) { (void)d; return OK; }
 static tf_cu_result emu_ctx_set(tf_cu_context c) { return c == (tf_cu_context)&g_ctx_token ? OK : fail(INVALID_HANDLE, "not cuda-emu's context"); }
-static tf_cu_result emu_ctx_sync(void) { return settle(); }
+static tf_cu_result emu_ctx_sync(void)
+{
+    if (g_capturing) return fail(STREAM_CAPTURE_UNSUPPORTED, "cuCtxSynchronize while a stream captures a graph");
+    return settle();
+}
 static tf_cu_result emu_mem_info(size_t *f, size_t *t)
 {
     pthread_mutex_lock(&g_mu);
@@ -887,11 +896,12 @@ static tf_cu_result emu_stream_destroy(tf_cu_stream s)
 {
     emu_stream *st = (emu_stream *)s;
     if (!st) return fail(INVALID_HANDLE, "no stream");
-    if (st->graph) {
-        for (int i = 0; i < st->graph->n; i++) tf_free(st->graph->w[i].arg);
-        tf_free(st->graph->w);
-        tf_free(st->graph);
+    if (st->capturing) {
+        pthread_mutex_lock(&g_mu);
+        g_capturing--;
+        pthread_mutex_unlock(&g_mu);
     }
+    graph_free(st->graph);
     tf_free(st);
     pthread_mutex_lock(&g_mu);
     g_live_streams--;
@@ -1004,6 +1014,110 @@ static tf_cu_result emu_event_elapsed(float *ms, tf_cu_event a, tf_cu_event b)
     return OK;
 }
 
+/* ---- graphs: what a capture recorded, replayed in order ------------------------------ */
+
+static void graph_free(emu_graph *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) tf_free(g->w[i].arg);
+    tf_free(g->w);
+    tf_free(g);
+}
+
+static tf_cu_result emu_begin_capture(tf_cu_stream s, int mode)
+{
+    emu_stream *st = (emu_stream *)s;
+    (void)mode;
+    if (!st) return fail(STREAM_CAPTURE_UNSUPPORTED, "the legacy stream cannot capture a graph");
+    if (st->capturing) return fail(INVALID_VALUE, "cuStreamBeginCapture: the stream is capturing already");
+    if (!(st->graph = tf_calloc(1, sizeof *st->graph))) return fail(OUT_OF_MEMORY, "out of host memory");
+    st->capturing = true;
+    st->error = 0;
+    pthread_mutex_lock(&g_mu);
+    g_capturing++;
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+static tf_cu_result emu_end_capture(tf_cu_stream s, tf_cu_graph *out)
+{
+    emu_stream *st = (emu_stream *)s;
+    *out = NULL;
+    if (!st || !st->capturing) return fail(INVALID_VALUE, "cuStreamEndCapture: the stream is not capturing");
+    st->capturing = false;
+    pthread_mutex_lock(&g_mu);
+    g_capturing--;
+    pthread_mutex_unlock(&g_mu);
+    emu_graph *g = st->graph;
+    st->graph = NULL;
+    if (st->error) {
+        graph_free(g);
+        return fail(STREAM_CAPTURE_INVALIDATED, "the capture was invalidated by a failed call inside it");
+    }
+    pthread_mutex_lock(&g_mu);
+    g_live_graphs++;
+    pthread_mutex_unlock(&g_mu);
+    *out = (tf_cu_graph)g;
+    return OK;
+}
+
+/* An executable graph: its own copy of the recorded work. */
+static tf_cu_result emu_instantiate(tf_cu_graph_exec *out, tf_cu_graph gg, unsigned long long flags)
+{
+    emu_graph *g = (emu_graph *)gg, *e = tf_calloc(1, sizeof *e);
+    (void)flags;
+    *out = NULL;
+    if (!g) return fail(INVALID_HANDLE, "no graph");
+    if (!e || !(e->w = tf_calloc((size_t)(g->n ? g->n : 1), sizeof *e->w))) {
+        tf_free(e);
+        return fail(OUT_OF_MEMORY, "out of host memory");
+    }
+    for (int i = 0; i < g->n; i++) {
+        e->w[i] = g->w[i];
+        e->w[i].arg = NULL;
+    }
+    e->n = e->cap = g->n;
+    /* the work's arguments are copied: the graph may be destroyed before its executable */
+    for (int i = 0; i < g->n; i++) {
+        size_t bytes = g->w[i].bytes;
+        if (!(e->w[i].arg = tf_malloc(bytes ? bytes : 1))) {
+            graph_free(e);
+            return fail(OUT_OF_MEMORY, "out of host memory");
+        }
+        memcpy(e->w[i].arg, g->w[i].arg, bytes);
+    }
+    pthread_mutex_lock(&g_mu);
+    g_live_graphs++;
+    pthread_mutex_unlock(&g_mu);
+    *out = (tf_cu_graph_exec)e;
+    return OK;
+}
+
+static tf_cu_result emu_graph_launch(tf_cu_graph_exec ge, tf_cu_stream s)
+{
+    emu_graph *e = (emu_graph *)ge;
+    emu_stream *st = (emu_stream *)s;
+    if (!e) return fail(INVALID_HANDLE, "no graph");
+    if (st && st->capturing) return fail(NOT_SUPPORTED, "cuda-emu does not capture a graph launch into another graph");
+    for (int i = 0; i < e->n; i++) {
+        int r = e->w[i].fn(e->w[i].arg);
+        if (r) return r;
+    }
+    return OK;
+}
+
+static tf_cu_result graph_destroy(void *g)
+{
+    if (!g) return fail(INVALID_HANDLE, "no graph");
+    graph_free(g);
+    pthread_mutex_lock(&g_mu);
+    g_live_graphs--;
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+static tf_cu_result emu_gexec_destroy(tf_cu_graph_exec e) { return graph_destroy(e); }
+static tf_cu_result emu_graph_destroy(tf_cu_graph g) { return graph_destroy(g); }
+
 /* ---- NVRTC ----------------------------------------------------------------------------------- */
 
 typedef struct emu_prog { char *image; size_t size; } emu_prog;
@@ -1072,6 +1186,8 @@ void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which)
         c->MemAllocHost = emu_host_alloc, c->MemFreeHost = emu_host_free;
         c->EventCreate = emu_event_create, c->EventDestroy = emu_event_destroy, c->EventRecord = emu_event_record;
         c->EventElapsedTime = emu_event_elapsed;
+        c->StreamBeginCapture = emu_begin_capture, c->StreamEndCapture = emu_end_capture, c->GraphInstantiate = emu_instantiate;
+        c->GraphLaunch = emu_graph_launch, c->GraphExecDestroy = emu_gexec_destroy, c->GraphDestroy = emu_graph_destroy;
         l->driver_version = 13000;
         snprintf(l->driver_path, sizeof l->driver_path, "%s", where);
         l->loaded |= TF_CUDA_LIB_DRIVER;
@@ -1093,7 +1209,7 @@ void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which)
 int tf_cuda_emu_live(void)
 {
     pthread_mutex_lock(&g_mu);
-    int n = g_nallocs + g_live_modules + g_live_streams + g_live_events;
+    int n = g_nallocs + g_live_modules + g_live_streams + g_live_events + g_live_graphs;
     pthread_mutex_unlock(&g_mu);
     return n;
 }

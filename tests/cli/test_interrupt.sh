@@ -176,7 +176,8 @@ for delay in 0.01 0.05 0.2; do
     stop_within "$pid" 60
     step=$(ckpt_step "$tmp/big.st")
     if [ "$rc" -ne 130 ]; then bad "two interrupts ($delay s apart): exit $rc: $(cat "$tmp/err4")"
-    elif [ -z "$step" ]; then bad "two interrupts ($delay s apart): no whole checkpoint: $(cat "$tmp/err4")"
+    elif [ -z "$step" ]; then
+      bad "two interrupts ($delay s apart): no whole checkpoint ($(ls -l "$tmp/big.st" 2>&1); $(python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q", f.read(8))[0]; print(json.loads(f.read(n))["__metadata__"])' "$tmp/big.st" 2>&1 | tail -n 2)): $(cat "$tmp/err4")"
     elif ! grep -q "interrupted at step $step: checkpoint written to" "$tmp/err4"; then
       bad "two interrupts ($delay s apart): checkpoint at step $step, message: $(cat "$tmp/err4")"
     elif "$tfuse" train "$tmp/big.ir" --data "$data" --steps $((step + 1)) --resume "$tmp/big.st" >/dev/null 2>&1; then ok

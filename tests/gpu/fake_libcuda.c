@@ -204,3 +204,10 @@ CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = malloc(8); 
 CUresult cuEventDestroy_v2(void *e) { if (!g_events) return bad(); free(e); g_events--; return OK; }
 CUresult cuEventRecord(void *e, void *s) { (void)s; return e ? OK : bad(); }
 CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { *ms = a && b ? 0.001f : 0; return a && b ? OK : bad(); }
+/* graphs: the fake driver runs no kernel, so it captures nothing either */
+CUresult cuStreamBeginCapture_v2(void *s, int mode) { (void)s, (void)mode; return NOT_SUPPORTED; }
+CUresult cuStreamEndCapture(void *s, void **g) { (void)s; *g = NULL; return NOT_SUPPORTED; }
+CUresult cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f) { (void)g, (void)f; *e = NULL; return NOT_SUPPORTED; }
+CUresult cuGraphLaunch(void *e, void *s) { (void)e, (void)s; return NOT_SUPPORTED; }
+CUresult cuGraphExecDestroy(void *e) { return e ? bad() : OK; }
+CUresult cuGraphDestroy(void *g) { return g ? bad() : OK; }

@@ -65,6 +65,7 @@ static int g_cases;
 static bool g_fake, g_emu, g_tf32;
 static tf_target g_target = TF_TARGET_CUDA;   /* the device sessions' */
 static int g_opt = 1;                       /* pair_make's options: --O0, passes left out */
+static bool g_no_graphs;                    /* pair_make: --cuda-graphs=off */
 static const char *const *g_disable;
 static size_t g_ndisable;
 static void *g_fake_lib;   /* the fake driver, for its counters */
@@ -149,6 +150,7 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
     o.target = compile_target();
     if (precision) tf_precision_parse(precision, &o.precision);   /* NULL: the train block's */
     o.opt_level = g_opt;
+    o.cuda_no_graphs = g_no_graphs;
     o.disable_passes = g_disable;
     o.ndisable_passes = g_ndisable;
     if (tf_model_parse_string(q->ctx, label, text, strlen(text), dims, nd, &q->m) || tf_program_compile(q->ctx, q->m, &o, &q->p) ||
@@ -347,6 +349,87 @@ static void examples(void)
             }
             pair_free(&q);
         }
+        free(text);
+    }
+}
+
+/* ---- CUDA graphs: a replayed step computes exactly what a launched one does ------------ */
+
+static bool same_bytes(const tf_tensor_view *a, const tf_tensor_view *b)
+{
+    return a->dtype == b->dtype && !memcmp(a->data, b->data, (size_t)tc_numel(a) * (size_t)tf_dtype_size(a->dtype));
+}
+
+static void graphs(void)
+{
+    for (size_t i = 0; i < TEST_NEXAMPLES; i++) {
+        const test_example *ex = &test_examples[i];
+        tf_dim_override dims[3];
+        for (int j = 0; j < ex->nd; j++) dims[j] = (tf_dim_override){ex->dims[j].name, ex->dims[j].value};
+        char path[4096], lab[4300];
+        char *text = test_read_example(ex->file, path, sizeof path);
+        if (!text) continue;
+        snprintf(lab, sizeof lab, "%s: graph replay against stream launches", path);
+        pair g, k;   /* the same program and inputs, a graph per step, and launches */
+        g_no_graphs = true;
+        bool ok = pair_make(&k, lab, text, TF_MODE_TRAIN, NULL, dims, ex->nd);
+        g_no_graphs = false;
+        ok = pair_make(&g, lab, text, TF_MODE_TRAIN, NULL, dims, ex->nd) && ok;
+        int steps = 0, same = 0, outs = 0;
+        for (int step = 0; ok && step < 4; step++) {
+            if (tf_session_run(g.dev) || tf_session_run(k.dev)) {
+                CHECK(0, "%s: run: %s", lab, tf_context_last_error(g.ctx));
+                break;
+            }
+            steps++;
+            for (size_t o = 0; o < tf_program_io_count(g.p, TF_IO_OUTPUT); o++) {
+                const char *name;
+                tf_tensor_view a, b;
+                tf_program_io(g.p, TF_IO_OUTPUT, o, &name, NULL, NULL, NULL);
+                tf_session_output(g.dev, name, &a);
+                tf_session_output(k.dev, name, &b);
+                outs++;
+                same += same_bytes(&a, &b);
+            }
+        }
+        if (ok) {
+            tf_session_info gi, ki;
+            tf_session_get_info(g.dev, &gi);
+            tf_session_get_info(k.dev, &ki);
+            printf("%s: %d steps, graph: %s (%lld replays); launches: %s\n", lab, steps, gi.step_graph, (long long)gi.graph_replays,
+                   ki.step_graph);
+            if (gi.fallbacks)   /* a kernel on the host cannot be captured: launches, and the reason names it */
+                CHECK(gi.step_graph && strstr(gi.step_graph, "runs on the host") && gi.graph_replays == 0,
+                      "%s: a host kernel keeps the step out of a graph, and says so (%s)", lab, gi.step_graph ? gi.step_graph : "-");
+            else
+                CHECK(gi.step_graph && !strcmp(gi.step_graph, "graph") && gi.graph_replays == steps,
+                      "%s: every step ran as the captured graph (%s, %lld of %d)", lab, gi.step_graph ? gi.step_graph : "-",
+                      (long long)gi.graph_replays, steps);
+            CHECK(ki.step_graph && strstr(ki.step_graph, "--cuda-graphs=off") && ki.graph_replays == 0, "%s: --cuda-graphs=off launches", lab);
+            CHECK(steps == 4 && same == outs, "%s: outputs bit for bit the same (%d of %d)", lab, same, outs);
+            /* and every param, buffer and optimizer state after the steps */
+            int states = 0, sames = 0;
+            for (int kind = TF_IO_PARAM; kind <= TF_IO_BUFFER; kind++)
+                for (size_t j = 0; j < tf_program_io_count(g.p, (tf_io_kind)kind); j++) {
+                    const char *name;
+                    tf_dtype dt;
+                    int rank;
+                    int64_t shape[8], n = 1;
+                    tf_program_io(g.p, (tf_io_kind)kind, j, &name, &dt, &rank, shape);
+                    for (int q = 0; q < rank; q++) n *= shape[q];
+                    size_t bytes = (size_t)(n ? n : 1) * (size_t)tf_dtype_size(dt);
+                    tf_tensor_view a = {.data = malloc(bytes)}, b = {.data = malloc(bytes)};
+                    if (!tf_session_get_state(g.dev, name, &a, bytes) && !tf_session_get_state(k.dev, name, &b, bytes)) {
+                        states++;
+                        sames += same_bytes(&a, &b);
+                    }
+                    free(a.data);
+                    free(b.data);
+                }
+            CHECK(states > 0 && sames == states, "%s: every state bit for bit the same (%d of %d)", lab, sames, states);
+        }
+        pair_free(&g);
+        pair_free(&k);
         free(text);
     }
 }
@@ -600,6 +683,7 @@ int main(int argc, char **argv)
            tf_backend_for(TF_TARGET_CUDA) ? "through tf_session_create" : "built by the test (api.c does not route TF_TARGET_CUDA yet)");
     ops();
     examples();
+    if (!g_fake) graphs();   /* the fake driver runs no kernel, and captures nothing */
     contract();
     bad_ids();
     if (g_fake) {
