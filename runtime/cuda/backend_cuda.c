@@ -31,7 +31,8 @@
  * library kernel, after {seed, step}); where the API did not check the ids
  * before the step (they are computed, not an input a gather reads), the
  * words are read after the kernels and a bad id fails the step before any
- * update, with the interpreter's message.
+ * update, with the interpreter's message (that step is launched kernel by
+ * kernel, not as a graph: it synchronizes before its updates).
  *
  * What the GPU does not run yet runs on the host, correctly and visibly: a
  * library op without a GPU implementation here (conv2d and its gradients;
@@ -1040,7 +1041,8 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
     }
     /* ids the API could not check before the step (computed ones): a kernel
      * that saw one out of range fails the step before any update, as the
-     * interpreter does */
+     * interpreter does (a synchronization inside the step: such a step is
+     * never captured as a graph) */
     if (c->err_read) {
         tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned + 64, c->err_dev, 8 * (size_t)c->nerr, c->stream);
         if (!r) r = c->libs.cu.StreamSynchronize(c->stream);
@@ -1347,6 +1349,10 @@ static tf_status cuda_create(tf_session_t *s)
     for (int i = 0; !c->graph_why[0] && i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
             snprintf(c->graph_why, sizeof c->graph_why, "kernel %.60s runs on the host (%.120s)", c->ks[i].k->name, c->ks[i].why);
+    for (int i = 0; !c->graph_why[0] && i < c->plan->nkernels; i++)
+        if (c->ks[i].how == RUN_LIBKERNEL && c->ks[i].err_read)
+            snprintf(c->graph_why, sizeof c->graph_why,
+                     "kernel %.60s reads ids the step computes, checked on the host before the updates", c->ks[i].k->name);
     if (c->graph_why[0]) c->graphs = false;
     if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
         fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
