@@ -167,8 +167,8 @@ bool tf_cuda_supports(const tf_kernel *k, char *why, size_t n)
         return false;
     }
     if (k->kind == TF_K_LIBRARY && (!k->nexprs || !k->nstores)) {
-        snprintf(why, n, "kernel %s: %s runs as a library call (the runtime's job), not generated code", k->name,
-                 k->lib ? tf_op_info_of(k->lib->op)->name : "?");
+        snprintf(why, n, "kernel %s: %s is a library op without an epilogue: nothing here (its own kernel is "
+                 "tf_cuda_emit_library's, or a library call)", k->name, k->lib ? tf_op_info_of(k->lib->op)->name : "?");
         return false;
     }
     if (k->rank > TF_MAX_RANK) {
