@@ -14,11 +14,14 @@
  *     value lives at its offset (in-place reuse and the planned peak are what
  *     runs), and one block for inputs, params, buffers, values memplan did not
  *     place, the updates' staging, the {seed, step} pair dropout kernels read
- *     and cuBLASLt's workspace; reshapes alias their operand;
+ *     and cuBLASLt's workspace, which cuDNN shares (a third block only when
+ *     the convolutions' algorithms need more); reshapes alias their operand;
  *   - starts from the interpreter's initial state (the same seed gives the
  *     same params as the interp and cpu targets), converted to storage dtype;
  *   - runs a step on one stream: inputs from a pinned staging buffer, the
- *     kernels in plan order, matmuls through cuBLASLt (blas.c), the updates
+ *     kernels in plan order, matmuls through cuBLASLt (blas.c), conv2d and
+ *     its two gradients through cuDNN (dnn.c: the algorithm cudnnFind picks
+ *     once per shape, cached on disk beside the cubins), the updates
  *     (every new value read before any state is written), the outputs back
  *     into pinned memory, and one synchronization at the end.
  *
@@ -35,23 +38,24 @@
  * kernel, not as a graph: it synchronizes before its updates).
  *
  * What the GPU does not run yet runs on the host, correctly and visibly: a
- * library op without a GPU implementation here (conv2d and its gradients;
- * a matmul cuBLASLt cannot take) or a kernel the emitter refuses is copied
- * to the host, run by the interpreter's kernel (tf_kernels_eval on a
- * one-kernel plan) and copied back. Such kernels are counted in
- * info().fallbacks, named "fallback" in profiles, and a GEMM region's
- * epilogue still runs on the GPU.
+ * library op without a GPU implementation here (a matmul cuBLASLt cannot
+ * take; a convolution when cuDNN is missing or has no algorithm for it) or
+ * a kernel the emitter refuses is copied to the host, run by the
+ * interpreter's kernel (tf_kernels_eval on a one-kernel plan) and copied
+ * back. Such kernels are counted in info().fallbacks, named "fallback" in
+ * profiles, and a GEMM region's epilogue still runs on the GPU.
  *
  * Settings, from the program (tf_compile_options; the environment gives
  * their defaults in tf_compile_options_init): no_tf32 (--no-tf32,
- * TFUSE_NO_TF32=1) keeps fp32 GEMMs in full fp32 (TF32 tensor cores
- * otherwise); cuda_sync (--cuda-sync, TFUSE_CUDA_SYNC=1) synchronizes after
+ * TFUSE_NO_TF32=1) keeps fp32 GEMMs and convolutions in full fp32 (TF32
+ * tensor cores otherwise); cuda_sync (--cuda-sync, TFUSE_CUDA_SYNC=1) synchronizes after
  * every kernel, so an asynchronous fault names the kernel that caused it;
  * cuda_fallback_all (--cuda-fallback=all, TFUSE_CUDA_FALLBACK=all) runs
  * every kernel on the host (separates a code generation bug from a runtime
  * one); cuda_explain (--cuda-explain, TFUSE_CUDA_EXPLAIN=1) prints, when a
- * session starts, which kernels run on the host and why. TFUSE_CACHE_DIR
- * moves the cubin cache (default ~/.cache/tfuse). */
+ * session starts, which kernels run on the host and why, and which cuDNN
+ * algorithm each convolution got. TFUSE_CACHE_DIR moves the cubin and
+ * algorithm cache (default ~/.cache/tfuse). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -63,6 +67,7 @@
 #include "blas.h"
 #include "cuda_jit.h"
 #include "emu.h"
+#include "dnn.h"
 #include "interp.h"
 #include "kernel.h"
 #include "runtime.h"
@@ -80,6 +85,7 @@ enum {
 
 enum { ALIGN = 256 };                                   /* every block of device memory starts on this */
 static const size_t GEMM_WORKSPACE = (size_t)32 << 20;  /* cuBLASLt's workspace: 32 MiB, what Hopper's kernels ask for */
+static const size_t CONV_WORKSPACE = (size_t)256 << 20; /* the most a cuDNN algorithm may use (and Find*Ex may try) */
 
 /* snprintf("%s") without the truncation warnings: messages are cut on purpose. */
 static void set_text(char *dst, size_t n, const char *src)
@@ -130,11 +136,13 @@ typedef enum how {
     RUN_LIB_FALLBACK,   /* the library op on the host, its epilogue on the GPU */
     RUN_FALLBACK,       /* the whole kernel on the host */
     RUN_NOTHING,
+    RUN_CONV,           /* cuDNN (conv2d and its gradients), then the region's epilogue if any */
 } how;
-static const char *const how_names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-"};
+static const char *const how_names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-", "conv"};
 
 typedef struct gemm_call {
     tf_gemm g;
+    tf_cu_deviceptr d;          /* where the product goes: the matmul's result, or a value its epilogue stores */
     int64_t calls;              /* 1, or one per batch index when the batch axes do not stride evenly */
     int64_t *off_a, *off_b;     /* per call: element offsets into A and B (NULL when calls == 1) */
     int64_t step_c;             /* elements between consecutive calls' results */
@@ -148,6 +156,9 @@ typedef struct gkernel {
     tf_cu_deviceptr *dptr;      /* per kernel->bufs entry, then {seed, step} when the code draws dropout masks */
     void **args;                /* &dptr[i]: cuLaunchKernel's parameters */
     gemm_call *mm;              /* RUN_GEMM */
+    tf_kernel *rest;            /* RUN_GEMM with a cuBLASLt epilogue: what the epilogue kernel still does (NULL: nothing) */
+    char epi[240];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
+    tf_conv *conv;              /* RUN_CONV */
     int lfn;                    /* RUN_LIBKERNEL: the library op's own kernel in the jit's table; -1: none */
     tf_cu_deviceptr *ldptr;     /* its parameters: the op's result, its operands that are not constants, */
     void **largs;               /* then its error word (tf_cuda_emit_library's order) */
@@ -155,7 +166,7 @@ typedef struct gkernel {
     int err_slot;               /* a library kernel's error word in c->err_dev, -1: none */
     bool err_read;              /* the word is read after the kernels: the API did not check the ids */
     const char *label;          /* RUN_LIBKERNEL: what runs it, in profiles (pool, gather, ...) */
-    char why[240];              /* RUN_*FALLBACK: why the GPU does not run it */
+    char why[480];              /* RUN_*FALLBACK: why the GPU does not run it */
     int64_t work;               /* elements of the index space */
     double ms;                  /* profile: total, over `calls` runs */
     int64_t calls;
@@ -206,6 +217,15 @@ typedef struct cuda_session {
     tf_cu_graph graph;
     tf_cu_graph_exec gexec;
     int64_t replays;
+    /* cuDNN */
+    tf_cudnn_handle dnn;
+    bool dnn_ok;
+    char dnn_why[1200];
+    tf_cu_deviceptr dnn_ws, dnn_ws_own;   /* the convolutions' workspace: cuBLASLt's, or its own block */
+    size_t dnn_ws_bytes;
+    tf_cu_deviceptr find_ws;    /* cudnnFind*Ex's scratch while the session starts */
+    size_t find_ws_bytes, conv_ws_limit;
+    bool conv_ws_limited;
     /* behaviour */
     bool tf32, sync_each, fallback_all;
     bool profile;
@@ -520,9 +540,159 @@ static void gemm_call_free(cuda_session *c, gemm_call *mm)
     tf_free(mm);
 }
 
+/* ---- cuBLASLt epilogues ---------------------------------------------------------------- */
+
+/* What a GEMM region's epilogue hands to cuBLASLt: a bias added along the
+ * product's rows, and a ReLU after it, when the region computes exactly
+ * that (the bias in the product's dtype, broadcast along every axis but the
+ * last). The GEMM then writes the biased (and rectified) product straight
+ * into the value the region stores it as, where that value overlaps no
+ * other buffer of the kernel; what else the region computes from it stays
+ * in the epilogue kernel, reading that value. cuBLASLt adds the bias before
+ * rounding the product to a 16-bit type once, where the region rounds the
+ * product and then the sum: a half-ulp apart at most. GELU is never handed
+ * over: cuBLASLt's is the tanh approximation, tfuse's gelu is erf's. */
+typedef struct epi_plan {
+    tf_gemm_epilogue kind;
+    int bias_buf, d_buf;        /* kernel buffers: the bias, and where the product goes */
+    tf_kernel *rest;            /* the epilogue kernel left (NULL: none), owning exprs and stores */
+} epi_plan;
+
+static int buf_index(const tf_kernel *k, const tf_value *v)
+{
+    for (int b = 0; b < k->nbufs; b++)
+        if (k->bufs[b].value == v) return b;
+    return -1;
+}
+
+static bool row_major_load(const tf_kernel *k, const tf_kexpr *x, int buf)
+{
+    if (x->kind != TF_KX_LOAD || x->buf != buf || x->offset) return false;
+    int64_t s = 1;
+    for (int a = k->rank - 1; a >= 0; a--) {
+        if (k->dims[a] > 1 && x->strides[a] != s) return false;
+        s *= k->dims[a];
+    }
+    return true;
+}
+
+/* A bias: the last axis at stride 1, every other at 0, a vector of that length. */
+static bool bias_load(const tf_kernel *k, const tf_kexpr *x)
+{
+    if (x->kind != TF_KX_LOAD || x->offset || k->rank < 1 || k->bufs[x->buf].written) return false;
+    for (int a = 0; a < k->rank - 1; a++)
+        if (k->dims[a] > 1 && x->strides[a]) return false;
+    int64_t n = k->dims[k->rank - 1];
+    return (n == 1 || x->strides[k->rank - 1] == 1) && tf_type_numel(&k->bufs[x->buf].value->type) == n;
+}
+
+static void epi_free(tf_kernel *rest)
+{
+    if (!rest) return;
+    tf_free(rest->exprs);
+    tf_free(rest->stores);
+    tf_free(rest);
+}
+
+/* false (with why) when the region is not a bias add (and ReLU) cuBLASLt can do. */
+static bool plan_epilogue(const tf_kernel *k, epi_plan *e, bool *oom, char *why, size_t n)
+{
+    memset(e, 0, sizeof *e);
+    *oom = false;
+    const tf_value *out = k->lib->out;
+    tf_dt dt = out->type.dtype;
+    int ob = buf_index(k, out);
+    if (!k->nexprs || !k->nstores) return snprintf(why, n, "the region has no epilogue"), false;
+    if (k->nreds || ob < 0 || (dt != TF_DT_F32 && dt != TF_DT_F16 && dt != TF_DT_BF16))
+        return snprintf(why, n, "the epilogue is not a bias add"), false;
+    int add = -1;
+    for (int i = 0; i < k->nexprs && add < 0; i++) {
+        const tf_kexpr *x = &k->exprs[i];
+        if (x->kind != TF_KX_OP || x->op != TF_OP_ADD || x->nargs != 2 || x->dtype != dt) continue;
+        for (int q = 0; q < 2 && add < 0; q++) {
+            const tf_kexpr *p = &k->exprs[x->args[q]], *b = &k->exprs[x->args[1 - q]];
+            if (row_major_load(k, p, ob) && bias_load(k, b) && k->bufs[b->buf].value->type.dtype == dt && b->buf != ob) {
+                add = i;
+                e->bias_buf = b->buf;
+            }
+        }
+    }
+    if (add < 0) return snprintf(why, n, "the epilogue has no bias add along the product's rows"), false;
+    /* the product is read by the bias add alone */
+    for (int i = 0; i < k->nexprs; i++) {
+        const tf_kexpr *x = &k->exprs[i];
+        bool prod = x->kind == TF_KX_LOAD && x->buf == ob;
+        for (int q = 0; prod && q < k->nexprs; q++)
+            for (int a = 0; a < k->exprs[q].nargs && a < 3; a++)
+                if (k->exprs[q].args[a] == i && q != add) return snprintf(why, n, "the epilogue reads the product apart from its bias add"), false;
+        for (int s = 0; prod && s < k->nstores; s++)
+            if (k->stores[s].expr == i) return snprintf(why, n, "the epilogue stores the product itself"), false;
+    }
+    int relu = -1, users = 0;
+    for (int i = 0; i < k->nexprs; i++)
+        for (int a = 0; a < k->exprs[i].nargs && a < 3; a++)
+            if (k->exprs[i].args[a] == add) {
+                users++;
+                if (k->exprs[i].kind == TF_KX_OP && k->exprs[i].op == TF_OP_RELU && k->exprs[i].dtype == dt) relu = i;
+            }
+    /* a value the GEMM can write: the region's store of `expr`, of the product's dtype and size, overlapping nothing */
+    int d_store = -1, act_store = -1;
+    for (int s = 0; s < k->nstores; s++) {
+        const tf_kbuf *b = &k->bufs[k->stores[s].buf];
+        bool fits = b->disjoint && b->value->type.dtype == dt && tf_type_numel(&b->value->type) == tf_type_numel(&out->type) &&
+                    !k->stores[s].reduced_domain;
+        if (fits && k->stores[s].expr == add && d_store < 0) d_store = s;
+        if (fits && relu >= 0 && k->stores[s].expr == relu) act_store = s;
+    }
+    e->d_buf = ob;
+    if (k->nstores == 1 && act_store == 0 && users == 1) {   /* relu(x @ w + b) alone: nothing left to do */
+        e->kind = TF_GEMM_EPI_RELU_BIAS;
+        e->d_buf = k->stores[0].buf;
+        return true;
+    }
+    e->kind = TF_GEMM_EPI_BIAS;
+    if (k->nstores == 1 && d_store == 0 && !users) {   /* x @ w + b alone */
+        e->d_buf = k->stores[0].buf;
+        return true;
+    }
+    /* the rest stays: the bias add becomes a load of what the GEMM wrote */
+    tf_kernel *r = tf_calloc(1, sizeof *r);
+    if (r) *r = *k;
+    if (!r || !(r->exprs = tf_malloc((size_t)k->nexprs * sizeof *r->exprs)) ||
+        !(r->stores = tf_malloc((size_t)k->nstores * sizeof *r->stores))) {
+        if (r) tf_free(r->exprs);
+        tf_free(r);
+        *oom = true;
+        return false;
+    }
+    memcpy(r->exprs, k->exprs, (size_t)k->nexprs * sizeof *r->exprs);
+    r->nstores = 0;
+    if (d_store >= 0) e->d_buf = k->stores[d_store].buf;
+    for (int s = 0; s < k->nstores; s++)
+        if (s != d_store) r->stores[r->nstores++] = k->stores[s];
+    tf_kexpr *x = &r->exprs[add];
+    const tf_node *node = x->node;
+    memset(x, 0, sizeof *x);
+    x->kind = TF_KX_LOAD;
+    x->dtype = dt;
+    x->buf = e->d_buf;
+    x->node = node;
+    int64_t st = 1;
+    for (int a = k->rank - 1; a >= 0; a--) {
+        x->strides[a] = k->dims[a] > 1 ? st : 0;
+        st *= k->dims[a];
+    }
+    if (!r->nstores) {   /* never: a region stores something */
+        epi_free(r);
+        r = NULL;
+    }
+    e->rest = r;
+    return true;
+}
+
 /* Plan kernel gk's matmul; false with the reason in gk->why when cuBLASLt
  * cannot take it (the host then runs it). */
-static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
+static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *oom_out)
 {
     const tf_node *n = gk->k->lib;
     const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
@@ -564,6 +734,8 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
     mm->calls = 1;
     mm->step_c = d.M * d.N;
     tf_cu_deviceptr pa = dev_of(c, av), pb = dev_of(c, bv), pc = dev_of(c, ov);
+    if (ep && ep->kind != TF_GEMM_EPI_NONE) pc = dev_of(c, gk->k->bufs[ep->d_buf].value);
+    mm->d = pc;
     uint64_t mix_a = pa, mix_b = pb, mix_c = pc;
     d.batch = 1;
     if (rb == 0 && !d.ta && a_full) {
@@ -624,6 +796,15 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, bool *oom_out)
     d.align_b = tf_gemm_alignment(mix_b);
     d.align_c = tf_gemm_alignment(mix_c);
     char err[400];
+    if (ep && ep->kind != TF_GEMM_EPI_NONE) {
+        if (d.batch != 1 || mm->calls != 1) {
+            gemm_call_free(c, mm);
+            snprintf(gk->why, sizeof gk->why, "a batched GEMM");
+            return false;
+        }
+        d.epilogue = ep->kind;
+        d.bias = dev_of(c, gk->k->bufs[ep->bias_buf].value);
+    }
     tf_cuda_status st = tf_gemm_plan(&c->libs, c->lt, &d, &mm->g, err, sizeof err);
     if (st) {
         set_text(gk->why, sizeof gk->why, err);
@@ -639,7 +820,7 @@ static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
 {
     const tf_node *n = gk->k->lib;
     gemm_call *mm = gk->mm;
-    tf_cu_deviceptr pa = dev_of(c, n->in[0]), pb = dev_of(c, n->in[1]), pc = dev_of(c, n->out);
+    tf_cu_deviceptr pa = dev_of(c, n->in[0]), pb = dev_of(c, n->in[1]), pc = mm->d;
     char err[600];
     for (int64_t i = 0; i < mm->calls; i++) {
         tf_cu_deviceptr a = pa + (mm->off_a ? (tf_cu_deviceptr)mm->off_a[i] * mm->esz_ab : 0);
@@ -648,6 +829,174 @@ static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
         if (tf_gemm_run(&c->libs, c->lt, &mm->g, a, b, o, c->ws_dev, c->ws_bytes, c->stream, err, sizeof err))
             return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: kernel %s (matmul): %s", gk->k->name, err);
     }
+    return TF_OK;
+}
+
+/* ---- convolutions through cuDNN ------------------------------------------------ */
+
+static bool is_conv(tf_op op) { return op == TF_OP_CONV2D || op == TF_OP_CONV2D_GRAD_INPUT || op == TF_OP_CONV2D_GRAD_WEIGHT; }
+
+/* A conv kernel's x, w and y (dy for the gradients), one of them its result. */
+static tf_conv_dir conv_operands(const tf_node *n, const tf_value **x, const tf_value **w, const tf_value **y)
+{
+    if (n->op == TF_OP_CONV2D) {
+        *x = n->in[0], *w = n->in[1], *y = n->out;
+        return TF_CONV_FORWARD;
+    }
+    if (n->op == TF_OP_CONV2D_GRAD_INPUT) {
+        *y = n->in[0], *w = n->in[1], *x = n->out;
+        return TF_CONV_GRAD_INPUT;
+    }
+    *x = n->in[0], *y = n->in[1], *w = n->out;
+    return TF_CONV_GRAD_WEIGHT;
+}
+
+static void conv_free(cuda_session *c, tf_conv *cv)
+{
+    if (!cv) return;
+    tf_conv_free(&c->libs, cv);
+    tf_free(cv);
+}
+
+/* The most workspace a convolution may use: CONV_WORKSPACE, or half the
+ * free memory when that is less (read once). */
+static size_t conv_ws_limit(cuda_session *c)
+{
+    if (!c->conv_ws_limited) {
+        size_t free_b = 0, total_b = 0;
+        c->conv_ws_limited = true;
+        c->conv_ws_limit = CONV_WORKSPACE;
+        if (c->libs.cu.MemGetInfo(&free_b, &total_b)) c->conv_ws_limit = 0;
+        else if (free_b / 2 < c->conv_ws_limit) c->conv_ws_limit = free_b / 2 / ALIGN * ALIGN;
+    }
+    return c->conv_ws_limit;
+}
+
+/* Scratch for cudnnFind*Ex, allocated when a first convolution is not in
+ * the algorithm cache (a smaller block, or none, when the device refuses). */
+static tf_cu_deviceptr find_workspace(cuda_session *c, size_t *bytes)
+{
+    if (!c->find_ws) {
+        size_t want = conv_ws_limit(c);
+        for (; want >= ((size_t)1 << 20); want = want / 2 / ALIGN * ALIGN)
+            if (!c->libs.cu.MemAlloc(&c->find_ws, want)) break;
+        if (want < ((size_t)1 << 20)) c->find_ws = 0;
+        c->find_ws_bytes = c->find_ws ? want : 0;
+        c->conv_ws_limit = c->find_ws_bytes;   /* what every later choice must fit */
+    }
+    *bytes = c->find_ws_bytes;
+    return c->find_ws;
+}
+
+/* Plan kernel gk's convolution; false with the reason in gk->why when cuDNN
+ * cannot take it (the host then runs it). The algorithm comes from the
+ * disk cache, else from cudnnFind*Ex on the session's own buffers (it
+ * overwrites the result, which nothing has written yet). */
+static bool conv_setup(cuda_session *c, gkernel *gk, bool *oom_out)
+{
+    const tf_node *n = gk->k->lib;
+    const tf_value *x, *w, *y;
+    tf_conv_desc d;
+    memset(&d, 0, sizeof d);
+    *oom_out = false;
+    if (!c->dnn_ok) {
+        set_text(gk->why, sizeof gk->why, c->dnn_why);
+        return false;
+    }
+    d.dir = conv_operands(n, &x, &w, &y);
+    if (n->nin > 2 && n->op == TF_OP_CONV2D) {
+        snprintf(gk->why, sizeof gk->why, "conv2d with a bias operand (lower splits the bias into an add, which cuDNN's conv leaves out)");
+        return false;
+    }
+    tf_dt t = x->type.dtype;
+    if (x->kind == TF_VAL_CONST || w->kind == TF_VAL_CONST || y->kind == TF_VAL_CONST || x->type.rank != 4 || w->type.rank != 4 ||
+        y->type.rank != 4 || w->type.dtype != t || y->type.dtype != t || (t != TF_DT_F32 && t != TF_DT_F16 && t != TF_DT_BF16)) {
+        snprintf(gk->why, sizeof gk->why, "%s of %s x, %s w, %s y: cuDNN is used for rank-4 f32, f16 and bf16 tensors of one type",
+                 tf_op_info_of(n->op)->name, tf_dtype_name(x->type.dtype), tf_dtype_name(w->type.dtype), tf_dtype_name(y->type.dtype));
+        return false;
+    }
+    d.type = t == TF_DT_F32 ? TF_CONV_F32 : t == TF_DT_F16 ? TF_CONV_F16 : TF_CONV_BF16;
+    d.N = x->type.dims[0].n, d.C = x->type.dims[1].n, d.H = x->type.dims[2].n, d.W = x->type.dims[3].n;
+    d.O = w->type.dims[0].n, d.KH = w->type.dims[2].n, d.KW = w->type.dims[3].n;
+    d.Ho = y->type.dims[2].n, d.Wo = y->type.dims[3].n;
+    tf_node_pair(n, "stride", 1, 1, d.stride);
+    tf_node_pair(n, "padding", 0, 0, d.pad);
+    tf_node_pair(n, "dilation", 1, 1, d.dilation);
+    d.groups = tf_node_int(n, "groups");
+    if (d.groups < 1) d.groups = 1;
+    d.tf32 = c->tf32;
+    d.gpu = c->gpu;
+    d.x = dev_of(c, x), d.w = dev_of(c, w), d.y = dev_of(c, y);
+    if (!d.x || !d.w || !d.y) {
+        snprintf(gk->why, sizeof gk->why, "%s: an operand or the result is not in device memory", tf_op_info_of(n->op)->name);
+        return false;
+    }
+    d.max_workspace = conv_ws_limit(c);
+    d.cached_only = true;   /* Find's scratch only when something is not cached */
+    tf_conv *cv = tf_calloc(1, sizeof *cv);
+    if (!cv) {
+        *oom_out = true;
+        return false;
+    }
+    char err[1200];
+    tf_cuda_status st = tf_conv_plan(&c->libs, c->dnn, &d, cv, err, sizeof err);
+    if (st == TF_CUDA_ERR_NOT_FOUND && cv->cache_miss) {
+        d.cached_only = false;
+        d.ws = find_workspace(c, &d.max_workspace);
+        st = tf_conv_plan(&c->libs, c->dnn, &d, cv, err, sizeof err);
+    }
+    if (st) {
+        char why[1300];
+        snprintf(why, sizeof why, "cuDNN: %s", err);
+        set_text(gk->why, sizeof gk->why, why);
+        *oom_out = st == TF_CUDA_ERR_OOM;
+        tf_free(cv);
+        return false;
+    }
+    gk->conv = cv;
+    return true;
+}
+
+/* Once every convolution is planned: Find's scratch goes back, and the
+ * workspace the chosen algorithms need (the largest) is cuBLASLt's when
+ * that is big enough, else one block of its own. */
+static tf_status conv_workspace(tf_session_t *s, cuda_session *c)
+{
+    if (c->find_ws) {
+        CU_DO("freeing cuDNN's search workspace", MemFree(c->find_ws));
+        c->find_ws = 0;
+        c->find_ws_bytes = 0;
+    }
+    size_t need = 0;
+    for (int i = 0; i < c->plan->nkernels; i++)
+        if (c->ks[i].conv && c->ks[i].conv->workspace > need) need = c->ks[i].conv->workspace;
+    if (!need) return TF_OK;
+    if (c->ws_dev && need <= c->ws_bytes) {   /* one stream: a GEMM and a conv never run at once */
+        c->dnn_ws = c->ws_dev;
+        c->dnn_ws_bytes = c->ws_bytes;
+        return TF_OK;
+    }
+    tf_cu_result r = c->libs.cu.MemAlloc(&c->dnn_ws_own, need);
+    if (r) {
+        c->dnn_ws_own = 0;
+        tf_cuda_check(&c->libs, r, "cuMemAlloc", __FILE__, __LINE__, c->err, sizeof c->err);
+        return cu_fail(s, c, r, "allocating cuDNN's workspace");
+    }
+    c->dnn_ws = c->dnn_ws_own;
+    c->dnn_ws_bytes = need;
+    return TF_OK;
+}
+
+static tf_status run_conv(tf_session_t *s, cuda_session *c, gkernel *gk)
+{
+    const tf_value *x, *w, *y;
+    conv_operands(gk->k->lib, &x, &w, &y);
+    char err[600];
+    tf_cuda_status st = tf_conv_run(&c->libs, c->dnn, gk->conv, dev_of(c, x), dev_of(c, w), dev_of(c, y), c->dnn_ws, c->dnn_ws_bytes,
+                                    err, sizeof err);
+    if (st)
+        return tf_set_error(s->ctx, st == TF_CUDA_ERR_OOM ? TF_ERR_OOM : TF_ERR_RUNTIME, "error: cuda: kernel %s (%s): %s", gk->k->name,
+                            tf_op_info_of(gk->k->lib->op)->name, err);
     return TF_OK;
 }
 
@@ -810,10 +1159,38 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             snprintf(gk->why, sizeof gk->why, "--cuda-fallback=all");
             continue;
         }
-        bool code = k->nexprs && (!k->lib || k->nstores);   /* the whole kernel, or a GEMM region's epilogue */
+        /* a matmul first: cuBLASLt may take over its region's bias (and ReLU) */
+        const tf_kernel *ek = k;   /* the code to emit: the kernel, or what its GEMM leaves of it */
+        bool gemm_done = false, oom_hit = false;
+        if (k->lib && k->lib->op == TF_OP_MATMUL && c->lt_ok) {
+            epi_plan ep;
+            char why[200];
+            bool use = plan_epilogue(k, &ep, &oom_hit, why, sizeof why);
+            if (use && gemm_setup(c, gk, &ep, &oom_hit)) {
+                static const char *const names[] = {"none", "BIAS", "RELU_BIAS"};
+                snprintf(gk->epi, sizeof gk->epi, "%s (bias %.60s, written to %.60s)%s", names[ep.kind],
+                         k->bufs[ep.bias_buf].value->name ? k->bufs[ep.bias_buf].value->name : "?",
+                         k->bufs[ep.d_buf].value->name ? k->bufs[ep.d_buf].value->name : "?",
+                         ep.rest ? "; the rest of the region in its epilogue kernel" : "; no epilogue kernel");
+                gk->rest = ep.rest;
+                ek = ep.rest;
+                gemm_done = true;
+            } else {
+                epi_free(ep.rest);
+                if (use && !oom_hit) snprintf(why, sizeof why, "cuBLASLt takes no bias epilogue here (%.150s)", gk->why);
+                snprintf(gk->epi, sizeof gk->epi, "none: %s", why);
+                gemm_done = !oom_hit && gemm_setup(c, gk, NULL, &oom_hit);
+            }
+            if (oom_hit) {
+                st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the GEMM of kernel %s", k->name);
+                break;
+            }
+            if (gemm_done) gk->how = RUN_GEMM;
+        }
+        bool code = ek && ek->nexprs && (!ek->lib || ek->nstores);   /* the whole kernel, or a GEMM region's epilogue */
         if (code) {
             tf_diag d = {0};
-            if (tf_cuda_emit(k, &jobs[njobs].kernel, &d)) {
+            if (tf_cuda_emit(ek, &jobs[njobs].kernel, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) {
                     st = tf_from_diag(s->ctx, &d);
                     break;
@@ -829,18 +1206,21 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             gk->how = code ? RUN_JIT : RUN_NOTHING;
             continue;
         }
-        bool oom_hit = false;
-        if (k->lib->op == TF_OP_MATMUL && gemm_setup(c, gk, &oom_hit)) gk->how = RUN_GEMM;
-        else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the GEMM of kernel %s", k->name);
-        else if (k->lib->op != TF_OP_MATMUL && lib_setup(s, c, gk, i, &jobs[njobs], &st)) {
+        if (gemm_done) continue;
+        if (k->lib->op == TF_OP_MATMUL && gemm_setup(c, gk, NULL, &oom_hit)) gk->how = RUN_GEMM;
+        else if (is_conv(k->lib->op) && conv_setup(c, gk, &oom_hit)) gk->how = RUN_CONV;
+        else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the %s of kernel %s",
+                                            k->lib->op == TF_OP_MATMUL ? "GEMM" : "convolution", k->name);
+        else if (k->lib->op != TF_OP_MATMUL && !is_conv(k->lib->op) && lib_setup(s, c, gk, i, &jobs[njobs], &st)) {
             njobs++;
             gk->how = RUN_LIBKERNEL;
         } else if (!st) {
-            if (k->lib->op == TF_OP_CONV2D || k->lib->op == TF_OP_CONV2D_GRAD_INPUT || k->lib->op == TF_OP_CONV2D_GRAD_WEIGHT)
+            if (!gk->why[0])
                 snprintf(gk->why, sizeof gk->why, "%s has no GPU implementation in this build", tf_op_info_of(k->lib->op)->name);
             gk->how = code ? RUN_LIB_FALLBACK : RUN_FALLBACK;
         }
     }
+    if (!st) st = conv_workspace(s, c);
     char err[2048];
     if (!st) {
         tf_cuda_status cs = tf_cuda_jit_build(&c->jit, &c->libs, c->arch, jobs, njobs, err, sizeof err);
@@ -981,6 +1361,7 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
     case RUN_LIB_FALLBACK: st = run_fallback(s, c, k, true); break;
     case RUN_GEMM: st = run_gemm(s, c, gk); break;
     case RUN_LIBKERNEL: st = run_libkernel(s, c, gk); break;
+    case RUN_CONV: st = run_conv(s, c, gk); break;
     case RUN_JIT: break;
     }
     if (!st && gk->fn >= 0) st = launch(s, c, gk);
@@ -1205,14 +1586,19 @@ static void cuda_free(tf_session_t *s)
         tf_free(c->ks[i].ldptr);
         tf_free(c->ks[i].largs);
         gemm_call_free(c, c->ks[i].mm);
+        epi_free(c->ks[i].rest);
+        conv_free(c, c->ks[i].conv);
     }
     tf_free(c->ks);
     if (c->lt) c->libs.lt.Destroy(c->lt);
     if (driver && c->gexec) cu->GraphExecDestroy(c->gexec);
+    if (c->dnn) c->libs.dnn.Destroy(c->dnn);
     if (driver) {
         for (int i = 0; c->ev && i < 2 * (c->plan->nkernels ? c->plan->nkernels : 1); i++)
             if (c->ev[i]) cu->EventDestroy(c->ev[i]);
         tf_cuda_jit_free(&c->jit, &c->libs);
+        if (c->dnn_ws_own) cu->MemFree(c->dnn_ws_own);
+        if (c->find_ws) cu->MemFree(c->find_ws);
         if (c->arena) cu->MemFree(c->arena);
         if (c->state) cu->MemFree(c->state);
         if (c->pinned) cu->MemFreeHost(c->pinned);
@@ -1306,6 +1692,52 @@ static void open_cublaslt(cuda_session *c)
     c->ws_bytes = GEMM_WORKSPACE;
 }
 
+/* cuDNN when the plan has a convolution and cuDNN loads and starts; its
+ * absence is no error (the host then runs the convolutions, counted as
+ * fallbacks), and dnn_why says what happened. */
+static void open_cudnn(cuda_session *c)
+{
+    bool any = false;
+    for (int i = 0; i < c->plan->nkernels && !any; i++) any = c->plan->kernels[i].lib && is_conv(c->plan->kernels[i].lib->op);
+    if (!any || c->fallback_all) {
+        snprintf(c->dnn_why, sizeof c->dnn_why, any ? "--cuda-fallback=all" : "no convolution");
+        return;
+    }
+    char err[1200];
+    if (tf_cuda_libs_add(&c->libs, TF_CUDA_LIB_CUDNN, &c->search, err, sizeof err)) {
+        set_text(c->dnn_why, sizeof c->dnn_why, c->libs.cudnn_error);
+        return;
+    }
+    tf_cudnn_status r = c->libs.dnn.Create(&c->dnn);
+    const char *call = "cudnnCreate";
+    if (!r) {
+        call = "cudnnSetStream";
+        r = c->libs.dnn.SetStream(c->dnn, c->stream);
+        if (r) c->libs.dnn.Destroy(c->dnn);
+    }
+    if (r) {
+        c->dnn = NULL;
+        const char *name = c->libs.dnn.GetErrorString(r);
+        snprintf(c->dnn_why, sizeof c->dnn_why, "%s failed: %.200s (%.900s)", call, name ? name : "?", c->libs.cudnn_path);
+        return;
+    }
+    c->dnn_ok = true;
+}
+
+/* --cuda-explain: the algorithm each convolution got, and from where. */
+static void explain_convs(const cuda_session *c)
+{
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const gkernel *gk = &c->ks[i];
+        if (gk->how != RUN_CONV) continue;
+        const tf_conv *cv = gk->conv;
+        fprintf(stderr, "cuda: kernel %s: %s through cuDNN, %s algorithm %s (%d), %s, %s, %zu bytes of workspace, %s (%.3f ms)\n",
+                gk->k->name, tf_op_info_of(gk->k->lib->op)->name, tf_conv_dir_name(cv->dir), tf_conv_algo_name(cv->dir, cv->algo),
+                cv->algo, tf_conv_math_name(cv->math), cv->deterministic ? "deterministic" : "non-deterministic", cv->workspace,
+                cv->from_cache ? "from the algorithm cache" : "found by cudnnFind", cv->ms);
+    }
+}
+
 static tf_status cuda_create(tf_session_t *s)
 {
     static const tf_kernel_plan no_plan;
@@ -1323,6 +1755,7 @@ static tf_status cuda_create(tf_session_t *s)
     tf_status st = open_device(s, c);
     if (!st) st = tf_program_plan(s->ctx, s->p, &c->plan);
     if (!st) open_cublaslt(c);
+    if (!st) open_cudnn(c);
     if (!st) st = plan_layout(s, c, &L);
     if (!st) st = allocate(s, c, &L);   /* before anything slow: out of memory is said at once */
     if (!st) st = initial_state(s, c);
@@ -1355,8 +1788,15 @@ static tf_status cuda_create(tf_session_t *s)
                      "kernel %.60s reads ids the step computes, checked on the host before the updates", c->ks[i].k->name);
     if (c->graph_why[0]) c->graphs = false;
     if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
-        fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s\n", c->gpu, c->arch,
-                c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why);
+        char dnn[64];
+        snprintf(dnn, sizeof dnn, "cuDNN %zu.%zu.%zu", c->libs.cudnn_version / 10000, c->libs.cudnn_version / 100 % 100,
+                 c->libs.cudnn_version % 100);
+        fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s; convolutions: %s\n", c->gpu,
+                c->arch, c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why,
+                c->dnn_ok ? dnn : c->dnn_why);
+        explain_convs(c);
+        for (int i = 0; i < c->plan->nkernels; i++)
+            if (c->ks[i].how == RUN_GEMM) fprintf(stderr, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
         for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
                 fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
@@ -1399,7 +1839,7 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
-    out->library = c->lt_ok ? (c->emu ? "cuBLASLt (cuda-emu's stand-in)" : "cuBLASLt") : "none";
+    out->library = c->lt_ok && c->dnn_ok ? "cuBLASLt + cuDNN" : c->lt_ok ? "cuBLASLt" : c->dnn_ok ? "cuDNN" : "none";
     out->step_graph = c->graphs ? "graph" : c->graph_why;
     out->graph_replays = c->replays;
 }
@@ -1464,6 +1904,11 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
     if (!library) return how;
     if (op == TF_OP_MATMUL) {
         snprintf(detail, n, "cuBLASLt (when it loads; else the interpreter's kernel on the host)");
+        return "library";
+    }
+    if (is_conv(op)) {
+        snprintf(detail, n, "cuDNN, the algorithm cudnnFind picks, cached on disk (when cuDNN loads and has an algorithm for the "
+                 "shape and type; else the interpreter's kernel on the host)");
         return "library";
     }
     switch (op) {

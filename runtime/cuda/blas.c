@@ -12,6 +12,8 @@ enum {
     CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77,           /* cublasComputeType_t */
     CUBLAS_OP_N = 0, CUBLAS_OP_T = 1,                                     /* cublasOperation_t */
     CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4,     /* int32_t each */
+    CUBLASLT_MATMUL_DESC_EPILOGUE = 7, CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8, /* uint32_t, void * */
+    CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_RELU_BIAS = 6,          /* cublasLtEpilogue_t */
     CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,                               /* int32_t */
     CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,                      /* int64_t */
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,                         /* uint64_t */
@@ -86,6 +88,17 @@ tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const t
     tf_cuda_status st = LT_CALL(MatmulDescCreate, (&g->op, compute, CUDA_R_32F));
     if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
     if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+    if (!st && d->epilogue != TF_GEMM_EPI_NONE) {
+        /* the bias runs along our C's columns, which are cuBLASLt's rows: what its bias epilogues add to */
+        uint32_t epi = d->epilogue == TF_GEMM_EPI_RELU_BIAS ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+        const void *bias = (const void *)(uintptr_t)d->bias;
+        if (d->batch != 1 || !bias) {
+            snprintf(err, n, "a bias epilogue takes one GEMM and a bias");
+            st = TF_CUDA_ERR_ARG;
+        }
+        if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
     /* cuBLASLt's first operand is our B read column-major: B [K, N] is N x K
      * (ld N), used as is; B stored [N, K] is K x N (ld K), transposed. */
     if (!st)

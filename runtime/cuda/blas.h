@@ -25,6 +25,10 @@
 
 typedef enum tf_gemm_type { TF_GEMM_F32, TF_GEMM_F16, TF_GEMM_BF16 } tf_gemm_type;
 
+/* What cuBLASLt applies to the product before it writes C: nothing, a bias
+ * added along C's rows (a vector of N, C's type), or that and ReLU. */
+typedef enum tf_gemm_epilogue { TF_GEMM_EPI_NONE, TF_GEMM_EPI_BIAS, TF_GEMM_EPI_RELU_BIAS } tf_gemm_epilogue;
+
 /* One row-major problem: C[b] (M x N) = op(A[b]) (M x K) * op(B[b]) (K x N)
  * for b < batch, operands stride_* elements apart (0: the same matrix for
  * every b). lda/ldb/ldc are the row-major leading dimensions. */
@@ -37,6 +41,8 @@ typedef struct tf_gemm_desc {
     unsigned align_a, align_b, align_c;   /* bytes every pointer passed to tf_gemm_run is aligned to */
     bool tf32;
     size_t max_workspace;          /* bytes of workspace tf_gemm_run will be given */
+    tf_gemm_epilogue epilogue;     /* with a bias: batch 1 */
+    uint64_t bias;                 /* the bias's device address (epilogues with a bias) */
 } tf_gemm_desc;
 
 typedef struct tf_gemm {

@@ -9,7 +9,9 @@
  *   driver  (libcuda.so.1) loads cubins and launches them; comes with the
  *           NVIDIA GPU driver, absent on machines without one;
  *   cuBLASLt (libcublasLt.so.13, .so.12) runs the cuda target's GEMMs; optional:
- *           without it the runtime says so and runs them on the host.
+ *           without it the runtime says so and runs them on the host;
+ *   cuDNN   (libcudnn.so.9, .so.8) runs its convolutions; optional in the
+ *           same way.
  *
  * Where each is looked for, in order (the first that loads and has every
  * function wins):
@@ -199,11 +201,30 @@ typedef struct tf_cuda_search {
     const char *dirs;           /* colon-separated directories (unused with TF_CUDA_SEARCH_ENV) */
 } tf_cuda_search;
 
-/* ---- cuDNN: what the backend calls (loaded, versioned and described so far;
- * convolutions through it are issue 13's next step) ---- */
+/* ---- cuDNN: the legacy (cuDNN 7..9) C API for 2-D convolutions, which
+ * runtime/cuda/dnn.c plans and runs. libcudnn.so.9 exports every function
+ * here (it forwards to libcudnn_ops.so.9, libcudnn_cnn.so.9 and
+ * libcudnn_graph.so.9 beside it); libcudnn.so.8 has them all too. Handles and
+ * descriptors are opaque; enumerations travel as int (their C ABI), and
+ * dnn.c names the values it uses. ---- */
 
 typedef int tf_cudnn_status;                                         /* cudnnStatus_t; 0 = success */
 typedef struct tf_cudnn_ctx_ *tf_cudnn_handle;                       /* cudnnHandle_t */
+typedef struct tf_cudnn_tensor_ *tf_cudnn_tensor;                    /* cudnnTensorDescriptor_t */
+typedef struct tf_cudnn_filter_ *tf_cudnn_filter;                    /* cudnnFilterDescriptor_t */
+typedef struct tf_cudnn_conv_ *tf_cudnn_conv;                        /* cudnnConvolutionDescriptor_t */
+
+/* cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionBwdDataAlgoPerf_t and
+ * cudnnConvolutionBwdFilterAlgoPerf_t: one layout (48 bytes on LP64). */
+typedef struct tf_cudnn_algo_perf {
+    int algo;                    /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
+    tf_cudnn_status status;
+    float time;                  /* milliseconds */
+    size_t memory;               /* workspace bytes */
+    int determinism;             /* cudnnDeterminism_t: 0 non-deterministic, 1 deterministic */
+    int math_type;               /* cudnnMathType_t */
+    int reserved[3];
+} tf_cudnn_algo_perf;
 
 typedef struct tf_cudnn_api {
     size_t (*GetVersion)(void);                                      /* 10000 * major + 100 * minor + patch */
@@ -211,6 +232,50 @@ typedef struct tf_cudnn_api {
     tf_cudnn_status (*Create)(tf_cudnn_handle *h);
     tf_cudnn_status (*Destroy)(tf_cudnn_handle h);
     tf_cudnn_status (*SetStream)(tf_cudnn_handle h, tf_cu_stream stream);
+    /* descriptors: (format, data type) and (data type, format) are in cuDNN's own orders */
+    tf_cudnn_status (*CreateTensorDescriptor)(tf_cudnn_tensor *d);
+    tf_cudnn_status (*SetTensor4dDescriptor)(tf_cudnn_tensor d, int format, int data_type, int n, int c, int h, int w);
+    tf_cudnn_status (*SetTensor4dDescriptorEx)(tf_cudnn_tensor d, int data_type, int n, int c, int h, int w, int n_stride,
+                                               int c_stride, int h_stride, int w_stride);
+    tf_cudnn_status (*DestroyTensorDescriptor)(tf_cudnn_tensor d);
+    tf_cudnn_status (*CreateFilterDescriptor)(tf_cudnn_filter *d);
+    tf_cudnn_status (*SetFilter4dDescriptor)(tf_cudnn_filter d, int data_type, int format, int k, int c, int h, int w);
+    tf_cudnn_status (*DestroyFilterDescriptor)(tf_cudnn_filter d);
+    tf_cudnn_status (*CreateConvolutionDescriptor)(tf_cudnn_conv *d);
+    tf_cudnn_status (*SetConvolution2dDescriptor)(tf_cudnn_conv d, int pad_h, int pad_w, int stride_h, int stride_w,
+                                                  int dilation_h, int dilation_w, int mode, int compute_type);
+    tf_cudnn_status (*SetConvolutionMathType)(tf_cudnn_conv d, int math_type);
+    tf_cudnn_status (*SetConvolutionGroupCount)(tf_cudnn_conv d, int groups);
+    tf_cudnn_status (*DestroyConvolutionDescriptor)(tf_cudnn_conv d);
+    /* algorithms: measured on the caller's buffers (each Find overwrites its result operand) */
+    tf_cudnn_status (*FindConvolutionForwardAlgorithmEx)(tf_cudnn_handle h, tf_cudnn_tensor xd, const void *x, tf_cudnn_filter wd,
+                                                         const void *w, tf_cudnn_conv cd, tf_cudnn_tensor yd, void *y,
+                                                         int requested, int *returned, tf_cudnn_algo_perf *perf,
+                                                         void *workspace, size_t workspace_bytes);
+    tf_cudnn_status (*FindConvolutionBackwardDataAlgorithmEx)(tf_cudnn_handle h, tf_cudnn_filter wd, const void *w,
+                                                              tf_cudnn_tensor dyd, const void *dy, tf_cudnn_conv cd,
+                                                              tf_cudnn_tensor dxd, void *dx, int requested, int *returned,
+                                                              tf_cudnn_algo_perf *perf, void *workspace, size_t workspace_bytes);
+    tf_cudnn_status (*FindConvolutionBackwardFilterAlgorithmEx)(tf_cudnn_handle h, tf_cudnn_tensor xd, const void *x,
+                                                                tf_cudnn_tensor dyd, const void *dy, tf_cudnn_conv cd,
+                                                                tf_cudnn_filter dwd, void *dw, int requested, int *returned,
+                                                                tf_cudnn_algo_perf *perf, void *workspace, size_t workspace_bytes);
+    tf_cudnn_status (*GetConvolutionForwardWorkspaceSize)(tf_cudnn_handle h, tf_cudnn_tensor xd, tf_cudnn_filter wd, tf_cudnn_conv cd,
+                                                          tf_cudnn_tensor yd, int algo, size_t *bytes);
+    tf_cudnn_status (*GetConvolutionBackwardDataWorkspaceSize)(tf_cudnn_handle h, tf_cudnn_filter wd, tf_cudnn_tensor dyd,
+                                                               tf_cudnn_conv cd, tf_cudnn_tensor dxd, int algo, size_t *bytes);
+    tf_cudnn_status (*GetConvolutionBackwardFilterWorkspaceSize)(tf_cudnn_handle h, tf_cudnn_tensor xd, tf_cudnn_tensor dyd,
+                                                                 tf_cudnn_conv cd, tf_cudnn_filter dwd, int algo, size_t *bytes);
+    /* out = alpha * op(in) + beta * out; alpha and beta point to float (double for double data) */
+    tf_cudnn_status (*ConvolutionForward)(tf_cudnn_handle h, const void *alpha, tf_cudnn_tensor xd, const void *x,
+                                          tf_cudnn_filter wd, const void *w, tf_cudnn_conv cd, int algo, void *workspace,
+                                          size_t workspace_bytes, const void *beta, tf_cudnn_tensor yd, void *y);
+    tf_cudnn_status (*ConvolutionBackwardData)(tf_cudnn_handle h, const void *alpha, tf_cudnn_filter wd, const void *w,
+                                               tf_cudnn_tensor dyd, const void *dy, tf_cudnn_conv cd, int algo, void *workspace,
+                                               size_t workspace_bytes, const void *beta, tf_cudnn_tensor dxd, void *dx);
+    tf_cudnn_status (*ConvolutionBackwardFilter)(tf_cudnn_handle h, const void *alpha, tf_cudnn_tensor xd, const void *x,
+                                                 tf_cudnn_tensor dyd, const void *dy, tf_cudnn_conv cd, int algo, void *workspace,
+                                                 size_t workspace_bytes, const void *beta, tf_cudnn_filter dwd, void *dw);
 } tf_cudnn_api;
 
 enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1, TF_CUDA_LIB_CUBLASLT = 1 << 2, TF_CUDA_LIB_CUDNN = 1 << 3 };

@@ -69,7 +69,17 @@ static const sym lt_syms[] = {
 #undef LT
 
 #define DNN(f) {"cudnn" #f, NULL, offsetof(tf_cudnn_api, f)}
-static const sym dnn_syms[] = {DNN(GetVersion), DNN(GetErrorString), DNN(Create), DNN(Destroy), DNN(SetStream)};
+static const sym dnn_syms[] = {
+    DNN(GetVersion), DNN(GetErrorString), DNN(Create), DNN(Destroy), DNN(SetStream),
+    DNN(CreateTensorDescriptor), DNN(SetTensor4dDescriptor), DNN(SetTensor4dDescriptorEx), DNN(DestroyTensorDescriptor),
+    DNN(CreateFilterDescriptor), DNN(SetFilter4dDescriptor), DNN(DestroyFilterDescriptor),
+    DNN(CreateConvolutionDescriptor), DNN(SetConvolution2dDescriptor), DNN(SetConvolutionMathType),
+    DNN(SetConvolutionGroupCount), DNN(DestroyConvolutionDescriptor),
+    DNN(FindConvolutionForwardAlgorithmEx), DNN(FindConvolutionBackwardDataAlgorithmEx),
+    DNN(FindConvolutionBackwardFilterAlgorithmEx), DNN(GetConvolutionForwardWorkspaceSize),
+    DNN(GetConvolutionBackwardDataWorkspaceSize), DNN(GetConvolutionBackwardFilterWorkspaceSize),
+    DNN(ConvolutionForward), DNN(ConvolutionBackwardData), DNN(ConvolutionBackwardFilter),
+};
 #undef DNN
 
 typedef struct libspec {
@@ -93,7 +103,11 @@ static const char *const driver_places[] = {"/usr/lib/x86_64-linux-gnu", "/usr/l
 static const char *const cublaslt_files[] = {"libcublasLt.so.13", "libcublasLt.so.12", NULL};
 
 /* cuDNN 9 (8 has the same calls used here): the toolkit's lib64, Debian's
- * and Ubuntu's packages (libcudnn9-cuda-*), pip's nvidia-cudnn-cu* */
+ * and Ubuntu's packages (libcudnn9-cuda-*), pip's nvidia-cudnn-cu*. In 9,
+ * libcudnn.so.9 is a small shim that exports the whole legacy API and
+ * loads libcudnn_graph/_ops/_cnn.so.9 from its own directory on first use
+ * (checked with nm -D on 9.19: every function of dnn_syms is defined in
+ * it). */
 static const char *const cudnn_files[] = {"libcudnn.so.9", "libcudnn.so.8", NULL};
 static const char *const cudnn_places[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/lib",
                                            "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu",

@@ -38,6 +38,7 @@
  * (2e-2 with TF32). With --fake every kernel is the interpreter's own, so
  * every comparison is exact (tolerance 0). With --emu the GEMMs are exact
  * (the stand-in accumulates in double) and the tolerances are fp32's. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
@@ -353,6 +354,55 @@ static void examples(void)
     }
 }
 
+/* ---- cuBLASLt epilogues: a bias (and ReLU) in the GEMM, the rest in the epilogue kernel ---- */
+
+static void epilogues(void)
+{
+    static const struct { const char *label, *text; int kernels; } cases[] = {
+        /* relu(x w + b) alone: the GEMM does it all, no kernel is generated */
+        {"relu(x w + b)", "input x : f32[37, 24]\nparam w : f32[24, 19] = uniform()\nparam b : f32[19] = uniform()\n"
+                          "h = linear(x, w, b)\ny = relu(h)\noutput y\n", 0},
+        /* x w + b alone */
+        {"x w + b", "input x : f32[37, 24]\nparam w : f32[24, 19] = uniform()\nparam b : f32[19] = uniform()\n"
+                    "y = linear(x, w, b)\noutput y\n", 0},
+        /* both stored: the GEMM writes x w + b, one kernel takes its ReLU */
+        {"x w + b and its relu", "input x : f32[37, 24]\nparam w : f32[24, 19] = uniform()\nparam b : f32[19] = uniform()\n"
+                                 "h = linear(x, w, b)\ny = relu(h)\noutput h\noutput y\n", 1},
+        /* the product read apart from the bias add: no epilogue, one kernel */
+        {"x w + b and x w", "input x : f32[37, 24]\ninput w : f32[24, 19]\ninput b : f32[19]\np = matmul(x, w)\n"
+                            "h = add(p, b)\nz = mul(p, p)\noutput h\noutput z\n", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int pi = 0; pi < 3; pi++) {
+            static const char *const names[] = {"f32", "bf16", "f16"};
+            char lab[200], text[1024];
+            snprintf(lab, sizeof lab, "epilogue: %s [%s]", cases[i].label, names[pi]);
+            /* the model in each storage type */
+            const char *src = cases[i].text;
+            size_t at = 0;
+            for (const char *p = src; *p && at + 8 < sizeof text; p++) {
+                if (!strncmp(p, "f32", 3)) {
+                    at += (size_t)snprintf(text + at, sizeof text - at, "%s", names[pi]);
+                    p += 2;
+                } else {
+                    text[at++] = *p;
+                }
+            }
+            text[at] = 0;
+            pair q;
+            if (pair_make(&q, lab, text, TF_MODE_INFER, NULL, NULL, 0) && pair_step(&q, lab)) {
+                pair_compare(&q, lab, false, state_tol(), 0);
+                tf_session_info info;
+                tf_session_get_info(q.dev, &info);
+                CHECK(info.jit_compiled + info.jit_cached == cases[i].kernels && info.fallbacks == 0,
+                      "%s: %d generated kernels beside the GEMM (want %d), %d on the host", lab, info.jit_compiled + info.jit_cached,
+                      cases[i].kernels, info.fallbacks);
+            }
+            pair_free(&q);
+        }
+    }
+}
+
 /* ---- CUDA graphs: a replayed step computes exactly what a launched one does ------------ */
 
 static bool same_bytes(const tf_tensor_view *a, const tf_tensor_view *b)
@@ -638,6 +688,98 @@ static void fake_compiles(const char *cache)
     setenv("TFUSE_CUDA_FALLBACK", "all", 1);
 }
 
+/* ---- with the fake driver and the cuDNN stand-in: convolutions on cuDNN's path ------- */
+
+/* The cuda target's own convolution path (RUN_CONV: plans, Find on the
+ * session's buffers, the algorithm cache, the workspace, the runs) over the
+ * stand-in libcudnn.so.9 (fake_libcudnn.c), which computes on the host what
+ * the interpreter computes, in the same order: every output bit for bit. */
+static int dnn_counter(void *lib, const char *name)
+{
+    int (*f)(void) = NULL;
+    void *p = lib ? dlsym(lib, name) : NULL;
+    memcpy(&f, &p, sizeof p);
+    return f ? f() : -1;
+}
+
+static int count_algo_files(const char *cache)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/cuda", cache);
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += strlen(e->d_name) > 6 && !strcmp(e->d_name + strlen(e->d_name) - 6, ".cudnn");
+    if (d) closedir(d);
+    return n;
+}
+
+static void fake_convs(const char *fake_dir, const char *cache)
+{
+    char lib[4200];
+    snprintf(lib, sizeof lib, "%s/libcudnn.so.9", fake_dir);
+    void *dnn = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    CHECK(dnn != NULL, "the cuDNN stand-in loads: %s", dnn ? "yes" : dlerror());
+    if (!dnn) return;
+    unsetenv("TFUSE_CUDA_FALLBACK");
+    setenv("FAKE_CUDA_MEMORY", "67108864", 1);   /* Find's scratch: at most half of what is free */
+    /* stride, padding and dilation per axis, two groups; each direction once */
+    static const char *const text =
+        "input x : f32[3, 4, 9, 8]\ninput w : f32[6, 2, 2, 3]\ninput dy : f32[3, 6, 4, 10]\n"
+        "y = conv2d(x, w, stride=[2, 1], padding=[0, 2], dilation=[2, 1], groups=2)\n"
+        "dx = conv2d_grad_input(dy, w, stride=[2, 1], padding=[0, 2], dilation=[2, 1], groups=2, shape=[3, 4, 9, 8])\n"
+        "dw = conv2d_grad_weight(x, dy, stride=[2, 1], padding=[0, 2], dilation=[2, 1], groups=2, shape=[6, 2, 2, 3])\n"
+        "output y\noutput dx\noutput dw\n";
+    static const char *const types[] = {"f32", "bf16", "f16"};
+    int finds0 = dnn_counter(dnn, "fake_cudnn_finds"), files0 = count_algo_files(cache);
+    for (int round = 0; round < 2; round++)   /* the second: every algorithm from the disk cache */
+        for (int ti = 0; ti < 3; ti++) {
+            char u[2048], *w = u, lab[128];
+            for (const char *p = text; *p; p++) {
+                if (!strncmp(p, "f32", 3)) {
+                    w += sprintf(w, "%s", types[ti]);
+                    p += 2;
+                } else {
+                    *w++ = *p;
+                }
+            }
+            *w = 0;
+            snprintf(lab, sizeof lab, "convolutions through cuDNN [%s%s]", types[ti], round ? ", cached" : "");
+            if (!round && !ti) setenv("TFUSE_CUDA_EXPLAIN", "1", 1);   /* the algorithm each conv got, on stderr */
+            pair q;
+            if (pair_make(&q, lab, u, TF_MODE_INFER, NULL, NULL, 0)) {
+                tf_session_info info;
+                tf_session_get_info(q.dev, &info);
+                CHECK(info.fallbacks == 0 && !strcmp(info.library, "cuDNN"), "%s: nothing on the host (%d), library %s", lab, info.fallbacks,
+                      info.library);
+                int convs0 = dnn_counter(dnn, "fake_cudnn_convs");
+                tf_session_set_profiling(q.dev, 1);
+                if (pair_step(&q, lab) && pair_step(&q, lab)) {
+                    pair_compare(&q, lab, false, 0, 0);
+                    g_cases++;
+                }
+                int conv_kernels = 0;
+                for (size_t i = 0; i < tf_session_profile_count(q.dev); i++) {
+                    tf_kernel_profile kp;
+                    if (!tf_session_profile(q.dev, i, &kp)) conv_kernels += !strcmp(kp.how, "conv");
+                }
+                CHECK(conv_kernels == 3 && dnn_counter(dnn, "fake_cudnn_convs") == convs0 + 6,
+                      "%s: three conv kernels (%d), each run through cuDNN in both steps (%d calls)", lab, conv_kernels,
+                      dnn_counter(dnn, "fake_cudnn_convs") - convs0);
+            }
+            pair_free(&q);
+            unsetenv("TFUSE_CUDA_EXPLAIN");
+            if (ti == 2) {
+                int finds = dnn_counter(dnn, "fake_cudnn_finds") - finds0, files = count_algo_files(cache) - files0;
+                CHECK(finds == 9 && files == 9, "%s: nine Finds, one per direction and type (%d), and nine algorithm files (%d)",
+                      round ? "after the cached sessions" : "first sessions", finds, files);
+            }
+        }
+    CHECK(dnn_counter(dnn, "fake_cudnn_live") == 0, "every cuDNN handle and descriptor destroyed (%d left)", dnn_counter(dnn, "fake_cudnn_live"));
+    unsetenv("FAKE_CUDA_MEMORY");
+    setenv("TFUSE_CUDA_FALLBACK", "all", 1);
+    dlclose(dnn);
+}
+
 int main(int argc, char **argv)
 {
     const char *fake_dir = NULL;
@@ -684,10 +826,12 @@ int main(int argc, char **argv)
     ops();
     examples();
     if (!g_fake) graphs();   /* the fake driver runs no kernel, and captures nothing */
+    if (!g_fake) epilogues();   /* nor has it a cuBLASLt */
     contract();
     bad_ids();
     if (g_fake) {
         fake_compiles(cache);
+        fake_convs(fake_dir, cache);
         CHECK(fake_counter("fake_cuda_live") == 0, "every allocation, module, stream, event and context reference is released (%d left)",
               fake_counter("fake_cuda_live"));
         CHECK(fake_counter("fake_cuda_errors") == 0, "no copy or memset outside an allocation, no bad handle (%d)",
