@@ -512,7 +512,13 @@ static unsigned widest(const tf_kernel *k)
     return w;
 }
 
-typedef struct geom { tf_cuda_shape shape; unsigned grid, block, smem, vec, group, align; } geom;
+typedef struct geom { tf_cuda_shape shape; unsigned grid, block, smem, vec, group, align, scratch; } geom;
+
+/* A long reduction over few outer indices is split across blocks, so that
+ * it fills the device: SPLIT_MIN reduced elements at least, each block a
+ * share of SPLIT_CHUNK or more, up to SPLIT_BLOCKS blocks in all (two per SM
+ * of a 132-SM H100/H200). */
+enum { SPLIT_MIN = 65536, SPLIT_CHUNK = 16384, SPLIT_BLOCKS = 264 };
 
 static unsigned blocks_for(int64_t work, unsigned per_block)
 {
@@ -643,17 +649,30 @@ static void emit_reduction(em *e, geom *g)
         RPB = 32;
     }
     int64_t NB = (M + RPB - 1) / RPB;
+    /* split: S blocks per outer index each fold a contiguous share of r; the
+     * last to finish (an atomic count in scratch) folds the S partials in
+     * order, so the result does not depend on which block that is */
+    bool any_full = false;
+    for (int t = 0; t < k->nstores; t++) any_full |= !k->stores[t].reduced_domain;
+    int64_t S = 1;
+    if (row && RPB == 1 && k->nreds == 1 && !any_full && R >= SPLIT_MIN && M < SPLIT_BLOCKS) {
+        S = (R + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
+        if (S > SPLIT_BLOCKS / M) S = SPLIT_BLOCKS / M;
+        if (S < 2) S = 1;
+    }
+    int64_t CH = (R + S - 1) / S;   /* each block's share of r */
     unsigned accb = 4;
     for (int r = 0; r < k->nreds; r++)
         if (acc_dtype(k, &k->reds[r]) != TF_DT_F32) accb = 8;
     bool partials = row ? G > 32 : G > 1;
     g->shape = row ? TF_CUDA_ROW_REDUCE : TF_CUDA_COL_REDUCE;
     g->block = (unsigned)(G * RPB);
-    g->grid = blocks_for(M, (unsigned)RPB);
+    g->grid = blocks_for(M * S, (unsigned)RPB);
     g->group = (unsigned)G;
     g->vec = 1;
     g->smem = partials ? (unsigned)((row ? RPB * (G / 32) : G * 32) * accb) : 0;
     g->align = widest(k);
+    if (S > 1) g->scratch = (unsigned)(M * S * accb + M * 4);   /* the partials, then a counter per outer index */
 
     /* which stores, and what indexes what */
     bool has_outer = false, has_full = false;
@@ -683,14 +702,23 @@ static void emit_reduction(em *e, geom *g)
         if (m_used) line(s, 1, "const int tf_m = threadIdx.x / 32;");
     }
     emit_dropout_keys(e, 1);
-    line(s, 1, "for (tf_idx tf_ob = blockIdx.x; tf_ob < %lld; tf_ob += gridDim.x) {", (long long)NB);
-    if (o_used) {
+    if (S > 1) line(s, 1, "// split: %lld blocks per outer index, %lld reduced elements each", (long long)S, (long long)CH);
+    line(s, 1, "for (tf_idx tf_ob = blockIdx.x; tf_ob < %lld; tf_ob += gridDim.x) {", (long long)(NB * S));
+    if (S > 1) {
+        line(s, 2, "const tf_idx o = tf_ob / %lld, tf_part = tf_ob %% %lld;", (long long)S, (long long)S);
+        line(s, 2, "const tf_idx tf_rend = tf_part * %lld + %lld < %lld ? tf_part * %lld + %lld : %lld;", (long long)CH, (long long)CH,
+             (long long)R, (long long)CH, (long long)CH, (long long)R);
+    } else if (o_used) {
         if (RPB > 1) line(s, 2, "const tf_idx o = tf_ob * %lld + tf_g;", (long long)RPB);
         else line(s, 2, "const tf_idx o = tf_ob;");
     }
     if (live) line(s, 2, "const bool tf_live = o < %lld;", (long long)M);
     def_axes(e, 2, outer_ax, omask, "o");
-    const char *rloop = m_used ? "tf_m" : "0";
+    char rloop[64], rbound[32];
+    if (S > 1) snprintf(rloop, sizeof rloop, "tf_part * %lld + tf_m", (long long)CH);
+    else snprintf(rloop, sizeof rloop, "%s", m_used ? "tf_m" : "0");
+    if (S > 1) snprintf(rbound, sizeof rbound, "tf_rend");
+    else snprintf(rbound, sizeof rbound, "%lld", (long long)R);
     char rstep[32];
     snprintf(rstep, sizeof rstep, m_used ? "r += %lld" : "r++", (long long)G);
     e->md = M_AXES;
@@ -710,7 +738,7 @@ static void emit_reduction(em *e, geom *g)
         int depth = 3;
         if (live) line(s, depth++, "if (tf_live) {");
         emit_selected(e, depth, SEL_OUTER);
-        line(s, depth, "for (tf_idx r = %s; r < %lld; %s) {", rloop, (long long)R, rstep);
+        line(s, depth, "for (tf_idx r = %s; r < %s; %s) {", rloop, rbound, rstep);
         unsigned rax = axes_used(e, SEL_INNER, M_AXES, NULL) & rmask;
         def_axes(e, depth + 1, rax, rmask, "r");
         emit_selected(e, depth + 1, SEL_INNER);
@@ -749,6 +777,27 @@ static void emit_reduction(em *e, geom *g)
             else line(s, 4, "tf_a += tf_p[w * 32 + tf_g];");
             line(s, 3, "}");
             line(s, 3, "__syncthreads();");
+        }
+        if (S > 1) {   /* this block's partial; the last block of the outer index folds them all, in order */
+            line(s, 3, "%s *tf_parts = (%s *)tf_scratch;", vt, vt);
+            line(s, 3, "unsigned *tf_cnt = (unsigned *)(tf_parts + %lld);", (long long)(M * S));
+            line(s, 3, "__shared__ bool tf_last;");
+            line(s, 3, "if (tf_m == 0) {");
+            line(s, 4, "tf_parts[o * %lld + tf_part] = tf_a;", (long long)S);
+            line(s, 4, "__threadfence();");
+            line(s, 4, "tf_last = atomicAdd(&tf_cnt[o], 1u) == %lldu;", (long long)(S - 1));
+            line(s, 3, "}");
+            line(s, 3, "__syncthreads();");
+            line(s, 3, "if (!tf_last) continue;");
+            line(s, 3, "if (tf_m == 0) {");
+            line(s, 4, "const volatile %s *tf_v = tf_parts + o * %lld;", vt, (long long)S);
+            line(s, 4, "tf_a = tf_v[0];");
+            line(s, 4, "for (int q = 1; q < %lld; q++) {", (long long)S);
+            if (mx) line(s, 5, "tf_a = tf_max(tf_a, (%s)tf_v[q]);", vt);
+            else line(s, 5, "tf_a += tf_v[q];");
+            line(s, 4, "}");
+            line(s, 4, "tf_cnt[o] = 0u;   // ready for the next launch (and a graph's replay)");
+            line(s, 3, "}");
         }
         if (rd->op == TF_OP_REDUCE_MEAN) {
             char cnt[64];
@@ -954,7 +1003,8 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     for (int b = 0; b < k->nbufs; b++)   /* __restrict__ where memplan keeps the buffer apart from every other */
         tf_strbuf_printf(&src, "%s%s%s *%sb%d", b ? ", " : "", e.written[b] ? "" : "const ", storage_type(k->bufs[b].value->type.dtype),
             k->bufs[b].disjoint ? "__restrict__ " : "", b);
-    if (e.rng) tf_strbuf_printf(&src, "%sconst unsigned long long *tf_rng", k->nbufs ? ", " : "");
+    if (g.scratch) tf_strbuf_printf(&src, "%svoid *__restrict__ tf_scratch", k->nbufs ? ", " : "");
+    if (e.rng) tf_strbuf_printf(&src, "%sconst unsigned long long *tf_rng", k->nbufs || g.scratch ? ", " : "");
     tf_strbuf_printf(&src, ")\n{\n    typedef %s tf_idx;\n", e.wide ? "long long" : "int");
     tf_strbuf_printf(&src, "%s}\n", body.p ? body.p : "");
     bool oom = body.oom || src.oom;
@@ -978,8 +1028,9 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     out->align = g.align;
     out->vec = g.vec;
     out->group = g.group;
-    out->nparams = k->nbufs + (e.rng ? 1 : 0);
+    out->nparams = k->nbufs + (g.scratch ? 1 : 0) + (e.rng ? 1 : 0);
     out->rng = e.rng;
+    out->scratch = g.scratch;
     out->epilogue = k->kind == TF_K_LIBRARY || k->lib != NULL;
     out->wide_index = e.wide;
     return TF_IR_OK;

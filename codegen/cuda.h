@@ -14,7 +14,13 @@
  *                     32-wide tile when the innermost axis is outer
  *                     (coalesced column sums: batchnorm statistics, bias
  *                     gradients); warp shuffles, then shared memory across
- *                     warps, in a fixed order (deterministic, no atomics);
+ *                     warps, in a fixed order (deterministic); a reduction of
+ *                     65536 elements or more over fewer outer indices than
+ *                     264 blocks (two per SM of an H100) is split: each block
+ *                     folds a contiguous share into scratch memory, and the
+ *                     last block of an outer index to finish (an atomic
+ *                     count) folds the partials in order and stores, so the
+ *                     result does not depend on the order blocks ran in;
  *                     the reductions in the kernel IR's order, each result
  *                     broadcast to the group before the next one reads it;
  *   TF_K_LIBRARY      with an epilogue (a gemm region): the epilogue alone,
@@ -137,6 +143,9 @@ typedef struct tf_cuda_kernel {
     unsigned group;        /* threads per outer index (reductions), else 0 */
     int nparams;           /* kernel->nbufs, plus 1 with rng */
     bool rng;              /* last parameter: const unsigned long long *rng -> {seed, step} on the device */
+    unsigned scratch;      /* > 0: a parameter after the buffers (before rng), void *tf_scratch, this many
+                            * bytes of device memory zeroed once before the first launch (a split
+                            * reduction's partials and counters; the kernel leaves it zeroed again) */
     bool epilogue;         /* a TF_K_LIBRARY kernel's epilogue: launch after the library call */
     bool wide_index;       /* 64-bit index arithmetic (a space or buffer of 2^30 elements or more) */
     bool library;          /* a library op's own kernel (tf_cuda_emit_library): its parameters are

@@ -99,8 +99,8 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
             at += (size_t)snprintf(man + at, cap - at, "%s library %s\n", k->name, tf_op_info_of(k->lib->op)->name);
         if (k->kind == TF_K_VIEW) at += (size_t)snprintf(man + at, cap - at, "%s view\n", k->name);
         else if (ck->src)
-            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u\n", k->name, ck->name, ck->grid,
-                                   ck->block, ck->smem);
+            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u%s%.0u\n", k->name, ck->name, ck->grid,
+                                   ck->block, ck->smem, ck->scratch ? " scratch=" : "", ck->scratch);
     }
     if (man) {
         snprintf(path, sizeof path, "%s/manifest.txt", dir);

@@ -12,7 +12,8 @@
 /* Into dir (created if missing): cuda/<name>.cu for every emitted kernel
  * (the text --dump-kernels writes), cuda/<name>.<arch>.cubin compiled by
  * NVRTC on every core, and manifest.txt: one line per kernel of the plan,
- * in launch order: "<kernel> cuda <name> grid=G block=B smem=S", "<kernel>
+ * in launch order: "<kernel> cuda <name> grid=G block=B smem=S[ scratch=N]"
+ * (scratch: bytes of zeroed device memory a split reduction takes), "<kernel>
  * library <op> cuda <name> grid=G block=B smem=S[ clear_first]" (a library
  * op's generated kernel; clear_first: its result is zeroed before the
  * launch), "<kernel> library <op>" (the runtime's cuBLASLt or host kernels)

@@ -157,6 +157,7 @@ typedef struct gkernel {
     void **args;                /* &dptr[i]: cuLaunchKernel's parameters */
     gemm_call *mm;              /* RUN_GEMM */
     tf_kernel *rest;            /* RUN_GEMM with a cuBLASLt epilogue: what the epilogue kernel still does (NULL: nothing) */
+    tf_cu_deviceptr scratch;    /* the generated code's scratch (a split reduction's), 0: none */
     char epi[240];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
     tf_conv *conv;              /* RUN_CONV */
     int lfn;                    /* RUN_LIBKERNEL: the library op's own kernel in the jit's table; -1: none */
@@ -1240,8 +1241,8 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         if (gk->fn < 0) continue;
         const tf_kernel *k = gk->k;
         const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
-        gk->dptr = tf_calloc((size_t)k->nbufs + 1, sizeof *gk->dptr);
-        gk->args = tf_calloc((size_t)k->nbufs + 1, sizeof *gk->args);
+        gk->dptr = tf_calloc((size_t)k->nbufs + 2, sizeof *gk->dptr);
+        gk->args = tf_calloc((size_t)k->nbufs + 2, sizeof *gk->args);
         if (!gk->dptr || !gk->args) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         for (int b = 0; b < k->nbufs; b++) {
             gk->dptr[b] = dev_of(c, k->bufs[b].value);
@@ -1251,9 +1252,17 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
                                     k->bufs[b].value->name ? k->bufs[b].value->name : "?",
                                     gk->dptr[b] ? "not aligned as its vector loads need" : "not placed in device memory");
         }
+        int at = k->nbufs;
+        if (f->scratch) {   /* a split reduction's partials and counters: zeroed once, left zeroed by each launch */
+            CU_DO("allocating a reduction's scratch", MemAlloc(&gk->scratch, f->scratch));
+            CU_DO("clearing a reduction's scratch", MemsetD8Async(gk->scratch, 0, f->scratch, c->stream));
+            gk->dptr[at] = gk->scratch;
+            gk->args[at] = &gk->dptr[at];
+            at++;
+        }
         if (f->rng) {
-            gk->dptr[k->nbufs] = c->rt_dev;
-            gk->args[k->nbufs] = &gk->dptr[k->nbufs];
+            gk->dptr[at] = c->rt_dev;
+            gk->args[at] = &gk->dptr[at];
         }
     }
     /* the library kernels': the op's result, its operands that are not constants, the error word */
@@ -1587,6 +1596,7 @@ static void cuda_free(tf_session_t *s)
         tf_free(c->ks[i].largs);
         gemm_call_free(c, c->ks[i].mm);
         epi_free(c->ks[i].rest);
+        if (driver && c->ks[i].scratch) cu->MemFree(c->ks[i].scratch);
         conv_free(c, c->ks[i].conv);
     }
     tf_free(c->ks);

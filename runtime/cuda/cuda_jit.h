@@ -28,6 +28,7 @@ typedef struct tf_cuda_jit_fn {
     tf_cu_function function;
     unsigned grid, block, smem, align;   /* launch geometry (grid within the driver's limit) */
     bool rng;                   /* takes the {seed, step} pointer last */
+    unsigned scratch;           /* bytes of zeroed device scratch it takes after the buffers (0: none) */
 } tf_cuda_jit_fn;
 
 typedef struct tf_cuda_jit {

@@ -233,6 +233,8 @@ static void tfemu_warp_point(unsigned mask, const char *where)
 }
 
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { tfemu_warp_point(mask, "__syncwarp"); }
+// blocks run one after another: every write is seen by every later block
+static inline void __threadfence(void) {}
 
 // The value lane src (of this warp) holds, exchanged for real; own value
 // when src is outside the lane's segment of `width` lanes, as CUDA does.

@@ -231,6 +231,7 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         f->smem = k->smem;
         f->align = k->align;
         f->rng = k->rng;
+        f->scratch = k->scratch;
         j->nfns = u + 1;
         st = load_one(f, l, &us[u], arch, err, n);
         if (st && us[u].from_cache) {   /* a cached cubin the driver refuses: compile it again */

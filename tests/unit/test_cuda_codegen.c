@@ -43,6 +43,7 @@
 #include "kernel.h"
 #include "parser.h"
 #include "passes.h"
+#include "target_cases.h"
 #include "testutil.h"
 
 /* Every distinct source seen, to compile once per architecture. */
@@ -122,7 +123,31 @@ static void check_geometry(const char *label, const tf_kernel *k, const tf_cuda_
     CHECK(ck->grid >= 1 && ck->grid <= 65536, "%s: %s: grid %u", label, k->name, ck->grid);
     CHECK(ck->smem <= 48 * 1024, "%s: %s: %u bytes of shared memory", label, k->name, ck->smem);
     CHECK(ck->align >= 1 && ck->align <= 16 && (ck->align & (ck->align - 1)) == 0, "%s: %s: align %u", label, k->name, ck->align);
-    CHECK(ck->nparams == k->nbufs + (ck->rng ? 1 : 0), "%s: %s: %d parameters for %d buffers", label, k->name, ck->nparams, k->nbufs);
+    CHECK(ck->nparams == k->nbufs + (ck->scratch ? 1 : 0) + (ck->rng ? 1 : 0), "%s: %s: %d parameters for %d buffers", label, k->name,
+          ck->nparams, k->nbufs);
+    /* the grid is sized to the work: every thread (pointwise) or every group (reductions) has at most one item
+     * unless the grid is at its cap, and a long reduction over few outer indices is split over blocks */
+    int64_t all = 1, red_n = 1;
+    for (int a = 0; a < k->rank; a++) {
+        all *= k->dims[a];
+        if ((k->reduce_mask >> a) & 1) red_n *= k->dims[a];
+    }
+    if (k->kind != TF_K_REDUCTION) {
+        int64_t items = ck->shape == TF_CUDA_POINTWISE_VEC ? all / ck->vec : all;
+        CHECK(ck->grid == 65536 || (int64_t)ck->grid * ck->block >= items, "%s: %s: grid %u x block %u for %lld items", label, k->name,
+              ck->grid, ck->block, (long long)items);
+        CHECK((int64_t)(ck->grid - 1) * ck->block < (items > 0 ? items : 1), "%s: %s: grid %u x block %u: whole blocks idle for %lld items",
+              label, k->name, ck->grid, ck->block, (long long)items);
+    } else {
+        int64_t outer = all / (red_n ? red_n : 1), per_block = ck->shape == TF_CUDA_ROW_REDUCE ? ck->block / ck->group : 32;
+        bool full_store = false;
+        for (int t = 0; t < k->nstores; t++) full_store |= !k->stores[t].reduced_domain;
+        CHECK(ck->grid == 65536 || (int64_t)ck->grid * per_block >= outer, "%s: %s: grid %u for %lld outer indices", label, k->name,
+              ck->grid, (long long)outer);
+        if (ck->shape == TF_CUDA_ROW_REDUCE && k->nreds == 1 && !full_store && red_n >= 65536 && outer < 132)
+            CHECK(ck->grid >= 2 * outer && ck->scratch > 0, "%s: %s: %lld elements reduced per outer index by %u blocks for %lld",
+                  label, k->name, (long long)red_n, ck->grid, (long long)outer);
+    }
     bool red = k->kind == TF_K_REDUCTION;
     CHECK(red == (ck->shape == TF_CUDA_ROW_REDUCE || ck->shape == TF_CUDA_COL_REDUCE), "%s: %s: shape %d", label, k->name,
           ck->shape);
@@ -584,6 +609,9 @@ int main(void)
         free(text);
     }
     emit_dropout();
+    /* long reductions: split over blocks, with scratch (check_geometry demands it) */
+    emit_model("long reductions", tc_text("long reductions"), TF_IR_INFER, TF_PREC_FP32, NULL, 0);
+    emit_model("long reductions bf16", tc_text("long reductions"), TF_IR_INFER, TF_PREC_BF16, NULL, 0);
     static const char *lib_dts[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "bool"};
     for (size_t i = 0; i < sizeof lib_dts / sizeof *lib_dts; i++) emit_library_ops(lib_dts[i]);
     emit_library_wide();
