@@ -342,7 +342,7 @@ static void tool_init(void)
     snprintf(logp, sizeof logp, "%s/version.%ld.txt", g_cache, (long)getpid());
     char *argv[] = {g_cxx, "--version", NULL};
     if (run_tool(argv, logp, NULL) != 0) {
-        snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu's compiler %s does not run (%s --version failed)", g_cxx, g_cxx);
+        snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu's compiler %.900s does not run (--version failed)", g_cxx);
         remove(logp);
         return;
     }
@@ -503,7 +503,7 @@ static void finish_batch(batch *b)
         emu_module *m = b->mods[i];
         if (!ok) {
             char msg[4600];
-            snprintf(msg, sizeof msg, "the host compiler (%s) rejected it%s%s%s (the translation unit is %s)", g_cxx,
+            snprintf(msg, sizeof msg, "the host compiler (%.300s) rejected it%s%s%.3000s (the translation unit is %.1000s)", g_cxx,
                      b->pid ? "" : ": it did not start", log[0] ? ":\n" : "", log, b->tu);
             m->error = tf_strdup(msg);
             m->state = MOD_FAILED;
