@@ -18,9 +18,12 @@
  *                     the reductions in the kernel IR's order, each result
  *                     broadcast to the group before the next one reads it;
  *   TF_K_LIBRARY      with an epilogue (a gemm region): the epilogue alone,
- *                     to launch after the library call has written its
- *                     result; without one, not emitted (cuBLASLt, cuDNN or
- *                     a hand-written kernel, the runtime's job);
+ *                     to launch after the library op has written its
+ *                     result; without one, not emitted by tf_cuda_emit. The
+ *                     library op itself: matmul is cuBLASLt's and the
+ *                     convolutions the runtime's (cuDNN or the host); the
+ *                     others get their own kernel from tf_cuda_emit_library
+ *                     (below), launched before the epilogue;
  *   TF_K_VIEW         not emitted: no work.
  *
  * Shapes, strides and counts are compile-time constants. Math runs in fp32
@@ -52,6 +55,62 @@
  *         tf_cuda_kernel_free(&ck);
  *     }
  *
+ * Library ops' own kernels (tf_cuda_emit_library): maxpool2d, avgpool2d,
+ * maxpool2d_grad, avgpool2d_grad, gather (and embedding, the same kernel
+ * when an unlowered module reaches the plan), scatter_add, concat and
+ * slice_grad. Parameters: b0 the op's result, then b1, b2, ... one per
+ * operand that is not a constant, in operand order (an operand given twice
+ * is passed twice; a constant id is written into the source), typed and
+ * const/__restrict__ as above, then for ids (gather, embedding,
+ * scatter_add) `unsigned long long *tf_err`. One grid-stride loop over the
+ * result (scatter_add on f32/f64: over dy), a thread per element, in the
+ * same conventions as the generated kernels (name, constants, any grid
+ * >= 1, block `block`). What each does, against the interpreter
+ * (interp_kernels.c, interp_backward.c):
+ *
+ *   maxpool2d        the window in row-major order, padding skipped, the
+ *                    running max from -inf replaced by a value that is
+ *                    greater or NaN, never after a NaN: pool2d's rule, so
+ *                    the same value (the max of stored values is exact);
+ *   avgpool2d        the in-bounds sum in float (double for f64) divided
+ *                    by kh * kw (count_include_pad), rounded once;
+ *   maxpool2d_grad   a thread per dx element visits the windows that cover
+ *                    it in row-major order; each window recomputes its
+ *                    selected element as pool_backward does (the first
+ *                    maximum in window order, the first NaN, the first
+ *                    in-bounds element of an all -inf window) and adds its
+ *                    dy when that is this element: deterministic, no
+ *                    atomics, the interpreter's order of additions (in
+ *                    float, double for f64), rounded once;
+ *   avgpool2d_grad   the same gather of dy / (kh * kw) over the covering
+ *                    windows (f64: dy * (1 / (kh * kw)), the interpreter's
+ *                    arithmetic exactly);
+ *   gather           rows copied as stored bits, any dtype;
+ *   scatter_add      f32 and f64: atomicAdd of each dy element into a
+ *                    result the runtime zeroes before the launch
+ *                    (clear_first) — fast at any vocabulary, but the order
+ *                    of the additions is the GPU's, so the sums are NOT
+ *                    bit-deterministic from run to run (float addition does
+ *                    not associate); f16, bf16 and the integer and bool
+ *                    dtypes, which have no atomicAdd here: a thread per
+ *                    result element adds the rows whose id is its own in
+ *                    order r = 0, 1, ... (float for f16/bf16, double for the
+ *                    integers and bool, rounded once as tf_dtype_round
+ *                    does): deterministic, O(V * N * row), for the small
+ *                    tables those dtypes get (amp keeps embedding tables
+ *                    and their gradients in f32);
+ *   concat           each result element copied from the operand whose part
+ *                    of the axis holds it, as stored bits;
+ *   slice_grad       zeros, dy's elements at start + j * step (start as
+ *                    Python slices it), as stored bits.
+ *
+ * An id out of [0, V) never reads or writes outside the table: gather
+ * leaves that row zero, scatter_add skips it, and the kernel stores 1 + the
+ * id's flat position in *tf_err (any one of them when there are several),
+ * which the runtime reads after the step and reports as the interpreter's
+ * error. The built-ins the library kernels use beyond the generated
+ * kernels' are atomicAdd(float *, float) and atomicAdd(double *, double).
+ *
  * Everything here is reentrant: no global state. */
 #ifndef TF_CODEGEN_CUDA_H
 #define TF_CODEGEN_CUDA_H
@@ -80,6 +139,11 @@ typedef struct tf_cuda_kernel {
     bool rng;              /* last parameter: const unsigned long long *rng -> {seed, step} on the device */
     bool epilogue;         /* a TF_K_LIBRARY kernel's epilogue: launch after the library call */
     bool wide_index;       /* 64-bit index arithmetic (a space or buffer of 2^30 elements or more) */
+    bool library;          /* a library op's own kernel (tf_cuda_emit_library): its parameters are
+                            * the op's result, then its operands that are not constants */
+    bool clear_first;      /* library: zero the result's bytes before every launch (atomicAdd into it) */
+    bool err;              /* library: last parameter unsigned long long *tf_err, zero before the
+                            * launch; nonzero after it: 1 + the position of an id out of range */
 } tf_cuda_kernel;
 
 /* Whether tf_cuda_emit emits k; when not, why (into why, if given). */
@@ -94,14 +158,31 @@ bool tf_cuda_lowers(int op, char *why, size_t n);
 tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d);
 void tf_cuda_kernel_free(tf_cuda_kernel *ck);
 
+/* Whether tf_cuda_emit_library emits a kernel for k's library op (a
+ * TF_K_LIBRARY kernel whose op is one of those above, with the operands
+ * its kernel takes); if not, why. */
+bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n);
+/* The library op's own kernel into *out (zeroed first), to launch before
+ * the kernel's epilogue (tf_cuda_emit) if it has one. TF_IR_ERR_RUNTIME
+ * with the reason when !tf_cuda_library_supports(k), TF_IR_ERR_OOM when out
+ * of memory. */
+tf_ir_status tf_cuda_emit_library(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d);
+
 /* Every kernel of a plan. kernels[i] belongs to p->kernels[i]; its src is
- * NULL where the kernel is not emitted (library calls, views), and then
- * why[i] says why. nunique counts distinct sources: what NVRTC compiles. */
+ * NULL where the kernel is not emitted (library ops without an epilogue,
+ * views), and then why[i] says why. library[i] is the library op's own
+ * kernel, src NULL where there is none (not a library kernel, or an op
+ * that is not generated: lib_why[i] says why). nemitted counts kernels[]
+ * emitted, nlibrary library[] emitted, nunique distinct sources of both:
+ * what NVRTC compiles. */
 typedef struct tf_cuda_program {
     tf_cuda_kernel *kernels;
     char (*why)[160];
+    tf_cuda_kernel *library;
+    char (*lib_why)[160];
     int nkernels;
     int nemitted;
+    int nlibrary;
     int nunique;
 } tf_cuda_program;
 

@@ -260,8 +260,10 @@ tf_status tf_doctor(tf_context_t *ctx, char **out);
 tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *o, char **out);
 
 /* How a target runs a core op of the IR (by its name in the text format):
- * *how is "interp" (the reference kernel), "jit" (generated code, fused
- * with its neighbours), "library" (GEMM, convolution, pooling, gather ...),
+ * *how is "interp" (the reference kernel), "jit" (generated code: fused
+ * with its neighbours, or the op's own generated kernel, as the cuda
+ * target's pooling, gather and copies), "library" (GEMM, convolution,
+ * pooling, gather ...),
  * "view" (an alias of its operand) or "fallback" (the interpreter's kernel
  * on the host, counted in tf_session_info.fallbacks); NULL when the target
  * does not run it (a layer op, which the `lower` pass rewrites into core

@@ -45,19 +45,19 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         return -1;
     }
     /* one job per distinct source */
-    tf_nvrtc_job *jobs = tf_calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *jobs);
-    int *job_of = tf_calloc((size_t)(prog.nkernels ? prog.nkernels : 1), sizeof *job_of);
-    int njobs = 0, rc = jobs && job_of ? 0 : -1;
+    /* one job per distinct source: the library ops' own kernels and the rest */
+    int nk = 2 * prog.nkernels;
+    tf_nvrtc_job *jobs = tf_calloc((size_t)(nk ? nk : 1), sizeof *jobs);
+    int njobs = 0, rc = jobs ? 0 : -1;
     if (rc) snprintf(err, n, "error: out of memory");
-    for (int i = 0; !rc && i < prog.nkernels; i++) {
-        const tf_cuda_kernel *ck = &prog.kernels[i];
-        job_of[i] = -1;
+    for (int x = 0; !rc && x < nk; x++) {
+        int i = x / 2;
+        const tf_cuda_kernel *ck = x % 2 ? &prog.kernels[i] : &prog.library[i];
         if (!ck->src) continue;
-        for (int j = 0; j < njobs && job_of[i] < 0; j++)
-            if (!strcmp(jobs[j].name, ck->name)) job_of[i] = j;
-        if (job_of[i] >= 0) continue;
-        jobs[njobs] = (tf_nvrtc_job){.src = ck->src, .name = ck->name, .arch = arch};
-        job_of[i] = njobs++;
+        bool seen = false;
+        for (int j = 0; j < njobs && !seen; j++) seen = !strcmp(jobs[j].name, ck->name);
+        if (seen) continue;
+        jobs[njobs++] = (tf_nvrtc_job){.src = ck->src, .name = ck->name, .arch = arch};
         char *cu = tf_cuda_dump(m, &plan->kernels[i], ck);
         snprintf(path, sizeof path, "%s/cuda/%s.cu", dir, ck->name);
         if (!cu) {
@@ -82,7 +82,7 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         if (!rc) (*ncubins)++;
     }
     /* the manifest: the plan in launch order */
-    size_t cap = 256 + (size_t)plan->nkernels * 160, at = 0;
+    size_t cap = 256 + (size_t)plan->nkernels * 320, at = 0;
     char *man = rc ? NULL : tf_malloc(cap);
     if (!rc && !man) {
         snprintf(err, n, "error: out of memory");
@@ -90,8 +90,12 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     }
     for (int i = 0; man && i < plan->nkernels; i++) {
         const tf_kernel *k = &plan->kernels[i];
-        const tf_cuda_kernel *ck = &prog.kernels[i];
-        if (k->lib && k->kind != TF_K_VIEW)
+        const tf_cuda_kernel *ck = &prog.kernels[i], *lib = &prog.library[i];
+        if (k->lib && k->kind != TF_K_VIEW && lib->src)
+            at += (size_t)snprintf(man + at, cap - at, "%s library %s cuda %s grid=%u block=%u smem=%u%s\n", k->name,
+                                   tf_op_info_of(k->lib->op)->name, lib->name, lib->grid, lib->block, lib->smem,
+                                   lib->clear_first ? " clear_first" : "");
+        else if (k->lib && k->kind != TF_K_VIEW)
             at += (size_t)snprintf(man + at, cap - at, "%s library %s\n", k->name, tf_op_info_of(k->lib->op)->name);
         if (k->kind == TF_K_VIEW) at += (size_t)snprintf(man + at, cap - at, "%s view\n", k->name);
         else if (ck->src)
@@ -105,7 +109,6 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     tf_free(man);
     for (int j = 0; j < njobs; j++) tf_nvrtc_job_free(&jobs[j]);
     tf_free(jobs);
-    tf_free(job_of);
     tf_cuda_program_free(&prog);
     tf_cuda_libs_free(&libs);
     return rc;

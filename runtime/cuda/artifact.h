@@ -13,7 +13,10 @@
  * (the text --dump-kernels writes), cuda/<name>.<arch>.cubin compiled by
  * NVRTC on every core, and manifest.txt: one line per kernel of the plan,
  * in launch order: "<kernel> cuda <name> grid=G block=B smem=S", "<kernel>
- * library <op>" (the runtime's cuBLASLt or host kernels) or "<kernel> view".
+ * library <op> cuda <name> grid=G block=B smem=S[ clear_first]" (a library
+ * op's generated kernel; clear_first: its result is zeroed before the
+ * launch), "<kernel> library <op>" (the runtime's cuBLASLt or host kernels)
+ * or "<kernel> view"; a library op's line comes before its epilogue's.
  * Identical kernels share one source and one cubin. *ncubins: cubins
  * written. 0 on success, else -1 with the reason in err (NVRTC missing,
  * an architecture NVRTC does not know, a compile error with its log, a

@@ -6,8 +6,9 @@
  *
  *   - takes the program's kernel IR (codegen/kernel.c, built once by
  *     tf_program_compile) and emits CUDA C
- *     for every elementwise and reduction kernel and every GEMM region's
- *     epilogue (codegen/cuda.c); identical sources compile once, with NVRTC
+ *     for every elementwise and reduction kernel, every GEMM region's
+ *     epilogue and every library op but matmul and the convolutions
+ *     (codegen/cuda.c); identical sources compile once, with NVRTC
  *     on every core (jit.c), and the cubins are cached on disk;
  *   - allocates device memory twice: memplan's arena, where every planned
  *     value lives at its offset (in-place reuse and the planned peak are what
@@ -24,11 +25,22 @@
  *     (every new value read before any state is written), the outputs back
  *     into pinned memory, and one synchronization at the end.
  *
+ * Library ops other than matmul and the convolutions (pooling and its
+ * gradients, gather, scatter_add, concat, slice_grad) run their own
+ * generated kernel (tf_cuda_emit_library, its own function and launch
+ * parameters), then the region's epilogue if there is one; scatter_add in
+ * f32/f64 into a result zeroed first. Their ids are guarded: a kernel that
+ * meets one out of range stores its position in an error word (one per
+ * library kernel, after {seed, step}); where the API did not check the ids
+ * before the step (they are computed, not an input a gather reads), the
+ * words are read after the kernels and a bad id fails the step before any
+ * update, with the interpreter's message (that step is launched kernel by
+ * kernel, not as a graph: it synchronizes before its updates).
+ *
  * What the GPU does not run yet runs on the host, correctly and visibly: a
- * library op without a GPU implementation here (pooling, gather,
- * scatter_add, concat, slice_grad; a matmul cuBLASLt cannot take; a
- * convolution when cuDNN is missing or has no algorithm for it) or a kernel
- * the emitter refuses is copied to the host, run by the
+ * library op without a GPU implementation here (a matmul cuBLASLt cannot
+ * take; a convolution when cuDNN is missing or has no algorithm for it) or
+ * a kernel the emitter refuses is copied to the host, run by the
  * interpreter's kernel (tf_kernels_eval on a one-kernel plan) and copied
  * back. Such kernels are counted in info().fallbacks, named "fallback" in
  * profiles, and a GEMM region's epilogue still runs on the GPU.
@@ -120,12 +132,13 @@ typedef enum how {
     RUN_JIT,            /* a generated kernel */
     RUN_VIEW,           /* a reshape: nothing, or a copy when storage differs */
     RUN_GEMM,           /* cuBLASLt, then the region's epilogue if any */
+    RUN_LIBKERNEL,      /* the library op's generated kernel, then the region's epilogue if any */
     RUN_LIB_FALLBACK,   /* the library op on the host, its epilogue on the GPU */
     RUN_FALLBACK,       /* the whole kernel on the host */
     RUN_NOTHING,
     RUN_CONV,           /* cuDNN (conv2d and its gradients), then the region's epilogue if any */
 } how;
-static const char *const how_names[] = {"jit", "view", "gemm", "fallback", "fallback", "-", "conv"};
+static const char *const how_names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-", "conv"};
 
 typedef struct gemm_call {
     tf_gemm g;
@@ -146,6 +159,13 @@ typedef struct gkernel {
     tf_kernel *rest;            /* RUN_GEMM with a cuBLASLt epilogue: what the epilogue kernel still does (NULL: nothing) */
     char epi[240];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
     tf_conv *conv;              /* RUN_CONV */
+    int lfn;                    /* RUN_LIBKERNEL: the library op's own kernel in the jit's table; -1: none */
+    tf_cu_deviceptr *ldptr;     /* its parameters: the op's result, its operands that are not constants, */
+    void **largs;               /* then its error word (tf_cuda_emit_library's order) */
+    size_t lclear;              /* bytes of the result to zero before each launch (atomicAdd into it), 0: none */
+    int err_slot;               /* a library kernel's error word in c->err_dev, -1: none */
+    bool err_read;              /* the word is read after the kernels: the API did not check the ids */
+    const char *label;          /* RUN_LIBKERNEL: what runs it, in profiles (pool, gather, ...) */
     char why[480];              /* RUN_*FALLBACK: why the GPU does not run it */
     int64_t work;               /* elements of the index space */
     double ms;                  /* profile: total, over `calls` runs */
@@ -173,8 +193,11 @@ typedef struct cuda_session {
     tf_cu_deviceptr *stage;     /* per update: where its new value waits (0: read in place) */
     tf_cu_deviceptr rt_dev, ws_dev;
     size_t ws_bytes;
+    tf_cu_deviceptr err_dev;    /* one 8-byte error word per library kernel (ids out of range), after {seed, step} */
+    int nerr;                   /* library kernels: error words */
+    bool err_read;              /* some kernel's word is read back after the kernels of a step */
     /* host memory */
-    unsigned char *pinned;      /* {seed, step}, then inputs, then outputs */
+    unsigned char *pinned;      /* {seed, step}, the error words, then inputs, then outputs */
     size_t pinned_bytes, *in_at, *out_at;
     unsigned char *host;        /* fallback kernels' transfers, grown on demand */
     size_t nhost;
@@ -348,7 +371,9 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
     }
     L->size = align_up(L->size);
     L->rt_at = L->size;
-    L->size += 16;
+    c->nerr = 0;
+    for (int i = 0; i < c->plan->nkernels; i++) c->nerr += c->plan->kernels[i].lib && c->plan->kernels[i].kind != TF_K_VIEW;
+    L->size += 16 + 8 * (size_t)c->nerr;   /* {seed, step}, the library kernels' error words */
     L->size = align_up(L->size);
     L->ws_at = L->size;
     L->size += c->ws_bytes;
@@ -408,13 +433,14 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
     for (int i = 0; i < m->nupdates; i++)
         if (L->upool_at[i] >= 0) c->upool[i] = c->state + (tf_cu_deviceptr)L->upool_at[i];
     c->rt_dev = c->state + L->rt_at;
+    c->err_dev = c->rt_dev + 16;
     c->ws_dev = c->ws_bytes ? c->state + L->ws_at : 0;
-    /* pinned host staging: {seed, step}, inputs, outputs */
+    /* pinned host staging: {seed, step}, the error words, inputs, outputs */
     const tf_program_t *p = s->p;
     c->in_at = tf_calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *c->in_at);
     c->out_at = tf_calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_at);
     if (!c->in_at || !c->out_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    size_t at = 64;
+    size_t at = 64 + (8 * (size_t)c->nerr + 63) / 64 * 64;
     for (int i = 0; i < p->inputs.n; i++) {
         c->in_at[i] = at;
         at += (value_bytes(p->inputs.items[i]) + 63) / 64 * 64;
@@ -1067,21 +1093,76 @@ static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *ds
 
 /* ---- building the kernels ----------------------------------------------------------- */
 
+/* What runs a library op's generated kernel, in profiles (the cpu target's words). */
+static const char *lib_label(int op)
+{
+    switch (op) {
+    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: return "pool";
+    case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD: return "pool_grad";
+    case TF_OP_GATHER: case TF_OP_EMBEDDING: return "gather";
+    case TF_OP_SCATTER_ADD: return "scatter_add";
+    case TF_OP_CONCAT: return "concat";
+    case TF_OP_SLICE_GRAD: return "slice_grad";
+    default: return "library";
+    }
+}
+
+/* Whether tf_session_run has checked the ids of library op n against its
+ * table before the step (check_indices in api.c: an input that a gather
+ * reads, checked against that gather's table): then its kernel's error word
+ * cannot be set, and is not read. */
+static bool ids_checked(const tf_module *m, const tf_node *n)
+{
+    const tf_value *ids = n->in[0];
+    int64_t V = n->op == TF_OP_SCATTER_ADD ? n->out->type.dims[0].n : n->in[1]->type.dims[0].n;
+    if (ids->kind != TF_VAL_INPUT) return false;
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *g = m->nodes.items[i];
+        if (g->op == TF_OP_GATHER && g->in[0] == ids && g->in[1]->type.dims[0].n <= V) return true;
+    }
+    return false;
+}
+
+/* The library op of kernel i as its generated kernel: its job (owner nk + i)
+ * and the session's facts about it. false with the reason in gk->why when
+ * the emitter does not take it (the host then runs the op); *st set when
+ * out of memory. */
+static bool lib_setup(tf_session_t *s, cuda_session *c, gkernel *gk, int i, tf_cuda_jit_job *job, tf_status *st)
+{
+    const tf_kernel *k = gk->k;
+    if (!tf_cuda_library_supports(k, gk->why, sizeof gk->why)) return false;
+    tf_diag d = {0};
+    if (tf_cuda_emit_library(k, &job->kernel, &d)) {
+        if (d.status != TF_IR_ERR_RUNTIME) *st = tf_from_diag(s->ctx, &d);
+        else set_text(gk->why, sizeof gk->why, d.msg);
+        return false;
+    }
+    job->owner = c->plan->nkernels + i;
+    gk->lclear = job->kernel.clear_first ? value_bytes(k->lib->out) : 0;
+    if (!job->kernel.err) gk->err_slot = -1;
+    gk->err_read = job->kernel.err && !ids_checked(s->p->m, k->lib);
+    c->err_read |= gk->err_read;
+    gk->label = lib_label(k->lib->op);
+    return true;
+}
+
 static tf_status build_kernels(tf_session_t *s, cuda_session *c)
 {
     int nk = c->plan->nkernels;
     c->ks = tf_calloc((size_t)(nk ? nk : 1), sizeof *c->ks);
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     double t0 = now_ms();
-    tf_cuda_jit_job *jobs = tf_calloc((size_t)(nk ? nk : 1), sizeof *jobs);
+    tf_cuda_jit_job *jobs = tf_calloc((size_t)(nk ? 2 * nk : 1), sizeof *jobs);   /* per kernel: its code, its library op's */
     if (!jobs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_status st = TF_OK;
-    int njobs = 0;
+    int njobs = 0, nlib = 0;
     for (int i = 0; !st && i < nk; i++) {
         const tf_kernel *k = &c->plan->kernels[i];
         gkernel *gk = &c->ks[i];
         gk->k = k;
         gk->fn = -1;
+        gk->lfn = -1;
+        gk->err_slot = k->lib && k->kind != TF_K_VIEW ? nlib++ : -1;   /* plan_layout's count */
         gk->work = 1;
         for (int a = 0; a < k->rank; a++) gk->work *= k->dims[a];
         if (k->kind == TF_K_VIEW) {
@@ -1145,8 +1226,11 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         else if (is_conv(k->lib->op) && conv_setup(c, gk, &oom_hit)) gk->how = RUN_CONV;
         else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the %s of kernel %s",
                                             k->lib->op == TF_OP_MATMUL ? "GEMM" : "convolution", k->name);
-        else {
-            if (k->lib->op != TF_OP_MATMUL && !is_conv(k->lib->op))
+        else if (k->lib->op != TF_OP_MATMUL && !is_conv(k->lib->op) && lib_setup(s, c, gk, i, &jobs[njobs], &st)) {
+            njobs++;
+            gk->how = RUN_LIBKERNEL;
+        } else if (!st) {
+            if (!gk->why[0])
                 snprintf(gk->why, sizeof gk->why, "%s has no GPU implementation in this build", tf_op_info_of(k->lib->op)->name);
             gk->how = code ? RUN_LIB_FALLBACK : RUN_FALLBACK;
         }
@@ -1157,7 +1241,10 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         tf_cuda_status cs = tf_cuda_jit_build(&c->jit, &c->libs, c->arch, jobs, njobs, err, sizeof err);
         if (cs) st = tf_set_error(s->ctx, cs == TF_CUDA_ERR_OOM ? TF_ERR_OOM : TF_ERR_RUNTIME, "error: cuda: %s", err);
     }
-    for (int j = 0; !st && j < njobs; j++) c->ks[jobs[j].owner].fn = jobs[j].fn;
+    for (int j = 0; !st && j < njobs; j++) {
+        if (jobs[j].owner >= nk) c->ks[jobs[j].owner - nk].lfn = jobs[j].fn;
+        else c->ks[jobs[j].owner].fn = jobs[j].fn;
+    }
     for (int j = 0; j < njobs; j++) tf_cuda_kernel_free(&jobs[j].kernel);
     tf_free(jobs);
     c->jit_ms = now_ms() - t0;
@@ -1184,19 +1271,91 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             gk->args[k->nbufs] = &gk->dptr[k->nbufs];
         }
     }
+    /* the library kernels': the op's result, its operands that are not constants, the error word */
+    for (int i = 0; i < nk; i++) {
+        gkernel *gk = &c->ks[i];
+        if (gk->lfn < 0) continue;
+        const tf_node *n = gk->k->lib;
+        const tf_cuda_jit_fn *f = &c->jit.fns[gk->lfn];
+        gk->ldptr = tf_calloc((size_t)n->nin + 2, sizeof *gk->ldptr);
+        gk->largs = tf_calloc((size_t)n->nin + 2, sizeof *gk->largs);
+        if (!gk->ldptr || !gk->largs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        int np = 0;
+        for (int q = -1; q < n->nin; q++) {
+            const tf_value *v = q < 0 ? n->out : n->in[q];
+            if (v->kind == TF_VAL_CONST) continue;
+            gk->ldptr[np] = dev_of(c, v);
+            gk->largs[np] = &gk->ldptr[np];
+            if (!gk->ldptr[np] || (f->align > 1 && gk->ldptr[np] % f->align))
+                return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: kernel %s: %s's %s (%s) is %s", gk->k->name,
+                                    tf_op_info_of(n->op)->name, q < 0 ? "result" : "operand", v->name ? v->name : "?",
+                                    gk->ldptr[np] ? "not aligned as its loads need" : "not placed in device memory");
+            np++;
+        }
+        if (gk->err_slot >= 0) {
+            gk->ldptr[np] = c->err_dev + 8 * (tf_cu_deviceptr)gk->err_slot;
+            gk->largs[np] = &gk->ldptr[np];
+        }
+    }
     return TF_OK;
 }
 
 /* ---- running ---------------------------------------------------------------------- */
 
-static tf_status launch(tf_session_t *s, cuda_session *c, gkernel *gk)
+static tf_status launch_fn(tf_session_t *s, cuda_session *c, gkernel *gk, int fn, void **args)
 {
-    const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
-    tf_cu_result r = c->libs.cu.LaunchKernel(f->function, f->grid, 1, 1, f->block, 1, 1, f->smem, c->stream, gk->args, NULL);
+    const tf_cuda_jit_fn *f = &c->jit.fns[fn];
+    tf_cu_result r = c->libs.cu.LaunchKernel(f->function, f->grid, 1, 1, f->block, 1, 1, f->smem, c->stream, args, NULL);
     if (tf_cuda_check(&c->libs, r, "cuLaunchKernel", __FILE__, __LINE__, c->err, sizeof c->err))
         return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: launching kernel %s (%s, grid %u, block %u, %u bytes of shared memory): %s",
                             gk->k->name, f->name, f->grid, f->block, f->smem, c->err);
     return TF_OK;
+}
+
+static tf_status launch(tf_session_t *s, cuda_session *c, gkernel *gk) { return launch_fn(s, c, gk, gk->fn, gk->args); }
+
+/* The library op's generated kernel, into a zeroed result where it adds with atomics. */
+static tf_status run_libkernel(tf_session_t *s, cuda_session *c, gkernel *gk)
+{
+    if (gk->lclear) CU_DO(gk->k->name, MemsetD8Async(gk->ldptr[0], 0, gk->lclear, c->stream));
+    return launch_fn(s, c, gk, gk->lfn, gk->largs);
+}
+
+/* A library kernel saw an id out of range (its error word, 1 + the id's
+ * position): the interpreter's error, with the id when its memory still
+ * holds it. */
+static tf_status bad_id(tf_session_t *s, cuda_session *c, const gkernel *gk, uint64_t word)
+{
+    const tf_node *n = gk->k->lib;
+    const tf_value *ids = n->in[0];
+    int64_t pos = (int64_t)(word - 1), V = n->op == TF_OP_SCATTER_ADD ? n->out->type.dims[0].n : n->in[1]->type.dims[0].n;
+    long long id = 0;
+    bool have = false;
+    if (ids->kind != TF_VAL_CONST && pos >= 0 && pos < numel(ids)) {
+        size_t es = (size_t)tf_dtype_bytes(ids->type.dtype);
+        unsigned char *h = host_scratch(c, 8);
+        if (h && !c->libs.cu.MemcpyDtoHAsync(h, dev_of(c, ids) + (tf_cu_deviceptr)((size_t)pos * es), es, c->stream) &&
+            !c->libs.cu.StreamSynchronize(c->stream)) {
+            if (es == 8) {
+                int64_t v;
+                memcpy(&v, h, 8);
+                id = v;
+            } else {
+                int32_t v;
+                memcpy(&v, h, 4);
+                id = v;
+            }
+            have = id < 0 || id >= V;
+        }
+    }
+    tf_diag d = {0};
+    if (have)
+        tf_diag_error(&d, TF_IR_ERR_RUNTIME, &n->loc, "%s: id %lld at position %lld is out of range [0, %lld)", tf_op_info_of(n->op)->name,
+                      id, (long long)pos, (long long)V);
+    else
+        tf_diag_error(&d, TF_IR_ERR_RUNTIME, &n->loc, "%s: the id at position %lld was out of range [0, %lld) when kernel %s ran on the GPU",
+                      tf_op_info_of(n->op)->name, (long long)pos, (long long)V, gk->k->name);
+    return tf_from_diag(s->ctx, &d);
 }
 
 static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
@@ -1216,6 +1375,7 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
     case RUN_FALLBACK: return run_fallback(s, c, k, false);
     case RUN_LIB_FALLBACK: st = run_fallback(s, c, k, true); break;
     case RUN_GEMM: st = run_gemm(s, c, gk); break;
+    case RUN_LIBKERNEL: st = run_libkernel(s, c, gk); break;
     case RUN_CONV: st = run_conv(s, c, gk); break;
     case RUN_JIT: break;
     }
@@ -1250,6 +1410,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
     const tf_module *m = p->m;
     tf_status st;
     CU_DO("copying {seed, step} to the GPU", MemcpyHtoDAsync(c->rt_dev, c->pinned, sizeof c->rt, c->stream));
+    if (c->err_read) CU_DO("clearing the library kernels' error words", MemsetD8Async(c->err_dev, 0, 8 * (size_t)c->nerr, c->stream));
     for (int i = 0; i < p->inputs.n; i++) {
         const tf_value *v = p->inputs.items[i];
         tf_cu_result r = c->libs.cu.MemcpyHtoDAsync(c->ptr[v->id], c->pinned + c->in_at[i], value_bytes(v), c->stream);
@@ -1272,6 +1433,23 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
             if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
                 return tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
                                     "error: cuda: kernel %s (%s) failed: %s", gk->k->name, how_names[gk->how], c->err);
+        }
+    }
+    /* ids the API could not check before the step (computed ones): a kernel
+     * that saw one out of range fails the step before any update, as the
+     * interpreter does (a synchronization inside the step: such a step is
+     * never captured as a graph) */
+    if (c->err_read) {
+        tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned + 64, c->err_dev, 8 * (size_t)c->nerr, c->stream);
+        if (!r) r = c->libs.cu.StreamSynchronize(c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            return drain(c, cu_fail(s, c, r, "reading the library kernels' error words"));
+        for (int i = 0; i < c->plan->nkernels; i++) {
+            const gkernel *gk = &c->ks[i];
+            uint64_t word;
+            if (gk->how != RUN_LIBKERNEL || !gk->err_read) continue;
+            memcpy(&word, c->pinned + 64 + 8 * (size_t)gk->err_slot, 8);
+            if (word) return drain(c, bad_id(s, c, gk, word));
         }
     }
     /* updates: every new value that is itself state is copied aside first */
@@ -1420,6 +1598,8 @@ static void cuda_free(tf_session_t *s)
     for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         tf_free(c->ks[i].dptr);
         tf_free(c->ks[i].args);
+        tf_free(c->ks[i].ldptr);
+        tf_free(c->ks[i].largs);
         gemm_call_free(c, c->ks[i].mm);
         epi_free(c->ks[i].rest);
         conv_free(c, c->ks[i].conv);
@@ -1629,6 +1809,10 @@ static tf_status cuda_create(tf_session_t *s)
     for (int i = 0; !c->graph_why[0] && i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
             snprintf(c->graph_why, sizeof c->graph_why, "kernel %.60s runs on the host (%.120s)", c->ks[i].k->name, c->ks[i].why);
+    for (int i = 0; !c->graph_why[0] && i < c->plan->nkernels; i++)
+        if (c->ks[i].how == RUN_LIBKERNEL && c->ks[i].err_read)
+            snprintf(c->graph_why, sizeof c->graph_why,
+                     "kernel %.60s reads ids the step computes, checked on the host before the updates", c->ks[i].k->name);
     if (c->graph_why[0]) c->graphs = false;
     if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
         char dnn[64];
@@ -1667,7 +1851,7 @@ static void cuda_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
     cuda_session *c = s->impl;
     const gkernel *gk = &c->ks[i];
     out->name = gk->k->name;
-    out->how = how_names[gk->how];
+    out->how = gk->how == RUN_LIBKERNEL ? gk->label : how_names[gk->how];
     out->total_ms = gk->ms;
     out->calls = gk->calls;
     out->elements = gk->work;
@@ -1755,8 +1939,16 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
                  "shape and type; else the interpreter's kernel on the host)");
         return "library";
     }
-    snprintf(detail, n, "%s has no GPU implementation in this build: the interpreter's kernel runs it on the host", name);
-    return "fallback";
+    switch (op) {
+    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
+    case TF_OP_GATHER: case TF_OP_SCATTER_ADD: case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
+        snprintf(detail, n, "its own CUDA C kernel, generated for the op (not fused) and compiled by NVRTC%s",
+                 op == TF_OP_SCATTER_ADD ? "; f32 and f64 add with atomicAdd, not bit-deterministic" : "");
+        return "jit";
+    default:
+        snprintf(detail, n, "%s has no GPU implementation in this build: the interpreter's kernel runs it on the host", name);
+        return "fallback";
+    }
 }
 
 const tf_backend tf_backend_cuda = {

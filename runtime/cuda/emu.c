@@ -55,6 +55,7 @@ enum {
     STREAM_CAPTURE_UNSUPPORTED = 900, STREAM_CAPTURE_INVALIDATED = 901, NOT_SUPPORTED = 801, EMU_UNKNOWN = 999,
 };
 enum { MAX_THREADS = 1024, STATIC_SMEM = 48 * 1024, SMEM_OPTIN = 232448, SMS = 132 };
+enum { MAX_PARAMS = 4096 };   /* CUDA 12.1+ takes 32 KiB of kernel parameters: 4096 pointers */
 static const size_t STACK = 64 * 1024;
 static const char IMAGE_MAGIC[] = "TFEMU-CUDA-C 1\n";
 
@@ -67,7 +68,7 @@ typedef struct emu_func {
     unsigned bound;              /* __launch_bounds__, 0: none */
     unsigned max_smem;           /* dynamic shared memory allowed */
     int nparams;
-    unsigned char psize[64];     /* bytes of each parameter */
+    unsigned char psize[MAX_PARAMS];   /* bytes of each parameter */
     void (*entry)(void **);
     struct emu_module *mod;
 } emu_func;
@@ -635,9 +636,16 @@ static int module_ready(emu_module *m)
 typedef struct launch_arg {
     emu_func *f;
     unsigned grid[3], block[3], smem;
-    unsigned char params[64 * 8];
-    int off[64];
+    _Alignas(16) unsigned char params[];   /* each parameter's bytes at its natural alignment (param_offset) */
 } launch_arg;
+
+/* Where parameter i's bytes go in launch_arg.params; the end after the last. */
+static size_t param_offset(const emu_func *f, int i)
+{
+    size_t at = 0;
+    for (int q = 0; q < i; q++) at = (at + f->psize[q] - 1) / f->psize[q] * f->psize[q] + f->psize[q];
+    return i < f->nparams ? (at + f->psize[i] - 1) / f->psize[i] * f->psize[i] : at;
+}
 
 static sigjmp_buf g_fault_jmp;
 static volatile sig_atomic_t g_in_kernel;
@@ -670,11 +678,18 @@ static int run_launch(void *argp)
 {
     launch_arg *a = argp;
     emu_func *f = a->f;
-    void *params[64];
-    for (int i = 0; i < f->nparams; i++) params[i] = a->params + a->off[i];
+    void **params = tf_malloc((size_t)(f->nparams ? f->nparams : 1) * sizeof *params);
+    if (!params) return fail(OUT_OF_MEMORY, "out of host memory");
+    size_t at = 0;
+    for (int i = 0; i < f->nparams; i++) {
+        at = (at + f->psize[i] - 1) / f->psize[i] * f->psize[i];
+        params[i] = a->params + at;
+        at += f->psize[i];
+    }
     pthread_mutex_lock(&g_launch_mu);
     if (!stacks_ready()) {
         pthread_mutex_unlock(&g_launch_mu);
+        tf_free(params);
         return fail(OUT_OF_MEMORY, "cuda-emu: no memory for the threads' stacks");
     }
     static char alt[64 * 1024];
@@ -709,6 +724,7 @@ static int run_launch(void *argp)
     sigaction(SIGBUS, &old_bus, NULL);
     sigaltstack(&old_ss, NULL);
     pthread_mutex_unlock(&g_launch_mu);
+    tf_free(params);
     return r;
 }
 
@@ -731,20 +747,21 @@ static tf_cu_result emu_launch(tf_cu_function fn, unsigned gx, unsigned gy, unsi
     if (f->nparams && !params) return fail(INVALID_VALUE, "cuLaunchKernel(%s): no parameters for %d", f->name, f->nparams);
     int r = module_ready(f->mod);
     if (r) return r;
-    launch_arg a;
-    memset(&a, 0, sizeof a);
-    a.f = f;
-    a.grid[0] = gx, a.grid[1] = gy, a.grid[2] = gz;
-    a.block[0] = bx, a.block[1] = by, a.block[2] = bz;
-    a.smem = smem;
-    int at = 0;
-    for (int i = 0; i < f->nparams; i++) {
+    size_t bytes = sizeof(launch_arg) + param_offset(f, f->nparams);
+    launch_arg *a = tf_calloc(1, bytes);
+    if (!a) return fail(OUT_OF_MEMORY, "out of host memory");
+    a->f = f;
+    a->grid[0] = gx, a->grid[1] = gy, a->grid[2] = gz;
+    a->block[0] = bx, a->block[1] = by, a->block[2] = bz;
+    a->smem = smem;
+    for (int i = 0, at = 0; i < f->nparams; i++) {
         at = (at + f->psize[i] - 1) / f->psize[i] * f->psize[i];
-        a.off[i] = at;
-        memcpy(a.params + at, params[i], f->psize[i]);
+        memcpy(a->params + at, params[i], f->psize[i]);
         at += f->psize[i];
     }
-    return tf_cuda_emu_submit(s, run_launch, &a, sizeof a);
+    r = tf_cuda_emu_submit(s, run_launch, a, bytes);
+    tf_free(a);
+    return r;
 }
 
 /* ---- copies -------------------------------------------------------------------------- */

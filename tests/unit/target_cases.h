@@ -105,6 +105,20 @@ static const target_case target_cases[] = {
      "qh = transpose(q4, perm=[0, 2, 1, 3])\nvh = transpose(v4, perm=[0, 2, 1, 3])\n"
      "a = attention(qh, qh, vh, causal=true)\ns = mul(a, a)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" TC_TRAIN_SGD,
      TF_MODE_TRAIN},
+    /* the library ops the cuda target generates a kernel for, at odd shapes: windows with padding,
+     * strides 2x1, a 4x4 window at stride 3 (mostly padding), the gradients written directly, ids
+     * repeated (20 ids, 11 rows), concat along a middle and the last axis with an operand twice,
+     * slice_grad with a step (scatter_add in 16-bit storage, which the cpu target leaves to the
+     * interpreter, is test_gpu's own case) */
+    {"library ops at odd shapes", "input x : f32[2, 3, 7, 9]\ninput w : f32[3, 1, 4, 11]\ninput ids : i64[4, 5]\n"
+     "input t : f32[11, 6]\ninput a : f32[2, 3, 5]\ninput b : f32[2, 1, 5]\n"
+     "p = maxpool2d(x, kernel=[3, 2], stride=[2, 1], padding=[1, 1])\nq = avgpool2d(x, kernel=3, stride=1, padding=1)\n"
+     "g = maxpool2d_grad(x, p, kernel=[3, 2], stride=[2, 1], padding=[1, 1])\n"
+     "h = avgpool2d_grad(q, kernel=3, stride=1, padding=1, shape=[2, 3, 7, 9])\n"
+     "r = maxpool2d(w, kernel=4, stride=3, padding=2)\nrg = maxpool2d_grad(w, r, kernel=4, stride=3, padding=2)\n"
+     "e = gather(ids, t)\n"
+     "c = concat(a, b, a, axis=1)\nc2 = concat(a, a, axis=-1)\nz = slice_grad(a, axis=2, start=1, end=10, step=2, size=10)\n"
+     "output p\noutput q\noutput g\noutput h\noutput rg\noutput e\noutput c\noutput c2\noutput z\n", TF_MODE_INFER},
     {"train dropout, fp16 scaling", "input x : f32[4, 9]\ninput y : i64[4]\nparam w : f32[9, 5] = uniform()\n"
      "param b : f32[5] = zeros()\nh = linear(x, w, b)\nd = dropout(h, p=0.3)\nloss = cross_entropy(d, y)\noutput loss\n"
      "train {\n  optimizer = adam(lr=0.01)\n}\n", TF_MODE_TRAIN},

@@ -11,6 +11,18 @@
  * the log, a non-empty ELF cubin that defines the kernel's name. A dropout
  * kernel takes the {seed, step} parameter and compiles too.
  *
+ * Library ops' own kernels (tf_cuda_emit_library): every pooling, gather,
+ * scatter_add, concat and slice_grad kernel of the examples, and a set of
+ * models of those ops in f32, bf16, f16 and f64 (the copies and scatter_add
+ * also in i32, i64 and bool) at odd shapes: padding, strides above 1,
+ * non-square windows, windows that skip elements, tensors of 2^30 elements
+ * and more (64-bit indices), concat along the first,
+ * a middle and the last axis (an operand twice), gather from tables of rank
+ * 1 to 3 with i32 and i64 ids, slice_grad with steps and a negative start.
+ * Each is emitted (matmul and the convolutions are not, with a reason),
+ * named by its hash, deterministic, with sane geometry and parameters, and
+ * compiled by NVRTC with the rest (no warning).
+ *
  * The loader's failure paths: an empty TFUSE_CUDA_LIBS searched alone names
  * the library it could not find and where it looked; a file that is not a
  * library is reported; no driver says so.
@@ -122,6 +134,68 @@ static void check_geometry(const char *label, const tf_kernel *k, const tf_cuda_
 /* Counts of what the plans held, by kernel shape. */
 static int g_shapes[4];
 
+/* The library ops that get their own generated kernel. */
+static bool lib_generated(int op)
+{
+    switch (op) {
+    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
+    case TF_OP_GATHER: case TF_OP_EMBEDDING: case TF_OP_SCATTER_ADD: case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Library kernels emitted, per op and per result dtype. */
+static int g_lib[TF_OP_COUNT][TF_DT_COUNT];
+
+static void check_library(const char *label, const tf_module *m, const tf_kernel *k, const tf_cuda_kernel *lc, const char *why)
+{
+    bool want = k->kind == TF_K_LIBRARY && k->lib && lib_generated(k->lib->op);
+    CHECK(want == (lc->src != NULL), "%s: %s: library kernel emitted %d, expected %d (%s)", label, k->name, lc->src != NULL, want, why);
+    CHECK(want == tf_cuda_library_supports(k, NULL, 0), "%s: %s: tf_cuda_library_supports", label, k->name);
+    if (!lc->src) {
+        CHECK(why[0] && strstr(why, k->name), "%s: %s: a reason for no library kernel: %s", label, k->name, why);
+        if (k->lib && (k->lib->op == TF_OP_MATMUL || k->lib->op == TF_OP_CONV2D))
+            CHECK(strstr(why, tf_op_info_of(k->lib->op)->name) != NULL, "%s: %s: %s", label, k->name, why);
+        tf_cuda_kernel none;
+        tf_diag d = {0};
+        CHECK(tf_cuda_emit_library(k, &none, &d) == TF_IR_ERR_RUNTIME && none.src == NULL && strstr(d.msg, "cuda: "),
+              "%s: %s: tf_cuda_emit_library refuses it", label, k->name);
+        return;
+    }
+    const tf_node *n = k->lib;
+    CHECK(name_is_hash(lc), "%s: %s: library kernel name %s is the hash of its source", label, k->name, lc->name);
+    tf_cuda_kernel again;
+    tf_diag d = {0};
+    if (!tf_cuda_emit_library(k, &again, &d)) {
+        CHECK(strcmp(again.src, lc->src) == 0, "%s: %s: emitting the library kernel twice gives the same text", label, k->name);
+        tf_cuda_kernel_free(&again);
+    } else {
+        CHECK(0, "%s: %s: second library emit: %s", label, k->name, d.msg);
+    }
+    int operands = 0;
+    for (int q = 0; q < n->nin; q++) operands += n->in[q]->kind != TF_VAL_CONST;
+    bool ids = n->op == TF_OP_GATHER || n->op == TF_OP_EMBEDDING || n->op == TF_OP_SCATTER_ADD;
+    tf_dt dt = n->out->type.dtype;
+    CHECK(lc->library && !lc->epilogue && !lc->rng && lc->shape == TF_CUDA_POINTWISE && lc->smem == 0 && lc->vec == 1,
+          "%s: %s: a library kernel's flags", label, k->name);
+    CHECK(lc->block >= 32 && lc->block <= 1024 && lc->block % 32 == 0 && lc->grid >= 1 && lc->grid <= 65536,
+          "%s: %s: library geometry grid %u block %u", label, k->name, lc->grid, lc->block);
+    CHECK(lc->align >= (unsigned)tf_dtype_bytes(dt) && lc->align <= 8, "%s: %s: align %u", label, k->name, lc->align);
+    CHECK(lc->nparams == 1 + operands + (ids ? 1 : 0) && lc->err == ids, "%s: %s: %d parameters", label, k->name, lc->nparams);
+    CHECK(lc->clear_first == (n->op == TF_OP_SCATTER_ADD && (dt == TF_DT_F32 || dt == TF_DT_F64)), "%s: %s: clear_first", label, k->name);
+    CHECK(!ids || strstr(lc->src, "unsigned long long *tf_err"), "%s: %s: the error word parameter", label, k->name);
+    CHECK(!lc->clear_first || strstr(lc->src, "atomicAdd(") != NULL, "%s: %s: atomics into the cleared result", label, k->name);
+    CHECK(lc->clear_first || !strstr(lc->src, "atomicAdd("), "%s: %s: no atomics elsewhere", label, k->name);
+    char *dump = tf_cuda_dump(m, k, lc);
+    CHECK(dump && strstr(dump, "the library op") && strstr(dump, lc->src) && strstr(dump, "b0 = "), "%s: %s: tf_cuda_dump of the library kernel",
+          label, k->name);
+    tf_free(dump);
+    g_lib[n->op][dt]++;
+    remember(label, lc);
+}
+
 static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_ir_precision prec, const tf_dim_set *dims, int nd)
 {
     tf_kernel_plan plan = {0};
@@ -140,6 +214,7 @@ static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_
         const tf_kernel *k = &plan.kernels[i];
         const tf_cuda_kernel *ck = &prog.kernels[i];
         want += wants_code(k);
+        check_library(label, m, k, &prog.library[i], prog.lib_why[i]);
         CHECK(wants_code(k) == (ck->src != NULL), "%s: %s: emitted %d, expected %d (%s)", label, k->name, ck->src != NULL,
               wants_code(k), prog.why[i]);
         if (!ck->src) {
@@ -172,11 +247,11 @@ static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_
         }
         remember(label, ck);
     }
-    CHECK(prog.nemitted == want && want > 0, "%s: %d of %d kernels emitted", label, prog.nemitted, want);
-    CHECK(prog.nunique >= 1 && prog.nunique <= prog.nemitted, "%s: %d unique", label, prog.nunique);
-    printf("%s: %d kernels, %d emitted (%d distinct, %d new)\n", label, plan.nkernels, prog.nemitted, prog.nunique,
-           g_nuniq - before);
-    g_emitted += prog.nemitted;
+    CHECK(prog.nemitted == want && (want > 0 || prog.nlibrary > 0), "%s: %d of %d kernels emitted", label, prog.nemitted, want);
+    CHECK(prog.nunique >= 1 && prog.nunique <= prog.nemitted + prog.nlibrary, "%s: %d unique", label, prog.nunique);
+    printf("%s: %d kernels, %d emitted, %d library (%d distinct, %d new)\n", label, plan.nkernels, prog.nemitted, prog.nlibrary,
+           prog.nunique, g_nuniq - before);
+    g_emitted += prog.nemitted + prog.nlibrary;
     tf_cuda_program_free(&prog);
     tf_kernels_free(&plan);
     tf_module_free(m);
@@ -227,6 +302,83 @@ static void emit_dropout(void)
         }
     }
     CHECK(bad == 0, "dropout threshold agrees with u >= p (%d disagreements)", bad);
+}
+
+/* The library ops at odd shapes, in one dtype: floats get every op, the
+ * integer and bool dtypes the ones that copy or add (gather, scatter_add,
+ * concat, slice_grad). */
+static void emit_library_ops(const char *dt)
+{
+    bool fl = dt[0] == 'f' || !strcmp(dt, "bf16");
+    char text[8192], label[64];
+    int at = 0;
+#define ADD(...) (at += snprintf(text + at, sizeof text - (size_t)at, __VA_ARGS__))
+    ADD("input ids : i64[3, 5]\ninput ids2 : i32[7]\n");
+    ADD("input tab : %s[11, 6]\ninput tab1 : %s[13]\ninput tab3 : %s[4, 2, 3]\n", dt, dt, dt);
+    ADD("input a : %s[2, 3, 5]\ninput b : %s[2, 1, 5]\ninput c : %s[1, 3, 5]\ninput d : %s[2, 3, 2]\n", dt, dt, dt, dt);
+    ADD("input dg : %s[3, 5, 6]\ninput dg1 : %s[7]\n", dt, dt);
+    ADD("g0 = gather(ids, tab)\ng1 = gather(ids2, tab1)\ng2 = gather(ids2, tab3)\ng3 = gather(ids, tab3)\n");
+    ADD("s0 = scatter_add(ids, dg, shape=[11, 6])\ns1 = scatter_add(ids2, dg1, shape=[13])\n");
+    ADD("c0 = concat(a, b, a, axis=1)\nc1 = concat(a, c, axis=0)\nc2 = concat(a, d, a, axis=-1)\nc3 = concat(b, b, axis=1)\n");
+    ADD("z0 = slice_grad(a, axis=2, start=1, end=10, step=2, size=10)\n");
+    ADD("z1 = slice_grad(b, axis=1, start=-2, end=-1, size=4)\n");
+    ADD("z2 = slice_grad(c, axis=0, start=2, end=5, step=3, size=4)\n");
+    ADD("z3 = slice_grad(d, axis=-1, start=0, end=2, size=2)\n");
+    const char *outs[] = {"g0", "g1", "g2", "g3", "s0", "s1", "c0", "c1", "c2", "c3", "z0", "z1", "z2", "z3"};
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) ADD("output %s\n", outs[i]);
+    if (fl) {
+        ADD("input x : %s[2, 3, 7, 9]\ninput y : %s[1, 2, 5, 6]\ninput w : %s[3, 1, 4, 11]\n", dt, dt, dt);
+        /* padding, strides 2x1, a 3x2 window; 2x2 windows dropping a row and a
+         * column; a 1x3 window with strides 3x2 (rows skipped); 3x3 stride 1;
+         * a 4x4 window, stride 3, padding 2 (windows mostly padding) */
+        static const char *pools[] = {"kernel=[3, 2], stride=[2, 1], padding=[1, 1]", "kernel=2",
+                                      "kernel=[1, 3], stride=[3, 2], padding=[0, 1]", "kernel=3, stride=1, padding=1",
+                                      "kernel=4, stride=3, padding=2"};
+        static const char *src[] = {"x", "y", "w", "x", "w"};
+        static const char *shape[] = {"[2, 3, 7, 9]", "[1, 2, 5, 6]", "[3, 1, 4, 11]", "[2, 3, 7, 9]", "[3, 1, 4, 11]"};
+        for (int i = 0; i < 5; i++) {
+            ADD("mp%d = maxpool2d(%s, %s)\nap%d = avgpool2d(%s, %s)\n", i, src[i], pools[i], i, src[i], pools[i]);
+            ADD("mg%d = maxpool2d_grad(%s, mp%d, %s)\nag%d = avgpool2d_grad(ap%d, %s, shape=%s)\n", i, src[i], i, pools[i], i, i,
+                pools[i], shape[i]);
+            ADD("output mg%d\noutput ag%d\n", i, i);
+        }
+    }
+#undef ADD
+    CHECK(at < (int)sizeof text, "library ops model text fits");
+    snprintf(label, sizeof label, "library ops %s", dt);
+    emit_model(label, text, TF_IR_INFER, TF_PREC_FP32, NULL, 0);
+}
+
+/* Tensors of 2^30 elements and more: the library kernels index in 64 bits. */
+static void emit_library_wide(void)
+{
+    static const char *t =
+        "input ids : i64[8]\ninput tab : f32[65536, 16384]\ninput a : bf16[32768, 32768]\ninput x : f16[1, 1, 32768, 32768]\n"
+        "input dy : f32[8, 16384]\n"
+        "g = gather(ids, tab)\ns = scatter_add(ids, dy, shape=[65536, 16384])\nc = concat(a, a, axis=1)\n"
+        "z = slice_grad(a, axis=0, start=1, end=65536, step=2, size=65536)\np = maxpool2d(x, kernel=3, stride=2, padding=1)\n"
+        "q = maxpool2d_grad(x, p, kernel=3, stride=2, padding=1)\noutput g\noutput s\noutput c\noutput z\noutput q\n";
+    tf_kernel_plan plan = {0};
+    tf_module *m = compile_model("library ops, 64-bit indices", t, TF_IR_INFER, TF_PREC_FP32, NULL, 0, &plan);
+    if (!m) return;
+    int wide = 0;
+    for (int i = 0; i < plan.nkernels; i++) {
+        const tf_kernel *k = &plan.kernels[i];
+        if (!tf_cuda_library_supports(k, NULL, 0)) continue;
+        tf_cuda_kernel ck;
+        tf_diag d = {0};
+        if (tf_cuda_emit_library(k, &ck, &d)) {
+            CHECK(0, "wide: %s: %s", k->name, d.msg);
+            continue;
+        }
+        CHECK(ck.wide_index && strstr(ck.src, "typedef long long tf_idx;"), "wide: %s indexes in 64 bits", k->name);
+        wide += ck.wide_index;
+        remember("library ops, 64-bit indices", &ck);
+        tf_cuda_kernel_free(&ck);
+    }
+    CHECK(wide == 6, "wide: six library kernels (%d)", wide);
+    tf_kernels_free(&plan);
+    tf_module_free(m);
 }
 
 /* ---- the loader ---- */
@@ -432,6 +584,20 @@ int main(void)
         free(text);
     }
     emit_dropout();
+    static const char *lib_dts[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "bool"};
+    for (size_t i = 0; i < sizeof lib_dts / sizeof *lib_dts; i++) emit_library_ops(lib_dts[i]);
+    emit_library_wide();
+    static const int lib_ops[] = {TF_OP_MAXPOOL2D, TF_OP_AVGPOOL2D, TF_OP_MAXPOOL2D_GRAD, TF_OP_AVGPOOL2D_GRAD,
+                                  TF_OP_GATHER, TF_OP_SCATTER_ADD, TF_OP_CONCAT, TF_OP_SLICE_GRAD};
+    static const tf_dt lib_fl[] = {TF_DT_F32, TF_DT_BF16, TF_DT_F16, TF_DT_F64};
+    for (size_t i = 0; i < sizeof lib_ops / sizeof *lib_ops; i++)
+        for (size_t j = 0; j < sizeof lib_fl / sizeof *lib_fl; j++)
+            CHECK(g_lib[lib_ops[i]][lib_fl[j]] > 0, "a generated %s kernel in %s", tf_op_info_of(lib_ops[i])->name,
+                  tf_dtype_name(lib_fl[j]));
+    CHECK(g_lib[TF_OP_GATHER][TF_DT_I32] && g_lib[TF_OP_GATHER][TF_DT_I64] && g_lib[TF_OP_GATHER][TF_DT_BOOL],
+          "gather in the integer dtypes and bool");
+    CHECK(g_lib[TF_OP_SCATTER_ADD][TF_DT_I32] && g_lib[TF_OP_CONCAT][TF_DT_BOOL] && g_lib[TF_OP_SLICE_GRAD][TF_DT_I64],
+          "scatter_add, concat and slice_grad in the integer dtypes and bool");
     printf("shapes: %d pointwise, %d vectorized, %d row reductions, %d column reductions\n", g_shapes[TF_CUDA_POINTWISE],
            g_shapes[TF_CUDA_POINTWISE_VEC], g_shapes[TF_CUDA_ROW_REDUCE], g_shapes[TF_CUDA_COL_REDUCE]);
     for (int s = 0; s < 4; s++) CHECK(g_shapes[s] > 0, "the examples use kernel shape %d", s);
