@@ -691,6 +691,20 @@ static bool plan_epilogue(const tf_kernel *k, epi_plan *e, bool *oom, char *why,
     return true;
 }
 
+/* What tf_gemm_plan needs to time the candidates of an uncached problem:
+ * the session's stream, its workspace and the GEMM's own buffers (the first
+ * call's, when it takes several). Nothing has run yet, so the product it
+ * overwrites holds nothing. On cuda-emu, one warm-up and one timed run: the
+ * host's times say nothing about a GPU, and every run is a full host GEMM. */
+static void gemm_timing(const cuda_session *c, tf_gemm_desc *d, tf_cu_deviceptr a, tf_cu_deviceptr b, tf_cu_deviceptr out)
+{
+    d->gpu = c->gpu;
+    d->stream = c->stream;
+    d->dev_a = a, d->dev_b = b, d->dev_c = out;
+    d->dev_ws = c->ws_dev;
+    if (c->emu) d->warmup = d->runs = 1;
+}
+
 /* Plan kernel gk's matmul; false with the reason in gk->why when cuBLASLt
  * cannot take it (the host then runs it). */
 static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *oom_out)
@@ -806,6 +820,7 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *o
         d.epilogue = ep->kind;
         d.bias = dev_of(c, gk->k->bufs[ep->bias_buf].value);
     }
+    gemm_timing(c, &d, pa, pb, pc);
     tf_cuda_status st = tf_gemm_plan(&c->libs, c->lt, &d, &mm->g, err, sizeof err);
     if (st) {
         set_text(gk->why, sizeof gk->why, err);
@@ -1748,6 +1763,18 @@ static void explain_convs(const cuda_session *c)
     }
 }
 
+/* --cuda-explain: the cuBLASLt algorithm each GEMM got: which of the
+ * heuristic's candidates, its time, timed now or from the disk cache. */
+static void explain_gemms(const cuda_session *c)
+{
+    char how[4600];
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        if (c->ks[i].how != RUN_GEMM) continue;
+        tf_gemm_explain(&c->ks[i].mm->g, how, sizeof how);
+        fprintf(stderr, "cuda: kernel %s: cuBLASLt algorithm: %s\n", c->ks[i].k->name, how);
+    }
+}
+
 static tf_status cuda_create(tf_session_t *s)
 {
     static const tf_kernel_plan no_plan;
@@ -1805,6 +1832,7 @@ static tf_status cuda_create(tf_session_t *s)
                 c->arch, c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why,
                 c->dnn_ok ? dnn : c->dnn_why);
         explain_convs(c);
+        explain_gemms(c);
         for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_GEMM) fprintf(stderr, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
         for (int i = 0; i < c->plan->nkernels; i++)

@@ -1,6 +1,11 @@
-/* blas.c — row-major GEMM plans over cuBLASLt (see blas.h). */
+/* blas.c — row-major GEMM plans over cuBLASLt, with the algorithm timed
+ * once per problem and cached on disk (see blas.h). */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "blas.h"
 
@@ -66,6 +71,207 @@ static tf_cuda_status layout(const tf_cuda_libs *l, tf_cublaslt_layout *out, tf_
     return st;
 }
 
+static const char *type_name(tf_gemm_type t) { return t == TF_GEMM_F32 ? "f32" : t == TF_GEMM_F16 ? "f16" : "bf16"; }
+static const char *epi_name(tf_gemm_epilogue e) { return e == TF_GEMM_EPI_BIAS ? "BIAS" : e == TF_GEMM_EPI_RELU_BIAS ? "RELU_BIAS" : "none"; }
+
+/* ---- the disk cache (as dnn.c's) ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+static const uint64_t FNV_BASIS = 0xcbf29ce484222325ull;
+static const char HEADER[] = "tfuse cublaslt algorithm 1\n";
+
+/* mkdir -p; true when dir exists afterwards (as jit.c's). */
+static bool make_dirs(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%.4000s", dir);
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
+        *q = '/';
+    }
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The cache directory (the cubins' own, jit.c's cache_open), made if need
+ * be; false when there is none. */
+static bool cache_dir(const tf_gemm_desc *d, char *out, size_t n)
+{
+    if (d->cache_dir) {
+        if (!d->cache_dir[0]) return false;
+        snprintf(out, n, "%.4000s", d->cache_dir);
+    } else {
+        const char *env = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
+        if (env && *env) snprintf(out, n, "%.4000s/cuda", env);
+        else if (home && *home) snprintf(out, n, "%.4000s/.cache/tfuse/cuda", home);
+        else return false;
+    }
+    return make_dirs(out);
+}
+
+/* The cache key: everything the choice depends on, on one line. */
+static void cache_key(const tf_cuda_libs *l, const tf_gemm_desc *d, int compute, char *key, size_t n)
+{
+    char gpu[256];
+    snprintf(gpu, sizeof gpu, "%s", d->gpu ? d->gpu : "");
+    for (char *q = gpu; *q; q++)
+        if (*q == '\n' || *q == '\r') *q = ' ';
+    bool batched = d->batch > 1;   /* strides mean nothing to one GEMM */
+    snprintf(key, n,
+             "gemm ab=%s c=%s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld stride_a=%lld stride_b=%lld stride_c=%lld align=%u/%u/%u "
+             "epilogue=%s compute=%s workspace=%zu candidates=%d cublaslt=%zu gpu=%s",
+             type_name(d->ab), type_name(d->c), d->ta, d->tb, (long long)d->M, (long long)d->N, (long long)d->K, (long long)d->batch,
+             (long long)(batched ? d->stride_a : 0), (long long)(batched ? d->stride_b : 0), (long long)(batched ? d->stride_c : 0),
+             d->align_a, d->align_b, d->align_c, epi_name(d->epilogue), compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? "32F_FAST_TF32" : "32F",
+             d->max_workspace, (int)TF_GEMM_CANDIDATES, l->cublaslt_version, gpu);
+}
+
+typedef struct record {
+    int index;                  /* among the heuristic's results */
+    tf_cublaslt_algo algo;
+    size_t workspace;
+    float ms;
+    int candidates, timed;
+} record;
+
+/* The record of a cache file, when the file is whole (its checksum holds)
+ * and is for this key. */
+static bool cache_read(const char *path, const char *key, record *r)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char buf[8192];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    if (len == 0 || len >= sizeof buf - 1) return false;
+    buf[len] = 0;
+    if (strlen(buf) != len) return false;   /* a NUL inside: not ours */
+    char *sum = strstr(buf, "\nsum: ");
+    if (!sum) return false;
+    sum++;
+    unsigned long long want = 0;
+    int used = 0;
+    if (sscanf(sum, "sum: %16llx\n%n", &want, &used) != 1 || used <= 0 || sum + used != buf + len) return false;
+    if (fnv1a(FNV_BASIS, buf, (size_t)(sum - buf)) != want) return false;
+    size_t hl = strlen(HEADER), kl = strlen(key);
+    if (strncmp(buf, HEADER, hl) || strncmp(buf + hl, "key: ", 5) || strncmp(buf + hl + 5, key, kl) || buf[hl + 5 + kl] != '\n')
+        return false;
+    const char *p = buf + hl + 5 + kl + 1;
+    unsigned long long *w = r->algo.data;
+    int end = 0;
+    if (sscanf(p, "index: %d\nalgo: %llx %llx %llx %llx %llx %llx %llx %llx\nworkspace: %zu\nms: %f\ncandidates: %d\ntimed: %d\n%n",
+               &r->index, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7], &r->workspace, &r->ms, &r->candidates, &r->timed,
+               &end) != 13 ||
+        end <= 0 || p + end != sum)
+        return false;
+    return r->index >= 0 && r->index < TF_GEMM_CANDIDATES;
+}
+
+/* Write atomically: a temporary file in the same directory, then rename. */
+static void cache_write(const char *path, const char *key, const record *r, const void *tag)
+{
+    char text[8192], tmp[4400];
+    const unsigned long long *w = r->algo.data;
+    int at = snprintf(text, sizeof text,
+                      "%skey: %s\nindex: %d\nalgo: %016llx %016llx %016llx %016llx %016llx %016llx %016llx %016llx\nworkspace: %zu\n"
+                      "ms: %.9g\ncandidates: %d\ntimed: %d\n",
+                      HEADER, key, r->index, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], r->workspace, (double)r->ms,
+                      r->candidates, r->timed);
+    if (at <= 0 || (size_t)at + 32 >= sizeof text) return;
+    at += snprintf(text + at, sizeof text - (size_t)at, "sum: %016llx\n", (unsigned long long)fnv1a(FNV_BASIS, text, (size_t)at));
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)tag);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    bool ok = fwrite(text, 1, (size_t)at, f) == (size_t)at && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = false;
+    if (!ok || rename(tmp, path) != 0) remove(tmp);
+}
+
+/* ---- timing ---- */
+
+/* One candidate (g->algo, g->workspace) on the desc's buffers: warmup
+ * untimed runs, then runs between two events; *ms per run. *ran is false
+ * when cuBLASLt refused to run it (err says why); any other failure is the
+ * status returned. */
+static tf_cuda_status time_one(const tf_cuda_libs *l, tf_cublaslt_handle h, const tf_gemm *g, const tf_gemm_desc *d,
+                               tf_cu_event ev[2], int warmup, int runs, float *ms, bool *ran, char *err, size_t n)
+{
+    *ran = false;
+    *ms = 0;
+    tf_cuda_status st = TF_CUDA_OK;
+    for (int i = 0; i < warmup + runs; i++) {
+        if (i == warmup) st = TF_CU_CALL(l, err, n, EventRecord(ev[0], d->stream));
+        if (st) return st;
+        if (tf_gemm_run(l, h, g, d->dev_a, d->dev_b, d->dev_c, d->dev_ws, d->max_workspace, d->stream, err, n)) {
+            l->cu.StreamSynchronize(d->stream);   /* what was enqueued finishes before the next candidate */
+            return TF_CUDA_OK;
+        }
+    }
+    st = TF_CU_CALL(l, err, n, EventRecord(ev[1], d->stream));
+    if (!st) st = TF_CU_CALL(l, err, n, StreamSynchronize(d->stream));
+    if (!st) st = TF_CU_CALL(l, err, n, EventElapsedTime(ms, ev[0], ev[1]));
+    if (st) return st;
+    *ms /= (float)runs;
+    *ran = true;
+    return TF_CUDA_OK;
+}
+
+/* Time every usable candidate (ok[i]); *pick is the fastest (ties: the
+ * heuristic's order), -1 when none ran (err: the last refusal). */
+static tf_cuda_status time_candidates(const tf_cuda_libs *l, tf_cublaslt_handle h, tf_gemm *g, const tf_gemm_desc *d,
+                                      const tf_cublaslt_heuristic *res, const bool *ok, int got, int *pick, float *best, char *err,
+                                      size_t n)
+{
+    int warmup = d->warmup > 0 ? d->warmup : 2, runs = d->runs > 0 ? d->runs : 5;
+    tf_cu_event ev[2] = {NULL, NULL};
+    tf_cuda_status st = TF_CU_CALL(l, err, n, EventCreate(&ev[0], 0));
+    if (!st) st = TF_CU_CALL(l, err, n, EventCreate(&ev[1], 0));
+    *pick = -1;
+    *best = 0;
+    for (int i = 0; !st && i < got; i++) {
+        if (!ok[i] || (res[i].workspace_size && !d->dev_ws)) continue;
+        g->algo = res[i].algo;
+        g->workspace = res[i].workspace_size;
+        float ms = 0;
+        bool ran = false;
+        st = time_one(l, h, g, d, ev, warmup, runs, &ms, &ran, err, n);
+        if (st || !ran) continue;
+        g->timed++;
+        if (*pick < 0 || ms < *best) *pick = i, *best = ms;
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) l->cu.EventDestroy(ev[i]);
+    return st;
+}
+
+static void describe(const tf_gemm_desc *d, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s x %s%s -> %s GEMM of %lld x %lld x %lld (batch %lld, alignments %u/%u/%u bytes, epilogue %s)",
+             type_name(d->ab), d->ta ? "^T" : "", type_name(d->ab), d->tb ? "^T" : "", type_name(d->c), (long long)d->M,
+             (long long)d->N, (long long)d->K, (long long)d->batch, d->align_a, d->align_b, d->align_c, epi_name(d->epilogue));
+}
+
+void tf_gemm_explain(const tf_gemm *g, char *out, size_t n)
+{
+    if (g->from_cache)
+        snprintf(out, n, "heuristic candidate %d of %d (%.3f ms when timed), %zu bytes of workspace, from the algorithm cache %.4000s",
+                 g->choice, g->candidates, (double)g->ms, g->workspace, g->cache_file);
+    else if (g->timed)
+        snprintf(out, n, "heuristic candidate %d of %d, the fastest of %d timed now (%.3f ms), %zu bytes of workspace, %s%.4000s", g->choice,
+                 g->candidates, g->timed, (double)g->ms, g->workspace, g->cache_file[0] ? "cached in " : "no disk cache", g->cache_file);
+    else
+        snprintf(out, n, "heuristic candidate %d of %d, untimed (nothing to time on), %zu bytes of workspace", g->choice, g->candidates,
+                 g->workspace);
+}
+
 tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const tf_gemm_desc *d, tf_gemm *g, char *err, size_t n)
 {
     memset(g, 0, sizeof *g);
@@ -119,28 +325,82 @@ tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const t
     if (!st) st = LT_CALL(MatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_second, sizeof al_second));
     if (!st) st = LT_CALL(MatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
     if (!st) st = LT_CALL(MatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-    tf_cublaslt_heuristic res[4];
+    tf_cublaslt_heuristic res[TF_GEMM_CANDIDATES];
     int got = 0;
     memset(res, 0, sizeof res);
-    if (!st) st = LT_CALL(MatmulAlgoGetHeuristic, (h, g->op, g->la, g->lb, g->lc, g->lc, pref, 4, res, &got));
+    if (!st) st = LT_CALL(MatmulAlgoGetHeuristic, (h, g->op, g->la, g->lb, g->lc, g->lc, pref, TF_GEMM_CANDIDATES, res, &got));
     if (pref) l->lt.MatmulPreferenceDestroy(pref);
-    int pick = -1;
-    for (int i = 0; !st && i < got && pick < 0; i++)
-        if (res[i].state == 0 && res[i].workspace_size <= d->max_workspace) pick = i;
-    if (!st && pick < 0) {
-        snprintf(err, n, "cuBLASLt has no algorithm for a %s%s x %s%s -> %s GEMM of %lld x %lld x %lld (batch %lld, alignments %u/%u/%u bytes)",
-                 d->ab == TF_GEMM_F32 ? "f32" : d->ab == TF_GEMM_F16 ? "f16" : "bf16", d->ta ? "^T" : "",
-                 d->ab == TF_GEMM_F32 ? "f32" : d->ab == TF_GEMM_F16 ? "f16" : "bf16", d->tb ? "^T" : "",
-                 d->c == TF_GEMM_F32 ? "f32" : d->c == TF_GEMM_F16 ? "f16" : "bf16", (long long)d->M, (long long)d->N,
-                 (long long)d->K, (long long)d->batch, d->align_a, d->align_b, d->align_c);
+    if (got > TF_GEMM_CANDIDATES) got = TF_GEMM_CANDIDATES;
+    if (got < 0) got = 0;
+    bool ok[TF_GEMM_CANDIDATES] = {false};
+    int first = -1;
+    for (int i = 0; !st && i < got; i++) {
+        ok[i] = res[i].state == 0 && res[i].workspace_size <= d->max_workspace;
+        if (ok[i]) g->candidates++;
+        if (ok[i] && first < 0) first = i;
+    }
+    char what[400];
+    describe(d, what, sizeof what);
+    if (!st && first < 0) {
+        snprintf(err, n, "cuBLASLt has no algorithm for a %s within %zu bytes of workspace", what, d->max_workspace);
         st = TF_CUDA_ERR_ARG;
     }
     if (st) {
         tf_gemm_free(l, g);
         return st;
     }
+    /* the cache: the same words at the same index of the heuristic's answer, and cuBLASLt still takes them */
+    char key[1024], dir[4100];
+    record rec;
+    cache_key(l, d, compute, key, sizeof key);
+    if (cache_dir(d, dir, sizeof dir))
+        snprintf(g->cache_file, sizeof g->cache_file, "%.4000s/%016llx.cublaslt", dir, (unsigned long long)fnv1a(FNV_BASIS, key, strlen(key)));
+    if (g->cache_file[0] && cache_read(g->cache_file, key, &rec) && rec.index < got && ok[rec.index] &&
+        !memcmp(&res[rec.index].algo, &rec.algo, sizeof rec.algo)) {
+        tf_cublaslt_heuristic chk;
+        memset(&chk, 0, sizeof chk);
+        if (!l->lt.MatmulAlgoCheck(h, g->op, g->la, g->lb, g->lc, g->lc, &rec.algo, &chk) && chk.state == 0 &&
+            chk.workspace_size <= d->max_workspace) {
+            g->algo = rec.algo;
+            g->workspace = chk.workspace_size > res[rec.index].workspace_size ? chk.workspace_size : res[rec.index].workspace_size;
+            g->choice = rec.index;
+            g->ms = rec.ms;
+            g->from_cache = true;
+            return TF_CUDA_OK;
+        }
+    }
+    /* nothing to time on: the heuristic's first */
+    if (!d->dev_a || !d->dev_b || !d->dev_c || !(l->loaded & TF_CUDA_LIB_DRIVER)) {
+        g->algo = res[first].algo;
+        g->workspace = res[first].workspace_size;
+        g->choice = first;
+        return TF_CUDA_OK;
+    }
+    int pick = -1;
+    float best = 0;
+    if (n) err[0] = 0;
+    st = time_candidates(l, h, g, d, res, ok, got, &pick, &best, err, n);
+    if (!st && pick < 0) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, n, "no cuBLASLt algorithm of %d ran the %s: %s", g->candidates, what,
+                 why[0] ? why : "each needs workspace, and none was given to time them on");
+        st = TF_CUDA_ERR_ARG;
+    }
+    if (st) {
+        if (st != TF_CUDA_ERR_ARG) {
+            size_t at = strlen(err);
+            snprintf(err + at, n > at ? n - at : 0, " timing cuBLASLt's algorithms for the %s", what);
+        }
+        tf_gemm_free(l, g);
+        return st;
+    }
     g->algo = res[pick].algo;
     g->workspace = res[pick].workspace_size;
+    g->choice = pick;
+    g->ms = best;
+    rec = (record){pick, res[pick].algo, g->workspace, best, g->candidates, g->timed};
+    if (g->cache_file[0]) cache_write(g->cache_file, key, &rec, g);
     return TF_CUDA_OK;
 }
 

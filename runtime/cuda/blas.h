@@ -7,10 +7,39 @@
  * its second, each with the layout its row-major storage has when read
  * column-major; nothing is copied or transposed in memory.
  *
- * A plan is made once per matmul when a session starts (descriptors, and the
- * algorithm cuBLASLt's heuristic picks for those sizes, alignments and
- * workspace) and run every step; TF_CUDA_ERR_ARG from tf_gemm_plan means
- * cuBLASLt has no algorithm for the case, and err says why.
+ * A plan is made once per matmul when a session starts (descriptors and
+ * the algorithm) and run every step; TF_CUDA_ERR_ARG from tf_gemm_plan
+ * means cuBLASLt has no algorithm for the case, and err says why.
+ *
+ * The algorithm: cuBLASLt's heuristic is asked for up to TF_GEMM_CANDIDATES
+ * algorithms for the sizes, types, transposes, alignments, epilogue and
+ * workspace limit, and when the problem has not been seen before each
+ * usable one is timed on the device (desc->warmup untimed runs, then
+ * desc->runs between two events on desc->stream, on the buffers the desc
+ * names: outside any graph capture, and C is overwritten); the fastest
+ * wins. The choice is cached on disk beside the cubins and the cuDNN
+ * algorithms, in $TFUSE_CACHE_DIR/cuda (default ~/.cache/tfuse/cuda): one
+ * small text file per key, <hash>.cublaslt, where the key is everything the
+ * choice depends on (A/B and C types, transposes, M, N, K, batch and
+ * strides, alignments, epilogue, compute type (TF32 or not), workspace
+ * limit, how many candidates were asked for, cuBLASLt's version and the
+ * GPU's name). Each file holds its whole key and a checksum, and is
+ * written to a temporary name and renamed.
+ *
+ * What is stored of the algorithm, and why: cublasLtMatmulAlgo_t is 8
+ * uint64 words that cublasLt.h says "can be trivially serialized and later
+ * restored for use with the same version of cuBLAS library" (hence the
+ * version, and the GPU, in the key). The file records the chosen
+ * algorithm's index among the heuristic's results and its 8 words; a read
+ * is trusted only when the heuristic, asked again (it is cheap), returns
+ * those very words at that index as a usable result and
+ * cublasLtMatmulAlgoCheck accepts them within the workspace limit. A file
+ * that fails any of this (corrupt, truncated, another key, an algorithm
+ * cuBLASLt no longer lists or takes) is ignored, the candidates are timed
+ * again and the file rewritten. Nothing to time on (desc->dev_a == 0, or no
+ * driver) and nothing cached: the heuristic's first usable algorithm,
+ * untimed and not written. A cache directory that cannot be made only
+ * means every session times.
  *
  * Numbers: f32 operands use TF32 tensor cores when gemm->tf32 (10-bit
  * mantissa inputs, fp32 accumulation), else full fp32; f16/bf16 operands
@@ -43,22 +72,45 @@ typedef struct tf_gemm_desc {
     size_t max_workspace;          /* bytes of workspace tf_gemm_run will be given */
     tf_gemm_epilogue epilogue;     /* with a bias: batch 1 */
     uint64_t bias;                 /* the bias's device address (epilogues with a bias) */
+    /* choosing the algorithm (see above) */
+    const char *gpu;               /* the GPU's name (part of the cache key); NULL: "" */
+    const char *cache_dir;         /* NULL: $TFUSE_CACHE_DIR/cuda, else ~/.cache/tfuse/cuda; "": no disk cache */
+    tf_cu_stream stream;           /* where candidates are timed (needs the driver in the libs) */
+    tf_cu_deviceptr dev_a, dev_b, dev_c;   /* device buffers the timing runs on, as tf_gemm_run takes them (dev_c is
+                                            * overwritten); dev_a == 0: nothing is timed */
+    tf_cu_deviceptr dev_ws;        /* max_workspace bytes for the timing runs (0: candidates needing workspace are not timed) */
+    int warmup, runs;              /* per candidate: untimed runs, then timed runs (<= 0: 2 and 5) */
 } tf_gemm_desc;
+
+enum { TF_GEMM_CANDIDATES = 8 };   /* algorithms asked of cuBLASLt's heuristic */
 
 typedef struct tf_gemm {
     tf_cublaslt_matmul_desc op;
     tf_cublaslt_layout la, lb, lc;  /* cuBLASLt's first operand (our B), second (our A), C = D */
     tf_cublaslt_algo algo;
     size_t workspace;               /* what the algorithm needs, <= max_workspace */
+    /* how it was chosen (--cuda-explain) */
+    int choice;                     /* its index among the heuristic's results */
+    int candidates;                 /* the heuristic's usable results */
+    int timed;                      /* candidates this plan timed (0: from the cache, or nothing to time on) */
+    float ms;                       /* its time per run (the cache's record when from_cache; 0: untimed) */
+    bool from_cache;                /* the algorithm came from the disk cache: nothing was timed */
+    char cache_file[4200];          /* the file that holds the choice; "" without a cache */
 } tf_gemm;
 
-/* Plan a problem; *g is usable (and must be freed) only on TF_CUDA_OK. */
+/* Plan a problem; *g is usable (and must be freed) only on TF_CUDA_OK.
+ * When it times candidates it synchronizes desc->stream. */
 tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const tf_gemm_desc *desc, tf_gemm *g, char *err,
                             size_t n);
 /* Enqueue it on stream s (device pointers; ws: workspace of at least g->workspace bytes). */
 tf_cuda_status tf_gemm_run(const tf_cuda_libs *l, tf_cublaslt_handle h, const tf_gemm *g, tf_cu_deviceptr a, tf_cu_deviceptr b,
                            tf_cu_deviceptr c, tf_cu_deviceptr ws, size_t ws_bytes, tf_cu_stream s, char *err, size_t n);
 void tf_gemm_free(const tf_cuda_libs *l, tf_gemm *g);
+
+/* How g's algorithm was chosen, for --cuda-explain: which of the
+ * heuristic's candidates, its time, timed now or from the cache (and the
+ * file). */
+void tf_gemm_explain(const tf_gemm *g, char *out, size_t n);
 
 /* The largest power of two (<= 256) dividing a byte address or offset. */
 unsigned tf_gemm_alignment(uint64_t address);

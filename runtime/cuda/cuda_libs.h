@@ -185,6 +185,11 @@ typedef struct tf_cublaslt_api {
                                tf_cublaslt_layout adesc, const void *b, tf_cublaslt_layout bdesc, const void *beta,
                                const void *c, tf_cublaslt_layout cdesc, void *d, tf_cublaslt_layout ddesc,
                                const tf_cublaslt_algo *algo, void *workspace, size_t workspace_bytes, tf_cu_stream stream);
+    /* whether algo (e.g. one read back from a file) runs this problem here, and the workspace it needs
+     * (result->workspace_size; result->algo is not written) */
+    tf_cublas_status (*MatmulAlgoCheck)(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op, tf_cublaslt_layout a,
+                                        tf_cublaslt_layout b, tf_cublaslt_layout c, tf_cublaslt_layout d,
+                                        const tf_cublaslt_algo *algo, tf_cublaslt_heuristic *result);
 } tf_cublaslt_api;
 
 /* ---- loading ---- */

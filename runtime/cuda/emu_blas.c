@@ -1,6 +1,9 @@
 /* emu_blas.c — cuda-emu's cuBLASLt (see emu.h): descriptors are host
- * structs holding what was set on them, the heuristic offers one algorithm
- * needing no workspace, and a matmul computes on the host, column-major as
+ * structs holding what was set on them, the heuristic offers EMU_ALGOS
+ * algorithms (distinct tags in data[0], one of them needing workspace, all
+ * computing the same exact result) within the preference's workspace
+ * limit, cublasLtMatmulAlgoCheck takes exactly those tags, and a matmul
+ * (with any of them, or none) computes on the host, column-major as
  * cuBLASLt defines it: D = alpha * op(A) op(B) + beta * C, accumulated in
  * double and rounded once to D's type, then the epilogue the descriptor
  * names (bias, ReLU, GELU; their backward forms take the auxiliary buffer).
@@ -24,6 +27,7 @@ enum {
     DESC_EPILOGUE_AUX_BATCH_STRIDE = 12, DESC_BIAS_BATCH_STRIDE = 21, DESC_BIAS_DATA_TYPE = 26,
     LAYOUT_TYPE = 0, LAYOUT_ORDER = 1, LAYOUT_ROWS = 2, LAYOUT_COLS = 3, LAYOUT_LD = 4, LAYOUT_BATCH_COUNT = 5,
     LAYOUT_STRIDED_BATCH_OFFSET = 6,
+    PREF_MAX_WORKSPACE_BYTES = 1,
     /* cublasLtEpilogue_t */
     EPI_DEFAULT = 1, EPI_RELU = 2, EPI_RELU_AUX = 130, EPI_BIAS = 4, EPI_RELU_BIAS = 6, EPI_RELU_AUX_BIAS = 134,
     EPI_DRELU = 136, EPI_DRELU_BGRAD = 152, EPI_GELU = 32, EPI_GELU_AUX = 160, EPI_GELU_BIAS = 36, EPI_GELU_AUX_BIAS = 164,
@@ -136,13 +140,38 @@ static tf_cublas_status layout_set(tf_cublaslt_layout ll, int attr, const void *
     }
 }
 
-static int g_pref_token;
-static tf_cublas_status pref_create(tf_cublaslt_pref *p) { *p = (tf_cublaslt_pref)&g_pref_token; return ST_OK; }
-static tf_cublas_status pref_destroy(tf_cublaslt_pref p) { (void)p; return ST_OK; }
+/* A preference: the workspace limit (cuBLASLt's default is none); the
+ * alignments and other attributes are taken and not used. */
+typedef struct lt_pref { uint64_t max_ws; } lt_pref;
+static tf_cublas_status pref_create(tf_cublaslt_pref *p)
+{
+    lt_pref *x = tf_calloc(1, sizeof *x);
+    if (!x) return ST_ALLOC_FAILED;
+    *p = (tf_cublaslt_pref)x;
+    return ST_OK;
+}
+static tf_cublas_status pref_destroy(tf_cublaslt_pref p) { tf_free(p); return ST_OK; }
 static tf_cublas_status pref_set(tf_cublaslt_pref p, int attr, const void *buf, size_t size)
 {
-    (void)p, (void)attr, (void)buf, (void)size;
+    if (!p || !buf) return ST_INVALID_VALUE;
+    if (attr == PREF_MAX_WORKSPACE_BYTES) return take(&((lt_pref *)p)->max_ws, 8, buf, size) ? ST_OK : ST_INVALID_VALUE;
     return ST_OK;
+}
+
+/* The stand-in's algorithms: a tag in data[0] (the other words zero) and
+ * the workspace each needs, in the heuristic's order. */
+enum { EMU_ALGOS = 4 };
+static const unsigned long long algo_tag[EMU_ALGOS] = {0x7465, 0x7466, 0x7467, 0x7468};
+static const size_t algo_ws[EMU_ALGOS] = {0, 0, 4096, 0};
+
+/* The index of one of the stand-in's algorithms, -1 for anything else. */
+static int algo_index(const tf_cublaslt_algo *a)
+{
+    for (int w = 1; w < 8; w++)
+        if (a->data[w]) return -1;
+    for (int i = 0; i < EMU_ALGOS; i++)
+        if (a->data[0] == algo_tag[i]) return i;
+    return -1;
 }
 
 /* The shapes agree: op(A) is m x k, op(B) k x n, C and D m x n, one batch count. */
@@ -162,15 +191,38 @@ static tf_cublas_status heuristic(tf_cublaslt_handle h, tf_cublaslt_matmul_desc 
                                   tf_cublaslt_layout c, tf_cublaslt_layout d, tf_cublaslt_pref pref, int requested,
                                   tf_cublaslt_heuristic *res, int *returned)
 {
-    (void)h, (void)pref;
     uint64_t m, n, k;
     *returned = 0;
-    if (requested < 1) return ST_INVALID_VALUE;
+    if (h != (tf_cublaslt_handle)&g_handle_token) return ST_NOT_INITIALIZED;
+    if (requested < 1 || !pref || !res) return ST_INVALID_VALUE;
     if (!shapes((lt_desc *)op, (lt_layout *)a, (lt_layout *)b, (lt_layout *)c, (lt_layout *)d, &m, &n, &k)) return ST_INVALID_VALUE;
-    memset(&res[0], 0, sizeof res[0]);
-    res[0].algo.data[0] = 0x7465;   /* the one algorithm */
-    res[0].waves_count = 1;
-    *returned = 1;
+    int got = 0;
+    for (int i = 0; i < EMU_ALGOS && got < requested; i++) {
+        if (algo_ws[i] > ((lt_pref *)pref)->max_ws) continue;
+        memset(&res[got], 0, sizeof res[got]);
+        res[got].algo.data[0] = algo_tag[i];
+        res[got].workspace_size = algo_ws[i];
+        res[got].waves_count = 1;
+        got++;
+    }
+    *returned = got;
+    return got ? ST_OK : ST_NOT_SUPPORTED;
+}
+
+static tf_cublas_status algo_check(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op, tf_cublaslt_layout a, tf_cublaslt_layout b,
+                                   tf_cublaslt_layout c, tf_cublaslt_layout d, const tf_cublaslt_algo *algo, tf_cublaslt_heuristic *res)
+{
+    uint64_t m, n, k;
+    if (h != (tf_cublaslt_handle)&g_handle_token) return ST_NOT_INITIALIZED;
+    if (!op || !a || !b || !c || !d || !algo || !res) return ST_INVALID_VALUE;
+    if (!shapes((lt_desc *)op, (lt_layout *)a, (lt_layout *)b, (lt_layout *)c, (lt_layout *)d, &m, &n, &k)) return ST_INVALID_VALUE;
+    int i = algo_index(algo);
+    if (i < 0) return ST_INVALID_VALUE;
+    /* algo may point to res->algo, which is never written */
+    res->workspace_size = algo_ws[i];
+    res->state = ST_OK;
+    res->waves_count = 1;
+    memset(res->reserved, 0, sizeof res->reserved);
     return ST_OK;
 }
 
@@ -180,6 +232,8 @@ typedef struct mm_arg {
     float alpha, beta;
     const void *pa, *pb, *pc;
     void *pd;
+    void *ws;                    /* the algorithm's workspace, filled with 0xa5 (what it "uses") */
+    size_t ws_need;
 } mm_arg;
 
 static double gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
@@ -199,6 +253,7 @@ static int run_matmul(void *argp)
     bool aux_out = epi == EPI_RELU_AUX || epi == EPI_RELU_AUX_BIAS || epi == EPI_GELU_AUX || epi == EPI_GELU_AUX_BIAS;
     bool drelu = epi == EPI_DRELU || epi == EPI_DRELU_BGRAD, dgel = epi == EPI_DGELU || epi == EPI_DGELU_BGRAD;
     bool bgrad = epi == EPI_DRELU_BGRAD || epi == EPI_DGELU_BGRAD;
+    if (x->ws_need) memset(x->ws, 0xa5, x->ws_need);
     for (int32_t bi = 0; bi < x->a.batch; bi++) {
         const char *A = (const char *)x->pa + (size_t)(bi * x->a.stride) * (size_t)tf_dtype_bytes(ta);
         const char *B = (const char *)x->pb + (size_t)(bi * x->b.stride) * (size_t)tf_dtype_bytes(ta);
@@ -242,11 +297,12 @@ static tf_cublas_status matmul(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op,
                                void *d, tf_cublaslt_layout ddesc, const tf_cublaslt_algo *algo, void *ws, size_t ws_bytes,
                                tf_cu_stream stream)
 {
-    (void)ws, (void)ws_bytes;
     uint64_t m, n, k;
     if (h != (tf_cublaslt_handle)&g_handle_token) return ST_NOT_INITIALIZED;
     if (!op || !a || !b || !d || !adesc || !bdesc || !cdesc || !ddesc || !alpha || !beta) return ST_INVALID_VALUE;
-    if (algo && algo->data[0] != 0x7465) return ST_INVALID_VALUE;
+    int ai = algo ? algo_index(algo) : 0;   /* no algorithm: the stand-in's first */
+    if (ai < 0) return ST_INVALID_VALUE;
+    if (algo_ws[ai] && (!ws || ws_bytes < algo_ws[ai])) return ST_INVALID_VALUE;
     mm_arg x;
     memset(&x, 0, sizeof x);
     x.d = *(lt_desc *)op;
@@ -256,11 +312,13 @@ static tf_cublas_status matmul(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op,
     memcpy(&x.beta, beta, 4);
     if (x.beta != 0 && !c) return ST_INVALID_VALUE;
     x.pa = a, x.pb = b, x.pc = c, x.pd = d;
+    x.ws = ws, x.ws_need = algo_ws[ai];
     return tf_cuda_emu_submit(stream, run_matmul, &x, sizeof x) ? ST_INVALID_VALUE : ST_OK;
 }
 
 void tf_cuda_emu_lt_fill(tf_cublaslt_api *api)
 {
     *api = (tf_cublaslt_api){lt_create, lt_destroy, lt_version, lt_status_name, lt_status_string, desc_create, desc_destroy, desc_set,
-                             layout_create, layout_destroy, layout_set, pref_create, pref_destroy, pref_set, heuristic, matmul};
+                             layout_create, layout_destroy, layout_set, pref_create, pref_destroy, pref_set, heuristic, matmul,
+                             algo_check};
 }

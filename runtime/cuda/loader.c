@@ -64,7 +64,7 @@ static const sym lt_syms[] = {
     LT(Create), LT(Destroy), LT(GetVersion), LT(GetStatusName), LT(GetStatusString), LT(MatmulDescCreate),
     LT(MatmulDescDestroy), LT(MatmulDescSetAttribute), LT(MatrixLayoutCreate), LT(MatrixLayoutDestroy),
     LT(MatrixLayoutSetAttribute), LT(MatmulPreferenceCreate), LT(MatmulPreferenceDestroy),
-    LT(MatmulPreferenceSetAttribute), LT(MatmulAlgoGetHeuristic), LT(Matmul),
+    LT(MatmulPreferenceSetAttribute), LT(MatmulAlgoGetHeuristic), LT(Matmul), LT(MatmulAlgoCheck),
 };
 #undef LT
 

@@ -486,6 +486,21 @@ static void graphs(void)
 
 /* ---- the session's contract -------------------------------------------------------- */
 
+/* The cuBLASLt algorithm choices cached in $TFUSE_CACHE_DIR/cuda (default
+ * ~/.cache/tfuse/cuda), as blas.c writes them: <hash>.cublaslt. */
+static int cublaslt_files(void)
+{
+    char dir[4200];
+    const char *env = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
+    if (env && *env) snprintf(dir, sizeof dir, "%s/cuda", env);
+    else snprintf(dir, sizeof dir, "%s/.cache/tfuse/cuda", home ? home : "");
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += strlen(e->d_name) > 9 && !strcmp(e->d_name + strlen(e->d_name) - 9, ".cublaslt");
+    if (d) closedir(d);
+    return n;
+}
+
 static void contract(void)
 {
     static const char *const MLP = "input x : f32[6, 10]\ninput y : i64[6]\nparam w : f32[10, 7] = uniform()\n"
@@ -504,6 +519,7 @@ static void contract(void)
           g_emu ? "cuda-emu" : "cuda");
     if (g_fake) CHECK(!strcmp(info.library, "none") && info.fallbacks > 0, "everything on the host: %d fallbacks", info.fallbacks);
     else CHECK(!strncmp(info.library, "cuBLASLt", 8), "GEMMs through cuBLASLt (got %s)", info.library);
+    if (!g_fake) CHECK(cublaslt_files() > 0, "each GEMM's algorithm timed and cached on disk (no .cublaslt file in the cache)");
 
     /* profiles: one entry per kernel, one call each after one run */
     tf_session_set_profiling(q.dev, 1);
