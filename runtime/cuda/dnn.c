@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache_file.h"
 #include "dnn.h"
 
 /* The values of the cuDNN enumerations used here, as cuDNN 9.19's
@@ -82,30 +83,7 @@ static void *ptr(tf_cu_deviceptr p) { return (void *)(uintptr_t)p; }
 
 /* ---- the disk cache ---- */
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-static const uint64_t FNV_BASIS = 0xcbf29ce484222325ull;
 static const char HEADER[] = "tfuse cudnn algorithm 1\n";
-
-/* mkdir -p; true when dir exists afterwards (as jit.c's). */
-static bool make_dirs(const char *dir)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%.4000s", dir);
-    for (char *q = p + 1; *q; q++) {
-        if (*q != '/') continue;
-        *q = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
-        *q = '/';
-    }
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 /* The cache directory (the cubins' own, jit.c's cache_open), made if need
  * be; false when there is none. */
@@ -114,13 +92,9 @@ static bool cache_dir(const tf_conv_desc *d, char *out, size_t n)
     if (d->cache_dir) {
         if (!d->cache_dir[0]) return false;
         snprintf(out, n, "%.4000s", d->cache_dir);
-    } else {
-        const char *env = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
-        if (env && *env) snprintf(out, n, "%.4000s/cuda", env);
-        else if (home && *home) snprintf(out, n, "%.4000s/.cache/tfuse/cuda", home);
-        else return false;
+        return tf_cuda_make_dirs(out);
     }
-    return make_dirs(out);
+    return tf_cuda_cache_dir("cuda", out, n);
 }
 
 /* The cache key: everything the choice depends on, on one line. */
@@ -142,50 +116,24 @@ static void cache_key(const tf_cuda_libs *l, const tf_conv_desc *d, int math, ch
 
 typedef struct record { int algo, math, deterministic; size_t workspace; float ms; } record;
 
-/* The record of a cache file, when the file is whole (its checksum holds)
- * and is for this key. */
+/* The record of key at path, when it is whole (cache_file.h) and sane. */
 static bool cache_read(const char *path, const char *key, record *r)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    char buf[8192];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    if (len == 0 || len >= sizeof buf - 1) return false;
-    buf[len] = 0;
-    if (strlen(buf) != len) return false;   /* a NUL inside: not ours */
-    char *sum = strstr(buf, "\nsum: ");
-    if (!sum) return false;
-    sum++;
-    unsigned long long want = 0;
-    int used = 0;
-    if (sscanf(sum, "sum: %16llx\n%n", &want, &used) != 1 || used <= 0 || sum + used != buf + len) return false;
-    if (fnv1a(FNV_BASIS, buf, (size_t)(sum - buf)) != want) return false;
-    size_t hl = strlen(HEADER), kl = strlen(key);
-    if (strncmp(buf, HEADER, hl) || strncmp(buf + hl, "key: ", 5) || strncmp(buf + hl + 5, key, kl) || buf[hl + 5 + kl] != '\n')
-        return false;
-    const char *p = buf + hl + 5 + kl + 1;
+    char body[4096];
+    if (!tf_cuda_record_read(path, HEADER, key, body, sizeof body)) return false;
     int end = 0;
-    if (sscanf(p, "algo: %d\nmath: %d\ndeterministic: %d\nworkspace: %zu\nms: %f\n%n", &r->algo, &r->math, &r->deterministic,
-               &r->workspace, &r->ms, &end) != 5 || end <= 0 || p + end != sum)
+    if (sscanf(body, "algo: %d\nmath: %d\ndeterministic: %d\nworkspace: %zu\nms: %f\n%n", &r->algo, &r->math, &r->deterministic,
+               &r->workspace, &r->ms, &end) != 5 || end <= 0 || body[end])
         return false;
     return r->algo >= 0 && r->algo < ALGOS && r->math >= 0 && r->math <= CUDNN_FMA_MATH;
 }
 
-/* Write atomically: a temporary file in the same directory, then rename. */
 static void cache_write(const char *path, const char *key, const record *r, const void *tag)
 {
-    char text[8192], tmp[4400];
-    int at = snprintf(text, sizeof text, "%skey: %s\nalgo: %d\nmath: %d\ndeterministic: %d\nworkspace: %zu\nms: %.9g\n", HEADER, key,
-                      r->algo, r->math, r->deterministic, r->workspace, (double)r->ms);
-    if (at <= 0 || (size_t)at + 32 >= sizeof text) return;
-    at += snprintf(text + at, sizeof text - (size_t)at, "sum: %016llx\n", (unsigned long long)fnv1a(FNV_BASIS, text, (size_t)at));
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)tag);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    bool ok = fwrite(text, 1, (size_t)at, f) == (size_t)at && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = false;
-    if (!ok || rename(tmp, path) != 0) remove(tmp);
+    char body[1024];
+    snprintf(body, sizeof body, "algo: %d\nmath: %d\ndeterministic: %d\nworkspace: %zu\nms: %.9g\n", r->algo, r->math, r->deterministic,
+             r->workspace, (double)r->ms);
+    tf_cuda_record_write(path, HEADER, key, body, tag);
 }
 
 /* ---- plans ---- */
@@ -326,7 +274,7 @@ tf_cuda_status tf_conv_plan(const tf_cuda_libs *l, tf_cudnn_handle h, const tf_c
     record rec;
     cache_key(l, d, math, key, sizeof key);
     if (cache_dir(d, dir, sizeof dir))
-        snprintf(c->cache_file, sizeof c->cache_file, "%.4000s/%016llx.cudnn", dir, (unsigned long long)fnv1a(FNV_BASIS, key, strlen(key)));
+        snprintf(c->cache_file, sizeof c->cache_file, "%.4000s/%016llx.cudnn", dir, (unsigned long long)tf_cuda_fnv1a(TF_FNV_BASIS, key, strlen(key)));
     if (c->cache_file[0] && cache_read(c->cache_file, key, &rec) && take(l, h, d, c, rec.algo, fma ? CUDNN_FMA_MATH : rec.math)) {
         c->deterministic = rec.deterministic == CUDNN_DETERMINISTIC;
         c->ms = rec.ms;

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "cache_file.h"
 #include "emu.h"
 
 extern char **environ;
@@ -136,13 +137,8 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-#define FNV0 0xcbf29ce484222325ull
+static uint64_t fnv(uint64_t h, const void *p, size_t n) { return tf_cuda_fnv1a(h, p, n); }
+#define FNV0 TF_FNV_BASIS
 
 /* ---- device memory ------------------------------------------------------------ */
 
@@ -241,21 +237,6 @@ static pthread_once_t g_tool_once = PTHREAD_ONCE_INIT;
 static char g_cxx[4096], g_cxx_id[512], g_cache[4096], g_tool_why[1024];
 static uint64_t g_tool_key;
 
-static bool make_dirs(const char *dir)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *q = p + 1; *q; q++) {
-        if (*q != '/') continue;
-        *q = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
-        *q = '/';
-    }
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 static bool find_on_path(const char *name, char *out, size_t n)
 {
     if (strchr(name, '/')) {
@@ -317,12 +298,13 @@ static void tool_init(void)
                  want && *want ? want : "c++, g++, clang++", want && *want ? ", from TFUSE_EMU_CXX," : "", "");
         return;
     }
-    const char *d = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
     char dir[4096];
-    if (d && *d) snprintf(dir, sizeof dir, "%.4000s/cuda-emu", d);
-    else if (home && *home) snprintf(dir, sizeof dir, "%.4000s/.cache/tfuse/cuda-emu", home);
-    else snprintf(dir, sizeof dir, "/tmp/tfuse-cuda-emu-%ld", (long)getuid());
-    if (!make_dirs(dir)) {
+    bool made = tf_cuda_cache_dir("cuda-emu", dir, sizeof dir);
+    if (!made && !getenv("TFUSE_CACHE_DIR") && (!getenv("HOME") || !*getenv("HOME"))) {   /* no home: a directory of this user's */
+        snprintf(dir, sizeof dir, "/tmp/tfuse-cuda-emu-%ld", (long)getuid());
+        made = tf_cuda_make_dirs(dir);
+    }
+    if (!made) {
         snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu cannot create its kernel cache %.700s: %.200s (set TFUSE_CACHE_DIR)", dir, strerror(errno));
         return;
     }
@@ -330,7 +312,7 @@ static void tool_init(void)
     /* the headers the emitted sources include: the prelude defines what they would */
     char inc[4200];
     snprintf(inc, sizeof inc, "%s/include", g_cache);
-    make_dirs(inc);
+    tf_cuda_make_dirs(inc);
     static const char *const hdrs[] = {"cuda_fp16.h", "cuda_bf16.h"};
     for (int i = 0; i < 2; i++) {
         char p[4300];

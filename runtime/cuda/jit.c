@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache_file.h"
 #include "cuda_jit.h"
 
 enum {
@@ -28,47 +29,19 @@ typedef struct cache_header {
     char arch[16];
 } cache_header;
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-static const uint64_t FNV_BASIS = 0xcbf29ce484222325ull;
-
-/* mkdir -p; true when dir exists afterwards. */
-static bool make_dirs(const char *dir)
-{
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *q = p + 1; *q; q++) {
-        if (*q != '/') continue;
-        *q = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
-        *q = '/';
-    }
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) return false;
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 static void cache_open(tf_cuda_jit *j)
 {
-    const char *d = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
     char dir[4096];
-    if (d && *d) snprintf(dir, sizeof dir, "%.4000s/cuda", d);
-    else if (home && *home) snprintf(dir, sizeof dir, "%.4000s/.cache/tfuse/cuda", home);
-    else return;
-    if (make_dirs(dir)) snprintf(j->cache_dir, sizeof j->cache_dir, "%s", dir);
+    if (tf_cuda_cache_dir("cuda", dir, sizeof dir)) snprintf(j->cache_dir, sizeof j->cache_dir, "%s", dir);
 }
 
 static uint64_t cache_key(const char *src, const char *arch, const tf_cuda_libs *l)
 {
     char ver[64];
     snprintf(ver, sizeof ver, "nvrtc %d.%d", l->nvrtc_major, l->nvrtc_minor);
-    uint64_t h = fnv1a(FNV_BASIS, src, strlen(src) + 1);
-    h = fnv1a(h, arch, strlen(arch) + 1);
-    return fnv1a(h, ver, strlen(ver) + 1);
+    uint64_t h = tf_cuda_fnv1a(TF_FNV_BASIS, src, strlen(src) + 1);
+    h = tf_cuda_fnv1a(h, arch, strlen(arch) + 1);
+    return tf_cuda_fnv1a(h, ver, strlen(ver) + 1);
 }
 
 static void cache_path(const tf_cuda_jit *j, uint64_t key, char *out, size_t n)
@@ -90,7 +63,7 @@ static void *cache_read(const tf_cuda_jit *j, uint64_t key, const char *name, co
         h.size < ((uint64_t)1 << 31) && !strncmp(h.name, name, sizeof h.name) && !strncmp(h.arch, arch, sizeof h.arch) &&
         (bin = tf_malloc(h.size))) {
         int extra = 0;
-        if (fread(bin, 1, h.size, f) != h.size || fread(&extra, 1, 1, f) != 0 || fnv1a(FNV_BASIS, bin, h.size) != h.sum) {
+        if (fread(bin, 1, h.size, f) != h.size || fread(&extra, 1, 1, f) != 0 || tf_cuda_fnv1a(TF_FNV_BASIS, bin, h.size) != h.sum) {
             tf_free(bin);
             bin = NULL;
         } else {
@@ -101,26 +74,26 @@ static void *cache_read(const tf_cuda_jit *j, uint64_t key, const char *name, co
     return bin;
 }
 
-/* Write atomically: a temporary file in the same directory, then rename. */
+/* Written atomically (cache_file.h): the header, then the cubin. */
 static void cache_write(const tf_cuda_jit *j, uint64_t key, const char *name, const char *arch, const void *bin, size_t size)
 {
     if (!j->cache_dir[0]) return;
-    char path[4200], tmp[4300];
+    char path[4200];
     cache_path(j, key, path, sizeof path);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)bin);
     cache_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, MAGIC, sizeof MAGIC);
     h.key = key;
     h.size = size;
-    h.sum = fnv1a(FNV_BASIS, bin, size);
+    h.sum = tf_cuda_fnv1a(TF_FNV_BASIS, bin, size);
     snprintf(h.name, sizeof h.name, "%s", name);
     snprintf(h.arch, sizeof h.arch, "%s", arch);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(bin, 1, size, f) == size && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = false;
-    if (!ok || rename(tmp, path) != 0) remove(tmp);
+    unsigned char *all = tf_malloc(sizeof h + size);
+    if (!all) return;
+    memcpy(all, &h, sizeof h);
+    memcpy(all + sizeof h, bin, size);
+    tf_cuda_write_atomic(path, all, sizeof h + size, bin);
+    tf_free(all);
 }
 
 /* ---- building ----------------------------------------------------------------- */
