@@ -290,15 +290,18 @@ static void tool_init(void)
     const char *want = getenv("TFUSE_EMU_CXX");
     static const char *const names[] = {"c++", "g++", "clang++"};
     bool found = false;
-    if (want && *want) found = find_on_path(want, g_cxx, sizeof g_cxx);
-    for (int i = 0; !found && i < 3; i++) found = find_on_path(names[i], g_cxx, sizeof g_cxx);
-    if (!found) {
-        snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu compiles kernels with a host C++ compiler and found none (%s%s%s on PATH); "
-                 "install g++ (Debian: apt-get install g++) or set TFUSE_EMU_CXX",
-                 want && *want ? want : "c++, g++, clang++", want && *want ? ", from TFUSE_EMU_CXX," : "", "");
+    if (want && *want && !find_on_path(want, g_cxx, sizeof g_cxx)) {   /* asked for by name: that one or none */
+        snprintf(g_tool_why, sizeof g_tool_why, "TFUSE_EMU_CXX=%.300s: no such executable (on PATH or as a path)", want);
         return;
     }
-    char dir[4096];
+    found = want && *want;
+    for (int i = 0; !found && i < 3; i++) found = find_on_path(names[i], g_cxx, sizeof g_cxx);
+    if (!found) {
+        snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu compiles kernels with a host C++ compiler and found none (c++, g++, clang++ on PATH); "
+                 "install g++ (Debian: apt-get install g++) or set TFUSE_EMU_CXX to one");
+        return;
+    }
+    char dir[4096] = "(no $TFUSE_CACHE_DIR or $HOME)";
     bool made = tf_cuda_cache_dir("cuda-emu", dir, sizeof dir);
     if (!made && !getenv("TFUSE_CACHE_DIR") && (!getenv("HOME") || !*getenv("HOME"))) {   /* no home: a directory of this user's */
         snprintf(dir, sizeof dir, "/tmp/tfuse-cuda-emu-%ld", (long)getuid());
