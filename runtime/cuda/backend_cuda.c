@@ -19,11 +19,22 @@
  *   - starts from the interpreter's initial state (the same seed gives the
  *     same params as the interp and cpu targets), converted to storage dtype;
  *   - runs a step on one stream: inputs from a pinned staging buffer, the
- *     kernels in plan order, matmuls through cuBLASLt (blas.c), conv2d and
- *     its two gradients through cuDNN (dnn.c: the algorithm cudnnFind picks
- *     once per shape, cached on disk beside the cubins), the updates
- *     (every new value read before any state is written), the outputs back
- *     into pinned memory, and one synchronization at the end.
+ *     kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
+ *     of the heuristic's algorithms, timed once per shape and cached on
+ *     disk; a region's row bias and ReLU as cuBLASLt's epilogue where that
+ *     is all the region adds), conv2d and its two gradients through cuDNN
+ *     (dnn.c: the algorithm cudnnFind picks once per shape, cached on disk
+ *     beside the cubins), the updates (every new value read before any
+ *     state is written), the outputs back into pinned memory, and one
+ *     synchronization at the end;
+ *   - captures that step as one CUDA graph on its first run and replays it
+ *     after (no host work inside a step: constants it writes are copies
+ *     from device buffers filled when the session starts), unless a kernel
+ *     runs on the host, --cuda-sync or --cuda-graphs=off, or profiling
+ *     (per-kernel events) asks for launches one by one.
+ *
+ * The `cuda-emu` target is this file over emu.h's stand-ins for the driver,
+ * NVRTC, cuBLASLt and cuDNN: the same code, every kernel run on the host.
  *
  * Library ops other than matmul and the convolutions (pooling and its
  * gradients, gather, scatter_add, concat, slice_grad) run their own
