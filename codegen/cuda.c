@@ -207,6 +207,8 @@ typedef struct em {
     unsigned char *mark;        /* per expression: needed by the current roots */
     bool f16, bf16, vec, rng, wide;
     mode md;
+    sb second;                  /* a split reduction's second kernel (its full-space stores), empty when none */
+    unsigned grid2, block2;
 } em;
 
 static bool contiguous(const tf_kernel *k, const int64_t *row, const tf_kexpr *x)
@@ -513,6 +515,8 @@ static unsigned widest(const tf_kernel *k)
 }
 
 typedef struct geom { tf_cuda_shape shape; unsigned grid, block, smem, vec, group, align, scratch; } geom;
+/* A split reduction's scratch: each outer index's result (8 bytes), then
+ * the partials, then a counter per outer index. */
 
 /* A long reduction over few outer indices is split across blocks, so that
  * it fills the device: SPLIT_MIN reduced elements at least, each block a
@@ -655,7 +659,8 @@ static void emit_reduction(em *e, geom *g)
     bool any_full = false;
     for (int t = 0; t < k->nstores; t++) any_full |= !k->stores[t].reduced_domain;
     int64_t S = 1;
-    if (row && RPB == 1 && k->nreds == 1 && !any_full && R >= SPLIT_MIN && M < SPLIT_BLOCKS) {
+    /* full-space stores read the result everywhere: they become a second kernel over the space, launched after */
+    if (row && RPB == 1 && k->nreds == 1 && !(any_full && e->rng) && R >= SPLIT_MIN && M < SPLIT_BLOCKS) {
         S = (R + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
         if (S > SPLIT_BLOCKS / M) S = SPLIT_BLOCKS / M;
         if (S < 2) S = 1;
@@ -672,7 +677,8 @@ static void emit_reduction(em *e, geom *g)
     g->vec = 1;
     g->smem = partials ? (unsigned)((row ? RPB * (G / 32) : G * 32) * accb) : 0;
     g->align = widest(k);
-    if (S > 1) g->scratch = (unsigned)(M * S * accb + M * 4);   /* the partials, then a counter per outer index */
+    if (S > 1) g->scratch = (unsigned)(M * 8 + M * S * accb + M * 4);   /* results, partials, counters */
+    bool second = S > 1 && any_full;
 
     /* which stores, and what indexes what */
     bool has_outer = false, has_full = false;
@@ -779,7 +785,7 @@ static void emit_reduction(em *e, geom *g)
             line(s, 3, "__syncthreads();");
         }
         if (S > 1) {   /* this block's partial; the last block of the outer index folds them all, in order */
-            line(s, 3, "%s *tf_parts = (%s *)tf_scratch;", vt, vt);
+            line(s, 3, "%s *tf_parts = (%s *)((unsigned char *)tf_scratch + %lld);", vt, vt, (long long)(M * 8));
             line(s, 3, "unsigned *tf_cnt = (unsigned *)(tf_parts + %lld);", (long long)(M * S));
             line(s, 3, "__shared__ bool tf_last;");
             line(s, 3, "if (tf_m == 0) {");
@@ -808,6 +814,7 @@ static void emit_reduction(em *e, geom *g)
             conv(acc, rd->dtype, "tf_a", c, sizeof c);
         }
         line(s, 3, "tf_r%d = %s;", r, c);
+        if (second) line(s, 3, "if (tf_m == 0) ((%s *)tf_scratch)[o] = tf_r%d;   // for the second kernel", value_type(rd->dtype), r);
         line(s, 2, "}");
     }
 
@@ -831,6 +838,42 @@ static void emit_reduction(em *e, geom *g)
             emit_store(e, depth, &k->stores[t], at);
         }
         line(s, 2, "}");
+    }
+
+    if (second) {   /* the full-space stores: a second kernel, over every (o, r), reading the result */
+        line(s, 1, "}");
+        const tf_kreduce *rd = &k->reds[0];
+        sb main_body = e->s;
+        e->s = (sb){0};
+        int64_t n2 = M * R;
+        e->block2 = 256;
+        e->grid2 = blocks_for(n2, 256);
+        line(&e->s, 1, "// the full-space stores of the split reduction above: %lld elements", (long long)n2);
+        line(&e->s, 1, "for (tf_idx tf_f = (tf_idx)blockIdx.x * blockDim.x + threadIdx.x; tf_f < %lld; tf_f += (tf_idx)gridDim.x * blockDim.x) {",
+             (long long)n2);
+        line(&e->s, 2, "const tf_idx o = tf_f / %lld, r = tf_f %% %lld;", (long long)R, (long long)R);
+        line(&e->s, 2, "const %s tf_r0 = ((const %s *)tf_scratch)[o];", value_type(rd->dtype), value_type(rd->dtype));
+        mark_clear(e);
+        for (int t = 0; t < k->nstores; t++)
+            if (!k->stores[t].reduced_domain) mark_from(e, k->stores[t].expr);
+        e->md = M_AXES;
+        unsigned oax = (axes_used(e, SEL_ALL, M_AXES, NULL) | all_axes(k)) & omask;
+        def_axes(e, 2, oax, omask, "o");
+        emit_selected(e, 2, SEL_OUTER);
+        unsigned rax = (axes_used(e, SEL_INNER, M_AXES, NULL) | all_axes(k)) & rmask;
+        def_axes(e, 2, rax, rmask, "r");
+        emit_selected(e, 2, SEL_INNER);
+        char off[400], at[480];
+        offset_code(k, e->row, off, sizeof off);
+        for (int t = 0; t < k->nstores; t++) {
+            if (k->stores[t].reduced_domain) continue;
+            snprintf(at, sizeof at, "b%d[%s]", k->stores[t].buf, off);
+            emit_store(e, 2, &k->stores[t], at);
+        }
+        line(&e->s, 1, "}");
+        e->second = e->s;
+        e->s = main_body;
+        return;
     }
 
     if (has_full) {
@@ -999,15 +1042,24 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     if (e.f16) tf_strbuf_printf(&src, "%s", helpers_f16);
     if (e.bf16) tf_strbuf_printf(&src, "%s", helpers_bf16);
     if (e.rng) tf_strbuf_printf(&src, "%s", helpers_rng);
-    tf_strbuf_printf(&src, "\nextern \"C\" __global__ void __launch_bounds__(%u) %s(", g.block, placeholder);
+    sb params = {0};
     for (int b = 0; b < k->nbufs; b++)   /* __restrict__ where memplan keeps the buffer apart from every other */
-        tf_strbuf_printf(&src, "%s%s%s *%sb%d", b ? ", " : "", e.written[b] ? "" : "const ", storage_type(k->bufs[b].value->type.dtype),
+        tf_strbuf_printf(&params, "%s%s%s *%sb%d", b ? ", " : "", e.written[b] ? "" : "const ", storage_type(k->bufs[b].value->type.dtype),
             k->bufs[b].disjoint ? "__restrict__ " : "", b);
-    if (g.scratch) tf_strbuf_printf(&src, "%svoid *__restrict__ tf_scratch", k->nbufs ? ", " : "");
-    if (e.rng) tf_strbuf_printf(&src, "%sconst unsigned long long *tf_rng", k->nbufs || g.scratch ? ", " : "");
-    tf_strbuf_printf(&src, ")\n{\n    typedef %s tf_idx;\n", e.wide ? "long long" : "int");
+    if (g.scratch) tf_strbuf_printf(&params, "%svoid *__restrict__ tf_scratch", k->nbufs ? ", " : "");
+    if (e.rng) tf_strbuf_printf(&params, "%sconst unsigned long long *tf_rng", k->nbufs || g.scratch ? ", " : "");
+    tf_strbuf_printf(&src, "\nextern \"C\" __global__ void __launch_bounds__(%u) %s(%s)\n", g.block, placeholder, params.p ? params.p : "");
+    tf_strbuf_printf(&src, "{\n    typedef %s tf_idx;\n", e.wide ? "long long" : "int");
     tf_strbuf_printf(&src, "%s}\n", body.p ? body.p : "");
-    bool oom = body.oom || src.oom;
+    if (e.second.p) {   /* the second kernel: launched after the first, the same parameters */
+        tf_strbuf_printf(&src, "\nextern \"C\" __global__ void __launch_bounds__(%u) %s_b(%s)\n", e.block2, placeholder,
+                         params.p ? params.p : "");
+        tf_strbuf_printf(&src, "{\n    typedef %s tf_idx;\n%s}\n", e.wide ? "long long" : "int", e.second.p);
+    }
+    bool params_oom = params.oom || e.second.oom;
+    tf_free(params.p);
+    tf_free(e.second.p);
+    bool oom = body.oom || src.oom || params_oom;
     tf_free(body.p);
     tf_free(e.written);
     tf_free(e.contig);
@@ -1018,8 +1070,12 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     }
     out->hash = fnv1a(src.p, src.n);
     snprintf(out->name, sizeof out->name, "tf_%016llx", (unsigned long long)out->hash);
-    char *at = strstr(src.p, placeholder);
-    if (at) memcpy(at, out->name, strlen(placeholder));
+    for (char *at = strstr(src.p, placeholder); at; at = strstr(at, placeholder)) memcpy(at, out->name, strlen(placeholder));
+    if (e.grid2) {
+        snprintf(out->name2, sizeof out->name2, "%.19s_b", out->name);
+        out->grid2 = e.grid2;
+        out->block2 = e.block2;
+    }
     out->src = src.p;
     out->shape = g.shape;
     out->grid = g.grid;

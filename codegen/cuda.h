@@ -143,6 +143,10 @@ typedef struct tf_cuda_kernel {
     unsigned group;        /* threads per outer index (reductions), else 0 */
     int nparams;           /* kernel->nbufs, plus 1 with rng */
     bool rng;              /* last parameter: const unsigned long long *rng -> {seed, step} on the device */
+    char name2[24];        /* "": one kernel; else a second entry point in src ("<name>_b", a split
+                            * reduction's full-space stores), launched right after the first with the
+                            * same parameters, grid2 blocks of block2 threads, no shared memory */
+    unsigned grid2, block2;
     unsigned scratch;      /* > 0: a parameter after the buffers (before rng), void *tf_scratch, this many
                             * bytes of device memory zeroed once before the first launch (a split
                             * reduction's partials and counters; the kernel leaves it zeroed again) */

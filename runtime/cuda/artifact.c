@@ -101,6 +101,8 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         else if (ck->src)
             at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u%s%.0u\n", k->name, ck->name, ck->grid,
                                    ck->block, ck->smem, ck->scratch ? " scratch=" : "", ck->scratch);
+        if (k->kind != TF_K_VIEW && ck->src && ck->name2[0])
+            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=0\n", k->name, ck->name2, ck->grid2, ck->block2);
     }
     if (man) {
         snprintf(path, sizeof path, "%s/manifest.txt", dir);

@@ -13,7 +13,9 @@
  * (the text --dump-kernels writes), cuda/<name>.<arch>.cubin compiled by
  * NVRTC on every core, and manifest.txt: one line per kernel of the plan,
  * in launch order: "<kernel> cuda <name> grid=G block=B smem=S[ scratch=N]"
- * (scratch: bytes of zeroed device memory a split reduction takes), "<kernel>
+ * (scratch: bytes of zeroed device memory a split reduction takes; its
+ * full-space stores, when it has them, are a second line "<kernel> cuda
+ * <name>_b ...", launched after it), "<kernel>
  * library <op> cuda <name> grid=G block=B smem=S[ clear_first]" (a library
  * op's generated kernel; clear_first: its result is zeroed before the
  * launch), "<kernel> library <op>" (the runtime's cuBLASLt or host kernels)

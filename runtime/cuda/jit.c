@@ -121,6 +121,12 @@ static tf_cuda_status load_one(tf_cuda_jit_fn *f, const tf_cuda_libs *l, const u
         snprintf(err, n, "finding %s in its cubin: %s", u->k->name, why);
         return TF_CUDA_ERR_DRIVER;
     }
+    if (u->k->name2[0] &&
+        tf_cuda_check(l, l->cu.ModuleGetFunction(&f->function2, f->module, u->k->name2), "cuModuleGetFunction", __FILE__, __LINE__,
+                      why, sizeof why)) {
+        snprintf(err, n, "finding %s in its cubin: %s", u->k->name2, why);
+        return TF_CUDA_ERR_DRIVER;
+    }
     if (f->smem > STATIC_SMEM_LIMIT &&
         tf_cuda_check(l, l->cu.FuncSetAttribute(f->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)f->smem),
                       "cuFuncSetAttribute", __FILE__, __LINE__, why, sizeof why)) {
@@ -205,6 +211,8 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         f->align = k->align;
         f->rng = k->rng;
         f->scratch = k->scratch;
+        f->grid2 = k->grid2 < 1 ? 1 : k->grid2 > MAX_GRID ? MAX_GRID : k->grid2;
+        f->block2 = k->block2;
         j->nfns = u + 1;
         st = load_one(f, l, &us[u], arch, err, n);
         if (st && us[u].from_cache) {   /* a cached cubin the driver refuses: compile it again */

@@ -63,10 +63,14 @@ static uint64_t fnv1a(const char *s, size_t n)
 static bool name_is_hash(const tf_cuda_kernel *ck)
 {
     const char *at = strstr(ck->src, ck->name);
-    if (!at || strstr(at + 1, ck->name)) return false;   /* exactly once */
+    /* exactly once, or twice with a second entry point "<name>_b" */
+    const char *again = at ? strstr(at + 1, ck->name) : NULL;
+    if (!at || (again && (!ck->name2[0] || strncmp(again, ck->name2, strlen(ck->name2)) || strstr(again + 1, ck->name)))) return false;
+    if (ck->name2[0] && !again) return false;
     char *copy = strdup(ck->src);
     if (!copy) return false;
     memcpy(copy + (at - ck->src), "tf_XXXXXXXXXXXXXXXX", strlen(ck->name));
+    if (again) memcpy(copy + (again - ck->src), "tf_XXXXXXXXXXXXXXXX", strlen(ck->name));
     char want[24];
     snprintf(want, sizeof want, "tf_%016llx", (unsigned long long)fnv1a(copy, strlen(copy)));
     free(copy);
@@ -144,9 +148,15 @@ static void check_geometry(const char *label, const tf_kernel *k, const tf_cuda_
         for (int t = 0; t < k->nstores; t++) full_store |= !k->stores[t].reduced_domain;
         CHECK(ck->grid == 65536 || (int64_t)ck->grid * per_block >= outer, "%s: %s: grid %u for %lld outer indices", label, k->name,
               ck->grid, (long long)outer);
-        if (ck->shape == TF_CUDA_ROW_REDUCE && k->nreds == 1 && !full_store && red_n >= 65536 && outer < 132)
+        if (ck->shape == TF_CUDA_ROW_REDUCE && k->nreds == 1 && !(full_store && ck->rng) && red_n >= 65536 && outer < 132)
             CHECK(ck->grid >= 2 * outer && ck->scratch > 0, "%s: %s: %lld elements reduced per outer index by %u blocks for %lld",
                   label, k->name, (long long)red_n, ck->grid, (long long)outer);
+        CHECK(!ck->name2[0] == !(ck->scratch && full_store), "%s: %s: a second kernel exactly for a split reduction's full stores",
+              label, k->name);
+        if (ck->name2[0])
+            CHECK(ck->block2 >= 32 && ck->block2 <= 1024 && (ck->grid2 == 65536 || (int64_t)ck->grid2 * ck->block2 >= all) &&
+                      (int64_t)(ck->grid2 - 1) * ck->block2 < all,
+                  "%s: %s: second kernel grid %u x block %u for %lld elements", label, k->name, ck->grid2, ck->block2, (long long)all);
     }
     bool red = k->kind == TF_K_REDUCTION;
     CHECK(red == (ck->shape == TF_CUDA_ROW_REDUCE || ck->shape == TF_CUDA_COL_REDUCE), "%s: %s: shape %d", label, k->name,
