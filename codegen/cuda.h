@@ -21,6 +21,9 @@
  *                     last block of an outer index to finish (an atomic
  *                     count) folds the partials in order and stores, so the
  *                     result does not depend on the order blocks ran in;
+ *                     full-size values the region computes from the result
+ *                     are a second kernel (name2) over the whole space,
+ *                     launched after, reading the result from scratch;
  *                     the reductions in the kernel IR's order, each result
  *                     broadcast to the group before the next one reads it;
  *   TF_K_LIBRARY      with an epilogue (a gemm region): the epilogue alone,
