@@ -1978,44 +1978,27 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
     }
 }
 
+/* What the cuda and cuda-emu targets share: all but how they start and what
+ * doctor says (cuda-emu writes no cubin artifact: compile -o for it is the IR). */
+#define CUDA_SESSION_OPS                                                                     \
+    .session_create = cuda_create, .session_free = cuda_free, .run = cuda_run,               \
+    .state_read = cuda_state_read, .state_write = cuda_state_write, .step_get = cuda_step_get, \
+    .step_set = cuda_step_set, .set_profiling = cuda_set_profiling,                          \
+    .profile_count = cuda_profile_count, .profile_get = cuda_profile_get, .info = cuda_info, \
+    .op_support = cuda_op_support
+
 const tf_backend tf_backend_cuda = {
     .name = "cuda",
     .unavailable = cuda_unavailable,
-    .session_create = cuda_create,
-    .session_free = cuda_free,
-    .run = cuda_run,
-    .state_read = cuda_state_read,
-    .state_write = cuda_state_write,
-    .step_get = cuda_step_get,
-    .step_set = cuda_step_set,
-    .set_profiling = cuda_set_profiling,
-    .profile_count = cuda_profile_count,
-    .profile_get = cuda_profile_get,
-    .info = cuda_info,
     .doctor = cuda_doctor,
     .write_artifact = cuda_write_artifact,
-    .op_support = cuda_op_support,
+    CUDA_SESSION_OPS,
 };
 
 /* cuda-emu: the same session code over emu.h's stand-ins. */
-static const char *cuda_emu_unavailable(void) { return tf_cuda_emu_unavailable(); }
-
-static void cuda_emu_doctor(tf_strbuf *sb) { tf_cuda_emu_describe(sb); }
-
 const tf_backend tf_backend_cuda_emu = {
     .name = "cuda-emu",
-    .unavailable = cuda_emu_unavailable,
-    .session_create = cuda_create,
-    .session_free = cuda_free,
-    .run = cuda_run,
-    .state_read = cuda_state_read,
-    .state_write = cuda_state_write,
-    .step_get = cuda_step_get,
-    .step_set = cuda_step_set,
-    .set_profiling = cuda_set_profiling,
-    .profile_count = cuda_profile_count,
-    .profile_get = cuda_profile_get,
-    .info = cuda_info,
-    .doctor = cuda_emu_doctor,
-    .op_support = cuda_op_support,
+    .unavailable = tf_cuda_emu_unavailable,
+    .doctor = tf_cuda_emu_describe,
+    CUDA_SESSION_OPS,
 };

@@ -542,13 +542,28 @@ static int first_failure(emu_module **ms, int n)
 }
 
 /* Compile every pending module (g_mu held). */
+static int compile_modules(emu_module **todo, int n);
+
 static int compile_pending(void)
 {
-    emu_module *todo[4096];
     int n = 0;
-    for (emu_module *m = g_pending; m && n < 4096; m = m->next_pending) todo[n++] = m;
-    g_pending = NULL;
+    for (emu_module *m = g_pending; m; m = m->next_pending) n++;
     if (!n) return OK;
+    emu_module **todo = tf_malloc((size_t)n * sizeof *todo);
+    if (!todo) {   /* each stays pending, and says so when it is needed */
+        return fail(OUT_OF_MEMORY, "cuda-emu: out of host memory compiling %d kernels", n);
+    }
+    n = 0;
+    for (emu_module *m = g_pending; m; m = m->next_pending) todo[n++] = m;
+    g_pending = NULL;
+    int r = compile_modules(todo, n);
+    tf_free(todo);
+    return r;
+}
+
+/* Load todo[0..n) from the cache or compile them (g_mu held). */
+static int compile_modules(emu_module **todo, int n)
+{
     pthread_once(&g_tool_once, tool_init);
     /* from the cache, where it is there */
     int miss = 0;
