@@ -209,6 +209,9 @@ typedef struct em {
     mode md;
     sb second;                  /* a split reduction's second kernel (its full-space stores), empty when none */
     unsigned grid2, block2;
+    const char *bid, *nblocks;  /* pointwise: this block's index and the blocks sharing the work
+                                 * (blockIdx.x, gridDim.x; a multi-tensor part's own range) */
+    unsigned block;             /* pointwise: threads per block when fixed (a multi-tensor part), 0: chosen */
 } em;
 
 static bool contiguous(const tf_kernel *k, const int64_t *row, const tf_kexpr *x)
@@ -565,9 +568,9 @@ static void emit_pointwise(em *e, geom *g)
     int vec = 16 / maxb;
     int64_t n = e->numel;
     bool use_vec = k->nstores > 0 && vec >= 2 && n >= vec;
-    g->block = 256;
+    g->block = e->block ? e->block : 256;
     int64_t work = use_vec ? n / vec : n;
-    if (work < 256) g->block = (unsigned)(work < 32 ? 32 : (work + 31) / 32 * 32);
+    if (work < 256 && !e->block) g->block = (unsigned)(work < 32 ? 32 : (work + 31) / 32 * 32);
     g->grid = blocks_for(work, g->block);
     g->shape = use_vec ? TF_CUDA_POINTWISE_VEC : TF_CUDA_POINTWISE;
     g->vec = use_vec ? (unsigned)vec : 1;
@@ -578,11 +581,13 @@ static void emit_pointwise(em *e, geom *g)
     else line(s, 1, "// pointwise over %lld elements", (long long)n);
     emit_dropout_keys(e, 1);
     if (!k->nstores) return;
-    const char *stride = "(tf_idx)gridDim.x * blockDim.x";
+    char stride[64];
+    const char *bid = e->bid ? e->bid : "blockIdx.x";
+    snprintf(stride, sizeof stride, "(tf_idx)%s * blockDim.x", e->nblocks ? e->nblocks : "gridDim.x");
     int64_t start = 0;
     if (use_vec) {
         int64_t nv = n / vec;
-        line(s, 1, "for (tf_idx tc = (tf_idx)blockIdx.x * blockDim.x + threadIdx.x; tc < %lld; tc += %s) {", (long long)nv, stride);
+        line(s, 1, "for (tf_idx tc = (tf_idx)%s * blockDim.x + threadIdx.x; tc < %lld; tc += %s) {", bid, (long long)nv, stride);
         for (int i = 0; i < k->nexprs; i++) {
             if (!e->mark[i] || !e->contig[i]) continue;
             const tf_kexpr *x = &k->exprs[i];
@@ -614,8 +619,8 @@ static void emit_pointwise(em *e, geom *g)
         if (start == n) return;
         line(s, 1, "// the last %lld elements", (long long)(n - start));
     }
-    if (start) line(s, 1, "for (tf_idx i = %lld + (tf_idx)blockIdx.x * blockDim.x + threadIdx.x; i < %lld; i += %s) {", (long long)start, (long long)n, stride);
-    else line(s, 1, "for (tf_idx i = (tf_idx)blockIdx.x * blockDim.x + threadIdx.x; i < %lld; i += %s) {", (long long)n, stride);
+    if (start) line(s, 1, "for (tf_idx i = %lld + (tf_idx)%s * blockDim.x + threadIdx.x; i < %lld; i += %s) {", (long long)start, bid, (long long)n, stride);
+    else line(s, 1, "for (tf_idx i = (tf_idx)%s * blockDim.x + threadIdx.x; i < %lld; i += %s) {", bid, (long long)n, stride);
     pointwise_body(e, 2);
     line(s, 1, "}");
 }
@@ -987,42 +992,67 @@ uint64_t tf_cuda_dropout_threshold(double p)
     return (uint64_t)ceil(p * two53);   /* p * 2^53 is exact: a power-of-two scaling */
 }
 
+/* What emitting kernel k needs to know first; false when out of memory. */
+static bool em_init(em *e, const tf_kernel *k)
+{
+    memset(e, 0, sizeof *e);
+    e->k = k;
+    size_t nx = (size_t)k->nexprs + 1, nb = (size_t)k->nbufs + 1;
+    e->written = tf_calloc(nb, sizeof *e->written);
+    e->contig = tf_calloc(nx, sizeof *e->contig);
+    e->mark = tf_calloc(nx, 1);
+    if (!e->written || !e->contig || !e->mark) {
+        tf_free(e->written); tf_free(e->contig); tf_free(e->mark);
+        return false;
+    }
+    e->numel = 1;
+    for (int a = k->rank - 1; a >= 0; a--) {
+        e->row[a] = e->numel;
+        e->numel *= k->dims[a];
+    }
+    int64_t biggest = e->numel;
+    for (int b = 0; b < k->nbufs; b++) {
+        const tf_type *t = &k->bufs[b].value->type;
+        int64_t n = tf_type_numel(t);
+        if (n > biggest || n < 0) biggest = n < 0 ? INT64_MAX : n;
+        e->f16 |= t->dtype == TF_DT_F16;
+        e->bf16 |= t->dtype == TF_DT_BF16;
+    }
+    for (int t = 0; t < k->nstores; t++) e->written[k->stores[t].buf] = true;
+    for (int i = 0; i < k->nexprs; i++) {
+        const tf_kexpr *x = &k->exprs[i];
+        e->f16 |= x->dtype == TF_DT_F16;
+        e->bf16 |= x->dtype == TF_DT_BF16;
+        e->rng |= x->kind == TF_KX_OP && x->op == TF_OP_DROPOUT_MASK;
+        e->contig[i] = x->kind == TF_KX_LOAD && contiguous(k, e->row, x);
+    }
+    e->wide = biggest >= ((int64_t)1 << 30);
+    return true;
+}
+
+/* The parameter list of kernel k: one pointer per buffer, named <prefix>b<i>. */
+static void buffer_params(sb *params, const tf_kernel *k, const bool *written, const char *prefix)
+{
+    for (int b = 0; b < k->nbufs; b++)   /* __restrict__ where memplan keeps the buffer apart from every other */
+        tf_strbuf_printf(params, "%s%s%s *%s%sb%d", b || params->n ? ", " : "", written[b] ? "" : "const ",
+            storage_type(k->bufs[b].value->type.dtype), k->bufs[b].disjoint ? "__restrict__ " : "", prefix, b);
+}
+
+static void name_source(tf_cuda_kernel *out, char *src, size_t n)
+{
+    out->hash = fnv1a(src, n);
+    snprintf(out->name, sizeof out->name, "tf_%016llx", (unsigned long long)out->hash);
+    for (char *at = strstr(src, placeholder); at; at = strstr(at, placeholder)) memcpy(at, out->name, strlen(placeholder));
+    out->src = src;
+}
+
 tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
 {
     memset(out, 0, sizeof *out);
     char why[256];
     if (!tf_cuda_supports(k, why, sizeof why)) return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "cuda: %s", why);
-    em e = {.k = k};
-    size_t nx = (size_t)k->nexprs + 1, nb = (size_t)k->nbufs + 1;
-    e.written = tf_calloc(nb, sizeof *e.written);
-    e.contig = tf_calloc(nx, sizeof *e.contig);
-    e.mark = tf_calloc(nx, 1);
-    if (!e.written || !e.contig || !e.mark) {
-        tf_free(e.written); tf_free(e.contig); tf_free(e.mark);
-        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
-    }
-    e.numel = 1;
-    for (int a = k->rank - 1; a >= 0; a--) {
-        e.row[a] = e.numel;
-        e.numel *= k->dims[a];
-    }
-    int64_t biggest = e.numel;
-    for (int b = 0; b < k->nbufs; b++) {
-        const tf_type *t = &k->bufs[b].value->type;
-        int64_t n = tf_type_numel(t);
-        if (n > biggest || n < 0) biggest = n < 0 ? INT64_MAX : n;
-        e.f16 |= t->dtype == TF_DT_F16;
-        e.bf16 |= t->dtype == TF_DT_BF16;
-    }
-    for (int t = 0; t < k->nstores; t++) e.written[k->stores[t].buf] = true;
-    for (int i = 0; i < k->nexprs; i++) {
-        const tf_kexpr *x = &k->exprs[i];
-        e.f16 |= x->dtype == TF_DT_F16;
-        e.bf16 |= x->dtype == TF_DT_BF16;
-        e.rng |= x->kind == TF_KX_OP && x->op == TF_OP_DROPOUT_MASK;
-        e.contig[i] = x->kind == TF_KX_LOAD && contiguous(k, e.row, x);
-    }
-    e.wide = biggest >= ((int64_t)1 << 30);
+    em e;
+    if (!em_init(&e, k)) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
 
     /* the body first: it decides the geometry and whether vectors are used */
     geom g = {0};
@@ -1043,9 +1073,7 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     if (e.bf16) tf_strbuf_printf(&src, "%s", helpers_bf16);
     if (e.rng) tf_strbuf_printf(&src, "%s", helpers_rng);
     sb params = {0};
-    for (int b = 0; b < k->nbufs; b++)   /* __restrict__ where memplan keeps the buffer apart from every other */
-        tf_strbuf_printf(&params, "%s%s%s *%sb%d", b ? ", " : "", e.written[b] ? "" : "const ", storage_type(k->bufs[b].value->type.dtype),
-            k->bufs[b].disjoint ? "__restrict__ " : "", b);
+    buffer_params(&params, k, e.written, "");
     if (g.scratch) tf_strbuf_printf(&params, "%svoid *__restrict__ tf_scratch", k->nbufs ? ", " : "");
     if (e.rng) tf_strbuf_printf(&params, "%sconst unsigned long long *tf_rng", k->nbufs || g.scratch ? ", " : "");
     tf_strbuf_printf(&src, "\nextern \"C\" __global__ void __launch_bounds__(%u) %s(%s)\n", g.block, placeholder, params.p ? params.p : "");
@@ -1068,15 +1096,12 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
         tf_free(src.p);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
     }
-    out->hash = fnv1a(src.p, src.n);
-    snprintf(out->name, sizeof out->name, "tf_%016llx", (unsigned long long)out->hash);
-    for (char *at = strstr(src.p, placeholder); at; at = strstr(at, placeholder)) memcpy(at, out->name, strlen(placeholder));
+    name_source(out, src.p, src.n);
     if (e.grid2) {
         snprintf(out->name2, sizeof out->name2, "%.19s_b", out->name);
         out->grid2 = e.grid2;
         out->block2 = e.block2;
     }
-    out->src = src.p;
     out->shape = g.shape;
     out->grid = g.grid;
     out->block = g.block;
@@ -1097,6 +1122,111 @@ void tf_cuda_kernel_free(tf_cuda_kernel *ck)
     if (!ck) return;
     tf_free(ck->src);
     ck->src = NULL;
+}
+
+/* ---- multi-tensor launches ------------------------------------------------------------- */
+
+/* A multi-tensor launch's parameters stay within the 4 KiB every CUDA
+ * driver and architecture accepts (newer ones take 32 KiB; PyTorch's
+ * multi_tensor_apply keeps to 4 KiB as well); a region with more buffers
+ * is several launches. Every part's blocks have MULTI_BLOCK threads. */
+enum { MULTI_PARAM_BYTES = 4096, MULTI_BLOCK = 256 };
+
+static bool multi_part_ok(const tf_kernel *k)
+{
+    if (!k->multi || k->kind != TF_K_ELEMENTWISE || !k->nstores || !tf_cuda_supports(k, NULL, 0)) return false;
+    for (int i = 0; i < k->nexprs; i++)
+        if (k->exprs[i].kind == TF_KX_OP && k->exprs[i].op == TF_OP_DROPOUT_MASK) return false;
+    return true;
+}
+
+int tf_cuda_multi_span(const tf_kernel *ks, int n)
+{
+    if (n < 1 || !multi_part_ok(&ks[0])) return n < 1 ? 0 : 1;
+    int span = 1, params = ks[0].nbufs;
+    while (span < n && ks[span].region == ks[0].region && multi_part_ok(&ks[span]) &&
+           (params + ks[span].nbufs) * (int)sizeof(void *) <= MULTI_PARAM_BYTES) {
+        bool apart = true;
+        for (int q = 0; q < span && apart; q++) apart = tf_kernels_independent(&ks[q], &ks[span]);
+        if (!apart) break;
+        params += ks[span].nbufs;
+        span++;
+    }
+    return span;
+}
+
+tf_ir_status tf_cuda_emit_multi(const tf_kernel *ks, int n, tf_cuda_kernel *out, tf_diag *d)
+{
+    memset(out, 0, sizeof *out);
+    if (n < 2 || tf_cuda_multi_span(ks, n) != n)
+        return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "cuda: kernels %s.. (%d) are not one multi-tensor launch", n > 0 ? ks[0].name : "?", n);
+    sb parts = {0}, params = {0}, body = {0};
+    bool f16 = false, bf16 = false, vec = false, oom = false;
+    unsigned base = 0, align = 1;
+    for (int q = 0; q < n && !oom; q++) {
+        const tf_kernel *k = &ks[q];
+        em e;
+        if (!em_init(&e, k)) {
+            oom = true;
+            break;
+        }
+        e.bid = "tf_bid";
+        e.nblocks = "tf_nblocks";
+        e.block = MULTI_BLOCK;
+        geom g = {0};
+        emit_pointwise(&e, &g);
+        sb own = {0};
+        buffer_params(&own, k, e.written, "");
+        tf_strbuf_printf(&parts, "\n// part %d: %s\nstatic __device__ __forceinline__ void tf_part%d(%s, int tf_bid, int tf_nblocks)\n{\n"
+                         "    typedef %s tf_idx;\n%s}\n", q, k->name, q, own.p ? own.p : "", e.wide ? "long long" : "int", e.s.p ? e.s.p : "");
+        char prefix[16];
+        snprintf(prefix, sizeof prefix, "p%d", q);
+        buffer_params(&params, k, e.written, prefix);
+        tf_strbuf_printf(&body, "    if (blockIdx.x < %uu) { tf_part%d(", base + g.grid, q);
+        for (int b = 0; b < k->nbufs; b++) tf_strbuf_printf(&body, "p%db%d, ", q, b);
+        tf_strbuf_printf(&body, "(int)blockIdx.x - %u, %u); return; }\n", base, g.grid);
+        base += g.grid;
+        if (g.align > align) align = g.align;
+        f16 |= e.f16;
+        bf16 |= e.bf16;
+        vec |= e.vec;
+        oom |= own.oom || e.s.oom;
+        tf_free(own.p);
+        tf_free(e.s.p);
+        tf_free(e.written);
+        tf_free(e.contig);
+        tf_free(e.mark);
+    }
+    sb src = {0};
+    if (!oom) {
+        tf_strbuf_printf(&src, "// generated by tfuse (codegen/cuda.c) for NVRTC: a multi-tensor launch of %d kernels\n", n);
+        if (f16) tf_strbuf_printf(&src, "#include <cuda_fp16.h>\n");
+        if (bf16) tf_strbuf_printf(&src, "#include <cuda_bf16.h>\n");
+        tf_strbuf_printf(&src, "\n%s", helpers_common);
+        if (vec) tf_strbuf_printf(&src, "%s", helpers_vec);
+        if (f16) tf_strbuf_printf(&src, "%s", helpers_f16);
+        if (bf16) tf_strbuf_printf(&src, "%s", helpers_bf16);
+        tf_strbuf_printf(&src, "%s", parts.p ? parts.p : "");
+        tf_strbuf_printf(&src, "\n// each part's blocks are a range of the grid\nextern \"C\" __global__ void __launch_bounds__(%u) %s(%s)\n{\n%s}\n",
+                         MULTI_BLOCK, placeholder, params.p ? params.p : "", body.p ? body.p : "");
+    }
+    oom |= parts.oom || params.oom || body.oom || src.oom;
+    tf_free(parts.p);
+    tf_free(params.p);
+    tf_free(body.p);
+    if (oom) {
+        tf_free(src.p);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
+    }
+    name_source(out, src.p, src.n);
+    out->shape = vec ? TF_CUDA_POINTWISE_VEC : TF_CUDA_POINTWISE;
+    out->grid = base;
+    out->block = MULTI_BLOCK;
+    out->align = align;
+    out->vec = 1;
+    out->parts = n;
+    for (int q = 0; q < n; q++) out->nparams += ks[q].nbufs;
+    return TF_IR_OK;
 }
 
 /* ---- library ops' own kernels ----------------------------------------------------------- */
@@ -1707,14 +1837,23 @@ tf_ir_status tf_cuda_emit_plan(const tf_kernel_plan *p, tf_cuda_program *out, tf
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
     }
     out->nkernels = n;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, span = 1, in_span = 0; i < n; i++) {
         const tf_kernel *k = &p->kernels[i];
+        if (in_span > 0) {   /* a later part of a multi-tensor launch */
+            snprintf(out->why[i], sizeof out->why[i], "kernel %.50s: part %d of %.50s's multi-tensor launch", k->name, span - in_span,
+                     p->kernels[i - (span - in_span)].name);
+            snprintf(out->lib_why[i], sizeof out->lib_why[i], "kernel %s: not a library op", k->name);
+            in_span--;
+            continue;
+        }
+        span = tf_cuda_multi_span(k, n - i);
+        in_span = span - 1;
         for (int part = 0; part < 2; part++) {   /* the library op's own kernel, then the kernel (or epilogue) */
             tf_cuda_kernel *ck = part ? &out->kernels[i] : &out->library[i];
             if (part ? !tf_cuda_supports(k, out->why[i], sizeof out->why[i])
                      : !tf_cuda_library_supports(k, out->lib_why[i], sizeof out->lib_why[i]))
                 continue;
-            tf_ir_status st = part ? tf_cuda_emit(k, ck, d) : tf_cuda_emit_library(k, ck, d);
+            tf_ir_status st = part ? span > 1 ? tf_cuda_emit_multi(k, span, ck, d) : tf_cuda_emit(k, ck, d) : tf_cuda_emit_library(k, ck, d);
             if (st) {
                 tf_cuda_program_free(out);
                 return st;
@@ -1746,16 +1885,17 @@ void tf_cuda_program_free(tf_cuda_program *prog)
     memset(prog, 0, sizeof *prog);
 }
 
-char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel *ck)
+static int64_t numel_space(const tf_kernel *k)
 {
-    static const char *shapes[] = {"pointwise", "pointwise, 16-byte vectors", "row reduction", "column reduction"};
-    sb s = {0};
-    tf_strbuf_printf(&s, "// tfuse kernel %s", k->name);
-    if (m && k->region > 0 && k->region <= m->nregions) tf_strbuf_printf(&s, " (region %s)", m->regions[k->region - 1].name);
-    if (ck->library && k->lib) tf_strbuf_printf(&s, ": the library op %s -> %s", tf_op_info_of(k->lib->op)->name, k->lib->out->name ? k->lib->out->name : "?");
-    else if (ck->epilogue && k->lib) tf_strbuf_printf(&s, ": the epilogue of %s -> %s", tf_op_info_of(k->lib->op)->name, k->lib->out->name ? k->lib->out->name : "?");
-    tf_strbuf_printf(&s, "\n// %s; entry %s; grid %u x block %u, %u bytes of dynamic shared memory; buffers %u-byte aligned\n",
-        shapes[ck->shape], ck->name, ck->grid, ck->block, ck->smem, ck->align);
+    int64_t n = 1;
+    for (int a = 0; a < k->rank; a++) n *= k->dims[a];
+    return n;
+}
+
+/* The parameters of a kernel's buffers (a library kernel's: its result and
+ * operands) with their values, names prefixed (a multi-tensor part's). */
+static void dump_params(sb *s, const tf_kernel *k, const tf_cuda_kernel *ck, const char *prefix)
+{
     char dims[256];
     int np = ck->library ? 1 + (k->lib ? k->lib->nin : 0) : k->nbufs;
     for (int b = 0, p = 0; b < np; b++) {
@@ -1768,8 +1908,31 @@ char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel 
             at += (size_t)snprintf(dims + at, sizeof dims - at, "%s%lld", a ? ", " : "", (long long)t->dims[a].n);
         bool stored = ck->library && b == 0;
         for (int j = 0; !ck->library && j < k->nstores; j++) stored |= k->stores[j].buf == b;
-        tf_strbuf_printf(&s, "//   b%d = %s : %s[%s]%s\n", p++, v->name ? v->name : "?", tf_dtype_name(t->dtype), dims,
+        tf_strbuf_printf(s, "//   %sb%d = %s : %s[%s]%s\n", prefix, p++, v->name ? v->name : "?", tf_dtype_name(t->dtype), dims,
             stored ? " (written)" : "");
+    }
+}
+
+char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel *ck)
+{
+    static const char *shapes[] = {"pointwise", "pointwise, 16-byte vectors", "row reduction", "column reduction"};
+    sb s = {0};
+    tf_strbuf_printf(&s, "// tfuse kernel %s", k->name);
+    if (m && k->region > 0 && k->region <= m->nregions) tf_strbuf_printf(&s, " (region %s)", m->regions[k->region - 1].name);
+    if (ck->library && k->lib) tf_strbuf_printf(&s, ": the library op %s -> %s", tf_op_info_of(k->lib->op)->name, k->lib->out->name ? k->lib->out->name : "?");
+    else if (ck->epilogue && k->lib) tf_strbuf_printf(&s, ": the epilogue of %s -> %s", tf_op_info_of(k->lib->op)->name, k->lib->out->name ? k->lib->out->name : "?");
+    for (int q = 1; q < ck->parts; q++) tf_strbuf_printf(&s, "%s%s", q == 1 ? ", in one multi-tensor launch with " : ", ", k[q].name);
+    tf_strbuf_printf(&s, "\n// %s; entry %s; grid %u x block %u, %u bytes of dynamic shared memory; buffers %u-byte aligned\n",
+        shapes[ck->shape], ck->name, ck->grid, ck->block, ck->smem, ck->align);
+    if (ck->parts > 1) {
+        for (int q = 0; q < ck->parts; q++) {
+            char prefix[16];
+            snprintf(prefix, sizeof prefix, "p%d", q);
+            tf_strbuf_printf(&s, "// part %d: kernel %s over %lld elements\n", q, k[q].name, (long long)numel_space(&k[q]));
+            dump_params(&s, &k[q], ck, prefix);
+        }
+    } else {
+        dump_params(&s, k, ck, "");
     }
     if (ck->rng) tf_strbuf_printf(&s, "//   tf_rng = {seed, step} (device memory)\n");
     if (ck->err) tf_strbuf_printf(&s, "//   tf_err = 1 + the position of an id out of range, else 0 (device memory)\n");

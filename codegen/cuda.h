@@ -160,6 +160,9 @@ typedef struct tf_cuda_kernel {
     bool clear_first;      /* library: zero the result's bytes before every launch (atomicAdd into it) */
     bool err;              /* library: last parameter unsigned long long *tf_err, zero before the
                             * launch; nonzero after it: 1 + the position of an id out of range */
+    int parts;             /* > 1: a multi-tensor launch (tf_cuda_emit_multi) of this many
+                            * consecutive kernels; parameters: the first's buffers, then the
+                            * second's, ... (nparams in all) */
 } tf_cuda_kernel;
 
 /* Whether tf_cuda_emit emits k; when not, why (into why, if given). */
@@ -173,6 +176,21 @@ bool tf_cuda_lowers(int op, char *why, size_t n);
  * TF_IR_ERR_OOM when out of memory. */
 tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d);
 void tf_cuda_kernel_free(tf_cuda_kernel *ck);
+
+/* Multi-tensor launches. How many of ks[0..n) from the first go into one
+ * launch: the consecutive parts of one multi-tensor region (k->multi: an
+ * optimizer's update chains, one kernel each) that tf_cuda_emit emits, draw
+ * no dropout, are independent of each other (tf_kernels_independent) and
+ * whose buffers fit 4 KiB of parameters; 1 when ks[0] is not such a part
+ * or stands alone; 0 when n < 1. */
+int tf_cuda_multi_span(const tf_kernel *ks, int n);
+/* One kernel running ks[0..n), a whole multi span (n >= 2), in one launch:
+ * each part a grid-stride loop as tf_cuda_emit makes it (vectors where
+ * they apply, blocks of 256 threads) over its own range of blocks, sized to
+ * its elements; parameters every part's buffers in turn (the first's, the
+ * second's, ...), typed as tf_cuda_emit types them; grid the sum of the
+ * parts'. TF_IR_ERR_RUNTIME when ks[0..n) is not one span. */
+tf_ir_status tf_cuda_emit_multi(const tf_kernel *ks, int n, tf_cuda_kernel *out, tf_diag *d);
 
 /* Whether tf_cuda_emit_library emits a kernel for k's library op (a
  * TF_K_LIBRARY kernel whose op is one of those above, with the operands

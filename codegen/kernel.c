@@ -463,6 +463,26 @@ static bool overlap(const tf_value *a, const tf_value *b)
     return a->offset < eb && b->offset < ea;
 }
 
+int tf_kernels_count(const tf_kernel_plan *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->nkernels; i++) {
+        const tf_kernel *k = &p->kernels[i];
+        if (k->kind == TF_K_VIEW) continue;
+        if (k->multi && i > 0 && p->kernels[i - 1].multi && p->kernels[i - 1].region == k->region) continue;
+        n++;
+    }
+    return n;
+}
+
+bool tf_kernels_independent(const tf_kernel *a, const tf_kernel *b)
+{
+    for (int i = 0; i < a->nbufs; i++)
+        for (int j = 0; j < b->nbufs; j++)
+            if ((a->bufs[i].written || b->bufs[j].written) && overlap(a->bufs[i].value, b->bufs[j].value)) return false;
+    return true;
+}
+
 int tf_kernel_split_axis(const tf_kernel *k)
 {
     if (k->kind == TF_K_VIEW) return -1;
@@ -503,7 +523,10 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
                    tf_type_same_shape(&((tf_node *)m->nodes.items[j])->out->type, &n->out->type))
                 j++;
         }
+        int first = out->nkernels;
         st = build_unit(m, out, &cap, expr_of, place_of, i, j, d);
+        for (int q = first; !st && q < out->nkernels; q++)
+            out->kernels[q].multi = out->kernels[q].kind == TF_K_ELEMENTWISE && n->region && m->regions[n->region - 1].kind == TF_REGION_MULTI;
         i = j;
     }
     for (int i = 0; !st && i < out->nkernels; i++) {
@@ -540,7 +563,11 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
 {
     static const char *kinds[] = {"elementwise", "reduction", "library", "view"};
     sb s = {0};
-    tf_strbuf_printf(&s, "# %d kernels\n", p->nkernels);
+    int views = 0, n = tf_kernels_count(p);
+    for (int i = 0; i < p->nkernels; i++) views += p->kernels[i].kind == TF_K_VIEW;
+    if (n == p->nkernels) tf_strbuf_printf(&s, "# %d kernels\n", n);
+    else tf_strbuf_printf(&s, "# %d kernels (%d entries below: %d view%s, no work%s)\n", n, p->nkernels, views, views == 1 ? "" : "s",
+                          p->nkernels - views > n ? "; a multi-tensor region's update chains, one entry each, are one kernel" : "");
     for (int i = 0; i < p->nkernels; i++) {
         const tf_kernel *k = &p->kernels[i];
         tf_strbuf_printf(&s, "\nkernel %s %s", k->name, kinds[k->kind]);

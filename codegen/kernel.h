@@ -89,6 +89,9 @@ typedef struct tf_kernel {
     unsigned reduce_mask;  /* TF_K_REDUCTION */
     const tf_node *lib;    /* TF_K_LIBRARY / TF_K_VIEW: the op */
     int region;            /* the region it comes from, 0 for a lone op */
+    bool multi;            /* an elementwise part of a multi-tensor region (one per update
+                            * chain); the cuda target launches consecutive independent
+                            * parts as one kernel (tf_cuda_multi_span) */
     tf_kbuf *bufs; int nbufs;
     tf_kexpr *exprs; int nexprs;
     tf_kreduce *reds; int nreds;
@@ -109,6 +112,15 @@ void tf_kernels_free(tf_kernel_plan *p);
  * axis of a reduction; the first with at least 16 iterations, else the
  * longest; -1 when there is none (rank 0, or a reduction over every axis). */
 int tf_kernel_split_axis(const tf_kernel *k);
+
+/* The program's kernels, as compile --stats, bench and --dump-kernels
+ * count them: one per region (a multi-tensor region is one, however many
+ * update chains it has), one per op outside a region, none for a view. */
+int tf_kernels_count(const tf_kernel_plan *p);
+
+/* Whether two kernels may run at once: neither writes memory the other
+ * reads or writes (values, their views, and memplan's arena placement). */
+bool tf_kernels_independent(const tf_kernel *a, const tf_kernel *b);
 
 /* The reductions a kernel can hold (sum, mean, max): the ones both code
  * generators fold in their reduction loops. */

@@ -336,7 +336,7 @@ tf_status tf_session_set_step(tf_session_t *s, uint64_t step);
  * not have are 0 or NULL. */
 typedef struct tf_session_info {
     const char *target;
-    int threads, kernels, jit_compiled, jit_cached, fallbacks;
+    int threads, kernels, jit_compiled, jit_cached, fallbacks;   /* kernels: as compile --stats counts them */
     double jit_ms;
     const char *library;
     /* cuda: how a step runs: "graph" (captured as one CUDA graph on its first
@@ -348,8 +348,13 @@ typedef struct tf_session_info {
 tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
 
 /* Per-kernel wall time over the runs since profiling was switched on (which
- * also clears it); targets without kernels (interp) report none. `how` says
- * what runs the kernel: "jit", "gemm", "conv", "view", "fallback", ... */
+ * also clears it); targets without kernels (interp) report none. One entry
+ * per entry of the kernel IR (--dump-kernels), in its order: views and each
+ * update chain of a multi-tensor region included, so there are as many as
+ * tf_session_info.kernels or more. `how` says what runs the kernel: "jit",
+ * "gemm", "conv", "view", "fallback", ...; on the cuda target "multi" for an
+ * update chain that runs in the multi-tensor launch of the entry before it
+ * (whose time is the whole launch's). */
 typedef struct tf_kernel_profile {
     const char *name, *how;
     double total_ms;

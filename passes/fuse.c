@@ -385,6 +385,52 @@ static bool merge_updates(fz *f)
     return true;
 }
 
+/* A multi-tensor region's members (n of them, in program order) reordered
+ * so that each update chain (the members connected through values the
+ * region computes) is one run: the kernel IR then has one kernel per chain
+ * (kernel.c), and no chain's kernel reads what another's writes, which lets
+ * the cuda target launch them all at once. Chains keep the order of their
+ * first members, members their program order; a chain reads nothing
+ * another chain computes, so the order stays topological. false when out of
+ * memory. */
+static bool chains_together(fz *f, const int *unit_of, int *mem, int n)
+{
+    int D = f->m->decls.n;
+    int *root = tf_malloc((size_t)n * sizeof *root), *pos = tf_malloc((size_t)f->n * sizeof *pos), *tmp = tf_malloc((size_t)n * sizeof *tmp);
+    if (!root || !pos || !tmp) {
+        tf_free(root), tf_free(pos), tf_free(tmp);
+        return false;
+    }
+    for (int p = 0; p < n; p++) {
+        root[p] = p;
+        pos[mem[p]] = p;
+    }
+    for (int p = 0; p < n; p++) {
+        const tf_node *nd = f->nodes[mem[p]];
+        for (int k = 0; k < nd->nin; k++) {
+            tf_value *v = nd->in[k];
+            if (v->kind != TF_VAL_NODE || unit_of[index_of(v->def) - D] != unit_of[mem[p]]) continue;
+            int a = p, b = pos[index_of(v->def) - D];
+            while (root[a] != a) a = root[a];
+            while (root[b] != b) b = root[b];
+            if (a != b) root[a > b ? a : b] = a < b ? a : b;   /* the root is the chain's first member */
+        }
+    }
+    for (int p = 0; p < n; p++) {   /* flatten: every member names its chain's first */
+        int a = p;
+        while (root[a] != a) a = root[a];
+        root[p] = a;
+    }
+    int no = 0;
+    for (int c = 0; c < n; c++)
+        if (root[c] == c)
+            for (int p = c; p < n; p++)
+                if (root[p] == c) tmp[no++] = mem[p];
+    memcpy(mem, tmp, (size_t)n * sizeof *mem);
+    tf_free(root), tf_free(pos), tf_free(tmp);
+    return true;
+}
+
 /* Order nodes so each region is contiguous: Kahn's algorithm over regions
  * (and lone nodes), taking the ready unit with the earliest first node. */
 static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
@@ -402,6 +448,14 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
     for (int u = 0; u < nunits; u++) start[u + 1] += start[u];
     int *fill = indeg;   /* reuse as cursor, reset below */
     for (int i = 0; i < f->n; i++) members[start[unit_of[i]] + fill[unit_of[i]]++] = i;
+    for (int u = 0; u < nunits; u++) {
+        const tf_node *first = f->nodes[members[start[u]]];
+        if (start[u + 1] - start[u] > 2 && first->region && f->m->regions[first->region - 1].kind == TF_REGION_MULTI &&
+            !chains_together(f, unit_of, members + start[u], start[u + 1] - start[u])) {
+            tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
+            return TF_IR_ERR_OOM;
+        }
+    }
     memset(indeg, 0, (size_t)nunits * sizeof *indeg);
     for (int i = 0; i < f->n; i++)
         for (int k = 0; k < f->nodes[i]->nin; k++) {

@@ -350,6 +350,9 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     /* the kernel plan, once: every session and artifact of the program runs it */
     if (tf_kernels_build(p->m, &p->plan, &p->plan_diag) == TF_IR_OK) p->has_plan = true;
     else if (p->target != TF_TARGET_INTERP || p->plan_diag.status == TF_IR_ERR_OOM) st = tf_from_diag(ctx, &p->plan_diag);
+    for (int i = 0; p->has_plan && i < p->nstats; i++) {   /* the plan's count, which bench and --dump-kernels report */
+        if (!strcmp(p->stats[i].name, "kernels")) p->stats[i].value = tf_kernels_count(&p->plan);
+    }
     if (!st && opts->dump_kernels) st = dump_kernels(ctx, p, opts->dump_kernels);
     if (!st && opts->dump_llvm) {   /* the cpu target's code: its LLVM IR */
         const tf_backend *cpu = tf_backend_for(TF_TARGET_CPU);

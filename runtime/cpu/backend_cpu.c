@@ -876,7 +876,7 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
 {
     cpu *c = s->impl;
     out->threads = tf_pool_threads(c->pool);
-    out->kernels = c->plan->nkernels;
+    out->kernels = tf_kernels_count(c->plan);
     out->jit_compiled = c->jit_compiled;
     out->jit_cached = c->jit_cached;
     out->jit_ms = c->jit_ms;

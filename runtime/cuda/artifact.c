@@ -98,7 +98,12 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         else if (k->lib && k->kind != TF_K_VIEW)
             at += (size_t)snprintf(man + at, cap - at, "%s library %s\n", k->name, tf_op_info_of(k->lib->op)->name);
         if (k->kind == TF_K_VIEW) at += (size_t)snprintf(man + at, cap - at, "%s view\n", k->name);
-        else if (ck->src)
+        else if (ck->src && ck->parts > 1) {   /* a multi-tensor launch: its later parts run in it */
+            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u parts=%d\n", k->name, ck->name, ck->grid,
+                                   ck->block, ck->smem, ck->parts);
+            for (int q = 1; q < ck->parts && i + 1 < plan->nkernels; q++)
+                at += (size_t)snprintf(man + at, cap - at, "%s in %s\n", plan->kernels[++i].name, k->name);
+        } else if (ck->src)
             at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u%s%.0u\n", k->name, ck->name, ck->grid,
                                    ck->block, ck->smem, ck->scratch ? " scratch=" : "", ck->scratch);
         if (k->kind != TF_K_VIEW && ck->src && ck->name2[0])

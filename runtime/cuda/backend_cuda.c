@@ -148,8 +148,9 @@ typedef enum how {
     RUN_FALLBACK,       /* the whole kernel on the host */
     RUN_NOTHING,
     RUN_CONV,           /* cuDNN (conv2d and its gradients), then the region's epilogue if any */
+    RUN_IN_MULTI,       /* a part of an earlier kernel's multi-tensor launch: runs in it */
 } how;
-static const char *const how_names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-", "conv"};
+static const char *const how_names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-", "conv", "multi"};
 
 typedef struct gemm_call {
     tf_gemm g;
@@ -179,6 +180,7 @@ typedef struct gkernel {
     bool err_read;              /* the word is read after the kernels: the API did not check the ids */
     const char *label;          /* RUN_LIBKERNEL: what runs it, in profiles (pool, gather, ...) */
     char why[480];              /* RUN_*FALLBACK: why the GPU does not run it */
+    int parts;                  /* > 1: its code is a multi-tensor launch of this kernel and the next parts - 1 */
     int64_t work;               /* elements of the index space */
     double ms;                  /* profile: total, over `calls` runs */
     int64_t calls;
@@ -1186,6 +1188,28 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             snprintf(gk->why, sizeof gk->why, "--cuda-fallback=all");
             continue;
         }
+        int span = tf_cuda_multi_span(k, nk - i);   /* an optimizer's update chains: one launch */
+        if (span > 1) {
+            tf_diag d = {0};
+            if (tf_cuda_emit_multi(k, span, &jobs[njobs].kernel, &d)) {
+                st = tf_from_diag(s->ctx, &d);
+                break;
+            }
+            jobs[njobs++].owner = i;
+            gk->how = RUN_JIT;
+            gk->parts = span;
+            for (int q = 1; q < span; q++) {
+                gkernel *part = &c->ks[i + q];
+                part->k = &c->plan->kernels[i + q];
+                part->fn = part->lfn = part->err_slot = -1;
+                part->how = RUN_IN_MULTI;
+                part->work = 1;
+                for (int a = 0; a < part->k->rank; a++) part->work *= part->k->dims[a];
+                snprintf(part->why, sizeof part->why, "runs in %s's multi-tensor launch", k->name);
+            }
+            i += span - 1;
+            continue;
+        }
         /* a matmul first: cuBLASLt may take over its region's bias (and ReLU) */
         const tf_kernel *ek = k;   /* the code to emit: the kernel, or what its GEMM leaves of it */
         bool gemm_done = false, oom_hit = false;
@@ -1267,18 +1291,21 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         if (gk->fn < 0) continue;
         const tf_kernel *k = gk->k;
         const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
-        gk->dptr = tf_calloc((size_t)k->nbufs + 2, sizeof *gk->dptr);
-        gk->args = tf_calloc((size_t)k->nbufs + 2, sizeof *gk->args);
+        int nparts = gk->parts > 1 ? gk->parts : 1, nb = 0;   /* a multi-tensor launch: every part's buffers in turn */
+        for (int q = 0; q < nparts; q++) nb += k[q].nbufs;
+        gk->dptr = tf_calloc((size_t)nb + 2, sizeof *gk->dptr);
+        gk->args = tf_calloc((size_t)nb + 2, sizeof *gk->args);
         if (!gk->dptr || !gk->args) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-        for (int b = 0; b < k->nbufs; b++) {
-            gk->dptr[b] = dev_of(c, k->bufs[b].value);
-            gk->args[b] = &gk->dptr[b];
-            if (!gk->dptr[b] || (f->align > 1 && gk->dptr[b] % f->align))
-                return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: kernel %s: buffer %d (%s) is %s", k->name, b,
-                                    k->bufs[b].value->name ? k->bufs[b].value->name : "?",
-                                    gk->dptr[b] ? "not aligned as its vector loads need" : "not placed in device memory");
-        }
-        int at = k->nbufs;
+        int at = 0;
+        for (int q = 0; q < nparts; q++)
+            for (int b = 0; b < k[q].nbufs; b++, at++) {
+                gk->dptr[at] = dev_of(c, k[q].bufs[b].value);
+                gk->args[at] = &gk->dptr[at];
+                if (!gk->dptr[at] || (f->align > 1 && gk->dptr[at] % f->align))
+                    return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: kernel %s: buffer %d (%s) is %s", k[q].name, b,
+                                        k[q].bufs[b].value->name ? k[q].bufs[b].value->name : "?",
+                                        gk->dptr[at] ? "not aligned as its vector loads need" : "not placed in device memory");
+            }
         if (f->scratch) {   /* a split reduction's partials and counters: zeroed once, left zeroed by each launch */
             CU_DO("allocating a reduction's scratch", MemAlloc(&gk->scratch, f->scratch));
             CU_DO("clearing a reduction's scratch", MemsetD8Async(gk->scratch, 0, f->scratch, c->stream));
@@ -1389,7 +1416,8 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
     const tf_kernel *k = gk->k;
     tf_status st = TF_OK;
     switch (gk->how) {
-    case RUN_NOTHING: return TF_OK;
+    case RUN_NOTHING:
+    case RUN_IN_MULTI: return TF_OK;
     case RUN_VIEW: {
         const tf_value *src = k->lib->in[0], *dst = k->lib->out;
         if (!dev_of(c, dst)) return TF_OK;   /* nothing reads it */
@@ -1845,11 +1873,26 @@ static tf_status cuda_create(tf_session_t *s)
         char dnn[64];
         snprintf(dnn, sizeof dnn, "cuDNN %zu.%zu.%zu", c->libs.cudnn_version / 10000, c->libs.cudnn_version / 100 % 100,
                  c->libs.cudnn_version % 100);
-        fprintf(stderr, "cuda: %s (%s), %d kernels: %d compiled, %d from the cache (%.0f ms); GEMMs: %s; convolutions: %s\n", c->gpu,
-                c->arch, c->plan->nkernels, c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why,
-                c->dnn_ok ? dnn : c->dnn_why);
+        int launches = 0;   /* per step: generated kernels and library calls */
+        for (int i = 0; i < c->plan->nkernels; i++) {
+            const gkernel *gk = &c->ks[i];
+            if (gk->fn >= 0) launches += 1 + (c->jit.fns[gk->fn].function2 != NULL);
+            launches += gk->lfn >= 0;
+            launches += gk->how == RUN_GEMM ? (int)gk->mm->calls : gk->how == RUN_CONV;
+        }
+        fprintf(stderr, "cuda: %s (%s), %d kernels, %d launches a step (generated kernels and library calls); code: %d compiled, "
+                "%d from the cache (%.0f ms); GEMMs: %s; convolutions: %s\n", c->gpu, c->arch, tf_kernels_count(c->plan), launches,
+                c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why, c->dnn_ok ? dnn : c->dnn_why);
         explain_convs(c);
         explain_gemms(c);
+        for (int i = 0; i < c->plan->nkernels; i++) {
+            const gkernel *gk = &c->ks[i];
+            if (gk->parts < 2 || gk->fn < 0) continue;
+            fprintf(stderr, "cuda: kernel %s: one multi-tensor launch of %d update chains (grid %u x %u), with", gk->k->name, gk->parts,
+                    c->jit.fns[gk->fn].grid, c->jit.fns[gk->fn].block);
+            for (int q = 1; q < gk->parts; q++) fprintf(stderr, "%s %s", q > 1 ? "," : "", gk->k[q].name);
+            fprintf(stderr, "\n");
+        }
         for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_GEMM) fprintf(stderr, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
         for (int i = 0; i < c->plan->nkernels; i++)
@@ -1888,7 +1931,7 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
 {
     cuda_session *c = s->impl;
     out->threads = 1;
-    out->kernels = c->plan->nkernels;
+    out->kernels = tf_kernels_count(c->plan);
     out->jit_compiled = c->jit.compiled;
     out->jit_cached = c->jit.cached;
     out->jit_ms = c->jit_ms;

@@ -19,6 +19,23 @@ check() {   # check LABEL -- tfuse bench ARGS...
   elif ! grep -q 'each step runs as one CUDA graph' <<<"$out"; then
     bad "$label: not one CUDA graph: $(grep -E 'launched kernel by kernel' <<<"$out")"
   else ok; fi
+  # kernels are counted one way: bench, compile --stats and kernels.txt agree
+  local dir; dir=$(mktemp -d)
+  local stats; stats=$("$tfuse" compile "$@" --target=cuda-emu --stats --dump-kernels="$dir" 2>&1)
+  local kb ks kd multi parts=0
+  kb=$(sed -n 's/^kernels: //p' <<<"$out") ks=$(sed -n 's/^kernels: //p' <<<"$stats")
+  kd=$(sed -n '1s/^# \([0-9]*\) kernels.*/\1/p' "$dir/kernels.txt" 2>/dev/null)
+  if [ -n "$kb" ] && [ "$kb" = "$ks" ] && [ "$kb" = "$kd" ]; then ok; else bad "$label: kernels: bench $kb, --stats $ks, kernels.txt $kd"; fi
+  # an optimizer's update chains (kernels.txt: one entry each) run as one multi-tensor launch
+  multi=$("$tfuse" compile "$@" --explain 2>&1 | sed -n 's/.*: \(fuse\.[0-9]*\) (multi):.*/\1/p' | head -n 1)
+  [ -n "$multi" ] && parts=$(grep -c "(region $multi)" "$dir/kernels.txt")
+  rm -rf "$dir"
+  if [ "$parts" -ge 2 ]; then   # one launch, or a few when the buffers pass 4 KiB of parameters
+    local launched
+    launched=$(grep 'one multi-tensor launch of' <<<"$out" | sort -u | awk '{ for (i = 1; i < NF; i++) if ($i == "of") n += $(i + 1) } END { print n + 0 }')
+    if [ "${launched:-0}" -eq "$parts" ]; then ok
+    else bad "$label: $multi's $parts update chains, ${launched:-0} in multi-tensor launches"; fi
+  fi
 }
 for f in "$src"/examples/*.ir; do
   for mode in train infer; do check "$(basename "$f") $mode" -- "$f" --mode=$mode; done

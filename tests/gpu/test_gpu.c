@@ -525,17 +525,20 @@ static void contract(void)
     tf_session_set_profiling(q.dev, 1);
     if (pair_step(&q, "contract")) {
         size_t n = tf_session_profile_count(q.dev);
-        CHECK(n == (size_t)info.kernels, "a profile entry per kernel (%zu of %d)", n, info.kernels);
-        int ok = 0, fallbacks = 0, gemms = 0;
+        int ok = 0, fallbacks = 0, gemms = 0, working = 0;
         for (size_t i = 0; i < n; i++) {
             tf_kernel_profile kp;
             if (tf_session_profile(q.dev, i, &kp)) continue;
             ok += kp.calls == 1 && kp.total_ms >= 0 && kp.name && kp.how;
+            working += strcmp(kp.how, "view") && strcmp(kp.how, "multi");
             fallbacks += !strcmp(kp.how, "fallback");
             gemms += !strcmp(kp.how, "gemm");
             if (!g_fake) printf("  profile: %-28s %-9s %8.3f ms %lld elements\n", kp.name, kp.how, kp.total_ms, (long long)kp.elements);
         }
         CHECK(ok == (int)n, "every profile entry ran once (%d of %zu)", ok, n);
+        /* on the host every update chain is its own kernel; on the GPU they are one launch */
+        CHECK(g_fake ? working >= info.kernels : working == info.kernels, "the profile's kernels doing work are the kernels info counts (%d, %d)",
+              working, info.kernels);
         CHECK(fallbacks == info.fallbacks, "profiles name the fallbacks info counts (%d, %d)", fallbacks, info.fallbacks);
         if (!g_fake) CHECK(gemms > 0, "the matmuls run on cuBLASLt (%d gemm kernels; TFUSE_CUDA_EXPLAIN=1 says why not)", gemms);
         pair_compare(&q, "contract, second step", true, state_tol(), 0);

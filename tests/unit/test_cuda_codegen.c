@@ -231,6 +231,74 @@ static void check_library(const char *label, const tf_module *m, const tf_kernel
     remember(label, lc);
 }
 
+/* Multi-tensor launches seen: launches, and the parts they ran. */
+static int g_multi, g_multi_parts;
+
+/* A multi-tensor launch of ks[0..ck->parts): one kernel whose blocks are
+ * each part's own range, sized to the part's elements as tf_cuda_emit
+ * would size the part alone with blocks of 256 threads; every part's
+ * buffers as parameters; the later parts not emitted on their own. */
+static void check_multi(const char *label, const tf_module *m, const tf_kernel *ks, int avail, const tf_cuda_program *prog, int i)
+{
+    const tf_cuda_kernel *ck = &prog->kernels[i];
+    int n = ck->parts;
+    CHECK(n >= 2 && n <= avail && tf_cuda_multi_span(ks, avail) == n, "%s: %s: a multi-tensor launch of %d parts", label, ks[0].name, n);
+    if (n < 2 || n > avail) return;
+    unsigned grid = 0;
+    int params = 0;
+    bool vec = false;
+    for (int q = 0; q < n; q++) {
+        const tf_kernel *k = &ks[q];
+        CHECK(k->multi && k->kind == TF_K_ELEMENTWISE && k->region == ks[0].region, "%s: %s: part %d is a multi region's part", label,
+              k->name, q);
+        for (int r = 0; r < q; r++) CHECK(tf_kernels_independent(&ks[r], k), "%s: %s and %s share memory", label, ks[r].name, k->name);
+        tf_cuda_kernel alone;
+        tf_diag d = {0};
+        if (tf_cuda_emit(k, &alone, &d)) {
+            CHECK(0, "%s: %s: the part alone: %s", label, k->name, d.msg);
+            continue;
+        }
+        int64_t all = 1;
+        for (int a = 0; a < k->rank; a++) all *= k->dims[a];
+        int64_t items = alone.shape == TF_CUDA_POINTWISE_VEC ? all / alone.vec : all, g = (items + 255) / 256;
+        grid += (unsigned)(g < 1 ? 1 : g > 65536 ? 65536 : g);
+        vec |= alone.shape == TF_CUDA_POINTWISE_VEC;
+        CHECK(!alone.rng, "%s: %s: no dropout in a multi-tensor part", label, k->name);
+        tf_cuda_kernel_free(&alone);
+        params += k->nbufs;
+        char part[32];
+        snprintf(part, sizeof part, "tf_part%d(", q);
+        CHECK(strstr(ck->src, part) != NULL, "%s: %s: the launch runs part %d", label, ks[0].name, q);
+        if (q) {
+            const tf_cuda_kernel *later = &prog->kernels[i + q];
+            CHECK(!later->src && strstr(prog->why[i + q], "multi-tensor launch") && strstr(prog->why[i + q], ks[0].name),
+                  "%s: %s: not emitted alone, it runs in %s's launch (%s)", label, k->name, ks[0].name, prog->why[i + q]);
+        }
+    }
+    CHECK(ck->grid == grid && ck->block == 256, "%s: %s: grid %u x block %u, the parts need %u blocks of 256", label, ks[0].name, ck->grid,
+          ck->block, grid);
+    CHECK(ck->nparams == params && params * 8 <= 4096, "%s: %s: %d parameters for %d buffers", label, ks[0].name, ck->nparams, params);
+    CHECK(ck->shape == (vec ? TF_CUDA_POINTWISE_VEC : TF_CUDA_POINTWISE) && !ck->rng && !ck->scratch && !ck->smem && ck->align <= 16,
+          "%s: %s: a multi-tensor launch's flags", label, ks[0].name);
+    CHECK(name_is_hash(ck), "%s: %s: name %s is the hash of its source", label, ks[0].name, ck->name);
+    tf_cuda_kernel again;
+    tf_diag d = {0};
+    if (!tf_cuda_emit_multi(ks, n, &again, &d)) {
+        CHECK(strcmp(again.src, ck->src) == 0, "%s: %s: emitting the launch twice gives the same text", label, ks[0].name);
+        tf_cuda_kernel_free(&again);
+    } else {
+        CHECK(0, "%s: %s: second multi emit: %s", label, ks[0].name, d.msg);
+    }
+    CHECK(tf_cuda_emit_multi(ks, 1, &again, &d) == TF_IR_ERR_RUNTIME && !again.src, "%s: one part is no multi-tensor launch", label);
+    char *dump = tf_cuda_dump(m, ks, ck);
+    bool names = dump != NULL;
+    for (int q = 0; names && q < n; q++) names = strstr(dump, ks[q].name) != NULL;
+    CHECK(names && strstr(dump, ck->src) && strstr(dump, "p1b0 = "), "%s: %s: tf_cuda_dump names every part", label, ks[0].name);
+    tf_free(dump);
+    g_multi++;
+    g_multi_parts += n;
+}
+
 static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_ir_precision prec, const tf_dim_set *dims, int nd)
 {
     tf_kernel_plan plan = {0};
@@ -244,12 +312,26 @@ static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_
         tf_module_free(m);
         return;
     }
-    int want = 0, before = g_nuniq;
+    int want = 0, before = g_nuniq, multi_parts = 0, multi_bufs = 0, multi_launches = 0;
+    for (int i = 0; i < plan.nkernels; i++) {
+        multi_parts += plan.kernels[i].multi;
+        multi_bufs += plan.kernels[i].multi ? plan.kernels[i].nbufs : 0;
+    }
     for (int i = 0; i < plan.nkernels; i++) {
         const tf_kernel *k = &plan.kernels[i];
         const tf_cuda_kernel *ck = &prog.kernels[i];
         want += wants_code(k);
         check_library(label, m, k, &prog.library[i], prog.lib_why[i]);
+        if (ck->src && ck->parts > 1) {   /* an optimizer's update chains in one launch */
+            check_multi(label, m, k, plan.nkernels - i, &prog, i);
+            remember(label, ck);
+            multi_launches++;
+            for (int q = 1; q < ck->parts && i + 1 < plan.nkernels; q++) {
+                i++;
+                check_library(label, m, &plan.kernels[i], &prog.library[i], prog.lib_why[i]);
+            }
+            continue;
+        }
         CHECK(wants_code(k) == (ck->src != NULL), "%s: %s: emitted %d, expected %d (%s)", label, k->name, ck->src != NULL,
               wants_code(k), prog.why[i]);
         if (!ck->src) {
@@ -282,6 +364,9 @@ static void emit_model(const char *label, const char *text, tf_ir_mode mode, tf_
         }
         remember(label, ck);
     }
+    /* every update chain of the optimizer in one launch, where their buffers fit one launch's parameters */
+    if (multi_parts > 1 && multi_bufs * 8 <= 4096)
+        CHECK(multi_launches == 1, "%s: %d multi-tensor parts in %d launches", label, multi_parts, multi_launches);
     CHECK(prog.nemitted == want && (want > 0 || prog.nlibrary > 0), "%s: %d of %d kernels emitted", label, prog.nemitted, want);
     CHECK(prog.nunique >= 1 && prog.nunique <= prog.nemitted + prog.nlibrary, "%s: %d unique", label, prog.nunique);
     printf("%s: %d kernels, %d emitted, %d library (%d distinct, %d new)\n", label, plan.nkernels, prog.nemitted, prog.nlibrary,
@@ -640,6 +725,8 @@ int main(void)
            g_shapes[TF_CUDA_POINTWISE_VEC], g_shapes[TF_CUDA_ROW_REDUCE], g_shapes[TF_CUDA_COL_REDUCE]);
     for (int s = 0; s < 4; s++) CHECK(g_shapes[s] > 0, "the examples use kernel shape %d", s);
     CHECK(g_nuniq < g_emitted, "equal kernels share a source (%d distinct of %d)", g_nuniq, g_emitted);
+    CHECK(g_multi > 0 && g_multi_parts > g_multi, "the examples' optimizers run as multi-tensor launches (%d, of %d parts)", g_multi,
+          g_multi_parts);
 
     tf_cuda_libs libs;
     char err[4096];
