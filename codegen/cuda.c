@@ -526,6 +526,11 @@ typedef struct geom { tf_cuda_shape shape; unsigned grid, block, smem, vec, grou
  * share of SPLIT_CHUNK or more, up to SPLIT_BLOCKS blocks in all (two per SM
  * of a 132-SM H100/H200). */
 enum { SPLIT_MIN = 65536, SPLIT_CHUNK = 16384, SPLIT_BLOCKS = 264 };
+/* Column reductions (a 32-wide tile of outer indices per block) over fewer
+ * tiles than SMs that store only their results split their rows as well:
+ * COL_SPLIT_MIN rows at least, a share of COL_SPLIT_CHUNK rows or more per
+ * block (32 per thread). */
+enum { COL_SPLIT_MIN = 2048, COL_SPLIT_CHUNK = 1024 };
 
 static unsigned blocks_for(int64_t work, unsigned per_block)
 {
@@ -669,6 +674,12 @@ static void emit_reduction(em *e, geom *g)
         S = (R + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
         if (S > SPLIT_BLOCKS / M) S = SPLIT_BLOCKS / M;
         if (S < 2) S = 1;
+    } else if (!row && G == 32 && k->nreds == 1 && !any_full && R >= COL_SPLIT_MIN && NB < SPLIT_BLOCKS / 2) {
+        /* fewer column tiles than SMs (a bias gradient over many rows): the rows split too; not where the
+         * region also stores full-size values, which a second kernel would read all over again */
+        S = (R + COL_SPLIT_CHUNK - 1) / COL_SPLIT_CHUNK;
+        if (S > SPLIT_BLOCKS / NB) S = SPLIT_BLOCKS / NB;
+        if (S < 2) S = 1;
     }
     int64_t CH = (R + S - 1) / S;   /* each block's share of r */
     unsigned accb = 4;
@@ -677,7 +688,7 @@ static void emit_reduction(em *e, geom *g)
     bool partials = row ? G > 32 : G > 1;
     g->shape = row ? TF_CUDA_ROW_REDUCE : TF_CUDA_COL_REDUCE;
     g->block = (unsigned)(G * RPB);
-    g->grid = blocks_for(M * S, (unsigned)RPB);
+    g->grid = blocks_for(NB * S, 1);
     g->group = (unsigned)G;
     g->vec = 1;
     g->smem = partials ? (unsigned)((row ? RPB * (G / 32) : G * 32) * accb) : 0;
@@ -715,7 +726,12 @@ static void emit_reduction(em *e, geom *g)
     emit_dropout_keys(e, 1);
     if (S > 1) line(s, 1, "// split: %lld blocks per outer index, %lld reduced elements each", (long long)S, (long long)CH);
     line(s, 1, "for (tf_idx tf_ob = blockIdx.x; tf_ob < %lld; tf_ob += gridDim.x) {", (long long)(NB * S));
-    if (S > 1) {
+    if (S > 1 && !row) {   /* a tile of 32 columns, one share of its rows */
+        line(s, 2, "const tf_idx tf_tile = tf_ob / %lld, tf_part = tf_ob %% %lld;", (long long)S, (long long)S);
+        line(s, 2, "const tf_idx o = tf_tile * 32 + tf_g;");
+        line(s, 2, "const tf_idx tf_rend = tf_part * %lld + %lld < %lld ? tf_part * %lld + %lld : %lld;", (long long)CH, (long long)CH,
+             (long long)R, (long long)CH, (long long)CH, (long long)R);
+    } else if (S > 1) {
         line(s, 2, "const tf_idx o = tf_ob / %lld, tf_part = tf_ob %% %lld;", (long long)S, (long long)S);
         line(s, 2, "const tf_idx tf_rend = tf_part * %lld + %lld < %lld ? tf_part * %lld + %lld : %lld;", (long long)CH, (long long)CH,
              (long long)R, (long long)CH, (long long)CH, (long long)R);
@@ -789,7 +805,26 @@ static void emit_reduction(em *e, geom *g)
             line(s, 3, "}");
             line(s, 3, "__syncthreads();");
         }
-        if (S > 1) {   /* this block's partial; the last block of the outer index folds them all, in order */
+        if (S > 1 && !row) {   /* each column's partial; the last block of the tile folds them all, in order */
+            line(s, 3, "%s *tf_parts = (%s *)((unsigned char *)tf_scratch + %lld);", vt, vt, (long long)(M * 8));
+            line(s, 3, "unsigned *tf_cnt = (unsigned *)(tf_parts + %lld);", (long long)(M * S));
+            line(s, 3, "__shared__ bool tf_last;");
+            line(s, 3, "if (tf_m == 0%s) tf_parts[o * %lld + tf_part] = tf_a;", live ? " && tf_live" : "", (long long)S);
+            line(s, 3, "__threadfence();");
+            line(s, 3, "__syncthreads();");
+            line(s, 3, "if (threadIdx.x == 0) tf_last = atomicAdd(&tf_cnt[tf_tile], 1u) == %lldu;", (long long)(S - 1));
+            line(s, 3, "__syncthreads();");
+            line(s, 3, "if (!tf_last) continue;");
+            line(s, 3, "if (tf_m == 0%s) {", live ? " && tf_live" : "");
+            line(s, 4, "const volatile %s *tf_v = tf_parts + o * %lld;", vt, (long long)S);
+            line(s, 4, "tf_a = tf_v[0];");
+            line(s, 4, "for (int q = 1; q < %lld; q++) {", (long long)S);
+            if (mx) line(s, 5, "tf_a = tf_max(tf_a, (%s)tf_v[q]);", vt);
+            else line(s, 5, "tf_a += tf_v[q];");
+            line(s, 4, "}");
+            line(s, 3, "}");
+            line(s, 3, "if (threadIdx.x == 0) tf_cnt[tf_tile] = 0u;   // ready for the next launch (and a graph's replay)");
+        } else if (S > 1) {   /* this block's partial; the last block of the outer index folds them all, in order */
             line(s, 3, "%s *tf_parts = (%s *)((unsigned char *)tf_scratch + %lld);", vt, vt, (long long)(M * 8));
             line(s, 3, "unsigned *tf_cnt = (unsigned *)(tf_parts + %lld);", (long long)(M * S));
             line(s, 3, "__shared__ bool tf_last;");
@@ -819,7 +854,8 @@ static void emit_reduction(em *e, geom *g)
             conv(acc, rd->dtype, "tf_a", c, sizeof c);
         }
         line(s, 3, "tf_r%d = %s;", r, c);
-        if (second) line(s, 3, "if (tf_m == 0) ((%s *)tf_scratch)[o] = tf_r%d;   // for the second kernel", value_type(rd->dtype), r);
+        if (second) line(s, 3, "if (tf_m == 0%s) ((%s *)tf_scratch)[o] = tf_r%d;   // for the second kernel", live ? " && tf_live" : "",
+                         value_type(rd->dtype), r);
         line(s, 2, "}");
     }
 

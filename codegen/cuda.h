@@ -21,6 +21,11 @@
  *                     last block of an outer index to finish (an atomic
  *                     count) folds the partials in order and stores, so the
  *                     result does not depend on the order blocks ran in;
+ *                     a column reduction over fewer 32-wide tiles than 132
+ *                     (an H100's SMs) and 2048 rows or more that stores
+ *                     nothing but its results splits its rows
+ *                     the same way (shares of 1024 rows or more, the last
+ *                     block of a tile folding each column's partials);
  *                     full-size values the region computes from the result
  *                     are a second kernel (name2) over the whole space,
  *                     launched after, reading the result from scratch;

@@ -44,9 +44,11 @@ static const target_case target_cases[] = {
      "d = sum(x, axes=[0, 1, 2])\ne = softmax(x)\nf = log_softmax(x, axis=0)\ng = max(x, axes=[1, 2])\n"
      "output a\noutput b\noutput c\noutput d\noutput e\noutput f\noutput g\n", TF_MODE_INFER},
     /* reductions long enough to be split over blocks (cuda: a block per share, the last folds the partials) */
-    {"long reductions", "input x : f32[3, 70000]\ninput y : f32[300, 260]\n"
+    /* ... and column reductions over few 32-wide tiles and many rows (cuda: the rows split too) */
+    {"long reductions", "input x : f32[3, 70000]\ninput y : f32[300, 260]\ninput z : f32[4100, 40]\ninput w : f32[3, 1500, 70]\n"
      "a = reduce_sum(x, axes=[1])\nb = reduce_max(y, axes=[0, 1])\nc = reduce_mean(y, axes=[0, 1])\n"
-     "output a\noutput b\noutput c\n", TF_MODE_INFER},
+     "d = reduce_sum(z, axes=[0])\ne = reduce_max(z, axes=[0])\nf = reduce_mean(w, axes=[0, 1])\n"
+     "output a\noutput b\noutput c\noutput d\noutput e\noutput f\n", TF_MODE_INFER},
     {"gemm", "input a : f32[3, 7, 5]\ninput b : f32[5, 11]\ninput c : f32[1, 11, 5]\ninput d : f32[7, 3]\n"
      "x = matmul(a, b)\ny = matmul(a, c, transpose_b=true)\nz = matmul(d, a, transpose_a=true)\n"
      "output x\noutput y\noutput z\n", TF_MODE_INFER},

@@ -151,6 +151,10 @@ static void check_geometry(const char *label, const tf_kernel *k, const tf_cuda_
         if (ck->shape == TF_CUDA_ROW_REDUCE && k->nreds == 1 && !(full_store && ck->rng) && red_n >= 65536 && outer < 132)
             CHECK(ck->grid >= 2 * outer && ck->scratch > 0, "%s: %s: %lld elements reduced per outer index by %u blocks for %lld",
                   label, k->name, (long long)red_n, ck->grid, (long long)outer);
+        int64_t tiles = (outer + 31) / 32;
+        if (ck->shape == TF_CUDA_COL_REDUCE && k->nreds == 1 && !full_store && red_n >= 2048 && tiles < 132)
+            CHECK(ck->grid >= 2 * tiles && ck->scratch > 0, "%s: %s: %lld rows of %lld columns reduced by %u blocks", label, k->name,
+                  (long long)red_n, (long long)outer, ck->grid);
         CHECK(!ck->name2[0] == !(ck->scratch && full_store), "%s: %s: a second kernel exactly for a split reduction's full stores",
               label, k->name);
         if (ck->name2[0])
