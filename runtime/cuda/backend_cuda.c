@@ -18,16 +18,21 @@
  *     the convolutions' algorithms need more); reshapes alias their operand;
  *   - starts from the interpreter's initial state (the same seed gives the
  *     same params as the interp and cpu targets), converted to storage dtype;
- *   - runs a step on one stream: inputs from a pinned staging buffer, the
- *     kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
+ *   - runs a step asynchronously: cuda_run copies {seed, step} and the
+ *     inputs into one of two pinned slots and returns once the step is
+ *     enqueued; a copy stream takes the slot to a device staging area
+ *     (in_dev) while the previous step still runs, and the compute stream
+ *     (events both ways) moves it into place, then runs the kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
  *     of the heuristic's algorithms, timed once per shape and cached on
  *     disk; a region's row bias and ReLU as cuBLASLt's epilogue where that
  *     is all the region adds), conv2d and its two gradients through cuDNN
  *     (dnn.c: the algorithm cudnnFind picks once per shape, cached on disk
  *     beside the cubins), the updates (every new value read before any
- *     state is written), the outputs back into pinned memory, and one
- *     synchronization at the end;
- *   - captures that step as one CUDA graph on its first run and replays it
+ *     state is written), the outputs back into pinned memory, and records
+ *     an event; cuda_wait (tf_backend.wait, called by api.c before anything
+ *     reads results) waits for it, copies the outputs out and reports a
+ *     failure of the GPU, which is the session's error from then on;
+ *   - captures that step (from the inputs in place on) as one CUDA graph on its first run and replays it
  *     after (no host work inside a step: constants it writes are copies
  *     from device buffers filled when the session starts), unless a kernel
  *     runs on the host, --cuda-sync or --cuda-graphs=off, or profiling

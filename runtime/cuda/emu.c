@@ -36,7 +36,8 @@
  *
  * Running. Launches run one at a time in the process (a mutex), on stacks
  * of 64 KiB per thread with a guard page below each; a fault inside a
- * kernel (a wild address, a stack overflow) fails the launch with the
+ * kernel (a wild address, a stack overflow) fails the launch (on a created
+ * stream: the next wait for it, as above) with the
  * kernel, the block, the thread and the address instead of killing the
  * process, as CUDA reports an illegal address. A launch's geometry is
  * checked as the driver does: at most 1024 threads a block and no more
