@@ -106,12 +106,17 @@ int cmd_bench(tf_context_t *ctx, const args *a)
             rc = cli_fail(ctx);
         }
     }
+    /* a step's time is until its outputs can be read: the cuda target's run
+     * returns once the step is enqueued, and reading an output waits for it */
+    const char *first_output = NULL;
+    tf_tensor_view ov;
+    if (p && tf_program_io_count(p, TF_IO_OUTPUT)) tf_program_io(p, TF_IO_OUTPUT, 0, &first_output, NULL, NULL, NULL);
     for (uint64_t i = 0; !rc && i < warmup; i++)
-        if (tf_session_run(s)) rc = cli_fail(ctx);
-    if (!rc && a->profile) tf_session_set_profiling(s, 1);
+        if (tf_session_run(s) || (first_output && tf_session_output(s, first_output, &ov))) rc = cli_fail(ctx);
+    if (!rc && a->profile && tf_session_set_profiling(s, 1)) rc = cli_fail(ctx);
     for (uint64_t i = 0; !rc && i < iters; i++) {
         t0 = now_ms();
-        if (tf_session_run(s)) rc = cli_fail(ctx);
+        if (tf_session_run(s) || (first_output && tf_session_output(s, first_output, &ov))) rc = cli_fail(ctx);
         times[i] = now_ms() - t0;
     }
     if (!rc) {

@@ -912,7 +912,10 @@ static int cmd_run(tf_context_t *ctx, args *a)
             const char *name;
             tf_tensor_view v;
             tf_program_io(p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
-            tf_session_output(s, name, &v);
+            if (tf_session_output(s, name, &v)) {   /* the cuda target waits for the step here */
+                rc = fail(ctx);
+                break;
+            }
             print_tensor(name, &v);
         }
     for (size_t i = 0; i < MAX_ITEMS; i++) {

@@ -485,6 +485,13 @@ static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts,
             break;
         }
         tf_tensor_view v, labels;
+        /* the step's outputs: on the cuda target the first read waits for the step and reports its failure */
+        const char *first = "loss";
+        if (!e->has_loss) tf_program_io(e->p, TF_IO_OUTPUT, 0, &first, NULL, NULL, NULL);
+        if (tf_program_io_count(e->p, TF_IO_OUTPUT) && tf_session_output(e->s, first, &v)) {
+            rc = api_error(ctx, "evaluating");
+            break;
+        }
         if (e->has_loss && !tf_session_output(e->s, "loss", &v)) loss_sum += tf_view_element(&v, 0) * (double)bi.samples;
         if (e->label && !tf_session_output(e->s, "logits", &v) && !tf_loader_view(L, e->label, &labels)) {
             for (int64_t r = 0; r < bi.samples * per_row; r++) {
@@ -806,8 +813,23 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         cur.step++;
         cur.epoch = epoch = bi.epoch;
         cur.pos = bi.next.offset;
+        /* Step N's loss is read here, before step N+1 is enqueued, although
+         * the cuda target's run is asynchronous: reading it after run N+1
+         * would change what happens. An output is valid only until the
+         * next run (tfuse.h), so step N's would be gone; a non-finite loss
+         * stops an fp32/bf16 run at step N, and --save-every, --eval-every
+         * and an interrupt read the state of step N, all of which need step
+         * N+1 not to have run. The host still overlaps the GPU while the
+         * step is enqueued and its inputs copied (a copy stream, two pinned
+         * slots), and the next batch is prepared by the loader's threads. */
         tf_tensor_view v;
-        tf_session_output(T->s, "loss", &v);
+        if (tf_session_output(T->s, "loss", &v)) {
+            progress_clear(&pr);
+            char where[64];
+            snprintf(where, sizeof where, "at step %" PRIu64, cur.step);
+            rc = api_error(ctx, where);
+            break;
+        }
         loss = tf_view_element(&v, 0);
         if (has_lr && !tf_session_output(T->s, "lr", &v)) lr = tf_view_element(&v, 0);
         double tnow = now_s(), dt = tnow - last;

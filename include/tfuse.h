@@ -288,9 +288,18 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
                             uint64_t seed, tf_session_t **out);
 void      tf_session_free(tf_session_t *s);
 /* Bind caller memory to an input, without copying: it must stay valid and
- * unchanged until the next tf_session_run returns. dtype and shape must match. */
+ * unchanged until the next tf_session_run returns (run copies it; the caller
+ * may change it as soon as run returns). dtype and shape must match. */
 tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype,
                           const int64_t *shape, int rank, const void *data);
+/* One step. On the cuda target run is asynchronous: it returns once the
+ * step is enqueued on the GPU (the inputs copied), without waiting for it;
+ * the first call after it that reads results waits for the step
+ * (tf_session_output, get_state/set_state, load/save_state, tf_session_step,
+ * set_profiling and tf_session_profile), and an error the GPU met while
+ * the step ran is returned by that call (or by the next run when it is
+ * already known), after which every call fails with it. Other targets
+ * finish the step inside run. */
 tf_status tf_session_run(tf_session_t *s);
 /* A view of an output after a run; valid until the next run or free. */
 tf_status tf_session_output(tf_session_t *s, const char *output, tf_tensor_view *out);

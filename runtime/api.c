@@ -676,6 +676,11 @@ static tf_status check_indices(tf_session_t *s)
     return TF_OK;
 }
 
+/* The step the last run enqueued, finished (a backend whose run returns
+ * before the device is done: cuda): every call that reads results, state or
+ * profiles waits for it first, and is the one that reports its error. */
+static tf_status session_wait(tf_session_t *s) { return s->be && s->be->wait && s->impl ? s->be->wait(s) : TF_OK; }
+
 tf_status tf_session_run(tf_session_t *s)
 {
     TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
@@ -694,6 +699,8 @@ tf_status tf_session_output(tf_session_t *s, const char *name, tf_tensor_view *o
     if (!s || !name || !out) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     for (int i = 0; i < s->p->m->noutputs; i++)
         if (!strcmp(s->p->m->outputs[i].name, name)) {
+            tf_status st = session_wait(s);
+            if (st) return st;
             fill_shape(&s->p->m->outputs[i].value->type, &out->dtype, &out->rank, out->shape);
             out->data = s->out[i];
             return TF_OK;
@@ -722,7 +729,8 @@ tf_status tf_session_get_state(tf_session_t *s, const char *name, tf_tensor_view
     if (capacity < need)
         return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "get_state: error: '%s' needs %zu bytes, the buffer holds %zu", name,
                             need, capacity);
-    return s->be->state_read(s, v, out->data);
+    tf_status st = session_wait(s);
+    return st ? st : s->be->state_read(s, v, out->data);
 }
 
 static tf_status check_view(tf_session_t *s, const tf_value *v, const tf_tensor_view *t, const char *what)
@@ -742,6 +750,7 @@ tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tenso
     const tf_value *v = find_state(s, name);
     if (!v) return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no param or buffer named '%s'", name);
     tf_status st = check_view(s, v, t, "set_state");
+    if (!st) st = session_wait(s);
     return st ? st : s->be->state_write(s, v, t->data);
 }
 
@@ -784,6 +793,7 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
         memcpy(tv.shape, ts[i].shape, sizeof tv.shape);
         st = check_view(s, v, &tv, path);
     }
+    if (!st) st = session_wait(s);
     for (size_t i = 0; i < n && !st; i++) {
         const tf_value *v = find_state(s, ts[i].name);
         if (v) st = s->be->state_write(s, v, ts[i].data);
@@ -818,9 +828,10 @@ tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const ch
     TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     size_t n = (size_t)(s->p->params.n + s->p->buffers.n);
+    tf_status st = session_wait(s);
+    if (st) return st;
     tio_tensor *ts = tf_calloc(n ? n : 1, sizeof *ts);
     if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    tf_status st = TF_OK;
     for (size_t i = 0; i < n && !st; i++) {
         const tf_value *v = i < (size_t)s->p->params.n ? s->p->params.items[i] : s->p->buffers.items[i - (size_t)s->p->params.n];
         ts[i].name = (char *)v->name;
@@ -845,7 +856,7 @@ tf_status tf_session_step(tf_session_t *s, uint64_t *step)
 {
     if (!s || !step) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
     *step = s->be->step_get(s);
-    return TF_OK;
+    return session_wait(s);
 }
 
 tf_status tf_session_set_step(tf_session_t *s, uint64_t step)
@@ -934,8 +945,9 @@ tf_status tf_session_set_profiling(tf_session_t *s, int on)
 {
     TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s) return TF_ERR_INVALID_ARG;
+    tf_status st = session_wait(s);   /* a profiled step's times land before the switch */
     if (s->be->set_profiling) s->be->set_profiling(s, on != 0);
-    return TF_OK;
+    return st;
 }
 
 size_t tf_session_profile_count(const tf_session_t *s)
@@ -946,6 +958,8 @@ size_t tf_session_profile_count(const tf_session_t *s)
 tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile *out)
 {
     if (!s || !out || i >= tf_session_profile_count(s)) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: no such profile entry");
+    tf_status st = session_wait((tf_session_t *)s);
+    if (st) return st;
     s->be->profile_get((tf_session_t *)s, i, out);
     return TF_OK;
 }

@@ -94,8 +94,13 @@ struct tf_backend {
     /* Set up s->impl: allocate state, run initializers with s->seed. */
     tf_status (*session_create)(tf_session_t *s);
     void (*session_free)(tf_session_t *s);
-    /* One step over the bound inputs; fills s->out[i] (storage dtype). */
+    /* One step over the bound inputs; fills s->out[i] (storage dtype), or,
+     * with `wait`, enqueues it (having copied the bound inputs) and returns. */
     tf_status (*run)(tf_session_t *s);
+    /* Optional (NULL: run finishes its step): wait for the step run enqueued,
+     * fill s->out[i] and the profiles, and return the error the step met on
+     * the device. api.c calls it before anything that reads results. */
+    tf_status (*wait)(tf_session_t *s);
     /* Copy a param/buffer out of / into the session (storage dtype). */
     tf_status (*state_read)(tf_session_t *s, const tf_value *v, void *dst);
     tf_status (*state_write)(tf_session_t *s, const tf_value *v, const void *src);

@@ -18,16 +18,21 @@
  *     the convolutions' algorithms need more); reshapes alias their operand;
  *   - starts from the interpreter's initial state (the same seed gives the
  *     same params as the interp and cpu targets), converted to storage dtype;
- *   - runs a step on one stream: inputs from a pinned staging buffer, the
- *     kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
+ *   - runs a step asynchronously: cuda_run copies {seed, step} and the
+ *     inputs into one of two pinned slots and returns once the step is
+ *     enqueued; a copy stream takes the slot to a device staging area
+ *     (in_dev) while the previous step still runs, and the compute stream
+ *     (events both ways) moves it into place, then runs the kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
  *     of the heuristic's algorithms, timed once per shape and cached on
  *     disk; a region's row bias and ReLU as cuBLASLt's epilogue where that
  *     is all the region adds), conv2d and its two gradients through cuDNN
  *     (dnn.c: the algorithm cudnnFind picks once per shape, cached on disk
  *     beside the cubins), the updates (every new value read before any
- *     state is written), the outputs back into pinned memory, and one
- *     synchronization at the end;
- *   - captures that step as one CUDA graph on its first run and replays it
+ *     state is written), the outputs back into pinned memory, and records
+ *     an event; cuda_wait (tf_backend.wait, called by api.c before anything
+ *     reads results) waits for it, copies the outputs out and reports a
+ *     failure of the GPU, which is the session's error from then on;
+ *   - captures that step (from the inputs in place on) as one CUDA graph on its first run and replays it
  *     after (no host work inside a step: constants it writes are copies
  *     from device buffers filled when the session starts), unless a kernel
  *     runs on the host, --cuda-sync or --cuda-graphs=off, or profiling
@@ -92,6 +97,8 @@ enum {
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
     CU_STREAM_NON_BLOCKING = 1,
     CU_EVENT_DEFAULT = 0,
+    CU_EVENT_DISABLE_TIMING = 2,
+    CUDA_ERROR_NOT_READY = 600,
 };
 
 enum { ALIGN = 256 };                                   /* every block of device memory starts on this */
@@ -211,8 +218,23 @@ typedef struct cuda_session {
     int nerr;                   /* library kernels: error words */
     bool err_read;              /* some kernel's word is read back after the kernels of a step */
     /* host memory */
-    unsigned char *pinned;      /* {seed, step}, the error words, then inputs, then outputs */
-    size_t pinned_bytes, *in_at, *out_at;
+    unsigned char *pinned;      /* the error words, two input slots, then outputs */
+    size_t pinned_bytes, *in_at, *out_at;   /* in_at: an input's offset in a slot (and in in_dev) */
+    /* asynchronous steps: cuda_run returns once the step is enqueued; cuda_wait waits for it.
+     * A slot holds {seed, step} then the inputs; the copy stream copies it into in_dev, the
+     * compute stream moves in_dev's contents into place at the start of the step. */
+    size_t slot_at[2], slot_bytes;
+    int slot;                   /* the slot the next run fills */
+    tf_cu_deviceptr in_dev;     /* the device's copy of one slot */
+    tf_cu_stream copy;          /* the inputs' host-to-device copies */
+    tf_cu_event staged[2];      /* per slot: its copy into in_dev is done (the slot may be refilled) */
+    tf_cu_event consumed;       /* the last step moved in_dev's contents into place (in_dev may be overwritten) */
+    tf_cu_event done;           /* the last step's end: its outputs are in pinned memory */
+    bool staged_rec[2], consumed_rec;
+    bool pending;               /* a step was enqueued and not yet waited for */
+    bool pending_profile;       /* ... with per-kernel events to read */
+    tf_status failed;           /* a step failed on the GPU: every later call says so (0: none) */
+    char failed_msg[2600];
     unsigned char *host;        /* fallback kernels' transfers, grown on demand */
     size_t nhost;
     tf_interp_ctx *ip;          /* initial state, and the fallback kernels' tensors */
@@ -302,7 +324,7 @@ typedef struct layout {
     int64_t *stage_at;          /* per update: offset of its staging, -1: none */
     int64_t *kpool_at;          /* per kernel: offset of a RUN_VIEW constant's filled bytes, -1: none */
     int64_t *upool_at;          /* per update to a constant: offset of its filled bytes, -1: none */
-    size_t rt_at, ws_at, size;
+    size_t rt_at, ws_at, in_at, size;
 } layout;
 
 static void take(layout *L, int id, size_t bytes)
@@ -383,6 +405,12 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
         L->upool_at[i] = (int64_t)L->size;
         L->size += value_bytes(m->updates[i].buffer) ? value_bytes(m->updates[i].buffer) : 1;
     }
+    /* the device's copy of an input slot: {seed, step} in 64 bytes, then each input on 64 bytes */
+    c->slot_bytes = 64;
+    for (int i = 0; i < s->p->inputs.n; i++) c->slot_bytes += (value_bytes(s->p->inputs.items[i]) + 63) / 64 * 64;
+    L->size = align_up(L->size);
+    L->in_at = L->size;
+    L->size += c->slot_bytes;
     L->size = align_up(L->size);
     L->rt_at = L->size;
     c->nerr = 0;
@@ -449,15 +477,22 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
     c->rt_dev = c->state + L->rt_at;
     c->err_dev = c->rt_dev + 16;
     c->ws_dev = c->ws_bytes ? c->state + L->ws_at : 0;
-    /* pinned host staging: {seed, step}, the error words, inputs, outputs */
+    c->in_dev = c->state + L->in_at;
+    /* pinned host staging: the error words, two input slots ({seed, step}, inputs), outputs */
     const tf_program_t *p = s->p;
     c->in_at = tf_calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *c->in_at);
     c->out_at = tf_calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_at);
     if (!c->in_at || !c->out_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    size_t at = 64 + (8 * (size_t)c->nerr + 63) / 64 * 64;
+    size_t in = 64;
     for (int i = 0; i < p->inputs.n; i++) {
-        c->in_at[i] = at;
-        at += (value_bytes(p->inputs.items[i]) + 63) / 64 * 64;
+        c->in_at[i] = in;
+        in += (value_bytes(p->inputs.items[i]) + 63) / 64 * 64;
+    }
+    size_t at = (8 * (size_t)c->nerr + 63) / 64 * 64;
+    if (at < 64) at = 64;
+    for (int k = 0; k < 2; k++) {
+        c->slot_at[k] = at;
+        at += c->slot_bytes;
     }
     for (int i = 0; i < m->noutputs; i++) {
         c->out_at[i] = at;
@@ -1451,26 +1486,93 @@ static tf_status ensure_events(tf_session_t *s, cuda_session *c)
  * reads the pinned buffers, keeping the first error's message. */
 static tf_status drain(cuda_session *c, tf_status st)
 {
+    c->libs.cu.StreamSynchronize(c->copy);
     c->libs.cu.StreamSynchronize(c->stream);
     return st;
 }
 
-/* One step onto the stream, from the inputs waiting in pinned memory to the
- * outputs copied back into it: no host synchronization inside, so that it
- * can be captured as a graph. */
+/* The input slot k the host filled, onto the GPU: the copy stream copies
+ * it into in_dev once the previous step has taken in_dev's contents
+ * (consumed), then records staged[k]; the compute stream waits for that,
+ * moves {seed, step} and each input into place and records consumed. So
+ * the copy of step N+1's inputs overlaps step N, and neither the slot nor
+ * in_dev is overwritten while something still reads it. Outside the
+ * graph: a replay is the same whichever slot was used. */
+static tf_status stage_inputs(tf_session_t *s, cuda_session *c, int k)
+{
+    const tf_program_t *p = s->p;
+    if (c->consumed_rec) CU_DO("ordering the input copy after the previous step", StreamWaitEvent(c->copy, c->consumed, 0));
+    CU_DO("copying the inputs to the GPU", MemcpyHtoDAsync(c->in_dev, c->pinned + c->slot_at[k], c->slot_bytes, c->copy));
+    CU_DO("copying the inputs to the GPU", EventRecord(c->staged[k], c->copy));
+    c->staged_rec[k] = true;
+    CU_DO("ordering the step after its inputs' copy", StreamWaitEvent(c->stream, c->staged[k], 0));
+    CU_DO("copying {seed, step} into place", MemcpyDtoDAsync(c->rt_dev, c->in_dev, sizeof c->rt, c->stream));
+    for (int i = 0; i < p->inputs.n; i++) {
+        const tf_value *v = p->inputs.items[i];
+        tf_cu_result r = c->libs.cu.MemcpyDtoDAsync(c->ptr[v->id], c->in_dev + c->in_at[i], value_bytes(v), c->stream);
+        if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err);
+    }
+    CU_DO("ordering the next input copy after this step's", EventRecord(c->consumed, c->stream));
+    c->consumed_rec = true;
+    return TF_OK;
+}
+
+/* The GPU failed a step (r, found by a wait): the session's error from now on. */
+static tf_status step_failed(tf_session_t *s, cuda_session *c, tf_cu_result r, const char *call)
+{
+    tf_cuda_check(&c->libs, r, call, __FILE__, __LINE__, c->err, sizeof c->err);
+    c->failed = r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME;
+    c->pending = false;
+    snprintf(c->failed_msg, sizeof c->failed_msg,
+             "error: cuda: the step failed on the GPU: %.2048s (the failure may come from any kernel of the step; "
+             "--cuda-sync names the kernel, compute-sanitizer finds the access)", c->err);
+    return tf_set_error(s->ctx, c->failed, "%s", c->failed_msg);
+}
+
+/* Wait for the step the last run enqueued, then its outputs into s->out
+ * and its profile read: what every call that reads results does first
+ * (tf_backend.wait). The GPU's error from the step is returned here. */
+static tf_status cuda_wait(tf_session_t *s)
+{
+    cuda_session *c = s->impl;
+    const tf_module *m = s->p->m;
+    if (c->failed) return tf_set_error(s->ctx, c->failed, "%s", c->failed_msg);
+    if (!c->pending) return TF_OK;
+    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    tf_cu_result r = c->libs.cu.EventSynchronize(c->done);
+    if (r) return step_failed(s, c, r, "cuEventSynchronize");
+    c->pending = false;
+    for (int i = 0; i < m->noutputs; i++) {
+        const tf_value *v = m->outputs[i].value;
+        if (v->kind == TF_VAL_CONST) {
+            for (int64_t j = 0; j < numel(v); j++) tf_elem_store(v->type.dtype, s->out[i], j, tf_dtype_round(v->type.dtype, v->cval));
+        } else {
+            memcpy(s->out[i], c->pinned + c->out_at[i], value_bytes(v));
+        }
+    }
+    if (c->pending_profile) {
+        c->pending_profile = false;
+        for (int i = 0; i < c->plan->nkernels; i++) {
+            float ms = 0;
+            CU_DO("reading the profiler's events", EventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
+            c->ks[i].ms += ms;
+            c->ks[i].calls++;
+        }
+    }
+    return TF_OK;
+}
+
+/* One step onto the stream, from the inputs in place (stage_inputs) to the
+ * outputs copied back into pinned memory: no host synchronization inside
+ * (but for ids checked on the host, err_read), so that it can be captured
+ * as a graph; the graph does not depend on which input slot a run filled. */
 static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
 {
     const tf_program_t *p = s->p;
     const tf_module *m = p->m;
     tf_status st;
-    CU_DO("copying {seed, step} to the GPU", MemcpyHtoDAsync(c->rt_dev, c->pinned, sizeof c->rt, c->stream));
     if (c->err_read) CU_DO("clearing the library kernels' error words", MemsetD8Async(c->err_dev, 0, 8 * (size_t)c->nerr, c->stream));
-    for (int i = 0; i < p->inputs.n; i++) {
-        const tf_value *v = p->inputs.items[i];
-        tf_cu_result r = c->libs.cu.MemcpyHtoDAsync(c->ptr[v->id], c->pinned + c->in_at[i], value_bytes(v), c->stream);
-        if (tf_cuda_check(&c->libs, r, "cuMemcpyHtoDAsync", __FILE__, __LINE__, c->err, sizeof c->err))
-            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying input '%s' to the GPU: %s", v->name, c->err);
-    }
     for (int i = 0; i < c->plan->nkernels; i++) {
         gkernel *gk = &c->ks[i];
         if (c->profile) {
@@ -1494,7 +1596,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
      * interpreter does (a synchronization inside the step: such a step is
      * never captured as a graph) */
     if (c->err_read) {
-        tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned + 64, c->err_dev, 8 * (size_t)c->nerr, c->stream);
+        tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned, c->err_dev, 8 * (size_t)c->nerr, c->stream);
         if (!r) r = c->libs.cu.StreamSynchronize(c->stream);
         if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
             return drain(c, cu_fail(s, c, r, "reading the library kernels' error words"));
@@ -1502,7 +1604,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
             const gkernel *gk = &c->ks[i];
             uint64_t word;
             if (gk->how != RUN_LIBKERNEL || !gk->err_read) continue;
-            memcpy(&word, c->pinned + 64 + 8 * (size_t)gk->err_slot, 8);
+            memcpy(&word, c->pinned + 8 * (size_t)gk->err_slot, 8);
             if (word) return drain(c, bad_id(s, c, gk, word));
         }
     }
@@ -1568,17 +1670,41 @@ static tf_status capture_step(tf_session_t *s, cuda_session *c)
     return TF_OK;
 }
 
+/* A step enqueued, not waited for: the host copies {seed, step} and the
+ * inputs into a pinned slot (so the caller may change its buffers as soon
+ * as this returns), the copy stream takes them to the GPU, the compute
+ * stream runs the step (its graph, or kernel by kernel) and copies the
+ * outputs into pinned memory; cuda_wait waits for it. No host
+ * synchronization but for a slot's copy two runs ago (two slots: step
+ * N+1's memcpy never overwrites what step N's copy reads), a profiled
+ * step's events, and what --cuda-sync, host kernels and ids checked on the
+ * host (err_read) ask for. */
 static tf_status cuda_run(tf_session_t *s)
 {
     cuda_session *c = s->impl;
     const tf_program_t *p = s->p;
-    const tf_module *m = p->m;
     tf_status st;
+    if (c->failed) return tf_set_error(s->ctx, c->failed, "%s", c->failed_msg);
     CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    /* a profiled step's events are read before they are recorded again */
+    if (c->pending && c->pending_profile && (st = cuda_wait(s))) return st;
+    if (c->pending) {   /* the last step's failure, when the GPU has said it already */
+        tf_cu_result r = c->libs.cu.EventQuery(c->done);
+        if (r && r != CUDA_ERROR_NOT_READY) return step_failed(s, c, r, "cuEventQuery");
+    }
     if (c->profile && (st = ensure_events(s, c))) return st;
-    /* the host's part: this step's {seed, step} and inputs into pinned memory, which the step (or its graph) copies from */
-    memcpy(c->pinned, c->rt, sizeof c->rt);
-    for (int i = 0; i < p->inputs.n; i++) memcpy(c->pinned + c->in_at[i], s->bound[i], value_bytes(p->inputs.items[i]));
+    /* the host's part: this step's {seed, step} and inputs into the slot, once its last copy has read it */
+    int k = c->slot;
+    if (c->staged_rec[k]) {
+        tf_cu_result r = c->libs.cu.EventSynchronize(c->staged[k]);
+        if (r) return step_failed(s, c, r, "cuEventSynchronize");
+    }
+    unsigned char *slot = c->pinned + c->slot_at[k];
+    memcpy(slot, c->rt, sizeof c->rt);
+    for (int i = 0; i < p->inputs.n; i++) memcpy(slot + c->in_at[i], s->bound[i], value_bytes(p->inputs.items[i]));
+    c->pending = false;
+    if ((st = stage_inputs(s, c, k))) return drain(c, st);
+    c->slot = 1 - k;
     bool graph = c->graphs && !c->profile;   /* profiles time each kernel: launched one by one */
     if (graph && !c->gexec && (st = capture_step(s, c))) return drain(c, st);
     if (graph && c->gexec) {
@@ -1589,27 +1715,11 @@ static tf_status cuda_run(tf_session_t *s)
     } else if ((st = enqueue_step(s, c))) {
         return drain(c, st);
     }
-    tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
-    if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
-        return tf_set_error(s->ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME,
-                            "error: cuda: the step failed on the GPU: %s (the failure may come from any kernel of the step; "
-                            "--cuda-sync names the kernel, compute-sanitizer finds the access)", c->err);
-    for (int i = 0; i < m->noutputs; i++) {
-        const tf_value *v = m->outputs[i].value;
-        if (v->kind == TF_VAL_CONST) {
-            for (int64_t j = 0; j < numel(v); j++) tf_elem_store(v->type.dtype, s->out[i], j, tf_dtype_round(v->type.dtype, v->cval));
-        } else {
-            memcpy(s->out[i], c->pinned + c->out_at[i], value_bytes(v));
-        }
-    }
-    if (c->profile) {
-        for (int i = 0; i < c->plan->nkernels; i++) {
-            float ms = 0;
-            CU_DO("reading the profiler's events", EventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
-            c->ks[i].ms += ms;
-            c->ks[i].calls++;
-        }
-    }
+    tf_cu_result r = c->libs.cu.EventRecord(c->done, c->stream);
+    if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err))
+        return drain(c, cu_fail(s, c, r, "marking the step's end"));
+    c->pending = true;
+    c->pending_profile = c->profile;
     c->rt[1]++;
     return TF_OK;
 }
@@ -1647,6 +1757,7 @@ static void cuda_free(tf_session_t *s)
     bool driver = (c->libs.loaded & TF_CUDA_LIB_DRIVER) && c->ctx;
     if (driver) {
         cu->CtxSetCurrent(c->ctx);
+        if (c->copy) cu->StreamSynchronize(c->copy);
         if (c->stream) cu->StreamSynchronize(c->stream);
     }
     for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
@@ -1672,6 +1783,11 @@ static void cuda_free(tf_session_t *s)
         if (c->arena) cu->MemFree(c->arena);
         if (c->state) cu->MemFree(c->state);
         if (c->pinned) cu->MemFreeHost(c->pinned);
+        for (int k = 0; k < 2; k++)
+            if (c->staged[k]) cu->EventDestroy(c->staged[k]);
+        if (c->consumed) cu->EventDestroy(c->consumed);
+        if (c->done) cu->EventDestroy(c->done);
+        if (c->copy) cu->StreamDestroy(c->copy);
         if (c->stream) cu->StreamDestroy(c->stream);
     }
     tf_free(c->ev);
@@ -1733,6 +1849,10 @@ static tf_status open_device(tf_session_t *s, cuda_session *c)
     CU_DO("counting multiprocessors", DeviceGetAttribute(&c->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev));
     CU_DO("reading the shared memory limit", DeviceGetAttribute(&c->smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, c->dev));
     CU_DO("creating a stream", StreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
+    CU_DO("creating the copy stream", StreamCreate(&c->copy, CU_STREAM_NON_BLOCKING));
+    for (int k = 0; k < 2; k++) CU_DO("creating the input copies' events", EventCreate(&c->staged[k], CU_EVENT_DISABLE_TIMING));
+    CU_DO("creating the input copies' events", EventCreate(&c->consumed, CU_EVENT_DISABLE_TIMING));
+    CU_DO("creating the step's event", EventCreate(&c->done, CU_EVENT_DISABLE_TIMING));
     return pick_arch(s, c);
 }
 
@@ -2024,7 +2144,7 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
 /* What the cuda and cuda-emu targets share: all but how they start and what
  * doctor says (cuda-emu writes no cubin artifact: compile -o for it is the IR). */
 #define CUDA_SESSION_OPS                                                                     \
-    .session_create = cuda_create, .session_free = cuda_free, .run = cuda_run,               \
+    .session_create = cuda_create, .session_free = cuda_free, .run = cuda_run, .wait = cuda_wait, \
     .state_read = cuda_state_read, .state_write = cuda_state_write, .step_get = cuda_step_get, \
     .step_set = cuda_step_set, .set_profiling = cuda_set_profiling,                          \
     .profile_count = cuda_profile_count, .profile_get = cuda_profile_get, .info = cuda_info, \

@@ -135,6 +135,10 @@ typedef struct tf_cu_api {
     tf_cu_result (*EventDestroy)(tf_cu_event e);                                          /* cuEventDestroy_v2 */
     tf_cu_result (*EventRecord)(tf_cu_event e, tf_cu_stream s);
     tf_cu_result (*EventElapsedTime)(float *ms, tf_cu_event start, tf_cu_event end);     /* _v2, or the first one */
+    /* asynchronous steps: the copy stream and the compute stream order each other, the host waits for a step */
+    tf_cu_result (*StreamWaitEvent)(tf_cu_stream s, tf_cu_event e, unsigned flags);
+    tf_cu_result (*EventSynchronize)(tf_cu_event e);
+    tf_cu_result (*EventQuery)(tf_cu_event e);                                            /* 0, or CUDA_ERROR_NOT_READY (600) */
     /* CUDA graphs: a step captured once, replayed after */
     tf_cu_result (*StreamBeginCapture)(tf_cu_stream s, int mode);                         /* cuStreamBeginCapture_v2 */
     tf_cu_result (*StreamEndCapture)(tf_cu_stream s, tf_cu_graph *g);

@@ -1,7 +1,26 @@
 /* emu.c — cuda-emu's driver and NVRTC (see emu.h): device memory in host
  * memory, kernels compiled from their CUDA C with the host C++ compiler
- * against emu_prelude.cuh and run thread by thread, streams that run their
- * work at once or record it into a graph.
+ * against emu_prelude.cuh and run thread by thread, streams that queue
+ * their work until something waits for it (or record it into a graph).
+ *
+ * Streams. Work on a stream the caller created is queued, in order, and
+ * runs only when something waits for it: cuStreamSynchronize, a
+ * cuEventSynchronize of an event recorded after it, another stream's queued
+ * cuStreamWaitEvent when that stream runs, a synchronous call (a copy
+ * without a stream, cuCtxSynchronize) or a call that would pull memory,
+ * an event, a graph or a module from under it (frees and destroys: a GPU
+ * finishes the work first). So work runs as late as a GPU may run it: a
+ * host buffer changed before the copy that reads it has run, or a stream
+ * that reads what another writes without waiting for its event, computes
+ * the wrong thing here too, where a GPU would only sometimes. cuEventQuery
+ * does not make work progress (pending work stays NOT_READY). Work on the
+ * legacy stream (NULL) runs at the call, after every queued stream. A
+ * failure while queued work runs (an illegal address, a deadlock) is
+ * reported as a GPU reports a fault: the call that queued it succeeded, and
+ * the next wait for it (cuStreamSynchronize, cuEventSynchronize or
+ * cuEventQuery of an event recorded after it, and every later one) returns
+ * it; the stream then runs nothing more, and a stream that waits for an
+ * event recorded after the failure fails with it.
  *
  * Compiling. A module is registered when it is loaded and compiled when a
  * kernel of it is first needed (a launch, or a stream or context
@@ -17,7 +36,8 @@
  *
  * Running. Launches run one at a time in the process (a mutex), on stacks
  * of 64 KiB per thread with a guard page below each; a fault inside a
- * kernel (a wild address, a stack overflow) fails the launch with the
+ * kernel (a wild address, a stack overflow) fails the launch (on a created
+ * stream: the next wait for it, as above) with the
  * kernel, the block, the thread and the address instead of killing the
  * process, as CUDA reports an illegal address. A launch's geometry is
  * checked as the driver does: at most 1024 threads a block and no more
@@ -53,7 +73,7 @@ extern const char tf_cuda_emu_prelude[] __attribute__((visibility("hidden")));
 enum {
     OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_IMAGE = 200, INVALID_HANDLE = 400,
     NOT_FOUND = 500, NOT_READY = 600, ILLEGAL_ADDRESS = 700, LAUNCH_OUT_OF_RESOURCES = 701, LAUNCH_FAILED = 719,
-    STREAM_CAPTURE_UNSUPPORTED = 900, STREAM_CAPTURE_INVALIDATED = 901, NOT_SUPPORTED = 801, EMU_UNKNOWN = 999,
+    STREAM_CAPTURE_UNSUPPORTED = 900, STREAM_CAPTURE_INVALIDATED = 901, STREAM_CAPTURE_ISOLATION = 905, NOT_SUPPORTED = 801, EMU_UNKNOWN = 999,
 };
 enum { MAX_THREADS = 1024, STATIC_SMEM = 48 * 1024, SMEM_OPTIN = 232448, SMS = 132 };
 enum { MAX_PARAMS = 4096 };   /* CUDA 12.1+ takes 32 KiB of kernel parameters: 4096 pointers */
@@ -105,9 +125,25 @@ typedef struct emu_stream {
     bool capturing;
     emu_graph *graph;            /* being recorded */
     int error;                   /* a capture that went wrong */
+    work *q;                     /* queued work, q[qhead..qn) not yet run */
+    int qn, qcap, qhead;
+    uint64_t enq, done;          /* work items queued, and run (or dropped after a fault), since the stream began */
+    int fault;                   /* the first failure of queued work (sticky), 0: none */
+    uint64_t fault_at;           /* its position (1 + items before it) */
+    char msg[2048];              /* its words */
 } emu_stream;
 
-typedef struct emu_event { double ms; } emu_event;
+/* An event: the position of its last record in a stream's queue (complete
+ * once the stream has run that far), or a record inside a capture. */
+typedef struct emu_event {
+    double ms;
+    emu_stream *st;              /* the stream of the last record while pending; NULL once that stream is gone */
+    uint64_t seq;                /* the record's position in st */
+    emu_graph *graph;            /* the capture the last record went into, NULL: none */
+    int fault;                   /* st gone: the failure the record came after, 0: none */
+    char msg[2048];
+    struct emu_event *next;      /* every live event */
+} emu_event;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;          /* the state below */
 static pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;   /* one launch at a time */
@@ -116,6 +152,14 @@ static int g_nallocs, g_cap_allocs;
 static size_t g_used;
 static int g_live_modules, g_live_streams, g_live_events, g_live_graphs;
 static int g_capturing;      /* streams capturing: synchronous calls are errors meanwhile, as on a GPU */
+/* the queues: every live stream and event; recursive, since running a stream's
+ * wait runs the stream it waits for */
+static pthread_mutex_t g_q_mu;
+static pthread_once_t g_q_once = PTHREAD_ONCE_INIT;
+static emu_stream **g_streams;
+static int g_nstreams, g_cap_streams;
+static emu_event *g_events;
+static int g_inject;         /* tf_cuda_emu_inject_fault: launches until the one that faults, 0: none */
 static emu_module *g_pending;
 static char *g_stacks;
 static _Thread_local char g_msg[2048];   /* the last failure's words, for cuGetErrorString */
@@ -183,8 +227,11 @@ static int do_alloc(void **out, size_t n, bool host)
     return r;
 }
 
+static void flush_all(void);
+
 static int do_free(void *p, bool host)
 {
+    flush_all();   /* a GPU finishes the work that may still use it */
     pthread_mutex_lock(&g_mu);
     int r = fail(INVALID_VALUE, "freeing %p, which is not a live %s allocation", p, host ? "pinned host" : "device");
     for (int i = 0; i < g_nallocs; i++)
@@ -215,20 +262,101 @@ static int check_range(const void *p, size_t n, bool host_ok, const char *what)
 
 static void graph_free(emu_graph *g);
 
+static void q_init(void)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&g_q_mu, &a);
+    pthread_mutexattr_destroy(&a);
+}
+static void q_lock(void)
+{
+    pthread_once(&g_q_once, q_init);
+    pthread_mutex_lock(&g_q_mu);
+}
+static void q_unlock(void) { pthread_mutex_unlock(&g_q_mu); }
+
+static int run_event(void *argp);
+static int run_wait(void *argp);
+
+/* Run st's queued work up to position upto (q held). A failure is kept, and
+ * what follows it is dropped. */
+static void flush_until(emu_stream *st, uint64_t upto)
+{
+    while (st->done < upto && st->qhead < st->qn) {
+        work w = st->q[st->qhead++];
+        uint64_t at = ++st->done;
+        if (!st->fault) {
+            int r = w.fn(w.arg);
+            if (r && !st->fault) {
+                st->fault = r;
+                st->fault_at = at;
+                snprintf(st->msg, sizeof st->msg, "%s", g_msg);
+            }
+        }
+        tf_free(w.arg);
+    }
+    if (st->qhead == st->qn) st->qhead = st->qn = 0;
+}
+
+static void flush_all(void)
+{
+    q_lock();
+    for (int i = 0; i < g_nstreams; i++) flush_until(g_streams[i], g_streams[i]->enq);
+    q_unlock();
+}
+
+/* The failure queued work met at or before position at of st, 0: none. */
+static int fault_by(const emu_stream *st, uint64_t at) { return st->fault && st->fault_at <= at ? st->fault : 0; }
+
 int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, size_t arg_bytes)
 {
     emu_stream *st = (emu_stream *)s;
-    if (!st || !st->capturing) return fn((void *)arg);
+    if (!st) {   /* the legacy stream: after everything queued, at once */
+        flush_all();
+        return fn((void *)arg);
+    }
     void *copy = tf_malloc(arg_bytes ? arg_bytes : 1);
-    emu_graph *g = st->graph;
-    if (!copy || (g->n == g->cap && !(g->cap = g->cap ? 2 * g->cap : 64, g->w = tf_realloc(g->w, (size_t)g->cap * sizeof *g->w)))) {
-        tf_free(copy);
-        st->error = OUT_OF_MEMORY;
-        return fail(OUT_OF_MEMORY, "out of host memory recording a graph");
+    if (!copy) {
+        if (st->capturing) st->error = OUT_OF_MEMORY;
+        return fail(OUT_OF_MEMORY, "out of host memory queueing work");
     }
     memcpy(copy, arg, arg_bytes);
-    g->w[g->n++] = (work){fn, copy, arg_bytes};
-    return OK;
+    q_lock();
+    int r = OK;
+    if (st->capturing) {
+        emu_graph *g = st->graph;
+        if (g->n == g->cap) {
+            int cap = g->cap ? 2 * g->cap : 64;
+            work *w = tf_realloc(g->w, (size_t)cap * sizeof *w);
+            if (w) g->w = w, g->cap = cap;
+        }
+        if (g->n < g->cap) g->w[g->n++] = (work){fn, copy, arg_bytes};
+        else st->error = r = fail(OUT_OF_MEMORY, "out of host memory recording a graph");
+    } else {
+        if (st->qn == st->qcap) {
+            int cap = st->qcap ? 2 * st->qcap : 64;
+            work *w = tf_realloc(st->q, (size_t)cap * sizeof *w);
+            if (w) st->q = w, st->qcap = cap;
+        }
+        if (st->qn < st->qcap) {
+            st->q[st->qn++] = (work){fn, copy, arg_bytes};
+            st->enq++;
+        } else {
+            r = fail(OUT_OF_MEMORY, "out of host memory queueing work");
+        }
+    }
+    q_unlock();
+    if (r) tf_free(copy);
+    return r;
+}
+
+void tf_cuda_emu_inject_fault(int after)
+{
+    pthread_mutex_lock(&g_launch_mu);
+    g_inject = after > 0 ? after : 0;
+    pthread_mutex_unlock(&g_launch_mu);
 }
 
 /* ---- compiling modules ------------------------------------------------------------- */
@@ -705,7 +833,10 @@ static int run_launch(void *argp)
     char err[1024] = "";
     int r = OK;
     int sig = sigsetjmp(g_fault_jmp, 1);
-    if (!sig) {
+    if (!sig && g_inject > 0 && --g_inject == 0) {   /* a test's fault (tf_cuda_emu_inject_fault) */
+        r = fail(ILLEGAL_ADDRESS, "cuda-emu: kernel %s (grid %u, block %u): an illegal memory access (injected by "
+                 "tf_cuda_emu_inject_fault)", f->name, a->grid[0], a->block[0]);
+    } else if (!sig) {
         g_in_kernel = 1;
         if (f->mod->launch(f->entry, params, a->grid, a->block, a->smem, g_stacks, STACK, err, sizeof err))
             r = fail(LAUNCH_FAILED, "cuda-emu: kernel %s: %s", f->name, err);
@@ -829,12 +960,14 @@ static const char *code_name(int r)
     case INVALID_IMAGE: return "CUDA_ERROR_INVALID_IMAGE";
     case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
     case NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case NOT_READY: return "CUDA_ERROR_NOT_READY";
     case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
     case LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
     case LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
     case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case STREAM_CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
     case STREAM_CAPTURE_INVALIDATED: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    case STREAM_CAPTURE_ISOLATION: return "CUDA_ERROR_STREAM_CAPTURE_ISOLATION";
     default: return "CUDA_ERROR_UNKNOWN";
     }
 }
@@ -877,6 +1010,7 @@ static tf_cu_result emu_ctx_set(tf_cu_context c) { return c == (tf_cu_context)&g
 static tf_cu_result emu_ctx_sync(void)
 {
     if (g_capturing) return fail(STREAM_CAPTURE_UNSUPPORTED, "cuCtxSynchronize while a stream captures a graph");
+    flush_all();
     return settle();
 }
 static tf_cu_result emu_mem_info(size_t *f, size_t *t)
@@ -903,6 +1037,19 @@ static tf_cu_result emu_stream_create(tf_cu_stream *s, unsigned flags)
     (void)flags;
     emu_stream *st = tf_calloc(1, sizeof *st);
     if (!st) return fail(OUT_OF_MEMORY, "out of host memory");
+    q_lock();
+    if (g_nstreams == g_cap_streams) {
+        int cap = g_cap_streams ? 2 * g_cap_streams : 16;
+        emu_stream **a = tf_realloc(g_streams, (size_t)cap * sizeof *a);
+        if (a) g_streams = a, g_cap_streams = cap;
+    }
+    bool ok = g_nstreams < g_cap_streams;
+    if (ok) g_streams[g_nstreams++] = st;
+    q_unlock();
+    if (!ok) {
+        tf_free(st);
+        return fail(OUT_OF_MEMORY, "out of host memory");
+    }
     pthread_mutex_lock(&g_mu);
     g_live_streams++;
     pthread_mutex_unlock(&g_mu);
@@ -918,7 +1065,23 @@ static tf_cu_result emu_stream_destroy(tf_cu_stream s)
         g_capturing--;
         pthread_mutex_unlock(&g_mu);
     }
+    /* its work finishes first (and the work of streams waiting for it); its events keep how it ended */
+    flush_all();
+    q_lock();
+    for (int i = 0; i < g_nstreams; i++)
+        if (g_streams[i] == st) {
+            g_streams[i] = g_streams[--g_nstreams];
+            break;
+        }
+    for (emu_event *e = g_events; e; e = e->next)
+        if (e->st == st) {
+            e->fault = fault_by(st, e->seq);
+            snprintf(e->msg, sizeof e->msg, "%s", e->fault ? st->msg : "");
+            e->st = NULL;
+        }
+    q_unlock();
     graph_free(st->graph);
+    tf_free(st->q);
     tf_free(st);
     pthread_mutex_lock(&g_mu);
     g_live_streams--;
@@ -929,7 +1092,18 @@ static tf_cu_result emu_stream_sync(tf_cu_stream s)
 {
     emu_stream *st = (emu_stream *)s;
     if (st && st->capturing) return fail(STREAM_CAPTURE_UNSUPPORTED, "cuStreamSynchronize on a stream that is capturing a graph");
-    return settle();
+    if (!st) {
+        flush_all();
+        return settle();
+    }
+    q_lock();
+    flush_until(st, st->enq);
+    int fault = st->fault;
+    char msg[sizeof st->msg];
+    snprintf(msg, sizeof msg, "%s", st->msg);
+    q_unlock();
+    int r = settle();
+    return fault ? fail(fault, "%s", msg) : r;
 }
 
 static tf_cu_result emu_module_load(tf_cu_module *out, const void *image)
@@ -963,6 +1137,7 @@ static tf_cu_result emu_module_unload(tf_cu_module mod)
 {
     emu_module *m = (emu_module *)mod;
     if (!m) return fail(INVALID_HANDLE, "no module");
+    flush_all();   /* queued launches of its kernels run first */
     pthread_mutex_lock(&g_mu);
     for (emu_module **p = &g_pending; *p; p = &(*p)->next_pending)
         if (*p == m) {
@@ -1003,17 +1178,36 @@ typedef struct event_arg { emu_event *e; } event_arg;
 static int run_event(void *argp) { ((event_arg *)argp)->e->ms = now_ms(); return OK; }
 static tf_cu_result emu_event_create(tf_cu_event *e, unsigned flags)
 {
-    (void)flags;
+    if (flags & ~3u) return fail(INVALID_VALUE, "cuEventCreate: flags %#x (cuda-emu takes DEFAULT, BLOCKING_SYNC, DISABLE_TIMING)", flags);
     emu_event *ev = tf_calloc(1, sizeof *ev);
     if (!ev) return fail(OUT_OF_MEMORY, "out of host memory");
+    q_lock();
+    ev->next = g_events;
+    g_events = ev;
+    q_unlock();
     pthread_mutex_lock(&g_mu);
     g_live_events++;
     pthread_mutex_unlock(&g_mu);
     *e = (tf_cu_event)ev;
     return OK;
 }
+/* A live event (q held), or NULL. */
+static emu_event *live_event(tf_cu_event e)
+{
+    for (emu_event *v = g_events; v; v = v->next)
+        if (v == (emu_event *)e) return v;
+    return NULL;
+}
 static tf_cu_result emu_event_destroy(tf_cu_event e)
 {
+    flush_all();   /* a record still queued runs first */
+    q_lock();
+    emu_event **p = &g_events;
+    while (*p && *p != (emu_event *)e) p = &(*p)->next;
+    bool found = *p != NULL;
+    if (found) *p = (*p)->next;
+    q_unlock();
+    if (!found) return fail(INVALID_HANDLE, "cuEventDestroy: %p is not a live event", (void *)e);
     tf_free(e);
     pthread_mutex_lock(&g_mu);
     g_live_events--;
@@ -1022,13 +1216,122 @@ static tf_cu_result emu_event_destroy(tf_cu_event e)
 }
 static tf_cu_result emu_event_record(tf_cu_event e, tf_cu_stream s)
 {
-    event_arg a = {(emu_event *)e};
-    return tf_cuda_emu_submit(s, run_event, &a, sizeof a);
+    emu_stream *st = (emu_stream *)s;
+    q_lock();
+    emu_event *ev = live_event(e);
+    if (!ev) {
+        q_unlock();
+        return fail(INVALID_HANDLE, "cuEventRecord: %p is not a live event", (void *)e);
+    }
+    event_arg a = {ev};
+    int r = tf_cuda_emu_submit(s, run_event, &a, sizeof a);
+    if (!r) {
+        ev->graph = st && st->capturing ? st->graph : NULL;
+        ev->st = st && !st->capturing ? st : NULL;
+        ev->seq = ev->st ? st->enq : 0;
+        ev->fault = 0;
+    }
+    q_unlock();
+    return r;
 }
+/* Whether the event's last record has run (q held); *fault: the failure it came after. */
+static bool event_done(const emu_event *e, int *fault, const char **msg)
+{
+    *fault = e->st ? fault_by(e->st, e->seq) : e->fault;
+    *msg = e->st ? e->st->msg : e->msg;
+    return !e->st || e->st->done >= e->seq;
+}
+static tf_cu_result emu_event_sync(tf_cu_event e)
+{
+    q_lock();
+    emu_event *ev = live_event(e);
+    if (!ev) {
+        q_unlock();
+        return fail(INVALID_HANDLE, "cuEventSynchronize: %p is not a live event", (void *)e);
+    }
+    if (ev->st) flush_until(ev->st, ev->seq);
+    int fault;
+    const char *m;
+    event_done(ev, &fault, &m);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", m);
+    q_unlock();
+    return fault ? fail(fault, "%s", msg) : OK;
+}
+static tf_cu_result emu_event_query(tf_cu_event e)
+{
+    q_lock();
+    emu_event *ev = live_event(e);
+    if (!ev) {
+        q_unlock();
+        return fail(INVALID_HANDLE, "cuEventQuery: %p is not a live event", (void *)e);
+    }
+    int fault;
+    const char *m;
+    bool done = event_done(ev, &fault, &m);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", m);
+    q_unlock();
+    return !done ? NOT_READY : fault ? fail(fault, "%s", msg) : OK;
+}
+
+/* A stream's queued wait: the stream it waits for runs up to the record. */
+typedef struct wait_arg { emu_stream *st; uint64_t seq; } wait_arg;
+static int run_wait(void *argp)
+{
+    wait_arg *w = argp;
+    flush_until(w->st, w->seq);   /* q held: this runs inside a flush */
+    return fault_by(w->st, w->seq) ? fail(w->st->fault, "%s", w->st->msg) : OK;
+}
+typedef struct fail_arg { int code; char msg[2048]; } fail_arg;
+static int run_fail(void *argp) { return fail(((fail_arg *)argp)->code, "%s", ((fail_arg *)argp)->msg); }
+
+static tf_cu_result emu_stream_wait_event(tf_cu_stream s, tf_cu_event e, unsigned flags)
+{
+    emu_stream *st = (emu_stream *)s;
+    if (flags) return fail(INVALID_VALUE, "cuStreamWaitEvent: flags %u (cuda-emu takes 0)", flags);
+    q_lock();
+    emu_event *ev = live_event(e);
+    int r = OK;
+    if (!ev) {
+        r = fail(INVALID_HANDLE, "cuStreamWaitEvent: %p is not a live event", (void *)e);
+    } else if (st && st->capturing) {
+        /* inside a capture, only an event recorded into the same capture orders work (a recorded graph runs in
+         * order, so that is already so); one from outside would cross the capture's boundary */
+        if (ev->graph != st->graph) {
+            st->error = STREAM_CAPTURE_ISOLATION;
+            r = fail(STREAM_CAPTURE_ISOLATION, "cuStreamWaitEvent: a capturing stream waits for an event recorded outside the capture");
+        }
+    } else if (ev->st && ev->st->done < ev->seq) {   /* pending: the wait runs it when this stream gets there */
+        if (ev->st != st) {
+            wait_arg w = {ev->st, ev->seq};
+            r = tf_cuda_emu_submit(s, run_wait, &w, sizeof w);
+        }
+    } else {
+        int fault;
+        const char *m;
+        event_done(ev, &fault, &m);
+        if (fault) {   /* it came after a failure: so does this stream's next work */
+            fail_arg f = {fault, ""};
+            snprintf(f.msg, sizeof f.msg, "%s", m);
+            r = tf_cuda_emu_submit(s, run_fail, &f, sizeof f);
+        }
+    }
+    q_unlock();
+    return r;
+}
+
 static tf_cu_result emu_event_elapsed(float *ms, tf_cu_event a, tf_cu_event b)
 {
-    *ms = (float)(((emu_event *)b)->ms - ((emu_event *)a)->ms);
-    return OK;
+    q_lock();
+    emu_event *ea = live_event(a), *eb = live_event(b);
+    int fa = 0, fb = 0;
+    const char *m;
+    bool done = ea && eb && event_done(ea, &fa, &m) && event_done(eb, &fb, &m);
+    if (done) *ms = (float)(eb->ms - ea->ms);
+    q_unlock();
+    if (!ea || !eb) return fail(INVALID_HANDLE, "cuEventElapsedTime: not a live event");
+    return done ? OK : NOT_READY;
 }
 
 /* ---- graphs: what a capture recorded, replayed in order ------------------------------ */
@@ -1110,17 +1413,25 @@ static tf_cu_result emu_instantiate(tf_cu_graph_exec *out, tf_cu_graph gg, unsig
     return OK;
 }
 
+typedef struct graph_arg { emu_graph *e; } graph_arg;
+static int run_graph(void *argp)
+{
+    emu_graph *e = ((graph_arg *)argp)->e;
+    for (int i = 0; i < e->n; i++) {
+        int r = e->w[i].fn(e->w[i].arg);
+        if (r) return r;
+    }
+    return OK;
+}
+
 static tf_cu_result emu_graph_launch(tf_cu_graph_exec ge, tf_cu_stream s)
 {
     emu_graph *e = (emu_graph *)ge;
     emu_stream *st = (emu_stream *)s;
     if (!e) return fail(INVALID_HANDLE, "no graph");
     if (st && st->capturing) return fail(NOT_SUPPORTED, "cuda-emu does not capture a graph launch into another graph");
-    for (int i = 0; i < e->n; i++) {
-        int r = e->w[i].fn(e->w[i].arg);
-        if (r) return r;
-    }
-    return OK;
+    graph_arg a = {e};
+    return tf_cuda_emu_submit(s, run_graph, &a, sizeof a);
 }
 
 static tf_cu_result graph_destroy(void *g)
@@ -1132,7 +1443,11 @@ static tf_cu_result graph_destroy(void *g)
     pthread_mutex_unlock(&g_mu);
     return OK;
 }
-static tf_cu_result emu_gexec_destroy(tf_cu_graph_exec e) { return graph_destroy(e); }
+static tf_cu_result emu_gexec_destroy(tf_cu_graph_exec e)
+{
+    flush_all();   /* a queued launch of it runs first */
+    return graph_destroy(e);
+}
 static tf_cu_result emu_graph_destroy(tf_cu_graph g) { return graph_destroy(g); }
 
 /* ---- NVRTC ----------------------------------------------------------------------------------- */
@@ -1203,6 +1518,7 @@ void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which)
         c->MemAllocHost = emu_host_alloc, c->MemFreeHost = emu_host_free;
         c->EventCreate = emu_event_create, c->EventDestroy = emu_event_destroy, c->EventRecord = emu_event_record;
         c->EventElapsedTime = emu_event_elapsed;
+        c->StreamWaitEvent = emu_stream_wait_event, c->EventSynchronize = emu_event_sync, c->EventQuery = emu_event_query;
         c->StreamBeginCapture = emu_begin_capture, c->StreamEndCapture = emu_end_capture, c->GraphInstantiate = emu_instantiate;
         c->GraphLaunch = emu_graph_launch, c->GraphExecDestroy = emu_gexec_destroy, c->GraphDestroy = emu_graph_destroy;
         l->driver_version = 13000;

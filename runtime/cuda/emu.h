@@ -10,7 +10,8 @@
  *             defines the built-ins the emitter uses; a launch runs every
  *             thread of every block as a coroutine, with real block
  *             barriers and warp shuffles among the 32 lanes of a warp;
- *             streams run their work in order at once, or record it while a
+ *             streams queue their work in order until something waits for
+ *             it (emu.c says when), or record it while a
  *             stream captures a graph, and a graph replays what it recorded;
  *   NVRTC     hands back the source as the "cubin" (the driver compiles it);
  *   cuBLASLt  computes each matmul on the host from the descriptors;
@@ -35,6 +36,10 @@ const char *tf_cuda_emu_unavailable(void);
 void tf_cuda_emu_describe(tf_strbuf *sb);
 /* Allocations, modules, streams and events alive (a test's leak check). */
 int tf_cuda_emu_live(void);
+
+/* For tests: the launch that runs `after` launches from now (1: the next)
+ * fails as an illegal memory access would, without running; 0: none. */
+void tf_cuda_emu_inject_fault(int after);
 
 /* Fill the tables of l named by which (TF_CUDA_LIB_*) with the stand-ins. */
 void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which);

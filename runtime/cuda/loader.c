@@ -52,6 +52,7 @@ static const sym cu_syms[] = {
     CU(EventDestroy, "cuEventDestroy_v2"), CU(EventRecord, "cuEventRecord"),
     /* CUDA 12.8 added _v2 (same signature); older drivers have the first */
     CU2(EventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
+    CU(StreamWaitEvent, "cuStreamWaitEvent"), CU(EventSynchronize, "cuEventSynchronize"), CU(EventQuery, "cuEventQuery"),
     CU(StreamBeginCapture, "cuStreamBeginCapture_v2"), CU(StreamEndCapture, "cuStreamEndCapture"),
     CU(GraphInstantiate, "cuGraphInstantiateWithFlags"), CU(GraphLaunch, "cuGraphLaunch"),
     CU(GraphExecDestroy, "cuGraphExecDestroy"), CU(GraphDestroy, "cuGraphDestroy"),

@@ -20,6 +20,12 @@
  *   - each example: one training step in fp32 and in its own mixed
  *     precision, and a 50-step fp32 loss curve that must follow the
  *     interpreter's and go down;
+ *   - asynchronous steps: steps run back to back from one caller buffer
+ *     refilled (and spoiled) as soon as run returns, with nothing read in
+ *     between, compute bit for bit what steps waited for one by one do,
+ *     with graphs and with launches; an output read twice is the same; on
+ *     cuda-emu, a fault while a step runs (injected) is reported by the call
+ *     that waits, and the session fails cleanly after;
  *   - the session's contract: info, profiles, state in and out, the step,
  *     a second session served by the disk cache, out of memory said with
  *     the numbers and a remedy, and nothing left on the device afterwards.
@@ -484,6 +490,194 @@ static void graphs(void)
     }
 }
 
+/* ---- asynchronous steps: run enqueues, the first call that reads results waits ---------- */
+
+static const char *const ASYNC_MLP = "input x : f32[6, 10]\ninput y : i64[6]\nparam w : f32[10, 7] = uniform()\n"
+                                     "param b : f32[7] = zeros()\nh = linear(x, w, b)\nr = relu(h)\nloss = cross_entropy(r, y)\n"
+                                     "output loss\noutput logits = r\ntrain {\n  optimizer = adam(lr=0.01)\n}\n";
+enum { ASYNC_STEPS = 6 };
+
+typedef struct async_run {
+    tf_context_t *ctx;
+    tf_model_t *m;
+    tf_program_t *p;
+    tf_session_t *s;
+} async_run;
+
+static bool async_open(async_run *a, bool graphs)
+{
+    memset(a, 0, sizeof *a);
+    tf_context_create(&a->ctx);
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = TF_MODE_TRAIN;
+    o.target = compile_target();
+    tf_precision_parse("fp32", &o.precision);
+    o.cuda_no_graphs = !graphs;
+    if (tf_model_parse_string(a->ctx, "async", ASYNC_MLP, strlen(ASYNC_MLP), NULL, 0, &a->m) || tf_program_compile(a->ctx, a->m, &o, &a->p) ||
+        cuda_session(a->ctx, a->p, g_seed, &a->s)) {
+        CHECK(0, "async: %s", tf_context_last_error(a->ctx));
+        return false;
+    }
+    return true;
+}
+
+static void async_close(async_run *a)
+{
+    tf_session_free(a->s);
+    tf_program_free(a->p);
+    tf_model_free(a->m);
+    tf_context_free(a->ctx);
+}
+
+/* Step k's inputs: x in [-2, 2), y in [0, 7). */
+static void async_inputs(int k, float *x, int64_t *y)
+{
+    uint64_t r = g_seed * 7919 + (uint64_t)k * 104729 + 1;
+    for (int i = 0; i < 60; i++) x[i] = (float)(4 * test_rnd(&r) - 2);
+    for (int i = 0; i < 6; i++) y[i] = (int64_t)(test_rnd(&r) * 7) % 7;
+}
+
+/* w, b and the optimizer's state, concatenated. */
+static size_t async_state(async_run *a, unsigned char *buf, size_t cap)
+{
+    size_t at = 0;
+    for (int kind = TF_IO_PARAM; kind <= TF_IO_BUFFER; kind++)
+        for (size_t j = 0; j < tf_program_io_count(a->p, (tf_io_kind)kind); j++) {
+            const char *name;
+            tf_dtype dt;
+            int rank;
+            int64_t shape[8], n = 1;
+            tf_program_io(a->p, (tf_io_kind)kind, j, &name, &dt, &rank, shape);
+            for (int q = 0; q < rank; q++) n *= shape[q];
+            size_t bytes = (size_t)n * (size_t)tf_dtype_size(dt);
+            tf_tensor_view v = {.data = buf + at};
+            if (at + bytes > cap || tf_session_get_state(a->s, name, &v, bytes)) {
+                CHECK(0, "async: state %s: %s", name, tf_context_last_error(a->ctx));
+                return 0;
+            }
+            at += bytes;
+        }
+    return at;
+}
+
+static void async_steps(void)
+{
+    int64_t xs[2] = {6, 10}, ys[1] = {6};
+    float x[ASYNC_STEPS][60], logits[3][42], loss_each[2][ASYNC_STEPS];
+    int64_t y[ASYNC_STEPS][6];
+    for (int k = 0; k < ASYNC_STEPS; k++) async_inputs(k, x[k], y[k]);
+    static unsigned char st[3][8192];
+    size_t nst[3] = {0};
+    float loss_last[3] = {0};
+    /* 0: graphs, steps back to back, one caller buffer refilled (and then spoiled) after each run returns, nothing read
+     *    until the end; 1: graphs, an output read (the host waits) after every step; 2: launches (--cuda-graphs=off),
+     *    an output read after every step */
+    for (int v = 0; v < 3; v++) {
+        async_run a;
+        if (!async_open(&a, v != 2)) {
+            async_close(&a);
+            return;
+        }
+        float xb[60];
+        int64_t yb[6];
+        bool ok = !tf_session_bind(a.s, "x", TF_DTYPE_F32, xs, 2, xb) && !tf_session_bind(a.s, "y", TF_DTYPE_I64, ys, 1, yb);
+        for (int k = 0; ok && k < ASYNC_STEPS; k++) {
+            memcpy(xb, x[k], sizeof xb);
+            memcpy(yb, y[k], sizeof yb);
+            ok = !tf_session_run(a.s);
+            CHECK(ok, "async %d: run %d: %s", v, k, tf_context_last_error(a.ctx));
+            /* the caller may change its buffers once run returns: the step computes with what was there */
+            for (int i = 0; i < 60; i++) xb[i] = v == 0 ? NAN : x[(k + 1) % ASYNC_STEPS][i];
+            for (int i = 0; i < 6; i++) yb[i] = (yb[i] + 3) % 7;
+            if (v == 0 || !ok) continue;
+            tf_tensor_view l;
+            ok = !tf_session_output(a.s, "loss", &l);
+            CHECK(ok, "async %d: output %d: %s", v, k, tf_context_last_error(a.ctx));
+            if (ok) loss_each[v - 1][k] = ((const float *)l.data)[0];
+        }
+        if (ok) {
+            tf_tensor_view l, l2, lg;
+            ok = !tf_session_output(a.s, "loss", &l) && !tf_session_output(a.s, "logits", &lg);
+            CHECK(ok, "async %d: outputs: %s", v, tf_context_last_error(a.ctx));
+            if (ok) {
+                loss_last[v] = ((const float *)l.data)[0];
+                memcpy(logits[v], lg.data, sizeof logits[v]);
+                /* read again: the same step's outputs, the same bytes */
+                CHECK(!tf_session_output(a.s, "logits", &l2) && !memcmp(l2.data, logits[v], sizeof logits[v]) &&
+                          !tf_session_output(a.s, "loss", &l2) && ((const float *)l2.data)[0] == loss_last[v],
+                      "async %d: an output read twice is the same", v);
+            }
+            uint64_t step = 0;
+            CHECK(!tf_session_step(a.s, &step) && step == ASYNC_STEPS, "async %d: %d steps counted (%llu)", v, ASYNC_STEPS,
+                  (unsigned long long)step);
+            nst[v] = async_state(&a, st[v], sizeof st[v]);
+        }
+        tf_session_info info;
+        tf_session_get_info(a.s, &info);
+        if (v != 2 && !info.fallbacks)
+            CHECK(info.graph_replays == ASYNC_STEPS, "async %d: every step a graph replay (%lld)", v, (long long)info.graph_replays);
+        async_close(&a);
+        if (!ok) return;
+    }
+    g_cases++;
+    CHECK(!memcmp(loss_each[0], loss_each[1], sizeof loss_each[0]), "async: each step's loss the same with graphs and launches");
+    CHECK(loss_last[0] == loss_last[1] && loss_last[1] == loss_last[2] && loss_last[2] == loss_each[1][ASYNC_STEPS - 1],
+          "async: the last loss the same, steps back to back or waited for, graphs or launches (%.9g %.9g %.9g)", loss_last[0],
+          loss_last[1], loss_last[2]);
+    CHECK(!memcmp(logits[0], logits[1], sizeof logits[0]) && !memcmp(logits[1], logits[2], sizeof logits[0]),
+          "async: the last logits bit for bit the same");
+    CHECK(nst[0] > 0 && nst[0] == nst[1] && nst[1] == nst[2] && !memcmp(st[0], st[1], nst[0]) && !memcmp(st[1], st[2], nst[0]),
+          "async: every param and optimizer state bit for bit the same after %d steps", ASYNC_STEPS);
+}
+
+/* A fault on the GPU while a step runs (cuda-emu: one injected into a
+ * launch): run has returned, the call that waits reports it, with the
+ * message a synchronous step gave, and the session fails cleanly after. */
+static void async_fault(void)
+{
+    for (int v = 0; v < 2; v++) {
+        async_run a;
+        if (!async_open(&a, v == 0)) {
+            async_close(&a);
+            return;
+        }
+        float xb[60];
+        int64_t yb[6], xs[2] = {6, 10}, ys[1] = {6};
+        async_inputs(0, xb, yb);
+        tf_tensor_view l;
+        bool ok = !tf_session_bind(a.s, "x", TF_DTYPE_F32, xs, 2, xb) && !tf_session_bind(a.s, "y", TF_DTYPE_I64, ys, 1, yb) &&
+                  !tf_session_run(a.s) && !tf_session_output(a.s, "loss", &l) && !tf_session_run(a.s) &&
+                  !tf_session_output(a.s, "loss", &l);
+        CHECK(ok, "fault %d: two good steps: %s", v, tf_context_last_error(a.ctx));
+        if (ok) {
+            tf_cuda_emu_inject_fault(1);
+            tf_status st = tf_session_run(a.s);
+            CHECK(st == TF_OK, "fault %d: run returns before the step runs: %s", v, st ? tf_context_last_error(a.ctx) : "ok");
+            float w[70];
+            tf_tensor_view wv = {.data = w};
+            /* the first call that waits: an output (graphs) or the state (launches) */
+            st = v == 0 ? tf_session_output(a.s, "loss", &l) : tf_session_get_state(a.s, "w", &wv, sizeof w);
+            char e[4096];
+            snprintf(e, sizeof e, "%s", tf_context_last_error(a.ctx));
+            CHECK(st == TF_ERR_RUNTIME && strstr(e, "error: cuda: the step failed on the GPU: ") && strstr(e, "injected") &&
+                      strstr(e, "illegal memory access"),
+                  "fault %d: the call that waits reports the step's failure: %s", v, e);
+            tf_cuda_emu_inject_fault(0);
+            st = tf_session_run(a.s);
+            CHECK(st == TF_ERR_RUNTIME && !strcmp(tf_context_last_error(a.ctx), e), "fault %d: the next run fails cleanly, saying so: %s", v,
+                  tf_context_last_error(a.ctx));
+            st = tf_session_output(a.s, "loss", &l);
+            CHECK(st == TF_ERR_RUNTIME && !strcmp(tf_context_last_error(a.ctx), e), "fault %d: so does an output", v);
+            st = tf_session_get_state(a.s, "w", &wv, sizeof w);
+            CHECK(st == TF_ERR_RUNTIME, "fault %d: and the state", v);
+            g_cases++;
+        }
+        tf_cuda_emu_inject_fault(0);
+        async_close(&a);
+    }
+}
+
 /* ---- the session's contract -------------------------------------------------------- */
 
 /* The cuBLASLt algorithm choices cached in $TFUSE_CACHE_DIR/cuda (default
@@ -848,6 +1042,8 @@ int main(int argc, char **argv)
     if (!g_fake) epilogues();   /* nor has it a cuBLASLt */
     contract();
     bad_ids();
+    if (!g_fake) async_steps();   /* the fake driver runs no kernel */
+    if (g_emu) async_fault();
     if (g_fake) {
         fake_compiles(cache);
         fake_convs(fake_dir, cache);

@@ -11,7 +11,8 @@
  *     reference bit for bit, whichever algorithm the plan chose;
  *   - the choice: every usable candidate of the heuristic is timed (the
  *     matmuls counted, and one candidate made the fastest by slowing the
- *     others down) and the fastest is taken; candidates needing workspace
+ *     others down: a spin queued on the stream before each of their
+ *     matmuls, inside the events that time it) and the fastest is taken; candidates needing workspace
  *     are left out when the limit or the buffer says so;
  *   - the algorithm cache on disk: a second plan reads it and times
  *     nothing; a flipped byte, a truncated file, garbage or an empty file is
@@ -61,15 +62,23 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+/* A slower algorithm: work on the stream (where the events that time it are), spinning ms milliseconds. */
+static int spin(void *ms)
+{
+    double want;
+    memcpy(&want, ms, sizeof want);
+    for (double t0 = now_ms(); now_ms() - t0 < want;) {
+    }
+    return 0;
+}
+
 static tf_cublas_status count_matmul(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op, const void *alpha, const void *a,
                                      tf_cublaslt_layout ad, const void *b, tf_cublaslt_layout bd, const void *beta, const void *c,
                                      tf_cublaslt_layout cd, void *d, tf_cublaslt_layout dd, const tf_cublaslt_algo *algo, void *ws,
                                      size_t wsb, tf_cu_stream s)
 {
     g_matmuls++;
-    if (g_fast && algo && algo->data[0] != g_fast)
-        for (double t0 = now_ms(); now_ms() - t0 < g_slow_ms;) {
-        }
+    if (g_fast && algo && algo->data[0] != g_fast) tf_cuda_emu_submit(s, spin, &g_slow_ms, sizeof g_slow_ms);
     return g_emu.Matmul(h, op, alpha, a, ad, b, bd, beta, c, cd, d, dd, algo, ws, wsb, s);
 }
 
