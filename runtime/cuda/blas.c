@@ -429,7 +429,7 @@ tf_cuda_status tf_gemm_relu_mask_probe(const tf_cuda_libs *l, tf_cublaslt_handle
     memset(&g, 0, sizeof g);
     *same = false;
     if (n) why[0] = 0;
-    char err[600] = "";
+    char err[2048] = "";
     tf_cuda_status st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&da, sizeof a));
     if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&db, sizeof b));
     if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&dc, sizeof c));
