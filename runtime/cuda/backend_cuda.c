@@ -173,7 +173,7 @@ typedef struct gkernel {
     tf_kernel *rest;            /* RUN_GEMM with a cuBLASLt epilogue: what the epilogue kernel still does (NULL: nothing) */
     tf_cu_deviceptr scratch;    /* the generated code's scratch (a split reduction's), 0: none */
     char epi[800];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
-    char epi_note[300];         /* why the backward epilogues (BGRAD, DRELU) were not used, when they were looked for */
+    char epi_note[620];         /* why the backward epilogues (BGRAD, DRELU) were not used, when they were looked for */
     bool preplanned;            /* plan_backward decided how it runs: a GEMM with a backward epilogue, or a kernel
                                  * whose work such a GEMM does (RUN_NOTHING, or RUN_GEMM moved to its place) */
     bool no_code;               /* preplanned GEMM: its region needs no epilogue kernel */
@@ -1681,7 +1681,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
                 if (!gk->epi_note[0] && k->lib->backward && !use)
                     snprintf(gk->epi_note, sizeof gk->epi_note, "no kernel only sums one of its operands over K (BGRAD), no ReLU backward reads "
                              "its result alone (DRELU)");
-                snprintf(gk->epi, sizeof gk->epi, "none: %.200s%s%.300s%s", why, gk->epi_note[0] ? "; " : "", gk->epi_note, ep.gelu ? gelu_why : "");
+                snprintf(gk->epi, sizeof gk->epi, "none: %.200s%s%.420s%s", why, gk->epi_note[0] ? "; " : "", gk->epi_note, ep.gelu ? gelu_why : "");
                 gk->why[0] = 0;
                 gemm_done = !oom_hit && gemm_setup(c, gk, NULL, &oom_hit);
             }
