@@ -22,7 +22,10 @@
  *     kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
  *     of the heuristic's algorithms, timed once per shape and cached on
  *     disk; a region's row bias and ReLU as cuBLASLt's epilogue where that
- *     is all the region adds), conv2d and its two gradients through cuDNN
+ *     is all the region adds; in the backward pass a weight gradient's bias
+ *     gradient (BGRADA/BGRADB) and ReLU's backward (DRELU_BGRAD, on the
+ *     forward GEMM's RELU_AUX_BIAS mask), the kernels they replace not run:
+ *     plan_backward), conv2d and its two gradients through cuDNN
  *     (dnn.c: the algorithm cudnnFind picks once per shape, cached on disk
  *     beside the cubins), the updates (every new value read before any
  *     state is written), the outputs back into pinned memory, and one
@@ -177,6 +180,7 @@ typedef struct gkernel {
     bool preplanned;            /* plan_backward decided how it runs: a GEMM with a backward epilogue, or a kernel
                                  * whose work such a GEMM does (RUN_NOTHING, or RUN_GEMM moved to its place) */
     bool no_code;               /* preplanned GEMM: its region needs no epilogue kernel */
+    char lab[48];               /* a preplanned kernel's label in profiles ("in GEMM: BGRADA", "GEMM moved: DRELU_BGRAD") */
     tf_conv *conv;              /* RUN_CONV */
     int lfn;                    /* RUN_LIBKERNEL: the library op's own kernel in the jit's table; -1: none */
     tf_cu_deviceptr *ldptr;     /* its parameters: the op's result, its operands that are not constants, */
@@ -1210,7 +1214,8 @@ static bool plan_backward(tf_session_t *s, cuda_session *c)
                     c->ks[ri].k = &c->plan->kernels[ri];
                     c->ks[ri].how = RUN_NOTHING;
                     c->ks[ri].preplanned = true;
-                    c->ks[ri].label = "in GEMM (bias gradient)";
+                    snprintf(c->ks[ri].lab, sizeof c->ks[ri].lab, "in GEMM: %s", tf_gemm_epilogue_name(kind));
+                    c->ks[ri].label = c->ks[ri].lab;
                     snprintf(c->ks[ri].why, sizeof c->ks[ri].why, "its reduce_sum is the %s epilogue of kernel %s's GEMM", tf_gemm_epilogue_name(kind),
                              k->name);
                     continue;
@@ -1302,7 +1307,8 @@ static bool plan_backward(tf_session_t *s, cuda_session *c)
                         gk->how = RUN_GEMM;
                         snprintf(gk->epi, sizeof gk->epi, "%s; no epilogue kernel", what_text);
                         rk->how = RUN_NOTHING;
-                        rk->label = "in GEMM (relu backward)";
+                        snprintf(rk->lab, sizeof rk->lab, "in GEMM: %s", en);
+                        rk->label = rk->lab;
                         snprintf(rk->why, sizeof rk->why, "ReLU's backward is the %s epilogue of kernel %s's GEMM", en, k->name);
                     } else {   /* memplan put dX where the kernels in between still work: the GEMM runs in ReLU's kernel's place */
                         rk->how = RUN_GEMM;
@@ -1311,7 +1317,8 @@ static bool plan_backward(tf_session_t *s, cuda_session *c)
                         rk->no_code = true;
                         snprintf(rk->epi, sizeof rk->epi, "kernel %s's GEMM, run here: %s; no epilogue kernel", k->name, what_text);
                         gk->how = RUN_NOTHING;
-                        gk->label = "GEMM moved";
+                        snprintf(gk->lab, sizeof gk->lab, "GEMM moved: %s", en);
+                        gk->label = gk->lab;
                         snprintf(gk->why, sizeof gk->why, "its GEMM runs in kernel %s's place, with the %s epilogue (memplan puts %s where kernels in "
                                  "between still work)", c->plan->kernels[dm.ri].name, en, dm.dx->name ? dm.dx->name : "?");
                     }
