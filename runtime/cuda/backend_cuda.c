@@ -25,7 +25,10 @@
  *     (events both ways) moves it into place, then runs the kernels in plan order, matmuls through cuBLASLt (blas.c: the fastest
  *     of the heuristic's algorithms, timed once per shape and cached on
  *     disk; a region's row bias and ReLU as cuBLASLt's epilogue where that
- *     is all the region adds), conv2d and its two gradients through cuDNN
+ *     is all the region adds; in the backward pass a weight gradient's bias
+ *     gradient (BGRADA/BGRADB) and ReLU's backward (DRELU_BGRAD, on the
+ *     forward GEMM's RELU_AUX_BIAS mask), the kernels they replace not run:
+ *     plan_backward), conv2d and its two gradients through cuDNN
  *     (dnn.c: the algorithm cudnnFind picks once per shape, cached on disk
  *     beside the cubins), the updates (every new value read before any
  *     state is written), the outputs back into pinned memory, and records
@@ -72,6 +75,7 @@
  * session starts, which kernels run on the host and why, and which cuDNN
  * algorithm each convolution got. TFUSE_CACHE_DIR moves the cubin and
  * algorithm cache (default ~/.cache/tfuse). */
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -161,6 +165,8 @@ static const char *const how_names[] = {"jit", "view", "gemm", "library", "fallb
 
 typedef struct gemm_call {
     tf_gemm g;
+    const tf_node *n;           /* the matmul it computes (a kernel's own, or one moved to a later kernel's place) */
+    tf_cu_deviceptr own;        /* device memory it owns: the ReLU mask a RELU_AUX_BIAS plan writes (0: none) */
     tf_cu_deviceptr d;          /* where the product goes: the matmul's result, or a value its epilogue stores */
     int64_t calls;              /* 1, or one per batch index when the batch axes do not stride evenly */
     int64_t *off_a, *off_b;     /* per call: element offsets into A and B (NULL when calls == 1) */
@@ -177,7 +183,12 @@ typedef struct gkernel {
     gemm_call *mm;              /* RUN_GEMM */
     tf_kernel *rest;            /* RUN_GEMM with a cuBLASLt epilogue: what the epilogue kernel still does (NULL: nothing) */
     tf_cu_deviceptr scratch;    /* the generated code's scratch (a split reduction's), 0: none */
-    char epi[240];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
+    char epi[800];              /* RUN_GEMM: the epilogue cuBLASLt applies, or why none (--cuda-explain) */
+    char epi_note[620];         /* why the backward epilogues (BGRAD, DRELU) were not used, when they were looked for */
+    bool preplanned;            /* plan_backward decided how it runs: a GEMM with a backward epilogue, or a kernel
+                                 * whose work such a GEMM does (RUN_NOTHING, or RUN_GEMM moved to its place) */
+    bool no_code;               /* preplanned GEMM: its region needs no epilogue kernel */
+    char lab[48];               /* a preplanned kernel's label in profiles ("in GEMM: BGRADA", "GEMM moved: DRELU_BGRAD") */
     tf_conv *conv;              /* RUN_CONV */
     int lfn;                    /* RUN_LIBKERNEL: the library op's own kernel in the jit's table; -1: none */
     tf_cu_deviceptr *ldptr;     /* its parameters: the op's result, its operands that are not constants, */
@@ -207,6 +218,8 @@ typedef struct cuda_session {
     const tf_kernel_plan *plan;   /* the program's (s->p->plan) */
     gkernel *ks;
     tf_cuda_jit jit;            /* compiled code: modules and functions */
+    int relu_probe;             /* cuBLASLt's ReLU mask against blas.h's reading: 0 not probed, 1 the same, -1 not */
+    char relu_probe_why[400];
     /* device memory: two allocations */
     tf_cu_deviceptr arena, state;
     size_t arena_bytes, state_bytes;
@@ -584,6 +597,7 @@ static void gemm_call_free(cuda_session *c, gemm_call *mm)
 {
     if (!mm) return;
     tf_gemm_free(&c->libs, &mm->g);
+    if (mm->own) c->libs.cu.MemFree(mm->own);
     tf_free(mm->off_a);
     tf_free(mm->off_b);
     tf_free(mm);
@@ -605,6 +619,9 @@ typedef struct epi_plan {
     tf_gemm_epilogue kind;
     int bias_buf, d_buf;        /* kernel buffers: the bias, and where the product goes */
     tf_kernel *rest;            /* the epilogue kernel left (NULL: none), owning exprs and stores */
+    bool gelu;                  /* the rest applies a gelu to the biased product (which cuBLASLt's GELU is not) */
+    /* plan_backward's: device addresses, in place of the buffers (0: the buffers') */
+    tf_cu_deviceptr bias_dev, d_dev, aux_dev;
 } epi_plan;
 
 static int buf_index(const tf_kernel *k, const tf_value *v)
@@ -643,6 +660,24 @@ static void epi_free(tf_kernel *rest)
     tf_free(rest);
 }
 
+/* The kernel applies a gelu (erf's: x/2 (1 + erf(x / sqrt 2)), as the op
+ * lowers) to expression x, or to anything when x < 0. */
+static bool has_gelu(const tf_kernel *k, int x)
+{
+    for (int i = 0; i < k->nexprs; i++) {
+        const tf_kexpr *e = &k->exprs[i];
+        if (e->kind == TF_KX_OP && e->op == TF_OP_GELU && (x < 0 || e->args[0] == x)) return true;
+        if (e->kind != TF_KX_OP || e->op != TF_OP_ERF) continue;
+        const tf_kexpr *m = &k->exprs[e->args[0]];
+        if (m->kind != TF_KX_OP || m->op != TF_OP_MUL || m->nargs != 2) continue;
+        for (int q = 0; q < 2; q++)
+            if ((x < 0 || m->args[q] == x) && k->exprs[m->args[1 - q]].kind == TF_KX_CONST &&
+                fabs(k->exprs[m->args[1 - q]].value - 0.70710678118654752) < 1e-6)
+                return true;
+    }
+    return false;
+}
+
 /* false (with why) when the region is not a bias add (and ReLU) cuBLASLt can do. */
 static bool plan_epilogue(const tf_kernel *k, epi_plan *e, bool *oom, char *why, size_t n)
 {
@@ -678,6 +713,7 @@ static bool plan_epilogue(const tf_kernel *k, epi_plan *e, bool *oom, char *why,
             if (k->stores[s].expr == i) return snprintf(why, n, "the epilogue stores the product itself"), false;
     }
     int relu = -1, users = 0;
+    e->gelu = has_gelu(k, add);
     for (int i = 0; i < k->nexprs; i++)
         for (int a = 0; a < k->exprs[i].nargs && a < 3; a++)
             if (k->exprs[i].args[a] == add) {
@@ -797,8 +833,9 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *o
     mm->calls = 1;
     mm->step_c = d.M * d.N;
     tf_cu_deviceptr pa = dev_of(c, av), pb = dev_of(c, bv), pc = dev_of(c, ov);
-    if (ep && ep->kind != TF_GEMM_EPI_NONE) pc = dev_of(c, gk->k->bufs[ep->d_buf].value);
+    if (ep && ep->kind != TF_GEMM_EPI_NONE) pc = ep->d_dev ? ep->d_dev : dev_of(c, gk->k->bufs[ep->d_buf].value);
     mm->d = pc;
+    mm->n = n;
     uint64_t mix_a = pa, mix_b = pb, mix_c = pc;
     d.batch = 1;
     if (rb == 0 && !d.ta && a_full) {
@@ -866,7 +903,8 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *o
             return false;
         }
         d.epilogue = ep->kind;
-        d.bias = dev_of(c, gk->k->bufs[ep->bias_buf].value);
+        d.bias = ep->bias_dev ? ep->bias_dev : ep->kind == TF_GEMM_EPI_DRELU ? 0 : dev_of(c, gk->k->bufs[ep->bias_buf].value);
+        d.aux = ep->aux_dev;
     }
     gemm_timing(c, &d, pa, pb, pc);
     tf_cuda_status st = tf_gemm_plan(&c->libs, c->lt, &d, &mm->g, err, sizeof err);
@@ -882,8 +920,8 @@ static bool gemm_setup(cuda_session *c, gkernel *gk, const epi_plan *ep, bool *o
 
 static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
 {
-    const tf_node *n = gk->k->lib;
     gemm_call *mm = gk->mm;
+    const tf_node *n = mm->n;
     tf_cu_deviceptr pa = dev_of(c, n->in[0]), pb = dev_of(c, n->in[1]), pc = mm->d;
     char err[600];
     for (int64_t i = 0; i < mm->calls; i++) {
@@ -891,9 +929,444 @@ static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
         tf_cu_deviceptr b = pb + (mm->off_b ? (tf_cu_deviceptr)mm->off_b[i] * mm->esz_ab : 0);
         tf_cu_deviceptr o = pc + (tf_cu_deviceptr)(i * mm->step_c) * mm->esz_c;
         if (tf_gemm_run(&c->libs, c->lt, &mm->g, a, b, o, c->ws_dev, c->ws_bytes, c->stream, err, sizeof err))
-            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: kernel %s (matmul): %s", gk->k->name, err);
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: kernel %s (matmul %s): %s", gk->k->name, n->out->name ? n->out->name : "?", err);
     }
     return TF_OK;
+}
+
+/* ---- backward epilogues: bias gradients and ReLU's derivative in the GEMM ----------------
+ *
+ * plan_backward looks, before any code is emitted, for two patterns the
+ * autodiff writes, and hands them to cuBLASLt when they provably compute
+ * what the kernels do:
+ *
+ *   - BGRAD: a weight gradient dW = X^T dY (a matmul of rank-2 operands)
+ *     and, elsewhere in the plan, a reduction kernel whose only work is
+ *     db = reduce_sum(dY) over dY's K axis (the batch rows), reading the very
+ *     value the GEMM multiplies, into a vector of the GEMM's result type
+ *     (cuBLASLt writes the bias gradient in C's type). The GEMM writes db too
+ *     (BGRADA when dY is our B, BGRADB when it is our A: cuBLASLt's operands
+ *     are swapped, blas.h) and the reduction kernel does not run. Where the
+ *     reduction sums a wider copy of dY (mixed precision: it reads the f32
+ *     gradient, the GEMM its bf16 rounding) or writes another type, it stays.
+ *   - DRELU: a GEMM dA = dY W^T whose only reader is ReLU's backward,
+ *     where(h > 0, dA, 0) (passes/grad_rules.c's rule for relu, x > 0), with
+ *     or without db = reduce_sum of that over the rows, where h is the
+ *     biased product of a forward GEMM region relu(x W + b) that nothing else
+ *     reads. The forward GEMM then runs RELU_AUX_BIAS (writing relu's output
+ *     and the mask, kept in device memory the plan owns from forward to
+ *     backward, no epilogue kernel), the backward one DRELU_BGRAD (or DRELU)
+ *     writing dX and db, and ReLU's backward kernel does not run. Only in
+ *     f32 (the mask is taken before any rounding to 16 bits, the rule
+ *     compares the rounded h), and only once tf_gemm_relu_mask_probe has
+ *     found cuBLASLt's mask to be x > 0 in blas.h's layout (cublasLt.h says
+ *     nothing of the value at 0).
+ *
+ * A GEMM that writes a value before the kernel that used to (DRELU: dX and
+ * db are the results of the later ReLU kernel) may only do so where
+ * memplan's placement lets it: nothing between the two kernels touches
+ * their bytes; else the GEMM runs at the later kernel's place, where its
+ * operands must still be intact. GELU is never handed over (see above). */
+
+static bool same_root(const tf_value *a, const tf_value *b) { return root_of(a) == root_of(b); }
+
+/* k's load x reads the whole of v row-major, over a space of v's own dims. */
+static bool whole_load(const tf_kernel *k, const tf_kexpr *x, const tf_value *v)
+{
+    if (x->kind != TF_KX_LOAD || !same_root(k->bufs[x->buf].value, v) || k->bufs[x->buf].value->type.dtype != v->type.dtype ||
+        k->rank != v->type.rank)
+        return false;
+    for (int a = 0; a < k->rank; a++)
+        if (k->dims[a] != v->type.dims[a].n) return false;
+    return row_major_load(k, x, x->buf);
+}
+
+/* The kernel evaluates an erf (gelu's, or its gradient's). */
+static bool has_erf(const tf_kernel *k)
+{
+    for (int i = 0; i < k->nexprs; i++)
+        if (k->exprs[i].kind == TF_KX_OP && (k->exprs[i].op == TF_OP_ERF || k->exprs[i].op == TF_OP_GELU)) return true;
+    return false;
+}
+
+static bool is_zero(const tf_kexpr *x) { return x->kind == TF_KX_CONST && x->value == 0; }
+
+/* Bytes [p, p + n) and [q, q + m) overlap. */
+static bool overlap(tf_cu_deviceptr p, size_t n, tf_cu_deviceptr q, size_t m) { return p && q && p < q + m && q < p + n; }
+
+/* No kernel in [lo, hi) but `except` has a buffer overlapping v's bytes, other than v itself and views of it. */
+static bool untouched(const cuda_session *c, int lo, int hi, int except, const tf_value *v, const char **by, const tf_value **what)
+{
+    tf_cu_deviceptr p = dev_of(c, v);
+    for (int j = lo; j < hi; j++) {
+        const tf_kernel *k = &c->plan->kernels[j];
+        if (j == except) continue;
+        for (int b = 0; b < k->nbufs; b++)
+            if (!same_root(k->bufs[b].value, v) && overlap(p, value_bytes(v), dev_of(c, k->bufs[b].value), value_bytes(k->bufs[b].value))) {
+                *by = k->name, *what = k->bufs[b].value;
+                return false;
+            }
+    }
+    return true;
+}
+
+/* Nothing but kernels after `after` (and views that copy nothing) reads v, nor is it read before. */
+static bool read_after(const cuda_session *c, const tf_value *v, int from, int after, const int *skip, int nskip)
+{
+    for (int j = 0; j <= after; j++) {
+        const tf_kernel *k = &c->plan->kernels[j];
+        bool skipped = false;
+        for (int q = 0; q < nskip; q++) skipped |= skip[q] == j;
+        if (skipped || j < from) continue;
+        if (k->kind == TF_K_VIEW && (!dev_of(c, k->lib->out) || dev_of(c, k->lib->out) == dev_of(c, k->lib->in[0]))) continue;
+        for (int b = 0; b < k->nbufs; b++)
+            if (!k->bufs[b].written && same_root(k->bufs[b].value, v)) return false;
+    }
+    return true;
+}
+
+/* Some kernel, output or update reads v (or a view of it), but those listed. */
+static bool read_elsewhere(const cuda_session *c, const tf_module *m, const tf_value *v, const int *skip, int nskip)
+{
+    for (int j = 0; j < c->plan->nkernels; j++) {
+        const tf_kernel *k = &c->plan->kernels[j];
+        bool skipped = false;
+        for (int q = 0; q < nskip; q++) skipped |= skip[q] == j;
+        for (int b = 0; !skipped && b < k->nbufs; b++)
+            if (!k->bufs[b].written && same_root(k->bufs[b].value, v) && !(k->kind == TF_K_VIEW && k->lib->in[0] == k->bufs[b].value))
+                return true;
+    }
+    for (int i = 0; i < m->noutputs; i++)
+        if (m->outputs[i].value->kind != TF_VAL_CONST && same_root(m->outputs[i].value, v)) return true;
+    for (int i = 0; i < m->nupdates; i++)
+        if (m->updates[i].value->kind != TF_VAL_CONST && same_root(m->updates[i].value, v)) return true;
+    return false;
+}
+
+/* A reduction kernel whose only work is reduce_sum of one load (maybe cast
+ * first) into one vector: its load, its store's value; false otherwise. */
+static bool lone_sum(const tf_kernel *r, const tf_kexpr **load, const tf_value **out)
+{
+    if (r->kind != TF_K_REDUCTION || r->nreds != 1 || r->reds[0].op != TF_OP_REDUCE_SUM || r->nstores != 1 || !r->stores[0].reduced_domain ||
+        r->nexprs < 2 || r->nexprs > 3)
+        return false;
+    const tf_kexpr *x = &r->exprs[0], *red = &r->exprs[r->nexprs - 1];
+    if (x->kind != TF_KX_LOAD || red->kind != TF_KX_REDUCED || r->stores[0].expr != r->nexprs - 1 || r->reds[0].arg != r->nexprs - 2)
+        return false;
+    if (r->nexprs == 3 && !(r->exprs[1].kind == TF_KX_OP && r->exprs[1].op == TF_OP_CAST && r->exprs[1].args[0] == 0)) return false;
+    *load = x;
+    *out = r->bufs[r->stores[0].buf].value;
+    return true;
+}
+
+/* The BGRAD partner of matmul kernel gi: the reduction kernel summing its
+ * dY over K (*ri), and which epilogue; false with a note when a reduction
+ * of its operand (or of what it was cast from) is there but cannot be
+ * handed over, or silently when there is none. */
+static bool match_bgrad(const cuda_session *c, int gi, int *ri, tf_gemm_epilogue *kind, char *note, size_t n)
+{
+    const tf_node *mm = c->plan->kernels[gi].lib;
+    bool ta = tf_node_bool(mm, "transpose_a"), tb = tf_node_bool(mm, "transpose_b");
+    tf_dt cdt = mm->out->type.dtype;
+    for (int r = 0; r < c->plan->nkernels; r++) {
+        const tf_kernel *k = &c->plan->kernels[r];
+        const tf_kexpr *ld;
+        const tf_value *db;
+        if (!lone_sum(k, &ld, &db)) continue;
+        const tf_value *src = k->bufs[ld->buf].value;
+        for (int q = 1; q >= 0; q--) {
+            const tf_value *op = mm->in[q];
+            bool copy = op->kind == TF_VAL_NODE && op->def && op->def->op == TF_OP_CAST && same_root(op->def->in[0], src);
+            if (!same_root(src, op) && !copy) continue;
+            const char *name = tf_gemm_epilogue_name(q ? TF_GEMM_EPI_BGRAD_B : TF_GEMM_EPI_BGRAD_A);
+            /* the reduced axis is K: our B is [K, N] (tb: [N, K]), our A [M, K] (ta: [K, M]) */
+            unsigned kaxis = q ? (tb ? 2u : 1u) : (ta ? 1u : 2u);
+            bool dims = src->type.rank == op->type.rank;
+            for (int a = 0; dims && a < op->type.rank; a++) dims = src->type.dims[a].n == op->type.dims[a].n;
+            if (!dims || k->reduce_mask != kaxis || !whole_load(k, ld, src)) continue;   /* not this operand's K axis */
+            if (copy) {
+                snprintf(note, n, "%s not used: kernel %s sums %s, the GEMM multiplies its %s copy %s", name, k->name,
+                         src->name ? src->name : "?", tf_dtype_name(op->type.dtype), op->name ? op->name : "?");
+                return false;
+            }
+            if (mm->in[0]->type.rank != 2 || mm->in[1]->type.rank != 2 || !whole_load(k, ld, op) || k->reduce_mask != kaxis) {
+                snprintf(note, n, "%s not used: kernel %s sums %s, but not over the GEMM's K axis alone", name, k->name, op->name ? op->name : "?");
+                return false;
+            }
+            if (db->type.dtype != cdt || k->reds[0].dtype != cdt) {
+                snprintf(note, n, "%s not used: kernel %s writes %s in %s, cuBLASLt writes a bias gradient in the GEMM's type, %s", name, k->name,
+                         db->name ? db->name : "?", tf_dtype_name(db->type.dtype), tf_dtype_name(cdt));
+                return false;
+            }
+            *ri = r;
+            *kind = q ? TF_GEMM_EPI_BGRAD_B : TF_GEMM_EPI_BGRAD_A;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ReLU's backward after matmul kernel gi: kernel *ri computes where(h > 0, dA, 0)
+ * into *dx (and its row sums into *db, or NULL) from the GEMM's result dA; *fi
+ * is the forward GEMM region storing h = x W + b and relu(h). */
+typedef struct drelu_match {
+    int ri, fi;
+    const tf_value *h, *dx, *db, *act;
+} drelu_match;
+
+static bool match_drelu(const cuda_session *c, int gi, drelu_match *d, char *note, size_t n)
+{
+    const tf_kernel *g = &c->plan->kernels[gi];
+    const tf_value *da = g->lib->out;
+    memset(d, 0, sizeof *d);
+    if (g->nexprs || g->nstores) {   /* the GEMM's result feeds its own region */
+        if (has_erf(g))
+            snprintf(note, n, "DGELU not used: the region takes gelu's gradient, which stays in its epilogue kernel: cuBLASLt's DGELU is the "
+                     "derivative of the tanh approximation, this model's gelu is erf's");
+        return false;
+    }
+    for (int r = gi + 1; r < c->plan->nkernels; r++) {
+        const tf_kernel *k = &c->plan->kernels[r];
+        int gt = -1, wh = -1, lda = -1;
+        for (int i = 0; i < k->nexprs; i++) {
+            const tf_kexpr *x = &k->exprs[i];
+            if (x->kind == TF_KX_LOAD && same_root(k->bufs[x->buf].value, da)) lda = i;
+            if (x->kind == TF_KX_OP && x->op == TF_OP_GT && x->nargs == 2 && k->exprs[x->args[0]].kind == TF_KX_LOAD &&
+                is_zero(&k->exprs[x->args[1]]))
+                gt = i;
+            if (x->kind == TF_KX_OP && x->op == TF_OP_WHERE && x->nargs == 3) wh = i;
+        }
+        if (lda < 0) continue;
+        /* the one kernel reading dA */
+        const tf_kexpr *w = wh >= 0 ? &k->exprs[wh] : NULL;
+        if (has_erf(k) && (!w || gt < 0)) {
+            snprintf(note, n, "DGELU not used: kernel %s takes gelu's gradient, which stays there: cuBLASLt's DGELU is the derivative of the tanh "
+                     "approximation, this model's gelu is erf's", k->name);
+            return false;
+        }
+        if (!w || gt < 0 || w->args[0] != gt || w->args[1] != lda || !is_zero(&k->exprs[w->args[2]])) return false;
+        if (da->type.dtype != TF_DT_F32) {
+            snprintf(note, n, "DRELU not used: ReLU's backward (kernel %s) is in %s; the mask is handed over in f32 only (cuBLASLt takes it before "
+                     "rounding to 16 bits, the gradient rule compares the rounded value)", k->name, tf_dtype_name(da->type.dtype));
+            return false;
+        }
+        int expect = 5;   /* load h, 0, gt, load dA, 0, where: the zeros may be one constant */
+        const tf_kexpr *lh = &k->exprs[k->exprs[gt].args[0]];
+        d->h = k->bufs[lh->buf].value;
+        if (!whole_load(k, lh, d->h) || !whole_load(k, &k->exprs[lda], da) || k->rank != 2) {
+            snprintf(note, n, "DRELU not used: kernel %s does not read h and the GEMM's result whole", k->name);
+            return false;
+        }
+        int dxs = -1, dbs = -1;
+        for (int st = 0; st < k->nstores; st++) {
+            if (k->stores[st].expr == wh && !k->stores[st].reduced_domain) dxs = st;
+            else if (k->stores[st].reduced_domain && k->exprs[k->stores[st].expr].kind == TF_KX_REDUCED && k->nreds == 1 &&
+                     k->reds[0].op == TF_OP_REDUCE_SUM && k->reds[0].arg == wh && k->reduce_mask == 1u &&
+                     k->exprs[k->stores[st].expr].red == 0)
+                dbs = st;
+        }
+        int want_stores = 1 + (k->nreds ? 1 : 0);
+        if (dxs < 0 || k->nstores != want_stores || (k->nreds && dbs < 0) || k->nexprs > expect + 1 + (k->nreds ? 1 : 0)) {
+            snprintf(note, n, "DRELU not used: kernel %s does more than ReLU's backward%s", k->name, k->nreds ? " and the bias gradient" : "");
+            return false;
+        }
+        d->dx = k->bufs[k->stores[dxs].buf].value;
+        d->db = dbs >= 0 ? k->bufs[k->stores[dbs].buf].value : NULL;
+        if (d->dx->type.dtype != TF_DT_F32 || (d->db && (d->db->type.dtype != TF_DT_F32 || k->reds[0].dtype != TF_DT_F32)) ||
+            !k->bufs[k->stores[dxs].buf].disjoint) {
+            snprintf(note, n, "DRELU not used: kernel %s writes another type than the GEMM's f32, or into its own operands", k->name);
+            return false;
+        }
+        /* the forward region that stores h = x W + b and relu(h) */
+        for (int f = 0; f < gi; f++) {
+            const tf_kernel *fk = &c->plan->kernels[f];
+            if (!fk->lib || fk->lib->op != TF_OP_MATMUL || fk->nstores != 2 || fk->nexprs != 4 || fk->nreds) continue;
+            int hs = -1, as = -1;
+            for (int st = 0; st < 2; st++) {
+                const tf_kexpr *x = &fk->exprs[fk->stores[st].expr];
+                const tf_value *v = fk->bufs[fk->stores[st].buf].value;
+                if (same_root(v, d->h) && x->kind == TF_KX_OP && x->op == TF_OP_ADD) hs = st;
+                else if (x->kind == TF_KX_OP && x->op == TF_OP_RELU && x->args[0] == fk->stores[1 - st].expr) as = st;
+            }
+            if (hs < 0) continue;
+            if (as < 0) {
+                snprintf(note, n, "DRELU not used: kernel %s stores %s without its relu", fk->name, d->h->name ? d->h->name : "?");
+                return false;
+            }
+            d->fi = f;
+            d->act = fk->bufs[fk->stores[as].buf].value;
+            d->ri = r;
+            return true;
+        }
+        snprintf(note, n, "DRELU not used: %s is not the biased product of a GEMM region of this step", d->h->name ? d->h->name : "?");
+        return false;
+    }
+    return false;
+}
+
+/* Plan the backward epilogues (see above). False only for out of memory. */
+static bool plan_backward(tf_session_t *s, cuda_session *c)
+{
+    int nk = c->plan->nkernels;
+    for (int gi = 0; gi < nk; gi++) {
+        const tf_kernel *k = &c->plan->kernels[gi];
+        gkernel *gk = &c->ks[gi];
+        if (!k->lib || k->lib->op != TF_OP_MATMUL || gk->preplanned) continue;
+        gk->k = k;
+        bool oom = false;
+        /* BGRAD */
+        int ri;
+        tf_gemm_epilogue kind;
+        char note[300] = "";
+        if (match_bgrad(c, gi, &ri, &kind, note, sizeof note)) {
+            const tf_kexpr *ld;
+            const tf_value *db;
+            lone_sum(&c->plan->kernels[ri], &ld, &db);
+            const char *by = NULL;
+            const tf_value *what = NULL;
+            int skip[1] = {ri};
+            epi_plan fwd;
+            char why[200];
+            bool fwd_epi = plan_epilogue(k, &fwd, &oom, why, sizeof why);
+            epi_free(fwd.rest);
+            if (oom) return false;
+            if (fwd_epi)
+                snprintf(note, sizeof note, "%s not used: the GEMM's region has a bias epilogue of its own", tf_gemm_epilogue_name(kind));
+            else if (c->ks[ri].preplanned)
+                snprintf(note, sizeof note, "%s not used: kernel %s is another GEMM's", tf_gemm_epilogue_name(kind), c->plan->kernels[ri].name);
+            else if (ri < gi ? !untouched(c, ri + 1, gi + 1, -1, db, &by, &what) : !untouched(c, gi, ri, -1, db, &by, &what))
+                snprintf(note, sizeof note, "%s not used: memplan placed %s over %s, which kernel %s uses between the two kernels",
+                         tf_gemm_epilogue_name(kind), db->name ? db->name : "?", what->name ? what->name : "?", by);
+            else if (!read_after(c, db, ri < gi ? ri : gi, gi, skip, 1))
+                snprintf(note, sizeof note, "%s not used: %s is read before kernel %s", tf_gemm_epilogue_name(kind), db->name ? db->name : "?", k->name);
+            else {
+                epi_plan ep = {.kind = kind, .bias_dev = dev_of(c, db), .d_dev = dev_of(c, k->lib->out)};
+                if (gemm_setup(c, gk, &ep, &oom)) {
+                    gk->how = RUN_GEMM;
+                    gk->preplanned = true;
+                    snprintf(gk->epi, sizeof gk->epi, "%s (the bias gradient %.60s, the sum of %.60s over its rows, written with the product; kernel %s "
+                             "does not run)%s", tf_gemm_epilogue_name(kind), db->name ? db->name : "?",
+                             k->lib->in[kind == TF_GEMM_EPI_BGRAD_B]->name ? k->lib->in[kind == TF_GEMM_EPI_BGRAD_B]->name : "?",
+                             c->plan->kernels[ri].name, k->nexprs && k->nstores ? "; the region in its epilogue kernel" : "; no epilogue kernel");
+                    c->ks[ri].k = &c->plan->kernels[ri];
+                    c->ks[ri].how = RUN_NOTHING;
+                    c->ks[ri].preplanned = true;
+                    snprintf(c->ks[ri].lab, sizeof c->ks[ri].lab, "in GEMM: %s", tf_gemm_epilogue_name(kind));
+                    c->ks[ri].label = c->ks[ri].lab;
+                    snprintf(c->ks[ri].why, sizeof c->ks[ri].why, "its reduce_sum is the %s epilogue of kernel %s's GEMM", tf_gemm_epilogue_name(kind),
+                             k->name);
+                    continue;
+                }
+                if (oom) return false;
+                snprintf(note, sizeof note, "%s not used: cuBLASLt takes no such epilogue here (%.200s)", tf_gemm_epilogue_name(kind), gk->why);
+                gk->why[0] = 0;
+            }
+        }
+        /* DRELU */
+        drelu_match dm;
+        char dnote[300] = "";
+        if (match_drelu(c, gi, &dm, dnote, sizeof dnote)) {
+            gkernel *fk = &c->ks[dm.fi], *rk = &c->ks[dm.ri];
+            const tf_kernel *fkern = &c->plan->kernels[dm.fi];
+            int skip[1] = {dm.ri};
+            const char *by = NULL;
+            const tf_value *what = NULL;
+            epi_plan fwd;
+            char why[200];
+            bool fwd_ok = plan_epilogue(fkern, &fwd, &oom, why, sizeof why);
+            epi_free(fwd.rest);
+            if (oom) return false;
+            bool at_g = untouched(c, gi, dm.ri, gi, dm.dx, &by, &what) && (!dm.db || untouched(c, gi, dm.ri, gi, dm.db, &by, &what));
+            /* at_g: the GEMM's own operands must not be what memplan put dX over either */
+            for (int q = 0; at_g && q < 2; q++)
+                at_g = !overlap(dev_of(c, k->lib->in[q]), value_bytes(k->lib->in[q]), dev_of(c, dm.dx), value_bytes(dm.dx)) &&
+                       (!dm.db || !overlap(dev_of(c, k->lib->in[q]), value_bytes(k->lib->in[q]), dev_of(c, dm.db), value_bytes(dm.db)));
+            bool at_r = !at_g;
+            for (int q = 0; at_r && q < 2; q++) {   /* run at ReLU's kernel: the operands intact there, and apart from dX and db */
+                const tf_value *o = k->lib->in[q];
+                at_r = untouched(c, gi + 1, dm.ri, -1, o, &by, &what) && !overlap(dev_of(c, o), value_bytes(o), dev_of(c, dm.dx), value_bytes(dm.dx)) &&
+                       (!dm.db || !overlap(dev_of(c, o), value_bytes(o), dev_of(c, dm.db), value_bytes(dm.db)));
+            }
+            if (!c->relu_probe) {
+                bool same = false;
+                tf_cuda_status ps = tf_gemm_relu_mask_probe(&c->libs, c->lt, c->stream, c->ws_dev, c->ws_bytes, &same, c->relu_probe_why,
+                                                            sizeof c->relu_probe_why);
+                if (ps == TF_CUDA_ERR_OOM) return false;
+                c->relu_probe = same ? 1 : -1;
+            }
+            if (c->relu_probe < 0)
+                snprintf(dnote, sizeof dnote, "DRELU not used: cuBLASLt's ReLU mask is not x > 0 as blas.h reads it: %.200s", c->relu_probe_why);
+            else if (!fwd_ok || fwd.kind != TF_GEMM_EPI_BIAS || fk->preplanned)
+                snprintf(dnote, sizeof dnote, "DRELU not used: the forward region (kernel %s) is not one cuBLASLt can write the mask for", fkern->name);
+            else if (read_elsewhere(c, s->p->m, dm.h, skip, 1))
+                snprintf(dnote, sizeof dnote, "DRELU not used: %s is read apart from ReLU's backward, and RELU_AUX_BIAS does not write it",
+                         dm.h->name ? dm.h->name : "?");
+            else if (!at_g && !at_r)
+                snprintf(dnote, sizeof dnote, "DRELU not used: memplan placed %s or its operands where kernel %s uses %s in between",
+                         dm.dx->name ? dm.dx->name : "?", by ? by : "?", what && what->name ? what->name : "?");
+            else {
+                tf_cu_deviceptr mask = 0;
+                int64_t M = dm.dx->type.dims[0].n, N = dm.dx->type.dims[1].n;
+                size_t mb = tf_gemm_relu_mask_bytes(M, N);
+                tf_cu_result mr = c->libs.cu.MemAlloc(&mask, mb);
+                if (mr) return false;
+                epi_plan fe = {.kind = TF_GEMM_EPI_RELU_AUX_BIAS, .bias_buf = fwd.bias_buf, .d_dev = dev_of(c, dm.act), .aux_dev = mask};
+                epi_plan be = {.kind = dm.db ? TF_GEMM_EPI_DRELU_BGRAD : TF_GEMM_EPI_DRELU, .bias_dev = dm.db ? dev_of(c, dm.db) : 0,
+                               .d_dev = dev_of(c, dm.dx), .aux_dev = mask};
+                fk->k = fkern;
+                bool ok = M == c->plan->kernels[dm.fi].lib->out->type.dims[0].n && gemm_setup(c, fk, &fe, &oom);
+                if (ok) fk->mm->own = mask;
+                else c->libs.cu.MemFree(mask);
+                if (ok && !gemm_setup(c, gk, &be, &oom)) {
+                    gemm_call_free(c, fk->mm);
+                    fk->mm = NULL;
+                    ok = false;
+                }
+                if (oom) return false;
+                if (!ok) {
+                    snprintf(dnote, sizeof dnote, "DRELU not used: cuBLASLt takes no such epilogue here (%.200s)", gk->why[0] ? gk->why : fk->why);
+                    gk->why[0] = fk->why[0] = 0;
+                } else {
+                    const char *en = tf_gemm_epilogue_name(be.kind);
+                    fk->how = RUN_GEMM, fk->preplanned = true, fk->no_code = true;
+                    snprintf(fk->epi, sizeof fk->epi, "RELU_AUX_BIAS (bias %.60s, relu written to %.60s, its ReLU mask kept for kernel %s's %s; "
+                             "%.60s, read by ReLU's backward alone, is not written); no epilogue kernel",
+                             fkern->bufs[fwd.bias_buf].value->name ? fkern->bufs[fwd.bias_buf].value->name : "?", dm.act->name ? dm.act->name : "?",
+                             k->name, en, dm.h->name ? dm.h->name : "?");
+                    rk->k = &c->plan->kernels[dm.ri];
+                    rk->preplanned = true;
+                    gk->preplanned = true;
+                    char what_text[400];
+                    snprintf(what_text, sizeof what_text, "%s (the mask of kernel %s, dX written to %.60s%s%.60s: ReLU's backward%s, kernel %s's work)",
+                             en, fkern->name, dm.dx->name ? dm.dx->name : "?", dm.db ? ", the bias gradient to " : "",
+                             dm.db && dm.db->name ? dm.db->name : "", dm.db ? " and the bias gradient" : "", c->plan->kernels[dm.ri].name);
+                    if (at_g) {
+                        gk->how = RUN_GEMM;
+                        snprintf(gk->epi, sizeof gk->epi, "%s; no epilogue kernel", what_text);
+                        rk->how = RUN_NOTHING;
+                        snprintf(rk->lab, sizeof rk->lab, "in GEMM: %s", en);
+                        rk->label = rk->lab;
+                        snprintf(rk->why, sizeof rk->why, "ReLU's backward is the %s epilogue of kernel %s's GEMM", en, k->name);
+                    } else {   /* memplan put dX where the kernels in between still work: the GEMM runs in ReLU's kernel's place */
+                        rk->how = RUN_GEMM;
+                        rk->mm = gk->mm;
+                        gk->mm = NULL;
+                        rk->no_code = true;
+                        snprintf(rk->epi, sizeof rk->epi, "kernel %s's GEMM, run here: %s; no epilogue kernel", k->name, what_text);
+                        gk->how = RUN_NOTHING;
+                        snprintf(gk->lab, sizeof gk->lab, "GEMM moved: %s", en);
+                        gk->label = gk->lab;
+                        snprintf(gk->why, sizeof gk->why, "its GEMM runs in kernel %s's place, with the %s epilogue (memplan puts %s where kernels in "
+                                 "between still work)", c->plan->kernels[dm.ri].name, en, dm.dx->name ? dm.dx->name : "?");
+                    }
+                    continue;
+                }
+            }
+        }
+        snprintf(gk->epi_note, sizeof gk->epi_note, "%s%s%s", note, note[0] && dnote[0] ? "; " : "", dnote);
+    }
+    (void)s;
+    return true;
 }
 
 /* ---- convolutions through cuDNN ------------------------------------------------ */
@@ -1205,6 +1678,8 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
     if (!jobs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_status st = TF_OK;
     int njobs = 0, nlib = 0;
+    /* GEMMs with backward epilogues first: they decide which kernels do not run */
+    if (!c->fallback_all && c->lt_ok && !plan_backward(s, c)) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning GEMMs");
     for (int i = 0; !st && i < nk; i++) {
         const tf_kernel *k = &c->plan->kernels[i];
         gkernel *gk = &c->ks[i];
@@ -1223,6 +1698,8 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             snprintf(gk->why, sizeof gk->why, "--cuda-fallback=all");
             continue;
         }
+        /* a kernel whose work a GEMM's epilogue does, or a GEMM run in another kernel's place (plan_backward) */
+        if (gk->preplanned && (gk->how != RUN_GEMM || !k->lib)) continue;
         int span = tf_cuda_multi_span(k, nk - i);   /* an optimizer's update chains: one launch */
         if (span > 1) {
             tf_diag d = {0};
@@ -1248,23 +1725,30 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         /* a matmul first: cuBLASLt may take over its region's bias (and ReLU) */
         const tf_kernel *ek = k;   /* the code to emit: the kernel, or what its GEMM leaves of it */
         bool gemm_done = false, oom_hit = false;
-        if (k->lib && k->lib->op == TF_OP_MATMUL && c->lt_ok) {
+        if (k->lib && k->lib->op == TF_OP_MATMUL && gk->preplanned) {   /* its backward epilogue planned: the region as it is, or nothing */
+            if (gk->no_code) ek = NULL;
+            gemm_done = true;
+        } else if (k->lib && k->lib->op == TF_OP_MATMUL && c->lt_ok) {
             epi_plan ep;
             char why[200];
             bool use = plan_epilogue(k, &ep, &oom_hit, why, sizeof why);
+            static const char gelu_why[] = "; GELU stays in the epilogue kernel: cuBLASLt's GELU is the tanh approximation, this model's gelu is erf's";
             if (use && gemm_setup(c, gk, &ep, &oom_hit)) {
-                static const char *const names[] = {"none", "BIAS", "RELU_BIAS"};
-                snprintf(gk->epi, sizeof gk->epi, "%s (bias %.60s, written to %.60s)%s", names[ep.kind],
+                snprintf(gk->epi, sizeof gk->epi, "%s (bias %.60s, written to %.60s)%s%s", tf_gemm_epilogue_name(ep.kind),
                          k->bufs[ep.bias_buf].value->name ? k->bufs[ep.bias_buf].value->name : "?",
                          k->bufs[ep.d_buf].value->name ? k->bufs[ep.d_buf].value->name : "?",
-                         ep.rest ? "; the rest of the region in its epilogue kernel" : "; no epilogue kernel");
+                         ep.rest ? "; the rest of the region in its epilogue kernel" : "; no epilogue kernel", ep.gelu ? gelu_why : "");
                 gk->rest = ep.rest;
                 ek = ep.rest;
                 gemm_done = true;
             } else {
                 epi_free(ep.rest);
                 if (use && !oom_hit) snprintf(why, sizeof why, "cuBLASLt takes no bias epilogue here (%.150s)", gk->why);
-                snprintf(gk->epi, sizeof gk->epi, "none: %s", why);
+                if (!gk->epi_note[0] && k->lib->backward && !use)
+                    snprintf(gk->epi_note, sizeof gk->epi_note, "no kernel only sums one of its operands over K (BGRAD), no ReLU backward reads "
+                             "its result alone (DRELU)");
+                snprintf(gk->epi, sizeof gk->epi, "none: %.200s%s%.420s%s", why, gk->epi_note[0] ? "; " : "", gk->epi_note, ep.gelu ? gelu_why : "");
+                gk->why[0] = 0;
                 gemm_done = !oom_hit && gemm_setup(c, gk, NULL, &oom_hit);
             }
             if (oom_hit) {
@@ -1934,6 +2418,8 @@ static void explain_gemms(const cuda_session *c)
 {
     char how[4600];
     for (int i = 0; i < c->plan->nkernels; i++) {
+        if (c->ks[i].how == RUN_NOTHING && c->ks[i].preplanned)
+            fprintf(stderr, "cuda: kernel %s does not run: %s\n", c->ks[i].k->name, c->ks[i].why);
         if (c->ks[i].how != RUN_GEMM) continue;
         tf_gemm_explain(&c->ks[i].mm->g, how, sizeof how);
         fprintf(stderr, "cuda: kernel %s: cuBLASLt algorithm: %s\n", c->ks[i].k->name, how);
@@ -2041,7 +2527,7 @@ static void cuda_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
     cuda_session *c = s->impl;
     const gkernel *gk = &c->ks[i];
     out->name = gk->k->name;
-    out->how = gk->how == RUN_LIBKERNEL ? gk->label : how_names[gk->how];
+    out->how = gk->label ? gk->label : how_names[gk->how];
     out->total_ms = gk->ms;
     out->calls = gk->calls;
     out->elements = gk->work;

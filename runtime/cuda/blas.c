@@ -19,7 +19,11 @@ enum {
     CUBLAS_OP_N = 0, CUBLAS_OP_T = 1,                                     /* cublasOperation_t */
     CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4,     /* int32_t each */
     CUBLASLT_MATMUL_DESC_EPILOGUE = 7, CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8, /* uint32_t, void * */
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,                       /* void * */
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,                            /* int64_t */
     CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_RELU_BIAS = 6,          /* cublasLtEpilogue_t */
+    CUBLASLT_EPILOGUE_RELU_AUX_BIAS = 134, CUBLASLT_EPILOGUE_DRELU = 136, CUBLASLT_EPILOGUE_DRELU_BGRAD = 152,
+    CUBLASLT_EPILOGUE_BGRADA = 256, CUBLASLT_EPILOGUE_BGRADB = 512,
     CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,                               /* int32_t */
     CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,                      /* int64_t */
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,                         /* uint64_t */
@@ -73,7 +77,44 @@ static tf_cuda_status layout(const tf_cuda_libs *l, tf_cublaslt_layout *out, tf_
 }
 
 static const char *type_name(tf_gemm_type t) { return t == TF_GEMM_F32 ? "f32" : t == TF_GEMM_F16 ? "f16" : "bf16"; }
-static const char *epi_name(tf_gemm_epilogue e) { return e == TF_GEMM_EPI_BIAS ? "BIAS" : e == TF_GEMM_EPI_RELU_BIAS ? "RELU_BIAS" : "none"; }
+const char *tf_gemm_epilogue_name(tf_gemm_epilogue e)
+{
+    switch (e) {
+    case TF_GEMM_EPI_BIAS: return "BIAS";
+    case TF_GEMM_EPI_RELU_BIAS: return "RELU_BIAS";
+    case TF_GEMM_EPI_RELU_AUX_BIAS: return "RELU_AUX_BIAS";
+    case TF_GEMM_EPI_DRELU: return "DRELU";
+    case TF_GEMM_EPI_DRELU_BGRAD: return "DRELU_BGRAD";
+    case TF_GEMM_EPI_BGRAD_B: return "BGRADA";
+    case TF_GEMM_EPI_BGRAD_A: return "BGRADB";
+    case TF_GEMM_EPI_NONE: break;
+    }
+    return "none";
+}
+static const char *epi_name(tf_gemm_epilogue e) { return tf_gemm_epilogue_name(e); }
+
+int64_t tf_gemm_relu_mask_ld(int64_t N) { return (N + 127) / 128 * 128; }
+size_t tf_gemm_relu_mask_bytes(int64_t M, int64_t N) { return (size_t)(tf_gemm_relu_mask_ld(N) / 8) * (size_t)M; }
+
+static bool has_bias(tf_gemm_epilogue e) { return e != TF_GEMM_EPI_NONE && e != TF_GEMM_EPI_DRELU; }
+static bool has_aux(tf_gemm_epilogue e)
+{
+    return e == TF_GEMM_EPI_RELU_AUX_BIAS || e == TF_GEMM_EPI_DRELU || e == TF_GEMM_EPI_DRELU_BGRAD;
+}
+static uint32_t lt_epilogue(tf_gemm_epilogue e)
+{
+    switch (e) {
+    case TF_GEMM_EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case TF_GEMM_EPI_RELU_BIAS: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case TF_GEMM_EPI_RELU_AUX_BIAS: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case TF_GEMM_EPI_DRELU: return CUBLASLT_EPILOGUE_DRELU;
+    case TF_GEMM_EPI_DRELU_BGRAD: return CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    case TF_GEMM_EPI_BGRAD_B: return CUBLASLT_EPILOGUE_BGRADA;   /* our B is cuBLASLt's A */
+    case TF_GEMM_EPI_BGRAD_A: return CUBLASLT_EPILOGUE_BGRADB;
+    case TF_GEMM_EPI_NONE: break;
+    }
+    return 1;   /* CUBLASLT_EPILOGUE_DEFAULT */
+}
 
 /* ---- the disk cache (as dnn.c's) ---- */
 
@@ -242,15 +283,22 @@ tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const t
     if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
     if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
     if (!st && d->epilogue != TF_GEMM_EPI_NONE) {
-        /* the bias runs along our C's columns, which are cuBLASLt's rows: what its bias epilogues add to */
-        uint32_t epi = d->epilogue == TF_GEMM_EPI_RELU_BIAS ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-        const void *bias = (const void *)(uintptr_t)d->bias;
-        if (d->batch != 1 || !bias) {
-            snprintf(err, n, "a bias epilogue takes one GEMM and a bias");
+        /* the bias runs along our C's columns, which are cuBLASLt's rows: what its bias epilogues add to, and
+         * what BGRADA and DRELU_BGRAD write (one per row of cuBLASLt's D); BGRADB's are cuBLASLt's columns */
+        uint32_t epi = lt_epilogue(d->epilogue);
+        const void *bias = (const void *)(uintptr_t)d->bias, *aux = (const void *)(uintptr_t)d->aux;
+        int64_t aux_ld = tf_gemm_relu_mask_ld(d->N);
+        if (d->batch != 1 || (has_bias(d->epilogue) && !bias) || (has_aux(d->epilogue) && !aux)) {
+            snprintf(err, n, "the %s epilogue takes one GEMM%s%s", epi_name(d->epilogue), has_bias(d->epilogue) ? " and a bias vector" : "",
+                     has_aux(d->epilogue) ? " and a ReLU mask" : "");
             st = TF_CUDA_ERR_ARG;
         }
         if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        if (!st) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        if (!st && has_bias(d->epilogue))
+            st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        if (!st && has_aux(d->epilogue)) st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        if (!st && has_aux(d->epilogue))
+            st = LT_CALL(MatmulDescSetAttribute, (g->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     }
     /* cuBLASLt's first operand is our B read column-major: B [K, N] is N x K
      * (ld N), used as is; B stored [N, K] is K x N (ld K), transposed. */
@@ -362,4 +410,86 @@ tf_cuda_status tf_gemm_run(const tf_cuda_libs *l, tf_cublaslt_handle h, const tf
     return LT_CALL(Matmul, (h, g->op, &one, (const void *)(uintptr_t)b, g->la, (const void *)(uintptr_t)a, g->lb, &zero,
                             (const void *)(uintptr_t)c, g->lc, (void *)(uintptr_t)c, g->lc, &g->algo,
                             g->workspace ? (void *)(uintptr_t)ws : NULL, g->workspace, s));
+}
+
+/* ---- the ReLU mask, as cuBLASLt writes it ---- */
+
+tf_cuda_status tf_gemm_relu_mask_probe(const tf_cuda_libs *l, tf_cublaslt_handle h, tf_cu_stream s, tf_cu_deviceptr ws,
+                                       size_t ws_bytes, bool *same, char *why, size_t n)
+{
+    enum { M = 3, N = 130 };
+    /* A [M, 1] = (1, -1, 0), B [1, N] = (1, -1, 1/2, 1, -1, 1/2, ...): products of every sign, exact zeros in row 2 */
+    float a[M] = {1, -1, 0}, b[N], c[M * N], ones[M > N ? M : N], zero_bias[N];
+    for (int j = 0; j < N; j++) b[j] = j % 3 == 0 ? 1.0f : j % 3 == 1 ? -1.0f : 0.5f, zero_bias[j] = 0;
+    for (int j = 0; j < (M > N ? M : N); j++) ones[j] = 1;
+    size_t mask_bytes = tf_gemm_relu_mask_bytes(M, N);
+    unsigned char mask[M * 256 / 8];
+    tf_cu_deviceptr da = 0, db = 0, dc = 0, dbias = 0, dmask = 0, d1a = 0, d1b = 0;
+    tf_gemm g;
+    memset(&g, 0, sizeof g);
+    *same = false;
+    if (n) why[0] = 0;
+    char err[2048] = "";
+    tf_cuda_status st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&da, sizeof a));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&db, sizeof b));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&dc, sizeof c));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&dbias, sizeof zero_bias));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&dmask, mask_bytes));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&d1a, M * sizeof(float)));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemAlloc(&d1b, N * sizeof(float)));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyHtoD(da, a, sizeof a));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyHtoD(db, b, sizeof b));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyHtoD(dbias, zero_bias, sizeof zero_bias));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyHtoD(d1a, ones, M * sizeof(float)));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyHtoD(d1b, ones, N * sizeof(float)));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemsetD8Async(dmask, 0xa5, mask_bytes, s));   /* not a mask of either kind */
+    tf_gemm_desc d;
+    memset(&d, 0, sizeof d);
+    d.ab = d.c = TF_GEMM_F32;
+    d.M = M, d.N = N, d.K = 1, d.batch = 1;
+    d.align_a = d.align_b = d.align_c = 4;   /* what every pointer here is aligned to, at least */
+    d.max_workspace = ws ? ws_bytes : 0;
+    d.cache_dir = "";
+    d.epilogue = TF_GEMM_EPI_RELU_AUX_BIAS;
+    d.bias = dbias, d.aux = dmask;
+    bool forward_ok = false;
+    if (!st) st = tf_gemm_plan(l, h, &d, &g, err, sizeof err);
+    if (!st) st = tf_gemm_run(l, h, &g, da, db, dc, ws, ws_bytes, s, err, sizeof err);
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, StreamSynchronize(s));
+    if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyDtoH(mask, dmask, mask_bytes));
+    tf_gemm_free(l, &g);
+    if (!st) {
+        forward_ok = true;
+        int64_t ld = tf_gemm_relu_mask_ld(N);
+        for (int i = 0; forward_ok && i < M; i++)
+            for (int j = 0; forward_ok && j < N; j++) {
+                int64_t bit = j + i * ld;
+                bool got = (mask[bit / 8] >> (bit % 8)) & 1, want = a[i] * b[j] > 0;
+                if (got != want) {
+                    snprintf(why, n, "cuBLASLt's ReLU mask holds %d for the product %g at row %d, column %d (bit %lld), where x > 0 is %d",
+                             got, (double)(a[i] * b[j]), i, j, (long long)bit, want);
+                    forward_ok = false;
+                }
+            }
+    }
+    /* DRELU reads it back: a product of 1 everywhere, kept where the mask is set */
+    if (!st && forward_ok) {
+        d.epilogue = TF_GEMM_EPI_DRELU;
+        d.bias = 0;
+        st = tf_gemm_plan(l, h, &d, &g, err, sizeof err);
+        if (!st) st = tf_gemm_run(l, h, &g, d1a, d1b, dc, ws, ws_bytes, s, err, sizeof err);
+        if (!st) st = TF_CU_CALL(l, err, sizeof err, StreamSynchronize(s));
+        if (!st) st = TF_CU_CALL(l, err, sizeof err, MemcpyDtoH(c, dc, sizeof c));
+        tf_gemm_free(l, &g);
+        for (int i = 0; !st && i < M * N && !why[0]; i++)
+            if (c[i] != (a[i / N] * b[i % N] > 0 ? 1.0f : 0.0f))
+                snprintf(why, n, "cuBLASLt's DRELU wrote %g at row %d, column %d of a product of 1 where the ReLU input was %g",
+                         (double)c[i], i / N, i % N, (double)(a[i / N] * b[i % N]));
+        *same = !st && !why[0];
+    }
+    if (st) snprintf(why, n, "%s", err);
+    tf_cu_deviceptr all[] = {da, db, dc, dbias, dmask, d1a, d1b};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i]) l->cu.MemFree(all[i]);
+    return st;
 }

@@ -54,9 +54,42 @@
 
 typedef enum tf_gemm_type { TF_GEMM_F32, TF_GEMM_F16, TF_GEMM_BF16 } tf_gemm_type;
 
-/* What cuBLASLt applies to the product before it writes C: nothing, a bias
- * added along C's rows (a vector of N, C's type), or that and ReLU. */
-typedef enum tf_gemm_epilogue { TF_GEMM_EPI_NONE, TF_GEMM_EPI_BIAS, TF_GEMM_EPI_RELU_BIAS } tf_gemm_epilogue;
+/* What cuBLASLt does beside the product (vectors are C's type: cuBLASLt's
+ * "Bias Type" is C's for every type here; batch 1 for all but NONE):
+ *
+ *   BIAS            C = A B + bias, a vector of N added along C's rows;
+ *   RELU_BIAS       C = relu(A B + bias);
+ *   RELU_AUX_BIAS   that, and the ReLU bit mask of A B + bias into aux (below);
+ *   DRELU           C = A B where the mask in aux is set, 0 elsewhere (the
+ *                   mask a RELU_AUX_BIAS plan of the same M x N wrote);
+ *   DRELU_BGRAD     that, and bias = the column sums of that C (N values:
+ *                   C summed over its M rows);
+ *   BGRAD_B         C = A B, and bias = B summed over K (N values): the bias
+ *                   gradient of a weight gradient dW = X^T dY whose dY is B;
+ *                   cuBLASLt's BGRADA, since B is cuBLASLt's first operand;
+ *   BGRAD_A         C = A B, and bias = op(A) summed over K (M values);
+ *                   cuBLASLt's BGRADB.
+ *
+ * The ReLU mask (cuBLASLt's aux for RELU_AUX_BIAS and DRELU*): one bit per
+ * element of cuBLASLt's column-major D, that is per element of our row-major
+ * C[M, N] at (i, j): bit j + i * aux_ld, where aux_ld (bits) is N rounded up
+ * to a multiple of 128 (cublasLt.h: "ReLu bit-mask matrix leading dimension
+ * in elements (i.e. bits) ... Must be divisible by 128 and be no less than
+ * the number of rows in the output matrix"); bit b is bit b % 8 of byte
+ * b / 8 (little-endian words, lowest bit first: how code that writes masks
+ * for cuBLASLt's DRELU reads them). tf_gemm_relu_mask_ld and _bytes give the
+ * sizes. Which value the mask holds at exactly 0 is not documented:
+ * tf_gemm_relu_mask_probe finds out on the device. */
+typedef enum tf_gemm_epilogue {
+    TF_GEMM_EPI_NONE, TF_GEMM_EPI_BIAS, TF_GEMM_EPI_RELU_BIAS,
+    TF_GEMM_EPI_RELU_AUX_BIAS, TF_GEMM_EPI_DRELU, TF_GEMM_EPI_DRELU_BGRAD, TF_GEMM_EPI_BGRAD_B, TF_GEMM_EPI_BGRAD_A,
+} tf_gemm_epilogue;
+
+/* The epilogue's name, cuBLASLt's (BGRAD_B: "BGRADA", BGRAD_A: "BGRADB"). */
+const char *tf_gemm_epilogue_name(tf_gemm_epilogue e);
+/* The ReLU mask of an M x N result: its leading dimension in bits, its bytes. */
+int64_t tf_gemm_relu_mask_ld(int64_t N);
+size_t tf_gemm_relu_mask_bytes(int64_t M, int64_t N);
 
 /* One row-major problem: C[b] (M x N) = op(A[b]) (M x K) * op(B[b]) (K x N)
  * for b < batch, operands stride_* elements apart (0: the same matrix for
@@ -70,8 +103,9 @@ typedef struct tf_gemm_desc {
     unsigned align_a, align_b, align_c;   /* bytes every pointer passed to tf_gemm_run is aligned to */
     bool tf32;
     size_t max_workspace;          /* bytes of workspace tf_gemm_run will be given */
-    tf_gemm_epilogue epilogue;     /* with a bias: batch 1 */
-    uint64_t bias;                 /* the bias's device address (epilogues with a bias) */
+    tf_gemm_epilogue epilogue;     /* but NONE: batch 1 */
+    uint64_t bias;                 /* the bias's (or bias gradient's) device address, epilogues with one */
+    uint64_t aux;                  /* the ReLU mask's device address (RELU_AUX_BIAS, DRELU, DRELU_BGRAD) */
     /* choosing the algorithm (see above) */
     const char *gpu;               /* the GPU's name (part of the cache key); NULL: "" */
     const char *cache_dir;         /* NULL: $TFUSE_CACHE_DIR/cuda, else ~/.cache/tfuse/cuda; "": no disk cache */
@@ -111,6 +145,15 @@ void tf_gemm_free(const tf_cuda_libs *l, tf_gemm *g);
  * heuristic's candidates, its time, timed now or from the cache (and the
  * file). */
 void tf_gemm_explain(const tf_gemm *g, char *out, size_t n);
+
+/* Whether cuBLASLt's ReLU mask is what the ReLU gradient rule computes,
+ * x > 0 (0 at exactly 0), in the layout above: one RELU_AUX_BIAS GEMM of f32
+ * with products -1, 0 and 1 in known places (M = 3, N = 130, so that the
+ * mask has two 128-bit columns per row), the mask read back, then one DRELU
+ * GEMM on it. TF_CUDA_OK and *same says whether both hold (why says what
+ * differs); an error when it could not run (no device memory, a failed call). */
+tf_cuda_status tf_gemm_relu_mask_probe(const tf_cuda_libs *l, tf_cublaslt_handle h, tf_cu_stream s, tf_cu_deviceptr ws,
+                                       size_t ws_bytes, bool *same, char *why, size_t n);
 
 /* The largest power of two (<= 256) dividing a byte address or offset. */
 unsigned tf_gemm_alignment(uint64_t address);

@@ -6,9 +6,19 @@
  * (with any of them, or none) computes on the host, column-major as
  * cuBLASLt defines it: D = alpha * op(A) op(B) + beta * C, accumulated in
  * double and rounded once to D's type, then the epilogue the descriptor
- * names (bias, ReLU, GELU; their backward forms take the auxiliary buffer).
+ * names (bias, ReLU, GELU; their backward forms take the auxiliary buffer;
+ * BGRADA/BGRADB: the bias gradient of op(A) or op(B), summed over k).
  * Attributes the stand-in does not know are refused, so that a descriptor
- * it would get wrong fails loudly. */
+ * it would get wrong fails loudly.
+ *
+ * The auxiliary buffers follow cublasLt.h's rules, and a descriptor that
+ * breaks one is refused (CUBLAS_STATUS_INVALID_VALUE) as a GPU would: ReLU's
+ * is a bit mask, bit i + j * aux_ld for element (i, j) of the column-major
+ * D, bit b in bit b % 8 of byte b / 8, aux_ld counted in bits, a multiple of
+ * 128 and at least D's rows (a batch stride also a multiple of 128 bits);
+ * GELU's holds D's type, aux_ld a multiple of 8 and at least D's rows. The
+ * mask holds x > 0 (0 at exactly 0): what tf_gemm_relu_mask_probe checks a
+ * GPU's cuBLASLt against, since cublasLt.h does not say. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,8 +33,9 @@ enum {
     CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14,
     COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77,
     DESC_COMPUTE_TYPE = 0, DESC_SCALE_TYPE = 1, DESC_POINTER_MODE = 2, DESC_TRANSA = 3, DESC_TRANSB = 4, DESC_TRANSC = 5,
-    DESC_EPILOGUE = 7, DESC_BIAS_POINTER = 8, DESC_EPILOGUE_AUX_POINTER = 10, DESC_EPILOGUE_AUX_LD = 11,
-    DESC_EPILOGUE_AUX_BATCH_STRIDE = 12, DESC_BIAS_BATCH_STRIDE = 21, DESC_BIAS_DATA_TYPE = 26,
+    /* cublasLtMatmulDescAttributes_t as cublasLt.h numbers them (9 and 16 are unused) */
+    DESC_EPILOGUE = 7, DESC_BIAS_POINTER = 8, DESC_BIAS_BATCH_STRIDE = 10, DESC_EPILOGUE_AUX_POINTER = 11, DESC_EPILOGUE_AUX_LD = 12,
+    DESC_EPILOGUE_AUX_BATCH_STRIDE = 13, DESC_BIAS_DATA_TYPE = 26,
     LAYOUT_TYPE = 0, LAYOUT_ORDER = 1, LAYOUT_ROWS = 2, LAYOUT_COLS = 3, LAYOUT_LD = 4, LAYOUT_BATCH_COUNT = 5,
     LAYOUT_STRIDED_BATCH_OFFSET = 6,
     PREF_MAX_WORKSPACE_BYTES = 1,
@@ -253,7 +264,24 @@ static int run_matmul(void *argp)
     bool aux_out = epi == EPI_RELU_AUX || epi == EPI_RELU_AUX_BIAS || epi == EPI_GELU_AUX || epi == EPI_GELU_AUX_BIAS;
     bool drelu = epi == EPI_DRELU || epi == EPI_DRELU_BGRAD, dgel = epi == EPI_DGELU || epi == EPI_DGELU_BGRAD;
     bool bgrad = epi == EPI_DRELU_BGRAD || epi == EPI_DGELU_BGRAD;
+    bool mask = (relu && aux_out) || drelu;   /* the aux is ReLU's bit mask */
+    int64_t aux_ld = x->d.aux_ld;
     if (x->ws_need) memset(x->ws, 0xa5, x->ws_need);
+    if (epi == EPI_BGRADA || epi == EPI_BGRADB) {   /* op(A) (m x k) summed over k: m values; op(B) (k x n): n values */
+        bool first = epi == EPI_BGRADA;
+        uint64_t len = first ? m : n;
+        for (uint64_t r = 0; r < len; r++) {
+            double s = 0;
+            for (int32_t bi = 0; bi < x->a.batch; bi++) {
+                const char *A = (const char *)x->pa + (size_t)(bi * x->a.stride) * (size_t)tf_dtype_bytes(ta);
+                const char *B = (const char *)x->pb + (size_t)(bi * x->b.stride) * (size_t)tf_dtype_bytes(ta);
+                for (uint64_t q = 0; q < k; q++)
+                    s += first ? tf_elem_load(ta, A, (int64_t)(x->d.transa ? q + r * (uint64_t)x->a.ld : r + q * (uint64_t)x->a.ld))
+                               : tf_elem_load(ta, B, (int64_t)(x->d.transb ? r + q * (uint64_t)x->b.ld : q + r * (uint64_t)x->b.ld));
+            }
+            tf_elem_store(tbias, (void *)x->d.bias, (int64_t)r, s);
+        }
+    }
     for (int32_t bi = 0; bi < x->a.batch; bi++) {
         const char *A = (const char *)x->pa + (size_t)(bi * x->a.stride) * (size_t)tf_dtype_bytes(ta);
         const char *B = (const char *)x->pb + (size_t)(bi * x->b.stride) * (size_t)tf_dtype_bytes(ta);
@@ -270,11 +298,13 @@ static int run_matmul(void *argp)
                 double v = x->alpha * acc;
                 if (x->beta != 0) v += x->beta * tf_elem_load(tc, C, (int64_t)(i + j * (uint64_t)x->c.ld));
                 if (bias) v += tf_elem_load(tbias, x->d.bias, (int64_t)i);
-                int64_t ai = (int64_t)(i + j * (uint64_t)(x->d.aux_ld ? x->d.aux_ld : (int64_t)m)) + bi * x->d.aux_stride;
-                if (aux_out) tf_elem_store(relu ? TF_DT_BOOL : td, x->d.aux, ai, relu ? v > 0 : v);
+                int64_t ai = (int64_t)(i + j * (uint64_t)aux_ld) + bi * x->d.aux_stride;
+                unsigned char *bits = x->d.aux;
+                if (aux_out && mask) bits[ai / 8] = (unsigned char)((bits[ai / 8] & ~(1u << (ai % 8))) | (unsigned)(v > 0) << (ai % 8));
+                else if (aux_out) tf_elem_store(td, x->d.aux, ai, v);
                 if (relu) v = v > 0 ? v : 0;
                 if (gel) v = gelu(v);
-                if (drelu) v = tf_elem_load(TF_DT_BOOL, x->d.aux, ai) ? v : 0;
+                if (drelu) v = (bits[ai / 8] >> (ai % 8)) & 1 ? v : 0;
                 if (dgel) v *= dgelu(tf_elem_load(td, x->d.aux, ai));
                 tf_elem_store(td, D, (int64_t)(i + j * (uint64_t)x->dl.ld), v);
             }
@@ -308,6 +338,17 @@ static tf_cublas_status matmul(tf_cublaslt_handle h, tf_cublaslt_matmul_desc op,
     x.d = *(lt_desc *)op;
     x.a = *(lt_layout *)adesc, x.b = *(lt_layout *)bdesc, x.c = *(lt_layout *)cdesc, x.dl = *(lt_layout *)ddesc;
     if (!shapes(&x.d, &x.a, &x.b, &x.c, &x.dl, &m, &n, &k)) return ST_INVALID_VALUE;
+    uint32_t e = x.d.epilogue;
+    bool relu_aux = e == EPI_RELU_AUX || e == EPI_RELU_AUX_BIAS || e == EPI_DRELU || e == EPI_DRELU_BGRAD;
+    bool gelu_aux = e == EPI_GELU_AUX || e == EPI_GELU_AUX_BIAS || e == EPI_DGELU || e == EPI_DGELU_BGRAD;
+    bool wants_bias = e == EPI_BIAS || e == EPI_RELU_BIAS || e == EPI_RELU_AUX_BIAS || e == EPI_GELU_BIAS || e == EPI_GELU_AUX_BIAS ||
+                      e == EPI_DRELU_BGRAD || e == EPI_DGELU_BGRAD || e == EPI_BGRADA || e == EPI_BGRADB;
+    int64_t unit = relu_aux ? 128 : 8;   /* bits for ReLU's mask, elements for GELU's input */
+    if ((relu_aux || gelu_aux) && (!x.d.aux || x.d.aux_ld < (int64_t)m || x.d.aux_ld % unit || x.d.aux_stride % unit ||
+                                   (x.dl.batch > 1 && x.d.aux_stride < x.d.aux_ld * (int64_t)n)))
+        return ST_INVALID_VALUE;
+    if (wants_bias && !x.d.bias) return ST_INVALID_VALUE;
+    if (e != EPI_DEFAULT && e != EPI_RELU && e != EPI_GELU && !relu_aux && !gelu_aux && !wants_bias) return ST_NOT_SUPPORTED;
     memcpy(&x.alpha, alpha, 4);
     memcpy(&x.beta, beta, 4);
     if (x.beta != 0 && !c) return ST_INVALID_VALUE;

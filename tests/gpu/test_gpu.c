@@ -409,6 +409,60 @@ static void epilogues(void)
     }
 }
 
+/* ---- backward epilogues: examples/mlp.ir's train step ----------------------------------
+ * In fp32 the weight gradient dW2 = a^T dY carries b2's gradient (BGRADA)
+ * and its reduction kernel does not run; ReLU's backward with b1's gradient
+ * is the dX GEMM's DRELU_BGRAD (on the forward GEMM's RELU_AUX_BIAS mask),
+ * at the GEMM's place or at ReLU's kernel's (then the matmul kernel is
+ * "GEMM moved"); the step still matches the interpreter. In bf16 neither
+ * may be used: the reduction sums the f32 gradient, the GEMM its bf16 copy,
+ * and the mask is handed over in f32 only. */
+static int count_how(tf_session_t *s, const char *how)
+{
+    int n = 0;
+    for (size_t i = 0; i < tf_session_profile_count(s); i++) {
+        tf_kernel_profile kp;
+        if (!tf_session_profile(s, i, &kp) && kp.how && !strcmp(kp.how, how)) n++;
+    }
+    return n;
+}
+
+static void backward_epilogues(void)
+{
+    const test_example *ex = NULL;
+    for (size_t i = 0; i < TEST_NEXAMPLES; i++)
+        if (!strcmp(test_examples[i].file, "mlp.ir")) ex = &test_examples[i];
+    CHECK(ex != NULL, "mlp.ir is among the examples");
+    if (!ex) return;
+    tf_dim_override dims[3];
+    for (int j = 0; j < ex->nd; j++) dims[j] = (tf_dim_override){ex->dims[j].name, ex->dims[j].value};
+    char path[4096];
+    char *text = test_read_example(ex->file, path, sizeof path);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (!text) return;
+    for (int bf = 0; bf < 2; bf++) {
+        char lab[4200];
+        snprintf(lab, sizeof lab, "%s backward epilogues [%s]", path, bf ? "bf16" : "fp32");
+        pair q;
+        if (pair_make(&q, lab, text, TF_MODE_TRAIN, bf ? "bf16" : "fp32", dims, ex->nd)) {
+            tf_session_set_profiling(q.dev, 1);
+            /* fp32: two steps (the second reads params the first updated through the epilogues' gradients), as the
+             * other plans of examples() are checked; bf16: one, as its mixed-precision step is */
+            for (int step = 0; step < (bf ? 1 : 2) && pair_step(&q, lab); step++)
+                pair_compare(&q, lab, true, state_tol(), bf ? tol_of(TF_DTYPE_BF16) : 0);
+            int bgrad = count_how(q.dev, "in GEMM: BGRADA") + count_how(q.dev, "in GEMM: BGRADB");
+            int drelu = count_how(q.dev, "in GEMM: DRELU_BGRAD") + count_how(q.dev, "GEMM moved: DRELU_BGRAD");
+            if (!bf)
+                CHECK(bgrad == 1 && drelu == 1, "%s: b2's gradient in the weight-gradient GEMM (%d kernels replaced, want 1), ReLU's backward "
+                      "and b1's gradient in the dX GEMM (%d, want 1)", lab, bgrad, drelu);
+            else
+                CHECK(bgrad == 0 && drelu == 0, "%s: no backward epilogue in bf16 (%d BGRAD, %d DRELU)", lab, bgrad, drelu);
+        }
+        pair_free(&q);
+    }
+    free(text);
+}
+
 /* ---- CUDA graphs: a replayed step computes exactly what a launched one does ------------ */
 
 static bool same_bytes(const tf_tensor_view *a, const tf_tensor_view *b)
@@ -1040,6 +1094,7 @@ int main(int argc, char **argv)
     examples();
     if (!g_fake) graphs();   /* the fake driver runs no kernel, and captures nothing */
     if (!g_fake) epilogues();   /* nor has it a cuBLASLt */
+    if (!g_fake) backward_epilogues();
     contract();
     bad_ids();
     if (!g_fake) async_steps();   /* the fake driver runs no kernel */

@@ -546,11 +546,191 @@ static void emu_direct(const bufs *B)
     CHECK(a->Matmul(g_h, op, &one, (void *)(uintptr_t)B->a, la, (void *)(uintptr_t)B->b, lb, &zero, NULL, lc, (void *)(uintptr_t)B->c, lc,
                     NULL, NULL, 0, g_stream) == 0,
           "no algorithm: its own choice");
+    /* the ReLU mask's leading dimension, in bits: a multiple of 128, at least D's rows (cublasLt.h) */
+    uint32_t epi = 134;   /* RELU_AUX_BIAS */
+    void *bias_p = (void *)(uintptr_t)B->bias, *aux_p = (void *)(uintptr_t)B->ws;
+    int64_t ld = 4;
+    r = a->MatmulDescSetAttribute(op, 7, &epi, sizeof epi) | a->MatmulDescSetAttribute(op, 8, &bias_p, sizeof bias_p) |
+        a->MatmulDescSetAttribute(op, 11, &aux_p, sizeof aux_p) | a->MatmulDescSetAttribute(op, 12, &ld, sizeof ld);
+    CHECK(r == 0, "RELU_AUX_BIAS's attributes, at cublasLt.h's numbers (bias 8, aux 11, aux_ld 12)");
+    CHECK(a->Matmul(g_h, op, &one, (void *)(uintptr_t)B->a, la, (void *)(uintptr_t)B->b, lb, &zero, NULL, lc, (void *)(uintptr_t)B->c, lc,
+                    NULL, NULL, 0, g_stream) == 7,
+          "a ReLU mask 4 bits apart (D has 4 rows, but not a multiple of 128): INVALID_VALUE");
+    ld = 128;
+    a->MatmulDescSetAttribute(op, 12, &ld, sizeof ld);
+    CHECK(a->Matmul(g_h, op, &one, (void *)(uintptr_t)B->a, la, (void *)(uintptr_t)B->b, lb, &zero, NULL, lc, (void *)(uintptr_t)B->c, lc,
+                    NULL, NULL, 0, g_stream) == 0,
+          "a ReLU mask 128 bits apart: taken");
+    aux_p = NULL;
+    a->MatmulDescSetAttribute(op, 11, &aux_p, sizeof aux_p);
+    CHECK(a->Matmul(g_h, op, &one, (void *)(uintptr_t)B->a, la, (void *)(uintptr_t)B->b, lb, &zero, NULL, lc, (void *)(uintptr_t)B->c, lc,
+                    NULL, NULL, 0, g_stream) == 7,
+          "RELU_AUX_BIAS without a mask: INVALID_VALUE");
+    g_libs.cu.StreamSynchronize(g_stream);
     a->MatmulPreferenceDestroy(pref);
     a->MatrixLayoutDestroy(la);
     a->MatrixLayoutDestroy(lb);
     a->MatrixLayoutDestroy(lc);
     a->MatmulDescDestroy(op);
+}
+
+/* ---- the backward epilogues: bias gradients, the ReLU mask ---- */
+
+/* BGRAD_B (cuBLASLt's BGRADA): C = op(A) op(B) and the bias gradient, op(B)
+ * summed over K (N values); BGRAD_A (BGRADB): op(A) summed over K (M
+ * values). Every transpose, f32 and bf16; exact inputs, so bit for bit. */
+static void bgrad_case(tf_dt t, bool ta, bool tb, tf_gemm_epilogue epi)
+{
+    enum { M = 7, N = 5, K = 9 };
+    double a[M * K], b[K * N], ref[M * N], gref[M > N ? M : N];
+    fill(a, M * K);
+    fill(b, K * N);
+    int64_t len = epi == TF_GEMM_EPI_BGRAD_B ? N : M;
+    for (int64_t r = 0; r < len; r++) gref[r] = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int q = 0; q < K; q++) s += a[ta ? q * M + i : i * K + q] * b[tb ? j * K + q : q * N + j];
+            ref[i * N + j] = s;
+        }
+    for (int q = 0; q < K; q++) {
+        if (epi == TF_GEMM_EPI_BGRAD_B)
+            for (int j = 0; j < N; j++) gref[j] += b[tb ? j * K + q : q * N + j];
+        else
+            for (int i = 0; i < M; i++) gref[i] += a[ta ? q * M + i : i * K + q];
+    }
+    size_t e = (size_t)tf_dtype_bytes(t);
+    void *ha = to_storage(t, a, M * K), *hb = to_storage(t, b, K * N);
+    tf_cu_deviceptr da = dev_alloc(M * K * e), db = dev_alloc(K * N * e), dc = dev_alloc(M * N * e), dg = dev_alloc(len * e), dws = dev_alloc(WS);
+    g_libs.cu.MemcpyHtoD(da, ha, M * K * e);
+    g_libs.cu.MemcpyHtoD(db, hb, K * N * e);
+    g_libs.cu.MemsetD8Async(dg, 0xff, len * e, g_stream);
+    gcase k = {t, t, ta, tb, M, N, K, 1, epi};
+    tf_gemm_desc d = desc_of(&k, "", da, db, dc, dg, dws, WS);
+    tf_gemm g;
+    char err[2048] = "", lab[120];
+    snprintf(lab, sizeof lab, "%s %s%s x %s%s", tf_gemm_epilogue_name(epi), tf_dtype_name(t), ta ? "^T" : "", tf_dtype_name(t), tb ? "^T" : "");
+    tf_cuda_status st = tf_gemm_plan(&g_libs, g_h, &d, &g, err, sizeof err);
+    CHECK(!st, "%s: plan: %s", lab, err);
+    if (!st) st = tf_gemm_run(&g_libs, g_h, &g, da, db, dc, dws, WS, g_stream, err, sizeof err);
+    CHECK(!st, "%s: run: %s", lab, err);
+    g_libs.cu.StreamSynchronize(g_stream);
+    unsigned char out[M * N * 4], grad[(M > N ? M : N) * 4];
+    g_libs.cu.MemcpyDtoH(out, dc, M * N * e);
+    g_libs.cu.MemcpyDtoH(grad, dg, len * e);
+    int bad = 0, gbad = 0;
+    for (int i = 0; i < M * N; i++) bad += tf_elem_load(t, out, i) != tf_dtype_round(t, ref[i]);
+    for (int64_t r = 0; r < len; r++) gbad += tf_elem_load(t, grad, r) != tf_dtype_round(t, gref[r]);
+    CHECK(!st && !bad && !gbad, "%s: %d products and %d of %lld bias-gradient values differ from the reference", lab, bad, gbad, (long long)len);
+    tf_gemm_free(&g_libs, &g);
+    free(ha), free(hb);
+    dev_free(da), dev_free(db), dev_free(dc), dev_free(dg), dev_free(dws);
+}
+
+/* The ReLU mask as blas.h lays it out (and cublasLt.h describes it): bit
+ * j + i * ld of our C[M, N] (i, j), ld = N rounded up to 128 bits, bit b in
+ * bit b % 8 of byte b / 8; RELU_AUX_BIAS writes it, DRELU_BGRAD reads it and
+ * writes the bias gradient of what it keeps; the probe agrees. */
+static void relu_mask(void)
+{
+    enum { M = 5, N = 131, K = 3 };
+    CHECK(tf_gemm_relu_mask_ld(N) == 256 && tf_gemm_relu_mask_ld(128) == 128 && tf_gemm_relu_mask_ld(1) == 128 &&
+              tf_gemm_relu_mask_bytes(M, N) == M * 32,
+          "the mask's leading dimension: N rounded up to 128 bits");
+    double a[M * K], b[K * N], bias[N], pre[M * N];
+    fill(a, M * K);
+    fill(b, K * N);
+    fill(bias, N);
+    bias[0] = 0;   /* an exact zero at (0, 0): bias[0] cancels the product (multiples of 1/64, exact) */
+    for (int q = 0; q < K; q++) bias[0] -= a[q] * b[q * N];
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = bias[j];
+            for (int q = 0; q < K; q++) s += a[i * K + q] * b[q * N + j];
+            pre[i * N + j] = s;
+        }
+    void *ha = to_storage(TF_DT_F32, a, M * K), *hb = to_storage(TF_DT_F32, b, K * N), *hbias = to_storage(TF_DT_F32, bias, N);
+    size_t mb = tf_gemm_relu_mask_bytes(M, N);
+    tf_cu_deviceptr da = dev_alloc(M * K * 4), db = dev_alloc(K * N * 4), dc = dev_alloc(M * N * 4), dbias = dev_alloc(N * 4),
+                    dmask = dev_alloc(mb), dws = dev_alloc(WS);
+    g_libs.cu.MemcpyHtoD(da, ha, M * K * 4);
+    g_libs.cu.MemcpyHtoD(db, hb, K * N * 4);
+    g_libs.cu.MemcpyHtoD(dbias, hbias, N * 4);
+    g_libs.cu.MemsetD8Async(dmask, 0, mb, g_stream);
+    gcase k = {TF_DT_F32, TF_DT_F32, false, false, M, N, K, 1, TF_GEMM_EPI_RELU_AUX_BIAS};
+    tf_gemm_desc d = desc_of(&k, "", da, db, dc, dbias, dws, WS);
+    d.aux = dmask;
+    tf_gemm g;
+    char err[2048] = "";
+    tf_cuda_status st = tf_gemm_plan(&g_libs, g_h, &d, &g, err, sizeof err);
+    if (!st) st = tf_gemm_run(&g_libs, g_h, &g, da, db, dc, dws, WS, g_stream, err, sizeof err);
+    tf_gemm_free(&g_libs, &g);
+    CHECK(!st, "RELU_AUX_BIAS: %s", err);
+    g_libs.cu.StreamSynchronize(g_stream);
+    unsigned char mask[M * 32];
+    float c[M * N];
+    g_libs.cu.MemcpyDtoH(mask, dmask, mb);
+    g_libs.cu.MemcpyDtoH(c, dc, sizeof c);
+    int bad = 0, cbad = 0, pad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < 256; j++) {
+            int bit = j + i * 256;
+            bool got = (mask[bit / 8] >> (bit % 8)) & 1;
+            if (j >= N) pad += got;
+            else bad += got != (pre[i * N + j] > 0), cbad += c[i * N + j] != (float)(pre[i * N + j] > 0 ? pre[i * N + j] : 0);
+        }
+    CHECK(pre[0] == 0 && !bad && !cbad && !pad, "RELU_AUX_BIAS: %d mask bits differ from x > 0 (bit j + 256 i, lowest bit first), "
+          "%d results from relu, %d padding bits set", bad, cbad, pad);
+    /* DRELU_BGRAD on that mask: C = A2 B2 where the mask is set, bias = its column sums */
+    double a2[M * K], b2[K * N], want[M * N], gwant[N];
+    fill(a2, M * K);
+    fill(b2, K * N);
+    for (int j = 0; j < N; j++) gwant[j] = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int q = 0; q < K; q++) s += a2[i * K + q] * b2[q * N + j];
+            want[i * N + j] = pre[i * N + j] > 0 ? s : 0;
+            gwant[j] += want[i * N + j];
+        }
+    free(ha), free(hb);
+    ha = to_storage(TF_DT_F32, a2, M * K), hb = to_storage(TF_DT_F32, b2, K * N);
+    g_libs.cu.MemcpyHtoD(da, ha, M * K * 4);
+    g_libs.cu.MemcpyHtoD(db, hb, K * N * 4);
+    k.epi = TF_GEMM_EPI_DRELU_BGRAD;
+    d = desc_of(&k, "", da, db, dc, dbias, dws, WS);
+    d.aux = dmask;
+    st = tf_gemm_plan(&g_libs, g_h, &d, &g, err, sizeof err);
+    if (!st) st = tf_gemm_run(&g_libs, g_h, &g, da, db, dc, dws, WS, g_stream, err, sizeof err);
+    tf_gemm_free(&g_libs, &g);
+    CHECK(!st, "DRELU_BGRAD: %s", err);
+    g_libs.cu.StreamSynchronize(g_stream);
+    float gb[N];
+    g_libs.cu.MemcpyDtoH(c, dc, sizeof c);
+    g_libs.cu.MemcpyDtoH(gb, dbias, sizeof gb);
+    bad = 0;
+    int gbad = 0;
+    for (int i = 0; i < M * N; i++) bad += c[i] != (float)want[i];
+    for (int j = 0; j < N; j++) gbad += gb[j] != (float)gwant[j];
+    CHECK(!bad && !gbad, "DRELU_BGRAD: %d results and %d bias-gradient values differ (the mask read back at bit j + 256 i)", bad, gbad);
+    free(ha), free(hb), free(hbias);
+    dev_free(da), dev_free(db), dev_free(dc), dev_free(dbias), dev_free(dmask);
+    bool same = false;
+    char why[600] = "";
+    st = tf_gemm_relu_mask_probe(&g_libs, g_h, g_stream, dws, WS, &same, why, sizeof why);
+    CHECK(!st && same, "the mask probe finds cuda-emu's cuBLASLt is x > 0 in blas.h's layout: %s", why);
+    dev_free(dws);
+}
+
+static void backward_epilogues(void)
+{
+    static const tf_dt types[] = {TF_DT_F32, TF_DT_BF16};
+    for (int t = 0; t < 2; t++)
+        for (int tr = 0; tr < 4; tr++) {
+            bgrad_case(types[t], tr & 1, (tr >> 1) & 1, TF_GEMM_EPI_BGRAD_B);
+            bgrad_case(types[t], tr & 1, (tr >> 1) & 1, TF_GEMM_EPI_BGRAD_A);
+        }
+    relu_mask();
 }
 
 /* ---- refusals ---- */
@@ -574,8 +754,12 @@ static void refusals(const char *root, const bufs *B)
           "f16 -> bf16: %s", err);
     d = desc_of(&k, root, B->a, B->b, B->c, 0, B->ws, WS);
     d.epilogue = TF_GEMM_EPI_BIAS, d.bias = B->bias, d.batch = 2, d.stride_a = 64, d.stride_c = 64;
-    CHECK(tf_gemm_plan(&g_libs, g_h, &d, &g, err, sizeof err) == TF_CUDA_ERR_ARG && strstr(err, "a bias epilogue takes one GEMM"),
+    CHECK(tf_gemm_plan(&g_libs, g_h, &d, &g, err, sizeof err) == TF_CUDA_ERR_ARG && strstr(err, "the BIAS epilogue takes one GEMM"),
           "a batched bias epilogue: %s", err);
+    d = desc_of(&k, root, B->a, B->b, B->c, 0, B->ws, WS);
+    d.epilogue = TF_GEMM_EPI_DRELU;   /* no mask */
+    CHECK(tf_gemm_plan(&g_libs, g_h, &d, &g, err, sizeof err) == TF_CUDA_ERR_ARG && strstr(err, "the DRELU epilogue takes one GEMM and a ReLU mask"),
+          "DRELU without a mask: %s", err);
     /* a workspace smaller than the plan's algorithm needs, at run time */
     g_fast = 0x7467;
     d = desc_of(&k, "", B->a, B->b, B->c, 0, B->ws, WS);
@@ -612,6 +796,7 @@ int main(void)
         return 1;
     }
     results(root);
+    backward_epilogues();
     bufs B = {dev_alloc(1 << 16), dev_alloc(1 << 16), dev_alloc(1 << 16), dev_alloc(64 * 4), dev_alloc(WS)};
     g_bias = B.bias;
     cache_tests(root, &B);
