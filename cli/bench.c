@@ -135,6 +135,14 @@ int cmd_bench(tf_context_t *ctx, const args *a)
         printf("compile_ms: %.3f\n", compile_ms);
         printf("jit_ms: %.3f\n", jit_ms);
         printf("jit_ms_cached: %.3f\n", jit_cached_ms);
+        for (size_t i = 0; p && i < tf_program_stat_count(p); i++) {   /* the matmuls' and convolutions' rate */
+            const char *sn;
+            int64_t sv;
+            if (!tf_program_stat(p, i, &sn, &sv) && !strcmp(sn, "step_flops") && sv > 0 && median > 0) {
+                printf("step_gflop: %.4f\n", (double)sv * 1e-9);
+                printf("gflops: %.2f\n", (double)sv * 1e-6 / median);
+            }
+        }
         printf("kernels: %d\n", info.kernels);
         printf("kernels_jit_compiled: %d\n", info.jit_compiled);
         printf("kernels_fallback: %d\n", info.fallbacks);

@@ -235,7 +235,10 @@ void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
                              const tf_compile_options *o, tf_program_t **out);
 void      tf_program_free(tf_program_t *p);
-/* Counters from compiling, as (name, value) pairs in a fixed order. */
+/* Counters from compiling, as (name, value) pairs in a fixed order: ops,
+ * kernels, fused_regions, casts, params, peak_bytes and arena_bytes (with
+ * memplan), the dim --dim K=auto chose, step_flops (two per multiply-add
+ * of the step's matmuls and convolutions), inputs, outputs. */
 size_t    tf_program_stat_count(const tf_program_t *p);
 tf_status tf_program_stat(const tf_program_t *p, size_t i, const char **name, int64_t *value);
 /* The compiled module's text (after all passes); *out malloc'd. */

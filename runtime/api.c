@@ -272,6 +272,29 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
     return TF_OK;
 }
 
+/* Floating-point operations of one step's matmuls and convolutions, two
+ * per multiply-add: what a step's GFLOP/s divides (bench's gflops). The
+ * pointwise ops and reductions are left out: they are memory-bound, and
+ * counting them would flatter a step. */
+static int64_t step_flops(const tf_module *m)
+{
+    double f = 0;
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (n->op == TF_OP_MATMUL && n->nin == 2 && n->in[0]->type.rank >= 2) {
+            const tf_type *a = &n->in[0]->type;
+            int64_t k = tf_node_bool(n, "transpose_a") ? a->dims[a->rank - 2].n : a->dims[a->rank - 1].n;
+            f += 2.0 * (double)tf_type_numel(&n->out->type) * (double)k;
+        } else if ((n->op == TF_OP_CONV2D || n->op == TF_OP_CONV2D_GRAD_INPUT || n->op == TF_OP_CONV2D_GRAD_WEIGHT) && n->nin >= 2) {
+            /* each is the forward's multiply-adds: every output element of the forward, over Cg x KH x KW */
+            const tf_type *y = n->op == TF_OP_CONV2D ? &n->out->type : n->op == TF_OP_CONV2D_GRAD_INPUT ? &n->in[0]->type : &n->in[1]->type;
+            const tf_type *w = n->op == TF_OP_CONV2D_GRAD_WEIGHT ? &n->out->type : &n->in[1]->type;
+            if (w->rank == 4) f += 2.0 * (double)tf_type_numel(y) * (double)(w->dims[1].n * w->dims[2].n * w->dims[3].n);
+        }
+    }
+    return f > 9e18 ? INT64_MAX : (int64_t)f;
+}
+
 static int64_t planned_peak(const tf_program_t *p)
 {
     return p->m->plan.planned ? p->m->plan.arena_bytes + p->m->plan.persistent_bytes : -1;
@@ -338,6 +361,7 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
         add_stat(p, "arena_bytes", p->m->plan.arena_bytes);
     }
     if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
+    add_stat(p, "step_flops", step_flops(p->m));
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,

@@ -23,6 +23,10 @@ expect 0 "input  x : f32\[B, F\]" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 0 "^dim B = 128" -- "$tfuse" print "$ex/mlp.ir" --dim B=128
 expect 2 "no training data: give --data" -- "$tfuse" train "$ex/mlp.ir"
 expect 0 "^kernels: [0-9]+" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --stats
+# step_flops: 2 per multiply-add of the matmuls (mlp: B=64, 784 -> 256 -> 10; train adds both weight
+# gradients and the hidden layer's dX, not the input's)
+expect 0 "^step_flops: 52363264$" -- "$tfuse" compile "$ex/mlp.ir" --stats
+expect 0 "^step_flops: 26017792$" -- "$tfuse" compile "$ex/mlp.ir" --stats --mode=infer
 if ! nvidia-smi >/dev/null 2>&1; then
   expect 1 "target 'cuda' cannot run here" -- "$tfuse" run "$ex/mlp.ir" --target=cuda --random-inputs
 fi
@@ -40,6 +44,7 @@ expect 2 "--iters expects an integer" -- "$tfuse" bench "$ex/mlp.ir" --iters 0
 expect 2 "--threads expects an integer" -- "$tfuse" run "$ex/mlp.ir" --threads=0
 # bench on the interpreter works in every build: key: value lines, a median
 expect 0 "^step_ms: [0-9.]+$" -- "$tfuse" bench "$ex/mlp.ir" --dim F=16 --target=interp --iters 3 --warmup 0
+expect 0 "^gflops: [0-9.]+$" -- "$tfuse" bench "$ex/mlp.ir" --dim F=16 --target=interp --iters 2 --warmup 0
 expect 0 "profile: none \(the interp target" -- "$tfuse" bench "$ex/mlp.ir" --dim F=16 --target=interp --iters 1 --profile
 # the cpu target: the interpreter's numbers where the build has LLVM; a
 # clear reason where it has none
