@@ -190,7 +190,10 @@ def main(argv=None):
         cudagraphs = args.peer == "compile-max" and args.device == "cuda"
         if args.mode == "train":
             model.train()
-            train_step = twins.TrainStep(model, info, forward=fwd, precision=precision, device=args.device)
+            # torch.compile's peer compiles the whole step: the model (its backward through AOTAutograd)
+            # and the update (clipping and the optimizer)
+            train_step = twins.TrainStep(model, info, forward=fwd, precision=precision, device=args.device,
+                                         compile_update=args.peer in ("compile", "compile-max"))
 
             def step():
                 if cudagraphs:

@@ -6,19 +6,28 @@
 
 DIR holds one file per measurement, named MODEL__PRECISION__MODE__PEER.txt
 (PEER: tfuse, eager, compile, compile-max, ort; a second run of tfuse or a
-compile peer with a warm cache is PEER-cached), each the `key: value` lines
-of `tfuse bench` or peers.py. A file whose output has no `step_ms` counts
-as not measured and its reason (an `error:` line, the last line, or a
-`reason:` line the scripts write) is shown as `n/a (reason)`.
+compile peer with a warm cache is PEER-cached), or, repeated,
+MODEL__PRECISION__MODE__PEER__rN.txt for repetition N; each holds the
+`key: value` lines of `tfuse bench` or peers.py. A file whose output has no
+`step_ms` counts as not measured and its reason (an `error:` line, the last
+line, or a `reason:` line the scripts write) is shown as `n/a (reason)`.
 
-Ratios are tfuse / peer of median step times: below 1 tfuse is faster.
+Ratios are tfuse / peer of median step times: below 1 tfuse is faster. With
+repetitions (the CPU table), a time is the median over repetitions of each
+repetition's median step, a ratio the median of the per-repetition ratios
+(tfuse and the peer measured moments apart), each with its spread (lowest to
+highest); a spread wider than SPREAD_WARN of the median is flagged. DIR's
+peak.txt (bench/peak.c) gives the machine's fp32 FMA peak, against which the
+tfuse step's GFLOP/s (its matmuls and convolutions, `gflops`) is shown.
 Standard library only.
 """
 import os
 import re
 import sys
 
-FILE_RE = re.compile(r"^(?P<model>[A-Za-z0-9]+)__(?P<prec>[a-z0-9]+)__(?P<mode>train|infer)__(?P<peer>[a-z-]+)\.txt$")
+FILE_RE = re.compile(r"^(?P<model>[A-Za-z0-9]+)__(?P<prec>[a-z0-9]+)__(?P<mode>train|infer)__(?P<peer>[a-z-]+)"
+                     r"(?:__r(?P<rep>[0-9]+))?\.txt$")
+SPREAD_WARN = 0.30
 
 
 def read_kv(path):
@@ -36,12 +45,18 @@ def read_kv(path):
 
 
 def load(d):
-    runs = {}
+    """{(model, prec, mode, peer): kv} of the first (or only) repetition, and
+    {(model, prec, mode, peer): {rep: kv}} of all of them."""
+    runs, reps = {}, {}
     for fn in sorted(os.listdir(d)):
         m = FILE_RE.match(fn)
         if m:
-            runs[(m["model"], m["prec"], m["mode"], m["peer"])] = read_kv(os.path.join(d, fn))
-    return runs
+            key = (m["model"], m["prec"], m["mode"], m["peer"])
+            kv = read_kv(os.path.join(d, fn))
+            reps.setdefault(key, {})[int(m["rep"] or 0)] = kv
+    for key, by_rep in reps.items():
+        runs[key] = by_rep[min(by_rep)]
+    return runs, reps
 
 
 def number(kv, key):
@@ -134,6 +149,98 @@ def keys(runs):
     return sorted(seen, key=lambda k: (models.index(k[0]) if k[0] in models else len(models), k[0], k[1], order[k[2]]))
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2) if n else None
+
+
+def spread_text(xs, mid):
+    """' (lo–hi)' over repetitions, flagged ⚠ when wider than SPREAD_WARN of the median."""
+    if len(xs) < 2 or not mid:
+        return ""
+    lo, hi = min(xs), max(xs)
+    flag = " ⚠" if (hi - lo) / mid > SPREAD_WARN else ""
+    return f" ({fmt(lo)}–{fmt(hi)}{flag})"
+
+
+def rep_times(reps, key):
+    return {r: number(kv, "step_ms") for r, kv in (reps.get(key) or {}).items() if number(kv, "step_ms")}
+
+
+def rep_ms(reps, runs, key):
+    t = rep_times(reps, key)
+    if not t:
+        return ms(runs.get(key))
+    mid = median(list(t.values()))
+    return fmt(mid) + spread_text(list(t.values()), mid)
+
+
+def rep_ratio(reps, a, b):
+    ta, tb = rep_times(reps, a), rep_times(reps, b)
+    rs = [ta[r] / tb[r] for r in ta if r in tb]
+    if not rs:
+        return "—", None
+    mid = median(rs)
+    return fmt(mid) + spread_text(rs, mid), mid
+
+
+def peak_gflops(d):
+    try:
+        return number(read_kv(os.path.join(d, "peak.txt")), "peak_gflops")
+    except OSError:
+        return None
+
+
+def rep_gflops(reps, key, peak):
+    g = [number(kv, "gflops") for kv in (reps.get(key) or {}).values() if number(kv, "gflops")]
+    if not g:
+        return "—"
+    mid = median(g)
+    return f"{fmt(mid)} ({100 * mid / peak:.0f}%)" if peak else fmt(mid)
+
+
+def cpu_table_reps(runs, reps, d):
+    """The CPU table over repetitions: medians, spreads, the peers side by side."""
+    peak = peak_gflops(d)
+    nreps = max((len(v) for v in reps.values()), default=1)
+    out = [("| model | dims | mode | prec | tfuse ms | eager ms | compile ms | ORT ms | tfuse/eager | tfuse/compile "
+            "| tfuse/ORT | tfuse GFLOP/s (of peak) | tfuse compile s cold / cached | tfuse peak MiB |"),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, prec, mode in keys(runs):
+        k = lambda p: (model, prec, mode, p)   # noqa: E731
+        t, e = runs.get(k("tfuse")), runs.get(k("eager"))
+        dims = (e or runs.get(k("compile")) or {}).get("dims", "")
+        cells = []
+        for p in ("eager", "compile", "ort"):
+            if p == "ort" and mode == "train":
+                cells.append("—¹")
+            elif k(p) in reps:
+                cells.append(rep_ms(reps, runs, k(p)))
+            else:
+                cells.append("not run")
+        ratios = [rep_ratio(reps, k("tfuse"), k(p))[0] if k(p) in reps else "—" for p in ("eager", "compile", "ort")]
+        cold, cached = tfuse_compile(t)
+        out.append(f"| {model} | {dims} | {mode} | {prec} | {rep_ms(reps, runs, k('tfuse'))} | {cells[0]} | {cells[1]} | {cells[2]} "
+                   f"| {ratios[0]} | {ratios[1]} | {ratios[2]} | {rep_gflops(reps, k('tfuse'), peak)} | {cold} / {cached} | {mib(t)} |")
+    out.append("")
+    out.append(f"{nreps} repetitions, interleaved (every tool once per repetition, one after the other). A time is the "
+               "median over repetitions of each run's median step, with the lowest and highest in brackets; a ratio "
+               "(below 1: tfuse is faster) is the median of the per-repetition ratios, each from two runs moments "
+               f"apart, with its range; ⚠ marks a range wider than {SPREAD_WARN:.0%} of the median, too wide to trust. "
+               "compile is torch.compile (Inductor); in train it compiles the whole step (model, backward through "
+               "AOTAutograd, clipping and optimizer). GFLOP/s counts the step's matmuls and convolutions (2 per "
+               "multiply-add, tfuse's step_flops)" + (f", against this machine's fp32 FMA peak of {fmt(peak)} GFLOP/s "
+                                                      "on the same threads (bench/peak.c)." if peak else "."))
+    for line in na_notes():
+        out.append("")
+        out.append(line)
+    out.append("")
+    out.append("¹ ONNX Runtime's training API (onnxruntime-training) is a separate package that needs an offline "
+               "artifact-generation step and its own optimizer; only inference is timed there.")
+    return "\n".join(out)
+
+
 def cpu_table(runs):
     out = [("| model | dims | mode | threads | tfuse ms | PyTorch ms | ORT ms | tfuse/PyTorch | tfuse/ORT "
             "| tfuse compile s cold / cached | ORT export+session s | tfuse peak MiB |"),
@@ -202,11 +309,15 @@ def main(argv):
     if len(argv) != 3 or argv[1] not in ("cpu", "gpu"):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
-    runs = load(argv[2])
+    runs, reps = load(argv[2])
     if not runs:
         print(f"report.py: no MODEL__PRECISION__MODE__PEER.txt files in {argv[2]}", file=sys.stderr)
         return 1
-    print(cpu_table(runs) if argv[1] == "cpu" else gpu_table(runs))
+    repeated = any(r for by_rep in reps.values() for r in by_rep)
+    if argv[1] == "cpu":
+        print(cpu_table_reps(runs, reps, argv[2]) if repeated else cpu_table(runs))
+    else:
+        print(gpu_table(runs))
     return 0
 
 

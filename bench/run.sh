@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
-# bench/run.sh — the CPU benchmark: tfuse against PyTorch eager and ONNX Runtime
-# on the same models, batch, precision (fp32) and thread count, in one run.
+# bench/run.sh — the CPU benchmark: tfuse against PyTorch eager, torch.compile
+# and ONNX Runtime on the same models, batch, precision and thread count, in
+# one run.
 #
 #   bench/run.sh                      # everything: venv, build, all models, train and infer
 #   bench/run.sh --models gpt --modes infer --iters 10
-#   bench/run.sh --quick              # tiny sizes, 3 steps: checks the harness, records nothing
+#   bench/run.sh --precision bf16     # mixed precision: tfuse --precision=bf16, the peers under autocast
+#   bench/run.sh --quick              # tiny sizes, 3 steps, 1 repetition: checks the harness, records nothing
 #
 # It makes (or reuses) a virtual environment with torch (CPU), onnx, onnxscript
 # and onnxruntime; builds tfuse in Release (build-bench/; where Release does not
-# build, RelWithDebInfo, and the results say so); then for each model
-# (bench/models/{mlp,resnet,gpt}.ir at their own sizes) and mode (train, infer):
+# build, RelWithDebInfo, and the results say so); measures this machine's fp32
+# FMA peak (bench/peak.c); then, --reps times over (default 5), for each model
+# (bench/models/{mlp,resnet,gpt}.ir at their own sizes) and mode (train, infer),
+# one after the other so that a slow spell of the machine hits every tool alike:
 #
 #   tfuse    build-bench/tfuse bench MODEL --mode=M --target=cpu --iters N
-#   PyTorch  bench/peers.py --peer eager   (the twin in bench/twins.py)
+#   eager    bench/peers.py --peer eager   (the twin in bench/twins.py)
+#   compile  bench/peers.py --peer compile (torch.compile, Inductor; in train the whole
+#            step: the model, its backward through AOTAutograd, clipping and the optimizer)
 #   ORT      bench/peers.py --peer ort     (the twin exported with torch.onnx; inference only)
 #
 # tfuse runs first; the peers then get the thread count tfuse reports
-# (`threads:`), so all three use the same number. Raw outputs go to
-# bench/results/<date>-cpu/, the markdown table to stdout, and a dated
-# section with the machine, the command and the table to bench/RESULTS.md.
+# (`threads:`), so all use the same number. Each repetition's ratio
+# tfuse/peer compares two measurements taken moments apart; the table gives
+# the median over repetitions and its spread, and flags a spread too wide to
+# trust. Raw outputs go to bench/results/<date>-cpu/, the markdown table to
+# stdout, and a dated section with the machine, the command and the table to
+# bench/RESULTS.md.
 #
 # Options:
+#   --reps N           repetitions of every measurement, interleaved (default 5)
+#   --precision P      fp32 (default), bf16 or fp16, for tfuse and the peers
+#   --peers "A B"      default "eager compile ort" (ort: inference only)
 #   --iters N          timed steps per measurement (default 20); the median is reported
 #   --warmup N         untimed steps before them (default 3; tfuse gets --warmup N
 #                      where its `bench --help` lists it)
@@ -48,7 +60,7 @@ LOAD_AT_START="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || true)"
 awk -v l="${LOAD_AT_START:-0}" 'BEGIN { exit !(l + 0 > 0.5) }' &&
     echo "bench/run.sh: warning: load average $LOAD_AT_START: other work is running, CPU timings will be skewed" >&2
 
-ITERS=20 WARMUP=3 THREADS="$(nproc)" MODELS="mlp resnet gpt" MODES="train infer"
+ITERS=20 WARMUP=3 THREADS="$(nproc)" MODELS="mlp resnet gpt" MODES="train infer" REPS=5 PRECISION=fp32 PEERS="eager compile ort"
 VENV="${TFUSE_BENCH_VENV:-$HOME/.cache/tfuse-bench-venv}"
 INSTALL=1 TFUSE="" PEERS_ONLY=0 QUICK=0 RECORD=1 OUT="" TIMEOUT=1800
 declare -A DIMS=()
@@ -60,6 +72,9 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
+        --reps) REPS="$2"; REPS_SET=1; shift 2 ;;
+        --precision) PRECISION="$2"; shift 2 ;;
+        --peers) PEERS="$2"; shift 2 ;;
         --iters) ITERS="$2"; shift 2 ;;
         --warmup) WARMUP="$2"; shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
@@ -80,8 +95,15 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+case "$REPS" in ''|*[!0-9]*|0) die "--reps wants a positive integer, got '$REPS'" ;; esac
+case "$PRECISION" in fp32|bf16|fp16) ;; *) die "--precision wants fp32, bf16 or fp16, got '$PRECISION'" ;; esac
+for peer in $PEERS; do
+    case "$peer" in eager|compile|ort) ;; *) die "--peers: unknown peer '$peer' (eager, compile, ort)" ;; esac
+done
+
 if [ "$QUICK" = 1 ]; then
     ITERS=3 WARMUP=1
+    [ -n "${REPS_SET:-}" ] || REPS=1
     DIMS[mlp]="B=16 H=64 ${DIMS[mlp]:-}"
     DIMS[resnet]="N=2 C1=8 C2=16 C3=32 ${DIMS[resnet]:-}"
     DIMS[gpt]="B=1 T=32 ${DIMS[gpt]:-}"
@@ -125,36 +147,49 @@ fi
 # ---- 3. the measurements --------------------------------------------------
 dim_flags() { local kv; for kv in ${DIMS[$1]:-}; do printf -- '--dim %s ' "$kv"; done; }
 
+# the ceiling: this machine's fp32 FMA peak on the threads the tools get
+PEAK_BIN="$(mktemp -d)/peak"
+if cc -O2 -pthread bench/peak.c -o "$PEAK_BIN" 2> "$OUT/peak.err"; then
+    "$PEAK_BIN" "$THREADS" > "$OUT/peak.txt" 2>> "$OUT/peak.err" || echo "reason: peak exited with status $?" >> "$OUT/peak.txt"
+    rm -rf "$(dirname "$PEAK_BIN")"
+else
+    echo "reason: bench/peak.c did not compile ($(tail -1 "$OUT/peak.err"))" > "$OUT/peak.txt"
+fi
+
+TFUSE_PREC=()
+[ "$PRECISION" = fp32 ] || TFUSE_PREC=(--precision="$PRECISION")
+for rep in $(seq 1 "$REPS"); do
 for model in $MODELS; do
     [ -f "bench/models/$model.ir" ] || die "no model bench/models/$model.ir"
     for mode in $MODES; do
-        base="$OUT/${model}__fp32__${mode}"
+        base="$OUT/${model}__${PRECISION}__${mode}"
+        sfx="__r$rep"
         threads="$THREADS"
         if [ -n "$TFUSE_NA" ]; then
-            printf 'reason: %s\n' "$TFUSE_NA" > "${base}__tfuse.txt"
+            printf 'reason: %s\n' "$TFUSE_NA" > "${base}__tfuse${sfx}.txt"
         else
-            echo "== $model $mode: tfuse" >&2
+            echo "== [$rep/$REPS] $model $mode: tfuse" >&2
             # shellcheck disable=SC2046
             tfuse_env timeout "$TIMEOUT" "$TFUSE" bench "bench/models/$model.ir" --mode="$mode" --target=cpu \
-                --iters "$ITERS" "${TFUSE_FLAGS[@]}" $(dim_flags "$model") > "${base}__tfuse.txt" 2>&1 ||
-                echo "reason: tfuse bench exited with status $?" >> "${base}__tfuse.txt"
-            t="$(sed -n 's/^threads: *\([0-9][0-9]*\).*/\1/p' "${base}__tfuse.txt" | head -1 || true)"
+                --iters "$ITERS" "${TFUSE_FLAGS[@]}" "${TFUSE_PREC[@]}" $(dim_flags "$model") > "${base}__tfuse${sfx}.txt" 2>&1 ||
+                echo "reason: tfuse bench exited with status $?" >> "${base}__tfuse${sfx}.txt"
+            t="$(sed -n 's/^threads: *\([0-9][0-9]*\).*/\1/p' "${base}__tfuse${sfx}.txt" | head -1 || true)"
             if [ -n "$t" ] && [ "$t" != "$THREADS" ]; then
                 echo "   note: tfuse used $t threads (asked for $THREADS); the peers use $t too" >&2
                 threads="$t"
             fi
         fi
-        peers="eager"
-        [ "$mode" = infer ] && peers="eager ort"
-        for peer in $peers; do
-            echo "== $model $mode: $peer ($threads threads)" >&2
+        for peer in $PEERS; do
+            [ "$peer" = ort ] && [ "$mode" = train ] && continue   # ORT times inference only
+            echo "== [$rep/$REPS] $model $mode: $peer ($threads threads)" >&2
             # shellcheck disable=SC2046
             timeout "$TIMEOUT" "$PY" bench/peers.py --model "$model" --mode "$mode" --peer "$peer" --device cpu \
-                --precision fp32 --threads "$threads" --iters "$ITERS" --warmup "$WARMUP" $(dim_flags "$model") \
-                > "${base}__${peer}.txt" 2> "${base}__${peer}.err" ||
-                echo "reason: peers.py exited with status $? ($(tail -1 "${base}__${peer}.err"))" >> "${base}__${peer}.txt"
+                --precision "$PRECISION" --threads "$threads" --iters "$ITERS" --warmup "$WARMUP" $(dim_flags "$model") \
+                > "${base}__${peer}${sfx}.txt" 2> "${base}__${peer}${sfx}.err" ||
+                echo "reason: peers.py exited with status $? ($(tail -1 "${base}__${peer}${sfx}.err"))" >> "${base}__${peer}${sfx}.txt"
         done
     done
+done
 done
 
 # ---- 4. the report --------------------------------------------------------
@@ -165,7 +200,7 @@ TABLE="$("$PY" bench/report.py cpu "$OUT")"
     machine_lines
     echo "- peers: torch $("$PY" -c 'import torch; print(torch.__version__)')," \
          "onnxruntime $("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')"
-    echo "- command: \`$COMMAND\` ($ITERS timed steps after $WARMUP warm-up, median)"
+    echo "- command: \`$COMMAND\` ($REPS interleaved repetitions of $ITERS timed steps after $WARMUP warm-up; $PRECISION)"
     echo "- raw output: \`$OUT/\`"
     echo
     echo "$TABLE"

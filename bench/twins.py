@@ -570,9 +570,15 @@ class TrainStep:
     backward, clip_grad_norm, the optimizer at the schedule's lr for this step.
     `forward` is the (possibly compiled) module to call; `precision` 'bf16' or
     'fp16' runs it under autocast (params stay fp32, as tfuse's amp does);
-    fp16 adds a GradScaler starting at 65536 (tfuse's dynamic loss scale)."""
+    fp16 adds a GradScaler starting at 65536 (tfuse's dynamic loss scale).
+    `compile_update` compiles the rest of the step too, clipping and the
+    optimizer (torch.compile of one function; the learning rate a tensor
+    the schedule fills, so a new lr does not recompile), so that with a
+    compiled `forward` (whose backward AOTAutograd compiles) the whole step
+    is torch.compile's: what a user after speed compiles. Not with fp16's
+    GradScaler, whose unscale/step stay eager."""
 
-    def __init__(self, model, info, forward=None, precision="fp32", device="cpu", **opt_kwargs):
+    def __init__(self, model, info, forward=None, precision="fp32", device="cpu", compile_update=False, **opt_kwargs):
         if int(float(info.train.get("accumulate", "1"))) != 1:
             raise ValueError(f"{info.path}: accumulate > 1 has no twin here")
         self.model, self.info = model, info
@@ -583,12 +589,32 @@ class TrainStep:
         self.device = device
         self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler(device, init_scale=65536.0) if precision == "fp16" else None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.update = None
+        if compile_update and self.scaler is None:
+            for g in self.opt.param_groups:
+                g["lr"] = torch.tensor(float(g["lr"]), device=device)
+            self.update = torch.compile(self._update)
+
+    def _update(self):
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
 
     def __call__(self, *inputs):
         for g in self.opt.param_groups:
-            g["lr"] = lr_at(self.info, self.step)
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(lr_at(self.info, self.step))
+            else:
+                g["lr"] = lr_at(self.info, self.step)
         with torch.autocast(self.device, dtype=self.amp, enabled=self.amp is not None):
             loss, _ = self.forward(*inputs)
+        if self.update is not None:
+            loss.backward()
+            self.update()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            return loss
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.opt)
