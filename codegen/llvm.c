@@ -37,6 +37,7 @@
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
+#include <llvm/Config/llvm-config.h>   /* LLVM_VERSION_STRING (plain C) */
 #include <llvm-c/Transforms/PassBuilder.h>
 
 #include "interp.h"
@@ -1144,6 +1145,104 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
     *fn = u.f;
     *code = c;
     return TF_IR_OK;
+}
+
+char *tf_jit_target_id(tf_jit *j)
+{
+    char *triple = LLVMGetTargetMachineTriple(j->tm), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+    size_t n = strlen(triple) + strlen(cpu) + strlen(feat) + 96;
+    char *id = tf_malloc(n);
+    if (id) snprintf(id, n, "llvm %s\ntriple %s\ncpu %s\nfeatures %s", LLVM_VERSION_STRING, triple, cpu, feat);
+    LLVMDisposeMessage(triple);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(feat);
+    return id;
+}
+
+/* An object file into the JIT under a resource tracker of its own, and sym's address. Takes buf. */
+static tf_ir_status add_object(tf_jit *j, const char *sym, LLVMMemoryBufferRef buf, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d)
+{
+    tf_jit_code *c = tf_calloc(1, sizeof *c);
+    const char *name = c ? unique_name(j, sym) : NULL;
+    if (!name || strcmp(name, sym) != 0) {   /* the object defines sym: no other code of this JIT may */
+        if (name) forget_name(j, name);
+        tf_free(c);
+        LLVMDisposeMemoryBuffer(buf);
+        return name ? tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: the JIT already has a function %s", sym)
+                    : tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    snprintf(c->name, sizeof c->name, "%s", sym);
+    c->rt = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(j->jit));
+    LLVMErrorRef e = LLVMOrcLLJITAddObjectFileWithRT(j->jit, c->rt, buf);
+    if (e) {
+        LLVMOrcReleaseResourceTracker(c->rt);
+        forget_name(j, c->name);
+        tf_free(c);
+        return llvm_error(d, e, "llvm: cannot add the kernel's object code");
+    }
+    LLVMOrcExecutorAddress addr = 0;
+    e = LLVMOrcLLJITLookup(j->jit, &addr, c->name);
+    if (e) {
+        tf_ir_status st = llvm_error(d, e, "llvm: cannot link the kernel's object code");
+        tf_jit_release(j, c, d);
+        return st;
+    }
+    union { LLVMOrcExecutorAddress a; tf_kernel_fn f; } u;
+    memset(&u, 0, sizeof u);
+    u.a = addr;
+    *fn = u.f;
+    *code = c;
+    return TF_IR_OK;
+}
+
+tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
+                                   size_t *obj_n, tf_diag *d)
+{
+    *fn = NULL;
+    *code = NULL;
+    *obj = NULL;
+    *obj_n = 0;
+    char why[512];
+    if (!tf_jit_supports(k, why, sizeof why)) return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "llvm: %s", why);
+    LLVMContextRef cx = LLVMContextCreate();
+    LLVMModuleRef mod = build_module(cx, k, sym);
+    if (!mod) {
+        LLVMContextDispose(cx);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    tf_ir_status st = TF_IR_OK;
+    LLVMMemoryBufferRef buf = NULL;
+    char *msg = NULL;
+    if (finish_module(mod, j->tm, j->pipeline, why, sizeof why))
+        st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: %s", k->name, why);
+    else if (LLVMTargetMachineEmitToMemoryBuffer(j->tm, mod, LLVMObjectFile, &msg, &buf))
+        st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: emitting object code: %s", k->name, msg ? msg : "?");
+    if (msg) LLVMDisposeMessage(msg);
+    LLVMDisposeModule(mod);
+    LLVMContextDispose(cx);
+    if (st) return st;
+    size_t n = LLVMGetBufferSize(buf);
+    if (!(*obj = tf_malloc(n ? n : 1))) {
+        LLVMDisposeMemoryBuffer(buf);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    memcpy(*obj, LLVMGetBufferStart(buf), n);
+    *obj_n = n;
+    if ((st = add_object(j, sym, buf, fn, code, d))) {
+        tf_free(*obj);
+        *obj = NULL;
+        *obj_n = 0;
+    }
+    return st;
+}
+
+tf_ir_status tf_jit_load_object(tf_jit *j, const char *sym, const void *obj, size_t n, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d)
+{
+    *fn = NULL;
+    *code = NULL;
+    LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, n, sym);
+    if (!buf) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    return add_object(j, sym, buf, fn, code, d);
 }
 
 tf_ir_status tf_jit_set_pipeline(tf_jit *j, const char *pipe)

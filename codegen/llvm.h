@@ -37,6 +37,24 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
  * function must not be called again. */
 tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *code, tf_diag *d);
 
+/* Object code that outlives the process (the cpu target's disk cache):
+ *
+ * tf_jit_target_id: what the object code depends on besides the kernel and
+ * the pipeline (LLVM's version, the target triple, the host CPU and its
+ * features), as text, malloc'd; NULL when out of memory.
+ * tf_jit_compile_object: tf_jit_compile with the function named sym (a name
+ * that says what it computes, the same in every process: a hash of the
+ * kernel's key), going through an object file, which *obj receives
+ * (malloc'd, *obj_n bytes) for the caller to keep.
+ * tf_jit_load_object: that object file linked into this JIT, no compiling,
+ * and sym's address; only for objects compiled for this tf_jit_target_id
+ * (the caller keys them by it). A name this JIT already defines is
+ * TF_IR_ERR_INTERNAL. */
+char *tf_jit_target_id(tf_jit *j);
+tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
+                                   size_t *obj_n, tf_diag *d);
+tf_ir_status tf_jit_load_object(tf_jit *j, const char *sym, const void *obj, size_t n, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d);
+
 /* The LLVM pass pipeline of the following compiles (text as `opt
  * -passes=` takes it, e.g. "default<O3>"); NULL: tfuse's own. A pipeline
  * LLVM cannot parse fails the compile (TF_IR_ERR_INTERNAL, LLVM's message). */

@@ -349,6 +349,9 @@ tf_status tf_session_set_step(tf_session_t *s, uint64_t step);
 typedef struct tf_session_info {
     const char *target;
     int threads, kernels, jit_compiled, jit_cached, fallbacks;   /* kernels: as compile --stats counts them */
+    int jit_disk;               /* cpu: kernels whose object code an earlier process left in the disk
+                                 * cache ($TFUSE_CACHE_DIR/cpu), linked, not compiled (jit_compiled
+                                 * counts those compiled now, jit_cached those this process had) */
     double jit_ms;
     const char *library;
     /* cuda: how a step runs: "graph" (captured as one CUDA graph on its first

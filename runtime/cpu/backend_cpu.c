@@ -31,6 +31,13 @@
  * that compiles model after model (a server, tfuse_difftest) stays bounded:
  * every JIT'd module costs memory mappings, and a process has at most
  * vm.max_map_count.
+ * Below that, a disk cache outlives the process: each kernel's object code,
+ * as LLVM emitted it for this CPU, in $TFUSE_CACHE_DIR/cpu (default
+ * ~/.cache/tfuse/cpu), keyed by the kernel's key, the pipeline and the
+ * target (LLVM's version, the triple, the host CPU and its features); a
+ * second process links those objects and compiles nothing
+ * (tf_session_info.jit_disk). A file that is torn, foreign or for another
+ * key is ignored and written again.
  * Initial state comes from the interpreter's initializers with the session's
  * seed, so a cpu session starts from exactly the params an interp session
  * starts from, and dropout draws the interpreter's masks. */
@@ -41,6 +48,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache_file.h"
 #include "cpu_ops.h"
 #include "interp.h"
 #include "kernel.h"
@@ -59,6 +67,7 @@
  * key is NULL is free. */
 typedef struct jit_cache {
     tf_jit *jit;
+    char *target;          /* tf_jit_target_id, for the disk cache's keys (NULL until needed) */
     struct jit_entry {
         char *key;
         tf_kernel_fn fn;
@@ -100,18 +109,117 @@ static void cpu_cache_free(tf_cache_t *c)
         tf_free(jc->e[i].key);
     }
     tf_jit_free(jc->jit);
+    tf_free(jc->target);
     tf_free(jc->e);
     tf_free(jc);
     c->cpu = NULL;
+}
+
+/* The disk cache's file: MAGIC, the key's and the object's byte counts
+ * (8 bytes each, little-endian), the key, the object, and the FNV-1a 64 of
+ * all of it before (8 bytes). */
+static const char DISK_MAGIC[16] = "TFUSE-CPUOBJ-01\n";
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* The object code stored under key in path, malloc'd into *obj (*n bytes);
+ * false when there is none, or it is torn, foreign or another key's. */
+static bool disk_read(const char *path, const char *key, void **obj, size_t *n)
+{
+    *obj = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    unsigned char *b = NULL;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    bool ok = size >= 40 && size < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 && (b = tf_malloc((size_t)size)) &&
+              fread(b, 1, (size_t)size, f) == (size_t)size;
+    fclose(f);
+    size_t kl = strlen(key);
+    if (ok) {
+        uint64_t klen = get_u64(b + 16), olen = get_u64(b + 24);
+        ok = memcmp(b, DISK_MAGIC, 16) == 0 && klen == kl && olen > 0 && olen < (uint64_t)size &&
+             32 + klen + olen + 8 == (uint64_t)size &&
+             get_u64(b + size - 8) == tf_fnv1a(TF_FNV_BASIS, b, (size_t)size - 8) && memcmp(b + 32, key, kl) == 0;
+        if (ok && (*obj = tf_malloc((size_t)olen))) {
+            memcpy(*obj, b + 32 + kl, (size_t)olen);
+            *n = (size_t)olen;
+        }
+        ok = ok && *obj;
+    }
+    tf_free(b);
+    return ok;
+}
+
+static void disk_write(const char *path, const char *key, const void *obj, size_t n)
+{
+    size_t kl = strlen(key), total = 32 + kl + n + 8;
+    unsigned char *b = tf_malloc(total);
+    if (!b) return;   /* the cache is an optimization: no room, no file */
+    memcpy(b, DISK_MAGIC, 16);
+    put_u64(b + 16, kl);
+    put_u64(b + 24, n);
+    memcpy(b + 32, key, kl);
+    memcpy(b + 32 + kl, obj, n);
+    put_u64(b + total - 8, tf_fnv1a(TF_FNV_BASIS, b, total - 8));
+    tf_write_atomic(path, b, total, key);
+    tf_free(b);
+}
+
+/* Compile k into the JIT through the disk cache: link the object code an
+ * earlier process left for this key and target (*from_disk), or compile it
+ * and leave the object for the next. Without a cache directory, or without
+ * memory for the key, the disk is skipped. Under c->mu. */
+static tf_ir_status jit_compile_disk(jit_cache *jc, const tf_kernel *k, const char *key, tf_kernel_fn *fn, tf_jit_code **code,
+                                     bool *from_disk, tf_diag *d)
+{
+    *from_disk = false;
+    char dir[4096];
+    if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
+    if (!jc->target || !tf_cache_subdir("cpu", dir, sizeof dir)) return tf_jit_compile(jc->jit, k, fn, code, d);
+    size_t n = strlen(jc->target) + strlen(key) + 64;
+    char *dkey = tf_malloc(n);
+    if (!dkey) return tf_jit_compile(jc->jit, k, fn, code, d);
+    snprintf(dkey, n, "tfuse cpu kernel 1\n%s\n%s", jc->target, key);
+    uint64_t h = tf_fnv1a(TF_FNV_BASIS, dkey, strlen(dkey));
+    char sym[32], path[4200];
+    snprintf(sym, sizeof sym, "tf_%016llx", (unsigned long long)h);
+    snprintf(path, sizeof path, "%s/%s.o", dir, sym);
+    void *obj = NULL;
+    size_t on = 0;
+    tf_ir_status st;
+    if (disk_read(path, dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, d)) {
+        *from_disk = true;
+        st = TF_IR_OK;
+    } else {
+        memset(d, 0, sizeof *d);   /* an object that does not link is compiled again */
+        tf_free(obj);
+        obj = NULL;
+        st = tf_jit_compile_object(jc->jit, k, sym, fn, code, &obj, &on, d);
+        if (!st) disk_write(path, dkey, obj, on);
+    }
+    tf_free(obj);
+    tf_free(dkey);
+    return st;
 }
 
 /* The compiled function of k (with the LLVM pipeline `pipe`, NULL: tfuse's
  * own), from the cache or compiled now, with a reference the session gives
  * back through jit_put(c, *slot). */
 static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe, tf_kernel_fn *fn, int *slot, bool *hit,
-                            tf_diag *d)
+                            bool *disk, tf_diag *d)
 {
     *slot = -1;
+    *disk = false;
     char *kkey = tf_kernel_key(k), *key = NULL;
     if (kkey && pipe) {   /* another pipeline compiles other code */
         size_t n = strlen(pipe) + strlen(kkey) + 16;
@@ -145,7 +253,7 @@ static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe,
         }
         tf_jit_code *code = NULL;
         if (!st && tf_jit_set_pipeline(jc->jit, pipe)) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-        if (!st) st = tf_jit_compile(jc->jit, k, fn, &code, d);
+        if (!st) st = jit_compile_disk(jc, k, key, fn, &code, disk, d);
         if (!st) {
             *slot = free_slot >= 0 ? free_slot : jc->n++;
             jc->e[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
@@ -214,7 +322,7 @@ typedef struct cpu {
     float *scratch;        /* grows to the largest kernel's need */
     size_t nscratch;
     bool profile;
-    int jit_compiled, jit_cached;
+    int jit_compiled, jit_cached, jit_disk;
     double jit_ms;
     tf_cache_t *cache;     /* where its kernels are (the context's at the start), referenced */
 } cpu;
@@ -365,14 +473,15 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         bool wants_fn = k->nexprs && ck->how != RUN_VIEW && ck->how != RUN_FALLBACK;
         if (wants_fn) {
             tf_diag d = {0};
-            bool hit = false;
-            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, &ck->fn, &ck->jit_slot, &hit, &d)) {
+            bool hit = false, disk = false;
+            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, &ck->fn, &ck->jit_slot, &hit, &disk, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
                 ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
                 ck->fn = NULL;
             } else {
                 c->jit_cached += hit;
-                c->jit_compiled += !hit;
+                c->jit_disk += !hit && disk;
+                c->jit_compiled += !hit && !disk;
             }
         }
     }
@@ -879,6 +988,7 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
     out->kernels = tf_kernels_count(c->plan);
     out->jit_compiled = c->jit_compiled;
     out->jit_cached = c->jit_cached;
+    out->jit_disk = c->jit_disk;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;

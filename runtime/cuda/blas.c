@@ -127,9 +127,9 @@ static bool cache_dir(const tf_gemm_desc *d, char *out, size_t n)
     if (d->cache_dir) {
         if (!d->cache_dir[0]) return false;
         snprintf(out, n, "%.4000s", d->cache_dir);
-        return tf_cuda_make_dirs(out);
+        return tf_make_dirs(out);
     }
-    return tf_cuda_cache_dir("cuda", out, n);
+    return tf_cache_subdir("cuda", out, n);
 }
 
 /* The cache key: everything the choice depends on, on one line. */
@@ -161,7 +161,7 @@ typedef struct record {
 static bool cache_read(const char *path, const char *key, record *r)
 {
     char body[4096];
-    if (!tf_cuda_record_read(path, HEADER, key, body, sizeof body)) return false;
+    if (!tf_record_read(path, HEADER, key, body, sizeof body)) return false;
     unsigned long long *w = r->algo.data;
     int end = 0;
     if (sscanf(body, "index: %d\nalgo: %llx %llx %llx %llx %llx %llx %llx %llx\nworkspace: %zu\nms: %f\ncandidates: %d\ntimed: %d\n%n",
@@ -180,7 +180,7 @@ static void cache_write(const char *path, const char *key, const record *r, cons
              "index: %d\nalgo: %016llx %016llx %016llx %016llx %016llx %016llx %016llx %016llx\nworkspace: %zu\nms: %.9g\n"
              "candidates: %d\ntimed: %d\n",
              r->index, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], r->workspace, (double)r->ms, r->candidates, r->timed);
-    tf_cuda_record_write(path, HEADER, key, body, tag);
+    tf_record_write(path, HEADER, key, body, tag);
 }
 
 /* ---- timing ---- */
@@ -349,7 +349,7 @@ tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const t
     record rec;
     cache_key(l, d, compute, key, sizeof key);
     if (cache_dir(d, dir, sizeof dir))
-        snprintf(g->cache_file, sizeof g->cache_file, "%.4000s/%016llx.cublaslt", dir, (unsigned long long)tf_cuda_fnv1a(TF_FNV_BASIS, key, strlen(key)));
+        snprintf(g->cache_file, sizeof g->cache_file, "%.4000s/%016llx.cublaslt", dir, (unsigned long long)tf_fnv1a(TF_FNV_BASIS, key, strlen(key)));
     if (g->cache_file[0] && cache_read(g->cache_file, key, &rec) && rec.index < got && ok[rec.index] &&
         !memcmp(&res[rec.index].algo, &rec.algo, sizeof rec.algo)) {
         tf_cublaslt_heuristic chk;

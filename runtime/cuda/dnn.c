@@ -92,9 +92,9 @@ static bool cache_dir(const tf_conv_desc *d, char *out, size_t n)
     if (d->cache_dir) {
         if (!d->cache_dir[0]) return false;
         snprintf(out, n, "%.4000s", d->cache_dir);
-        return tf_cuda_make_dirs(out);
+        return tf_make_dirs(out);
     }
-    return tf_cuda_cache_dir("cuda", out, n);
+    return tf_cache_subdir("cuda", out, n);
 }
 
 /* The cache key: everything the choice depends on, on one line. */
@@ -120,7 +120,7 @@ typedef struct record { int algo, math, deterministic; size_t workspace; float m
 static bool cache_read(const char *path, const char *key, record *r)
 {
     char body[4096];
-    if (!tf_cuda_record_read(path, HEADER, key, body, sizeof body)) return false;
+    if (!tf_record_read(path, HEADER, key, body, sizeof body)) return false;
     int end = 0;
     if (sscanf(body, "algo: %d\nmath: %d\ndeterministic: %d\nworkspace: %zu\nms: %f\n%n", &r->algo, &r->math, &r->deterministic,
                &r->workspace, &r->ms, &end) != 5 || end <= 0 || body[end])
@@ -133,7 +133,7 @@ static void cache_write(const char *path, const char *key, const record *r, cons
     char body[1024];
     snprintf(body, sizeof body, "algo: %d\nmath: %d\ndeterministic: %d\nworkspace: %zu\nms: %.9g\n", r->algo, r->math, r->deterministic,
              r->workspace, (double)r->ms);
-    tf_cuda_record_write(path, HEADER, key, body, tag);
+    tf_record_write(path, HEADER, key, body, tag);
 }
 
 /* ---- plans ---- */
@@ -274,7 +274,7 @@ tf_cuda_status tf_conv_plan(const tf_cuda_libs *l, tf_cudnn_handle h, const tf_c
     record rec;
     cache_key(l, d, math, key, sizeof key);
     if (cache_dir(d, dir, sizeof dir))
-        snprintf(c->cache_file, sizeof c->cache_file, "%.4000s/%016llx.cudnn", dir, (unsigned long long)tf_cuda_fnv1a(TF_FNV_BASIS, key, strlen(key)));
+        snprintf(c->cache_file, sizeof c->cache_file, "%.4000s/%016llx.cudnn", dir, (unsigned long long)tf_fnv1a(TF_FNV_BASIS, key, strlen(key)));
     if (c->cache_file[0] && cache_read(c->cache_file, key, &rec) && take(l, h, d, c, rec.algo, fma ? CUDNN_FMA_MATH : rec.math)) {
         c->deterministic = rec.deterministic == CUDNN_DETERMINISTIC;
         c->ms = rec.ms;

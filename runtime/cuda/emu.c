@@ -181,7 +181,7 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) { return tf_cuda_fnv1a(h, p, n); }
+static uint64_t fnv(uint64_t h, const void *p, size_t n) { return tf_fnv1a(h, p, n); }
 #define FNV0 TF_FNV_BASIS
 
 /* ---- device memory ------------------------------------------------------------ */
@@ -430,10 +430,10 @@ static void tool_init(void)
         return;
     }
     char dir[4096] = "(no $TFUSE_CACHE_DIR or $HOME)";
-    bool made = tf_cuda_cache_dir("cuda-emu", dir, sizeof dir);
+    bool made = tf_cache_subdir("cuda-emu", dir, sizeof dir);
     if (!made && !getenv("TFUSE_CACHE_DIR") && (!getenv("HOME") || !*getenv("HOME"))) {   /* no home: a directory of this user's */
         snprintf(dir, sizeof dir, "/tmp/tfuse-cuda-emu-%ld", (long)getuid());
-        made = tf_cuda_make_dirs(dir);
+        made = tf_make_dirs(dir);
     }
     if (!made) {
         snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu cannot create its kernel cache %.700s: %.200s (set TFUSE_CACHE_DIR)", dir, strerror(errno));
@@ -443,7 +443,7 @@ static void tool_init(void)
     /* the headers the emitted sources include: the prelude defines what they would */
     char inc[4200];
     snprintf(inc, sizeof inc, "%s/include", g_cache);
-    tf_cuda_make_dirs(inc);
+    tf_make_dirs(inc);
     static const char *const hdrs[] = {"cuda_fp16.h", "cuda_bf16.h"};
     for (int i = 0; i < 2; i++) {
         char p[4300];

@@ -32,16 +32,16 @@ typedef struct cache_header {
 static void cache_open(tf_cuda_jit *j)
 {
     char dir[4096];
-    if (tf_cuda_cache_dir("cuda", dir, sizeof dir)) snprintf(j->cache_dir, sizeof j->cache_dir, "%s", dir);
+    if (tf_cache_subdir("cuda", dir, sizeof dir)) snprintf(j->cache_dir, sizeof j->cache_dir, "%s", dir);
 }
 
 static uint64_t cache_key(const char *src, const char *arch, const tf_cuda_libs *l)
 {
     char ver[64];
     snprintf(ver, sizeof ver, "nvrtc %d.%d", l->nvrtc_major, l->nvrtc_minor);
-    uint64_t h = tf_cuda_fnv1a(TF_FNV_BASIS, src, strlen(src) + 1);
-    h = tf_cuda_fnv1a(h, arch, strlen(arch) + 1);
-    return tf_cuda_fnv1a(h, ver, strlen(ver) + 1);
+    uint64_t h = tf_fnv1a(TF_FNV_BASIS, src, strlen(src) + 1);
+    h = tf_fnv1a(h, arch, strlen(arch) + 1);
+    return tf_fnv1a(h, ver, strlen(ver) + 1);
 }
 
 static void cache_path(const tf_cuda_jit *j, uint64_t key, char *out, size_t n)
@@ -63,7 +63,7 @@ static void *cache_read(const tf_cuda_jit *j, uint64_t key, const char *name, co
         h.size < ((uint64_t)1 << 31) && !strncmp(h.name, name, sizeof h.name) && !strncmp(h.arch, arch, sizeof h.arch) &&
         (bin = tf_malloc(h.size))) {
         int extra = 0;
-        if (fread(bin, 1, h.size, f) != h.size || fread(&extra, 1, 1, f) != 0 || tf_cuda_fnv1a(TF_FNV_BASIS, bin, h.size) != h.sum) {
+        if (fread(bin, 1, h.size, f) != h.size || fread(&extra, 1, 1, f) != 0 || tf_fnv1a(TF_FNV_BASIS, bin, h.size) != h.sum) {
             tf_free(bin);
             bin = NULL;
         } else {
@@ -85,14 +85,14 @@ static void cache_write(const tf_cuda_jit *j, uint64_t key, const char *name, co
     memcpy(h.magic, MAGIC, sizeof MAGIC);
     h.key = key;
     h.size = size;
-    h.sum = tf_cuda_fnv1a(TF_FNV_BASIS, bin, size);
+    h.sum = tf_fnv1a(TF_FNV_BASIS, bin, size);
     snprintf(h.name, sizeof h.name, "%s", name);
     snprintf(h.arch, sizeof h.arch, "%s", arch);
     unsigned char *all = tf_malloc(sizeof h + size);
     if (!all) return;
     memcpy(all, &h, sizeof h);
     memcpy(all + sizeof h, bin, size);
-    tf_cuda_write_atomic(path, all, sizeof h + size, bin);
+    tf_write_atomic(path, all, sizeof h + size, bin);
     tf_free(all);
 }
 

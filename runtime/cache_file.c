@@ -8,14 +8,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-uint64_t tf_cuda_fnv1a(uint64_t h, const void *p, size_t n)
+uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
-bool tf_cuda_make_dirs(const char *dir)
+bool tf_make_dirs(const char *dir)
 {
     char p[4096];
     snprintf(p, sizeof p, "%.4000s", dir);
@@ -30,16 +30,16 @@ bool tf_cuda_make_dirs(const char *dir)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool tf_cuda_cache_dir(const char *sub, char *out, size_t n)
+bool tf_cache_subdir(const char *sub, char *out, size_t n)
 {
     const char *env = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
     if (env && *env) snprintf(out, n, "%.3900s/%.64s", env, sub);
     else if (home && *home) snprintf(out, n, "%.3900s/.cache/tfuse/%.64s", home, sub);
     else return false;
-    return tf_cuda_make_dirs(out);
+    return tf_make_dirs(out);
 }
 
-bool tf_cuda_write_atomic(const char *path, const void *data, size_t n, const void *tag)
+bool tf_write_atomic(const char *path, const void *data, size_t n, const void *tag)
 {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%.4200s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)tag);
@@ -54,17 +54,17 @@ bool tf_cuda_write_atomic(const char *path, const void *data, size_t n, const vo
     return true;
 }
 
-bool tf_cuda_record_write(const char *path, const char *header, const char *key, const char *body, const void *tag)
+bool tf_record_write(const char *path, const char *header, const char *key, const char *body, const void *tag)
 {
     char text[8192];
     int at = snprintf(text, sizeof text, "%skey: %s\n%s", header, key, body);
     if (at <= 0 || (size_t)at + 32 >= sizeof text) return false;
     at += snprintf(text + at, sizeof text - (size_t)at, "sum: %016llx\n",
-                   (unsigned long long)tf_cuda_fnv1a(TF_FNV_BASIS, text, (size_t)at));
-    return tf_cuda_write_atomic(path, text, (size_t)at, tag);
+                   (unsigned long long)tf_fnv1a(TF_FNV_BASIS, text, (size_t)at));
+    return tf_write_atomic(path, text, (size_t)at, tag);
 }
 
-bool tf_cuda_record_read(const char *path, const char *header, const char *key, char *body, size_t n)
+bool tf_record_read(const char *path, const char *header, const char *key, char *body, size_t n)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return false;
@@ -80,7 +80,7 @@ bool tf_cuda_record_read(const char *path, const char *header, const char *key, 
     unsigned long long want = 0;
     int used = 0;
     if (sscanf(sum, "sum: %16llx\n%n", &want, &used) != 1 || used <= 0 || sum + used != buf + len) return false;
-    if (tf_cuda_fnv1a(TF_FNV_BASIS, buf, (size_t)(sum - buf)) != want) return false;
+    if (tf_fnv1a(TF_FNV_BASIS, buf, (size_t)(sum - buf)) != want) return false;
     size_t hl = strlen(header), kl = strlen(key);
     if (strncmp(buf, header, hl) || strncmp(buf + hl, "key: ", 5) || strncmp(buf + hl + 5, key, kl) || buf[hl + 5 + kl] != '\n')
         return false;
