@@ -325,7 +325,7 @@ void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n)
                                : a->arg == DNNL_ARG_DIFF_DST ? "diff_dst" : "diff_weights",
                                l, a->reorder ? " (reordered)" : "");
     }
-    snprintf(out, n, "oneDNN %s, direct, %s; %lld pieces of %lld%s image(s)%s%s", impl, lay, (long long)c->pieces,
+    snprintf(out, n, "oneDNN %s (algorithm direct), %s; %lld pieces of %lld%s image(s)%s%s", impl, lay, (long long)c->pieces,
              (long long)c->v[0].mb, c->nv > 1 ? " or fewer" : "", c->bias ? ", bias in the primitive" : "",
              c->relu ? ", ReLU post-op" : "");
 }
