@@ -1115,7 +1115,8 @@ static void cpu_doctor(tf_strbuf *out)
     char conv[256];
     tf_dnnl_describe(conv, sizeof conv);
     tf_strbuf_printf(out, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
-    tf_strbuf_printf(out, "cpu: convolutions %s%s\n", tf_dnnl_available() ? "through " : "", conv);
+    if (tf_dnnl_available()) tf_strbuf_printf(out, "cpu: convolutions through %s\n", conv);
+    else tf_strbuf_printf(out, "cpu: convolutions through im2col + GEMM (%s)\n", conv);
 }
 
 static const char *cpu_op_support(tf_op op, char *detail, size_t n)

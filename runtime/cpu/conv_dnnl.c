@@ -478,7 +478,7 @@ bool tf_dnnl_available(void) { return false; }
 
 void tf_dnnl_describe(char *out, size_t n)
 {
-    snprintf(out, n, "no oneDNN in this build (configured with -DTFUSE_WITH_ONEDNN=OFF or without libdnnl-dev): im2col + GEMM");
+    snprintf(out, n, "no oneDNN in this build: configured with -DTFUSE_WITH_ONEDNN=OFF or without libdnnl-dev");
 }
 
 tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool bias, bool relu, bool blocked, int threads,
