@@ -54,6 +54,8 @@ typedef struct args {
     bool no_tf32, cuda_sync, cuda_explain;   /* --no-tf32, --cuda-sync, --cuda-explain */
     const char *cuda_fallback;    /* --cuda-fallback=all|none; NULL: not given */
     const char *cuda_graphs;      /* --cuda-graphs=on|off; NULL: not given */
+    const char *cpu_conv;         /* --cpu-conv=onednn|im2col; NULL: not given */
+    bool cpu_explain;             /* --cpu-explain */
     uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
     unsigned short seen[40];  /* how often each flag of main.c's table was given */
 } args;

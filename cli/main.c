@@ -41,6 +41,10 @@
     "  --cuda-explain         cuda: print what compiled and what runs on the host, and why (TFUSE_CUDA_EXPLAIN=1)\n" \
     "  --cuda-graphs=on|off   cuda: the step captured as one CUDA graph and replayed, or launched kernel by kernel\n" \
     "                         (TFUSE_CUDA_GRAPHS=0: off; default on)\n" \
+    "  --cpu-conv=onednn|im2col  cpu: convolutions through oneDNN (the default where the build has it) or\n" \
+    "                         im2col + GEMM (TFUSE_CPU_CONV=im2col)\n" \
+    "  --cpu-explain          cpu: print how each convolution runs: oneDNN's implementation, or im2col and why\n" \
+    "                         (TFUSE_CPU_EXPLAIN=1)\n" \
     "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
     "                         default 2048)"
 
@@ -120,7 +124,7 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, NFLAGS
+    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, F_CPU_CONV, F_CPU_EXPLAIN, NFLAGS
 } flag_id;
 
 static const struct flag_info {
@@ -164,6 +168,8 @@ static const struct flag_info {
     [F_CUDA_EXPLAIN]   = {"--cuda-explain",   C_SETTING,                   false, NULL},
     [F_CUDA_GRAPHS]    = {"--cuda-graphs",    C_SETTING,                   false, NULL},
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
+    [F_CPU_CONV]       = {"--cpu-conv",       C_SETTING,                   false, NULL},
+    [F_CPU_EXPLAIN]    = {"--cpu-explain",    C_SETTING,                   false, NULL},
 };
 
 static const char *const cmd_names[] = {"print", "opt", "compile", "run", "train", "bench", "doctor"};
@@ -356,6 +362,13 @@ static int parse_args(int argc, char **argv, args *a)
             NOTE(F_CUDA_GRAPHS);
             if (strcmp(v, "on") && strcmp(v, "off")) return cli_usage_error(cmd, "--cuda-graphs expects on or off, found '%s'", v);
             a->cuda_graphs = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cpu-conv"))) {
+            NOTE(F_CPU_CONV);
+            if (strcmp(v, "onednn") && strcmp(v, "im2col")) return cli_usage_error(cmd, "--cpu-conv expects onednn or im2col, found '%s'", v);
+            a->cpu_conv = v;
+        } else if (!strcmp(s, "--cpu-explain")) {
+            NOTE(F_CPU_EXPLAIN);
+            a->cpu_explain = true;
         } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-fallback"))) {
             NOTE(F_CUDA_FALLBACK);
             if (strcmp(v, "all") && strcmp(v, "none"))
@@ -674,6 +687,8 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     if (a->cuda_explain) o->cuda_explain = 1;
     if (a->cuda_fallback) o->cuda_fallback_all = !strcmp(a->cuda_fallback, "all");
     if (a->cuda_graphs) o->cuda_no_graphs = !strcmp(a->cuda_graphs, "off");
+    if (a->cpu_conv) o->cpu_conv_im2col = !strcmp(a->cpu_conv, "im2col");
+    if (a->cpu_explain) o->cpu_explain = 1;
 }
 
 static int cmd_opt(tf_context_t *ctx, const args *a)

@@ -230,6 +230,12 @@ typedef struct tf_compile_options {
     int cuda_no_graphs;         /* cuda: launch the step's kernels one by one instead of capturing the
                                  * step as a CUDA graph on the first run and replaying it after.
                                  * TFUSE_CUDA_GRAPHS=0, --cuda-graphs=off */
+    int cpu_conv_im2col;        /* cpu: every convolution and its gradients through im2col + GEMM, not
+                                 * oneDNN (where the build has it). TFUSE_CPU_CONV=im2col,
+                                 * --cpu-conv=im2col (--cpu-conv=onednn: off) */
+    int cpu_explain;            /* cpu: when a session starts, print to stderr how each convolution runs
+                                 * (oneDNN's implementation, or im2col and why). TFUSE_CPU_EXPLAIN=1,
+                                 * --cpu-explain */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,

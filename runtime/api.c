@@ -149,6 +149,8 @@ static void settings_from_env(tf_compile_options *o)
     o->cuda_fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
     o->cuda_explain = env_is("TFUSE_CUDA_EXPLAIN", "1");
     o->cuda_no_graphs = env_is("TFUSE_CUDA_GRAPHS", "0");
+    o->cpu_conv_im2col = env_is("TFUSE_CPU_CONV", "im2col");
+    o->cpu_explain = env_is("TFUSE_CPU_EXPLAIN", "1");
 }
 
 void tf_compile_options_init(tf_compile_options *o)
@@ -366,7 +368,8 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     add_stat(p, "outputs", p->m->noutputs);
     p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
                                        .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0,
-                                       .cuda_no_graphs = opts->cuda_no_graphs != 0};
+                                       .cuda_no_graphs = opts->cuda_no_graphs != 0, .cpu_conv_im2col = opts->cpu_conv_im2col != 0,
+                                       .cpu_explain = opts->cpu_explain != 0};
     if (opts->llvm_pipeline && !(p->settings.llvm_pipeline = tf_strdup(opts->llvm_pipeline))) {
         tf_program_free(p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
@@ -460,6 +463,8 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
         {"cuda_fallback", "TFUSE_CUDA_FALLBACK", "all", "none", "all", o->cuda_fallback_all != 0, env.cuda_fallback_all},
         {"cuda_explain", "TFUSE_CUDA_EXPLAIN", "on", "off", "1", o->cuda_explain != 0, env.cuda_explain},
         {"cuda_graphs", "TFUSE_CUDA_GRAPHS", "off", "on", "0", o->cuda_no_graphs != 0, env.cuda_no_graphs},
+        {"cpu_conv", "TFUSE_CPU_CONV", "im2col", "onednn", "im2col", o->cpu_conv_im2col != 0, env.cpu_conv_im2col},
+        {"cpu_explain", "TFUSE_CPU_EXPLAIN", "on", "off", "1", o->cpu_explain != 0, env.cpu_explain},
     };
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         tf_strbuf_printf(t, "setting %s: %s (%s)\n", flags[i].name, flags[i].v ? flags[i].on : flags[i].off,

@@ -2,7 +2,8 @@
 # setup.sh — install what tfuse needs to build and test on Debian 12:
 # a C11 compiler, CMake, LLVM 14's FileCheck (llvm-14-tools), LLVM 14's
 # libraries and llvm-config for the JIT emitter (llvm-14-dev), OpenBLAS for
-# the cpu target's GEMMs (libopenblas-dev), and Python 3 (with pip)
+# the cpu target's GEMMs (libopenblas-dev), oneDNN for its convolutions
+# (libdnnl-dev; Debian 12's 2.6.3, OpenMP-threaded), and Python 3 (with pip)
 # with NumPy (one test checks tfuse against an independent NumPy computation)
 # and scikit-learn (scripts/make_digits.py takes its bundled digits data set
 # for the training test; nothing is downloaded at run time), and clang with
@@ -14,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev python3 python3-pip python3-numpy python3-sklearn \
+  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev libdnnl-dev python3 python3-pip python3-numpy python3-sklearn \
   clang libclang-rt-14-dev >/dev/null
 # pip into the python3 on PATH. Debian 12's own Python refuses (PEP 668,
 # "externally-managed-environment"): the second try installs for this user.

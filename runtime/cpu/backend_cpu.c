@@ -49,6 +49,7 @@
 #include <time.h>
 
 #include "cache_file.h"
+#include "conv_dnnl.h"
 #include "cpu_ops.h"
 #include "interp.h"
 #include "kernel.h"
@@ -306,6 +307,10 @@ typedef struct ckernel {
     double ns;             /* profile: total time */
     int64_t calls;
     int label_expr;        /* a one_hot whose labels load an integer buffer (checked before the kernel), or -1 */
+    tf_dnnl_conv *dnnl;    /* RUN_CONV*: oneDNN's primitives, or NULL: im2col (conv_why says why) */
+    bool epi_in_conv;      /* RUN_CONV: the primitive writes the region's epilogue (bias, ReLU): fn does not run */
+    int epi_bias, epi_out; /* then: the bias's buffer and the stored result's (indices into k->bufs) */
+    char conv_why[320];
 } ckernel;
 
 typedef struct cpu {
@@ -444,6 +449,8 @@ static how library_how(const tf_node *n)
     }
 }
 
+static void conv_choose(tf_session_t *s, cpu *c, ckernel *ck);
+
 static tf_status prepare(tf_session_t *s, cpu *c)
 {
     c->ks = tf_calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *c->ks);
@@ -486,6 +493,8 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         }
     }
     c->jit_ms = (now_ns() - t0) / 1e6;
+    for (int i = 0; i < c->plan->nkernels; i++)
+        if (c->ks[i].how == RUN_CONV || c->ks[i].how == RUN_CONV_GI || c->ks[i].how == RUN_CONV_GW) conv_choose(s, c, &c->ks[i]);
     return TF_OK;
 }
 
@@ -623,8 +632,10 @@ static void conv_geom(const tf_node *n, const tf_type *x, const tf_type *w, cons
     g->Ho = y->dims[2].n, g->Wo = y->dims[3].n, g->Og = g->O / g->G;
 }
 
-static void run_conv(cpu *c, const tf_node *n, how h)
+static void run_conv(cpu *c, ckernel *ck)
 {
+    const tf_node *n = ck->k->lib;
+    how h = ck->how;
     const tf_value *xv, *wv, *yv, *ov = n->out;
     if (h == RUN_CONV) xv = n->in[0], wv = n->in[1], yv = ov;
     else if (h == RUN_CONV_GI) xv = ov, wv = n->in[1], yv = n->in[0];
@@ -633,11 +644,13 @@ static void run_conv(cpu *c, const tf_node *n, how h)
     conv_geom(n, &xv->type, &wv->type, &yv->type, &g);
     int T = tf_pool_threads(c->pool);
     int64_t wsize = numel(wv);
-    size_t need = 0;
+    size_t need = 16;
     for (int q = 0; q < n->nin; q++) need += n->in[q]->type.dtype != TF_DT_F32 ? (size_t)numel(n->in[q]) : 0;
     need += ov->type.dtype != TF_DT_F32 ? (size_t)numel(ov) : 0;
-    need += (size_t)T * (size_t)tf_conv_scratch(&g) + (h == RUN_CONV_GW ? (size_t)tf_conv_grad_weight_groups(&g) * (size_t)wsize : 0);
-    float *at = scratch(c, need);
+    size_t lib = ck->dnnl ? (tf_dnnl_conv_scratch_bytes(ck->dnnl) + 3) / 4
+                          : (size_t)T * (size_t)tf_conv_scratch(&g) + (h == RUN_CONV_GW ? (size_t)tf_conv_grad_weight_groups(&g) * (size_t)wsize : 0);
+    size_t im2col_need = (size_t)T * (size_t)tf_conv_scratch(&g) + (h == RUN_CONV_GW ? (size_t)tf_conv_grad_weight_groups(&g) * (size_t)wsize : 0);
+    float *at = scratch(c, need + (lib > im2col_need ? lib : im2col_need));   /* room for im2col too, should oneDNN fail */
     const float *in[3] = {0};
     for (int q = 0; q < n->nin; q++) {
         in[q] = as_f32(c, n->in[q], at);
@@ -645,12 +658,137 @@ static void run_conv(cpu *c, const tf_node *n, how h)
     }
     float *out = ov->type.dtype == TF_DT_F32 ? storage(c, ov) : at;
     if (out == at) at += numel(ov);
+    at = (float *)(((uintptr_t)at + 63) / 64 * 64);   /* 64-byte aligned for oneDNN's scratch */
+    if (ck->dnnl) {
+        const float *bias = n->nin > 2 ? in[2] : NULL;
+        float *dst = out;
+        if (ck->epi_in_conv) bias = ck->bufs[ck->epi_bias], dst = ck->bufs[ck->epi_out];
+        if (tf_dnnl_conv_run(ck->dnnl, c->pool, in[0], in[1], bias, dst, at)) {
+            if (ov->type.dtype != TF_DT_F32 && !ck->epi_in_conv) from_f32(c, ov, out);
+            return;
+        }
+        /* a primitive failed at run time: im2col from now on (said by --cpu-explain) */
+        tf_dnnl_conv_free(ck->dnnl);
+        ck->dnnl = NULL;
+        ck->epi_in_conv = false;
+        snprintf(ck->conv_why, sizeof ck->conv_why, "a oneDNN primitive failed when it ran; im2col since");
+    }
     float *col = at;
     at += (size_t)T * (size_t)tf_conv_scratch(&g);
     if (h == RUN_CONV) tf_cpu_conv2d(c->pool, &g, in[0], in[1], n->nin > 2 ? in[2] : NULL, out, col);
     else if (h == RUN_CONV_GI) tf_cpu_conv2d_grad_input(c->pool, &g, in[0], in[1], out, col);
     else tf_cpu_conv2d_grad_weight(c->pool, &g, in[0], in[1], out, col, at);
     if (ov->type.dtype != TF_DT_F32) from_f32(c, ov, out);
+}
+
+/* Whether storage of a and b overlaps. */
+static bool overlap(cpu *c, const tf_value *a, const tf_value *b)
+{
+    const unsigned char *pa = storage(c, a), *pb = storage(c, b);
+    return pa && pb && pa < pb + value_bytes(b) && pb < pa + value_bytes(a);
+}
+
+/* A forward convolution's region epilogue that oneDNN can write instead:
+ * exactly y = conv + bias[o] in f32, over the convolution's whole output,
+ * stored once, with the convolution's own result read by nothing else (it
+ * is then never written). relu(conv + bias[o]) is recognized but not
+ * handed over: oneDNN's ReLU post-op loses NaN (relu(NaN) is NaN here, as
+ * in the interpreter), so the epilogue kernel keeps it. The bias and the
+ * result's buffers go to *bias and *out; why says why not. */
+static bool conv_epilogue(cpu *c, const tf_module *m, const tf_kernel *k, const tf_conv_geom *g, int *bias, int *out, bool *relu, char *why, size_t n)
+{
+    const tf_node *nd = k->lib;
+    const tf_value *cv = root_of(nd->out);
+    if (!k->nexprs) return false;
+    snprintf(why, n, "its epilogue is not conv + bias[channel] (+ ReLU) in f32");
+    if (nd->nin > 2 || k->nstores != 1 || k->nreds || k->rank != 4 || cv->type.dtype != TF_DT_F32) return false;
+    int64_t dims[4] = {g->N, g->O, g->Ho, g->Wo}, contig[4] = {g->O * g->Ho * g->Wo, g->Ho * g->Wo, g->Wo, 1}, chan[4] = {0, 1, 0, 0};
+    for (int a = 0; a < 4; a++)
+        if (k->dims[a] != dims[a]) return false;
+    int conv_e = -1, bias_e = -1, add_e = -1, relu_e = -1;
+    for (int e = 0; e < k->nexprs; e++) {
+        const tf_kexpr *x = &k->exprs[e];
+        if (x->dtype != TF_DT_F32) return false;
+        if (x->kind == TF_KX_LOAD) {
+            const tf_value *v = root_of(k->bufs[x->buf].value);
+            bool is_conv = v == cv && !memcmp(x->strides, contig, sizeof contig) && x->offset == 0 && conv_e < 0;
+            bool is_bias = !is_conv && !memcmp(x->strides, chan, sizeof chan) && x->offset == 0 && numel(v) == g->O &&
+                           v->type.dtype == TF_DT_F32 && bias_e < 0;
+            if (is_conv) conv_e = e;
+            else if (is_bias) bias_e = e;
+            else return false;
+        } else if (x->kind == TF_KX_OP && x->op == TF_OP_ADD && add_e < 0 && x->nargs == 2 && conv_e >= 0 && bias_e >= 0 &&
+                   ((x->args[0] == conv_e && x->args[1] == bias_e) || (x->args[0] == bias_e && x->args[1] == conv_e))) {
+            add_e = e;
+        } else if (x->kind == TF_KX_OP && x->op == TF_OP_RELU && relu_e < 0 && add_e >= 0 && x->args[0] == add_e) {
+            relu_e = e;
+        } else {
+            return false;
+        }
+    }
+    int last = relu_e >= 0 ? relu_e : add_e;
+    if (add_e < 0 || last != k->nexprs - 1 || k->stores[0].expr != last || k->stores[0].reduced_domain) return false;
+    if (relu_e >= 0)   /* test_cpu_conv's NaN case: oneDNN 2.6's post-op gave 0 where relu(NaN) is NaN */
+        return snprintf(why, n, "ReLU stays in the epilogue kernel: oneDNN's ReLU post-op turns NaN into 0, tfuse's relu keeps NaN"),
+               false;
+    const tf_value *yv = k->bufs[k->stores[0].buf].value, *bv = k->bufs[k->exprs[bias_e].buf].value;
+    if (yv->type.dtype != TF_DT_F32 || numel(yv) != numel(cv)) return false;
+    /* the convolution's own result: read by no other kernel, not an output */
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const tf_kernel *o = &c->plan->kernels[i];
+        if (o == k) continue;
+        for (int b = 0; b < o->nbufs; b++)
+            if (root_of(o->bufs[b].value) == cv) return snprintf(why, n, "kernel %s reads the convolution's result", o->name), false;
+        if (o->lib)
+            for (int q = 0; q < o->lib->nin; q++)
+                if (o->lib->in[q]->kind != TF_VAL_CONST && root_of(o->lib->in[q]) == cv)
+                    return snprintf(why, n, "kernel %s reads the convolution's result", o->name), false;
+    }
+    for (int i = 0; i < m->noutputs + m->nupdates; i++) {
+        const tf_value *v = i < m->noutputs ? m->outputs[i].value : m->updates[i - m->noutputs].value;
+        if (v->kind != TF_VAL_CONST && root_of(v) == cv) return snprintf(why, n, "the convolution's result is an output"), false;
+    }
+    for (int q = 0; q < 2; q++)
+        if (overlap(c, yv, nd->in[q]) || overlap(c, bv, yv))
+            return snprintf(why, n, "the epilogue's result shares memory with the convolution's operands"), false;
+    *bias = k->exprs[bias_e].buf;
+    *out = k->stores[0].buf;
+    *relu = relu_e >= 0;
+    return true;
+}
+
+/* How a convolution node runs: oneDNN's primitives, made now, or im2col
+ * (conv_why says why). */
+static void conv_choose(tf_session_t *s, cpu *c, ckernel *ck)
+{
+    const tf_node *n = ck->k->lib;
+    const tf_value *xv, *wv, *yv, *ov = n->out;
+    if (ck->how == RUN_CONV) xv = n->in[0], wv = n->in[1], yv = ov;
+    else if (ck->how == RUN_CONV_GI) xv = ov, wv = n->in[1], yv = n->in[0];
+    else xv = n->in[0], wv = ov, yv = n->in[1];
+    if (s->p->settings.cpu_conv_im2col) {
+        snprintf(ck->conv_why, sizeof ck->conv_why, "--cpu-conv=im2col");
+        return;
+    }
+    if (!tf_dnnl_available()) {
+        snprintf(ck->conv_why, sizeof ck->conv_why, "this build has no oneDNN");
+        return;
+    }
+    tf_conv_geom g;
+    conv_geom(n, &xv->type, &wv->type, &yv->type, &g);
+    bool relu = false, fuse = false;
+    char epi_why[200] = "";
+    if (ck->how == RUN_CONV) fuse = conv_epilogue(c, s->p->m, ck->k, &g, &ck->epi_bias, &ck->epi_out, &relu, epi_why, sizeof epi_why);
+    tf_dnnl_dir dir = ck->how == RUN_CONV ? TF_DNNL_FWD : ck->how == RUN_CONV_GI ? TF_DNNL_BWD_DATA : TF_DNNL_BWD_WEIGHTS;
+    /* oneDNN picks its layout (blocked nChw16c, or nhwc for brgconv) and each
+     * piece reorders into it and back: on bench/models/resnet.ir that beat
+     * tfuse's NCHW handed to oneDNN as is (its gemm implementation, no faster
+     * than im2col) by about 2x (bench/RESULTS.md, 2026-11-24) */
+    bool blocked = true;
+    ck->dnnl = tf_dnnl_conv_create(dir, &g, fuse || n->nin > 2, relu, blocked, tf_pool_threads(c->pool), ck->conv_why,
+                                   sizeof ck->conv_why);
+    if (ck->dnnl && fuse) ck->epi_in_conv = true;
+    else if (ck->dnnl && epi_why[0]) snprintf(ck->conv_why, sizeof ck->conv_why, "epilogue kept: %s", epi_why);
 }
 
 static void run_pool(cpu *c, const tf_node *n, bool grad)
@@ -817,7 +955,10 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
     }
     case RUN_FALLBACK: return run_fallback(s, c, k);
     case RUN_MATMUL: run_matmul(c, k->lib); break;
-    case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW: run_conv(c, k->lib, ck->how); break;
+    case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW:
+        run_conv(c, ck);
+        if (ck->epi_in_conv) return TF_OK;   /* the primitive wrote the epilogue's result */
+        break;
     case RUN_POOL: case RUN_POOL_GRAD: run_pool(c, k->lib, ck->how == RUN_POOL_GRAD); break;
     case RUN_GATHER: case RUN_SCATTER:
         if (!run_gather(c, k->lib, ck->how == RUN_SCATTER)) return run_fallback(s, c, k);
@@ -891,6 +1032,7 @@ static void cpu_free(tf_session_t *s)
     for (int i = 0; c->ks && i < c->plan->nkernels; i++) {
         tf_free(c->ks[i].bufs);
         jit_put(c->cache, c->ks[i].jit_slot);
+        tf_dnnl_conv_free(c->ks[i].dnnl);
     }
     tf_cache_release(c->cache);
     tf_free(c->ks);
@@ -903,6 +1045,27 @@ static void cpu_free(tf_session_t *s)
     tf_interp_free(c->ip);
     tf_free(c);
     s->impl = NULL;
+}
+
+/* --cpu-explain: how each convolution runs. */
+static void explain_convs(const cpu *c)
+{
+    char lib[256], how[1024];
+    tf_dnnl_describe(lib, sizeof lib);
+    fprintf(stderr, "cpu: %d threads; convolutions: %s\n", tf_pool_threads(c->pool), lib);
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const ckernel *ck = &c->ks[i];
+        if (ck->how != RUN_CONV && ck->how != RUN_CONV_GI && ck->how != RUN_CONV_GW) continue;
+        const char *op = tf_op_info_of(ck->k->lib->op)->name;
+        if (!ck->dnnl) {
+            fprintf(stderr, "cpu: kernel %s: %s through im2col + GEMM (%s): %s\n", ck->k->name, op, tf_cpu_blas_name(), ck->conv_why);
+            continue;
+        }
+        tf_dnnl_conv_explain(ck->dnnl, how, sizeof how);
+        fprintf(stderr, "cpu: kernel %s: %s through %s%s%s%s\n", ck->k->name, op, how,
+                ck->epi_in_conv ? "; the region's epilogue is in the primitive (no epilogue kernel)" : "",
+                ck->conv_why[0] ? "; " : "", ck->conv_why);
+    }
 }
 
 static tf_status cpu_create(tf_session_t *s)
@@ -938,6 +1101,7 @@ static tf_status cpu_create(tf_session_t *s)
     /* the float64 copy of every param is not kept: a session holds its state once, in storage dtype */
     tf_interp_free(c->ip);
     c->ip = NULL;
+    if (!st && s->p->settings.cpu_explain) explain_convs(c);
     if (st) cpu_free(s);
     return st;
 }
@@ -975,7 +1139,8 @@ static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
     cpu *c = s->impl;
     const ckernel *ck = &c->ks[i];
     out->name = ck->k->name;
-    out->how = how_names[ck->how];
+    static const char *dnnl_names[] = {"conv.onednn", "conv_grad_input.onednn", "conv_grad_weight.onednn"};
+    out->how = ck->dnnl ? dnnl_names[ck->how - RUN_CONV] : how_names[ck->how];
     out->total_ms = ck->ns / 1e6;
     out->calls = ck->calls;
     out->elements = ck->work;
@@ -1057,7 +1222,11 @@ static bool cpu_jit_supports(const tf_kernel *k, char *why, size_t n)
 
 static void cpu_doctor(tf_strbuf *out)
 {
+    char conv[256];
+    tf_dnnl_describe(conv, sizeof conv);
     tf_strbuf_printf(out, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
+    if (tf_dnnl_available()) tf_strbuf_printf(out, "cpu: convolutions through %s\n", conv);
+    else tf_strbuf_printf(out, "cpu: convolutions through im2col + GEMM (%s)\n", conv);
 }
 
 static const char *cpu_op_support(tf_op op, char *detail, size_t n)
@@ -1077,7 +1246,11 @@ static const char *cpu_op_support(tf_op op, char *detail, size_t n)
         snprintf(detail, n, "GEMM through %s (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
         return "library";
     case TF_OP_CONV2D: case TF_OP_CONV2D_GRAD_INPUT: case TF_OP_CONV2D_GRAD_WEIGHT:
-        snprintf(detail, n, "im2col + GEMM through %s (2-d images in f32, f16, bf16)", tf_cpu_blas_name());
+        if (tf_dnnl_available())
+            snprintf(detail, n, "oneDNN's convolution primitives (2-d images in f32, f16, bf16; --cpu-conv=im2col: im2col + GEMM through %s)",
+                     tf_cpu_blas_name());
+        else
+            snprintf(detail, n, "im2col + GEMM through %s (2-d images in f32, f16, bf16)", tf_cpu_blas_name());
         return "library";
     case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
         snprintf(detail, n, "the runtime's pooling loops (2-d images in f32, f16, bf16)");

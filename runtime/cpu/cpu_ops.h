@@ -10,7 +10,15 @@
  * change how a sum is added up (a GEMM's blocks, the weight gradient's
  * groups of images) is fixed by the shape alone, and threads only share
  * out the fixed pieces. The same inputs give the same bits on 1 or 64
- * threads. */
+ * threads.
+ *
+ * Where the build has oneDNN, the backend runs convolutions through it
+ * instead (conv_dnnl.h) under the same rule: each oneDNN primitive runs on
+ * one thread over a piece of the batch fixed by the shape, so its bits do
+ * not depend on the thread count either (test_threads checks it). They do
+ * differ from the im2col path's (another summation order, within the
+ * tolerances of the interpreter comparison); --cpu-conv=im2col
+ * (TFUSE_CPU_CONV=im2col) forces this file's path. */
 #ifndef TF_RUNTIME_CPU_OPS_H
 #define TF_RUNTIME_CPU_OPS_H
 

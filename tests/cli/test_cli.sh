@@ -154,6 +154,18 @@ expect 0 "setting cuda_fallback: none \(option\)" -- env TFUSE_CUDA_FALLBACK=all
 expect 0 "setting cuda_sync: on \(option\)" -- "$tfuse" doctor --cuda-sync
 expect 0 "setting llvm_pipeline: default<O1> \(option\)" -- "$tfuse" doctor --llvm-pipeline="default<O1>"
 expect 0 "setting jit_cache_kernels: 7 \(option\)" -- "$tfuse" doctor --jit-cache-kernels=7
+expect 0 "setting cpu_conv: im2col \(option\)" -- "$tfuse" doctor --cpu-conv=im2col
+expect 0 "setting cpu_conv: im2col \(env TFUSE_CPU_CONV=im2col\)" -- env TFUSE_CPU_CONV=im2col "$tfuse" doctor
+expect 0 "setting cpu_explain: on \(option\)" -- "$tfuse" doctor --cpu-explain
+expect 0 "cpu: convolutions " -- "$tfuse" doctor
+expect 2 "--cpu-conv expects onednn or im2col, found 'winograd'" -- "$tfuse" doctor --cpu-conv=winograd
+# --cpu-explain: how each convolution runs (oneDNN's implementation where the build has it)
+if "$tfuse" doctor | grep -q "^target cpu: available"; then
+  expect 0 "cpu: kernel k[0-9]+_conv2d: conv2d through im2col \+ GEMM .*: --cpu-conv=im2col" -- "$tfuse" run "$repo/bench/models/resnet.ir" --random-inputs --target=cpu --cpu-conv=im2col --cpu-explain
+  if "$tfuse" doctor | grep -q "^cpu: convolutions through oneDNN"; then
+    expect 0 "cpu: kernel k[0-9]+_conv2d: conv2d through oneDNN [a-z_0-9:]+" -- "$tfuse" run "$repo/bench/models/resnet.ir" --random-inputs --target=cpu --cpu-explain
+  fi
+fi
 expect 2 "--cuda-fallback expects all or none, found 'some'" -- "$tfuse" doctor --cuda-fallback=some
 expect 2 "'tfuse print' takes no --no-tf32" -- "$tfuse" print "$ex/mlp.ir" --no-tf32
 expect 0 "usage: tfuse doctor" -- "$tfuse" doctor --help

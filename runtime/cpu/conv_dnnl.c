@@ -1,0 +1,502 @@
+/* conv_dnnl.c — see conv_dnnl.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "conv_dnnl.h"
+
+#ifdef TFUSE_HAVE_ONEDNN
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP && DNNL_CPU_RUNTIME != DNNL_RUNTIME_SEQ
+#error "conv_dnnl.c holds oneDNN at one thread through OpenMP: this oneDNN threads otherwise"
+#endif
+
+static dnnl_engine_t g_engine;
+static dnnl_status_t g_engine_status = dnnl_runtime_error;
+
+static void engine_once(void) { g_engine_status = dnnl_engine_create(&g_engine, dnnl_cpu, 0); }
+
+static dnnl_engine_t engine(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, engine_once);
+    return g_engine_status == dnnl_success ? g_engine : NULL;
+}
+
+bool tf_dnnl_available(void) { return true; }
+
+static const char *runtime_name(unsigned r)
+{
+    return r == DNNL_RUNTIME_OMP ? "OpenMP" : r == DNNL_RUNTIME_TBB ? "TBB" : r == DNNL_RUNTIME_SEQ ? "sequential"
+         : r == DNNL_RUNTIME_THREADPOOL ? "threadpool" : "other";
+}
+
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE4.1";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx512_core: return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX-512 VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX-512 BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AMX";
+    default: return "other";
+    }
+}
+
+void tf_dnnl_describe(char *out, size_t n)
+{
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(out, n, "oneDNN %d.%d.%d (%s runtime, held at one thread per call; ISA %s)", v->major, v->minor, v->patch,
+             runtime_name(v->cpu_runtime), isa_name(dnnl_get_effective_cpu_isa()));
+}
+
+/* An argument of the primitive: tfuse's plain layout (user), the
+ * primitive's (prim), and the reorder between them when they differ. */
+typedef struct carg {
+    int arg;                  /* DNNL_ARG_* */
+    bool output, per_piece;   /* written by the primitive; one slice per piece (else shared by all) */
+    dnnl_memory_desc_t user, prim;
+    dnnl_primitive_t reorder; /* user -> prim (inputs) or prim -> user (outputs); NULL: same layout */
+    size_t prim_bytes;
+    int64_t stride;           /* floats per image (per piece slices) or per partial */
+} carg;
+
+/* One primitive per group size. */
+typedef struct variant {
+    int64_t mb;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    carg args[4];
+    int nargs;
+    size_t scratchpad;        /* bytes */
+    size_t piece_bytes;       /* scratchpad + per-piece reorder buffers, 64-aligned */
+    size_t shared_bytes;      /* shared reordered buffers (weights) */
+} variant;
+
+struct tf_dnnl_conv {
+    tf_dnnl_dir dir;
+    tf_conv_geom g;
+    bool bias, relu, blocked;
+    int64_t pieces;           /* groups of images */
+    variant v[2];
+    int nv;
+    int threads;
+    dnnl_stream_t *streams;   /* one per worker */
+    size_t per_worker, shared, partials;   /* scratch layout, bytes */
+};
+
+static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
+
+static bool ok(dnnl_status_t st, const char *what, char *why, size_t n)
+{
+    if (st == dnnl_success) return true;
+    snprintf(why, n, "oneDNN refused it: %s: %s", what, dnnl_status2str(st));
+    return false;
+}
+
+static void variant_free(variant *v)
+{
+    for (int i = 0; i < v->nargs; i++)
+        if (v->args[i].reorder) dnnl_primitive_destroy(v->args[i].reorder);
+    if (v->prim) dnnl_primitive_destroy(v->prim);
+    if (v->pd) dnnl_primitive_desc_destroy(v->pd);
+    memset(v, 0, sizeof *v);
+}
+
+void tf_dnnl_conv_free(tf_dnnl_conv *c)
+{
+    if (!c) return;
+    for (int i = 0; i < 2; i++) variant_free(&c->v[i]);
+    for (int t = 0; c->streams && t < c->threads; t++)
+        if (c->streams[t]) dnnl_stream_destroy(c->streams[t]);
+    tf_free(c->streams);
+    tf_free(c);
+}
+
+/* Memory descriptors of the convolution over mb images: src, weights, dst
+ * in tfuse's layout or `any`. */
+static bool conv_mds(const tf_dnnl_conv *c, int64_t mb, bool any, dnnl_memory_desc_t *src, dnnl_memory_desc_t *wei,
+                     dnnl_memory_desc_t *dst, char *why, size_t n)
+{
+    const tf_conv_geom *g = &c->g;
+    dnnl_dims_t sd = {mb, g->C, g->H, g->W}, dd = {mb, g->O, g->Ho, g->Wo};
+    dnnl_dims_t wd = {g->O, g->Cg, g->KH, g->KW}, gwd = {g->G, g->Og, g->Cg, g->KH, g->KW};
+    return ok(dnnl_memory_desc_init_by_tag(src, 4, sd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw), "source", why, n) &&
+           ok(dnnl_memory_desc_init_by_tag(dst, 4, dd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw), "destination", why, n) &&
+           ok(g->G > 1 ? dnnl_memory_desc_init_by_tag(wei, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw)
+                       : dnnl_memory_desc_init_by_tag(wei, 4, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw),
+              "weights", why, n);
+}
+
+static bool conv_desc(const tf_dnnl_conv *c, tf_dnnl_dir dir, int64_t mb, dnnl_convolution_desc_t *d, char *why, size_t n)
+{
+    const tf_conv_geom *g = &c->g;
+    dnnl_memory_desc_t src, wei, dst, bias;
+    if (!conv_mds(c, mb, c->blocked, &src, &wei, &dst, why, n)) return false;
+    dnnl_dims_t st = {g->s[0], g->s[1]}, dl = {g->dl[0] - 1, g->dl[1] - 1}, pl = {g->p[0], g->p[1]}, pr = {g->p[0], g->p[1]};
+    dnnl_dims_t bd = {g->O};
+    if (dir == TF_DNNL_FWD) {
+        bool b = c->bias && c->dir == TF_DNNL_FWD;
+        if (b && !ok(dnnl_memory_desc_init_by_tag(&bias, 1, bd, dnnl_f32, dnnl_a), "bias", why, n)) return false;
+        return ok(dnnl_dilated_convolution_forward_desc_init(d, c->dir == TF_DNNL_FWD ? dnnl_forward_inference : dnnl_forward_training,
+                                                             dnnl_convolution_direct, &src, &wei, b ? &bias : NULL, &dst, st, dl,
+                                                             pl, pr),
+                  "the forward descriptor", why, n);
+    }
+    if (dir == TF_DNNL_BWD_DATA)
+        return ok(dnnl_dilated_convolution_backward_data_desc_init(d, dnnl_convolution_direct, &src, &wei, &dst, st, dl, pl, pr),
+                  "the backward-data descriptor", why, n);
+    return ok(dnnl_dilated_convolution_backward_weights_desc_init(d, dnnl_convolution_direct, &src, &wei, NULL, &dst, st, dl, pl,
+                                                                  pr),
+              "the backward-weights descriptor", why, n);
+}
+
+/* The argument `arg` of v: its plain layout, the primitive's, a reorder. */
+static bool add_arg(variant *v, int arg, bool output, bool per_piece, const dnnl_memory_desc_t *user,
+                    int64_t stride, char *why, size_t n)
+{
+    carg *a = &v->args[v->nargs++];
+    a->arg = arg, a->output = output, a->per_piece = per_piece, a->user = *user, a->stride = stride;
+    const dnnl_memory_desc_t *pm = dnnl_primitive_desc_query_md(v->pd, dnnl_query_exec_arg_md, arg);
+    if (!pm) {
+        snprintf(why, n, "oneDNN gave no memory descriptor for argument %d", arg);
+        return false;
+    }
+    a->prim = *pm;
+    a->prim_bytes = dnnl_memory_desc_get_size(pm);
+    if (dnnl_memory_desc_equal(&a->user, &a->prim)) return true;
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_engine_t e = engine();
+    if (!ok(output ? dnnl_reorder_primitive_desc_create(&rpd, &a->prim, e, &a->user, e, NULL)
+                   : dnnl_reorder_primitive_desc_create(&rpd, &a->user, e, &a->prim, e, NULL),
+            "a reorder", why, n))
+        return false;
+    dnnl_status_t st = dnnl_primitive_create(&a->reorder, rpd);
+    dnnl_primitive_desc_destroy(rpd);
+    if (!ok(st, "a reorder", why, n)) return false;
+    if (per_piece) v->piece_bytes += up64(a->prim_bytes);
+    else v->shared_bytes += up64(a->prim_bytes);
+    return true;
+}
+
+static bool variant_make(tf_dnnl_conv *c, variant *v, int64_t mb, char *why, size_t n)
+{
+    const tf_conv_geom *g = &c->g;
+    v->mb = mb;
+    dnnl_convolution_desc_t d, fd;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t hint = NULL;
+    bool good = conv_desc(c, c->dir, mb, &d, why, n) && ok(dnnl_primitive_attr_create(&attr), "attributes", why, n) &&
+                ok(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "the scratchpad mode", why, n);
+    if (good && c->relu)
+        good = ok(dnnl_post_ops_create(&po), "post-ops", why, n) &&
+               ok(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f), "the ReLU post-op", why, n) &&
+               ok(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops", why, n);
+    if (good && c->dir != TF_DNNL_FWD)   /* the backward primitives take a forward one as a hint */
+        good = conv_desc(c, TF_DNNL_FWD, mb, &fd, why, n) &&
+               ok(dnnl_primitive_desc_create(&hint, &fd, NULL, engine(), NULL), "the forward hint", why, n);
+    if (good) good = ok(dnnl_primitive_desc_create(&v->pd, &d, attr, engine(), hint), "the primitive descriptor", why, n);
+    if (good) good = ok(dnnl_primitive_create(&v->prim, v->pd), "the primitive", why, n);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    if (!good) return false;
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(v->pd, dnnl_query_scratchpad_md, 0);
+    v->scratchpad = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    v->piece_bytes = up64(v->scratchpad);
+    dnnl_memory_desc_t src, wei, dst, bias;
+    dnnl_dims_t bd = {g->O};
+    if (!conv_mds(c, mb, false, &src, &wei, &dst, why, n)) return false;
+    int64_t img = g->C * g->H * g->W, oimg = g->O * g->Ho * g->Wo, wsize = g->O * g->Cg * g->KH * g->KW;
+    switch (c->dir) {
+    case TF_DNNL_FWD:
+        good = add_arg(v, DNNL_ARG_SRC, false, true, &src, img, why, n) && add_arg(v, DNNL_ARG_WEIGHTS, false, false, &wei, 0, why, n) &&
+               add_arg(v, DNNL_ARG_DST, true, true, &dst, oimg, why, n);
+        if (good && c->bias)
+            good = ok(dnnl_memory_desc_init_by_tag(&bias, 1, bd, dnnl_f32, dnnl_a), "bias", why, n) &&
+                   add_arg(v, DNNL_ARG_BIAS, false, false, &bias, 0, why, n);
+        break;
+    case TF_DNNL_BWD_DATA:
+        good = add_arg(v, DNNL_ARG_DIFF_DST, false, true, &dst, oimg, why, n) &&
+               add_arg(v, DNNL_ARG_WEIGHTS, false, false, &wei, 0, why, n) &&
+               add_arg(v, DNNL_ARG_DIFF_SRC, true, true, &src, img, why, n);
+        break;
+    case TF_DNNL_BWD_WEIGHTS:
+        good = add_arg(v, DNNL_ARG_SRC, false, true, &src, img, why, n) && add_arg(v, DNNL_ARG_DIFF_DST, false, true, &dst, oimg, why, n) &&
+               add_arg(v, DNNL_ARG_DIFF_WEIGHTS, true, true, &wei, wsize, why, n);
+        break;
+    }
+    return good;
+}
+
+tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool bias, bool relu, bool blocked, int threads,
+                                  char *why, size_t n)
+{
+    if (!engine()) {
+        snprintf(why, n, "oneDNN has no CPU engine: %s", dnnl_status2str(g_engine_status));
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {   /* tfuse's output size is the floor; oneDNN's with padding on both sides too */
+        int64_t in = i ? g->W : g->H, k = i ? g->KW : g->KH, out = i ? g->Wo : g->Ho;
+        int64_t ext = (k - 1) * g->dl[i] + 1;
+        if (in + 2 * g->p[i] < ext || (in + 2 * g->p[i] - ext) / g->s[i] + 1 != out || g->N < 1) {
+            snprintf(why, n, "output size %lld is not oneDNN's for this geometry", (long long)out);
+            return NULL;
+        }
+    }
+    tf_dnnl_conv *c = tf_calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(why, n, "out of memory");
+        return NULL;
+    }
+    c->dir = dir, c->g = *g, c->bias = bias && dir == TF_DNNL_FWD, c->relu = relu && dir == TF_DNNL_FWD, c->blocked = blocked;
+    c->pieces = dir == TF_DNNL_BWD_WEIGHTS ? tf_conv_grad_weight_groups(g) : g->N < TF_DNNL_CONV_PIECES ? g->N : TF_DNNL_CONV_PIECES;
+    c->threads = threads < 1 ? 1 : threads;
+    /* primitives are made for one thread: oneDNN sizes its blocking by the
+     * OpenMP threads of the thread that creates them */
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    int64_t lo = g->N / c->pieces, hi = (g->N + c->pieces - 1) / c->pieces;
+    bool good = variant_make(c, &c->v[0], hi, why, n);
+    c->nv = 1;
+    if (good && lo != hi) good = variant_make(c, &c->v[1], lo, why, n), c->nv = 2;
+    omp_set_num_threads(prev);
+    if (good && !(c->streams = tf_calloc((size_t)c->threads, sizeof *c->streams))) good = false, snprintf(why, n, "out of memory");
+    for (int t = 0; good && t < c->threads; t++)
+        good = ok(dnnl_stream_create(&c->streams[t], engine(), dnnl_stream_default_flags), "a stream", why, n);
+    if (!good) {
+        tf_dnnl_conv_free(c);
+        return NULL;
+    }
+    for (int i = 0; i < c->nv; i++) {
+        if (c->v[i].piece_bytes > c->per_worker) c->per_worker = c->v[i].piece_bytes;
+        c->shared += up64(c->v[i].shared_bytes);
+    }
+    if (dir == TF_DNNL_BWD_WEIGHTS) c->partials = up64((size_t)(c->pieces * g->O * g->Cg * g->KH * g->KW) * sizeof(float));
+    return c;
+}
+
+static void layout_str(const dnnl_memory_desc_t *md, char *out, size_t n)
+{
+    if (md->format_kind != dnnl_blocked) {
+        snprintf(out, n, "opaque");
+        return;
+    }
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    /* outer order: dims by decreasing stride; then the inner blocks */
+    int order[DNNL_MAX_NDIMS], nd = md->ndims;
+    for (int i = 0; i < nd; i++) order[i] = i;
+    for (int i = 0; i < nd; i++)
+        for (int j = i + 1; j < nd; j++)
+            if (b->strides[order[j]] > b->strides[order[i]]) {
+                int t = order[i];
+                order[i] = order[j], order[j] = t;
+            }
+    size_t at = 0;
+    for (int i = 0; i < nd && at + 1 < n; i++) out[at++] = (char)('a' + order[i]);
+    for (int i = 0; i < b->inner_nblks && at + 8 < n; i++)
+        at += (size_t)snprintf(out + at, n - at, "%lld%c", (long long)b->inner_blks[i], (char)('a' + b->inner_idxs[i]));
+    out[at < n ? at : n - 1] = 0;
+}
+
+void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n)
+{
+    const char *impl = "?";
+    dnnl_primitive_desc_query(c->v[0].pd, dnnl_query_impl_info_str, 0, &impl);
+    char lay[256] = "";
+    size_t at = 0;
+    for (int i = 0; i < c->v[0].nargs && at < sizeof lay; i++) {
+        const carg *a = &c->v[0].args[i];
+        char l[64];
+        layout_str(&a->prim, l, sizeof l);
+        at += (size_t)snprintf(lay + at, sizeof lay - at, "%s%s %s%s", i ? ", " : "",
+                               a->arg == DNNL_ARG_SRC ? "src" : a->arg == DNNL_ARG_DST ? "dst" : a->arg == DNNL_ARG_WEIGHTS ? "weights"
+                               : a->arg == DNNL_ARG_BIAS ? "bias" : a->arg == DNNL_ARG_DIFF_SRC ? "diff_src"
+                               : a->arg == DNNL_ARG_DIFF_DST ? "diff_dst" : "diff_weights",
+                               l, a->reorder ? " (reordered)" : "");
+    }
+    snprintf(out, n, "oneDNN %s (algorithm direct), %s; %lld pieces of %lld%s image(s)%s%s", impl, lay, (long long)c->pieces,
+             (long long)c->v[0].mb, c->nv > 1 ? " or fewer" : "", c->bias ? ", bias in the primitive" : "",
+             c->relu ? ", ReLU post-op" : "");
+}
+
+size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c) { return (size_t)c->threads * c->per_worker + c->shared + c->partials; }
+
+typedef struct run_job {
+    tf_dnnl_conv *c;
+    const float *a, *b, *bias;
+    float *out;
+    unsigned char *scratch;
+    void *shared[2][4];      /* per variant, per argument: its reordered shared buffer */
+    int workers;
+    atomic_bool failed;
+} run_job;
+
+/* The user's pointer of argument i for piece q (images [n0, n0 + mb)). */
+static void *user_ptr(const run_job *j, const carg *a, int64_t q, int64_t n0)
+{
+    const tf_dnnl_conv *c = j->c;
+    if (c->dir == TF_DNNL_BWD_WEIGHTS && a->output)   /* partial q */
+        return j->scratch + (size_t)c->threads * c->per_worker + c->shared + (size_t)(q * a->stride) * sizeof(float);
+    const float *p;
+    switch (a->arg) {
+    case DNNL_ARG_BIAS: p = j->bias; break;
+    case DNNL_ARG_WEIGHTS: p = j->b; break;
+    case DNNL_ARG_DIFF_DST: p = c->dir == TF_DNNL_BWD_WEIGHTS ? j->b : j->a; break;
+    case DNNL_ARG_SRC: p = j->a; break;
+    default: p = j->out; break;   /* DST, DIFF_SRC */
+    }
+    return (void *)(p + (a->per_piece ? n0 * a->stride : 0));
+}
+
+static bool exec(dnnl_primitive_t p, dnnl_stream_t s, int nargs, const dnnl_exec_arg_t *args)
+{
+    return dnnl_primitive_execute(p, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
+}
+
+static bool reorder(dnnl_primitive_t r, dnnl_stream_t s, const dnnl_memory_desc_t *from, void *src, const dnnl_memory_desc_t *to,
+                    void *dst)
+{
+    dnnl_memory_t m[2] = {NULL, NULL};
+    bool good = dnnl_memory_create(&m[0], from, engine(), src) == dnnl_success &&
+                dnnl_memory_create(&m[1], to, engine(), dst) == dnnl_success;
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, m[0]}, {DNNL_ARG_TO, m[1]}};
+    good = good && exec(r, s, 2, args);
+    for (int i = 0; i < 2; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    return good;
+}
+
+static bool run_piece(run_job *j, int t, int64_t q)
+{
+    tf_dnnl_conv *c = j->c;
+    int64_t N = c->g.N, n0 = N * q / c->pieces, n1 = N * (q + 1) / c->pieces;
+    int vi = n1 - n0 == c->v[0].mb ? 0 : 1;
+    variant *v = &c->v[vi];
+    dnnl_stream_t s = c->streams[t];
+    unsigned char *ws = j->scratch + (size_t)t * c->per_worker, *at = ws + up64(v->scratchpad);
+    dnnl_memory_t mem[5] = {0};
+    dnnl_exec_arg_t args[5];
+    void *prim_ptr[4];
+    bool good = true;
+    for (int i = 0; good && i < v->nargs; i++) {
+        carg *a = &v->args[i];
+        void *u = user_ptr(j, a, q, n0);
+        prim_ptr[i] = u;
+        if (a->reorder && a->per_piece) {
+            prim_ptr[i] = at;
+            at += up64(a->prim_bytes);
+            if (!a->output) good = reorder(a->reorder, s, &a->user, u, &a->prim, prim_ptr[i]);
+        } else if (a->reorder) {
+            prim_ptr[i] = j->shared[vi][i];
+        }
+        good = good && dnnl_memory_create(&mem[i], &a->prim, engine(), prim_ptr[i]) == dnnl_success;
+        args[i] = (dnnl_exec_arg_t){a->arg, mem[i]};
+    }
+    int nargs = v->nargs;
+    if (good && v->scratchpad) {
+        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(v->pd, dnnl_query_scratchpad_md, 0);
+        good = dnnl_memory_create(&mem[nargs], sp, engine(), ws) == dnnl_success;
+        args[nargs] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[nargs]};
+        nargs++;
+    }
+    good = good && exec(v->prim, s, nargs, args);
+    for (int i = 0; good && i < v->nargs; i++) {
+        carg *a = &v->args[i];
+        if (a->output && a->reorder) good = reorder(a->reorder, s, &a->prim, prim_ptr[i], &a->user, user_ptr(j, a, q, n0));
+    }
+    for (int i = 0; i < 5; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return good;
+}
+
+static void run_worker(void *arg, int64_t lo, int64_t hi)
+{
+    run_job *j = arg;
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (int64_t t = lo; t < hi; t++)
+        for (int64_t q = j->c->pieces * t / j->workers; q < j->c->pieces * (t + 1) / j->workers; q++)
+            if (!run_piece(j, (int)t, q)) atomic_store(&j->failed, true);
+    omp_set_num_threads(prev);
+}
+
+bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
+                      void *scratch)
+{
+    run_job j = {.c = c, .a = a, .b = b, .bias = bias, .out = out, .scratch = scratch};
+    atomic_init(&j.failed, false);
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    /* shared inputs (the weights) reordered once, before the pieces */
+    unsigned char *sh = (unsigned char *)scratch + (size_t)c->threads * c->per_worker;
+    bool good = true;
+    for (int vi = 0; vi < c->nv; vi++)
+        for (int i = 0; i < c->v[vi].nargs; i++) {
+            carg *ar = &c->v[vi].args[i];
+            if (!ar->reorder || ar->per_piece) continue;
+            j.shared[vi][i] = sh;
+            sh += up64(ar->prim_bytes);
+            good = good && reorder(ar->reorder, c->streams[0], &ar->user, user_ptr(&j, ar, 0, 0), &ar->prim, j.shared[vi][i]);
+        }
+    omp_set_num_threads(prev);
+    if (!good) return false;
+    j.workers = tf_pool_threads(pool);
+    if (j.workers > c->threads) j.workers = c->threads;
+    if (j.workers > c->pieces) j.workers = (int)c->pieces;
+    if (j.workers <= 1) {
+        j.workers = 1;
+        run_worker(&j, 0, 1);
+    } else {
+        tf_pool_run(pool, j.workers, run_worker, &j);
+    }
+    if (atomic_load(&j.failed)) return false;
+    if (c->dir == TF_DNNL_BWD_WEIGHTS) {   /* the partials, added in order */
+        const tf_conv_geom *g = &c->g;
+        int64_t wsize = g->O * g->Cg * g->KH * g->KW;
+        const float *part = (const float *)((unsigned char *)scratch + (size_t)c->threads * c->per_worker + c->shared);
+        memcpy(out, part, (size_t)wsize * sizeof *out);
+        for (int64_t q = 1; q < c->pieces; q++)
+            for (int64_t i = 0; i < wsize; i++) out[i] += part[q * wsize + i];
+    }
+    return true;
+}
+
+#else /* !TFUSE_HAVE_ONEDNN */
+
+bool tf_dnnl_available(void) { return false; }
+
+void tf_dnnl_describe(char *out, size_t n)
+{
+    snprintf(out, n, "no oneDNN in this build: configured with -DTFUSE_WITH_ONEDNN=OFF or without libdnnl-dev");
+}
+
+tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool bias, bool relu, bool blocked, int threads,
+                                  char *why, size_t n)
+{
+    (void)dir, (void)g, (void)bias, (void)relu, (void)blocked, (void)threads;
+    snprintf(why, n, "this build has no oneDNN");
+    return NULL;
+}
+
+void tf_dnnl_conv_free(tf_dnnl_conv *c) { (void)c; }
+void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n) { (void)c, snprintf(out, n, "no oneDNN"); }
+size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c) { (void)c; return 0; }
+bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
+                      void *scratch)
+{
+    (void)c, (void)pool, (void)a, (void)b, (void)bias, (void)out, (void)scratch;
+    return false;
+}
+
+#endif

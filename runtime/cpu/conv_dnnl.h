@@ -1,0 +1,56 @@
+/* conv_dnnl.h — the cpu target's convolutions through oneDNN (Debian's
+ * libdnnl-dev), where the build has it (TFUSE_HAVE_ONEDNN); cpu_ops.c's
+ * im2col + GEMM is the fallback and the `--cpu-conv=im2col` path.
+ *
+ * Threading is tfuse's, as for OpenBLAS: every oneDNN primitive runs on one
+ * thread (its OpenMP runtime is held at one thread on the calling thread),
+ * and the pool shares out pieces of the batch fixed by the shape alone: the
+ * forward and input gradient split the images into at most
+ * TF_DNNL_CONV_PIECES contiguous groups, the weight gradient into
+ * tf_conv_grad_weight_groups(g) groups whose partial weight gradients are
+ * added in order. A primitive is made per distinct group size (at most two)
+ * when the session starts, so the bits a convolution produces do not depend
+ * on the number of threads, and no OpenMP thread ever competes with the
+ * pool's.
+ *
+ * Memory is tfuse's layout (NCHW images, OIHW weights, goihw with groups);
+ * with `blocked` the primitive may pick its own layout (format_tag any), and
+ * each piece reorders into it and back. */
+#ifndef TF_RUNTIME_CPU_CONV_DNNL_H
+#define TF_RUNTIME_CPU_CONV_DNNL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_ops.h"
+
+enum { TF_DNNL_CONV_PIECES = 16 };
+
+typedef enum tf_dnnl_dir { TF_DNNL_FWD, TF_DNNL_BWD_DATA, TF_DNNL_BWD_WEIGHTS } tf_dnnl_dir;
+
+typedef struct tf_dnnl_conv tf_dnnl_conv;
+
+/* Whether this build has oneDNN; "oneDNN 2.6.3 (...)" or why not, for
+ * `tfuse doctor`. */
+bool tf_dnnl_available(void);
+void tf_dnnl_describe(char *out, size_t n);
+
+/* The primitives of one convolution node (NULL, with *why filled, when
+ * oneDNN refuses the shape or the build has no oneDNN): `bias` and `relu`
+ * (forward only) make them write relu(conv + bias). threads: the pool's. */
+tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool bias, bool relu, bool blocked, int threads,
+                                  char *why, size_t n);
+void tf_dnnl_conv_free(tf_dnnl_conv *c);
+/* The implementation oneDNN chose (impl_info_str), the layouts and pieces. */
+void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n);
+/* Bytes of scratch a run needs (all threads' together). */
+size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c);
+/* Forward: a = x, b = w, bias, out = y. Input gradient: a = dy, b = w,
+ * out = dx. Weight gradient: a = x, b = dy, out = dw. scratch: 64-byte
+ * aligned, tf_dnnl_conv_scratch_bytes. false when a primitive failed
+ * (nothing was written that the caller can rely on). */
+bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
+                      void *scratch);
+
+#endif

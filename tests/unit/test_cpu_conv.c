@@ -1,0 +1,225 @@
+/* test_cpu_conv.c — the cpu target's two convolution paths (oneDNN, where
+ * the build has it, and im2col + GEMM) against the interpreter.
+ *
+ *   - which path runs: with oneDNN in the build every conv kernel's profile
+ *     `how` says ".onednn" (forward, input and weight gradients), and with
+ *     --cpu-conv=im2col (tf_compile_options.cpu_conv_im2col) none does;
+ *   - odd geometries (groups, dilation, stride, asymmetric padding, 1x1,
+ *     batch 1, a batch the pieces do not divide), one training step each
+ *     (forward, both gradients, the update) on both paths against the
+ *     float64 interpreter, at test_cpu's tolerances;
+ *   - the inference patterns conv + batchnorm (folded into a bias, which
+ *     the oneDNN primitive adds itself) and conv + batchnorm + relu (the
+ *     epilogue kernel keeps relu: oneDNN's ReLU post-op turned NaN into 0):
+ *     a NaN in the image stays NaN wherever the interpreter has one. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/conv_dnnl.h"
+#include "runtime.h"
+#include "target_cases.h"
+#include "testutil.h"
+#include "tfuse.h"
+
+static uint64_t g_seed;
+
+typedef struct pair {
+    tf_context_t *ctx;
+    tf_model_t *m;
+    tf_program_t *p;
+    tf_session_t *ref, *cpu;
+    void *data[8];
+} pair;
+
+static void pair_free(pair *q)
+{
+    for (int i = 0; i < 8; i++) free(q->data[i]);
+    tf_session_free(q->ref);
+    tf_session_free(q->cpu);
+    tf_program_free(q->p);
+    tf_model_free(q->m);
+    tf_context_free(q->ctx);
+}
+
+/* Compile for cpu (im2col or not), an interp and a cpu session with the
+ * same seed, the same random inputs; nan_at >= 0 puts a NaN there in the
+ * first input. */
+static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode, bool im2col, int64_t nan_at)
+{
+    memset(q, 0, sizeof *q);
+    tf_context_create(&q->ctx);
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = mode;
+    o.target = TF_TARGET_CPU;
+    o.cpu_conv_im2col = im2col;
+    if (tf_model_parse_string(q->ctx, label, text, strlen(text), NULL, 0, &q->m) || tf_program_compile(q->ctx, q->m, &o, &q->p) ||
+        tf_session_create(q->ctx, q->p, TF_TARGET_INTERP, g_seed, &q->ref) ||
+        tf_session_create(q->ctx, q->p, TF_TARGET_CPU, g_seed, &q->cpu)) {
+        CHECK(0, "%s: %s", label, tf_context_last_error(q->ctx));
+        return false;
+    }
+    tf_session_set_profiling(q->cpu, true);
+    uint64_t s = g_seed ^ 0x9e3779b9u;
+    for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_INPUT) && i < 8; i++) {
+        const char *name;
+        tf_dtype dt;
+        int rank;
+        int64_t shape[8], n = 1;
+        tf_program_io(q->p, TF_IO_INPUT, i, &name, &dt, &rank, shape);
+        for (int k = 0; k < rank; k++) n *= shape[k];
+        float *d = calloc((size_t)(n ? n : 1), sizeof *d);
+        q->data[i] = d;
+        for (int64_t k = 0; k < n; k++) d[k] = (float)(4 * test_rnd(&s) - 2);
+        if (i == 0 && nan_at >= 0 && nan_at < n) d[nan_at] = NAN;
+        if (tf_session_bind(q->ref, name, dt, shape, rank, d) || tf_session_bind(q->cpu, name, dt, shape, rank, d)) {
+            CHECK(0, "%s: bind %s: %s", label, name, tf_context_last_error(q->ctx));
+            return false;
+        }
+    }
+    if (tf_session_run(q->ref) || tf_session_run(q->cpu)) {
+        CHECK(0, "%s: run: %s", label, tf_context_last_error(q->ctx));
+        return false;
+    }
+    return true;
+}
+
+/* Outputs elementwise (2e-5 of the tensor's scale, test_cpu's fp32 bound),
+ * params after the step by relative L2 error (1e-4, test_cpu's). */
+static void pair_compare(pair *q, const char *label)
+{
+    for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_OUTPUT); i++) {
+        const char *name;
+        tf_tensor_view a, b;
+        tf_program_io(q->p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
+        tf_session_output(q->ref, name, &a);
+        tf_session_output(q->cpu, name, &b);
+        double r = tc_compare_elems(&b, &a, 2e-5);
+        CHECK(r <= 1, "%s: output %s: error %.3g x the tolerance (seed %llu)", label, name, r, (unsigned long long)g_seed);
+    }
+    for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_PARAM); i++) {
+        const char *name;
+        tf_dtype dt;
+        int rank;
+        int64_t shape[8], n = 1;
+        tf_program_io(q->p, TF_IO_PARAM, i, &name, &dt, &rank, shape);
+        for (int k = 0; k < rank; k++) n *= shape[k];
+        size_t bytes = (size_t)n * (size_t)tf_dtype_size(dt);
+        tf_tensor_view a = {0}, b = {0};
+        a.data = malloc(bytes), b.data = malloc(bytes);
+        if (tf_session_get_state(q->ref, name, &a, bytes) || tf_session_get_state(q->cpu, name, &b, bytes)) {
+            CHECK(0, "%s: state %s: %s", label, name, tf_context_last_error(q->ctx));
+        } else {
+            double e = tc_rel_l2(&b, &a);
+            CHECK(e <= 1e-4, "%s: param %s: relative L2 error %.3g > 1e-4 (seed %llu)", label, name, e, (unsigned long long)g_seed);
+        }
+        free(a.data);
+        free(b.data);
+    }
+}
+
+/* How many conv kernels ran, and how many of them through oneDNN. */
+static void conv_hows(pair *q, int *convs, int *onednn)
+{
+    *convs = *onednn = 0;
+    for (size_t i = 0; i < tf_session_profile_count(q->cpu); i++) {
+        tf_kernel_profile kp;
+        tf_session_profile(q->cpu, i, &kp);
+        if (strncmp(kp.how, "conv", 4)) continue;
+        ++*convs;
+        *onednn += strstr(kp.how, ".onednn") != NULL;
+    }
+}
+
+typedef struct geom {
+    const char *label;
+    int n, c, h, w, o, kh, kw, groups, sh, sw, ph, pw, dh, dw;
+    bool bias;
+} geom;
+
+static const geom geoms[] = {
+    {"3x3 pad 1", 2, 5, 7, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
+    {"groups 3, stride 2, dilation [1, 2]", 3, 6, 9, 8, 9, 3, 3, 3, 2, 2, 1, 2, 1, 2, true},
+    {"depthwise 5x5 stride [2, 1]", 2, 4, 11, 7, 4, 5, 5, 4, 2, 1, 2, 2, 1, 1, false},
+    {"1x1 stride 2", 5, 7, 9, 9, 11, 1, 1, 1, 2, 2, 0, 0, 1, 1, true},
+    {"batch 1, 3x1 pad [1, 0]", 1, 3, 8, 5, 5, 3, 1, 1, 1, 1, 1, 0, 1, 1, true},
+    {"batch 19 (pieces of 2 and 1), 2x3 no pad", 19, 3, 6, 7, 4, 2, 3, 1, 1, 2, 0, 0, 1, 1, false},
+    {"dilation 3, pad 3, groups 2", 2, 4, 10, 9, 6, 3, 3, 2, 1, 1, 3, 3, 3, 3, true},
+};
+
+/* One training step of conv(x * xs, w, b) -> mean(y * y): the forward, the
+ * input gradient (xs is a param) and the weight gradient all run. */
+static void geometry_case(const geom *g, bool im2col)
+{
+    char text[2048], label[256], bline[128] = "";
+    snprintf(label, sizeof label, "%s [%s]", g->label, im2col ? "im2col" : "default");
+    if (g->bias) snprintf(bline, sizeof bline, "param b : f32[%d] = uniform()\n", g->o);
+    snprintf(text, sizeof text,
+             "input x : f32[%d, %d, %d, %d]\nparam xs : f32[1, %d, 1, 1] = uniform()\nparam w : f32[%d, %d, %d, %d] = uniform()\n"
+             "%sxi = mul(x, xs)\ny = conv2d(xi, w%s, stride=[%d, %d], padding=[%d, %d], dilation=[%d, %d], groups=%d)\n"
+             "s = mul(y, y)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" TC_TRAIN_SGD,
+             g->n, g->c, g->h, g->w, g->c, g->o, g->c / g->groups, g->kh, g->kw, bline, g->bias ? ", b" : "", g->sh, g->sw, g->ph,
+             g->pw, g->dh, g->dw, g->groups);
+    pair q;
+    if (pair_make(&q, label, text, TF_MODE_TRAIN, im2col, -1)) {
+        pair_compare(&q, label);
+        int convs, onednn;
+        conv_hows(&q, &convs, &onednn);
+        CHECK(convs == 3, "%s: %d conv kernels ran, expected 3 (forward, input and weight gradients)", label, convs);
+        if (im2col || !tf_dnnl_available())
+            CHECK(onednn == 0, "%s: %d conv kernels went through oneDNN with --cpu-conv=im2col or no oneDNN", label, onednn);
+        else
+            CHECK(onednn == convs, "%s: only %d of %d conv kernels went through oneDNN, which this build has", label, onednn, convs);
+    }
+    pair_free(&q);
+}
+
+/* conv + batchnorm + relu in inference: batchnorm folds into the weights
+ * and a per-channel bias, fuse makes conv's region with the epilogue
+ * relu(conv + bias), which the oneDNN primitive writes itself. */
+static void epilogue_case(bool im2col, bool relu)
+{
+    char text[1024], label[128];
+    snprintf(text, sizeof text, "input x : f32[3, 4, 9, 8]\nparam w : f32[6, 4, 3, 3] = uniform()\nparam g : f32[6] = uniform()\n"
+             "param b : f32[6] = uniform()\nbuffer m : f32[6] = uniform()\nbuffer v : f32[6] = ones()\n"
+             "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, m, v)\n%s\noutput r\n", relu ? "r = relu(n)" : "r = mul(n, 1.0)");
+    snprintf(label, sizeof label, "conv + batchnorm%s, NaN in the image [%s]", relu ? " + relu" : "", im2col ? "im2col" : "default");
+    pair q;
+    if (pair_make(&q, label, text, TF_MODE_INFER, im2col, 2 * 72 + 4 * 8 + 4)) {   /* image 0, channel 2, (4, 4) */
+        pair_compare(&q, label);
+        tf_tensor_view a, b;
+        tf_session_output(q.ref, "r", &a);
+        tf_session_output(q.cpu, "r", &b);
+        int nans_ref = 0, nans_cpu = 0;
+        for (int64_t i = 0; i < tc_numel(&a); i++) {
+            nans_ref += isnan(((const float *)a.data)[i]);
+            nans_cpu += isnan(((const float *)b.data)[i]);
+        }
+        CHECK(nans_ref > 0 && nans_cpu == nans_ref, "%s: %d NaNs on cpu, %d in the interpreter", label, nans_cpu, nans_ref);
+        int convs, onednn;
+        conv_hows(&q, &convs, &onednn);
+        CHECK(convs == 1 && onednn == (im2col || !tf_dnnl_available() ? 0 : 1), "%s: %d conv kernels, %d through oneDNN", label,
+              convs, onednn);
+    }
+    pair_free(&q);
+}
+
+int main(void)
+{
+    g_seed = test_seed();
+    if (tf_backend_cpu.unavailable()) {
+        printf("cpu target unavailable in this build: nothing to test\n");
+        return check_report();
+    }
+    char lib[256];
+    tf_dnnl_describe(lib, sizeof lib);
+    printf("convolutions: %s\n", lib);
+    for (int im2col = 0; im2col < 2; im2col++) {
+        for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) geometry_case(&geoms[i], im2col);
+        epilogue_case(im2col, true);
+        epilogue_case(im2col, false);
+    }
+    return check_report();
+}
