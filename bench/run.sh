@@ -149,7 +149,7 @@ dim_flags() { local kv; for kv in ${DIMS[$1]:-}; do printf -- '--dim %s ' "$kv";
 
 # the ceiling: this machine's fp32 FMA peak on the threads the tools get
 PEAK_BIN="$(mktemp -d)/peak"
-if cc -O2 -pthread bench/peak.c -o "$PEAK_BIN" 2> "$OUT/peak.err"; then
+if cc -O3 -pthread bench/peak.c -o "$PEAK_BIN" 2> "$OUT/peak.err"; then
     "$PEAK_BIN" "$THREADS" > "$OUT/peak.txt" 2>> "$OUT/peak.err" || echo "reason: peak exited with status $?" >> "$OUT/peak.txt"
     rm -rf "$(dirname "$PEAK_BIN")"
 else
