@@ -2,6 +2,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_ops.h"
 
@@ -56,15 +57,35 @@ static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64
 #endif
 }
 
-/* A GEMM's pieces depend on its shape only, never on the number of
- * threads: BLAS kernels may add up a dot product in another order for
- * another block shape (OpenBLAS has separate small-matrix kernels), so a
- * split that followed the thread count would make results depend on it.
- * A GEMM too small to be worth splitting is one piece; a larger one is cut
- * along the longer side of C into at most GEMM_PIECES blocks of at least
- * GEMM_MIN_BLOCK rows or columns (columns in multiples of 16), and the pool
- * hands whole pieces to its threads; one thread runs them in turn. */
-enum { GEMM_PIECES = 16, GEMM_MIN_BLOCK = 64 };
+/* A GEMM's pieces depend on its shape and the machine, never on the
+ * number of threads a session runs: BLAS kernels may add up a dot product
+ * in another order for another block shape (OpenBLAS has separate
+ * small-matrix kernels), so a split that followed the thread count would
+ * make results depend on it. A GEMM too small to be worth splitting is one
+ * piece; a larger one is cut along the longer side of C into at most
+ * gemm_pieces() blocks of at least GEMM_MIN_BLOCK rows or columns (columns
+ * in multiples of 16), and the pool hands whole pieces to its threads; one
+ * thread runs them in turn. Each piece is a BLAS call that packs the whole
+ * shared operand again, so pieces cost: with 16 of them OpenBLAS ran gpt's
+ * GEMMs 8-34% slower on one core than with 1, with 4 of them 0-10% slower
+ * (bench/RESULTS.md, 2026-11-24). So twice the machine's CPUs, 4 to 16. */
+enum { GEMM_MIN_PIECES = 4, GEMM_MAX_PIECES = 16, GEMM_MIN_BLOCK = 64 };
+
+static int64_t g_gemm_pieces;
+static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
+
+static void gemm_pieces_once(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t n = cpus > 0 ? 2 * (int64_t)cpus : GEMM_MAX_PIECES;
+    g_gemm_pieces = n < GEMM_MIN_PIECES ? GEMM_MIN_PIECES : n > GEMM_MAX_PIECES ? GEMM_MAX_PIECES : n;
+}
+
+static int64_t gemm_pieces(void)
+{
+    pthread_once(&g_gemm_once, gemm_pieces_once);
+    return g_gemm_pieces;
+}
 
 typedef struct gemm_job {
     bool ta, tb, accumulate, by_cols;
@@ -105,7 +126,7 @@ void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t 
     if (M * N * K >= 32768 && !(M < 32 && N < 64)) {
         /* split the longer side: each piece keeps a good shape (BLAS kernels
          * lose efficiency on thin blocks) */
-        int64_t block = (side + GEMM_PIECES - 1) / GEMM_PIECES;
+        int64_t np = gemm_pieces(), block = (side + np - 1) / np;
         if (block < GEMM_MIN_BLOCK) block = GEMM_MIN_BLOCK;
         if (j.by_cols) block = (block + 15) / 16 * 16;
         j.block = block;

@@ -8,9 +8,9 @@
  *
  * Results never depend on the number of threads: every split that could
  * change how a sum is added up (a GEMM's blocks, the weight gradient's
- * groups of images) is fixed by the shape alone, and threads only share
- * out the fixed pieces. The same inputs give the same bits on 1 or 64
- * threads.
+ * groups of images) is fixed by the shape (and, for a GEMM's blocks, the
+ * machine's CPU count, read once), and threads only share out the fixed
+ * pieces. The same inputs give the same bits on 1 or 64 threads.
  *
  * Where the build has oneDNN, the backend runs convolutions through it
  * instead (conv_dnnl.h) under the same rule: each oneDNN primitive runs on
