@@ -213,6 +213,7 @@ bool tf_cpu_has_avx512_bf16(void)
  * order of additions is fixed by the shape alone. */
 
 enum { MR = 8, NR = 32, KC = 256, NC = 256, MC = 128 };
+_Static_assert(MR == 8, "pack_a packs 8 rows with 256-bit vectors");
 
 static inline uint16_t at16(const uint16_t *X, int64_t ld, bool t, int64_t r, int64_t c)
 {
@@ -221,6 +222,8 @@ static inline uint16_t at16(const uint16_t *X, int64_t ld, bool t, int64_t r, in
 
 #if TF_LOWP_X86
 #define BF16K __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+BF16K static inline __m512i lane16(void) { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 
 /* B's block: rows [k0, k0+kc) x columns [j0, j0+nc) of op(B) into panels. */
 BF16K static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0, int64_t nc, uint16_t *dst)
@@ -242,6 +245,15 @@ BF16K static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t k0, in
                 }
                 continue;
             }
+            if (tb && two && cols == NR) {   /* column j's pair is one 32-bit word of B's row jb + j */
+                const int *base = (const int *)(const void *)(B + jb * ldb + k);
+                for (int h = 0; h < 2; h++) {
+                    __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(16 * h), lane16()),
+                                                     _mm512_set1_epi32((int)(ldb * 2)));
+                    _mm512_storeu_si512(row + 32 * h, _mm512_i32gather_epi32(idx, base, 1));
+                }
+                continue;
+            }
             for (int64_t j = 0; j < NR; j++) {
                 bool in = j < cols;
                 row[2 * j] = in ? at16(B, ldb, !tb, jb + j, k) : 0;   /* op(B)[k][j] */
@@ -252,9 +264,10 @@ BF16K static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t k0, in
 }
 #endif
 
+#if TF_LOWP_X86
 /* A's block: rows [i0, i0+mc) x columns [k0, k0+kc) of op(A) into MR-row
  * panels: row r's pair (k, k+1) is the word q * MR + r, k in the low half. */
-static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc, uint32_t *dst)
+static void pack_a_c(bool ta, const uint16_t *A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc, uint32_t *dst)
 {
     int64_t kp = (kc + 1) / 2;
     for (int64_t p = 0; p * MR < mc; p++) {
@@ -262,20 +275,41 @@ static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t i0, int64_t 
         for (int64_t r = 0; r < MR; r++) {
             int64_t i = i0 + p * MR + r;
             bool in = p * MR + r < mc;
-            if (!in) {
-                for (int64_t q = 0; q < kp; q++) pan[q * MR + r] = 0;
-            } else if (!ta) {
-                const uint16_t *src = A + i * lda + k0;
-                for (int64_t q = 0; q < kp; q++)
-                    pan[q * MR + r] = src[2 * q] | (2 * q + 1 < kc ? (uint32_t)src[2 * q + 1] << 16 : 0);
-            } else {
-                const uint16_t *src = A + k0 * lda + i;
-                for (int64_t q = 0; q < kp; q++)
-                    pan[q * MR + r] = src[2 * q * lda] | (2 * q + 1 < kc ? (uint32_t)src[(2 * q + 1) * lda] << 16 : 0);
+            for (int64_t q = 0; q < kp; q++) {
+                int64_t k = k0 + 2 * q;
+                pan[q * MR + r] = !in ? 0 : at16(A, lda, ta, i, k) | (2 * q + 1 < kc ? (uint32_t)at16(A, lda, ta, i, k + 1) << 16 : 0);
             }
         }
     }
 }
+
+/* The same, 8 rows (MR) at a time where the panel is full. */
+BF16K static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc, uint32_t *dst)
+{
+    int64_t kp = (kc + 1) / 2, full = kc / 2;
+    int64_t p = 0;
+    for (; (p + 1) * MR <= mc; p++) {
+        uint32_t *pan = dst + p * kp * MR;
+        int64_t ib = i0 + p * MR;
+        if (ta) {   /* rows k and k+1 of A hold the panel's 8 values each */
+            for (int64_t q = 0; q < full; q++) {
+                const uint16_t *r0 = A + (k0 + 2 * q) * lda + ib;
+                __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)r0));
+                __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r0 + lda)));
+                _mm256_storeu_si256((__m256i *)(pan + q * MR), _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+            }
+        } else {    /* row i's pair is one 32-bit word */
+            const int *base = (const int *)(const void *)(A + ib * lda + k0);
+            __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)(lda * 2)));
+            for (int64_t q = 0; q < full; q++)
+                _mm256_storeu_si256((__m256i *)(pan + q * MR), _mm256_i32gather_epi32(base + q, idx, 1));
+        }
+        for (int64_t q = full; q < kp; q++)   /* odd kc: the last k alone */
+            for (int64_t r = 0; r < MR; r++) pan[q * MR + r] = at16(A, lda, ta, ib + r, k0 + 2 * q);
+    }
+    if (p * MR < mc) pack_a_c(ta, A, lda, i0 + p * MR, mc - p * MR, k0, kc, dst + p * kp * MR);
+}
+#endif
 
 #if TF_LOWP_X86
 /* One MR x NR tile of C: rows < `rows`, columns < `cols` stored (added when add). */
