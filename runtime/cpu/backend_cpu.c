@@ -914,6 +914,25 @@ static void cpu_free(tf_session_t *s)
     s->impl = NULL;
 }
 
+/* An initializer's values (already rounded to dt by the interpreter) into
+ * storage: f32 and f16/bf16 through float, exact for such values, the rest
+ * through tf_elem_store. */
+static void store_init(tf_dt dt, void *dst, const tf_tensor *t)
+{
+    if (dt != TF_DT_F32 && !is_float16(dt)) {
+        for (int64_t k = 0; k < t->numel; k++) tf_elem_store(dt, dst, k, t->data[k]);
+        return;
+    }
+    float buf[1024];
+    for (int64_t k0 = 0; k0 < t->numel; k0 += 1024) {
+        int64_t n = t->numel - k0 < 1024 ? t->numel - k0 : 1024;
+        float *f = dt == TF_DT_F32 ? (float *)dst + k0 : buf;
+        for (int64_t k = 0; k < n; k++) f[k] = (float)t->data[k0 + k];
+        if (dt == TF_DT_BF16) tf_cpu_f32_to_bf16(buf, (uint16_t *)dst + k0, n);
+        else if (dt == TF_DT_F16) tf_cpu_f32_to_f16(buf, (uint16_t *)dst + k0, n);
+    }
+}
+
 static tf_status cpu_create(tf_session_t *s)
 {
     static const tf_kernel_plan no_plan;
@@ -942,7 +961,7 @@ static tf_status cpu_create(tf_session_t *s)
         if (v->kind == TF_VAL_INPUT) continue;
         tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
         if (!t) st = tf_from_diag(s->ctx, &d);
-        for (int64_t k = 0; t && k < t->numel; k++) tf_elem_store(v->type.dtype, c->ptr[v->id], k, t->data[k]);
+        if (t) store_init(v->type.dtype, c->ptr[v->id], t);
     }
     /* the float64 copy of every param is not kept: a session holds its state once, in storage dtype */
     tf_interp_free(c->ip);
