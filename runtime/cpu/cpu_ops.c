@@ -1,6 +1,7 @@
 /* cpu_ops.c — see cpu_ops.h. */
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -9,7 +10,6 @@
 #ifdef TFUSE_HAVE_OPENBLAS
 #include <cblas.h>
 #include <dlfcn.h>
-#include <stdlib.h>
 void openblas_set_num_threads(int num_threads);   /* OpenBLAS's own extension */
 
 /* cblas_sbgemm (bf16 x bf16 -> f32), looked up at run time: cblas.h declares
@@ -190,6 +190,7 @@ static double bf16d(uint16_t h)
  * accumulate, against a float64 sum: within f32 accumulation error. */
 static bool probe_passes(tf_bf16_gemm_kind kind)
 {
+    (void)kind;
     enum { PM = 37, PN = 45, PK = 83 };
     static uint16_t A[PM * PK], B[PK * PN];
     static float C[PM * PN];

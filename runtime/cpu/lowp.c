@@ -7,6 +7,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TF_LOWP_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define TF_LOWP_X86 0
@@ -175,7 +176,8 @@ static void detect(void)
 #if TF_LOWP_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) best = &impl_avx512;
-    else if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) best = &impl_f16c;
+    unsigned a, b, c, d;   /* F16C: CPUID.1:ECX bit 29 (not every compiler's __builtin_cpu_supports knows it) */
+    if (best == &impl_c && __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C)) best = &impl_f16c;
     has_bf16_dot = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 #endif
