@@ -26,20 +26,33 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-double tf_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index)
+/* The part of a draw that depends on (seed, stream) only: a tensor's draws
+ * share it, so initializers compute it once (the same bits as computing it
+ * per draw). */
+static uint64_t rng_key(uint64_t seed, uint64_t stream)
 {
-    uint64_t h = mix64(mix64(seed + 0x9e3779b97f4a7c15ull) ^ mix64(stream + 0x632be59bd9b4e019ull) ^ index);
+    return mix64(seed + 0x9e3779b97f4a7c15ull) ^ mix64(stream + 0x632be59bd9b4e019ull);
+}
+
+static double rng_uniform_k(uint64_t key, uint64_t index)
+{
+    uint64_t h = mix64(key ^ index);
     h = mix64(h + index * 0x9e3779b97f4a7c15ull);
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
-double tf_rng_normal(uint64_t seed, uint64_t stream, uint64_t index)
+static double rng_normal_k(uint64_t key, uint64_t index)
 {
-    /* Box-Muller on two draws from disjoint index halves. */
-    double u1 = tf_rng_uniform(seed, stream, 2 * index), u2 = tf_rng_uniform(seed, stream, 2 * index + 1);
+    /* Box-Muller on two draws from disjoint index halves; one output of the
+     * pair only (the sine's would be another stream, other values). */
+    double u1 = rng_uniform_k(key, 2 * index), u2 = rng_uniform_k(key, 2 * index + 1);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
+
+double tf_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) { return rng_uniform_k(rng_key(seed, stream), index); }
+
+double tf_rng_normal(uint64_t seed, uint64_t stream, uint64_t index) { return rng_normal_k(rng_key(seed, stream), index); }
 
 uint64_t tf_rng_stream(const char *name)
 {
@@ -175,15 +188,14 @@ static void run_init(const tf_interp_ctx *ip, const tf_value *v, tf_tensor *t)
     case TF_INIT_XAVIER_UNIFORM: b = tf_call_float(tf_init_fns, c, "gain") * sqrt(6.0 / (fi + fo)); a = -b; break;
     default: break;
     }
-    for (int64_t i = 0; i < t->numel; i++) {
-        double x;
-        switch (c->fn) {
-        case TF_INIT_ZEROS: x = 0; break;
-        case TF_INIT_ONES: case TF_INIT_CONST: x = a; break;
-        case TF_INIT_NORMAL: x = a + b * tf_rng_normal(ip->seed, stream, (uint64_t)i); break;
-        default: x = a + (b - a) * tf_rng_uniform(ip->seed, stream, (uint64_t)i); break;
-        }
-        t->data[i] = tf_dtype_round(t->dtype, x);
+    uint64_t key = rng_key(ip->seed, stream);
+    if (c->fn == TF_INIT_ZEROS || c->fn == TF_INIT_ONES || c->fn == TF_INIT_CONST) {   /* one value, rounded once */
+        double x = tf_dtype_round(t->dtype, c->fn == TF_INIT_ZEROS ? 0.0 : a);
+        for (int64_t i = 0; i < t->numel; i++) t->data[i] = x;
+    } else if (c->fn == TF_INIT_NORMAL) {
+        for (int64_t i = 0; i < t->numel; i++) t->data[i] = tf_dtype_round(t->dtype, a + b * rng_normal_k(key, (uint64_t)i));
+    } else {
+        for (int64_t i = 0; i < t->numel; i++) t->data[i] = tf_dtype_round(t->dtype, a + (b - a) * rng_uniform_k(key, (uint64_t)i));
     }
 }
 

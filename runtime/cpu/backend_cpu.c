@@ -52,6 +52,7 @@
 #include "conv_dnnl.h"
 #include "cpu_ops.h"
 #include "interp.h"
+#include "lowp.h"
 #include "kernel.h"
 #include "pool.h"
 #include "runtime.h"
@@ -290,10 +291,10 @@ static void jit_put(tf_cache_t *c, int slot)
 /* ---- session state ------------------------------------------------------- */
 
 typedef enum how {
-    RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_POOL, RUN_POOL_GRAD, RUN_GATHER, RUN_SCATTER,
+    RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_MATMUL_BF16, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_POOL, RUN_POOL_GRAD, RUN_GATHER, RUN_SCATTER,
     RUN_CONCAT, RUN_SLICE_GRAD, RUN_FALLBACK, RUN_NOTHING
 } how;
-static const char *how_names[] = {"jit", "view", "gemm", "conv", "conv_grad_input", "conv_grad_weight", "pool", "pool_grad",
+static const char *how_names[] = {"jit", "view", "gemm", "gemm_bf16", "conv", "conv_grad_input", "conv_grad_weight", "pool", "pool_grad",
                                   "gather", "scatter_add", "concat", "slice_grad", "fallback", "-"};
 
 typedef struct ckernel {
@@ -326,6 +327,10 @@ typedef struct cpu {
     uint64_t rt[2];        /* seed, step: what dropout draws from */
     float *scratch;        /* grows to the largest kernel's need */
     size_t nscratch;
+    float **wide;          /* per value id: the f32 copy of an f16/bf16 value that several GEMMs read, or NULL */
+    uint64_t *wide_gen;    /* the run whose values the copy holds */
+    uint64_t gen;          /* runs started: copies from an earlier one are stale */
+    size_t wide_bytes;     /* what the copies take */
     bool profile;
     int jit_compiled, jit_cached, jit_disk;
     double jit_ms;
@@ -338,6 +343,8 @@ static double now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
 }
+
+static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
 
 static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype); }
 
@@ -450,6 +457,54 @@ static how library_how(const tf_node *n)
 }
 
 static void conv_choose(tf_session_t *s, cpu *c, ckernel *ck);
+/* bf16 x bf16 matmuls go to tf_cpu_gemm_bf16 where this machine has one;
+ * the f16/bf16 operands still widened that two or more GEMMs of a run read
+ * get a float32 copy of their own (gemm_operand), made once per run, up to
+ * $TFUSE_CPU_WIDE_CACHE_MB MiB in all (default 256; 0: none), in the
+ * order the plan first reads them. */
+static tf_status plan_gemm_operands(tf_session_t *s, cpu *c)
+{
+    const tf_module *m = s->p->m;
+    int V = m->next_id > 0 ? m->next_id : 1;
+    bool bf16_gemm = tf_cpu_bf16_gemm_kind() != TF_BF16_GEMM_NONE;
+    unsigned char *uses = tf_calloc((size_t)V, 1);
+    if (!uses) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    bool any = false;
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        ckernel *ck = &c->ks[i];
+        if (ck->how != RUN_MATMUL) continue;
+        const tf_node *n = ck->k->lib;
+        if (bf16_gemm && n->in[0]->type.dtype == TF_DT_BF16 && n->in[1]->type.dtype == TF_DT_BF16) {
+            ck->how = RUN_MATMUL_BF16;
+            continue;
+        }
+        for (int q = 0; q < 2; q++) {
+            const tf_value *r = root_of(n->in[q]);
+            if (is_float16(n->in[q]->type.dtype) && r->kind != TF_VAL_CONST && uses[r->id] < 2) any |= ++uses[r->id] == 2;
+        }
+    }
+    const char *e = getenv("TFUSE_CPU_WIDE_CACHE_MB");
+    double budget = (e && *e ? atof(e) : 256.0) * 1048576.0;
+    tf_status st = TF_OK;
+    if (any && budget > 0) {
+        c->wide = tf_calloc((size_t)V, sizeof *c->wide);
+        c->wide_gen = tf_calloc((size_t)V, sizeof *c->wide_gen);
+        if (!c->wide || !c->wide_gen) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        for (int i = 0; !st && i < c->plan->nkernels; i++) {
+            if (c->ks[i].how != RUN_MATMUL) continue;
+            for (int q = 0; !st && q < 2; q++) {
+                const tf_value *v = c->ks[i].k->lib->in[q], *r = root_of(v);
+                if (!is_float16(v->type.dtype) || r->kind == TF_VAL_CONST || uses[r->id] < 2 || c->wide[r->id]) continue;
+                size_t bytes = (size_t)numel(v) * sizeof(float);
+                if ((double)(c->wide_bytes + bytes) > budget) continue;
+                if (!(c->wide[r->id] = own(c, bytes))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+                c->wide_bytes += bytes;
+            }
+        }
+    }
+    tf_free(uses);
+    return st;
+}
 
 static tf_status prepare(tf_session_t *s, cpu *c)
 {
@@ -495,7 +550,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     c->jit_ms = (now_ns() - t0) / 1e6;
     for (int i = 0; i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_CONV || c->ks[i].how == RUN_CONV_GI || c->ks[i].how == RUN_CONV_GW) conv_choose(s, c, &c->ks[i]);
-    return TF_OK;
+    return plan_gemm_operands(s, c);
 }
 
 /* ---- running ------------------------------------------------------------- */
@@ -515,22 +570,55 @@ static void run_fn(cpu *c, ckernel *ck)
     else tf_pool_run(c->pool, ck->extent, jit_piece, &j);
 }
 
+/* f16/bf16 <-> f32 over n elements, split over the pool when long enough
+ * to be worth it (lowp.c's vector code; every element converted alone, so
+ * the split changes nothing). */
+typedef struct conv_job { tf_dt t; bool widen; const void *src; void *dst; } conv_job;
+enum { CONV_CHUNK = 1 << 15 };
+
+static void convert_range(const conv_job *j, int64_t i0, int64_t n)
+{
+    if (j->widen) {
+        const uint16_t *h = (const uint16_t *)j->src + i0;
+        float *f = (float *)j->dst + i0;
+        if (j->t == TF_DT_BF16) tf_cpu_bf16_to_f32(h, f, n);
+        else tf_cpu_f16_to_f32(h, f, n);
+    } else {
+        const float *f = (const float *)j->src + i0;
+        uint16_t *h = (uint16_t *)j->dst + i0;
+        if (j->t == TF_DT_BF16) tf_cpu_f32_to_bf16(f, h, n);
+        else tf_cpu_f32_to_f16(f, h, n);
+    }
+}
+
+typedef struct conv_chunks_job { const conv_job *j; int64_t n; } conv_chunks_job;
+
+/* chunks [lo, hi) of CONV_CHUNK elements (the last one short) */
+static void conv_chunks(void *arg, int64_t lo, int64_t hi)
+{
+    const conv_chunks_job *cj = arg;
+    int64_t i0 = lo * CONV_CHUNK, i1 = hi * CONV_CHUNK < cj->n ? hi * CONV_CHUNK : cj->n;
+    if (i1 > i0) convert_range(cj->j, i0, i1 - i0);
+}
+
+static void convert(cpu *c, tf_dt t, bool widen, const void *src, void *dst, int64_t n)
+{
+    conv_job j = {t, widen, src, dst};
+    if (n < 2 * CONV_CHUNK || tf_pool_threads(c->pool) < 2) {
+        convert_range(&j, 0, n);
+        return;
+    }
+    conv_chunks_job cj = {&j, n};
+    tf_pool_run(c->pool, (n + CONV_CHUNK - 1) / CONV_CHUNK, conv_chunks, &cj);
+}
+
 /* A float32 view of a value: its storage, or a widened copy in dst. */
 static const float *as_f32(cpu *c, const tf_value *v, float *dst)
 {
     void *p = storage(c, v);
     tf_dt t = v->type.dtype;
     if (t == TF_DT_F32) return p;
-    int64_t n = tf_type_numel(&v->type);
-    const uint16_t *h = p;
-    if (t == TF_DT_BF16) {
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t w = (uint32_t)h[i] << 16;
-            memcpy(&dst[i], &w, 4);
-        }
-    } else {
-        for (int64_t i = 0; i < n; i++) dst[i] = (float)tf_elem_load(t, p, i);
-    }
+    convert(c, t, true, p, dst, tf_type_numel(&v->type));
     return dst;
 }
 
@@ -542,21 +630,36 @@ static void from_f32(cpu *c, const tf_value *v, const float *src)
         if (p != src) memcpy(p, src, value_bytes(v));
         return;
     }
-    int64_t n = tf_type_numel(&v->type);
-    for (int64_t i = 0; i < n; i++) tf_elem_store(v->type.dtype, p, i, src[i]);
+    convert(c, v->type.dtype, false, src, p, tf_type_numel(&v->type));
 }
 
-static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
+/* A GEMM operand as float32: as_f32, except that an f16/bf16 value several
+ * GEMMs read is widened once per run into its own copy, which the later
+ * GEMMs reuse (a weight read by the forward GEMM and the input-gradient
+ * GEMM, an activation read by the next layer's GEMM and a weight-gradient
+ * GEMM). A value is written once per run, so a copy made this run is current. */
+static const float *gemm_operand(cpu *c, const tf_value *v, float *dst)
+{
+    const tf_value *r = root_of(v);
+    float *w = r->kind != TF_VAL_CONST && c->wide ? c->wide[r->id] : NULL;
+    if (!w) return as_f32(c, v, dst);
+    if (c->wide_gen[r->id] != c->gen) {
+        convert(c, v->type.dtype, true, storage(c, v), w, tf_type_numel(&v->type));
+        c->wide_gen[r->id] = c->gen;
+    }
+    return w;
+}
+
 
 /* Batched matmul: batch indices [lo, hi), each GEMM on the pool (pool set)
  * or on the calling thread (pool NULL: the batches are what is split). */
 typedef struct batch_job {
     tf_pool *pool;
-    bool ta, tb;
+    bool ta, tb, bf16;   /* bf16: A and B are bf16 bits, through tf_cpu_gemm_bf16 */
     int64_t M, N, K;
     int r;
     int64_t sa[TF_MAX_RANK], sb[TF_MAX_RANK], dims[TF_MAX_RANK];
-    const float *A, *B;
+    const void *A, *B;
     float *C;
 } batch_job;
 
@@ -570,33 +673,44 @@ static void batch_piece(void *arg, int64_t lo, int64_t hi)
             rest /= j->dims[i];
             oa += ix * j->sa[i], ob += ix * j->sb[i];
         }
-        tf_cpu_gemm(j->pool, j->ta, j->tb, j->M, j->N, j->K, j->A + oa, j->ta ? j->M : j->K, j->B + ob, j->tb ? j->K : j->N,
-                    j->C + bi * j->M * j->N, j->N, false);
+        if (j->bf16)
+            tf_cpu_gemm_bf16(j->pool, j->ta, j->tb, j->M, j->N, j->K, (const uint16_t *)j->A + oa, j->ta ? j->M : j->K,
+                             (const uint16_t *)j->B + ob, j->tb ? j->K : j->N, j->C + bi * j->M * j->N, j->N, false);
+        else
+            tf_cpu_gemm(j->pool, j->ta, j->tb, j->M, j->N, j->K, (const float *)j->A + oa, j->ta ? j->M : j->K,
+                        (const float *)j->B + ob, j->tb ? j->K : j->N, j->C + bi * j->M * j->N, j->N, false);
     }
 }
 
-static void run_matmul(cpu *c, const tf_node *n)
+/* bf16: both operands bf16, multiplied as they are stored (RUN_MATMUL_BF16). */
+static void run_matmul(cpu *c, const tf_node *n, bool bf16)
 {
     const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
     bool ta = tf_node_bool(n, "transpose_a"), tb = tf_node_bool(n, "transpose_b");
     int ra = av->type.rank - 2, rb = bv->type.rank - 2, r = ov->type.rank - 2;
     int64_t M = ov->type.dims[r].n, N = ov->type.dims[r + 1].n, K = av->type.dims[ta ? ra : ra + 1].n;
-    size_t need = (size_t)((av->type.dtype != TF_DT_F32 ? numel(av) : 0) + (bv->type.dtype != TF_DT_F32 ? numel(bv) : 0) +
-                           (ov->type.dtype != TF_DT_F32 ? numel(ov) : 0));
+    bool wa = !bf16 && av->type.dtype != TF_DT_F32, wb = !bf16 && bv->type.dtype != TF_DT_F32;   /* widened here */
+    size_t need = (size_t)((wa ? numel(av) : 0) + (wb ? numel(bv) : 0) + (ov->type.dtype != TF_DT_F32 ? numel(ov) : 0));
     float *sc = scratch(c, need ? need : 1), *at = sc;
-    const float *A = as_f32(c, av, at);
-    if (A == at) at += numel(av);
-    const float *B = as_f32(c, bv, at);
-    if (B == at) at += numel(bv);
+    const void *A = storage(c, av), *B = storage(c, bv);
+    if (wa) {
+        A = gemm_operand(c, av, at);
+        if (A == at) at += numel(av);
+    }
+    if (wb) {
+        B = gemm_operand(c, bv, at);
+        if (B == at) at += numel(bv);
+    }
     float *C = ov->type.dtype == TF_DT_F32 ? storage(c, ov) : at;
     int64_t nb = 1;
     for (int i = 0; i < r; i++) nb *= ov->type.dims[i].n;
     bool a_full = ra == r;   /* a has every batch axis, unbroadcast */
     for (int i = 0; a_full && i < r; i++) a_full = av->type.dims[i].n == ov->type.dims[i].n;
     if (rb == 0 && !ta && a_full) {   /* [.., M, K] x [K, N]: one GEMM of nb*M rows */
-        tf_cpu_gemm(c->pool, false, tb, nb * M, N, K, A, K, B, tb ? K : N, C, N, false);
+        if (bf16) tf_cpu_gemm_bf16(c->pool, false, tb, nb * M, N, K, A, K, B, tb ? K : N, C, N, false);
+        else tf_cpu_gemm(c->pool, false, tb, nb * M, N, K, A, K, B, tb ? K : N, C, N, false);
     } else {
-        batch_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .r = r, .A = A, .B = B, .C = C};
+        batch_job j = {.ta = ta, .tb = tb, .bf16 = bf16, .M = M, .N = N, .K = K, .r = r, .A = A, .B = B, .C = C};
         int64_t s = M * K;
         for (int i = ra - 1, k = r - 1; i >= 0; i--, k--) {
             j.sa[k] = av->type.dims[i].n == 1 ? 0 : s;
@@ -954,7 +1068,7 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
         return TF_OK;
     }
     case RUN_FALLBACK: return run_fallback(s, c, k);
-    case RUN_MATMUL: run_matmul(c, k->lib); break;
+    case RUN_MATMUL: case RUN_MATMUL_BF16: run_matmul(c, k->lib, ck->how == RUN_MATMUL_BF16); break;
     case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW:
         run_conv(c, ck);
         if (ck->epi_in_conv) return TF_OK;   /* the primitive wrote the epilogue's result */
@@ -982,6 +1096,7 @@ static tf_status cpu_run(tf_session_t *s)
         memcpy(c->ptr[v->id], s->bound[i], value_bytes(v));
     }
     if (c->nscratch == 0 && !scratch(c, 1)) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    c->gen++;
     for (int i = 0; i < c->plan->nkernels; i++) {
         ckernel *ck = &c->ks[i];
         double t0 = c->profile ? now_ns() : 0;
@@ -1041,6 +1156,8 @@ static void cpu_free(tf_session_t *s)
     tf_free_aligned(c->arena);
     tf_free(c->ptr);
     tf_free_aligned(c->scratch);
+    tf_free(c->wide);
+    tf_free(c->wide_gen);
     tf_pool_free(c->pool);
     tf_interp_free(c->ip);
     tf_free(c);
@@ -1065,6 +1182,25 @@ static void explain_convs(const cpu *c)
         fprintf(stderr, "cpu: kernel %s: %s through %s%s%s%s\n", ck->k->name, op, how,
                 ck->epi_in_conv ? "; the region's epilogue is in the primitive (no epilogue kernel)" : "",
                 ck->conv_why[0] ? "; " : "", ck->conv_why);
+    }
+}
+
+/* An initializer's values (already rounded to dt by the interpreter) into
+ * storage: f32 and f16/bf16 through float, exact for such values, the rest
+ * through tf_elem_store. */
+static void store_init(tf_dt dt, void *dst, const tf_tensor *t)
+{
+    if (dt != TF_DT_F32 && !is_float16(dt)) {
+        for (int64_t k = 0; k < t->numel; k++) tf_elem_store(dt, dst, k, t->data[k]);
+        return;
+    }
+    float buf[1024];
+    for (int64_t k0 = 0; k0 < t->numel; k0 += 1024) {
+        int64_t n = t->numel - k0 < 1024 ? t->numel - k0 : 1024;
+        float *f = dt == TF_DT_F32 ? (float *)dst + k0 : buf;
+        for (int64_t k = 0; k < n; k++) f[k] = (float)t->data[k0 + k];
+        if (dt == TF_DT_BF16) tf_cpu_f32_to_bf16(buf, (uint16_t *)dst + k0, n);
+        else if (dt == TF_DT_F16) tf_cpu_f32_to_f16(buf, (uint16_t *)dst + k0, n);
     }
 }
 
@@ -1096,7 +1232,7 @@ static tf_status cpu_create(tf_session_t *s)
         if (v->kind == TF_VAL_INPUT) continue;
         tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
         if (!t) st = tf_from_diag(s->ctx, &d);
-        for (int64_t k = 0; t && k < t->numel; k++) tf_elem_store(v->type.dtype, c->ptr[v->id], k, t->data[k]);
+        if (t) store_init(v->type.dtype, c->ptr[v->id], t);
     }
     /* the float64 copy of every param is not kept: a session holds its state once, in storage dtype */
     tf_interp_free(c->ip);

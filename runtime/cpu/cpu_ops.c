@@ -1,14 +1,24 @@
 /* cpu_ops.c — see cpu_ops.h. */
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cpu_ops.h"
+#include "lowp.h"
 
 #ifdef TFUSE_HAVE_OPENBLAS
 #include <cblas.h>
+#include <dlfcn.h>
 void openblas_set_num_threads(int num_threads);   /* OpenBLAS's own extension */
+
+/* cblas_sbgemm (bf16 x bf16 -> f32), looked up at run time: cblas.h declares
+ * it in every OpenBLAS, but only a library built with BUILD_BFLOAT16
+ * exports it (Debian 12's 0.3.21 does not). */
+typedef void (*sbgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
+                          const uint16_t *, blasint, const uint16_t *, blasint, float, float *, blasint);
+static sbgemm_fn sbgemm;
 #endif
 
 #ifdef TFUSE_HAVE_OPENBLAS
@@ -57,6 +67,23 @@ static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64
 #endif
 }
 
+/* The same with bf16 operands, through the routine tf_cpu_bf16_gemm_kind names. */
+static void gemm_rows_bf16(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
+                           const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    const uint16_t *a = ta ? A + r0 : A + r0 * lda;
+    float *c = C + r0 * ldc;
+    int64_t M = r1 - r0;
+#ifdef TFUSE_HAVE_OPENBLAS
+    if (tf_cpu_bf16_gemm_kind() == TF_BF16_GEMM_SBGEMM) {
+        sbgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
+               (blasint)K, 1.0f, a, (blasint)lda, B, (blasint)ldb, accumulate ? 1.0f : 0.0f, c, (blasint)ldc);
+        return;
+    }
+#endif
+    tf_cpu_bf16_gemm_kernel(ta, tb, M, N, K, a, lda, B, ldb, c, ldc, accumulate);
+}
+
 /* A GEMM's pieces depend on its shape and the machine, never on the
  * number of threads a session runs: BLAS kernels may add up a dot product
  * in another order for another block shape (OpenBLAS has separate
@@ -88,51 +115,164 @@ static int64_t gemm_pieces(void)
 }
 
 typedef struct gemm_job {
-    bool ta, tb, accumulate, by_cols;
+    bool ta, tb, accumulate, by_cols, bf16;
     int64_t M, N, K, lda, ldb, ldc;
     int64_t block, pieces;   /* rows or columns per piece; how many */
-    const float *A, *B;
+    const void *A, *B;       /* float, or uint16_t bf16 bits when bf16 */
     float *C;
 } gemm_job;
+
+static void job_rows(const gemm_job *j, int64_t r0, int64_t r1, int64_t N, const void *B, float *C)
+{
+    if (j->bf16) gemm_rows_bf16(j->ta, j->tb, r0, r1, N, j->K, j->A, j->lda, B, j->ldb, C, j->ldc, j->accumulate);
+    else gemm_rows(j->ta, j->tb, r0, r1, N, j->K, j->A, j->lda, B, j->ldb, C, j->ldc, j->accumulate);
+}
 
 /* Pieces [lo, hi): each one GEMM over its block of rows or columns of C. */
 static void gemm_piece(void *arg, int64_t lo, int64_t hi)
 {
     const gemm_job *j = arg;
+    size_t es = j->bf16 ? 2 : 4;
     for (int64_t p = lo; p < hi; p++) {
         int64_t side = j->by_cols ? j->N : j->M, c0 = p * j->block, c1 = c0 + j->block < side ? c0 + j->block : side;
         if (c0 >= c1) continue;
         if (!j->by_cols) {
-            gemm_rows(j->ta, j->tb, c0, c1, j->N, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, j->accumulate);
+            job_rows(j, c0, c1, j->N, j->B, j->C);
             continue;
         }
-        const float *b = j->tb ? j->B + c0 * j->ldb : j->B + c0;
-        gemm_rows(j->ta, j->tb, 0, j->M, c1 - c0, j->K, j->A, j->lda, b, j->ldb, j->C + c0, j->ldc, j->accumulate);
+        const char *b = (const char *)j->B + (size_t)(j->tb ? c0 * j->ldb : c0) * es;
+        job_rows(j, 0, j->M, c1 - c0, b, j->C + c0);
     }
 }
 
-void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                 const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+static void gemm_run(tf_pool *pool, gemm_job *j)
 {
+    int64_t M = j->M, N = j->N, K = j->K;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
-        if (!accumulate)
-            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        if (!j->accumulate)
+            for (int64_t i = 0; i < M; i++) memset(j->C + i * j->ldc, 0, (size_t)N * sizeof *j->C);
         return;
     }
-    gemm_job j = {ta, tb, accumulate, N > M, M, N, K, lda, ldb, ldc, 0, 1, A, B, C};
-    int64_t side = j.by_cols ? N : M;
-    j.block = side;
+    j->by_cols = N > M;
+    int64_t side = j->by_cols ? N : M;
+    j->block = side;
+    j->pieces = 1;
     if (M * N * K >= 32768 && !(M < 32 && N < 64)) {
         /* split the longer side: each piece keeps a good shape (BLAS kernels
          * lose efficiency on thin blocks) */
         int64_t np = gemm_pieces(), block = (side + np - 1) / np;
         if (block < GEMM_MIN_BLOCK) block = GEMM_MIN_BLOCK;
-        if (j.by_cols) block = (block + 15) / 16 * 16;
-        j.block = block;
-        j.pieces = (side + block - 1) / block;
+        if (j->by_cols) block = (block + 15) / 16 * 16;
+        j->block = block;
+        j->pieces = (side + block - 1) / block;
     }
-    tf_pool_run(pool, j.pieces, gemm_piece, &j);
+    tf_pool_run(pool, j->pieces, gemm_piece, j);
+}
+
+void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    gemm_job j = {.ta = ta, .tb = tb, .accumulate = accumulate, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+                  .A = A, .B = B, .C = C};
+    gemm_run(pool, &j);
+}
+
+void tf_cpu_gemm_bf16(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
+                      const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    gemm_job j = {.ta = ta, .tb = tb, .accumulate = accumulate, .bf16 = true, .M = M, .N = N, .K = K, .lda = lda,
+                  .ldb = ldb, .ldc = ldc, .A = A, .B = B, .C = C};
+    gemm_run(pool, &j);
+}
+
+/* ---- which bf16 GEMM: TFUSE_CPU_BF16_GEMM=sbgemm|avx512|off, else the best
+ * that is here and passes the probe ---------------------------------------- */
+
+static uint16_t probe_bf16(uint32_t *st)
+{
+    *st = *st * 1664525u + 1013904223u;
+    uint32_t x = *st >> 9;   /* 23 bits */
+    float f = ((float)(x & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);   /* truncation: any bf16 will do */
+}
+
+static double bf16d(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One routine on odd shapes, both transposes, with and without
+ * accumulate, against a float64 sum: within f32 accumulation error. */
+static bool probe_passes(tf_bf16_gemm_kind kind)
+{
+    (void)kind;
+    enum { PM = 37, PN = 45, PK = 83 };
+    static uint16_t A[PM * PK], B[PK * PN];
+    static float C[PM * PN];
+    uint32_t st = 12345;
+    for (int i = 0; i < PM * PK; i++) A[i] = probe_bf16(&st);
+    for (int i = 0; i < PK * PN; i++) B[i] = probe_bf16(&st);
+    for (int v = 0; v < 8; v++) {
+        bool ta = v & 1, tb = v & 2, acc = v & 4;
+        for (int i = 0; i < PM * PN; i++) C[i] = acc ? (float)(i % 7) : 1e30f;
+#ifdef TFUSE_HAVE_OPENBLAS
+        if (kind == TF_BF16_GEMM_SBGEMM)
+            sbgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, PM, PN, PK, 1.0f, A,
+                   ta ? PM : PK, B, tb ? PK : PN, acc ? 1.0f : 0.0f, C, PN);
+        else
+#endif
+            tf_cpu_bf16_gemm_kernel(ta, tb, PM, PN, PK, A, ta ? PM : PK, B, tb ? PK : PN, C, PN, acc);
+        for (int i = 0; i < PM; i++)
+            for (int j = 0; j < PN; j++) {
+                double s = acc ? (double)((i * PN + j) % 7) : 0, mag = fabs(s);
+                for (int k = 0; k < PK; k++) {
+                    double p = bf16d(A[ta ? k * PM + i : i * PK + k]) * bf16d(B[tb ? j * PK + k : k * PN + j]);
+                    s += p, mag += fabs(p);
+                }
+                if (!(fabs(C[i * PN + j] - s) <= mag * (PK + 2) * 0x1p-24)) return false;
+            }
+    }
+    return true;
+}
+
+static tf_bf16_gemm_kind bf16_kind = TF_BF16_GEMM_NONE;
+
+static void bf16_pick(void)
+{
+    const char *e = getenv("TFUSE_CPU_BF16_GEMM");
+    bool want_sb = !e || !*e || !strcmp(e, "sbgemm"), want_avx = !e || !*e || !strcmp(e, "avx512");
+#ifdef TFUSE_HAVE_OPENBLAS
+    sbgemm = (sbgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+    if (want_sb && sbgemm && probe_passes(TF_BF16_GEMM_SBGEMM)) {
+        bf16_kind = TF_BF16_GEMM_SBGEMM;
+        return;
+    }
+#else
+    (void)want_sb;
+#endif
+    if (want_avx && tf_cpu_has_avx512_bf16() && probe_passes(TF_BF16_GEMM_AVX512)) bf16_kind = TF_BF16_GEMM_AVX512;
+}
+
+tf_bf16_gemm_kind tf_cpu_bf16_gemm_kind(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, bf16_pick);
+    return bf16_kind;
+}
+
+const char *tf_cpu_bf16_gemm_name(void)
+{
+    switch (tf_cpu_bf16_gemm_kind()) {
+    case TF_BF16_GEMM_SBGEMM: return "OpenBLAS cblas_sbgemm";
+    case TF_BF16_GEMM_AVX512: return "AVX512-BF16 kernel";
+    default: return "none (bf16 widened to f32, sgemm)";
+    }
 }
 
 /* ---- convolution ---------------------------------------------------------- */

@@ -39,6 +39,24 @@ const char *tf_cpu_blas_name(void);
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
+/* The same with bf16 operands (their storage bits) and an f32 C, where
+ * tf_cpu_bf16_gemm_kind() is not NONE: products of bf16 values are exact in
+ * f32, so it sums the numbers an sgemm on the widened operands sums; split
+ * into the same pieces, fixed by the shape. */
+typedef enum tf_bf16_gemm_kind {
+    TF_BF16_GEMM_NONE,     /* callers widen to f32 and call tf_cpu_gemm */
+    TF_BF16_GEMM_AVX512,   /* lowp.c's vdpbf16ps kernel (the CPU has AVX512-BF16) */
+    TF_BF16_GEMM_SBGEMM    /* OpenBLAS's cblas_sbgemm, where the library exports it */
+} tf_bf16_gemm_kind;
+/* Picked once per process: $TFUSE_CPU_BF16_GEMM=sbgemm|avx512|off, else
+ * sbgemm where exported, else the AVX512-BF16 kernel where the CPU has it;
+ * a routine is used only after it computes a probe GEMM (odd sizes, every
+ * transpose, accumulate) within f32 rounding of a float64 sum. */
+tf_bf16_gemm_kind tf_cpu_bf16_gemm_kind(void);
+const char *tf_cpu_bf16_gemm_name(void);
+void tf_cpu_gemm_bf16(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
+                      const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
+
 typedef struct tf_conv_geom {
     int64_t N, C, H, W, O, Cg, KH, KW, Ho, Wo, Og, G;
     int64_t s[2], p[2], dl[2];

@@ -63,7 +63,7 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.array([[0, 1, 2], [3, 9, 1]], dtype=np.int64)); np.save(sys.argv[2], np.ones((6, 4), dtype=np.float32))" "$tmp/yl.npy" "$tmp/ll.npy"
   expect 1 "lab.ir:4:8: error: one_hot: label 9 at position 4 is out of range \[0, 4\)" -- "$tfuse" run "$tmp/lab.ir" --input y="$tmp/yl.npy" --input l="$tmp/ll.npy" --target=cpu
   expect 0 "^kernels_fallback: [0-9]+" -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
-  expect 0 "^k[0-9]+_matmul +gemm " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
+  expect 0 "^k[0-9]+_matmul +gemm(_bf16)? " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2
   expect 0 "^compile_ms: [0-9.]+" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
   expect 0 "^threads: 1$" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
