@@ -641,6 +641,17 @@ static tf_dt acc_dtype(const tf_kernel *k, const tf_kreduce *r)
     return TF_DT_F32;
 }
 
+/* The last block's fold of outer index o's S partials, in order, into tf_a. */
+static void fold_partials(sb *s, int depth, const char *vt, int64_t S, bool mx)
+{
+    line(s, depth, "const volatile %s *tf_v = tf_parts + o * %lld;", vt, (long long)S);
+    line(s, depth, "tf_a = tf_v[0];");
+    line(s, depth, "for (int q = 1; q < %lld; q++) {", (long long)S);
+    if (mx) line(s, depth + 1, "tf_a = tf_max(tf_a, (%s)tf_v[q]);", vt);
+    else line(s, depth + 1, "tf_a += tf_v[q];");
+    line(s, depth, "}");
+}
+
 static void emit_reduction(em *e, geom *g)
 {
     const tf_kernel *k = e->k;
@@ -816,12 +827,7 @@ static void emit_reduction(em *e, geom *g)
             line(s, 3, "__syncthreads();");
             line(s, 3, "if (!tf_last) continue;");
             line(s, 3, "if (tf_m == 0%s) {", live ? " && tf_live" : "");
-            line(s, 4, "const volatile %s *tf_v = tf_parts + o * %lld;", vt, (long long)S);
-            line(s, 4, "tf_a = tf_v[0];");
-            line(s, 4, "for (int q = 1; q < %lld; q++) {", (long long)S);
-            if (mx) line(s, 5, "tf_a = tf_max(tf_a, (%s)tf_v[q]);", vt);
-            else line(s, 5, "tf_a += tf_v[q];");
-            line(s, 4, "}");
+            fold_partials(s, 4, vt, S, mx);
             line(s, 3, "}");
             line(s, 3, "if (threadIdx.x == 0) tf_cnt[tf_tile] = 0u;   // ready for the next launch (and a graph's replay)");
         } else if (S > 1) {   /* this block's partial; the last block of the outer index folds them all, in order */
@@ -836,12 +842,7 @@ static void emit_reduction(em *e, geom *g)
             line(s, 3, "__syncthreads();");
             line(s, 3, "if (!tf_last) continue;");
             line(s, 3, "if (tf_m == 0) {");
-            line(s, 4, "const volatile %s *tf_v = tf_parts + o * %lld;", vt, (long long)S);
-            line(s, 4, "tf_a = tf_v[0];");
-            line(s, 4, "for (int q = 1; q < %lld; q++) {", (long long)S);
-            if (mx) line(s, 5, "tf_a = tf_max(tf_a, (%s)tf_v[q]);", vt);
-            else line(s, 5, "tf_a += tf_v[q];");
-            line(s, 4, "}");
+            fold_partials(s, 4, vt, S, mx);
             line(s, 4, "tf_cnt[o] = 0u;   // ready for the next launch (and a graph's replay)");
             line(s, 3, "}");
         }

@@ -1093,6 +1093,26 @@ tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *c, tf_diag *d)
     return e ? llvm_error(d, e, "llvm: cannot free a kernel's code") : TF_IR_OK;
 }
 
+/* c's function, just added to the JIT: its address into *fn (the JIT
+ * compiles or links it now), c into *code; on failure c is released and
+ * the message starts with what. */
+static tf_ir_status look_up(tf_jit *j, tf_jit_code *c, const char *what, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d)
+{
+    LLVMOrcExecutorAddress addr = 0;
+    LLVMErrorRef e = LLVMOrcLLJITLookup(j->jit, &addr, c->name);
+    if (e) {
+        tf_ir_status st = llvm_error(d, e, what);
+        tf_jit_release(j, c, d);
+        return st;
+    }
+    union { LLVMOrcExecutorAddress a; tf_kernel_fn f; } u;
+    memset(&u, 0, sizeof u);
+    u.a = addr;
+    *fn = u.f;
+    *code = c;
+    return TF_IR_OK;
+}
+
 tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d)
 {
     *fn = NULL;
@@ -1132,19 +1152,7 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
         tf_free(c);
         return llvm_error(d, e, "llvm: cannot add the kernel's module");
     }
-    LLVMOrcExecutorAddress addr = 0;
-    e = LLVMOrcLLJITLookup(j->jit, &addr, c->name);
-    if (e) {
-        tf_ir_status st = llvm_error(d, e, "llvm: cannot compile the kernel");
-        tf_jit_release(j, c, d);
-        return st;
-    }
-    union { LLVMOrcExecutorAddress a; tf_kernel_fn f; } u;
-    memset(&u, 0, sizeof u);
-    u.a = addr;
-    *fn = u.f;
-    *code = c;
-    return TF_IR_OK;
+    return look_up(j, c, "llvm: cannot compile the kernel", fn, code, d);
 }
 
 char *tf_jit_target_id(tf_jit *j)
@@ -1180,19 +1188,7 @@ static tf_ir_status add_object(tf_jit *j, const char *sym, LLVMMemoryBufferRef b
         tf_free(c);
         return llvm_error(d, e, "llvm: cannot add the kernel's object code");
     }
-    LLVMOrcExecutorAddress addr = 0;
-    e = LLVMOrcLLJITLookup(j->jit, &addr, c->name);
-    if (e) {
-        tf_ir_status st = llvm_error(d, e, "llvm: cannot link the kernel's object code");
-        tf_jit_release(j, c, d);
-        return st;
-    }
-    union { LLVMOrcExecutorAddress a; tf_kernel_fn f; } u;
-    memset(&u, 0, sizeof u);
-    u.a = addr;
-    *fn = u.f;
-    *code = c;
-    return TF_IR_OK;
+    return look_up(j, c, "llvm: cannot link the kernel's object code", fn, code, d);
 }
 
 tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
