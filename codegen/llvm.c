@@ -237,7 +237,9 @@ static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
     if (t == TF_DT_BF16) {   /* exact in f32: its upper half */
         LLVMTypeRef i32 = LLVMInt32TypeInContext(g->cx);
         LLVMValueRef w = LLVMBuildBitCast(B, LLVMBuildFPTrunc(B, v, LLVMFloatTypeInContext(g->cx), ""), i32, "");
-        return LLVMBuildTrunc(B, LLVMBuildLShr(B, w, LLVMConstInt(i32, 16, 0), ""), i16, "");
+        LLVMValueRef h = LLVMBuildTrunc(B, LLVMBuildLShr(B, w, LLVMConstInt(i32, 16, 0), ""), i16, "");
+        /* a NaN stores as core.c stores it: 0x7fc0, whatever its sign and payload */
+        return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), LLVMConstInt(i16, 0x7FC0, 0), h, "");
     }
     LLVMValueRef bits = f_to_bits(g, v);
     LLVMValueRef sign = LLVMBuildAnd(B, LLVMBuildLShr(B, bits, ci(g, 48), ""), ci(g, 0x8000), "");
@@ -250,8 +252,10 @@ static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
     LLVMValueRef h = LLVMBuildOr(B, LLVMBuildShl(B, e, ci(g, 10), ""), m, "");
     h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, 0x1p-14), ""), sub, h, "");
     h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOEQ, a, cf(g, INFINITY), ""), ci(g, 0x7C00), h, "");
+    h = LLVMBuildOr(B, h, sign, "");
+    /* a NaN stores as core.c stores it: 0x7e00, whatever its sign */
     h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), ci(g, 0x7E00), h, "");
-    return LLVMBuildTrunc(B, LLVMBuildOr(B, h, sign, ""), i16, "");
+    return LLVMBuildTrunc(B, h, i16, "");
 }
 
 /* tf_exp (ir/core.c) step for step, branch-free: the same bits, and a
