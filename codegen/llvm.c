@@ -172,27 +172,38 @@ static LLVMValueRef bool_to_f(gen *g, LLVMValueRef c)
 static LLVMValueRef bits_to_f(gen *g, LLVMValueRef bits) { return LLVMBuildBitCast(g->b, bits, g->f64, ""); }
 static LLVMValueRef f_to_bits(gen *g, LLVMValueRef v) { return LLVMBuildBitCast(g->b, v, g->i64, ""); }
 
-/* core.c's round_ieee without branches (so loops stay vectorizable): round
- * to nearest even at the format's last mantissa bit by integer arithmetic on
- * the double's bits (a carry into the exponent is the right answer); below
- * the smallest normal, a fixed quantum through nearbyint; past the largest
- * finite value, infinity; NaN stays. */
+/* core.c's round_ieee without branches (so loops stay vectorizable), and
+ * with a short dependency chain (a kernel's expressions are one long chain
+ * of roundings, so their latency is what a 16-bit kernel costs):
+ *   - |v| >= 2^emin: round to nearest even at the format's last mantissa
+ *     bit by integer arithmetic on the double's bits (a carry into the
+ *     exponent is the right answer);
+ *   - |v| < 2^emin (subnormal, a fixed quantum q = 2^(emin-mbits)):
+ *     (v + C) - C with C = 1.5 * 2^52 * q: v + C lies in [2^52 q, 2^53 q),
+ *     where the double's spacing is q, so the add rounds v to a multiple of
+ *     q, nearest even (C / q is even), and the subtract is exact; the sign
+ *     of v is put back (core.c gives -0 for a negative v that rounds to 0);
+ *   - |v| >= T = (2 - 2^-(mbits+1)) * 2^emax, the midpoint between the
+ *     largest finite value and 2^(emax+1), rounds (ties to even: up) past
+ *     the largest finite value: infinity of v's sign (for an infinite v: v);
+ *   - NaN stays.
+ * The finite results need |v| < T, tested on v, off the chain. */
 static LLVMValueRef round_ieee(gen *g, LLVMValueRef v, int mbits, int emin, int emax)
 {
     LLVMBuilderRef B = g->b;
     int drop = 52 - mbits;
     LLVMValueRef bits = f_to_bits(g, v);
     LLVMValueRef lsb = LLVMBuildAnd(B, LLVMBuildLShr(B, bits, ci(g, drop), ""), ci(g, 1), "");
-    LLVMValueRef bias = LLVMBuildAdd(B, ci(g, ((int64_t)1 << (drop - 1)) - 1), lsb, "");
-    LLVMValueRef rn = bits_to_f(g, LLVMBuildAnd(B, LLVMBuildAdd(B, bits, bias, ""), ci(g, ~(((int64_t)1 << drop) - 1)), ""));
+    LLVMValueRef near = LLVMBuildAdd(B, bits, ci(g, ((int64_t)1 << (drop - 1)) - 1), "");
+    LLVMValueRef rn = bits_to_f(g, LLVMBuildAnd(B, LLVMBuildAdd(B, near, lsb, ""), ci(g, ~(((int64_t)1 << drop) - 1)), ""));
     LLVMValueRef a = callf(g, "llvm.fabs.f64", 1, v, NULL);
-    double up = ldexp(1.0, mbits - emin), down = ldexp(1.0, emin - mbits);
-    LLVMValueRef rs = LLVMBuildFMul(B, callf(g, "llvm.nearbyint.f64", 1, LLVMBuildFMul(B, v, cf(g, up), ""), NULL), cf(g, down), "");
+    LLVMValueRef c = cf(g, ldexp(1.5, 52 + emin - mbits));
+    LLVMValueRef rs = callf(g, "llvm.copysign.f64", 2, LLVMBuildFSub(B, LLVMBuildFAdd(B, v, c, ""), c, ""), v);
     LLVMValueRef r = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, ldexp(1.0, emin)), ""), rs, rn, "");
-    double maxv = ldexp(2.0 - ldexp(1.0, -mbits), emax);
     LLVMValueRef inf = callf(g, "llvm.copysign.f64", 2, cf(g, INFINITY), v);
-    r = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOGT, callf(g, "llvm.fabs.f64", 1, r, NULL), cf(g, maxv), ""), inf, r, "");
-    return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), v, r, "");
+    LLVMValueRef big = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), v, inf, "");
+    double t = ldexp(2.0 - ldexp(1.0, -(mbits + 1)), emax);
+    return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, t), ""), r, big, "");
 }
 
 /* A 16-bit pattern (i16) to double. */
@@ -226,7 +237,9 @@ static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
     if (t == TF_DT_BF16) {   /* exact in f32: its upper half */
         LLVMTypeRef i32 = LLVMInt32TypeInContext(g->cx);
         LLVMValueRef w = LLVMBuildBitCast(B, LLVMBuildFPTrunc(B, v, LLVMFloatTypeInContext(g->cx), ""), i32, "");
-        return LLVMBuildTrunc(B, LLVMBuildLShr(B, w, LLVMConstInt(i32, 16, 0), ""), i16, "");
+        LLVMValueRef h = LLVMBuildTrunc(B, LLVMBuildLShr(B, w, LLVMConstInt(i32, 16, 0), ""), i16, "");
+        /* a NaN stores as core.c stores it: 0x7fc0, whatever its sign and payload */
+        return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), LLVMConstInt(i16, 0x7FC0, 0), h, "");
     }
     LLVMValueRef bits = f_to_bits(g, v);
     LLVMValueRef sign = LLVMBuildAnd(B, LLVMBuildLShr(B, bits, ci(g, 48), ""), ci(g, 0x8000), "");
@@ -239,8 +252,10 @@ static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
     LLVMValueRef h = LLVMBuildOr(B, LLVMBuildShl(B, e, ci(g, 10), ""), m, "");
     h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, 0x1p-14), ""), sub, h, "");
     h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOEQ, a, cf(g, INFINITY), ""), ci(g, 0x7C00), h, "");
+    h = LLVMBuildOr(B, h, sign, "");
+    /* a NaN stores as core.c stores it: 0x7e00, whatever its sign */
     h = LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), ci(g, 0x7E00), h, "");
-    return LLVMBuildTrunc(B, LLVMBuildOr(B, h, sign, ""), i16, "");
+    return LLVMBuildTrunc(B, h, i16, "");
 }
 
 /* tf_exp (ir/core.c) step for step, branch-free: the same bits, and a
@@ -426,7 +441,10 @@ static LLVMValueRef expr(gen *g, int i)
         break;
     }
     }
-    v = round_to(g, x->dtype, v);
+    /* a 16-bit load in its own dtype is exact: rounding it is the identity */
+    bool exact = x->kind == TF_KX_LOAD && (x->dtype == TF_DT_F16 || x->dtype == TF_DT_BF16) &&
+                 k->bufs[x->buf].value->type.dtype == x->dtype;
+    if (!exact) v = round_to(g, x->dtype, v);
     g->memo[i] = v;
     return v;
 }

@@ -191,7 +191,7 @@ static tf_ir_status jit_compile_disk(jit_cache *jc, const tf_kernel *k, const ch
     size_t n = strlen(jc->target) + strlen(key) + 64;
     char *dkey = tf_malloc(n);
     if (!dkey) return tf_jit_compile(jc->jit, k, fn, code, d);
-    snprintf(dkey, n, "tfuse cpu kernel 1\n%s\n%s", jc->target, key);
+    snprintf(dkey, n, "tfuse cpu kernel 2\n%s\n%s", jc->target, key);
     uint64_t h = tf_fnv1a(TF_FNV_BASIS, dkey, strlen(dkey));
     char sym[32], path[4200];
     snprintf(sym, sizeof sym, "tf_%016llx", (unsigned long long)h);
