@@ -90,3 +90,20 @@ bool tf_record_read(const char *path, const char *header, const char *key, char 
     body[sum - p] = 0;
     return true;
 }
+
+bool tf_cache_dir_or(const char *dir, const char *sub, char *out, size_t n)
+{
+    if (dir) {
+        if (!dir[0]) return false;
+        snprintf(out, n, "%.4000s", dir);
+        return tf_make_dirs(out);
+    }
+    return tf_cache_subdir(sub, out, n);
+}
+
+void tf_cache_key_field(const char *text, char *out, size_t n)
+{
+    snprintf(out, n, "%s", text ? text : "");
+    for (char *q = out; *q; q++)
+        if (*q == '\n' || *q == '\r') *q = ' ';
+}

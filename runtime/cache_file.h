@@ -24,6 +24,14 @@ bool tf_make_dirs(const char *dir);
  * out; false when there is no such directory and none can be made. */
 bool tf_cache_subdir(const char *sub, char *out, size_t n);
 
+/* The directory of a cache the caller may redirect: `dir` when given ("":
+ * no cache, false), made if need be; else tf_cache_subdir(sub). */
+bool tf_cache_dir_or(const char *dir, const char *sub, char *out, size_t n);
+
+/* text (NULL: "") into out with line breaks made spaces: a one-line field
+ * of a cache key. */
+void tf_cache_key_field(const char *text, char *out, size_t n);
+
 /* data into path atomically: a temporary file beside it (named with the
  * pid and tag), flushed to disk, then renamed over path. false (and
  * nothing left behind) when any step fails. */

@@ -120,25 +120,11 @@ static uint32_t lt_epilogue(tf_gemm_epilogue e)
 
 static const char HEADER[] = "tfuse cublaslt algorithm 1\n";
 
-/* The cache directory (the cubins' own, jit.c's cache_open), made if need
- * be; false when there is none. */
-static bool cache_dir(const tf_gemm_desc *d, char *out, size_t n)
-{
-    if (d->cache_dir) {
-        if (!d->cache_dir[0]) return false;
-        snprintf(out, n, "%.4000s", d->cache_dir);
-        return tf_make_dirs(out);
-    }
-    return tf_cache_subdir("cuda", out, n);
-}
-
 /* The cache key: everything the choice depends on, on one line. */
 static void cache_key(const tf_cuda_libs *l, const tf_gemm_desc *d, int compute, char *key, size_t n)
 {
     char gpu[256];
-    snprintf(gpu, sizeof gpu, "%s", d->gpu ? d->gpu : "");
-    for (char *q = gpu; *q; q++)
-        if (*q == '\n' || *q == '\r') *q = ' ';
+    tf_cache_key_field(d->gpu, gpu, sizeof gpu);
     bool batched = d->batch > 1;   /* strides mean nothing to one GEMM */
     snprintf(key, n,
              "gemm ab=%s c=%s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld stride_a=%lld stride_b=%lld stride_c=%lld align=%u/%u/%u "
@@ -348,7 +334,7 @@ tf_cuda_status tf_gemm_plan(const tf_cuda_libs *l, tf_cublaslt_handle h, const t
     char key[1024], dir[4100];
     record rec;
     cache_key(l, d, compute, key, sizeof key);
-    if (cache_dir(d, dir, sizeof dir))
+    if (tf_cache_dir_or(d->cache_dir, "cuda", dir, sizeof dir))
         snprintf(g->cache_file, sizeof g->cache_file, "%.4000s/%016llx.cublaslt", dir, (unsigned long long)tf_fnv1a(TF_FNV_BASIS, key, strlen(key)));
     if (g->cache_file[0] && cache_read(g->cache_file, key, &rec) && rec.index < got && ok[rec.index] &&
         !memcmp(&res[rec.index].algo, &rec.algo, sizeof rec.algo)) {

@@ -85,25 +85,11 @@ static void *ptr(tf_cu_deviceptr p) { return (void *)(uintptr_t)p; }
 
 static const char HEADER[] = "tfuse cudnn algorithm 1\n";
 
-/* The cache directory (the cubins' own, jit.c's cache_open), made if need
- * be; false when there is none. */
-static bool cache_dir(const tf_conv_desc *d, char *out, size_t n)
-{
-    if (d->cache_dir) {
-        if (!d->cache_dir[0]) return false;
-        snprintf(out, n, "%.4000s", d->cache_dir);
-        return tf_make_dirs(out);
-    }
-    return tf_cache_subdir("cuda", out, n);
-}
-
 /* The cache key: everything the choice depends on, on one line. */
 static void cache_key(const tf_cuda_libs *l, const tf_conv_desc *d, int math, char *key, size_t n)
 {
     char gpu[256];
-    snprintf(gpu, sizeof gpu, "%s", d->gpu ? d->gpu : "");
-    for (char *q = gpu; *q; q++)
-        if (*q == '\n' || *q == '\r') *q = ' ';
+    tf_cache_key_field(d->gpu, gpu, sizeof gpu);
     snprintf(key, n,
              "conv2d %s %s x=[%lld,%lld,%lld,%lld] w=[%lld,%lld,%lld,%lld] y=[%lld,%lld,%lld,%lld] stride=[%lld,%lld] "
              "padding=[%lld,%lld] dilation=[%lld,%lld] groups=%lld math=%d cudnn=%zu gpu=%s",
@@ -273,7 +259,7 @@ tf_cuda_status tf_conv_plan(const tf_cuda_libs *l, tf_cudnn_handle h, const tf_c
     char key[1024], dir[4100];
     record rec;
     cache_key(l, d, math, key, sizeof key);
-    if (cache_dir(d, dir, sizeof dir))
+    if (tf_cache_dir_or(d->cache_dir, "cuda", dir, sizeof dir))
         snprintf(c->cache_file, sizeof c->cache_file, "%.4000s/%016llx.cudnn", dir, (unsigned long long)tf_fnv1a(TF_FNV_BASIS, key, strlen(key)));
     if (c->cache_file[0] && cache_read(c->cache_file, key, &rec) && take(l, h, d, c, rec.algo, fma ? CUDNN_FMA_MATH : rec.math)) {
         c->deterministic = rec.deterministic == CUDNN_DETERMINISTIC;

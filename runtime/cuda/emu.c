@@ -670,33 +670,33 @@ static int first_failure(emu_module **ms, int n)
 }
 
 /* Compile every pending module (g_mu held). */
-static int compile_modules(emu_module **todo, int n);
+static int compile_modules(emu_module **waiting, int n);
 
 static int compile_pending(void)
 {
     int n = 0;
     for (emu_module *m = g_pending; m; m = m->next_pending) n++;
     if (!n) return OK;
-    emu_module **todo = tf_malloc((size_t)n * sizeof *todo);
-    if (!todo) {   /* each stays pending, and says so when it is needed */
+    emu_module **waiting = tf_malloc((size_t)n * sizeof *waiting);
+    if (!waiting) {   /* each stays pending, and says so when it is needed */
         return fail(OUT_OF_MEMORY, "cuda-emu: out of host memory compiling %d kernels", n);
     }
     n = 0;
-    for (emu_module *m = g_pending; m; m = m->next_pending) todo[n++] = m;
+    for (emu_module *m = g_pending; m; m = m->next_pending) waiting[n++] = m;
     g_pending = NULL;
-    int r = compile_modules(todo, n);
-    tf_free(todo);
+    int r = compile_modules(waiting, n);
+    tf_free(waiting);
     return r;
 }
 
-/* Load todo[0..n) from the cache or compile them (g_mu held). */
-static int compile_modules(emu_module **todo, int n)
+/* Load waiting[0..n) from the cache or compile them (g_mu held). */
+static int compile_modules(emu_module **waiting, int n)
 {
     pthread_once(&g_tool_once, tool_init);
     /* from the cache, where it is there */
     int miss = 0;
     for (int i = 0; i < n; i++) {
-        emu_module *m = todo[i];
+        emu_module *m = waiting[i];
         if (g_tool_why[0]) {
             m->error = tf_strdup(g_tool_why);
             m->state = MOD_FAILED;
@@ -704,9 +704,9 @@ static int compile_modules(emu_module **todo, int n)
         }
         snprintf(m->so, sizeof m->so, "%s/%016llx.so", g_cache, (unsigned long long)fnv(g_tool_key, &m->key, sizeof m->key));
         if (access(m->so, R_OK) == 0 && load_so(m, m->so)) continue;
-        todo[miss++] = m;
+        waiting[miss++] = m;
     }
-    if (!miss) return first_failure(todo, n);
+    if (!miss) return first_failure(waiting, n);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int nb = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
     if (nb > miss) nb = miss;
@@ -714,19 +714,19 @@ static int compile_modules(emu_module **todo, int n)
     memset(bs, 0, sizeof bs);
     emu_module **mods = tf_calloc((size_t)miss, sizeof *mods);
     if (!mods) {
-        for (int i = 0; i < miss; i++) todo[i]->state = MOD_FAILED, todo[i]->error = NULL;
-        return first_failure(todo, miss);
+        for (int i = 0; i < miss; i++) waiting[i]->state = MOD_FAILED, waiting[i]->error = NULL;
+        return first_failure(waiting, miss);
     }
     int at = 0;
     for (int b = 0; b < nb; b++) {   /* kernels dealt out in turn, so batches are alike in size */
         bs[b].mods = mods + at;
-        for (int i = b; i < miss; i += nb) mods[at++] = todo[i];
+        for (int i = b; i < miss; i += nb) mods[at++] = waiting[i];
         bs[b].n = (int)(mods + at - bs[b].mods);
         start_batch(&bs[b]);
     }
     for (int b = 0; b < nb; b++) finish_batch(&bs[b]);
     for (int i = 0; i < miss; i++) {
-        emu_module *m = todo[i];
+        emu_module *m = waiting[i];
         if (m->state != MOD_COMPILING) continue;
         if (!load_so(m, m->so)) {
             char msg[5400];
@@ -736,7 +736,7 @@ static int compile_modules(emu_module **todo, int n)
         }
     }
     tf_free(mods);
-    return first_failure(todo, miss);
+    return first_failure(waiting, miss);
 }
 
 /* Every module compiled; the first failure's words. */

@@ -26,7 +26,6 @@
  *   - the stand-in itself: its candidates' tags, its workspace, its
  *     argument checks;
  *   - refusals with a reason. */
-#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -263,19 +262,6 @@ static void results(const char *cache)
 
 /* ---- the choice and the cache ---- */
 
-static int count_files(const char *dir, const char *suffix)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) {
-        size_t l = strlen(e->d_name), sl = strlen(suffix);
-        if (e->d_name[0] != '.' && (!suffix[0] || (l >= sl && !strcmp(e->d_name + l - sl, suffix)))) n++;
-    }
-    closedir(d);
-    return n;
-}
-
 typedef struct bufs {
     tf_cu_deviceptr a, b, c, bias, ws;
 } bufs;
@@ -326,9 +312,9 @@ static void cache_tests(const char *root, const bufs *B)
     /* the first plan times each candidate; the one the others are slower than wins (it needs workspace) */
     g_fast = 0x7467;
     tf_cuda_status st = plan_once(dir, B, NULL, &g, &mm, err, sizeof err);
-    CHECK(!st && !g.from_cache && g.candidates == 4 && g.timed == 4 && mm == 12 && count_files(dir, ".cublaslt") == 1,
+    CHECK(!st && !g.from_cache && g.candidates == 4 && g.timed == 4 && mm == 12 && test_count_files(dir, ".cublaslt") == 1,
           "a first plan times 4 candidates (1 + 2 runs each) and writes one file (%s; %d timed, %d matmuls, %d files)", err, g.timed, mm,
-          count_files(dir, ".cublaslt"));
+          test_count_files(dir, ".cublaslt"));
     CHECK(!st && g.choice == 2 && g.algo.data[0] == 0x7467 && g.workspace == 4096 && g.ms > 0 && g.ms < g_slow_ms,
           "the fastest candidate is chosen: index %d, tag %llx, %zu bytes of workspace, %.3f ms", g.choice,
           (unsigned long long)g.algo.data[0], g.workspace, (double)g.ms);
@@ -412,10 +398,10 @@ static void cache_tests(const char *root, const bufs *B)
     };
     int nkeys = (int)(sizeof keys / sizeof *keys);
     for (int i = 0; i < nkeys; i++) {
-        int files = count_files(dir, ".cublaslt");
+        int files = test_count_files(dir, ".cublaslt");
         st = plan_once(dir, B, keys[i].f, &g, &mm, err, sizeof err);
-        CHECK(!st && !g.from_cache && g.timed == 4 && count_files(dir, ".cublaslt") == files + 1, "%s: another key, timed (%s; %d files)",
-              keys[i].what, err, count_files(dir, ".cublaslt") - files);
+        CHECK(!st && !g.from_cache && g.timed == 4 && test_count_files(dir, ".cublaslt") == files + 1, "%s: another key, timed (%s; %d files)",
+              keys[i].what, err, test_count_files(dir, ".cublaslt") - files);
         tf_gemm_free(&g_libs, &g);
         st = plan_once(dir, B, keys[i].f, &g, &mm, err, sizeof err);
         CHECK(!st && g.from_cache && mm == 0, "%s: then read", keys[i].what);
@@ -426,7 +412,7 @@ static void cache_tests(const char *root, const bufs *B)
     CHECK(!st && g.from_cache && mm == 0, "f16 without TF32: the f16 key (%s)", err);
     tf_gemm_free(&g_libs, &g);
     /* workspace: none allowed leaves the candidate needing it out; none given leaves it untimed */
-    int files = count_files(dir, ".cublaslt");
+    int files = test_count_files(dir, ".cublaslt");
     st = plan_once(dir, B, no_ws_limit, &g, &mm, err, sizeof err);
     CHECK(!st && g.candidates == 3 && g.timed == 3 && g.workspace == 0 && g.algo.data[0] != 0x7467,
           "no workspace allowed: 3 candidates (%s; %d, %d timed)", err, g.candidates, g.timed);
@@ -435,12 +421,12 @@ static void cache_tests(const char *root, const bufs *B)
     CHECK(!st && g.candidates == 4 && g.timed == 3 && g.algo.data[0] != 0x7467 && mm == 9,
           "no workspace buffer to time on: the candidate needing one is not timed (%s; %d timed)", err, g.timed);
     tf_gemm_free(&g_libs, &g);
-    CHECK(count_files(dir, ".cublaslt") == files + 2, "each written (%d)", count_files(dir, ".cublaslt") - files);
+    CHECK(test_count_files(dir, ".cublaslt") == files + 2, "each written (%d)", test_count_files(dir, ".cublaslt") - files);
     /* nothing to time on and nothing cached: the heuristic's first, untimed, not written */
-    files = count_files(dir, ".cublaslt");
+    files = test_count_files(dir, ".cublaslt");
     st = plan_once(dir, B, no_buffers, &g, &mm, err, sizeof err);
     CHECK(!st && !g.from_cache && g.timed == 0 && mm == 0 && g.choice == 0 && g.algo.data[0] == 0x7465 && g.ms == 0 &&
-              count_files(dir, ".cublaslt") == files,
+              test_count_files(dir, ".cublaslt") == files,
           "no buffers: the heuristic's first, untimed, no file (%s)", err);
     tf_gemm_explain(&g, how, sizeof how);
     CHECK(strstr(how, "untimed"), "explained: %s", how);
@@ -449,8 +435,8 @@ static void cache_tests(const char *root, const bufs *B)
     st = plan_once(dir, B, other_m_no_buffers, &g, &mm, err, sizeof err);
     CHECK(!st && g.from_cache && mm == 0, "no buffers, a cached key: read (%s)", err);
     tf_gemm_free(&g_libs, &g);
-    CHECK(count_files(dir, "") == count_files(dir, ".cublaslt"), "no temporary file left (%d files, %d .cublaslt)", count_files(dir, ""),
-          count_files(dir, ".cublaslt"));
+    CHECK(test_count_files(dir, "") == test_count_files(dir, ".cublaslt"), "no temporary file left (%d files, %d .cublaslt)", test_count_files(dir, ""),
+          test_count_files(dir, ".cublaslt"));
     /* the default place: $TFUSE_CACHE_DIR/cuda, made when missing */
     char env[4200], expect[4300];
     snprintf(env, sizeof env, "%s/env", root);

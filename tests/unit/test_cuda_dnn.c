@@ -23,7 +23,6 @@
  *     is left, and the default place is $TFUSE_CACHE_DIR/cuda;
  *   - plans refused with a reason: cuDNN not loaded, sizes beyond int, a
  *     workspace smaller than the algorithm needs. */
-#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -446,19 +445,6 @@ static void rounding16(void)
 
 /* ---- the algorithm cache ---- */
 
-static int count_files(const char *dir, const char *suffix)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) {
-        size_t l = strlen(e->d_name), sl = strlen(suffix);
-        if (e->d_name[0] != '.' && (!suffix[0] || (l >= sl && !strcmp(e->d_name + l - sl, suffix)))) n++;
-    }
-    closedir(d);
-    return n;
-}
-
 /* A plan of case 1 forward f32; its Find count and whether it came from the cache. */
 static tf_cuda_status plan_once(const char *cache, bool tf32, const char *gpu, size_t max_ws, bool cached_only, tf_conv *c, char *err,
                                 size_t n)
@@ -481,8 +467,8 @@ static void cache_tests(const char *root)
     tf_conv c;
     int f0 = g_finds;
     tf_cuda_status st = plan_once(dir, true, "gpu A", sizeof g_ws, false, &c, err, sizeof err);
-    CHECK(!st && g_finds == f0 + 1 && !c.from_cache && c.cache_file[0] && count_files(dir, ".cudnn") == 1,
-          "a first plan finds and writes one file (%s; %d finds, %d files)", err, g_finds - f0, count_files(dir, ".cudnn"));
+    CHECK(!st && g_finds == f0 + 1 && !c.from_cache && c.cache_file[0] && test_count_files(dir, ".cudnn") == 1,
+          "a first plan finds and writes one file (%s; %d finds, %d files)", err, g_finds - f0, test_count_files(dir, ".cudnn"));
     int algo = c.algo;
     size_t ws = c.workspace;
     char file[4200];
@@ -499,7 +485,7 @@ static void cache_tests(const char *root)
     tf_conv_free(&g_libs, &c);
     /* another math type, another GPU: other keys */
     st = plan_once(dir, false, "gpu A", sizeof g_ws, false, &c, err, sizeof err);
-    CHECK(!st && g_finds == f0 + 2 && !c.from_cache && c.math == 3 && count_files(dir, ".cudnn") == 2,
+    CHECK(!st && g_finds == f0 + 2 && !c.from_cache && c.math == 3 && test_count_files(dir, ".cudnn") == 2,
           "no TF32 is another key, with FMA math (%d finds, math %d)", g_finds - f0, c.math);
     tf_conv_free(&g_libs, &c);
     st = plan_once(dir, true, "gpu B", sizeof g_ws, true, &c, err, sizeof err);
@@ -534,8 +520,8 @@ static void cache_tests(const char *root)
     CHECK(!st && !c.from_cache && g_finds == before + 1 && c.algo == 0 && c.workspace == 0,
           "less workspace allowed: found again, an algorithm without workspace (%s; algo %d)", err, c.algo);
     tf_conv_free(&g_libs, &c);
-    CHECK(count_files(dir, "") == count_files(dir, ".cudnn"), "no temporary file left (%d files, %d .cudnn)", count_files(dir, ""),
-          count_files(dir, ".cudnn"));
+    CHECK(test_count_files(dir, "") == test_count_files(dir, ".cudnn"), "no temporary file left (%d files, %d .cudnn)", test_count_files(dir, ""),
+          test_count_files(dir, ".cudnn"));
     /* the default place: $TFUSE_CACHE_DIR/cuda, made when missing */
     char env[4200], expect[4300];
     snprintf(env, sizeof env, "%s/env", root);

@@ -3,9 +3,11 @@
 #ifndef TF_TESTS_TESTUTIL_H
 #define TF_TESTS_TESTUTIL_H
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "ops.h"
@@ -15,6 +17,21 @@ static inline double test_rnd(uint64_t *s)
 {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
     return (double)(*s >> 11) / 9007199254740992.0;
+}
+
+/* Files in dir whose names end in suffix ("": all), dot files aside; -1
+ * when dir cannot be read (the disk caches' tests count their entries). */
+static inline int test_count_files(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t l = strlen(e->d_name), sl = strlen(suffix);
+        if (e->d_name[0] != '.' && (!suffix[0] || (l >= sl && !strcmp(e->d_name + l - sl, suffix)))) n++;
+    }
+    closedir(d);
+    return n;
 }
 
 /* Exclusive upper bound for an integer input from its uses in a module
