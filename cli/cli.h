@@ -55,6 +55,7 @@ typedef struct args {
     const char *cuda_fallback;    /* --cuda-fallback=all|none; NULL: not given */
     const char *cuda_graphs;      /* --cuda-graphs=on|off; NULL: not given */
     const char *cpu_conv;         /* --cpu-conv=onednn|im2col; NULL: not given */
+    const char *cpu_gemm;         /* --cpu-gemm=onednn|openblas; NULL: not given */
     bool cpu_explain;             /* --cpu-explain */
     uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
     unsigned short seen[40];  /* how often each flag of main.c's table was given */

@@ -43,7 +43,11 @@
     "                         (TFUSE_CUDA_GRAPHS=0: off; default on)\n" \
     "  --cpu-conv=onednn|im2col  cpu: convolutions through oneDNN (the default where the build has it) or\n" \
     "                         im2col + GEMM (TFUSE_CPU_CONV=im2col)\n" \
-    "  --cpu-explain          cpu: print how each convolution runs: oneDNN's implementation, or im2col and why\n" \
+    "  --cpu-gemm=onednn|openblas  cpu: an inference GEMM whose weights never change through oneDNN with the\n" \
+    "                         weights packed once (the default where the build has it), or every GEMM through\n" \
+    "                         OpenBLAS (TFUSE_CPU_GEMM=openblas)\n" \
+    "  --cpu-explain          cpu: print how each convolution and GEMM runs: oneDNN's implementation, or\n" \
+    "                         im2col/OpenBLAS and why\n" \
     "                         (TFUSE_CPU_EXPLAIN=1)\n" \
     "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
     "                         default 2048)"
@@ -124,7 +128,7 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, F_CPU_CONV, F_CPU_EXPLAIN, NFLAGS
+    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, F_CPU_CONV, F_CPU_GEMM, F_CPU_EXPLAIN, NFLAGS
 } flag_id;
 
 static const struct flag_info {
@@ -169,6 +173,7 @@ static const struct flag_info {
     [F_CUDA_GRAPHS]    = {"--cuda-graphs",    C_SETTING,                   false, NULL},
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
     [F_CPU_CONV]       = {"--cpu-conv",       C_SETTING,                   false, NULL},
+    [F_CPU_GEMM]       = {"--cpu-gemm",       C_SETTING,                   false, NULL},
     [F_CPU_EXPLAIN]    = {"--cpu-explain",    C_SETTING,                   false, NULL},
 };
 
@@ -366,6 +371,11 @@ static int parse_args(int argc, char **argv, args *a)
             NOTE(F_CPU_CONV);
             if (strcmp(v, "onednn") && strcmp(v, "im2col")) return cli_usage_error(cmd, "--cpu-conv expects onednn or im2col, found '%s'", v);
             a->cpu_conv = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cpu-gemm"))) {
+            NOTE(F_CPU_GEMM);
+            if (strcmp(v, "onednn") && strcmp(v, "openblas"))
+                return cli_usage_error(cmd, "--cpu-gemm expects onednn or openblas, found '%s'", v);
+            a->cpu_gemm = v;
         } else if (!strcmp(s, "--cpu-explain")) {
             NOTE(F_CPU_EXPLAIN);
             a->cpu_explain = true;
@@ -688,6 +698,7 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     if (a->cuda_fallback) o->cuda_fallback_all = !strcmp(a->cuda_fallback, "all");
     if (a->cuda_graphs) o->cuda_no_graphs = !strcmp(a->cuda_graphs, "off");
     if (a->cpu_conv) o->cpu_conv_im2col = !strcmp(a->cpu_conv, "im2col");
+    if (a->cpu_gemm) o->cpu_gemm_openblas = !strcmp(a->cpu_gemm, "openblas");
     if (a->cpu_explain) o->cpu_explain = 1;
 }
 

@@ -233,9 +233,13 @@ typedef struct tf_compile_options {
     int cpu_conv_im2col;        /* cpu: every convolution and its gradients through im2col + GEMM, not
                                  * oneDNN (where the build has it). TFUSE_CPU_CONV=im2col,
                                  * --cpu-conv=im2col (--cpu-conv=onednn: off) */
-    int cpu_explain;            /* cpu: when a session starts, print to stderr how each convolution runs
-                                 * (oneDNN's implementation, or im2col and why). TFUSE_CPU_EXPLAIN=1,
-                                 * --cpu-explain */
+    int cpu_gemm_openblas;      /* cpu: every f32 GEMM through OpenBLAS, not an inference GEMM whose
+                                 * weights never change through oneDNN with the weights packed once
+                                 * (where the build has it). TFUSE_CPU_GEMM=openblas,
+                                 * --cpu-gemm=openblas (--cpu-gemm=onednn: off) */
+    int cpu_explain;            /* cpu: when a session starts, print to stderr how each convolution and
+                                 * GEMM runs (oneDNN's implementation, or im2col/OpenBLAS and why).
+                                 * TFUSE_CPU_EXPLAIN=1, --cpu-explain */
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,

@@ -150,6 +150,7 @@ static void settings_from_env(tf_compile_options *o)
     o->cuda_explain = env_is("TFUSE_CUDA_EXPLAIN", "1");
     o->cuda_no_graphs = env_is("TFUSE_CUDA_GRAPHS", "0");
     o->cpu_conv_im2col = env_is("TFUSE_CPU_CONV", "im2col");
+    o->cpu_gemm_openblas = env_is("TFUSE_CPU_GEMM", "openblas");
     o->cpu_explain = env_is("TFUSE_CPU_EXPLAIN", "1");
 }
 
@@ -369,7 +370,7 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
                                        .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0,
                                        .cuda_no_graphs = opts->cuda_no_graphs != 0, .cpu_conv_im2col = opts->cpu_conv_im2col != 0,
-                                       .cpu_explain = opts->cpu_explain != 0};
+                                       .cpu_gemm_openblas = opts->cpu_gemm_openblas != 0, .cpu_explain = opts->cpu_explain != 0};
     if (opts->llvm_pipeline && !(p->settings.llvm_pipeline = tf_strdup(opts->llvm_pipeline))) {
         tf_program_free(p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
@@ -464,6 +465,7 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
         {"cuda_explain", "TFUSE_CUDA_EXPLAIN", "on", "off", "1", o->cuda_explain != 0, env.cuda_explain},
         {"cuda_graphs", "TFUSE_CUDA_GRAPHS", "off", "on", "0", o->cuda_no_graphs != 0, env.cuda_no_graphs},
         {"cpu_conv", "TFUSE_CPU_CONV", "im2col", "onednn", "im2col", o->cpu_conv_im2col != 0, env.cpu_conv_im2col},
+        {"cpu_gemm", "TFUSE_CPU_GEMM", "openblas", "onednn", "openblas", o->cpu_gemm_openblas != 0, env.cpu_gemm_openblas},
         {"cpu_explain", "TFUSE_CPU_EXPLAIN", "on", "off", "1", o->cpu_explain != 0, env.cpu_explain},
     };
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)

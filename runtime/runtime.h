@@ -46,7 +46,7 @@ tf_allocator tf_context_allocator(const tf_context_t *ctx);
 typedef struct tf_target_settings {
     char *llvm_pipeline;    /* cpu: NULL = tfuse's own; owned */
     bool no_tf32, cuda_sync, cuda_fallback_all, cuda_explain, cuda_no_graphs;
-    bool cpu_conv_im2col, cpu_explain;
+    bool cpu_conv_im2col, cpu_gemm_openblas, cpu_explain;
 } tf_target_settings;
 
 struct tf_model {

@@ -51,6 +51,7 @@
 #include "cache_file.h"
 #include "conv_dnnl.h"
 #include "cpu_ops.h"
+#include "gemm_dnnl.h"
 #include "interp.h"
 #include "lowp.h"
 #include "kernel.h"
@@ -312,6 +313,10 @@ typedef struct ckernel {
     bool epi_in_conv;      /* RUN_CONV: the primitive writes the region's epilogue (bias, ReLU): fn does not run */
     int epi_bias, epi_out; /* then: the bias's buffer and the stored result's (indices into k->bufs) */
     char conv_why[320];
+    tf_dnnl_gemm *dgemm;   /* RUN_MATMUL: oneDNN with the weights packed (gemm_choose), or NULL: OpenBLAS (gemm_why) */
+    void *packed;          /* then: the packed weights, current as of write generation packed_gen */
+    uint64_t packed_gen;
+    char gemm_why[200];
 } ckernel;
 
 typedef struct cpu {
@@ -331,6 +336,9 @@ typedef struct cpu {
     uint64_t *wide_gen;    /* the run whose values the copy holds */
     uint64_t gen;          /* runs started: copies from an earlier one are stale */
     size_t wide_bytes;     /* what the copies take */
+    uint64_t state_gen;    /* state writes from outside (load, set): packed weights older than this are repacked */
+    size_t packed_bytes;   /* what packed weights take */
+    void *gemm_scratch;    /* the oneDNN GEMMs' scratchpads (the largest need) */
     bool profile;
     int jit_compiled, jit_cached, jit_disk;
     double jit_ms;
@@ -506,6 +514,69 @@ static tf_status plan_gemm_operands(tf_session_t *s, cpu *c)
     return st;
 }
 
+/* Whether state value r is ever written by the step (an update's target). */
+static bool step_writes(const tf_module *m, const tf_value *r)
+{
+    for (int i = 0; i < m->nupdates; i++)
+        if (m->updates[i].buffer == r) return true;
+    return false;
+}
+
+/* Packed weights: an f32 GEMM whose right operand is a param or buffer the
+ * step never writes (inference) runs through oneDNN with that operand
+ * packed once into the kernel's layout (gemm_dnnl.h), up to
+ * $TFUSE_CPU_PACKED_MB MiB of packed copies in all (default 1024; 0: none),
+ * in plan order. A training step rewrites its weights every step, so its
+ * GEMMs stay on OpenBLAS. */
+static tf_status plan_packed_gemms(tf_session_t *s, cpu *c)
+{
+    const tf_module *m = s->p->m;
+    const char *e = getenv("TFUSE_CPU_PACKED_MB");
+    double budget = (e && *e ? atof(e) : 1024.0) * 1048576.0;
+    size_t scratch = 0;
+    c->state_gen = 1;
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        ckernel *ck = &c->ks[i];
+        if (ck->how != RUN_MATMUL) continue;
+        const tf_node *n = ck->k->lib;
+        const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out, *r = root_of(bv);
+        bool ta = tf_node_bool(n, "transpose_a"), tb = tf_node_bool(n, "transpose_b");
+        int ra = av->type.rank - 2, rk = ov->type.rank - 2;
+        bool a_full = ra == rk;
+        for (int d = 0; a_full && d < rk; d++) a_full = av->type.dims[d].n == ov->type.dims[d].n;
+        char *why = ck->gemm_why;
+        size_t wn = sizeof ck->gemm_why;
+        if (s->p->settings.cpu_gemm_openblas) snprintf(why, wn, "--cpu-gemm=openblas");
+        else if (av->type.dtype != TF_DT_F32 || bv->type.dtype != TF_DT_F32 || ov->type.dtype != TF_DT_F32)
+            snprintf(why, wn, "not all f32");
+        else if (r->kind != TF_VAL_PARAM && r->kind != TF_VAL_BUFFER)
+            snprintf(why, wn, "the right operand is computed in the step, not a weight");
+        else if (step_writes(m, r)) snprintf(why, wn, "the step updates its weights (%s)", r->name ? r->name : "?");
+        else if (bv->type.rank != 2 || (rk > 0 && (ta || !a_full))) snprintf(why, wn, "a batched GEMM");
+        else {
+            int64_t N = ov->type.dims[rk + 1].n, K = av->type.dims[ta ? ra : ra + 1].n, M = numel(ov) / (N ? N : 1);
+            bool oom = false;
+            if (!(ck->dgemm = tf_dnnl_gemm_create(M, N, K, ta, tb, tf_pool_threads(c->pool), &oom, why, wn))) {
+                if (oom) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+                continue;
+            }
+            size_t bytes = tf_dnnl_gemm_packed_bytes(ck->dgemm);
+            if ((double)(c->packed_bytes + bytes) > budget) {
+                snprintf(why, wn, "packed weights over $TFUSE_CPU_PACKED_MB (%.0f MiB)", budget / 1048576.0);
+                tf_dnnl_gemm_free(ck->dgemm);
+                ck->dgemm = NULL;
+                continue;
+            }
+            if (!(ck->packed = own(c, bytes))) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+            c->packed_bytes += bytes;
+            if (tf_dnnl_gemm_scratch_bytes(ck->dgemm) > scratch) scratch = tf_dnnl_gemm_scratch_bytes(ck->dgemm);
+        }
+    }
+    if (scratch && !(c->gemm_scratch = tf_malloc_aligned(64, (scratch + 63) / 64 * 64)))
+        return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    return TF_OK;
+}
+
 static tf_status prepare(tf_session_t *s, cpu *c)
 {
     c->ks = tf_calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *c->ks);
@@ -550,7 +621,8 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     c->jit_ms = (now_ns() - t0) / 1e6;
     for (int i = 0; i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_CONV || c->ks[i].how == RUN_CONV_GI || c->ks[i].how == RUN_CONV_GW) conv_choose(s, c, &c->ks[i]);
-    return plan_gemm_operands(s, c);
+    tf_status st = plan_gemm_operands(s, c);
+    return st ? st : plan_packed_gemms(s, c);
 }
 
 /* ---- running ------------------------------------------------------------- */
@@ -680,6 +752,18 @@ static void batch_piece(void *arg, int64_t lo, int64_t hi)
             tf_cpu_gemm(j->pool, j->ta, j->tb, j->M, j->N, j->K, (const float *)j->A + oa, j->ta ? j->M : j->K,
                         (const float *)j->B + ob, j->tb ? j->K : j->N, j->C + bi * j->M * j->N, j->N, false);
     }
+}
+
+/* A GEMM with packed weights: repacked first when they are older than the
+ * last state write. false when oneDNN failed. */
+static bool run_packed(cpu *c, ckernel *ck)
+{
+    const tf_node *n = ck->k->lib;
+    if (ck->packed_gen != c->state_gen) {
+        if (!tf_dnnl_gemm_pack(ck->dgemm, storage(c, n->in[1]), ck->packed)) return false;
+        ck->packed_gen = c->state_gen;
+    }
+    return tf_dnnl_gemm_run(ck->dgemm, c->pool, storage(c, n->in[0]), ck->packed, storage(c, n->out), c->gemm_scratch);
 }
 
 /* bf16: both operands bf16, multiplied as they are stored (RUN_MATMUL_BF16). */
@@ -1068,7 +1152,12 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
         return TF_OK;
     }
     case RUN_FALLBACK: return run_fallback(s, c, k);
-    case RUN_MATMUL: case RUN_MATMUL_BF16: run_matmul(c, k->lib, ck->how == RUN_MATMUL_BF16); break;
+    case RUN_MATMUL: case RUN_MATMUL_BF16:
+        if (ck->dgemm && !run_packed(c, ck))
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: kernel %s: oneDNN's matmul failed (--cpu-gemm=openblas avoids it)",
+                                k->name);
+        if (!ck->dgemm) run_matmul(c, k->lib, ck->how == RUN_MATMUL_BF16);
+        break;
     case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW:
         run_conv(c, ck);
         if (ck->epi_in_conv) return TF_OK;   /* the primitive wrote the epilogue's result */
@@ -1148,7 +1237,9 @@ static void cpu_free(tf_session_t *s)
         tf_free(c->ks[i].bufs);
         jit_put(c->cache, c->ks[i].jit_slot);
         tf_dnnl_conv_free(c->ks[i].dnnl);
+        tf_dnnl_gemm_free(c->ks[i].dgemm);
     }
+    tf_free_aligned(c->gemm_scratch);
     tf_cache_release(c->cache);
     tf_free(c->ks);
     for (int i = 0; i < c->nowned; i++) tf_free_aligned(c->owned[i]);
@@ -1169,9 +1260,18 @@ static void explain_convs(const cpu *c)
 {
     char lib[256], how[1024];
     tf_dnnl_describe(lib, sizeof lib);
-    fprintf(stderr, "cpu: %d threads; convolutions: %s\n", tf_pool_threads(c->pool), lib);
+    fprintf(stderr, "cpu: %d threads; convolutions and packed GEMMs: %s\n", tf_pool_threads(c->pool), lib);
     for (int i = 0; i < c->plan->nkernels; i++) {
         const ckernel *ck = &c->ks[i];
+        if (ck->how == RUN_MATMUL || ck->how == RUN_MATMUL_BF16) {
+            const tf_value *ov = ck->k->lib->out;
+            int64_t N = ov->type.dims[ov->type.rank - 1].n, M = numel(ov) / (N ? N : 1);
+            if (ck->dgemm) tf_dnnl_gemm_explain(ck->dgemm, how, sizeof how);
+            else snprintf(how, sizeof how, "%s: %s", ck->how == RUN_MATMUL_BF16 ? "the bf16 GEMM" : tf_cpu_blas_name(),
+                          ck->how == RUN_MATMUL_BF16 ? "bf16 operands" : ck->gemm_why);
+            fprintf(stderr, "cpu: kernel %s: matmul (%lld x %lld) through %s\n", ck->k->name, (long long)M, (long long)N, how);
+            continue;
+        }
         if (ck->how != RUN_CONV && ck->how != RUN_CONV_GI && ck->how != RUN_CONV_GW) continue;
         const char *op = tf_op_info_of(ck->k->lib->op)->name;
         if (!ck->dnnl) {
@@ -1253,6 +1353,7 @@ static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void 
 {
     cpu *c = s->impl;
     memcpy(c->ptr[v->id], src, value_bytes(v));
+    c->state_gen++;   /* packed weights repack before their next use */
     return TF_OK;
 }
 
@@ -1276,7 +1377,7 @@ static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
     const ckernel *ck = &c->ks[i];
     out->name = ck->k->name;
     static const char *dnnl_names[] = {"conv.onednn", "conv_grad_input.onednn", "conv_grad_weight.onednn"};
-    out->how = ck->dnnl ? dnnl_names[ck->how - RUN_CONV] : how_names[ck->how];
+    out->how = ck->dnnl ? dnnl_names[ck->how - RUN_CONV] : ck->dgemm ? "gemm.onednn" : how_names[ck->how];
     out->total_ms = ck->ns / 1e6;
     out->calls = ck->calls;
     out->elements = ck->work;

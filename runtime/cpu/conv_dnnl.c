@@ -14,6 +14,8 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
+#include "dnnl_util.h"
+
 #if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP && DNNL_CPU_RUNTIME != DNNL_RUNTIME_SEQ
 #error "conv_dnnl.c holds oneDNN at one thread through OpenMP: this oneDNN threads otherwise"
 #endif
@@ -23,12 +25,15 @@ static dnnl_status_t g_engine_status = dnnl_runtime_error;
 
 static void engine_once(void) { g_engine_status = dnnl_engine_create(&g_engine, dnnl_cpu, 0); }
 
-static dnnl_engine_t engine(void)
+dnnl_engine_t tf_dnnl_engine(const char **why)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, engine_once);
+    if (g_engine_status != dnnl_success && why) *why = dnnl_status2str(g_engine_status);
     return g_engine_status == dnnl_success ? g_engine : NULL;
 }
+
+static dnnl_engine_t engine(void) { return tf_dnnl_engine(NULL); }
 
 bool tf_dnnl_available(void) { return true; }
 
@@ -96,12 +101,14 @@ struct tf_dnnl_conv {
 
 static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
 
-static bool ok(dnnl_status_t st, const char *what, char *why, size_t n)
+bool tf_dnnl_ok(dnnl_status_t st, const char *what, char *why, size_t n)
 {
     if (st == dnnl_success) return true;
     snprintf(why, n, "oneDNN refused it: %s: %s", what, dnnl_status2str(st));
     return false;
 }
+
+static bool ok(dnnl_status_t st, const char *what, char *why, size_t n) { return tf_dnnl_ok(st, what, why, n); }
 
 static void variant_free(variant *v)
 {
@@ -286,7 +293,7 @@ tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool b
     return c;
 }
 
-static void layout_str(const dnnl_memory_desc_t *md, char *out, size_t n)
+void tf_dnnl_layout_str(const dnnl_memory_desc_t *md, char *out, size_t n)
 {
     if (md->format_kind != dnnl_blocked) {
         snprintf(out, n, "opaque");
@@ -318,7 +325,7 @@ void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n)
     for (int i = 0; i < c->v[0].nargs && at < sizeof lay; i++) {
         const carg *a = &c->v[0].args[i];
         char l[64];
-        layout_str(&a->prim, l, sizeof l);
+        tf_dnnl_layout_str(&a->prim, l, sizeof l);
         at += (size_t)snprintf(lay + at, sizeof lay - at, "%s%s %s%s", i ? ", " : "",
                                a->arg == DNNL_ARG_SRC ? "src" : a->arg == DNNL_ARG_DST ? "dst" : a->arg == DNNL_ARG_WEIGHTS ? "weights"
                                : a->arg == DNNL_ARG_BIAS ? "bias" : a->arg == DNNL_ARG_DIFF_SRC ? "diff_src"
@@ -359,10 +366,12 @@ static void *user_ptr(const run_job *j, const carg *a, int64_t q, int64_t n0)
     return (void *)(p + (a->per_piece ? n0 * a->stride : 0));
 }
 
-static bool exec(dnnl_primitive_t p, dnnl_stream_t s, int nargs, const dnnl_exec_arg_t *args)
+bool tf_dnnl_exec(dnnl_primitive_t p, dnnl_stream_t s, int nargs, const dnnl_exec_arg_t *args)
 {
     return dnnl_primitive_execute(p, s, nargs, args) == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
 }
+
+static bool exec(dnnl_primitive_t p, dnnl_stream_t s, int nargs, const dnnl_exec_arg_t *args) { return tf_dnnl_exec(p, s, nargs, args); }
 
 static bool reorder(dnnl_primitive_t r, dnnl_stream_t s, const dnnl_memory_desc_t *from, void *src, const dnnl_memory_desc_t *to,
                     void *dst)

@@ -108,11 +108,13 @@ static void gemm_pieces_once(void)
     g_gemm_pieces = n < GEMM_MIN_PIECES ? GEMM_MIN_PIECES : n > GEMM_MAX_PIECES ? GEMM_MAX_PIECES : n;
 }
 
-static int64_t gemm_pieces(void)
+int64_t tf_cpu_gemm_pieces(void)
 {
     pthread_once(&g_gemm_once, gemm_pieces_once);
     return g_gemm_pieces;
 }
+
+static int64_t gemm_pieces(void) { return tf_cpu_gemm_pieces(); }
 
 typedef struct gemm_job {
     bool ta, tb, accumulate, by_cols, bf16;

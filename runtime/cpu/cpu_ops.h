@@ -32,6 +32,10 @@ void tf_cpu_blas_init(void);
 /* "OpenBLAS" or "built-in loops", for `tfuse doctor`-style reports. */
 const char *tf_cpu_blas_name(void);
 
+/* The most pieces a GEMM is cut into: twice the machine's CPUs, 4 to 16
+ * (fixed by the machine, never by a session's thread count). */
+int64_t tf_cpu_gemm_pieces(void);
+
 /* C[M,N] = op(A) op(B) (+ C when accumulate), row-major; op(A) is A[M,K]
  * (lda >= K) or, when ta, A[K,M] read transposed (lda >= M); likewise B.
  * Split by rows of C, or by columns when C is wider than tall, into pieces

@@ -1,5 +1,6 @@
-/* test_cpu_conv.c — the cpu target's two convolution paths (oneDNN, where
- * the build has it, and im2col + GEMM) against the interpreter.
+/* test_cpu_conv.c — the cpu target's oneDNN paths against the interpreter:
+ * its two convolution paths (oneDNN, where the build has it, and im2col +
+ * GEMM) and its GEMMs with packed weights (oneDNN, or OpenBLAS).
  *
  *   - which path runs: with oneDNN in the build every conv kernel's profile
  *     `how` says ".onednn" (forward, input and weight gradients), and with
@@ -11,7 +12,14 @@
  *   - the inference patterns conv + batchnorm (folded into a bias, which
  *     the oneDNN primitive adds itself) and conv + batchnorm + relu (the
  *     epilogue kernel keeps relu: oneDNN's ReLU post-op turned NaN into 0):
- *     a NaN in the image stays NaN wherever the interpreter has one. */
+ *     a NaN in the image stays NaN wherever the interpreter has one;
+ *   - inference GEMMs whose weights the step never writes: with oneDNN in
+ *     the build every such kernel's `how` says "gemm.onednn" (packed
+ *     weights), with --cpu-gemm=openblas none does, and a training step's
+ *     GEMMs never do; shapes whose rows the pieces do not divide, fewer rows
+ *     than a piece, a batched left operand, either operand transposed;
+ *     after tf_session_set_state gives a weight new values, the next run
+ *     uses them (the packed copy is made again). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +54,7 @@ static void pair_free(pair *q)
 /* Compile for cpu (im2col or not), an interp and a cpu session with the
  * same seed, the same random inputs; nan_at >= 0 puts a NaN there in the
  * first input. */
-static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode, bool im2col, int64_t nan_at)
+static bool pair_make_with(pair *q, const char *label, const char *text, tf_mode mode, bool im2col, bool openblas, int64_t nan_at)
 {
     memset(q, 0, sizeof *q);
     tf_context_create(&q->ctx);
@@ -55,6 +63,7 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
     o.mode = mode;
     o.target = TF_TARGET_CPU;
     o.cpu_conv_im2col = im2col;
+    o.cpu_gemm_openblas = openblas;
     if (tf_model_parse_string(q->ctx, label, text, strlen(text), NULL, 0, &q->m) || tf_program_compile(q->ctx, q->m, &o, &q->p) ||
         tf_session_create(q->ctx, q->p, TF_TARGET_INTERP, g_seed, &q->ref) ||
         tf_session_create(q->ctx, q->p, TF_TARGET_CPU, g_seed, &q->cpu)) {
@@ -84,6 +93,11 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
         return false;
     }
     return true;
+}
+
+static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode, bool im2col, int64_t nan_at)
+{
+    return pair_make_with(q, label, text, mode, im2col, false, nan_at);
 }
 
 /* Outputs elementwise (2e-5 of the tensor's scale, test_cpu's fp32 bound),
@@ -206,6 +220,100 @@ static void epilogue_case(bool im2col, bool relu)
     pair_free(&q);
 }
 
+/* How many GEMM kernels ran, and how many of them with packed weights. */
+static void gemm_hows(pair *q, int *gemms, int *packed)
+{
+    *gemms = *packed = 0;
+    for (size_t i = 0; i < tf_session_profile_count(q->cpu); i++) {
+        tf_kernel_profile kp;
+        tf_session_profile(q->cpu, i, &kp);
+        if (strncmp(kp.how, "gemm", 4)) continue;
+        ++*gemms;
+        *packed += !strcmp(kp.how, "gemm.onednn");
+    }
+}
+
+typedef struct gemm_shape {
+    const char *label, *text;
+    int gemms;
+} gemm_shape;
+
+static const gemm_shape gemm_shapes[] = {
+    {"37 rows (pieces of 16, 16 and 5), bias + relu, a second layer",
+     "input x : f32[37, 20]\nparam w : f32[20, 29] = uniform()\nparam b : f32[29] = uniform()\nparam w2 : f32[29, 5] = uniform()\n"
+     "h = linear(x, w, b)\na = relu(h)\ny = matmul(a, w2)\noutput y\n", 2},
+    {"5 rows (fewer than a piece)", "input x : f32[5, 8]\nparam w : f32[8, 3] = uniform()\ny = matmul(x, w)\noutput y\n", 1},
+    {"batched left operand [3, 7, 12] x [12, 9]",
+     "input x : f32[3, 7, 12]\nparam w : f32[12, 9] = uniform()\ny = matmul(x, w)\noutput y\n", 1},
+    {"transposed weights [21, 12] x [9, 12]^T",
+     "input x : f32[21, 12]\nparam w : f32[9, 12] = uniform()\ny = matmul(x, w, transpose_b=true)\noutput y\n", 1},
+    {"transposed left operand [12, 21]^T x [12, 9]",
+     "input x : f32[12, 21]\nparam w : f32[12, 9] = uniform()\ny = matmul(x, w, transpose_a=true)\noutput y\n", 1},
+};
+
+/* New values for param name in both sessions: its current ones times -1.5
+ * plus 0.25. */
+static void rewrite_param(pair *q, const char *name)
+{
+    tf_tensor_view t = {0};
+    float buf[4096];
+    t.data = buf;
+    if (tf_session_get_state(q->cpu, name, &t, sizeof buf)) {
+        CHECK(0, "get_state %s: %s", name, tf_context_last_error(q->ctx));
+        return;
+    }
+    for (int64_t i = 0; i < tc_numel(&t); i++) buf[i] = buf[i] * -1.5f + 0.25f;
+    CHECK(!tf_session_set_state(q->cpu, name, &t) && !tf_session_set_state(q->ref, name, &t), "set_state %s: %s", name,
+          tf_context_last_error(q->ctx));
+}
+
+static void gemm_case(const gemm_shape *g, bool openblas)
+{
+    char label[256];
+    snprintf(label, sizeof label, "GEMM %s [%s]", g->label, openblas ? "--cpu-gemm=openblas" : "default");
+    pair q;
+    if (pair_make_with(&q, label, g->text, TF_MODE_INFER, false, openblas, -1)) {
+        pair_compare(&q, label);
+        int gemms, packed;
+        gemm_hows(&q, &gemms, &packed);
+        CHECK(gemms == g->gemms, "%s: %d GEMM kernels ran, expected %d", label, gemms, g->gemms);
+        int want = openblas || !tf_dnnl_available() ? 0 : g->gemms;
+        CHECK(packed == want, "%s: %d of %d GEMM kernels ran with packed weights, expected %d", label, packed, gemms, want);
+        /* the weights change: the next run multiplies by the new ones */
+        tf_tensor_view before;
+        tf_session_output(q.cpu, "y", &before);
+        float first = ((const float *)before.data)[0];
+        rewrite_param(&q, "w");
+        if (tf_session_run(q.ref) || tf_session_run(q.cpu)) {
+            CHECK(0, "%s: second run: %s", label, tf_context_last_error(q.ctx));
+        } else {
+            char l2[300];
+            snprintf(l2, sizeof l2, "%s, after set_state(w)", label);
+            pair_compare(&q, l2);
+            tf_tensor_view after;
+            tf_session_output(q.cpu, "y", &after);
+            CHECK(((const float *)after.data)[0] != first, "%s: the output did not change", l2);
+        }
+    }
+    pair_free(&q);
+}
+
+/* A training step updates its weights every step: no packed GEMM. */
+static void gemm_train_case(void)
+{
+    const char *label = "GEMM in a training step";
+    pair q;
+    if (pair_make_with(&q, label, "input x : f32[37, 20]\nparam w : f32[20, 29] = uniform()\nh = matmul(x, w)\n"
+                                  "s = mul(h, h)\nloss = mean(s, axes=[0, 1])\noutput loss\n" TC_TRAIN_SGD,
+                       TF_MODE_TRAIN, false, false, -1)) {
+        pair_compare(&q, label);
+        int gemms, packed;
+        gemm_hows(&q, &gemms, &packed);
+        CHECK(gemms >= 2 && packed == 0, "%s: %d GEMM kernels, %d with packed weights (expected none)", label, gemms, packed);
+    }
+    pair_free(&q);
+}
+
 int main(void)
 {
     g_seed = test_seed();
@@ -221,5 +329,8 @@ int main(void)
         epilogue_case(im2col, true);
         epilogue_case(im2col, false);
     }
+    for (int openblas = 0; openblas < 2; openblas++)
+        for (size_t i = 0; i < sizeof gemm_shapes / sizeof *gemm_shapes; i++) gemm_case(&gemm_shapes[i], openblas != 0);
+    gemm_train_case();
     return check_report();
 }
