@@ -71,26 +71,21 @@ static void print_profile(tf_session_t *s, const char *target, uint64_t iters)
 int cmd_bench(tf_context_t *ctx, const args *a)
 {
     uint64_t iters = a->iters ? a->iters : 20, warmup = a->warmup_set ? a->warmup : 3;
-    tf_model_t *m = NULL;
-    if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m)) return cli_fail(ctx);
-    tf_compile_options o;
-    cli_fill_options(a, &o, stderr);
-    tf_program_t *p = NULL;
     tf_session_t *s = NULL, *s2 = NULL;
     void *data[MAX_ITEMS] = {0};
     double *times = calloc(iters, sizeof *times);
     int rc = times ? 0 : 1;
-    double t0 = now_ms();
-    if (!rc && tf_program_compile(ctx, m, &o, &p)) rc = cli_fail(ctx);
-    double compile_ms = now_ms() - t0;
+    double compile_ms = 0, t0;
+    tf_target target = a->target;
+    tf_program_t *p = rc ? NULL : cli_load_program(ctx, a, a->mode, stderr, &target, &compile_ms, &rc);
     /* timing a "training step" that has no backward pass would be a number about nothing */
     if (!rc && a->mode == TF_MODE_TRAIN)
         rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : "bench's default --mode=train");
     t0 = now_ms();
-    if (!rc && tf_session_create(ctx, p, a->target, a->seed, &s)) rc = cli_fail(ctx);
+    if (!rc && tf_session_create(ctx, p, target, a->seed, &s)) rc = cli_fail(ctx);
     double jit_ms = now_ms() - t0;
     t0 = now_ms();
-    if (!rc && tf_session_create(ctx, p, a->target, a->seed, &s2)) rc = cli_fail(ctx);
+    if (!rc && tf_session_create(ctx, p, target, a->seed, &s2)) rc = cli_fail(ctx);
     double jit_cached_ms = now_ms() - t0;
     tf_session_free(s2);
     size_t nin = p ? tf_program_io_count(p, TF_IO_INPUT) : 0;
@@ -146,6 +141,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
         printf("kernels: %d\n", info.kernels);
         printf("kernels_jit_compiled: %d\n", info.jit_compiled);
         if (info.jit_disk) printf("kernels_jit_disk: %d\n", info.jit_disk);
+        if (info.jit_package) printf("kernels_jit_package: %d\n", info.jit_package);
         printf("kernels_fallback: %d\n", info.fallbacks);
         for (size_t i = 0; i < tf_program_stat_count(p); i++) {
             const char *name;
@@ -165,6 +161,5 @@ int cmd_bench(tf_context_t *ctx, const args *a)
     free(times);
     tf_session_free(s);
     tf_program_free(p);
-    tf_model_free(m);
     return rc;
 }

@@ -35,6 +35,7 @@ typedef struct args {
     const char *passes, *dump_ir, *dump_dir, *out, *params;
     tf_precision precision;   /* --precision; TF_PRECISION_DEFAULT: not given */
     bool stats, random_inputs, help, explain, o0;
+    bool no_params;           /* compile: the package without initial params */
     const char *disabled[MAX_ITEMS];
     size_t ndisabled;
     int64_t memory_limit;
@@ -72,6 +73,15 @@ int cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));   /*
 /* The context's error in the one form above, with `context` (or NULL)
  * appended in parentheses; returns 1. */
 int cli_report(tf_context_t *ctx, const char *context);
+/* The program of a->file: a package (`tfuse compile`'s .tfp) loaded as it
+ * was compiled, or the model parsed and compiled with a's options (mode
+ * `mode`); NULL with *rc set (the error printed) on failure. A flag that
+ * would change what a package holds (--dim, --precision, another --mode or
+ * --target) is an error naming what the package was compiled with; *target
+ * gets the target to run on. *compile_ms: parsing and the passes (or
+ * loading the package). */
+tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, FILE *explain, tf_target *target,
+                               double *compile_ms, int *rc);
 /* v, or NULL with *rc = 2 (printed) when v is "" (a flag's empty value). */
 const char *cli_nonempty(const char *cmd, const char *flag, const char *v, int *rc);
 /* Before any work: can `path` be written? replace: by an atomic writer (a

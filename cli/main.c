@@ -15,6 +15,7 @@
  * Exit codes: 0 success, 1 an error in the input or while running, 2 bad
  * command-line usage. */
 #include <errno.h>
+#include <time.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -128,7 +129,7 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, F_CPU_CONV, F_CPU_GEMM, F_CPU_EXPLAIN, NFLAGS
+    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, F_CPU_CONV, F_CPU_GEMM, F_CPU_EXPLAIN, F_NO_PARAMS, NFLAGS
 } flag_id;
 
 static const struct flag_info {
@@ -164,6 +165,7 @@ static const struct flag_info {
     [F_OUTPUT]         = {"--output",         C_RUN,                       true,  NULL},
     [F_OUT]            = {"-o",               C_COMPILE,                   false, NULL},
     [F_STATS]          = {"--stats",          C_COMPILE,                   false, NULL},
+    [F_NO_PARAMS]      = {"--no-params",      C_COMPILE,                   false, NULL},
     [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
     [F_LLVM_PIPELINE]  = {"--llvm-pipeline",  C_SETTING,                   false, NULL},
     [F_NO_TF32]        = {"--no-tf32",        C_SETTING,                   false, NULL},
@@ -348,6 +350,9 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (!strcmp(s, "--stats")) {
             NOTE(F_STATS);
             a->stats = true;
+        } else if (!strcmp(s, "--no-params")) {
+            NOTE(F_NO_PARAMS);
+            a->no_params = true;
         } else if (!strcmp(s, "--random-inputs")) {
             NOTE(F_RANDOM_INPUTS);
             a->random_inputs = true;
@@ -727,6 +732,75 @@ static tf_program_t *compile(tf_context_t *ctx, tf_model_t *m, const args *a)
     return p;
 }
 
+static double wall_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static const char *mode_name(tf_mode m) { return m == TF_MODE_INFER ? "infer" : "train"; }
+static const char *target_name(tf_target t)
+{
+    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : "cuda-emu";
+}
+static const char *precision_name(tf_precision p)
+{
+    return p == TF_PRECISION_FP16 ? "fp16" : p == TF_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, FILE *explain, tf_target *target,
+                               double *compile_ms, int *rc)
+{
+    *rc = 0;
+    *target = a->target;
+    double t0 = wall_ms();
+    tf_program_t *p = NULL;
+    if (!tf_is_package(a->file)) {
+        tf_model_t *m = NULL;
+        args b = *a;
+        b.mode = mode;
+        tf_compile_options o;
+        cli_fill_options(&b, &o, explain);
+        if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m) || tf_program_compile(ctx, m, &o, &p)) *rc = fail(ctx);
+        tf_model_free(m);
+        if (compile_ms) *compile_ms = wall_ms() - t0;
+        return p;
+    }
+    /* a package: what shaped it is fixed; a flag that would change it is a mistake */
+    const char *changes = a->ndims ? "--dim" : a->seen[F_CHECKPOINT] ? "--checkpoint" : a->seen[F_MEMORY_BUDGET] ? "--memory-budget"
+                        : a->seen[F_DISABLE_PASS] ? "--disable-pass" : a->o0 ? "--O0" : a->seen[F_MEMORY_LIMIT] ? "--memory-limit" : NULL;
+    if (changes) {
+        *rc = cli_usage_errorf(a->cmd, "%s is a compiled package: %s changes what it holds; give it to `tfuse compile` with the "
+                               "model file instead", a->file, changes);
+        return NULL;
+    }
+    if (tf_program_load(ctx, a->file, &p)) {
+        *rc = fail(ctx);
+        return NULL;
+    }
+    tf_mode pm;
+    tf_target pt;
+    tf_precision pp;
+    tf_program_describe(p, &pm, &pt, &pp);
+    const char *bad = NULL;
+    char want[64] = "", have[64] = "";
+    if (pm != mode) bad = "mode", snprintf(want, sizeof want, "%s", mode_name(mode)), snprintf(have, sizeof have, "%s", mode_name(pm));
+    else if (a->seen[F_TARGET] && a->target != pt)
+        bad = "target", snprintf(want, sizeof want, "%s", target_name(a->target)), snprintf(have, sizeof have, "%s", target_name(pt));
+    else if (a->precision != TF_PRECISION_DEFAULT && a->precision != pp)
+        bad = "precision", snprintf(want, sizeof want, "%s", precision_name(a->precision)), snprintf(have, sizeof have, "%s", precision_name(pp));
+    if (bad) {
+        *rc = cli_usage_errorf(a->cmd, "%s was compiled with %s %s, and this asks for %s: compile the model with --%s=%s", a->file, bad,
+                               have, want, bad, want);
+        tf_program_free(p);
+        return NULL;
+    }
+    *target = pt;
+    if (compile_ms) *compile_ms = wall_ms() - t0;
+    return p;
+}
+
 /* Atomically: PATH.tmp.PID beside it, renamed over it; an interrupt waits
  * for the rename, so there is never a half-written PATH or a temporary file. */
 static int write_file(const char *path, const char *text)
@@ -769,11 +843,86 @@ int cli_check_train_loss(const tf_program_t *p, const char *file, const char *ho
     return 1;
 }
 
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* Where `tfuse compile FILE` puts its package: FILE's name with .tfp for
+ * its extension, in the current directory (as a C compiler writes its
+ * object file), malloc'd. */
+static char *default_package_path(const char *file)
+{
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    size_t n = strlen(base);
+    const char *dot = strrchr(base, '.');
+    if (dot && dot != base) n = (size_t)(dot - base);
+    char *out = malloc(n + 5);
+    if (out) memcpy(out, base, n), memcpy(out + n, ".tfp", 5);
+    return out;
+}
+
+static void print_bytes(const char *label, double b)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) b /= 1024, i++;
+    printf("%s%.*f %s", label, i ? 1 : 0, b, u[i]);
+}
+
+/* `tfuse compile`'s summary: what was compiled and what it became. */
+static void print_summary(const tf_program_t *p, const args *a, const char *out, const tf_package_info *pi, double ms)
+{
+    tf_mode mode;
+    tf_target target;
+    tf_precision prec;
+    tf_program_describe(p, &mode, &target, &prec);
+    int64_t kernels = -1, regions = -1, peak = -1, ops = -1;
+    for (size_t i = 0; i < tf_program_stat_count(p); i++) {
+        const char *name;
+        int64_t v;
+        tf_program_stat(p, i, &name, &v);
+        if (!strcmp(name, "kernels")) kernels = v;
+        else if (!strcmp(name, "fused_regions")) regions = v;
+        else if (!strcmp(name, "peak_bytes")) peak = v;
+        else if (!strcmp(name, "ops")) ops = v;
+    }
+    printf("compiled %s: %s, %s, target %s; %" PRId64 " ops, %" PRId64 " kernels (%" PRId64 " fused regions)", a->file,
+           mode_name(mode), precision_name(prec), target_name(target), ops, kernels, regions);
+    if (peak >= 0) print_bytes(", planned peak ", (double)peak);
+    printf("\n");
+    if (pi) {
+        printf("wrote %s: %d compiled kernels (%d from the cache, %d compiled now), %s", out, pi->objects, pi->objects_cached,
+               pi->objects - pi->objects_cached, pi->has_params ? "initial params" : "no params (--no-params)");
+        print_bytes(", ", (double)pi->bytes);
+        printf(", in %.0f ms\n", ms);
+    }
+}
+
 static int cmd_compile(tf_context_t *ctx, const args *a)
 {
-    if (a->out && a->target != TF_TARGET_CUDA && cli_check_writable("-o", a->out, true)) return 1;
+    /* -o X.ir: the final IR as text; --target=cuda -o DIR: the cubin directory; else a package */
+    bool ir_text = a->out && ends_with(a->out, ".ir"), cuda_dir = a->out && !ir_text && a->target == TF_TARGET_CUDA;
+    bool package = !ir_text && !cuda_dir && a->target != TF_TARGET_CUDA && a->target != TF_TARGET_CUDA_EMU;
+    char *pkg_path = package ? (a->out ? strdup(a->out) : default_package_path(a->file)) : NULL;
+    if (package && !pkg_path) return cli_errorf("out of memory");
+    if (a->no_params && !package) {
+        free(pkg_path);
+        return cli_usage_errorf(a->cmd, "--no-params leaves the initial params out of a package, and this writes none%s",
+                                ir_text ? " (-o names an .ir file: the final IR as text)" : "");
+    }
+    if ((ir_text || package) && cli_check_writable("-o", ir_text ? a->out : pkg_path, true)) {
+        free(pkg_path);
+        return 1;
+    }
+    double t0 = wall_ms();
     tf_model_t *m = load_model(ctx, a);
-    if (!m) return fail(ctx);
+    if (!m) {
+        free(pkg_path);
+        return fail(ctx);
+    }
     tf_program_t *p = compile(ctx, m, a);
     int rc = 0;
     if (!p) rc = fail(ctx);
@@ -785,16 +934,26 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
             tf_program_stat(p, i, &name, &v);
             printf("%s: %" PRId64 "\n", name, v);
         }
-    if (!rc && a->out && a->target == TF_TARGET_CUDA) {   /* a directory: IR, kernels, CUDA C and cubins */
+    if (!rc && cuda_dir) {   /* a directory: IR, kernels, CUDA C and cubins */
         int n = 0;
         if (tf_program_write_artifact(ctx, p, a->out, a->arch, &n)) rc = fail(ctx);
         else printf("wrote %s: program.ir, kernels.txt, manifest.txt and %d cubins for %s\n", a->out, n, a->arch ? a->arch : "sm_90");
-    } else if (!rc && a->out) {
+    } else if (!rc && ir_text) {
         char *text = NULL;
         if (tf_program_print(ctx, p, &text)) rc = fail(ctx);
         else rc = write_file(a->out, text);
         free(text);
+    } else if (!rc && package) {
+        tf_package_info pi;
+        cli_write_begin();   /* an interrupt waits for the package's rename */
+        if (tf_program_save(ctx, p, pkg_path, !a->no_params, a->seed, &pi)) rc = fail(ctx);
+        cli_write_end();
+        if (!rc) print_summary(p, a, pkg_path, &pi, wall_ms() - t0);
+    } else if (!rc) {
+        print_summary(p, a, NULL, NULL, 0);
+        printf("not packaged: packages hold cpu and interp programs so far (-o DIR writes the cuda target's cubins)\n");
     }
+    free(pkg_path);
     tf_program_free(p);
     tf_model_free(m);
     return rc;
@@ -865,14 +1024,14 @@ static int cmd_run(tf_context_t *ctx, args *a)
     if (a->params && cli_check_readable("--params", a->params)) return 1;
     for (size_t i = 0; i < a->noutputs; i++)
         if (cli_check_writable("--output", a->outputs[i].val, true)) return 1;
-    tf_model_t *m = load_model(ctx, a);
-    if (!m) return fail(ctx);
-    tf_program_t *p = compile(ctx, m, a);
+    int rc = 0;
+    tf_target target;
+    tf_program_t *p = cli_load_program(ctx, a, TF_MODE_INFER, stdout, &target, NULL, &rc);
+    if (!p) return rc;
     tf_session_t *s = NULL;
     tf_array_t *arrays[MAX_ITEMS] = {0};
     void *randoms[MAX_ITEMS] = {0};
-    int rc = 0;
-    if (!p || tf_session_create(ctx, p, a->target, a->seed, &s)) rc = fail(ctx);
+    if (tf_session_create(ctx, p, target, a->seed, &s)) rc = fail(ctx);
     if (!rc && a->params && tf_session_load_state(s, a->params)) rc = fail(ctx);
     if (!rc && a->params && tf_session_missing_params(s))
         fprintf(stderr, "tfuse: note: %s has no value for %s; they keep their initial values\n", a->params,
@@ -950,7 +1109,6 @@ static int cmd_run(tf_context_t *ctx, args *a)
     }
     tf_session_free(s);
     tf_program_free(p);
-    tf_model_free(m);
     return rc;
 }
 

@@ -259,6 +259,30 @@ tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
  * for every generated kernel (NVRTC compiles them; no GPU is needed) and
  * manifest.txt, the launch order. arch: "sm_80", "sm_90", ... (NULL: sm_90).
  * *nbinaries (may be NULL): cubins written. */
+/* A compiled program as one file (`tfuse compile` writes `MODEL.tfp`): the
+ * model, the options that shaped it, the final IR, the target's compiled
+ * code (cpu: object code for this CPU and LLVM) and, with with_params, the
+ * initial params and buffers a session of that seed starts from; written
+ * atomically. tf_program_load starts from it with no kernel compilation:
+ * it checks every checksum, refuses a package made by another tfuse version
+ * or for another CPU (saying what it was built for and what this machine
+ * is), runs the passes again (milliseconds; the result must hash to the
+ * package's final IR) and its sessions link the package's code and start
+ * from its params. cpu and interp programs so far (cuda: TF_ERR_UNSUPPORTED). */
+typedef struct tf_package_info {
+    int objects;          /* compiled kernels in the package */
+    int objects_cached;   /* of those, taken from the disk cache rather than compiled now */
+    int has_params;
+    int64_t bytes;        /* the file's size */
+} tf_package_info;
+tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *path, int with_params, uint64_t seed,
+                          tf_package_info *info);
+tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **out);
+/* Whether path starts like a package (for callers that take either). */
+int tf_is_package(const char *path);
+/* What a program was compiled for: mode, target and precision (never
+ * DEFAULT); any pointer may be NULL. */
+tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *target, tf_precision *precision);
 tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
                                     int *nbinaries);
 
@@ -362,6 +386,8 @@ typedef struct tf_session_info {
     int jit_disk;               /* cpu: kernels whose object code an earlier process left in the disk
                                  * cache ($TFUSE_CACHE_DIR/cpu), linked, not compiled (jit_compiled
                                  * counts those compiled now, jit_cached those this process had) */
+    int jit_package;            /* cpu: kernels whose object code came from the program's package
+                                 * (tf_program_load), linked, not compiled */
     double jit_ms;
     const char *library;
     /* cuda: how a step runs: "graph" (captured as one CUDA graph on its first

@@ -184,6 +184,12 @@ void tf_program_free(tf_program_t *p)
     if (!p) return;
     if (p->has_plan) tf_kernels_free(&p->plan);
     tf_free(p->settings.llvm_pipeline);
+    tf_free(p->model_text);
+    tf_free(p->model_name);
+    for (int i = 0; i < p->ndisabled; i++) tf_free(p->disabled[i]);
+    tf_free(p->disabled);
+    if (p->pkg) tf_pkg_free(p->pkg);
+    tf_free(p->pkg);
     tf_module_free(p->m);
     tf_free(p->inputs.items);
     tf_free(p->params.items);
@@ -332,8 +338,26 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
             if (opts->disable_passes[i] && !strcmp(opts->disable_passes[i], "memplan"))
                 return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: --dim %s=auto needs memplan, which is disabled", name);
     }
+    char *model_text = tf_print_module(model->m);   /* before the passes: what tf_program_save keeps */
+    if (!model_text) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the model");
     st = compile_module(ctx, model->m, opts, model->auto_dim, &chosen, &p);
-    if (st) return st;
+    if (st) {
+        tf_free(model_text);
+        return st;
+    }
+    p->model_text = model_text;
+    p->opts = *opts;
+    p->opts.dump_ir = p->opts.dump_dir = p->opts.dump_kernels = p->opts.dump_llvm = p->opts.llvm_pipeline = NULL;
+    p->opts.disable_passes = NULL, p->opts.ndisable_passes = 0, p->opts.explain = NULL;
+    if (opts->ndisable_passes && !(p->disabled = tf_calloc(opts->ndisable_passes, sizeof *p->disabled))) {
+        tf_program_free(p);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    for (size_t i = 0; i < opts->ndisable_passes; i++)
+        if (opts->disable_passes[i] && !(p->disabled[p->ndisabled++] = tf_strdup(opts->disable_passes[i]))) {
+            tf_program_free(p);
+            return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        }
     int64_t params = 0;
     for (int i = 0; i < p->m->decls.n; i++) {
         tf_value *v = p->m->decls.items[i];
@@ -594,6 +618,8 @@ tf_status tf_program_input_bound(const tf_program_t *p, size_t i, int64_t *upper
 
 static size_t type_bytes(const tf_type *t) { return (size_t)tf_type_numel(t) * (size_t)tf_dtype_bytes(t->dtype); }
 
+static tf_status apply_state(tf_session_t *s, const tio_tensor *ts, size_t n, const char *path);
+
 tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target target, uint64_t seed,
                             tf_session_t **out)
 {
@@ -629,6 +655,20 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
         s->be = NULL;   /* nothing to free in the backend */
         tf_session_free(s);
         return st;
+    }
+    const tf_pkg_section *init = p->pkg ? tf_pkg_find(p->pkg, "state.safetensors") : NULL;
+    if (init) {   /* a package's initial state replaces the initializers' */
+        char err[5120];
+        tio_tensor *ts = NULL;
+        size_t n = 0;
+        tio_status ts_st = tio_safetensors_read_mem("package state.safetensors", init->data, init->len, &ts, &n, NULL, err, sizeof err);
+        st = ts_st ? tf_set_error(ctx, ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err)
+                   : apply_state(s, ts, n, "package state.safetensors");
+        tio_tensors_free(ts, n);
+        if (st) {
+            tf_session_free(s);
+            return st;
+        }
     }
     *out = s;
     return TF_OK;
@@ -792,19 +832,11 @@ static bool is_training_state(const char *name) { return !strncmp(name, "opt.", 
 
 tf_status tf_session_load_state(tf_session_t *s, const char *path) { return tf_session_load_state_meta(s, path, NULL); }
 
-tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **metadata_json_out)
+/* Tensors (from a state file, or a package's initial state: path names
+ * it in errors) into the session's params and buffers: everything checked
+ * before anything is written. */
+static tf_status apply_state(tf_session_t *s, const tio_tensor *ts, size_t n, const char *path)
 {
-    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
-    if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
-    char err[5120];
-    tio_tensor *ts = NULL;
-    size_t n = 0;
-    char *meta = NULL;
-    if (metadata_json_out) *metadata_json_out = NULL;
-    tio_status ts_st = tio_safetensors_read_meta(path, &ts, &n, metadata_json_out ? &meta : NULL, err, sizeof err);
-    if (ts_st)
-        return tf_set_error(s->ctx, ts_st == TIO_ERR_IO ? TF_ERR_IO : ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT,
-                            "%s", err);
     tf_status st = TF_OK;
     /* check everything before writing anything: a bad file changes no state */
     for (size_t i = 0; i < n && !st; i++) {
@@ -846,6 +878,23 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
         snprintf(grown + have, add, "%s%s", have ? ", " : "", v->name);
         s->missing = grown;
     }
+    return st;
+}
+
+tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **metadata_json_out)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
+    if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
+    char err[5120];
+    tio_tensor *ts = NULL;
+    size_t n = 0;
+    char *meta = NULL;
+    if (metadata_json_out) *metadata_json_out = NULL;
+    tio_status ts_st = tio_safetensors_read_meta(path, &ts, &n, metadata_json_out ? &meta : NULL, err, sizeof err);
+    if (ts_st)
+        return tf_set_error(s->ctx, ts_st == TIO_ERR_IO ? TF_ERR_IO : ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT,
+                            "%s", err);
+    tf_status st = apply_state(s, ts, n, path);
     tio_tensors_free(ts, n);
     if (st) tf_libc_free(meta);   /* stdio's buffer, for the caller to free() */
     else if (metadata_json_out) *metadata_json_out = meta;

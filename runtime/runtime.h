@@ -15,6 +15,7 @@
 #include "kernel.h"
 #include "ops.h"
 #include "passes.h"
+#include "package.h"
 
 /* A compiled-kernel cache (include/tfuse.h): shared by the contexts that
  * hold it and the sessions that started with it; mu guards everything
@@ -73,6 +74,15 @@ struct tf_program {
     tf_diag plan_diag;
     tf_target_settings settings;
     tf_precision precision; /* what it was compiled in (never DEFAULT) */
+    /* For tf_program_save: the model as compiled (canonical text, dims
+     * applied) and the options that matter to the result; owned. */
+    char *model_text, *model_name;
+    tf_compile_options opts;     /* strings and arrays not kept: see api.c's package_manifest */
+    char **disabled;             /* opts.disable_passes, owned */
+    int ndisabled;
+    /* A program loaded from a package: its sections (the backend links the
+     * package's object code instead of compiling) and its initial state; owned. */
+    tf_pkg *pkg;
 };
 
 typedef struct tf_backend tf_backend;
@@ -125,6 +135,15 @@ struct tf_backend {
      * for arch, NULL: its default). */
     tf_status (*write_artifact)(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
                                 int *nbinaries);
+    /* Optional (NULL: nothing to add): the compiled code of every kernel of
+     * p as sections of a package (cpu: "cpu/target", the target the code is
+     * for, and "cpu/SYM.o" per kernel); *nobjects of them, *cached of those
+     * taken from the disk cache rather than compiled now. */
+    tf_status (*package_code)(tf_context_t *ctx, const tf_program_t *p, tf_pkg *pkg, int *nobjects, int *cached);
+    /* Optional: whether a loaded package's code runs here: an error (with
+     * the package's path) that says what it was built for and what this
+     * machine is. */
+    tf_status (*package_check)(tf_context_t *ctx, const tf_pkg *pkg, const char *path);
     /* Optional: the generated code of every kernel as text into dir (cpu:
      * kernels.ll, the optimized LLVM IR, for --dump-llvm). */
     tf_status (*dump_code)(tf_context_t *ctx, const tf_program_t *p, const char *dir);

@@ -49,6 +49,7 @@
 #include <time.h>
 
 #include "cache_file.h"
+#include "package.h"
 #include "conv_dnnl.h"
 #include "cpu_ops.h"
 #include "gemm_dnnl.h"
@@ -135,8 +136,27 @@ static uint64_t get_u64(const unsigned char *p)
     return v;
 }
 
-/* The object code stored under key in path, malloc'd into *obj (*n bytes);
- * false when there is none, or it is torn, foreign or another key's. */
+/* The object code a record (a disk cache file, or a package's section)
+ * holds under key, malloc'd into *obj (*n bytes); false when it is torn,
+ * foreign or another key's. */
+static bool record_parse(const unsigned char *b, size_t size, const char *key, void **obj, size_t *n)
+{
+    *obj = NULL;
+    size_t kl = strlen(key);
+    if (size < 40) return false;
+    uint64_t klen = get_u64(b + 16), olen = get_u64(b + 24);
+    bool ok = memcmp(b, DISK_MAGIC, 16) == 0 && klen == kl && olen > 0 && olen < (uint64_t)size &&
+              32 + klen + olen + 8 == (uint64_t)size && get_u64(b + size - 8) == tf_fnv1a(TF_FNV_BASIS, b, size - 8) &&
+              memcmp(b + 32, key, kl) == 0;
+    if (ok && (*obj = tf_malloc((size_t)olen))) {
+        memcpy(*obj, b + 32 + kl, (size_t)olen);
+        *n = (size_t)olen;
+    }
+    return ok && *obj;
+}
+
+/* The object code stored under key in path (record_parse); false when
+ * there is none, or it is torn, foreign or another key's. */
 static bool disk_read(const char *path, const char *key, void **obj, size_t *n)
 {
     *obj = NULL;
@@ -147,58 +167,80 @@ static bool disk_read(const char *path, const char *key, void **obj, size_t *n)
     bool ok = size >= 40 && size < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 && (b = tf_malloc((size_t)size)) &&
               fread(b, 1, (size_t)size, f) == (size_t)size;
     fclose(f);
-    size_t kl = strlen(key);
-    if (ok) {
-        uint64_t klen = get_u64(b + 16), olen = get_u64(b + 24);
-        ok = memcmp(b, DISK_MAGIC, 16) == 0 && klen == kl && olen > 0 && olen < (uint64_t)size &&
-             32 + klen + olen + 8 == (uint64_t)size &&
-             get_u64(b + size - 8) == tf_fnv1a(TF_FNV_BASIS, b, (size_t)size - 8) && memcmp(b + 32, key, kl) == 0;
-        if (ok && (*obj = tf_malloc((size_t)olen))) {
-            memcpy(*obj, b + 32 + kl, (size_t)olen);
-            *n = (size_t)olen;
-        }
-        ok = ok && *obj;
-    }
+    ok = ok && record_parse(b, (size_t)size, key, obj, n);
     tf_free(b);
     return ok;
 }
 
-static void disk_write(const char *path, const char *key, const void *obj, size_t n)
+/* The record of obj under key (malloc'd, *total bytes), or NULL. */
+static unsigned char *record_make(const char *key, const void *obj, size_t n, size_t *total)
 {
-    size_t kl = strlen(key), total = 32 + kl + n + 8;
-    unsigned char *b = tf_malloc(total);
-    if (!b) return;   /* the cache is an optimization: no room, no file */
+    size_t kl = strlen(key);
+    *total = 32 + kl + n + 8;
+    unsigned char *b = tf_malloc(*total);
+    if (!b) return NULL;
     memcpy(b, DISK_MAGIC, 16);
     put_u64(b + 16, kl);
     put_u64(b + 24, n);
     memcpy(b + 32, key, kl);
     memcpy(b + 32 + kl, obj, n);
-    put_u64(b + total - 8, tf_fnv1a(TF_FNV_BASIS, b, total - 8));
+    put_u64(b + *total - 8, tf_fnv1a(TF_FNV_BASIS, b, *total - 8));
+    return b;
+}
+
+static void disk_write(const char *path, const char *key, const void *obj, size_t n)
+{
+    size_t total;
+    unsigned char *b = record_make(key, obj, n, &total);
+    if (!b) return;   /* the cache is an optimization: no room, no file */
     tf_write_atomic(path, b, total, key);
     tf_free(b);
+}
+
+/* A kernel's name in object code and on disk: "tf_" + the FNV-1a of its disk
+ * key ("tfuse cpu kernel 2", the target, the kernel's key), malloc'd into
+ * *dkey; false when out of memory. */
+static bool kernel_sym(const char *target, const char *key, char **dkey, char sym[32])
+{
+    size_t n = strlen(target) + strlen(key) + 64;
+    if (!(*dkey = tf_malloc(n))) return false;
+    snprintf(*dkey, n, "tfuse cpu kernel 2\n%s\n%s", target, key);
+    snprintf(sym, 32, "tf_%016llx", (unsigned long long)tf_fnv1a(TF_FNV_BASIS, *dkey, strlen(*dkey)));
+    return true;
 }
 
 /* Compile k into the JIT through the disk cache: link the object code an
  * earlier process left for this key and target (*from_disk), or compile it
  * and leave the object for the next. Without a cache directory, or without
  * memory for the key, the disk is skipped. Under c->mu. */
-static tf_ir_status jit_compile_disk(jit_cache *jc, const tf_kernel *k, const char *key, tf_kernel_fn *fn, tf_jit_code **code,
-                                     bool *from_disk, tf_diag *d)
+static tf_ir_status jit_compile_disk(jit_cache *jc, const tf_kernel *k, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn,
+                                     tf_jit_code **code, bool *from_disk, bool *from_pkg, tf_diag *d)
 {
-    *from_disk = false;
-    char dir[4096];
+    *from_disk = *from_pkg = false;
+    char dir[4096], sym[32], path[4200];
+    char *dkey = NULL;
     if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
-    if (!jc->target || !tf_cache_subdir("cpu", dir, sizeof dir)) return tf_jit_compile(jc->jit, k, fn, code, d);
-    size_t n = strlen(jc->target) + strlen(key) + 64;
-    char *dkey = tf_malloc(n);
-    if (!dkey) return tf_jit_compile(jc->jit, k, fn, code, d);
-    snprintf(dkey, n, "tfuse cpu kernel 2\n%s\n%s", jc->target, key);
-    uint64_t h = tf_fnv1a(TF_FNV_BASIS, dkey, strlen(dkey));
-    char sym[32], path[4200];
-    snprintf(sym, sizeof sym, "tf_%016llx", (unsigned long long)h);
-    snprintf(path, sizeof path, "%s/%s.o", dir, sym);
+    if (!jc->target || !kernel_sym(jc->target, key, &dkey, sym)) return tf_jit_compile(jc->jit, k, fn, code, d);
     void *obj = NULL;
     size_t on = 0;
+    if (pkg) {   /* a package's object code (tf_program_load checked its target) */
+        snprintf(path, sizeof path, "cpu/%s.o", sym);
+        const tf_pkg_section *sec = tf_pkg_find(pkg, path);
+        if (sec && record_parse(sec->data, sec->len, dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, d)) {
+            *from_pkg = true;
+            tf_free(obj);
+            tf_free(dkey);
+            return TF_IR_OK;
+        }
+        memset(d, 0, sizeof *d);   /* not there, or it does not link: the disk cache, then the compiler */
+        tf_free(obj);
+        obj = NULL;
+    }
+    if (!tf_cache_subdir("cpu", dir, sizeof dir)) {
+        tf_free(dkey);
+        return tf_jit_compile(jc->jit, k, fn, code, d);
+    }
+    snprintf(path, sizeof path, "%s/%s.o", dir, sym);
     tf_ir_status st;
     if (disk_read(path, dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, d)) {
         *from_disk = true;
@@ -218,11 +260,10 @@ static tf_ir_status jit_compile_disk(jit_cache *jc, const tf_kernel *k, const ch
 /* The compiled function of k (with the LLVM pipeline `pipe`, NULL: tfuse's
  * own), from the cache or compiled now, with a reference the session gives
  * back through jit_put(c, *slot). */
-static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe, tf_kernel_fn *fn, int *slot, bool *hit,
-                            bool *disk, tf_diag *d)
+/* The JIT cache's key of k under pipeline pipe (NULL: tfuse's own),
+ * malloc'd; NULL when out of memory. */
+static char *jit_key(const tf_kernel *k, const char *pipe)
 {
-    *slot = -1;
-    *disk = false;
     char *kkey = tf_kernel_key(k), *key = NULL;
     if (kkey && pipe) {   /* another pipeline compiles other code */
         size_t n = strlen(pipe) + strlen(kkey) + 16;
@@ -231,6 +272,15 @@ static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe,
     } else {
         key = kkey;
     }
+    return key;
+}
+
+static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe, const tf_pkg *pkg, tf_kernel_fn *fn, int *slot,
+                            bool *hit, bool *disk, bool *from_pkg, tf_diag *d)
+{
+    *slot = -1;
+    *disk = *from_pkg = false;
+    char *key = jit_key(k, pipe);
     if (!key) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = TF_IR_OK;
     pthread_mutex_lock(&c->mu);
@@ -256,7 +306,7 @@ static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe,
         }
         tf_jit_code *code = NULL;
         if (!st && tf_jit_set_pipeline(jc->jit, pipe)) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-        if (!st) st = jit_compile_disk(jc, k, key, fn, &code, disk, d);
+        if (!st) st = jit_compile_disk(jc, k, key, pkg, fn, &code, disk, from_pkg, d);
         if (!st) {
             *slot = free_slot >= 0 ? free_slot : jc->n++;
             jc->e[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
@@ -340,7 +390,7 @@ typedef struct cpu {
     size_t packed_bytes;   /* what packed weights take */
     void *gemm_scratch;    /* the oneDNN GEMMs' scratchpads (the largest need) */
     bool profile;
-    int jit_compiled, jit_cached, jit_disk;
+    int jit_compiled, jit_cached, jit_disk, jit_package;
     double jit_ms;
     tf_cache_t *cache;     /* where its kernels are (the context's at the start), referenced */
 } cpu;
@@ -606,15 +656,16 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         bool wants_fn = k->nexprs && ck->how != RUN_VIEW && ck->how != RUN_FALLBACK;
         if (wants_fn) {
             tf_diag d = {0};
-            bool hit = false, disk = false;
-            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, &ck->fn, &ck->jit_slot, &hit, &disk, &d)) {
+            bool hit = false, disk = false, pkg = false;
+            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, s->p->pkg, &ck->fn, &ck->jit_slot, &hit, &disk, &pkg, &d)) {
                 if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
                 ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
                 ck->fn = NULL;
             } else {
                 c->jit_cached += hit;
                 c->jit_disk += !hit && disk;
-                c->jit_compiled += !hit && !disk;
+                c->jit_package += !hit && pkg;
+                c->jit_compiled += !hit && !disk && !pkg;
             }
         }
     }
@@ -1227,6 +1278,104 @@ static tf_status cpu_run(tf_session_t *s)
     return TF_OK;
 }
 
+/* ---- packages ------------------------------------------------------------ */
+
+/* This machine's target id, through the context cache's JIT (made if need
+ * be), malloc'd; NULL with *d filled when the JIT cannot be made. */
+static char *cache_target(tf_cache_t *c, tf_diag *d)
+{
+    char *t = NULL;
+    pthread_mutex_lock(&c->mu);
+    jit_cache *jc = c->cpu;
+    if (!jc && !(jc = c->cpu = tf_calloc(1, sizeof *jc))) tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    else if (jc->jit || !tf_jit_create(&jc->jit, d)) {
+        if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
+        if (!jc->target || !(t = tf_strdup(jc->target))) tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    pthread_mutex_unlock(&c->mu);
+    return t;
+}
+
+/* Every kernel a session compiles, as object code for this machine, in a
+ * JIT of its own (so that nothing here clashes with the names the context's
+ * JIT defines): from the disk cache where it is there, else compiled (and
+ * left in the disk cache). A kernel the emitter cannot compile runs the
+ * reference in a session, so it has no object. */
+static tf_status cpu_package_code(tf_context_t *ctx, const tf_program_t *p, tf_pkg *pkg, int *nobjects, int *cached)
+{
+    *nobjects = *cached = 0;
+    if (!p->has_plan) return TF_OK;
+    tf_diag d = {0};
+    tf_jit *j = NULL;
+    if (tf_jit_create(&j, &d)) return tf_from_diag(ctx, &d);
+    tf_status st = TF_OK;
+    char *target = tf_jit_target_id(j), why[256], dir[4096], path[4200], name[64];
+    bool have_dir = tf_cache_subdir("cpu", dir, sizeof dir);
+    if (!target || tf_jit_set_pipeline(j, p->settings.llvm_pipeline)) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    else if (!tf_pkg_add(pkg, "cpu/target", target, strlen(target), why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: %s", why);
+    for (int i = 0; !st && i < p->plan.nkernels; i++) {
+        const tf_kernel *k = &p->plan.kernels[i];
+        if (!k->nexprs || k->kind == TF_K_VIEW || (k->lib && library_how(k->lib) == RUN_FALLBACK)) continue;
+        char *key = jit_key(k, p->settings.llvm_pipeline), *dkey = NULL, sym[32];
+        if (!key || !kernel_sym(target, key, &dkey, sym)) {
+            tf_free(key);
+            st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+            break;
+        }
+        snprintf(name, sizeof name, "cpu/%s.o", sym);
+        snprintf(path, sizeof path, "%s/%s.o", dir, sym);
+        void *obj = NULL;
+        size_t on = 0;
+        bool have = tf_pkg_find(pkg, name) != NULL, from_disk = !have && have_dir && disk_read(path, dkey, &obj, &on);
+        if (!have && !from_disk) {
+            tf_kernel_fn fn;
+            tf_jit_code *code = NULL;
+            memset(&d, 0, sizeof d);
+            if (tf_jit_compile_object(j, k, sym, &fn, &code, &obj, &on, &d)) {
+                if (d.status != TF_IR_ERR_RUNTIME) st = tf_from_diag(ctx, &d);
+                have = true;   /* the emitter cannot: the reference runs it */
+            } else {
+                tf_jit_release(j, code, &d);
+                if (have_dir) disk_write(path, dkey, obj, on);
+            }
+        }
+        if (!st && !have) {
+            size_t total;
+            unsigned char *rec = record_make(dkey, obj, on, &total);
+            if (!rec || !tf_pkg_add(pkg, name, rec, total, why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+            tf_free(rec);
+            ++*nobjects;
+            *cached += from_disk;
+        }
+        tf_free(obj);
+        tf_free(dkey);
+        tf_free(key);
+    }
+    tf_free(target);
+    tf_jit_free(j);
+    return st;
+}
+
+static tf_status cpu_package_check(tf_context_t *ctx, const tf_pkg *pkg, const char *path)
+{
+    const tf_pkg_section *t = tf_pkg_find(pkg, "cpu/target");
+    if (!t) return tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: the package has no cpu code (no section cpu/target)", path);
+    tf_diag d = {0};
+    char *here = cache_target(ctx->cache, &d);
+    if (!here) return tf_from_diag(ctx, &d);
+    tf_status st = TF_OK;
+    if (strcmp(here, (const char *)t->data)) {
+        char a[600], b[600];
+        tf_cache_key_field((const char *)t->data, a, sizeof a);
+        tf_cache_key_field(here, b, sizeof b);
+        st = tf_set_error(ctx, TF_ERR_UNAVAILABLE,
+                          "%s: error: the package's code was built for another CPU or LLVM: built for '%s'; this machine is '%s': "
+                          "compile the model here (tfuse compile MODEL.ir)", path, a, b);
+    }
+    tf_free(here);
+    return st;
+}
+
 /* ---- the backend interface ------------------------------------------------ */
 
 static void cpu_free(tf_session_t *s)
@@ -1391,6 +1540,7 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
     out->jit_compiled = c->jit_compiled;
     out->jit_cached = c->jit_cached;
     out->jit_disk = c->jit_disk;
+    out->jit_package = c->jit_package;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
@@ -1524,5 +1674,7 @@ const tf_backend tf_backend_cpu = {
 #ifdef TFUSE_HAVE_LLVM
     .cache_trim = cpu_cache_trim,
     .cache_free = cpu_cache_free,
+    .package_code = cpu_package_code,
+    .package_check = cpu_package_check,
 #endif
 };

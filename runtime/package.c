@@ -1,0 +1,255 @@
+/* package.c — see package.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "alloc.h"
+#include "cache_file.h"
+#include "package.h"
+
+static const char MAGIC[16] = "TFUSE-PACKAGE\n\0";
+
+/* A package's size limit when reading: params of the biggest model tfuse
+ * plans are a few GB; 64 GiB stops absurd length fields early. */
+#define PKG_MAX_BYTES ((uint64_t)64 << 30)
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static bool name_ok(const char *name, size_t len)
+{
+    if (len == 0 || len > 255) return false;
+    for (size_t i = 0; i < len; i++)
+        if (name[i] < 0x21 || name[i] > 0x7e) return false;
+    return true;
+}
+
+const tf_pkg_section *tf_pkg_find(const tf_pkg *p, const char *name)
+{
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->s[i].name, name)) return &p->s[i];
+    return NULL;
+}
+
+static bool add_owned(tf_pkg *p, const char *name, size_t nlen, const void *data, size_t len)
+{
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 16;
+        tf_pkg_section *s = tf_realloc(p->s, (size_t)cap * sizeof *s);
+        if (!s) return false;
+        p->s = s, p->cap = cap;
+    }
+    tf_pkg_section *s = &p->s[p->n];
+    s->name = tf_malloc(nlen + 1);
+    s->data = tf_malloc(len + 1);
+    if (!s->name || !s->data) {
+        tf_free(s->name);
+        tf_free(s->data);
+        return false;
+    }
+    memcpy(s->name, name, nlen);
+    s->name[nlen] = 0;
+    if (len) memcpy(s->data, data, len);
+    s->data[len] = 0;
+    s->len = len;
+    p->n++;
+    return true;
+}
+
+bool tf_pkg_add(tf_pkg *p, const char *name, const void *data, size_t len, char *why, size_t n)
+{
+    if (!name_ok(name, strlen(name))) {
+        snprintf(why, n, "bad section name '%.64s'", name);
+        return false;
+    }
+    if (tf_pkg_find(p, name)) {
+        snprintf(why, n, "section '%.64s' twice", name);
+        return false;
+    }
+    if (!add_owned(p, name, strlen(name), data, len)) {
+        snprintf(why, n, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+void tf_pkg_free(tf_pkg *p)
+{
+    for (int i = 0; i < p->n; i++) {
+        tf_free(p->s[i].name);
+        tf_free(p->s[i].data);
+    }
+    tf_free(p->s);
+    memset(p, 0, sizeof *p);
+}
+
+bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *why, size_t n)
+{
+    size_t total = 16 + 8 + 8;
+    for (int i = 0; i < p->n; i++) total += 4 + strlen(p->s[i].name) + 8 + p->s[i].len + 8;
+    unsigned char *b = tf_malloc(total), *at = b;
+    if (!b) {
+        snprintf(why, n, "out of memory (%zu bytes)", total);
+        return false;
+    }
+    memcpy(at, MAGIC, 16), at += 16;
+    put32(at, TF_PKG_VERSION), put32(at + 4, (uint32_t)p->n), at += 8;
+    for (int i = 0; i < p->n; i++) {
+        size_t nl = strlen(p->s[i].name);
+        put32(at, (uint32_t)nl), at += 4;
+        memcpy(at, p->s[i].name, nl), at += nl;
+        put64(at, p->s[i].len), at += 8;
+        if (p->s[i].len) memcpy(at, p->s[i].data, p->s[i].len);
+        at += p->s[i].len;
+        put64(at, tf_fnv1a(TF_FNV_BASIS, p->s[i].data, p->s[i].len)), at += 8;
+    }
+    put64(at, tf_fnv1a(TF_FNV_BASIS, b, (size_t)(at - b)));
+    *out = b, *len = total;
+    return true;
+}
+
+bool tf_pkg_write(const tf_pkg *p, const char *path, char *why, size_t n)
+{
+    unsigned char *b;
+    size_t len;
+    if (!tf_pkg_serialize(p, &b, &len, why, n)) return false;
+    bool ok = tf_write_atomic(path, b, len, b);
+    int e = errno;
+    tf_free(b);
+    if (!ok) snprintf(why, n, "cannot write it: %s", strerror(e ? e : EIO));
+    return ok;
+}
+
+bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char *why, size_t n)
+{
+    *oom = false;
+    memset(p, 0, sizeof *p);
+    if (len < 16 || memcmp(b, MAGIC, 16)) {
+        snprintf(why, n, "not a tfuse package (it does not start with the package magic)");
+        return false;
+    }
+    if (len < 32) {
+        snprintf(why, n, "truncated: %zu bytes, less than a package's header and trailer", len);
+        return false;
+    }
+    uint32_t version = get32(b + 16), count = get32(b + 20);
+    if (version != TF_PKG_VERSION) {
+        snprintf(why, n, "package format version %u; this tfuse reads version %d (recompile the model)", version, TF_PKG_VERSION);
+        return false;
+    }
+    if (get64(b + len - 8) != tf_fnv1a(TF_FNV_BASIS, b, len - 8)) {
+        snprintf(why, n, "the file's checksum does not match: it is truncated or corrupted (%zu bytes)", len);
+        return false;
+    }
+    size_t at = 24, end = len - 8;
+    for (uint32_t i = 0; i < count; i++) {
+        if (end - at < 4) goto truncated;
+        uint32_t nl = get32(b + at);
+        at += 4;
+        if (nl > end - at || end - at - nl < 8) goto truncated;
+        const char *name = (const char *)b + at;
+        if (!name_ok(name, nl)) {
+            snprintf(why, n, "section %u at byte %zu has a bad name", i, at);
+            goto fail;
+        }
+        at += nl;
+        uint64_t dl = get64(b + at);
+        at += 8;
+        if (dl > end - at || end - at - dl < 8) goto truncated;
+        const unsigned char *data = b + at;
+        at += (size_t)dl;
+        if (get64(b + at) != tf_fnv1a(TF_FNV_BASIS, data, (size_t)dl)) {
+            snprintf(why, n, "the checksum of section '%.*s' does not match", (int)nl, name);
+            goto fail;
+        }
+        at += 8;
+        for (int k = 0; k < p->n; k++)
+            if (strlen(p->s[k].name) == nl && !memcmp(p->s[k].name, name, nl)) {
+                snprintf(why, n, "section '%.*s' appears twice", (int)nl, name);
+                goto fail;
+            }
+        if (!add_owned(p, name, nl, data, (size_t)dl)) {
+            *oom = true;
+            snprintf(why, n, "out of memory");
+            goto fail;
+        }
+    }
+    if (at != end) {
+        snprintf(why, n, "%zu bytes after the last section", end - at);
+        goto fail;
+    }
+    return true;
+truncated:
+    snprintf(why, n, "truncated: section %d runs past the end (byte %zu of %zu)", p->n, at, len);
+fail:
+    tf_pkg_free(p);
+    return false;
+}
+
+bool tf_pkg_read(tf_pkg *p, const char *path, bool *oom, char *why, size_t n)
+{
+    *oom = false;
+    memset(p, 0, sizeof *p);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(why, n, "cannot open: %s", strerror(errno));
+        return false;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        snprintf(why, n, "not a regular file");
+        return false;
+    }
+    if ((uint64_t)st.st_size > PKG_MAX_BYTES) {
+        fclose(f);
+        snprintf(why, n, "%lld bytes: packages are limited to %llu bytes", (long long)st.st_size, (unsigned long long)PKG_MAX_BYTES);
+        return false;
+    }
+    size_t len = (size_t)st.st_size;
+    unsigned char *b = tf_malloc(len ? len : 1);
+    if (!b) {
+        fclose(f);
+        *oom = true;
+        snprintf(why, n, "out of memory reading %zu bytes", len);
+        return false;
+    }
+    bool ok = fread(b, 1, len, f) == len && !ferror(f);
+    fclose(f);
+    if (!ok) snprintf(why, n, "read failed");
+    ok = ok && tf_pkg_parse(p, b, len, oom, why, n);
+    tf_free(b);
+    return ok;
+}
+
+bool tf_pkg_is_package(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char head[16];
+    bool yes = fread(head, 1, 16, f) == 16 && !memcmp(head, MAGIC, 16);
+    fclose(f);
+    return yes;
+}

@@ -1,0 +1,58 @@
+/* package.h — the `.tfp` container: named sections, each with its own
+ * checksum, and one checksum over the whole file.
+ *
+ *   offset 0   "TFUSE-PACKAGE\n" + 2 zero bytes (16 bytes)
+ *              u32 format version (TF_PKG_VERSION), u32 section count
+ *   then per section:
+ *              u32 name length, the name (no NUL), u64 data length,
+ *              the data, u64 FNV-1a 64 of the data
+ *   last       u64 FNV-1a 64 of every byte before it
+ *
+ * Integers are little-endian. A reader checks the magic, the version, that
+ * every length stays inside the file, every section's checksum and the
+ * file's; a truncated or altered file is refused with the byte offset or the
+ * section that does not check out, never read past its end. Names are
+ * printable ASCII up to 255 bytes and unique. The writer builds the file in
+ * memory and writes it atomically (tf_write_atomic: a temporary file
+ * renamed over the target). Nothing here knows what the sections mean:
+ * runtime/api.c (tf_program_save / tf_program_load) does. */
+#ifndef TF_RUNTIME_PACKAGE_H
+#define TF_RUNTIME_PACKAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { TF_PKG_VERSION = 1 };
+
+typedef struct tf_pkg_section {
+    char *name;
+    unsigned char *data;   /* owned by the package; data[len] is a NUL, so text sections are strings */
+    size_t len;
+} tf_pkg_section;
+
+typedef struct tf_pkg {
+    tf_pkg_section *s;
+    int n, cap;
+} tf_pkg;
+
+/* Add a copy of data under name (replacing nothing: names must be new).
+ * false: out of memory, or a bad or repeated name (*why says which). */
+bool tf_pkg_add(tf_pkg *p, const char *name, const void *data, size_t len, char *why, size_t n);
+/* The section named, or NULL. */
+const tf_pkg_section *tf_pkg_find(const tf_pkg *p, const char *name);
+void tf_pkg_free(tf_pkg *p);
+
+/* The whole file as bytes (malloc'd into *out, *len), and written to path
+ * atomically. false with *why filled on failure. */
+bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *why, size_t n);
+bool tf_pkg_write(const tf_pkg *p, const char *path, char *why, size_t n);
+/* Parse bytes / a file into p (which must be empty). false with *why
+ * ("truncated: ...", "checksum of section 'x' does not match", ...). *oom is
+ * set when memory ran out. */
+bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char *why, size_t n);
+bool tf_pkg_read(tf_pkg *p, const char *path, bool *oom, char *why, size_t n);
+/* Whether the first bytes of a file are a package's magic. */
+bool tf_pkg_is_package(const char *path);
+
+#endif

@@ -1,0 +1,304 @@
+/* program_pkg.c — tf_program_save and tf_program_load: a compiled program
+ * as one `.tfp` file (runtime/package.h's container) that a later process
+ * starts from without compiling a kernel.
+ *
+ * Sections:
+ *   manifest           text, "key: value" lines: the format, the tfuse
+ *                      version, the model's name, every option that shapes
+ *                      the result (mode, target, precision, opt level,
+ *                      disabled passes, checkpointing, budget, threads, the
+ *                      target settings, the dim --dim B=auto chose), the
+ *                      FNV-1a of the final IR text, counts
+ *   model.ir           the model as compiled: its canonical text, dims applied
+ *   final.ir           the program after every pass (for people and tools;
+ *                      its hash is in the manifest)
+ *   state.safetensors  the initial params and buffers (absent with
+ *                      --no-params: sessions then run the initializers)
+ *   cpu/target, cpu/SYM.o   the cpu target's object code (backend_cpu.c)
+ *
+ * Loading checks the container's checksums, the format and tfuse version,
+ * then the target's code (cpu: built for this CPU and LLVM, else refused with
+ * both named), then runs the passes on model.ir with the recorded options —
+ * they are deterministic and take milliseconds (the kernel compilation a
+ * package saves is what takes seconds) — and refuses the package if the
+ * result's final IR does not hash to the recorded one (another tfuse, or a
+ * tampered model). Kernel plan and memory plan come out identical, and the
+ * backend links the package's object code instead of compiling. */
+#include <errno.h>
+#include <stddef.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "cache_file.h"
+#include "package.h"
+#include "runtime.h"
+
+static const char *mode_str(tf_mode m) { return m == TF_MODE_INFER ? "infer" : "train"; }
+
+static const char *target_str(tf_target t)
+{
+    return t == TF_TARGET_INTERP ? "interp" : t == TF_TARGET_CPU ? "cpu" : t == TF_TARGET_CUDA ? "cuda" : "cuda-emu";
+}
+
+static const char *precision_str(tf_precision p)
+{
+    return p == TF_PRECISION_FP16 ? "fp16" : p == TF_PRECISION_BF16 ? "bf16" : p == TF_PRECISION_FP32 ? "fp32" : "default";
+}
+
+/* The boolean target settings, by name, in a fixed order. */
+typedef struct setting { const char *name; size_t off; } setting;
+#define SETTING(f) {#f, offsetof(tf_compile_options, f)}
+static const setting settings[] = {
+    SETTING(no_tf32), SETTING(cuda_sync), SETTING(cuda_fallback_all), SETTING(cuda_explain),
+    SETTING(cuda_no_graphs), SETTING(cpu_conv_im2col), SETTING(cpu_gemm_openblas), SETTING(cpu_explain),
+};
+
+static int *setting_at(tf_compile_options *o, const setting *s) { return (int *)((char *)o + s->off); }
+
+static uint64_t final_ir_hash(tf_context_t *ctx, const tf_program_t *p, char **text, tf_status *st)
+{
+    *text = tf_print_module(p->m);
+    if (!*text) {
+        *st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the program");
+        return 0;
+    }
+    *st = TF_OK;
+    return tf_fnv1a(TF_FNV_BASIS, *text, strlen(*text));
+}
+
+/* The initial state of a fresh session (interp: the initializers every
+ * target shares) as safetensors bytes, through a temporary file. */
+static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_t seed, unsigned char **out, size_t *len)
+{
+    *out = NULL, *len = 0;
+    const char *tmpdir = getenv("TMPDIR");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tfuse-state-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) return tf_set_error(ctx, TF_ERR_IO, "error: cannot create a temporary file in %s: %s", tmpdir ? tmpdir : "/tmp", strerror(errno));
+    close(fd);
+    tf_session_t *s = NULL;
+    tf_status st = tf_session_create(ctx, p, TF_TARGET_INTERP, seed, &s);
+    if (!st) st = tf_session_save_state(s, path);
+    tf_session_free(s);
+    FILE *f = st ? NULL : fopen(path, "rb");
+    if (!st && !f) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot read back: %s", path, strerror(errno));
+    if (f) {
+        long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+        if (n < 0 || fseek(f, 0, SEEK_SET) != 0) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot read back", path);
+        else if (!(*out = tf_malloc((size_t)n + 1))) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        else if (fread(*out, 1, (size_t)n, f) != (size_t)n) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: read failed", path);
+        else *len = (size_t)n;
+        fclose(f);
+    }
+    unlink(path);
+    if (st) {
+        tf_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static tf_status add(tf_context_t *ctx, tf_pkg *pkg, const char *name, const void *data, size_t len)
+{
+    char why[256];
+    return tf_pkg_add(pkg, name, data, len, why, sizeof why) ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: package: %s", why);
+}
+
+tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *path, int with_params, uint64_t seed,
+                          tf_package_info *info)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!ctx || !p || !path) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    if (info) memset(info, 0, sizeof *info);
+    if (!p->model_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: this program has no model text to package");
+    if (p->target == TF_TARGET_CUDA || p->target == TF_TARGET_CUDA_EMU)
+        return tf_set_error(ctx, TF_ERR_UNSUPPORTED,
+                            "error: packages hold cpu and interp programs so far; for --target=%s, `tfuse compile --target=cuda "
+                            "-o DIR` writes the CUDA C and cubins into a directory", target_str(p->target));
+    tf_pkg pkg = {0};
+    char *final = NULL;
+    tf_status st;
+    uint64_t h = final_ir_hash(ctx, p, &final, &st);
+    tf_strbuf m = {0};
+    tf_strbuf_printf(&m, "format: tfuse-package %d\ntfuse: %s\nmodel: %s\nmode: %s\ntarget: %s\nprecision: %s\n", TF_PKG_VERSION,
+                     TFUSE_VERSION, p->m->name ? p->m->name : "", mode_str(p->opts.mode), target_str(p->target),
+                     precision_str(p->precision));
+    tf_strbuf_printf(&m, "opt_level: %d\ncheckpoint: %s\nmemory_budget: %" PRId64 "\nthreads: %d\n", p->opts.opt_level,
+                     p->opts.checkpoint == TF_CHECKPOINT_AUTO ? "auto" : "none", p->opts.memory_budget, p->opts.threads);
+    for (int i = 0; i < p->ndisabled; i++) tf_strbuf_printf(&m, "disable_pass: %s\n", p->disabled[i]);
+    for (int i = 0; i < p->nstats; i++)   /* the dim --dim NAME=auto chose: compile_module records it as a stat */
+        for (int d = 0; d < p->m->ndims; d++)
+            if (!strcmp(p->stats[i].name, p->m->dims[d].name)) tf_strbuf_printf(&m, "dim: %s=%" PRId64 "\n", p->stats[i].name, p->stats[i].value);
+    if (p->settings.llvm_pipeline) tf_strbuf_printf(&m, "llvm_pipeline: %s\n", p->settings.llvm_pipeline);
+    for (size_t i = 0; i < sizeof settings / sizeof *settings; i++)
+        tf_strbuf_printf(&m, "setting: %s=%d\n", settings[i].name, *setting_at((tf_compile_options *)&p->opts, &settings[i]));
+    tf_strbuf_printf(&m, "final_ir_fnv: %016" PRIx64 "\nparams: %s\n", h, with_params ? "included" : "initializers");
+    if (m.oom || !m.p) st = st ? st : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    if (!st) st = add(ctx, &pkg, "model.ir", p->model_text, strlen(p->model_text));
+    if (!st) st = add(ctx, &pkg, "final.ir", final, strlen(final));
+    if (!st && with_params) {
+        unsigned char *state = NULL;
+        size_t n = 0;
+        st = initial_state(ctx, p, seed, &state, &n);
+        if (!st) st = add(ctx, &pkg, "state.safetensors", state, n);
+        tf_free(state);
+        if (info) info->has_params = !st;
+    }
+    int nobj = 0, cached = 0;
+    const tf_backend *be = tf_backend_for(p->target);
+    if (!st && be && be->package_code) {
+        const char *why = be->unavailable();
+        if (why) st = tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: target '%s' cannot compile here: %s", be->name, why);
+        else st = be->package_code(ctx, p, &pkg, &nobj, &cached);
+    }
+    if (!st) {
+        tf_strbuf_printf(&m, "objects: %d\n", nobj);
+        st = !m.oom && m.p ? add(ctx, &pkg, "manifest", m.p, strlen(m.p)) : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    char why[512];
+    unsigned char *bytes = NULL;
+    size_t len = 0;
+    if (!st && !tf_pkg_serialize(&pkg, &bytes, &len, why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: %s", why);
+    if (!st && !tf_write_atomic(path, bytes, len, bytes))
+        st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno ? errno : EIO));
+    if (!st && info) info->objects = nobj, info->objects_cached = cached, info->bytes = (int64_t)len;
+    tf_free(bytes);
+    tf_free(m.p);
+    tf_free(final);
+    tf_pkg_free(&pkg);
+    return st;
+}
+
+/* ---- loading -------------------------------------------------------------- */
+
+/* The value of "key: " on its own line of the manifest, copied into out;
+ * the k-th such line (for repeated keys). */
+static bool field(const char *manifest, const char *key, int k, char *out, size_t n)
+{
+    size_t kl = strlen(key);
+    for (const char *line = manifest; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len > kl + 1 && !strncmp(line, key, kl) && line[kl] == ':' && line[kl + 1] == ' ' && k-- == 0) {
+            size_t v = len - kl - 2;
+            if (v >= n) v = n - 1;
+            memcpy(out, line + kl + 2, v);
+            out[v] = 0;
+            return true;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
+static tf_status bad(tf_context_t *ctx, const char *path, const char *what)
+{
+    return tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: not a usable package: %s", path, what);
+}
+
+tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **out)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!ctx || !path || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    tf_pkg *pkg = tf_calloc(1, sizeof *pkg);
+    if (!pkg) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    char why[512], v[1024];
+    bool oom = false;
+    if (!tf_pkg_read(pkg, path, &oom, why, sizeof why)) {
+        tf_free(pkg);
+        return tf_set_error(ctx, oom ? TF_ERR_OOM : TF_ERR_FORMAT, "%s: error: %s", path, why);
+    }
+    tf_status st = TF_OK;
+    const tf_pkg_section *man = tf_pkg_find(pkg, "manifest"), *model = tf_pkg_find(pkg, "model.ir");
+    const char *mt = man ? (const char *)man->data : "";
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    tf_dim_override dim = {0};
+    char dim_name[256] = "", pipeline[1024] = "", *disabled[64];
+    int ndisabled = 0;
+    uint64_t want = 0;
+    if (!man || !model) st = bad(ctx, path, "it lacks its manifest or its model");
+    else if (!field(mt, "format", 0, v, sizeof v) || strcmp(v, "tfuse-package 1")) st = bad(ctx, path, "the manifest's format is not tfuse-package 1");
+    else if (!field(mt, "tfuse", 0, v, sizeof v) || strcmp(v, TFUSE_VERSION))
+        st = tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s: error: the package was made by tfuse %s; this is tfuse %s: compile the model again",
+                          path, field(mt, "tfuse", 0, v, sizeof v) ? v : "?", TFUSE_VERSION);
+    if (!st) {
+        bool ok = field(mt, "mode", 0, v, sizeof v) && (!strcmp(v, "train") || !strcmp(v, "infer"));
+        o.mode = ok && !strcmp(v, "infer") ? TF_MODE_INFER : TF_MODE_TRAIN;
+        ok = ok && field(mt, "target", 0, v, sizeof v);
+        if (ok) o.target = !strcmp(v, "cpu") ? TF_TARGET_CPU : !strcmp(v, "interp") ? TF_TARGET_INTERP : (ok = false, o.target);
+        ok = ok && field(mt, "precision", 0, v, sizeof v);
+        if (ok) o.precision = !strcmp(v, "fp16") ? TF_PRECISION_FP16 : !strcmp(v, "bf16") ? TF_PRECISION_BF16 : TF_PRECISION_FP32;
+        ok = ok && field(mt, "opt_level", 0, v, sizeof v) && sscanf(v, "%d", &o.opt_level) == 1;
+        ok = ok && field(mt, "checkpoint", 0, v, sizeof v);
+        if (ok) o.checkpoint = !strcmp(v, "auto") ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE;
+        ok = ok && field(mt, "memory_budget", 0, v, sizeof v) && sscanf(v, "%" SCNd64, &o.memory_budget) == 1;
+        ok = ok && field(mt, "threads", 0, v, sizeof v) && sscanf(v, "%d", &o.threads) == 1;
+        ok = ok && field(mt, "final_ir_fnv", 0, v, sizeof v) && sscanf(v, "%" SCNx64, &want) == 1;
+        for (size_t i = 0; ok && i < sizeof settings / sizeof *settings; i++) {
+            int val = 0;
+            size_t nl = strlen(settings[i].name);
+            ok = field(mt, "setting", (int)i, v, sizeof v) && !strncmp(v, settings[i].name, nl) && v[nl] == '=' &&
+                 sscanf(v + nl + 1, "%d", &val) == 1;
+            *setting_at(&o, &settings[i]) = val;
+        }
+        if (ok && field(mt, "llvm_pipeline", 0, pipeline, sizeof pipeline)) o.llvm_pipeline = pipeline;
+        for (; ok && ndisabled < 64 && field(mt, "disable_pass", ndisabled, v, sizeof v); ndisabled++)
+            ok = (disabled[ndisabled] = tf_strdup(v)) != NULL;
+        o.disable_passes = (const char *const *)disabled, o.ndisable_passes = (size_t)ndisabled;
+        if (ok && field(mt, "dim", 0, v, sizeof v)) {
+            char *eq = strchr(v, '=');
+            ok = eq && eq - v < (ptrdiff_t)sizeof dim_name && sscanf(eq + 1, "%" SCNd64, &dim.value) == 1;
+            if (ok) memcpy(dim_name, v, (size_t)(eq - v)), dim_name[eq - v] = 0, dim.name = dim_name;
+        }
+        if (!ok) st = bad(ctx, path, "its manifest lacks a field or has one this tfuse cannot read");
+    }
+    const tf_backend *be = st ? NULL : tf_backend_for(o.target);
+    if (!st && !be) st = tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s: error: target '%s' is not part of this build", path, target_str(o.target));
+    if (!st && be->package_check) st = be->package_check(ctx, pkg, path);
+    tf_model_t *m = NULL;
+    tf_program_t *p = NULL;
+    if (!st) {
+        char name[4200];
+        snprintf(name, sizeof name, "%s(model.ir)", path);
+        st = tf_model_parse_string(ctx, name, (const char *)model->data, model->len, dim.name ? &dim : NULL, dim.name ? 1 : 0, &m);
+    }
+    if (!st) st = tf_program_compile(ctx, m, &o, &p);
+    if (!st) {
+        char *final = NULL;
+        uint64_t got = final_ir_hash(ctx, p, &final, &st);
+        tf_free(final);
+        if (!st && got != want)
+            st = tf_set_error(ctx, TF_ERR_FORMAT,
+                              "%s: error: the program this tfuse compiles from the package's model is not the one the package "
+                              "holds (final IR hash %016" PRIx64 ", package %016" PRIx64 "): compile the model again", path, got, want);
+    }
+    for (int i = 0; i < ndisabled; i++) tf_free(disabled[i]);
+    tf_model_free(m);
+    if (st) {
+        tf_program_free(p);
+        tf_pkg_free(pkg);
+        tf_free(pkg);
+        return st;
+    }
+    p->pkg = pkg;
+    *out = p;
+    return TF_OK;
+}
+
+int tf_is_package(const char *path) { return path && tf_pkg_is_package(path); }
+
+tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *target, tf_precision *precision)
+{
+    if (!p) return TF_ERR_INVALID_ARG;
+    if (mode) *mode = p->opts.mode;
+    if (target) *target = p->target;
+    if (precision) *precision = p->precision;
+    return TF_OK;
+}
