@@ -159,6 +159,7 @@ static bool disk_read(const char *path, const char *key, void **obj, size_t *n)
         ok = ok && *obj;
     }
     tf_free(b);
+    if (ok) tf_cache_touch(path);   /* used now: the last to be evicted (cache_file.h) */
     return ok;
 }
 
@@ -173,7 +174,7 @@ static void disk_write(const char *path, const char *key, const void *obj, size_
     memcpy(b + 32, key, kl);
     memcpy(b + 32 + kl, obj, n);
     put_u64(b + total - 8, tf_fnv1a(TF_FNV_BASIS, b, total - 8));
-    tf_write_atomic(path, b, total, key);
+    tf_cache_put(path, b, total, key);   /* counted against the bound (cache_file.h) */
     tf_free(b);
 }
 
@@ -1290,6 +1291,8 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
     out->jit_compiled = c->jit_compiled;
     out->jit_cached = c->jit_cached;
     out->jit_disk = c->jit_disk;
+    out->disk_hits = c->jit_disk;
+    out->disk_misses = c->jit_compiled;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
