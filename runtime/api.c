@@ -491,6 +491,15 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
         }
         tf_strbuf_printf(t, "setting jit_cache_kernels: %d (%s)\n", ci.limit, from);
     }
+    uint64_t max;
+    const char *max_from;
+    char why[512];
+    if (tf_cache_max(&max, &max_from, why, sizeof why))
+        tf_strbuf_printf(t, "setting cache_max: %llu bytes (%s%s)\n", (unsigned long long)max,
+                         !strcmp(max_from, "env") ? "env TFUSE_CACHE_MAX=" : "default",
+                         !strcmp(max_from, "env") ? getenv("TFUSE_CACHE_MAX") : "");
+    else
+        tf_strbuf_printf(t, "setting cache_max: invalid: %s\n", why);
 }
 
 tf_status tf_doctor(tf_context_t *ctx, char **out) { return tf_doctor_options(ctx, NULL, out); }

@@ -36,6 +36,9 @@ done
 expect 2 "TFUSE_CACHE_MAX=12X is not a size" -- env TFUSE_CACHE_MAX=12X "$tfuse" run "$ex/mlp.ir" --random-inputs
 expect 2 "TFUSE_CACHE_MAX=12X is not a size" -- env TFUSE_CACHE_MAX=12X "$tfuse" compile "$ex/mlp.ir"
 expect 0 "removed 0 entries" -- env TFUSE_CACHE_MAX=12X "$tfuse" cache clear   # clearing needs no bound
+expect 0 "setting cache_max: invalid: TFUSE_CACHE_MAX=12X is not a size" -- env TFUSE_CACHE_MAX=12X "$tfuse" doctor
+expect 0 "setting cache_max: 1048576 bytes \(env TFUSE_CACHE_MAX=1M\)" -- env TFUSE_CACHE_MAX=1M "$tfuse" doctor
+expect 0 "setting cache_max: 2147483648 bytes \(default\)" -- "$tfuse" doctor
 
 # the cpu target: a first run compiles and leaves its kernels, a second finds them all
 if "$tfuse" doctor | grep -q "^target cpu: available"; then
