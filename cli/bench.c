@@ -142,6 +142,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
         printf("kernels_jit_compiled: %d\n", info.jit_compiled);
         if (info.jit_disk) printf("kernels_jit_disk: %d\n", info.jit_disk);
         if (info.jit_package) printf("kernels_jit_package: %d\n", info.jit_package);
+        printf("disk_cache_hits: %d\ndisk_cache_misses: %d\n", info.disk_hits, info.disk_misses);
         printf("kernels_fallback: %d\n", info.fallbacks);
         for (size_t i = 0; i < tf_program_stat_count(p); i++) {
             const char *name;

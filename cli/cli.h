@@ -122,6 +122,8 @@ int cli_fail(tf_context_t *ctx);   /* cli_report(ctx, NULL) */
  * error ("FILE: error: ..."; returns 1), `how` naming what asked for train
  * mode. */
 int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how);
+/* run --stats: the session's target, kernels and disk cache hits and misses, as key: value lines */
+void cli_print_session_stats(const tf_session_t *s);
 
 /* bench.c */
 extern const char bench_synopsis[], bench_help[];

@@ -8,6 +8,7 @@
  *   tfuse train FILE       training on .npy data (train.c)
  *   tfuse bench FILE       step time, compile time, peak bytes, kernel profile (bench.c)
  *   tfuse doctor           what this build and machine can run
+ *   tfuse cache stats|clear  the compile cache on disk: what it holds, emptied
  *
  * The default target is tf_default_target(): cpu where this build has LLVM
  * (and no GPU is usable), else interp; --target picks another.
@@ -164,7 +165,7 @@ static const struct flag_info {
     [F_INPUT]          = {"--input",          C_RUN,                       true,  NULL},
     [F_OUTPUT]         = {"--output",         C_RUN,                       true,  NULL},
     [F_OUT]            = {"-o",               C_COMPILE,                   false, NULL},
-    [F_STATS]          = {"--stats",          C_COMPILE,                   false, NULL},
+    [F_STATS]          = {"--stats",          C_COMPILE | C_RUN,           false, NULL},
     [F_NO_PARAMS]      = {"--no-params",      C_COMPILE,                   false, NULL},
     [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
     [F_LLVM_PIPELINE]  = {"--llvm-pipeline",  C_SETTING,                   false, NULL},
@@ -935,9 +936,14 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
             printf("%s: %" PRId64 "\n", name, v);
         }
     if (!rc && cuda_dir) {   /* a directory: IR, kernels, CUDA C and cubins */
-        int n = 0;
-        if (tf_program_write_artifact(ctx, p, a->out, a->arch, &n)) rc = fail(ctx);
-        else printf("wrote %s: program.ir, kernels.txt, manifest.txt and %d cubins for %s\n", a->out, n, a->arch ? a->arch : "sm_90");
+        tf_artifact_info info;
+        if (tf_program_write_artifact_info(ctx, p, a->out, a->arch, &info)) {
+            rc = fail(ctx);
+        } else {
+            printf("wrote %s: program.ir, kernels.txt, manifest.txt and %d cubins for %s (%d compiled, %d from the disk cache)\n",
+                   a->out, info.binaries, a->arch ? a->arch : "sm_90", info.compiled, info.cached);
+            if (a->stats) printf("cubins_compiled: %d\ncubins_cached: %d\n", info.compiled, info.cached);
+        }
     } else if (!rc && ir_text) {
         char *text = NULL;
         if (tf_program_print(ctx, p, &text)) rc = fail(ctx);
@@ -1082,6 +1088,7 @@ static int cmd_run(tf_context_t *ctx, args *a)
         }
     }
     if (!rc && tf_session_run(s)) rc = fail(ctx);
+    if (!rc && a->stats) cli_print_session_stats(s);
     for (size_t i = 0; !rc && i < a->noutputs; i++) {
         tf_tensor_view v;
         if (tf_session_output(s, a->outputs[i].key, &v)) {
@@ -1112,6 +1119,96 @@ static int cmd_run(tf_context_t *ctx, args *a)
     return rc;
 }
 
+/* --stats of a session: its kernels, and what the disk cache gave it */
+void cli_print_session_stats(const tf_session_t *s)
+{
+    tf_session_info info;
+    if (tf_session_get_info(s, &info)) return;
+    printf("target: %s\nkernels: %d\nkernels_jit_compiled: %d\nkernels_jit_cached: %d\ndisk_cache_hits: %d\n"
+           "disk_cache_misses: %d\n", info.target, info.kernels, info.jit_compiled, info.jit_cached, info.disk_hits,
+           info.disk_misses);
+}
+
+/* ---- cache ---- */
+
+static void print_size(int64_t bytes)
+{
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 4) v /= 1024, u++;
+    if (u) printf("%" PRId64 " bytes (%.1f %s)", bytes, v, unit[u]);
+    else printf("%" PRId64 " bytes", bytes);
+}
+
+/* A malformed TFUSE_CACHE_MAX stops a command that writes the cache: a bound the user meant, not a default they did not. */
+static int check_cache_max(tf_context_t *ctx)
+{
+    int64_t max;
+    if (!tf_disk_cache_max(ctx, &max)) return 0;
+    cli_fail(ctx);
+    return 2;
+}
+
+static int cmd_cache(int argc, char **argv)
+{
+    static const char *const parts[] = {"cpu", "cuda", "cuda-emu"};
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_cmd("cache", stdout);
+            return 0;
+        }
+    if (argc < 3) return cli_usage_errorf("cache", "'tfuse cache' needs what to do: stats or clear");
+    const char *sub = argv[2], *part = NULL;
+    bool stats = !strcmp(sub, "stats");
+    if (!stats && strcmp(sub, "clear"))
+        return cli_usage_errorf("cache", "unknown cache command '%s' (expected stats or clear)", sub);
+    if (!stats && argc > 3) {
+        part = argv[3];
+        bool known = false;
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) known |= !strcmp(part, parts[i]);
+        if (!known) return cli_usage_errorf("cache", "'tfuse cache clear' takes a part: cpu, cuda or cuda-emu (none: all), found '%s'", part);
+    }
+    int most = stats ? 3 : 4;
+    if (argc > most)
+        return cli_usage_errorf("cache", stats ? "'tfuse cache stats' takes no arguments, found '%s'"
+                                               : "'tfuse cache clear' takes at most one part, found '%s' after it", argv[most]);
+    tf_context_t *ctx;
+    if (tf_context_create(&ctx)) return cli_errorf("out of memory");
+    tf_disk_cache_info info;
+    int rc = 0;
+    if (stats) {
+        if ((rc = check_cache_max(ctx))) {
+        } else if (tf_disk_cache_get_info(ctx, &info)) {
+            rc = cli_fail(ctx);
+        } else {
+            printf("dir: %s\n", info.dir);
+            for (int i = 0; i < 3; i++) {
+                printf("%s: %" PRId64 " entries, ", info.parts[i].name, info.parts[i].entries);
+                print_size(info.parts[i].bytes);
+                printf("\n");
+            }
+            printf("total: %" PRId64 " entries, ", info.entries);
+            print_size(info.bytes);
+            printf("\nmax: ");
+            print_size(info.max_bytes);
+            printf(", %s\n", !strcmp(info.max_from, "default") ? "the default (TFUSE_CACHE_MAX sets it)" : "from TFUSE_CACHE_MAX");
+        }
+    } else if (tf_disk_cache_clear(ctx, part, &info)) {
+        rc = cli_fail(ctx);
+    } else {
+        printf("removed %" PRId64 " entries, ", info.entries);
+        print_size(info.bytes);
+        printf(", from %s (", info.dir);
+        for (int i = 0; i < 3; i++)
+            if (!part || !strcmp(part, info.parts[i].name))
+                printf("%s%s: %" PRId64, i && !part ? ", " : "", info.parts[i].name, info.parts[i].entries);
+        printf(")\n");
+    }
+    tf_context_free(ctx);
+    return rc;
+}
+
 static const struct {
     const char *name, *synopsis, *help;
 } commands[] = {
@@ -1134,21 +1231,36 @@ static const struct {
      "needed; --arch picks the GPU, default sm_90) and manifest.txt. The default target is cpu when this\n"
      "build has LLVM, else interp."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
-     "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME]",
+     "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME] [--stats]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
-     "keep their seeded initial values), run, and write outputs to .npy (or print them)."},
+     "keep their seeded initial values), run, and write outputs to .npy (or print them). --stats prints\n"
+     "key: value lines: the target, its kernels, those JIT-compiled now and those this process had, and the\n"
+     "disk cache's hits and misses (kernels found in $TFUSE_CACHE_DIR, and compiled now; see 'tfuse cache')."},
     {"train", train_synopsis, train_help},
     {"bench", bench_synopsis, bench_help},
     {"doctor", "[target settings]", "What this build and machine can run: the targets (and why one cannot run here), the cpu\n"
                    "target's GEMM library and threads, the CUDA libraries found (or where the search looked) and the GPUs;\n"
                    "then each target setting, its value and where it came from (default, env VAR=VALUE, or option:\n"
                    "a flag given here)."},
+    {"cache", "stats | clear [cpu|cuda|cuda-emu]",
+     "The compile cache on disk: $TFUSE_CACHE_DIR (default ~/.cache/tfuse), where each process leaves what it\n"
+     "compiled for the next: cpu/ the cpu target's object code, cuda/ cubins and cuBLASLt and cuDNN algorithm\n"
+     "choices, cuda-emu/ cuda-emu's host objects. Its parts share one bound, $TFUSE_CACHE_MAX bytes (a\n"
+     "number, or one with K, M, G or T: powers of 1024), 2G by default; a write that passes it evicts the least\n"
+     "recently used entries until 90% of it is left.\n"
+     "  stats   the directory, each part's entries and bytes, the total and the bound\n"
+     "  clear   remove the entries of every part, or of the one named, and say what went (files that\n"
+     "          another process is writing stay)"},
 };
 
 static void usage_cmd(const char *cmd, FILE *f)
 {
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(commands[i].name, cmd)) {
+            if (!strcmp(cmd, "cache")) {
+                fprintf(f, "usage: tfuse %s %s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help);
+                return;
+            }
             fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help,
                     !strcmp(cmd, "doctor") ? "It takes no flags but --help and the target settings below.\n\n" SETTINGS_HELP
                     : "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
@@ -1189,6 +1301,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!strcmp(cmd, "cache")) return cmd_cache(argc, argv);
     args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);
     if (!rc && !a.help) rc = check_flags(&a);
@@ -1204,6 +1317,11 @@ int main(int argc, char **argv)
         return cli_errorf("out of memory");
     }
     if (a.seen[F_JIT_CACHE_KERNELS]) tf_cache_set_limit(tf_context_cache(ctx), (int)a.jit_cache_kernels);
+    if ((cmd_bit(cmd) & C_COMPILING) && (rc = check_cache_max(ctx))) {   /* before anything is compiled and cached */
+        tf_context_free(ctx);
+        free_args(&a);
+        return rc;
+    }
     if (!strcmp(cmd, "doctor")) {
         char *text = NULL;
         tf_compile_options o;

@@ -164,6 +164,40 @@ tf_cache_t *tf_context_cache(tf_context_t *ctx);
  * so the caller may tf_cache_free its own); NULL: a new cache of the
  * context's own. Sessions already made keep theirs. */
 tf_status   tf_context_set_cache(tf_context_t *ctx, tf_cache_t *cache);
+
+/* ---- the compile cache on disk ----
+ * What a process compiles is kept on disk for the next one: the cpu
+ * target's object code, the cuda target's cubins and its cuBLASLt and
+ * cuDNN algorithm choices, cuda-emu's host objects. They live under
+ * $TFUSE_CACHE_DIR (default ~/.cache/tfuse) in parts cpu/, cuda/ and
+ * cuda-emu/, under one bound: $TFUSE_CACHE_MAX bytes (a number, or one
+ * with K, M, G or T, powers of 1024), 2 GiB by default. A write that takes
+ * the total past it evicts the least recently used entries (a hit counts
+ * as a use) down to 90% of it; a file another process is writing is never
+ * removed. tf_session_info.disk_hits/disk_misses say what a session found. */
+typedef struct tf_disk_cache_part {
+    const char *name;                 /* "cpu", "cuda", "cuda-emu" */
+    int64_t entries, bytes;
+} tf_disk_cache_part;
+typedef struct tf_disk_cache_info {
+    char dir[4096];                   /* the cache's directory */
+    int64_t max_bytes;                /* the bound */
+    const char *max_from;             /* "default" or "env TFUSE_CACHE_MAX" */
+    tf_disk_cache_part parts[3];      /* cpu, cuda, cuda-emu */
+    int64_t entries, bytes;           /* the parts' sums */
+} tf_disk_cache_info;
+/* The bound. A malformed $TFUSE_CACHE_MAX is TF_ERR_INVALID_ARG, with the
+ * reason (the library's own writes then keep the default bound). */
+tf_status tf_disk_cache_max(tf_context_t *ctx, int64_t *max_bytes);
+/* The directory, the bound and what each part holds now (it is walked).
+ * TF_ERR_UNAVAILABLE without $TFUSE_CACHE_DIR or $HOME; TF_ERR_INVALID_ARG
+ * for a malformed $TFUSE_CACHE_MAX. */
+tf_status tf_disk_cache_get_info(tf_context_t *ctx, tf_disk_cache_info *out);
+/* Remove the entries of one part ("cpu", "cuda" or "cuda-emu"; NULL: of
+ * all), and files of killed writers; those of live writers stay.
+ * *removed (may be NULL): the directory, the bound, and per part what was
+ * removed. Another name is TF_ERR_INVALID_ARG. */
+tf_status tf_disk_cache_clear(tf_context_t *ctx, const char *part, tf_disk_cache_info *removed);
 const char *tf_dtype_str(tf_dtype t);                      /* "f32", ... */
 int         tf_dtype_size(tf_dtype t);                     /* bytes per element */
 /* The names of the enums above ("default", "fp32", "fp16", "bf16"; "none",
@@ -285,6 +319,16 @@ int tf_is_package(const char *path);
 tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *target, tf_precision *precision);
 tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
                                     int *nbinaries);
+/* The same, saying where the binaries came from: the cubins are taken from
+ * the disk cache that sessions share ($TFUSE_CACHE_DIR/cuda, see
+ * tf_disk_cache_get_info) where it has them, and those NVRTC compiles are
+ * left there, so compiling a model a second time compiles nothing.
+ * *info (may be NULL): binaries written, of which compiled now and cached. */
+typedef struct tf_artifact_info {
+    int binaries, compiled, cached;
+} tf_artifact_info;
+tf_status tf_program_write_artifact_info(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                         tf_artifact_info *info);
 
 /* What this build and this machine can run: version, every target and why
  * one cannot run here, the cpu target's GEMM library and threads, the CUDA
@@ -389,6 +433,14 @@ typedef struct tf_session_info {
     int jit_package;            /* cpu: kernels whose object code came from the program's package
                                  * (tf_program_load), linked, not compiled */
     double jit_ms;
+    /* The target's kernel cache on disk ($TFUSE_CACHE_DIR, see
+     * tf_disk_cache_get_info) at this session's start: kernels found there
+     * (hits) and compiled now and written there (misses; also when there is
+     * no cache directory). cpu: object code in cpu/ (= jit_disk and
+     * jit_compiled); cuda: cubins in cuda/ (= jit_cached and jit_compiled);
+     * cuda-emu: host objects in cuda-emu/. Kernels this process already
+     * had (jit_cached on cpu) are neither. */
+    int disk_hits, disk_misses;
     const char *library;
     /* cuda: how a step runs: "graph" (captured as one CUDA graph on its first
      * run, replayed since: graph_replays times), or why it is launched kernel

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cache_file.h"
 #include "kernel.h"
 #include "parser.h"
 #include "runtime.h"
@@ -439,8 +440,19 @@ tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
 tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
                                     int *nbinaries)
 {
+    tf_artifact_info info;
+    tf_status st = tf_program_write_artifact_info(ctx, p, dir, arch, &info);
+    if (nbinaries) *nbinaries = info.binaries;
+    return st;
+}
+
+tf_status tf_program_write_artifact_info(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
+                                         tf_artifact_info *info)
+{
     TF_ALLOC_SCOPE(tf_context_allocator(ctx));
-    if (nbinaries) *nbinaries = 0;
+    tf_artifact_info none;
+    if (!info) info = &none;
+    memset(info, 0, sizeof *info);
     if (!p || !dir) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot create the directory: %s", dir, strerror(errno));
@@ -456,10 +468,7 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
     if ((st = dump_kernels(ctx, p, dir))) return st;
     const tf_backend *be = tf_backend_for(p->target);
     if (!be || !be->write_artifact) return TF_OK;
-    int n = 0;
-    st = be->write_artifact(ctx, p, dir, arch, &n);
-    if (nbinaries) *nbinaries = n;
-    return st;
+    return be->write_artifact(ctx, p, dir, arch, info);
 }
 
 /* Where a setting's value came from: the caller, the environment or neither. */
@@ -508,6 +517,15 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
         }
         tf_strbuf_printf(t, "setting jit_cache_kernels: %d (%s)\n", ci.limit, from);
     }
+    uint64_t max;
+    const char *max_from;
+    char why[512];
+    if (tf_cache_max(&max, &max_from, why, sizeof why))
+        tf_strbuf_printf(t, "setting cache_max: %llu bytes (%s%s)\n", (unsigned long long)max,
+                         !strcmp(max_from, "env") ? "env TFUSE_CACHE_MAX=" : "default",
+                         !strcmp(max_from, "env") ? getenv("TFUSE_CACHE_MAX") : "");
+    else
+        tf_strbuf_printf(t, "setting cache_max: invalid: %s\n", why);
 }
 
 tf_status tf_doctor(tf_context_t *ctx, char **out) { return tf_doctor_options(ctx, NULL, out); }
@@ -1041,5 +1059,73 @@ tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile 
     tf_status st = session_wait((tf_session_t *)s);
     if (st) return st;
     s->be->profile_get((tf_session_t *)s, i, out);
+    return TF_OK;
+}
+
+/* ---- the compile cache on disk (cache_file.h) ---- */
+
+tf_status tf_disk_cache_max(tf_context_t *ctx, int64_t *max_bytes)
+{
+    uint64_t max;
+    char why[512];
+    if (!max_bytes) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    bool ok = tf_cache_max(&max, NULL, why, sizeof why);
+    *max_bytes = (int64_t)max;
+    return ok ? TF_OK : tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: %s", why);
+}
+
+/* dir, bound and part names of *out; false (with the error set) without a directory */
+static tf_status disk_cache_head(tf_context_t *ctx, tf_disk_cache_info *out, bool need_max)
+{
+    memset(out, 0, sizeof *out);
+    uint64_t max;
+    char why[512];
+    bool max_ok = tf_cache_max(&max, &out->max_from, why, sizeof why);
+    out->max_bytes = (int64_t)max;
+    out->max_from = !strcmp(out->max_from, "env") ? "env TFUSE_CACHE_MAX" : "default";
+    for (int p = 0; p < TF_CACHE_NPARTS; p++) out->parts[p].name = tf_cache_parts[p];
+    if (need_max && !max_ok) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: %s", why);
+    if (!tf_cache_root(out->dir, sizeof out->dir))
+        return tf_set_error(ctx, TF_ERR_UNAVAILABLE, "error: no disk cache: neither $TFUSE_CACHE_DIR nor $HOME is set");
+    return TF_OK;
+}
+
+static void disk_cache_sums(tf_disk_cache_info *out, const tf_cache_usage *u)
+{
+    for (int p = 0; p < TF_CACHE_NPARTS; p++) {
+        out->parts[p].entries = u->entries[p];
+        out->parts[p].bytes = u->bytes[p];
+        out->entries += u->entries[p];
+        out->bytes += u->bytes[p];
+    }
+}
+
+tf_status tf_disk_cache_get_info(tf_context_t *ctx, tf_disk_cache_info *out)
+{
+    if (!out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    tf_status st = disk_cache_head(ctx, out, true);
+    if (st) return st;
+    tf_cache_usage u;
+    if (!tf_cache_count(out->dir, &u))
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot read the disk cache: %s", out->dir, strerror(errno));
+    disk_cache_sums(out, &u);
+    return TF_OK;
+}
+
+tf_status tf_disk_cache_clear(tf_context_t *ctx, const char *part, tf_disk_cache_info *removed)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    tf_disk_cache_info none;
+    if (!removed) removed = &none;
+    tf_status st = disk_cache_head(ctx, removed, false);
+    if (st) return st;
+    bool known = !part;
+    for (int p = 0; p < TF_CACHE_NPARTS; p++) known |= part && !strcmp(part, tf_cache_parts[p]);
+    if (!known)
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: the disk cache has no part '%s' (its parts: cpu, cuda, cuda-emu)", part);
+    tf_cache_usage u;
+    if (!tf_cache_clear(removed->dir, part, &u))
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot lock the disk cache: %s", removed->dir, strerror(errno));
+    disk_cache_sums(removed, &u);
     return TF_OK;
 }

@@ -131,10 +131,10 @@ struct tf_backend {
     void (*doctor)(tf_strbuf *out);
     /* Optional (NULL: the target writes no code): the program's compiled
      * code for this target into dir (which exists), for
-     * tf_program_write_artifact; *nbinaries: binaries written (cuda: cubins
-     * for arch, NULL: its default). */
+     * tf_program_write_artifact; *info: binaries written (cuda: cubins
+     * for arch, NULL: its default), compiled now and from the disk cache. */
     tf_status (*write_artifact)(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
-                                int *nbinaries);
+                                tf_artifact_info *info);
     /* Optional (NULL: nothing to add): the compiled code of every kernel of
      * p as sections of a package (cpu: "cpu/target", the target the code is
      * for, and "cpu/SYM.o" per kernel); *nobjects of them, *cached of those

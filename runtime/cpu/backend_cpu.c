@@ -169,6 +169,7 @@ static bool disk_read(const char *path, const char *key, void **obj, size_t *n)
     fclose(f);
     ok = ok && record_parse(b, (size_t)size, key, obj, n);
     tf_free(b);
+    if (ok) tf_cache_touch(path);   /* used now: the last to be evicted (cache_file.h) */
     return ok;
 }
 
@@ -193,7 +194,7 @@ static void disk_write(const char *path, const char *key, const void *obj, size_
     size_t total;
     unsigned char *b = record_make(key, obj, n, &total);
     if (!b) return;   /* the cache is an optimization: no room, no file */
-    tf_write_atomic(path, b, total, key);
+    tf_cache_put(path, b, total, key);   /* counted against the bound (cache_file.h) */
     tf_free(b);
 }
 
@@ -1541,6 +1542,8 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
     out->jit_cached = c->jit_cached;
     out->jit_disk = c->jit_disk;
     out->jit_package = c->jit_package;
+    out->disk_hits = c->jit_disk;
+    out->disk_misses = c->jit_compiled;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;

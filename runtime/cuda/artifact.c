@@ -7,6 +7,7 @@
 
 #include "artifact.h"
 #include "cuda.h"
+#include "cuda_jit.h"
 #include "cuda_libs.h"
 
 static int write_file(const char *path, const void *data, size_t size, char *err, size_t n)
@@ -26,9 +27,9 @@ static int make_dir(const char *path, char *err, size_t n)
 }
 
 int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
-                           char *err, size_t n)
+                           int *ncompiled, int *ncached, char *err, size_t n)
 {
-    *ncubins = 0;
+    *ncubins = *ncompiled = *ncached = 0;
     char path[8192];
     snprintf(path, sizeof path, "%s/cuda", dir);
     if (make_dir(dir, err, n) || make_dir(path, err, n)) return -1;
@@ -68,14 +69,34 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         }
         tf_free(cu);
     }
-    if (!rc && njobs && tf_nvrtc_compile_jobs(&libs, jobs, njobs, 0)) {
-        for (int j = 0; j < njobs; j++)
-            if (jobs[j].status) {
-                snprintf(err, n, "error: NVRTC could not compile kernel %s for %s: %s", jobs[j].name, arch, jobs[j].err);
+    /* the cubins the disk cache has (cuda_jit.h: the sessions' cache), then NVRTC for the rest, cached for next time */
+    tf_nvrtc_job *miss = rc ? NULL : tf_calloc((size_t)(njobs ? njobs : 1), sizeof *miss);
+    int nmiss = 0;
+    if (!rc && !miss) {
+        snprintf(err, n, "error: out of memory");
+        rc = -1;
+    }
+    for (int j = 0; !rc && j < njobs; j++) {
+        if ((jobs[j].cubin = tf_cuda_cubin_cache_read(&libs, jobs[j].src, jobs[j].name, arch, &jobs[j].cubin_size))) (*ncached)++;
+        else miss[nmiss++] = jobs[j];
+    }
+    if (!rc && nmiss && tf_nvrtc_compile_jobs(&libs, miss, nmiss, 0)) {
+        for (int j = 0; j < nmiss; j++)
+            if (miss[j].status) {
+                snprintf(err, n, "error: NVRTC could not compile kernel %s for %s: %s", miss[j].name, arch, miss[j].err);
                 break;
             }
         rc = -1;
     }
+    for (int j = 0, at = 0; !rc && j < njobs; j++) {   /* the compiled ones back in their places */
+        if (jobs[j].cubin) continue;
+        jobs[j] = miss[at++];
+        memset(&miss[at - 1], 0, sizeof *miss);
+        tf_cuda_cubin_cache_write(&libs, jobs[j].src, jobs[j].name, arch, jobs[j].cubin, jobs[j].cubin_size);
+        (*ncompiled)++;
+    }
+    for (int j = 0; miss && j < nmiss; j++) tf_nvrtc_job_free(&miss[j]);
+    tf_free(miss);
     for (int j = 0; !rc && j < njobs; j++) {
         snprintf(path, sizeof path, "%s/cuda/%s.%s.cubin", dir, jobs[j].name, arch);
         rc = write_file(path, jobs[j].cubin, jobs[j].cubin_size, err, n);

@@ -20,11 +20,14 @@
  * op's generated kernel; clear_first: its result is zeroed before the
  * launch), "<kernel> library <op>" (the runtime's cuBLASLt or host kernels)
  * or "<kernel> view"; a library op's line comes before its epilogue's.
- * Identical kernels share one source and one cubin. *ncubins: cubins
- * written. 0 on success, else -1 with the reason in err (NVRTC missing,
+ * Identical kernels share one source and one cubin, taken from the cubin
+ * disk cache where it has them (cuda_jit.h; NVRTC compiles the rest, and
+ * they are cached), so a second compile of a model compiles nothing.
+ * *ncubins: cubins written; *ncompiled of them by NVRTC now, *ncached from
+ * the cache. 0 on success, else -1 with the reason in err (NVRTC missing,
  * an architecture NVRTC does not know, a compile error with its log, a
  * file that cannot be written). The cuda backend's write_artifact. */
 int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
-                           char *err, size_t n);
+                           int *ncompiled, int *ncached, char *err, size_t n);
 
 #endif

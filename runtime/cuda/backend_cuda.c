@@ -280,6 +280,7 @@ typedef struct cuda_session {
     bool profile;
     tf_cu_event *ev;            /* two per kernel while profiling */
     double jit_ms;
+    int emu_hits, emu_compiled;   /* cuda-emu: host objects its start found in the disk cache, and compiled */
 } cuda_session;
 
 static double now_ms(void)
@@ -2448,11 +2449,18 @@ static tf_status cuda_create(tf_session_t *s)
     if (!st) st = allocate(s, c, &L);   /* before anything slow: out of memory is said at once */
     if (!st) st = initial_state(s, c);
     if (!st) st = fill_pools(s, c);
+    long hits0 = 0, compiled0 = 0, hits1 = 0, compiled1 = 0;
+    if (c->emu) tf_cuda_emu_cache_counts(&hits0, &compiled0);   /* cuda-emu compiles at the synchronization below */
     if (!st) st = build_kernels(s, c);
     if (!st) {
         tf_cu_result r = c->libs.cu.StreamSynchronize(c->stream);
         if (tf_cuda_check(&c->libs, r, "cuStreamSynchronize", __FILE__, __LINE__, c->err, sizeof c->err))
             st = cu_fail(s, c, r, "starting the session");
+    }
+    if (c->emu) {
+        tf_cuda_emu_cache_counts(&hits1, &compiled1);
+        c->emu_hits = (int)(hits1 - hits0);
+        c->emu_compiled = (int)(compiled1 - compiled0);
     }
     tf_free(L.at);
     tf_free(L.in_arena);
@@ -2540,6 +2548,8 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->kernels = tf_kernels_count(c->plan);
     out->jit_compiled = c->jit.compiled;
     out->jit_cached = c->jit.cached;
+    out->disk_hits = c->emu ? c->emu_hits : c->jit.cached;
+    out->disk_misses = c->emu ? c->emu_compiled : c->jit.compiled;
     out->jit_ms = c->jit_ms;
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK;
@@ -2588,13 +2598,14 @@ static void cuda_doctor(tf_strbuf *sb)
 /* compile -o DIR --target=cuda: every kernel's CUDA C and cubin for arch
  * (default sm_90), and the launch manifest (artifact.c); no GPU needed. */
 static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
-                                     int *nbinaries)
+                                     tf_artifact_info *info)
 {
     const tf_kernel_plan *plan;
     tf_status st = tf_program_plan(ctx, p, &plan);
     if (st) return st;
     char err[4096];
-    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, nbinaries, err, sizeof err);
+    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, &info->binaries, &info->compiled, &info->cached, err,
+                                    sizeof err);
     return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
 }
 

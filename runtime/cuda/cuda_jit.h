@@ -49,4 +49,12 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
 /* Unload the modules (the context must be current) and free the table. */
 void tf_cuda_jit_free(tf_cuda_jit *j, const tf_cuda_libs *l);
 
+/* The same disk cache for a caller with no context (artifact.c: `tfuse
+ * compile --target=cuda -o DIR`): the cubin of src (entry point name) for
+ * arch from the cache, malloc'd (tf_free) with its size in *size, or NULL;
+ * and a cubin NVRTC just made, written there. */
+void *tf_cuda_cubin_cache_read(const tf_cuda_libs *l, const char *src, const char *name, const char *arch, size_t *size);
+void tf_cuda_cubin_cache_write(const tf_cuda_libs *l, const char *src, const char *name, const char *arch, const void *bin,
+                               size_t size);
+
 #endif

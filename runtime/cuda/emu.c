@@ -31,7 +31,10 @@
  * cached in $TFUSE_CACHE_DIR/cuda-emu (default ~/.cache/tfuse/cuda-emu), one
  * name per kernel (a hash of the prelude, the compiler and the source) that
  * links to the object holding it, each written to a temporary name and
- * renamed. The compiler is $TFUSE_EMU_CXX, else the first of c++, g++,
+ * renamed; files being compiled carry ".tmp." in their names, which the
+ * cache's bound (cache_file.h) leaves alone while they are young. A kernel
+ * found there is touched, so that the bound evicts what was used least
+ * recently; a link whose object was evicted is a miss. The compiler is $TFUSE_EMU_CXX, else the first of c++, g++,
  * clang++ on PATH.
  *
  * Running. Launches run one at a time in the process (a mutex), on stacks
@@ -362,6 +365,7 @@ void tf_cuda_emu_inject_fault(int after)
 /* ---- compiling modules ------------------------------------------------------------- */
 
 static pthread_once_t g_tool_once = PTHREAD_ONCE_INIT;
+static long g_cache_hits, g_cache_compiled;   /* kernels found in the cache, and compiled (g_mu) */
 static char g_cxx[4096], g_cxx_id[512], g_cache[4096], g_tool_why[1024];
 static uint64_t g_tool_key;
 
@@ -453,7 +457,7 @@ static void tool_init(void)
     }
     /* the compiler's identity keys the cache */
     char logp[4300];
-    snprintf(logp, sizeof logp, "%s/version.%ld.txt", g_cache, (long)getpid());
+    snprintf(logp, sizeof logp, "%s/version.tmp.%ld.txt", g_cache, (long)getpid());
     char *argv[] = {g_cxx, "--version", NULL};
     if (run_tool(argv, logp, NULL) != 0) {
         snprintf(g_tool_why, sizeof g_tool_why, "cuda-emu's compiler %.900s does not run (--version failed)", g_cxx);
@@ -466,6 +470,14 @@ static void tool_init(void)
     if (nl) *nl = 0;
     g_tool_key = fnv(fnv(fnv(FNV0, tf_cuda_emu_prelude, strlen(tf_cuda_emu_prelude)), g_cxx, strlen(g_cxx)), g_cxx_id,
                      strlen(g_cxx_id));
+}
+
+void tf_cuda_emu_cache_counts(long *hits, long *compiled)
+{
+    pthread_mutex_lock(&g_mu);
+    *hits = g_cache_hits;
+    *compiled = g_cache_compiled;
+    pthread_mutex_unlock(&g_mu);
 }
 
 const char *tf_cuda_emu_unavailable(void)
@@ -564,15 +576,16 @@ typedef struct batch {
     int n;
     char so[4200], tu[4200], log[4200];
     pid_t pid;
+    bool ok;                     /* compiled, its object and links in the cache */
 } batch;
 
 static bool write_tu(batch *b)
 {
     uint64_t h = g_tool_key;
     for (int i = 0; i < b->n; i++) h = fnv(h, &b->mods[i]->key, sizeof b->mods[i]->key);
-    snprintf(b->tu, sizeof b->tu, "%s/batch-%016llx.%ld.cc", g_cache, (unsigned long long)h, (long)getpid());
+    snprintf(b->tu, sizeof b->tu, "%s/batch-%016llx.tmp.%ld.cc", g_cache, (unsigned long long)h, (long)getpid());
     snprintf(b->so, sizeof b->so, "%s/batch-%016llx.so", g_cache, (unsigned long long)h);
-    snprintf(b->log, sizeof b->log, "%s/batch-%016llx.%ld.log", g_cache, (unsigned long long)h, (long)getpid());
+    snprintf(b->log, sizeof b->log, "%s/batch-%016llx.tmp.%ld.log", g_cache, (unsigned long long)h, (long)getpid());
     FILE *f = fopen(b->tu, "wb");
     if (!f) return false;
     fputs(tf_cuda_emu_prelude, f);
@@ -608,6 +621,7 @@ static void finish_batch(batch *b)
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", b->so, (long)getpid());
     bool ok = b->pid && WIFEXITED(status) && WEXITSTATUS(status) == 0 && rename(tmp, b->so) == 0;
+    b->ok = ok;
     char log[4096] = "";
     if (!ok) {
         read_text(b->log, log, sizeof log);
@@ -703,7 +717,11 @@ static int compile_modules(emu_module **waiting, int n)
             continue;
         }
         snprintf(m->so, sizeof m->so, "%s/%016llx.so", g_cache, (unsigned long long)fnv(g_tool_key, &m->key, sizeof m->key));
-        if (access(m->so, R_OK) == 0 && load_so(m, m->so)) continue;
+        if (access(m->so, R_OK) == 0 && load_so(m, m->so)) {
+            tf_cache_touch(m->so);   /* the link and the object it shares: used now */
+            g_cache_hits++;
+            continue;
+        }
         waiting[miss++] = m;
     }
     if (!miss) return first_failure(waiting, n);
@@ -728,12 +746,22 @@ static int compile_modules(emu_module **waiting, int n)
     for (int i = 0; i < miss; i++) {
         emu_module *m = waiting[i];
         if (m->state != MOD_COMPILING) continue;
+        g_cache_compiled++;
         if (!load_so(m, m->so)) {
             char msg[5400];
             snprintf(msg, sizeof msg, "cuda-emu could not load its compiled kernel %s: %.1000s", m->so, dlerror());
             m->error = tf_strdup(msg);
             m->state = MOD_FAILED;
         }
+    }
+    /* counted against the cache's bound once loaded: an eviction now takes nothing this process needs */
+    for (int b = 0; b < nb; b++) {
+        struct stat st;
+        if (!bs[b].ok || lstat(bs[b].so, &st) != 0) continue;
+        uint64_t bytes = (uint64_t)st.st_size;
+        for (int i = 0; i < bs[b].n; i++)
+            if (lstat(bs[b].mods[i]->so, &st) == 0) bytes += (uint64_t)st.st_size;
+        tf_cache_added(bs[b].so, bytes);
     }
     tf_free(mods);
     return first_failure(waiting, miss);

@@ -34,6 +34,10 @@
 const char *tf_cuda_emu_unavailable(void);
 /* `tfuse doctor`'s lines: the compiler, its version and the kernel cache. */
 void tf_cuda_emu_describe(tf_strbuf *sb);
+/* The process's kernels so far that came from the cache
+ * ($TFUSE_CACHE_DIR/cuda-emu) and that the host compiler compiled: a
+ * session takes the difference across its start (tf_session_info). */
+void tf_cuda_emu_cache_counts(long *hits, long *compiled);
 /* Allocations, modules, streams and events alive (a test's leak check). */
 int tf_cuda_emu_live(void);
 

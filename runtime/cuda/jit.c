@@ -71,6 +71,7 @@ static void *cache_read(const tf_cuda_jit *j, uint64_t key, const char *name, co
         }
     }
     fclose(f);
+    if (bin) tf_cache_touch(path);   /* used now: the last to be evicted (cache_file.h) */
     return bin;
 }
 
@@ -92,8 +93,25 @@ static void cache_write(const tf_cuda_jit *j, uint64_t key, const char *name, co
     if (!all) return;
     memcpy(all, &h, sizeof h);
     memcpy(all + sizeof h, bin, size);
-    tf_write_atomic(path, all, sizeof h + size, bin);
+    tf_cache_put(path, all, sizeof h + size, bin);   /* counted against the bound (cache_file.h) */
     tf_free(all);
+}
+
+void *tf_cuda_cubin_cache_read(const tf_cuda_libs *l, const char *src, const char *name, const char *arch, size_t *size)
+{
+    tf_cuda_jit j;
+    memset(&j, 0, sizeof j);
+    cache_open(&j);
+    return cache_read(&j, cache_key(src, arch, l), name, arch, size);
+}
+
+void tf_cuda_cubin_cache_write(const tf_cuda_libs *l, const char *src, const char *name, const char *arch, const void *bin,
+                               size_t size)
+{
+    tf_cuda_jit j;
+    memset(&j, 0, sizeof j);
+    cache_open(&j);
+    cache_write(&j, cache_key(src, arch, l), name, arch, bin, size);
 }
 
 /* ---- building ----------------------------------------------------------------- */

@@ -132,7 +132,7 @@ expect 2 "--target is given twice" -- "$tfuse" compile "$mlp" --target=cpu --tar
 expect 2 "--dim B is given twice" -- "$tfuse" compile "$mlp" --dim B=2 --dim B=3
 expect 2 "--disable-pass=fuse is given twice" -- "$tfuse" compile "$mlp" --disable-pass=fuse --disable-pass=fuse
 expect 2 "'tfuse compile' takes no --seed: only run, train and bench draw random numbers" -- "$tfuse" compile "$mlp" --seed 3
-expect 2 "'tfuse print' takes no --stats \(it is a flag of: compile\)" -- "$tfuse" print "$mlp" --stats
+expect 2 "'tfuse print' takes no --stats \(it is a flag of: compile, run\)" -- "$tfuse" print "$mlp" --stats
 expect 2 "'tfuse run' takes no -o \(it is a flag of: compile\)" -- "$tfuse" run "$mlp" --random-inputs -o "$tmp/x.ir"
 expect 2 "'tfuse compile' takes no --params" -- "$tfuse" compile "$mlp" --params a.st
 expect 2 "'tfuse compile' takes no --input" -- "$tfuse" compile "$mlp" --input "x=$tmp/a.npy"
