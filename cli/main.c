@@ -1127,6 +1127,7 @@ void cli_print_session_stats(const tf_session_t *s)
     printf("target: %s\nkernels: %d\nkernels_jit_compiled: %d\nkernels_jit_cached: %d\ndisk_cache_hits: %d\n"
            "disk_cache_misses: %d\n", info.target, info.kernels, info.jit_compiled, info.jit_cached, info.disk_hits,
            info.disk_misses);
+    if (info.jit_package) printf("kernels_jit_package: %d\n", info.jit_package);
 }
 
 /* ---- cache ---- */
