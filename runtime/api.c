@@ -280,21 +280,12 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
  * counting them would flatter a step. */
 static int64_t step_flops(const tf_module *m)
 {
-    double f = 0;
+    int64_t f = 0;
     for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (n->op == TF_OP_MATMUL && n->nin == 2 && n->in[0]->type.rank >= 2) {
-            const tf_type *a = &n->in[0]->type;
-            int64_t k = tf_node_bool(n, "transpose_a") ? a->dims[a->rank - 2].n : a->dims[a->rank - 1].n;
-            f += 2.0 * (double)tf_type_numel(&n->out->type) * (double)k;
-        } else if ((n->op == TF_OP_CONV2D || n->op == TF_OP_CONV2D_GRAD_INPUT || n->op == TF_OP_CONV2D_GRAD_WEIGHT) && n->nin >= 2) {
-            /* each is the forward's multiply-adds: every output element of the forward, over Cg x KH x KW */
-            const tf_type *y = n->op == TF_OP_CONV2D ? &n->out->type : n->op == TF_OP_CONV2D_GRAD_INPUT ? &n->in[0]->type : &n->in[1]->type;
-            const tf_type *w = n->op == TF_OP_CONV2D_GRAD_WEIGHT ? &n->out->type : &n->in[1]->type;
-            if (w->rank == 4) f += 2.0 * (double)tf_type_numel(y) * (double)(w->dims[1].n * w->dims[2].n * w->dims[3].n);
-        }
+        int64_t x = tf_node_flops_heavy(m->nodes.items[i]);
+        f = x > INT64_MAX - f ? INT64_MAX : f + x;
     }
-    return f > 9e18 ? INT64_MAX : (int64_t)f;
+    return f;
 }
 
 static int64_t planned_peak(const tf_program_t *p)
