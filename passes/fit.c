@@ -123,7 +123,9 @@ static tf_ir_status search_checkpoint(tf_module *m, const tf_pipeline *pl, int a
                              "--memory-budget, and memplan does not end the pipeline%s: nothing to measure",
                              memplan_disabled(o) ? " (it is disabled)" : "");
     s->budget = o->memory_budget > 0 ? o->memory_budget : (int64_t)((double)s->peak0 * o->memory_budget_pct / 100.0);
-    s->floor = persistent + s->plan.floor_est;
+    /* the estimate knows no fusion: scale it by what memplan made of recomputing nothing */
+    double calib = s->plan.est0 > 0 ? (double)(s->peak0 - persistent) / (double)s->plan.est0 : 1.0;
+    s->floor = persistent + (int64_t)((double)s->plan.floor_est * (calib < 1.0 ? calib : 1.0));
     s->best = s->chosen = s->peak0;
     if (s->peak0 <= s->budget || !s->plan.ngroups) return TF_IR_OK;
     /* the whole plan first; the peak does not always fall as groups are added
