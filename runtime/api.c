@@ -204,6 +204,10 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
                             (int)opts->checkpoint);
     o->checkpoint = opts->checkpoint == TF_CHECKPOINT_AUTO ? TF_IR_CHECKPOINT_AUTO : TF_IR_CHECKPOINT_NONE;
     o->memory_budget = opts->memory_budget;
+    if (!(opts->memory_budget_percent >= 0 && opts->memory_budget_percent <= 100))
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: memory_budget_percent %g: expected a percentage in (0, 100]",
+                            opts->memory_budget_percent);
+    o->memory_budget_pct = opts->memory_budget > 0 ? 0 : opts->memory_budget_percent;
     return TF_OK;
 }
 
@@ -355,6 +359,19 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     }
     if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
     add_stat(p, "step_flops", step_flops(p->m));
+    if (opts->checkpoint == TF_CHECKPOINT_AUTO) {   /* what checkpointing costs: FLOPs, and that over the step's */
+        int64_t rf = 0, all = 0, nrec = 0;
+        for (int i = 0; i < p->m->nodes.n; i++) {
+            const tf_node *n = p->m->nodes.items[i];
+            int64_t f = tf_node_flops(n);
+            all = f > INT64_MAX - all ? INT64_MAX : all + f;
+            if (n->recompute) rf = f > INT64_MAX - rf ? INT64_MAX : rf + f, nrec++;
+        }
+        add_stat(p, "recomputed_ops", nrec);
+        add_stat(p, "recompute_flops", rf);
+        /* the step-time overhead, if time went as FLOPs: recomputed over the rest, in tenths of a percent */
+        add_stat(p, "recompute_overhead_permille", all > rf ? (int64_t)(1000.0 * (double)rf / (double)(all - rf) + 0.5) : 0);
+    }
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
