@@ -42,6 +42,7 @@ typedef struct args {
     tf_checkpoint checkpoint; /* --checkpoint=none|auto */
     const char *dump_kernels; /* --dump-kernels=DIR */
     int64_t memory_budget;    /* --memory-budget=BYTES */
+    double memory_budget_percent;   /* --memory-budget=PCT% */
     const char *dump_llvm;    /* --dump-llvm=DIR */
     const char *arch;         /* --arch=sm_XY (cuda) */
     uint64_t threads;         /* --threads=N (cpu target); 0 = one per core */

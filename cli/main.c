@@ -310,8 +310,16 @@ static int parse_args(int argc, char **argv, args *a)
                 return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
             NOTE(F_MEMORY_BUDGET);
-            if (!parse_bytes(v, &a->memory_budget))
-                return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
+            size_t len = strlen(v);
+            char *end = NULL;
+            if (len > 1 && v[len - 1] == '%') {   /* a percentage of the unconstrained planned peak */
+                a->memory_budget_percent = strtod(v, &end);
+                if (end != v + len - 1 || !(a->memory_budget_percent > 0 && a->memory_budget_percent <= 100))
+                    return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G) or a percentage "
+                                                "of the planned peak in (0, 100] (e.g. 50%%), found '%s'", v);
+            } else if (!parse_bytes(v, &a->memory_budget))
+                return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G) or a percentage of "
+                                            "the planned peak (e.g. 50%%), found '%s'", v);
         } else if ((v = cli_flag_value(argc, argv, &i, "--memory-limit"))) {
             NOTE(F_MEMORY_LIMIT);
             if (!parse_bytes(v, &a->memory_limit))
@@ -478,10 +486,11 @@ static int check_flags(const args *a)
     if (ckpt_auto && mode != TF_MODE_TRAIN)
         return cli_usage_errorf(cmd, "--checkpoint=auto recomputes forward values in the backward pass, and infer mode "
                                      "has none: drop it or use --mode=train");
-    if (ckpt_auto && !a->memory_budget)
+    bool budget = a->memory_budget || a->memory_budget_percent > 0;
+    if (ckpt_auto && !budget && !(auto_dim && a->memory_limit))   /* with --dim B=auto the limit is the budget */
         return cli_usage_errorf(cmd, "--checkpoint=auto recomputes values until the step fits a budget: "
-                                     "give one with --memory-budget=BYTES");
-    if (a->memory_budget && !ckpt_auto)
+                                     "give one with --memory-budget=BYTES|PCT%%");
+    if (budget && !ckpt_auto)
         return cli_usage_errorf(cmd, "--memory-budget is the budget of --checkpoint=auto, which is not given: "
                                      "add --checkpoint=auto");
     if (a->dump_dir && !a->dump_ir)
@@ -694,6 +703,7 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     o->checkpoint = a->checkpoint;
     o->dump_kernels = a->dump_kernels;
     o->memory_budget = a->memory_budget;
+    o->memory_budget_percent = a->memory_budget_percent;
     o->dump_llvm = a->dump_llvm;
     o->threads = (int)a->threads;
     /* a flag overrides the environment's default */
@@ -1218,13 +1228,13 @@ static const struct {
     {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
      "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
     {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda|cuda-emu] [--arch=sm_90] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
-     "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES]\n"
+     "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES|PCT%]\n"
      "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--dump-llvm=DIR] [--stats] [-o OUT]",
      "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
      "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
      "--dim B=auto picks the largest B whose planned peak fits --memory-limit (512M, 16G, ...);\n"
      "train mode (the model needs an output 'loss', one floating number): --checkpoint=auto recomputes\n"
-     "cheap forward values in the backward pass until the step's planned peak fits --memory-budget;\n"
+     "forward values (cheapest per byte first) until the step's planned peak fits --memory-budget (bytes or 50%);\n"
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); --dump-kernels writes\n"
      "DIR/kernels.txt, the kernel IR of every kernel; --dump-llvm writes DIR/kernels.ll, the optimized\n"
      "LLVM IR the cpu target runs; -o writes the compiled IR. With --target=cuda, -o DIR writes a directory:\n"

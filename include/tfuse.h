@@ -239,9 +239,12 @@ typedef struct tf_compile_options {
     FILE *explain;           /* one line per compiler decision, or NULL */
     int64_t memory_limit;    /* bytes, for a TF_DIM_AUTO dim; 0 = none */
     const char *dump_kernels;   /* a directory: kernels.txt, the kernel IR of every kernel; NULL: none */
-    tf_checkpoint checkpoint;   /* default TF_CHECKPOINT_NONE; TF_CHECKPOINT_AUTO: recompute cheap forward
-                                 * values in the backward pass until the step plans within memory_budget */
-    int64_t memory_budget;   /* bytes; 0 = none */
+    tf_checkpoint checkpoint;   /* default TF_CHECKPOINT_NONE; TF_CHECKPOINT_AUTO: recompute forward values
+                                 * in the backward pass (cheapest per byte saved first) until the step plans
+                                 * within memory_budget */
+    int64_t memory_budget;   /* bytes; 0 = none (see memory_budget_percent) */
+    double memory_budget_percent;   /* with memory_budget 0: this percentage (0, 100] of the step's planned
+                                     * peak without recomputation; 0 = none */
     int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
     const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */
     /* Target settings: the program keeps them, and its sessions run by

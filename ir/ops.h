@@ -91,6 +91,13 @@ void tf_slice_bounds(int64_t len, int64_t start, int64_t end, int64_t *lo, int64
  * out of range. */
 bool tf_axis_norm(int64_t axis, int rank, int *out);
 
+/* cost.c: an estimate of the floating-point operations a node computes (two
+ * per multiply-add; an element of a pointwise, layout, gather or reduction op
+ * counts one, a reshape none), from its op's kind and its types. The _heavy
+ * variant counts matmuls and convolutions only (0 for the rest). */
+int64_t tf_node_flops(const tf_node *n);
+int64_t tf_node_flops_heavy(const tf_node *n);
+
 /* ---- initializers and train-block functions (also tables) ---- */
 
 typedef struct tf_fn_info {       /* a call-like thing that is not an op */

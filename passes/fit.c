@@ -39,9 +39,10 @@ static int64_t peak_of(const tf_module *m)
 static const tf_recompute nothing = {0};
 
 /* The planned peak of a copy of m (the input of the checkpoint pass at `at`)
- * run through passes [at, n) of pl, that pass recomputing nodes[0..k). */
+ * run through passes [at, n) of pl, that pass recomputing nodes[0..k);
+ * *persistent: its inputs, params and buffers. */
 static tf_ir_status measure(const tf_module *m, const tf_pipeline *pl, int at, const tf_options *o, const int *nodes,
-                            int k, int64_t *peak)
+                            int k, int64_t *peak, int64_t *persistent)
 {
     *peak = -1;
     tf_module *x = tf_module_clone((tf_module *)m);
@@ -55,6 +56,7 @@ static tf_ir_status measure(const tf_module *m, const tf_pipeline *pl, int at, c
     q.recompute = &nothing;   /* a later checkpoint pass, if any */
     if (!st) st = tf_pipeline_run(x, pl, at + 1, pl->n, &q);
     if (!st) *peak = peak_of(x);
+    if (!st && persistent) *persistent = x->plan.persistent_bytes;
     tf_module_free(x);
     return st;
 }
@@ -66,72 +68,147 @@ static bool memplan_disabled(const tf_options *o)
 }
 
 typedef struct ck_search {
-    int *nodes;            /* candidates; the first nk are kept */
-    int nc, nk;
-    int64_t peak0, best;   /* recomputing nothing; the kept ones */
+    tf_ckpt_plan plan;
+    int ng;                /* groups of the plan taken */
+    int64_t budget;        /* in bytes */
+    int64_t peak0, best;   /* recomputing nothing; the lowest planned peak measured */
+    int64_t chosen;        /* the planned peak of the ng groups */
+    int64_t floor;         /* persistent + the plan's floor estimate */
+    int *extra, nextra;    /* refine's set, when it ran (else NULL: the first ng groups) */
 } ck_search;
 
-/* The recompute set for the checkpoint pass at `at`, which gets m: greedy
- * over the candidates in their order, a candidate kept when it lowers the
- * peak, stopping once the budget is met. */
-static tf_ir_status search_checkpoint(tf_module *m, const tf_pipeline *pl, int at, const tf_options *o, ck_search *s)
+/* The best prefix (s->ng groups) does not fit: try each later group on top
+ * of it, measured, keeping those that lower the planned peak, until the
+ * budget is met. The set is then s->extra (s->nextra nodes), not a prefix. */
+static tf_ir_status refine(const tf_module *m, const tf_pipeline *pl, int at, const tf_options *o, ck_search *s)
 {
-    *s = (ck_search){0};
-    tf_ir_status st = tf_checkpoint_candidates(m, o->diag, &s->nodes, &s->nc);
-    if (st) return st;
-    if ((st = measure(m, pl, at, o, s->nodes, 0, &s->peak0))) return st;
-    if (s->peak0 < 0)
-        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--checkpoint=auto fits the planned peak into "
-                             "--memory-budget, and memplan does not end the pipeline%s: nothing to measure",
-                             memplan_disabled(o) ? " (it is disabled)" : "");
-    s->best = s->peak0;
-    for (int i = 0; i < s->nc && s->best > o->memory_budget; i++) {
-        int keep = s->nodes[s->nk];
-        s->nodes[s->nk] = s->nodes[i];   /* try the kept ones plus this one */
+    const tf_ckpt_plan *p = &s->plan;
+    if (!(s->extra = tf_malloc(((size_t)p->n + 1) * sizeof(int))))
+        return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
+    s->nextra = s->ng ? p->group_end[s->ng - 1] : 0;
+    memcpy(s->extra, p->nodes, (size_t)s->nextra * sizeof(int));
+    for (int g = s->ng; g < p->ngroups && s->chosen > s->budget; g++) {
+        int from = g ? p->group_end[g - 1] : 0, k = p->group_end[g] - from;
+        memcpy(s->extra + s->nextra, p->nodes + from, (size_t)k * sizeof(int));
         int64_t pk;
-        if ((st = measure(m, pl, at, o, s->nodes, s->nk + 1, &pk))) return st;
-        if (pk < s->best) s->best = pk, s->nk++;
-        else s->nodes[s->nk] = keep;
+        tf_ir_status st = measure(m, pl, at, o, s->extra, s->nextra + k, &pk, NULL);
+        if (st) return st;
+        if (pk < s->chosen) s->chosen = s->best = pk, s->nextra += k, s->ng++;
     }
     return TF_IR_OK;
 }
 
-/* Run pl on m, choosing the recompute set at each checkpoint pass that
- * searches. In a probe (short_of != NULL) a budget that cannot be met stops
- * the run with *short_of = the best peak reached (else -1); otherwise it is
- * an error. */
-static tf_ir_status run_fitted(tf_module *m, const tf_pipeline *pl, const tf_options *o, int64_t *short_of)
+/* The recompute set for the checkpoint pass at `at`, which gets m: the
+ * shortest prefix of tf_checkpoint_plan's groups (cheapest per byte first)
+ * whose real planned peak fits the budget, found by bisection between
+ * nothing and the whole plan (the peak falls, by and large, as groups are
+ * added; the prefix taken is one measured to fit). */
+static tf_ir_status refine(const tf_module *m, const tf_pipeline *pl, int at, const tf_options *o, ck_search *s);
+
+static const int *search_set(const ck_search *s, int *n)
 {
-    if (short_of) *short_of = -1;
+    *n = s->extra ? s->nextra : s->ng ? s->plan.group_end[s->ng - 1] : 0;
+    return s->extra ? s->extra : s->plan.nodes;
+}
+
+static tf_ir_status search_checkpoint(tf_module *m, const tf_pipeline *pl, int at, const tf_options *o, ck_search *s)
+{
+    *s = (ck_search){0};
+    tf_ir_status st = tf_checkpoint_plan(m, o->diag, &s->plan);
+    if (st) return st;
+    int64_t persistent = 0, pk;
+    if ((st = measure(m, pl, at, o, s->plan.nodes, 0, &s->peak0, &persistent))) return st;
+    if (s->peak0 < 0)
+        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--checkpoint=auto fits the planned peak into "
+                             "--memory-budget, and memplan does not end the pipeline%s: nothing to measure",
+                             memplan_disabled(o) ? " (it is disabled)" : "");
+    s->budget = o->memory_budget > 0 ? o->memory_budget : (int64_t)((double)s->peak0 * o->memory_budget_pct / 100.0);
+    /* the estimate knows no fusion: scale it by what memplan made of recomputing nothing */
+    double calib = s->plan.est0 > 0 ? (double)(s->peak0 - persistent) / (double)s->plan.est0 : 1.0;
+    s->floor = persistent + (int64_t)((double)s->plan.floor_est * (calib < 1.0 ? calib : 1.0));
+    s->best = s->chosen = s->peak0;
+    if (s->peak0 <= s->budget || !s->plan.ngroups) return TF_IR_OK;
+    /* the whole plan first; the peak does not always fall as groups are added
+     * (fusion and first-fit placement differ from the estimate), so when the
+     * whole plan does not fit, sample prefixes for one that does */
+    int G = s->plan.ngroups, lo = 0, hi = G;   /* lo does not fit; hi fits if it is known to */
+    if ((st = measure(m, pl, at, o, s->plan.nodes, s->plan.group_end[G - 1], &pk, NULL))) return st;
+    s->best = pk < s->best ? pk : s->best;
+    int best_g = pk <= s->peak0 ? G : 0;
+    int64_t at_hi = pk;
+    if (pk > s->budget) {
+        hi = -1;
+        for (int k = 1; k < 16 && G > 1; k++) {
+            int g = (int)((int64_t)G * k / 16);
+            if (g <= lo || g >= G) continue;
+            if ((st = measure(m, pl, at, o, s->plan.nodes, s->plan.group_end[g - 1], &pk, NULL))) return st;
+            if (pk < s->best) s->best = pk, best_g = g;
+            if (pk <= s->budget) {
+                hi = g, at_hi = pk;
+                break;
+            }
+            lo = g;
+        }
+        if (hi < 0) {   /* nothing measured fits: from the best prefix, add the later groups that lower the peak */
+            s->ng = best_g;
+            s->chosen = s->best;
+            return refine(m, pl, at, o, s);
+        }
+    }
+    s->chosen = at_hi;
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if ((st = measure(m, pl, at, o, s->plan.nodes, s->plan.group_end[mid - 1], &pk, NULL))) return st;
+        if (pk < s->best) s->best = pk;
+        if (pk <= s->budget) hi = mid, s->chosen = pk;
+        else lo = mid;
+    }
+    s->ng = hi;
+    return TF_IR_OK;
+}
+
+/* Why a budget was not met, for tf_fit_pipeline's message. */
+typedef struct ck_unmet {
+    bool unmet;
+    int64_t budget, peak0, best, floor;
+    int nrecomputed;
+} ck_unmet;
+
+/* Run pl on m, choosing the recompute set at each checkpoint pass that
+ * searches. A budget that cannot be met stops the run with *u filled in
+ * (u->unmet); the caller says so. */
+static tf_ir_status run_fitted(tf_module *m, const tf_pipeline *pl, const tf_options *o, ck_unmet *u)
+{
+    *u = (ck_unmet){0};
     int from = 0;
     for (int i = 0; i < pl->n; i++) {
         if (strcmp(pl->pass[i]->name, "checkpoint") || tf_pass_disabled(o, pl->pass[i])) continue;
         if (tf_pipeline_run(m, pl, from, i, o)) return o->diag->status;
         from = i;
         /* backward_start is what the pass will see: the pass manager keeps it for checkpoint */
-        if (o->mode != TF_IR_TRAIN || o->checkpoint != TF_IR_CHECKPOINT_AUTO || o->memory_budget <= 0 || !m->backward_start)
+        if (o->mode != TF_IR_TRAIN || o->checkpoint != TF_IR_CHECKPOINT_AUTO ||
+            (o->memory_budget <= 0 && o->memory_budget_pct <= 0) || !m->backward_start)
             continue;   /* the pass says why it does nothing */
         ck_search s;
         tf_ir_status st = search_checkpoint(m, pl, i, o, &s);
-        if (!st && s.best > o->memory_budget) {
-            if (short_of) {
-                *short_of = s.best;
-                tf_free(s.nodes);
-                return TF_IR_OK;
-            }
-            st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL,
-                               "--memory-budget=%lld cannot be met: the step plans %lld bytes, and at best %lld by "
-                               "recomputing %d of %d cheap forward values; a smaller batch fits (--dim B=auto "
-                               "--memory-limit=%lld)", (long long)o->memory_budget, (long long)s.peak0,
-                               (long long)s.best, s.nk, s.nc, (long long)o->memory_budget);
+        if (!st && s.chosen > s.budget) {
+            int nset;
+            search_set(&s, &nset);
+            *u = (ck_unmet){true, s.budget, s.peak0, s.best, s.floor, nset};
+            tf_checkpoint_plan_free(&s.plan);
+            tf_free(s.extra);
+            return TF_IR_OK;
         }
         if (!st) {
             tf_options q = *o;
-            tf_recompute r = {s.nodes, s.nk, s.nc, s.peak0, s.best};
+            int nset;
+            const int *set = search_set(&s, &nset);
+            tf_recompute r = {set, nset, s.ng, s.plan.ncand, s.budget, s.peak0, s.chosen, s.floor};
             q.recompute = &r;
             st = tf_pipeline_run(m, pl, i, i + 1, &q);
         }
-        tf_free(s.nodes);
+        tf_checkpoint_plan_free(&s.plan);
+        tf_free(s.extra);
         if (st) return st;
         from = i + 1;
     }
@@ -154,10 +231,10 @@ static tf_ir_status probe(const tf_module *m, const tf_pipeline *pl, const tf_op
         tf_options q = *o;
         q.explain = NULL;
         q.dump_ir = NULL;
-        int64_t short_of;
-        if (!(st = run_fitted(x, pl, &q, &short_of))) {
-            if (short_of >= 0) {
-                *peak = short_of;
+        ck_unmet u;
+        if (!(st = run_fitted(x, pl, &q, &u))) {
+            if (u.unmet) {
+                *peak = u.best;
                 *unmet = true;
             } else if ((*peak = peak_of(x)) < 0) {
                 st = tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--dim %s=auto needs memplan%s", m->dims[dim].name,
@@ -169,6 +246,13 @@ static tf_ir_status probe(const tf_module *m, const tf_pipeline *pl, const tf_op
     }
     tf_module_free(x);
     return st;
+}
+
+static const char *budget_str(const tf_options *o, char buf[64])
+{
+    if (o->memory_budget > 0) snprintf(buf, 64, "%lld", (long long)o->memory_budget);
+    else snprintf(buf, 64, "%g%%", o->memory_budget_pct);
+    return buf;
 }
 
 static tf_ir_status fit_dim(tf_module *m, const tf_pipeline *pl, const tf_options *o, tf_fit *fit)
@@ -208,8 +292,8 @@ static tf_ir_status fit_dim(tf_module *m, const tf_pipeline *pl, const tf_option
         }
     }
     if (!lo && unmet_at_1 && fit->over_peak <= fit->limit)
-        return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "--dim %s=auto: even %s=1 cannot meet --memory-budget=%lld: "
-                             "it plans %lld bytes at best by recomputing", name, name, (long long)o->memory_budget,
+        return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "--dim %s=auto: even %s=1 cannot meet --memory-budget=%s: "
+                             "it plans %lld bytes at best by recomputing", name, name, budget_str(o, (char[64]){0}),
                              (long long)fit->over_peak);
     if (!lo)
         return tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "--dim %s=auto: even %s=1 plans %lld bytes, more than "
@@ -223,11 +307,61 @@ static tf_ir_status fit_dim(tf_module *m, const tf_pipeline *pl, const tf_option
     return TF_IR_OK;
 }
 
+/* The dim a batch is: the leading dim of the first input that has a named
+ * one, or -1. */
+static int batch_dim(const tf_module *m)
+{
+    for (int i = 0; i < m->decls.n; i++) {
+        const tf_value *v = m->decls.items[i];
+        if (v->kind == TF_VAL_INPUT && v->type.rank > 0 && v->type.dims[0].sym >= 0) return v->type.dims[0].sym;
+    }
+    return -1;
+}
+
 tf_ir_status tf_fit_pipeline(tf_module *m, const char *list, const tf_options *o, tf_fit *fit)
 {
     tf_pipeline pl;
     if (tf_pipeline_parse(list, o, &pl)) return o->diag->status;
-    if (fit && fit->dim >= 0 && fit_dim(m, &pl, o, fit)) return o->diag->status;
-    if (tf_pipeline_begin(m, o)) return o->diag->status;
-    return run_fitted(m, &pl, o, NULL);
+    tf_options q = *o;
+    bool auto_dim = fit && fit->dim >= 0;
+    bool ck = q.mode == TF_IR_TRAIN && q.checkpoint == TF_IR_CHECKPOINT_AUTO;
+    /* --dim B=auto --memory-limit with --checkpoint=auto and no budget: the limit is the budget */
+    if (auto_dim && ck && q.memory_budget <= 0 && q.memory_budget_pct <= 0) q.memory_budget = fit->limit;
+    if (auto_dim && fit_dim(m, &pl, &q, fit)) return o->diag->status;
+    tf_module *orig = NULL;   /* for the largest batch that fits, should the budget not be met */
+    if (!auto_dim && ck && (q.memory_budget > 0 || q.memory_budget_pct > 0) && !(orig = tf_module_clone(m)))
+        return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
+    ck_unmet u = {0};
+    tf_ir_status st = tf_pipeline_begin(m, &q);
+    if (!st) st = run_fitted(m, &pl, &q, &u);
+    if (!st && u.unmet) {
+        char more[512] = "";
+        int bd = orig ? batch_dim(orig) : -1;
+        if (bd >= 0) {
+            const char *name = orig->dims[bd].name;
+            tf_diag d2 = {0};
+            tf_options p = q;
+            p.explain = NULL;
+            p.dump_ir = NULL;
+            p.diag = &d2;
+            p.memory_budget = u.budget;
+            p.memory_budget_pct = 0;
+            tf_fit f = {.dim = bd, .limit = u.budget};
+            if (!fit_dim(orig, &pl, &p, &f))
+                snprintf(more, sizeof more, "; the largest %s that fits it with recomputation is %s=%lld (--dim %s=auto "
+                         "--memory-limit=%lld --checkpoint=auto)", name, name, (long long)f.value, name,
+                         (long long)u.budget);
+            else if (d2.status == TF_IR_ERR_LIMIT)
+                snprintf(more, sizeof more, "; even %s=1 does not fit it", name);
+        }
+        st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL,
+                           "--memory-budget=%lld cannot be met: %s %lld bytes (inputs, params, optimizer state and "
+                           "what the backward pass holds at once, however much is recomputed); the step plans %lld "
+                           "bytes, and at best %lld recomputing %d forward values%s",
+                           (long long)u.budget, u.budget < u.floor ? "it is under the floor of about" :
+                           "the best plan found is over it; the floor is about", (long long)u.floor,
+                           (long long)u.peak0, (long long)u.best, u.nrecomputed, more);
+    }
+    tf_module_free(orig);
+    return st;
 }

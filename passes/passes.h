@@ -19,9 +19,12 @@
 typedef struct tf_recompute {
     const int *nodes;       /* forward node indices in the pass's input (renumbered), each < backward_start */
     int n;
-    int ncand;              /* for --explain: how many candidates the search had */
-    int64_t peak_before;    /* for --explain: the planned peak recomputing nothing ... */
+    /* for --explain: */
+    int ngroups, ncand;     /* groups of the plan taken, candidates it had */
+    int64_t budget;         /* the budget in bytes (--memory-budget=PCT% resolved) */
+    int64_t peak_before;    /* the planned peak recomputing nothing ... */
     int64_t peak_after;     /* ... and recomputing these */
+    int64_t floor;          /* the estimated floor (see tf_checkpoint_plan) */
 } tf_recompute;
 
 typedef struct tf_options {
@@ -38,6 +41,7 @@ typedef struct tf_options {
     bool grad_outputs;      /* autodiff also outputs each param's gradient as grad.<param> */
     int checkpoint;         /* TF_IR_CHECKPOINT_NONE | TF_IR_CHECKPOINT_AUTO */
     int64_t memory_budget;  /* bytes the training step should plan within (checkpoint) */
+    double memory_budget_pct;   /* or this percentage of its unconstrained planned peak (0: bytes) */
     const tf_recompute *recompute;   /* set by tf_fit_pipeline for the checkpoint pass; NULL otherwise */
 } tf_options;
 
@@ -96,11 +100,22 @@ tf_ir_status tf_pipeline_run(tf_module *m, const tf_pipeline *pl, int from, int 
 /* Whether the options leave pass pi out (--O0, --disable-pass). */
 bool tf_pass_disabled(const tf_options *o, const tf_pass_info *pi);
 
-/* checkpoint.c: the forward values the checkpoint pass may recompute, in the
- * order the search tries them (pointwise, then layout, then pooling; the
- * larger first within a class): *nodes (malloc'd, *n of them) are node
- * indices of m, which is renumbered. m must be right after autodiff. */
-tf_ir_status tf_checkpoint_candidates(tf_module *m, tf_diag *d, int **nodes, int *n);
+/* checkpoint.c: the order in which to recompute forward values, cheapest
+ * per byte saved first. nodes[0 .. group_end[g]) is the set the first g + 1
+ * groups recompute (node indices of m, renumbered; in node order within a
+ * group), and group_est[g] its estimated arena peak (est0: recomputing
+ * nothing). floor_est is the arena a free recomputation would leave (every
+ * forward value the backward reads made where it is read and dropped
+ * there): no recompute set goes under it. m must be right after autodiff. */
+typedef struct tf_ckpt_plan {
+    int *nodes, n;
+    int *group_end;
+    int64_t *group_est;
+    int ngroups, ncand;
+    int64_t est0, floor_est;
+} tf_ckpt_plan;
+tf_ir_status tf_checkpoint_plan(tf_module *m, tf_diag *d, tf_ckpt_plan *p);
+void tf_checkpoint_plan_free(tf_ckpt_plan *p);
 
 /* ---- fit.c: fitting into memory ---- */
 

@@ -212,6 +212,10 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
                             (int)opts->checkpoint);
     o->checkpoint = opts->checkpoint == TF_CHECKPOINT_AUTO ? TF_IR_CHECKPOINT_AUTO : TF_IR_CHECKPOINT_NONE;
     o->memory_budget = opts->memory_budget;
+    if (!(opts->memory_budget_percent >= 0 && opts->memory_budget_percent <= 100))
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: memory_budget_percent %g: expected a percentage in (0, 100]",
+                            opts->memory_budget_percent);
+    o->memory_budget_pct = opts->memory_budget > 0 ? 0 : opts->memory_budget_percent;
     return TF_OK;
 }
 
@@ -288,21 +292,12 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
  * counting them would flatter a step. */
 static int64_t step_flops(const tf_module *m)
 {
-    double f = 0;
+    int64_t f = 0;
     for (int i = 0; i < m->nodes.n; i++) {
-        const tf_node *n = m->nodes.items[i];
-        if (n->op == TF_OP_MATMUL && n->nin == 2 && n->in[0]->type.rank >= 2) {
-            const tf_type *a = &n->in[0]->type;
-            int64_t k = tf_node_bool(n, "transpose_a") ? a->dims[a->rank - 2].n : a->dims[a->rank - 1].n;
-            f += 2.0 * (double)tf_type_numel(&n->out->type) * (double)k;
-        } else if ((n->op == TF_OP_CONV2D || n->op == TF_OP_CONV2D_GRAD_INPUT || n->op == TF_OP_CONV2D_GRAD_WEIGHT) && n->nin >= 2) {
-            /* each is the forward's multiply-adds: every output element of the forward, over Cg x KH x KW */
-            const tf_type *y = n->op == TF_OP_CONV2D ? &n->out->type : n->op == TF_OP_CONV2D_GRAD_INPUT ? &n->in[0]->type : &n->in[1]->type;
-            const tf_type *w = n->op == TF_OP_CONV2D_GRAD_WEIGHT ? &n->out->type : &n->in[1]->type;
-            if (w->rank == 4) f += 2.0 * (double)tf_type_numel(y) * (double)(w->dims[1].n * w->dims[2].n * w->dims[3].n);
-        }
+        int64_t x = tf_node_flops_heavy(m->nodes.items[i]);
+        f = x > INT64_MAX - f ? INT64_MAX : f + x;
     }
-    return f > 9e18 ? INT64_MAX : (int64_t)f;
+    return f;
 }
 
 static int64_t planned_peak(const tf_program_t *p)
@@ -390,6 +385,19 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     }
     if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
     add_stat(p, "step_flops", step_flops(p->m));
+    if (opts->checkpoint == TF_CHECKPOINT_AUTO) {   /* what checkpointing costs: FLOPs, and that over the step's */
+        int64_t rf = 0, all = 0, nrec = 0;
+        for (int i = 0; i < p->m->nodes.n; i++) {
+            const tf_node *n = p->m->nodes.items[i];
+            int64_t f = tf_node_flops(n);
+            all = f > INT64_MAX - all ? INT64_MAX : all + f;
+            if (n->recompute) rf = f > INT64_MAX - rf ? INT64_MAX : rf + f, nrec++;
+        }
+        add_stat(p, "recomputed_ops", nrec);
+        add_stat(p, "recompute_flops", rf);
+        /* the step-time overhead, if time went as FLOPs: recomputed over the rest, in tenths of a percent */
+        add_stat(p, "recompute_overhead_permille", all > rf ? (int64_t)(1000.0 * (double)rf / (double)(all - rf) + 0.5) : 0);
+    }
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,

@@ -15,12 +15,12 @@
 #include "passes.h"
 #include "testutil.h"
 
-static tf_module *compile(const char *path, const char *text, int ck, int64_t budget, tf_diag *d)
+static tf_module *compile_dims(const char *path, const char *text, const tf_dim_set *dims, int ndims, int ck,
+                               int64_t budget, tf_diag *d)
 {
     tf_module *m;
-    tf_dim_set dims[1] = {{"B", 8}};
     tf_diag_clear(d);
-    if (tf_parse(path, text, strlen(text), dims, 1, &m, d)) return NULL;
+    if (tf_parse(path, text, strlen(text), dims, ndims, &m, d)) return NULL;
     /* fp32 so that the two steps compute exactly alike */
     tf_options o = {.mode = TF_IR_TRAIN, .diag = d, .grad_outputs = true, .checkpoint = ck, .memory_budget = budget,
                     .precision_set = true, .precision = TF_PREC_FP32};
@@ -31,6 +31,12 @@ static tf_module *compile(const char *path, const char *text, int ck, int64_t bu
     return m;
 }
 
+static tf_module *compile(const char *path, const char *text, int ck, int64_t budget, tf_diag *d)
+{
+    tf_dim_set dims[1] = {{"B", 8}};
+    return compile_dims(path, text, dims, 1, ck, budget, d);
+}
+
 static int64_t peak(const tf_module *m) { return m->plan.arena_bytes + m->plan.persistent_bytes; }
 
 static int recomputed(const tf_module *m)
@@ -38,6 +44,45 @@ static int recomputed(const tf_module *m)
     int k = 0;
     for (int i = 0; i < m->nodes.n; i++) k += ((tf_node *)m->nodes.items[i])->recompute;
     return k;
+}
+
+/* Same params, same inputs: the same loss and gradients, bit for bit
+ * (the reference interpreter runs both). */
+static void same_gradients(const char *path, tf_module *a, tf_module *b)
+{
+    tf_diag d = {0};
+    tf_interp_ctx *ia = tf_interp_create(a, TF_IR_TRAIN, 5), *ib = tf_interp_create(b, TF_IR_TRAIN, 5);
+    bool ok = ia && ib && !tf_interp_init_state(ia, &d) && !tf_interp_init_state(ib, &d);
+    uint64_t s = 99;
+    for (int i = 0; ok && i < a->decls.n; i++) {
+        tf_value *v = a->decls.items[i], *w = tf_module_find_value(b, v->name);
+        if (v->kind != TF_VAL_INPUT || !w) continue;
+        tf_tensor *ta = tf_interp_tensor(ia, v, &d), *tb = tf_interp_tensor(ib, w, &d);
+        int64_t bound = v->type.dtype == TF_DT_I64 ? 10 : 0;
+        for (int64_t k = 0; k < ta->numel; k++) {
+            double u = test_rnd(&s);
+            ta->data[k] = tb->data[k] = bound ? (double)(int64_t)(u * (double)bound) : tf_dtype_round(v->type.dtype, 2 * u - 1);
+        }
+    }
+    ok = ok && !tf_interp_run(ia, &d) && !tf_interp_run(ib, &d);
+    CHECK(ok, "%s: run: %s", path, d.msg);
+    int compared = 0;
+    for (int i = 0; ok && i < a->noutputs; i++) {
+        const char *nm = a->outputs[i].name;
+        if (strcmp(nm, "loss") && strncmp(nm, "grad.", 5)) continue;
+        tf_value *w = NULL;
+        for (int k = 0; k < b->noutputs; k++)
+            if (!strcmp(b->outputs[k].name, nm)) w = b->outputs[k].value;
+        CHECK(w != NULL, "%s: output %s missing with checkpointing", path, nm);
+        if (!w) continue;
+        tf_tensor *ta = tf_interp_tensor(ia, a->outputs[i].value, &d), *tb = tf_interp_tensor(ib, w, &d);
+        CHECK(ta->numel == tb->numel && !memcmp(ta->data, tb->data, (size_t)ta->numel * sizeof(double)),
+              "%s: %s differs with checkpointing", path, nm);
+        compared++;
+    }
+    CHECK(compared > 2, "%s: loss and gradients compared (%d)", path, compared);
+    tf_interp_free(ia);
+    tf_interp_free(ib);
 }
 
 static void check_model(const char *file)
@@ -58,39 +103,7 @@ static void check_model(const char *file)
         CHECK(peak(b) <= budget, "%s: peak %lld within budget %lld (was %lld)", path, (long long)peak(b), (long long)budget,
               (long long)full);
         CHECK(recomputed(b) > 0, "%s: something is recomputed", path);
-        /* same params, same inputs: same loss and gradients */
-        tf_interp_ctx *ia = tf_interp_create(a, TF_IR_TRAIN, 5), *ib = tf_interp_create(b, TF_IR_TRAIN, 5);
-        bool ok = ia && ib && !tf_interp_init_state(ia, &d) && !tf_interp_init_state(ib, &d);
-        uint64_t s = 99;
-        for (int i = 0; ok && i < a->decls.n; i++) {
-            tf_value *v = a->decls.items[i], *w = tf_module_find_value(b, v->name);
-            if (v->kind != TF_VAL_INPUT || !w) continue;
-            tf_tensor *ta = tf_interp_tensor(ia, v, &d), *tb = tf_interp_tensor(ib, w, &d);
-            int64_t bound = v->type.dtype == TF_DT_I64 ? 10 : 0;
-            for (int64_t k = 0; k < ta->numel; k++) {
-                double u = test_rnd(&s);
-                ta->data[k] = tb->data[k] = bound ? (double)(int64_t)(u * (double)bound) : tf_dtype_round(v->type.dtype, 2 * u - 1);
-            }
-        }
-        ok = ok && !tf_interp_run(ia, &d) && !tf_interp_run(ib, &d);
-        CHECK(ok, "%s: run: %s", path, d.msg);
-        int compared = 0;
-        for (int i = 0; ok && i < a->noutputs; i++) {
-            const char *nm = a->outputs[i].name;
-            if (strcmp(nm, "loss") && strncmp(nm, "grad.", 5)) continue;
-            tf_value *w = NULL;
-            for (int k = 0; k < b->noutputs; k++)
-                if (!strcmp(b->outputs[k].name, nm)) w = b->outputs[k].value;
-            CHECK(w != NULL, "%s: output %s missing with checkpointing", path, nm);
-            if (!w) continue;
-            tf_tensor *ta = tf_interp_tensor(ia, a->outputs[i].value, &d), *tb = tf_interp_tensor(ib, w, &d);
-            CHECK(ta->numel == tb->numel && !memcmp(ta->data, tb->data, (size_t)ta->numel * sizeof(double)),
-                  "%s: %s differs with checkpointing", path, nm);
-            compared++;
-        }
-        CHECK(compared > 2, "%s: loss and gradients compared (%d)", path, compared);
-        tf_interp_free(ia);
-        tf_interp_free(ib);
+        same_gradients(path, a, b);
     }
     tf_module_free(b);
     /* an impossible budget */
@@ -167,8 +180,66 @@ static void check_auto_dim(const char *file)
     free(text);
 }
 
+/* Whether some op of kind k is recomputed in m. */
+static bool recomputes_kind(const tf_module *m, tf_op_kind k)
+{
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (n->recompute && tf_op_info_of(n->op)->kind == k) return true;
+    }
+    return false;
+}
+
+/* Every budget from the unconstrained peak down to the lowest one the
+ * search reaches compiles and plans within it; one byte under that is an
+ * error naming the floor and the largest batch that fits; gradients are
+ * the same bits at the tightest budget, where matmuls (and convolutions,
+ * where the model has them) are recomputed too. */
+static void check_sweep(const char *file, const tf_dim_set *dims, int ndims, tf_op_kind heavy)
+{
+    char path[4096];
+    char *text = test_read_example(file, path, sizeof path);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (!text) return;
+    tf_diag d;
+    tf_module *a = compile_dims(path, text, dims, ndims, TF_IR_CHECKPOINT_NONE, 0, &d);
+    CHECK(a != NULL, "%s: %s", path, d.msg);
+    tf_module *c = a ? compile_dims(path, text, dims, ndims, TF_IR_CHECKPOINT_AUTO, 1, &d) : NULL;
+    const char *at = strstr(d.msg, "at best ");
+    CHECK(!c && at && strstr(d.msg, "floor of about") && strstr(d.msg, "cannot be met"), "%s: budget 1: %s", path, d.msg);
+    tf_module_free(c);
+    if (!a || !at) {
+        tf_module_free(a);
+        free(text);
+        return;
+    }
+    int64_t full = peak(a), best = strtoll(at + 8, NULL, 10);
+    CHECK(best > 0 && best < full * 9 / 10, "%s: the search goes well under the peak: %lld of %lld", path, (long long)best,
+          (long long)full);
+    tf_module *tight = NULL;
+    for (int k = 0; k <= 8; k++) {
+        int64_t budget = full - (full - best) * k / 8;
+        tf_module *b = compile_dims(path, text, dims, ndims, TF_IR_CHECKPOINT_AUTO, budget, &d);
+        CHECK(b && peak(b) <= budget, "%s: budget %lld (peak %lld, best %lld): %s, planned %lld", path, (long long)budget,
+              (long long)full, (long long)best, b ? "compiled" : d.msg, b ? (long long)peak(b) : -1LL);
+        if (k == 8) tight = b;
+        else tf_module_free(b);
+    }
+    if (tight) {
+        CHECK(recomputes_kind(tight, TF_OPK_MATMUL) || heavy != TF_OPK_MATMUL, "%s: a matmul is recomputed", path);
+        CHECK(recomputes_kind(tight, heavy), "%s: a %s-kind op is recomputed", path, heavy == TF_OPK_CONV ? "conv" : "matmul");
+        same_gradients(path, a, tight);
+    }
+    tf_module_free(tight);
+    tf_module_free(a);
+    free(text);
+}
+
 int main(void)
 {
+    tf_dim_set gpt[7] = {{"B", 4}, {"T", 32}, {"V", 64}, {"E", 64}, {"H", 2}, {"D", 32}, {"F", 256}}, resnet[4] = {{"N", 2}, {"C1", 8}, {"C2", 16}, {"C3", 32}};
+    check_sweep("../bench/models/gpt.ir", gpt, 7, TF_OPK_MATMUL);
+    check_sweep("../bench/models/resnet.ir", resnet, 4, TF_OPK_CONV);
     check_model("transformer.ir");
     check_custom_list("transformer.ir");
     check_auto_dim("transformer.ir");
