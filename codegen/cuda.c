@@ -212,6 +212,8 @@ typedef struct em {
     const char *bid, *nblocks;  /* pointwise: this block's index and the blocks sharing the work
                                  * (blockIdx.x, gridDim.x; a multi-tensor part's own range) */
     unsigned block;             /* pointwise: threads per block when fixed (a multi-tensor part), 0: chosen */
+    const char *count;          /* pointwise: the parameter holding the element count (a multi-tensor part, so that
+                                 * parts alike but for their sizes are one function), NULL: the count as a literal */
 } em;
 
 static bool contiguous(const tf_kernel *k, const int64_t *row, const tf_kexpr *x)
@@ -582,8 +584,21 @@ static void emit_pointwise(em *e, geom *g)
     g->align = use_vec ? 16 : widest(k);
     e->vec = use_vec;
     sb *s = &e->s;
-    if (use_vec) line(s, 1, "// pointwise over %lld elements, %d at a time (16 bytes of the widest buffer)", (long long)n, vec);
-    else line(s, 1, "// pointwise over %lld elements", (long long)n);
+    /* the count as a literal, or as e->count (long long) read as tf_idx */
+    char nv_s[96], n_s[96], start_s[96];
+    if (e->count) {
+        snprintf(nv_s, sizeof nv_s, "(tf_idx)(%s / %d)", e->count, use_vec ? vec : 1);
+        snprintf(n_s, sizeof n_s, "(tf_idx)%s", e->count);
+        snprintf(start_s, sizeof start_s, "(tf_idx)(%s / %d * %d)", e->count, use_vec ? vec : 1, use_vec ? vec : 1);
+        if (use_vec) line(s, 1, "// pointwise over %s elements, %d at a time (16 bytes of the widest buffer)", e->count, vec);
+        else line(s, 1, "// pointwise over %s elements", e->count);
+    } else {
+        snprintf(nv_s, sizeof nv_s, "%lld", (long long)(use_vec ? n / vec : n));
+        snprintf(n_s, sizeof n_s, "%lld", (long long)n);
+        snprintf(start_s, sizeof start_s, "%lld", (long long)(use_vec ? n / vec * vec : 0));
+        if (use_vec) line(s, 1, "// pointwise over %lld elements, %d at a time (16 bytes of the widest buffer)", (long long)n, vec);
+        else line(s, 1, "// pointwise over %lld elements", (long long)n);
+    }
     emit_dropout_keys(e, 1);
     if (!k->nstores) return;
     char stride[64];
@@ -592,7 +607,7 @@ static void emit_pointwise(em *e, geom *g)
     int64_t start = 0;
     if (use_vec) {
         int64_t nv = n / vec;
-        line(s, 1, "for (tf_idx tc = (tf_idx)%s * blockDim.x + threadIdx.x; tc < %lld; tc += %s) {", bid, (long long)nv, stride);
+        line(s, 1, "for (tf_idx tc = (tf_idx)%s * blockDim.x + threadIdx.x; tc < %s; tc += %s) {", bid, nv_s, stride);
         for (int i = 0; i < k->nexprs; i++) {
             if (!e->mark[i] || !e->contig[i]) continue;
             const tf_kexpr *x = &k->exprs[i];
@@ -622,10 +637,11 @@ static void emit_pointwise(em *e, geom *g)
         line(s, 1, "}");
         start = nv * vec;
         if (start == n) return;
-        line(s, 1, "// the last %lld elements", (long long)(n - start));
+        if (e->count) line(s, 1, "// the last %s %% %d elements", e->count, vec);
+        else line(s, 1, "// the last %lld elements", (long long)(n - start));
     }
-    if (start) line(s, 1, "for (tf_idx i = %lld + (tf_idx)%s * blockDim.x + threadIdx.x; i < %lld; i += %s) {", (long long)start, bid, (long long)n, stride);
-    else line(s, 1, "for (tf_idx i = (tf_idx)%s * blockDim.x + threadIdx.x; i < %lld; i += %s) {", bid, (long long)n, stride);
+    if (start) line(s, 1, "for (tf_idx i = %s + (tf_idx)%s * blockDim.x + threadIdx.x; i < %s; i += %s) {", start_s, bid, n_s, stride);
+    else line(s, 1, "for (tf_idx i = (tf_idx)%s * blockDim.x + threadIdx.x; i < %s; i += %s) {", bid, n_s, stride);
     pointwise_body(e, 2);
     line(s, 1, "}");
 }
@@ -1198,8 +1214,11 @@ tf_ir_status tf_cuda_emit_multi(const tf_kernel *ks, int n, tf_cuda_kernel *out,
     if (n < 2 || tf_cuda_multi_span(ks, n) != n)
         return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "cuda: kernels %s.. (%d) are not one multi-tensor launch", n > 0 ? ks[0].name : "?", n);
     sb parts = {0}, params = {0}, body = {0};
-    bool f16 = false, bf16 = false, vec = false, oom = false;
+    bool f16 = false, bf16 = false, vec = false;
     unsigned base = 0, align = 1;
+    char **fns = tf_calloc((size_t)n, sizeof *fns);   /* the distinct parts' functions (from their parameters on) */
+    int *fn_part = tf_calloc((size_t)n, sizeof *fn_part), nfns = 0;   /* the part each was first emitted for */
+    bool oom = !fns || !fn_part;
     for (int q = 0; q < n && !oom; q++) {
         const tf_kernel *k = &ks[q];
         em e;
@@ -1210,18 +1229,33 @@ tf_ir_status tf_cuda_emit_multi(const tf_kernel *ks, int n, tf_cuda_kernel *out,
         e.bid = "tf_bid";
         e.nblocks = "tf_nblocks";
         e.block = MULTI_BLOCK;
+        e.count = "tf_n";
         geom g = {0};
         emit_pointwise(&e, &g);
-        sb own = {0};
+        sb own = {0}, fn = {0};
         buffer_params(&own, k, e.written, "");
-        tf_strbuf_printf(&parts, "\n// part %d: %s\nstatic __device__ __forceinline__ void tf_part%d(%s, int tf_bid, int tf_nblocks)\n{\n"
-                         "    typedef %s tf_idx;\n%s}\n", q, k->name, q, own.p ? own.p : "", e.wide ? "long long" : "int", e.s.p ? e.s.p : "");
+        tf_strbuf_printf(&fn, "(%s, int tf_bid, int tf_nblocks, long long tf_n)\n{\n    typedef %s tf_idx;\n%s}\n", own.p ? own.p : "",
+                         e.wide ? "long long" : "int", e.s.p ? e.s.p : "");
+        /* parts alike but for their sizes are one function (ptxas's time grows faster than the code it is
+         * given, and an optimizer's update of 36 params is 3 or 4 distinct parts); not inlined, so that
+         * ptxas compiles each once */
+        int same = 0;
+        while (same < nfns && !(fn.p && fns[same] && strcmp(fns[same], fn.p) == 0)) same++;
+        if (same == nfns) {
+            tf_strbuf_printf(&parts, "\n// part %d: %s\nstatic __device__ __noinline__ void tf_part%d%s", q, k->name, q, fn.p ? fn.p : "");
+            fns[nfns] = fn.p;
+            fn_part[nfns++] = q;
+            fn.p = NULL;
+        }
         char prefix[16];
         snprintf(prefix, sizeof prefix, "p%d", q);
         buffer_params(&params, k, e.written, prefix);
-        tf_strbuf_printf(&body, "    if (blockIdx.x < %uu) { tf_part%d(", base + g.grid, q);
+        tf_strbuf_printf(&body, "    if (blockIdx.x < %uu) { tf_part%d(", base + g.grid, fn_part[same]);
         for (int b = 0; b < k->nbufs; b++) tf_strbuf_printf(&body, "p%db%d, ", q, b);
-        tf_strbuf_printf(&body, "(int)blockIdx.x - %u, %u); return; }\n", base, g.grid);
+        tf_strbuf_printf(&body, "(int)blockIdx.x - %u, %u, %lldLL); return; }   // part %d: %s\n", base, g.grid, (long long)e.numel, q,
+                         k->name);
+        oom |= fn.oom;
+        tf_free(fn.p);
         base += g.grid;
         if (g.align > align) align = g.align;
         f16 |= e.f16;
@@ -1248,6 +1282,9 @@ tf_ir_status tf_cuda_emit_multi(const tf_kernel *ks, int n, tf_cuda_kernel *out,
                          MULTI_BLOCK, placeholder, params.p ? params.p : "", body.p ? body.p : "");
     }
     oom |= parts.oom || params.oom || body.oom || src.oom;
+    for (int i = 0; i < nfns; i++) tf_free(fns[i]);
+    tf_free(fns);
+    tf_free(fn_part);
     tf_free(parts.p);
     tf_free(params.p);
     tf_free(body.p);

@@ -236,7 +236,7 @@ static void check_library(const char *label, const tf_module *m, const tf_kernel
 }
 
 /* Multi-tensor launches seen: launches, and the parts they ran. */
-static int g_multi, g_multi_parts;
+static int g_multi, g_multi_parts, g_multi_fns;   /* ... and the distinct part functions they had */
 
 /* A multi-tensor launch of ks[0..ck->parts): one kernel whose blocks are
  * each part's own range, sized to the part's elements as tf_cuda_emit
@@ -271,7 +271,7 @@ static void check_multi(const char *label, const tf_module *m, const tf_kernel *
         tf_cuda_kernel_free(&alone);
         params += k->nbufs;
         char part[32];
-        snprintf(part, sizeof part, "tf_part%d(", q);
+        snprintf(part, sizeof part, "(p%db0, ", q);   /* a call with the part's buffers (of a function parts alike share) */
         CHECK(strstr(ck->src, part) != NULL, "%s: %s: the launch runs part %d", label, ks[0].name, q);
         if (q) {
             const tf_cuda_kernel *later = &prog->kernels[i + q];
@@ -279,6 +279,13 @@ static void check_multi(const char *label, const tf_module *m, const tf_kernel *
                   "%s: %s: not emitted alone, it runs in %s's launch (%s)", label, k->name, ks[0].name, prog->why[i + q]);
         }
     }
+    /* parts alike but for their sizes share one function, not inlined (ptxas's time on one function
+     * grows faster than the function: 36 inlined AdamW parts took 3 s each) */
+    int fns = 0;
+    for (const char *at = ck->src; (at = strstr(at, "__noinline__ void tf_part")); at++) fns++;
+    CHECK(fns >= 1 && fns <= n && (n < 8 || fns < n), "%s: %s: %d functions for %d parts", label, ks[0].name, fns, n);
+    CHECK(!strstr(ck->src, "__forceinline__ void tf_part"), "%s: %s: parts are not inlined", label, ks[0].name);
+    g_multi_fns += fns;
     CHECK(ck->grid == grid && ck->block == 256, "%s: %s: grid %u x block %u, the parts need %u blocks of 256", label, ks[0].name, ck->grid,
           ck->block, grid);
     CHECK(ck->nparams == params && params * 8 <= 4096, "%s: %s: %d parameters for %d buffers", label, ks[0].name, ck->nparams, params);
@@ -731,6 +738,8 @@ int main(void)
     CHECK(g_nuniq < g_emitted, "equal kernels share a source (%d distinct of %d)", g_nuniq, g_emitted);
     CHECK(g_multi > 0 && g_multi_parts > g_multi, "the examples' optimizers run as multi-tensor launches (%d, of %d parts)", g_multi,
           g_multi_parts);
+    printf("multi-tensor launches: %d, of %d parts in %d distinct functions\n", g_multi, g_multi_parts, g_multi_fns);
+    CHECK(g_multi_fns < g_multi_parts, "parts alike share a function (%d for %d parts)", g_multi_fns, g_multi_parts);
 
     tf_cuda_libs libs;
     char err[4096];
