@@ -1209,11 +1209,11 @@ static tf_ir_status add_object(tf_jit *j, const char *sym, LLVMMemoryBufferRef b
     return look_up(j, c, "llvm: cannot link the kernel's object code", fn, code, d);
 }
 
-tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
-                                   size_t *obj_n, tf_diag *d)
+/* k's object code, its function named sym, made with tm and pipeline pipe
+ * into *obj (malloc'd, *obj_n bytes); touches no tf_jit. */
+static tf_ir_status emit_object(const tf_kernel *k, const char *sym, LLVMTargetMachineRef tm, const char *pipe, void **obj, size_t *obj_n,
+                                tf_diag *d)
 {
-    *fn = NULL;
-    *code = NULL;
     *obj = NULL;
     *obj_n = 0;
     char why[512];
@@ -1227,26 +1227,47 @@ tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sy
     tf_ir_status st = TF_IR_OK;
     LLVMMemoryBufferRef buf = NULL;
     char *msg = NULL;
-    if (finish_module(mod, j->tm, j->pipeline, why, sizeof why))
+    if (finish_module(mod, tm, pipe, why, sizeof why))
         st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: %s", k->name, why);
-    else if (LLVMTargetMachineEmitToMemoryBuffer(j->tm, mod, LLVMObjectFile, &msg, &buf))
+    else if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &msg, &buf))
         st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: emitting object code: %s", k->name, msg ? msg : "?");
     if (msg) LLVMDisposeMessage(msg);
     LLVMDisposeModule(mod);
     LLVMContextDispose(cx);
     if (st) return st;
     size_t n = LLVMGetBufferSize(buf);
-    if (!(*obj = tf_malloc(n ? n : 1))) {
-        LLVMDisposeMemoryBuffer(buf);
-        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    if ((*obj = tf_malloc(n ? n : 1))) {
+        memcpy(*obj, LLVMGetBufferStart(buf), n);
+        *obj_n = n;
     }
-    memcpy(*obj, LLVMGetBufferStart(buf), n);
-    *obj_n = n;
-    if ((st = add_object(j, sym, buf, fn, code, d))) {
+    LLVMDisposeMemoryBuffer(buf);
+    return *obj ? TF_IR_OK : tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+}
+
+tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
+                                   size_t *obj_n, tf_diag *d)
+{
+    *fn = NULL;
+    *code = NULL;
+    tf_ir_status st = emit_object(k, sym, j->tm, j->pipeline, obj, obj_n, d);
+    if (!st && (st = tf_jit_load_object(j, sym, *obj, *obj_n, fn, code, d))) {
         tf_free(*obj);
         *obj = NULL;
         *obj_n = 0;
     }
+    return st;
+}
+
+tf_ir_status tf_jit_object(const tf_kernel *k, const char *sym, const char *pipe, void **obj, size_t *obj_n, tf_diag *d)
+{
+    *obj = NULL;
+    *obj_n = 0;
+    init_native();
+    char err[512];
+    LLVMTargetMachineRef tm = host_tm(err, sizeof err);   /* one per call: a target machine is not for two threads at once */
+    if (!tm) return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "%s", err);
+    tf_ir_status st = emit_object(k, sym, tm, pipe, obj, obj_n, d);
+    LLVMDisposeTargetMachine(tm);
     return st;
 }
 

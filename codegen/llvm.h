@@ -54,6 +54,12 @@ char *tf_jit_target_id(tf_jit *j);
 tf_ir_status tf_jit_compile_object(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
                                    size_t *obj_n, tf_diag *d);
 tf_ir_status tf_jit_load_object(tf_jit *j, const char *sym, const void *obj, size_t n, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d);
+/* The object code tf_jit_compile_object makes for k under pipeline pipe
+ * (NULL: tfuse's own), byte for byte, made without a tf_jit: its own LLVM
+ * context and target machine, so that several threads compile at once
+ * (the cpu target compiles a session's kernels on its threads and links
+ * the objects one by one). *obj is malloc'd, *obj_n bytes. */
+tf_ir_status tf_jit_object(const tf_kernel *k, const char *sym, const char *pipe, void **obj, size_t *obj_n, tf_diag *d);
 
 /* The LLVM pass pipeline of the following compiles (text as `opt
  * -passes=` takes it, e.g. "default<O3>"); NULL: tfuse's own. A pipeline

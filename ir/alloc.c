@@ -49,9 +49,19 @@ void *tf_malloc(size_t n)
 void *tf_calloc(size_t n, size_t size)
 {
     if (size && n > SIZE_MAX / size) return NULL;
-    void *p = tf_malloc(n * size);
-    if (p) memset(p, 0, n * size);
-    return p;
+    size_t bytes = n * size;
+    if (current.fn) {
+        void *p = tf_malloc(bytes);
+        if (p) memset(p, 0, bytes);
+        return p;
+    }
+    /* the C library's calloc: a large block comes from the kernel already zero and is not written
+     * here (the cpu target's activation arena: hundreds of MB, faulted in when first used) */
+    if (bytes > SIZE_MAX - sizeof(hdr)) return NULL;
+    hdr *h = calloc(1, sizeof(hdr) + (bytes ? bytes : 1));
+    if (!h) return NULL;
+    *h = (hdr){bytes, NULL, NULL, 0};
+    return h + 1;
 }
 
 void *tf_realloc(void *p, size_t n)
@@ -84,6 +94,16 @@ void *tf_malloc_aligned(size_t align, size_t n)
 {
     if (n > SIZE_MAX - align - sizeof(void *)) return NULL;
     char *base = tf_malloc(n + align + sizeof(void *));
+    if (!base) return NULL;
+    uintptr_t at = ((uintptr_t)(base + sizeof(void *)) + align - 1) & ~(uintptr_t)(align - 1);
+    ((void **)at)[-1] = base;
+    return (void *)at;
+}
+
+void *tf_calloc_aligned(size_t align, size_t n)
+{
+    if (n > SIZE_MAX - align - sizeof(void *)) return NULL;
+    char *base = tf_calloc(1, n + align + sizeof(void *));
     if (!base) return NULL;
     uintptr_t at = ((uintptr_t)(base + sizeof(void *)) + align - 1) & ~(uintptr_t)(align - 1);
     ((void **)at)[-1] = base;

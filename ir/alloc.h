@@ -43,6 +43,9 @@ void  tf_free(void *p);
 char *tf_strdup(const char *s);
 /* align (a power of two) -aligned blocks, released with tf_free_aligned. */
 void *tf_malloc_aligned(size_t align, size_t n);
+/* The same, zeroed (as tf_calloc: with the C library's allocator a large
+ * block's pages are the kernel's zero pages, not written until used). */
+void *tf_calloc_aligned(size_t align, size_t n);
 void  tf_free_aligned(void *p);
 /* The C library's own, named so that they stand out where they are meant:
  * memory a caller free()s, and stdio's buffers. tf_libc_copy: n bytes of p. */

@@ -173,9 +173,10 @@ static void fans(const tf_type *t, double *fan_in, double *fan_out)
     *fan_out = (double)t->dims[0].n * rf;
 }
 
-static void run_init(const tf_interp_ctx *ip, const tf_value *v, tf_tensor *t)
+void tf_interp_init_range(const tf_value *v, uint64_t seed, int64_t lo, int64_t hi, double *out)
 {
     const tf_call *c = &v->init;
+    tf_dt dt = v->type.dtype;
     uint64_t stream = tf_rng_stream(v->name);
     double fi, fo, a = 0, b = 0;
     fans(&v->type, &fi, &fo);
@@ -188,16 +189,18 @@ static void run_init(const tf_interp_ctx *ip, const tf_value *v, tf_tensor *t)
     case TF_INIT_XAVIER_UNIFORM: b = tf_call_float(tf_init_fns, c, "gain") * sqrt(6.0 / (fi + fo)); a = -b; break;
     default: break;
     }
-    uint64_t key = rng_key(ip->seed, stream);
+    uint64_t key = rng_key(seed, stream);
     if (c->fn == TF_INIT_ZEROS || c->fn == TF_INIT_ONES || c->fn == TF_INIT_CONST) {   /* one value, rounded once */
-        double x = tf_dtype_round(t->dtype, c->fn == TF_INIT_ZEROS ? 0.0 : a);
-        for (int64_t i = 0; i < t->numel; i++) t->data[i] = x;
+        double x = tf_dtype_round(dt, c->fn == TF_INIT_ZEROS ? 0.0 : a);
+        for (int64_t i = lo; i < hi; i++) out[i - lo] = x;
     } else if (c->fn == TF_INIT_NORMAL) {
-        for (int64_t i = 0; i < t->numel; i++) t->data[i] = tf_dtype_round(t->dtype, a + b * rng_normal_k(key, (uint64_t)i));
+        for (int64_t i = lo; i < hi; i++) out[i - lo] = tf_dtype_round(dt, a + b * rng_normal_k(key, (uint64_t)i));
     } else {
-        for (int64_t i = 0; i < t->numel; i++) t->data[i] = tf_dtype_round(t->dtype, a + (b - a) * rng_uniform_k(key, (uint64_t)i));
+        for (int64_t i = lo; i < hi; i++) out[i - lo] = tf_dtype_round(dt, a + (b - a) * rng_uniform_k(key, (uint64_t)i));
     }
 }
+
+bool tf_interp_init_is_zero(const tf_value *v) { return v->init.fn == TF_INIT_ZEROS; }
 
 tf_ir_status tf_interp_init_state(tf_interp_ctx *ip, tf_diag *d)
 {
@@ -206,7 +209,7 @@ tf_ir_status tf_interp_init_state(tf_interp_ctx *ip, tf_diag *d)
         if (v->kind == TF_VAL_INPUT) continue;
         tf_tensor *t = tf_interp_tensor(ip, v, d);
         if (!t) return d->status;
-        run_init(ip, v, t);
+        tf_interp_init_range(v, ip->seed, 0, t->numel, t->data);
     }
     return TF_IR_OK;
 }

@@ -32,6 +32,13 @@ void tf_interp_free(tf_interp_ctx *ip);
 tf_tensor *tf_interp_tensor(tf_interp_ctx *ip, const tf_value *v, tf_diag *d);
 /* Run every param/buffer initializer (seeded per value name). */
 tf_ir_status tf_interp_init_state(tf_interp_ctx *ip, tf_diag *d);
+/* Elements [lo, hi) of a param's or buffer's initial value under seed, as
+ * tf_interp_init_state leaves them (rounded to its dtype) into out[0 ..
+ * hi - lo): each element depends on its index alone, so a backend fills
+ * its storage in pieces, on any number of threads, with the same bits. */
+void tf_interp_init_range(const tf_value *v, uint64_t seed, int64_t lo, int64_t hi, double *out);
+/* Whether that value is all zeros (its bits, in every dtype). */
+bool tf_interp_init_is_zero(const tf_value *v);
 /* One forward step: every input must have been written. Applies updates. */
 tf_ir_status tf_interp_run(tf_interp_ctx *ip, tf_diag *d);
 

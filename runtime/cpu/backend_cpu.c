@@ -210,57 +210,41 @@ static bool kernel_sym(const char *target, const char *key, char **dkey, char sy
     return true;
 }
 
-/* Compile k into the JIT through the disk cache: link the object code an
- * earlier process left for this key and target (*from_disk), or compile it
- * and leave the object for the next. Without a cache directory, or without
- * memory for the key, the disk is skipped. Under c->mu. */
-static tf_ir_status jit_compile_disk(jit_cache *jc, const tf_kernel *k, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn,
-                                     tf_jit_code **code, bool *from_disk, bool *from_pkg, tf_diag *d)
+/* The object code of k an earlier process (the disk cache) or a package
+ * left for key, linked into the JIT: TF_IR_OK with *fn and *code, or a
+ * miss (*code NULL) for the caller to compile, *sym, *dkey (malloc'd) and
+ * *path ("" without a cache directory) saying under what name and where.
+ * Without a target id (out of memory), *dkey stays NULL: compile with
+ * tf_jit_compile. Under c->mu. */
+static void jit_load(jit_cache *jc, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn, tf_jit_code **code, bool *from_disk,
+                     bool *from_pkg, char sym[32], char **dkey, char path[4200])
 {
     *from_disk = *from_pkg = false;
-    char dir[4096], sym[32], path[4200];
-    char *dkey = NULL;
+    *code = NULL;
+    *dkey = NULL;
+    path[0] = 0;
+    char dir[4096];
     if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
-    if (!jc->target || !kernel_sym(jc->target, key, &dkey, sym)) return tf_jit_compile(jc->jit, k, fn, code, d);
+    if (!jc->target || !kernel_sym(jc->target, key, dkey, sym)) return;
     void *obj = NULL;
     size_t on = 0;
+    tf_diag d = {0};   /* an object that does not link is compiled again */
     if (pkg) {   /* a package's object code (tf_program_load checked its target) */
-        snprintf(path, sizeof path, "cpu/%s.o", sym);
-        const tf_pkg_section *sec = tf_pkg_find(pkg, path);
-        if (sec && record_parse(sec->data, sec->len, dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, d)) {
+        char name[64];
+        snprintf(name, sizeof name, "cpu/%s.o", sym);
+        const tf_pkg_section *sec = tf_pkg_find(pkg, name);
+        if (sec && record_parse(sec->data, sec->len, *dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, &d))
             *from_pkg = true;
-            tf_free(obj);
-            tf_free(dkey);
-            return TF_IR_OK;
-        }
-        memset(d, 0, sizeof *d);   /* not there, or it does not link: the disk cache, then the compiler */
         tf_free(obj);
+        if (*code) return;
         obj = NULL;
     }
-    if (!tf_cache_subdir("cpu", dir, sizeof dir)) {
-        tf_free(dkey);
-        return tf_jit_compile(jc->jit, k, fn, code, d);
-    }
-    snprintf(path, sizeof path, "%s/%s.o", dir, sym);
-    tf_ir_status st;
-    if (disk_read(path, dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, d)) {
-        *from_disk = true;
-        st = TF_IR_OK;
-    } else {
-        memset(d, 0, sizeof *d);   /* an object that does not link is compiled again */
-        tf_free(obj);
-        obj = NULL;
-        st = tf_jit_compile_object(jc->jit, k, sym, fn, code, &obj, &on, d);
-        if (!st) disk_write(path, dkey, obj, on);
-    }
+    if (!tf_cache_subdir("cpu", dir, sizeof dir)) return;
+    snprintf(path, 4200, "%s/%s.o", dir, sym);
+    if (disk_read(path, *dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, &d)) *from_disk = true;
     tf_free(obj);
-    tf_free(dkey);
-    return st;
 }
 
-/* The compiled function of k (with the LLVM pipeline `pipe`, NULL: tfuse's
- * own), from the cache or compiled now, with a reference the session gives
- * back through jit_put(c, *slot). */
 /* The JIT cache's key of k under pipeline pipe (NULL: tfuse's own),
  * malloc'd; NULL when out of memory. */
 static char *jit_key(const tf_kernel *k, const char *pipe)
@@ -276,55 +260,180 @@ static char *jit_key(const tf_kernel *k, const char *pipe)
     return key;
 }
 
-static tf_ir_status jit_get(tf_cache_t *c, const tf_kernel *k, const char *pipe, const tf_pkg *pkg, tf_kernel_fn *fn, int *slot,
-                            bool *hit, bool *disk, bool *from_pkg, tf_diag *d)
+/* The slot of key in the cache, or -1. Under c->mu. */
+static int jit_find(const jit_cache *jc, const char *key, int *free_slot)
 {
-    *slot = -1;
-    *disk = *from_pkg = false;
-    char *key = jit_key(k, pipe);
-    if (!key) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+    *free_slot = -1;
+    for (int i = 0; i < jc->n; i++) {
+        if (!jc->e[i].key) {
+            if (*free_slot < 0) *free_slot = i;
+        } else if (strcmp(jc->e[i].key, key) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* A new entry for key (taken) with fn and code; its slot, or -1 when out of memory. Under c->mu. */
+static int jit_insert(tf_cache_t *c, jit_cache *jc, int free_slot, char *key, tf_kernel_fn fn, tf_jit_code *code)
+{
+    if (free_slot < 0 && jc->n == jc->cap) {
+        int cap = jc->cap ? 2 * jc->cap : 64;
+        struct jit_entry *e = tf_realloc(jc->e, (size_t)cap * sizeof *e);
+        if (!e) return -1;
+        jc->e = e, jc->cap = cap;
+    }
+    int slot = free_slot >= 0 ? free_slot : jc->n++;
+    jc->e[slot] = (struct jit_entry){.key = key, .fn = fn, .code = code};
+    c->kernels++;
+    return slot;
+}
+
+/* A reference on slot for a session, and its function. Under c->mu. */
+static tf_kernel_fn jit_take(tf_cache_t *c, jit_cache *jc, int slot, bool fresh)
+{
+    if (!fresh && !jc->e[slot].refs) c->unused--;
+    jc->e[slot].refs++;
+    jc->e[slot].used = ++jc->clock;
+    return jc->e[slot].fn;
+}
+
+/* What a session asks of the cache for one kernel, and what it got. */
+typedef struct jit_req {
+    const tf_kernel *k;
+    char *key;             /* jit_key (taken by the cache when the kernel is added) */
+    tf_kernel_fn fn;
+    int slot;              /* its reference in the cache, -1 until it has one */
+    bool hit, disk, pkg;   /* where it came from: the process's cache, the disk, a package; else compiled */
+    /* a miss, compiled by jit_compile_all: */
+    char sym[32], path[4200];
+    char *dkey;            /* NULL: no target id, tf_jit_compile under the mutex */
+    int same;              /* an earlier request with the same key (that one compiles), or -1 */
+    void *obj;
+    size_t nobj;
+    tf_ir_status st;
+    tf_diag d;
+} jit_req;
+
+/* r's kernel from the process's cache, a package or the disk; a miss
+ * leaves r->slot -1 for jit_compile_all. */
+static tf_ir_status jit_lookup(tf_cache_t *c, const char *pipe, const tf_pkg *pkg, jit_req *r, tf_diag *d)
+{
+    r->slot = -1;
+    r->same = -1;
+    if (!(r->key = jit_key(r->k, pipe))) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = TF_IR_OK;
     pthread_mutex_lock(&c->mu);
-    *hit = false;
     jit_cache *jc = c->cpu;
     if (!jc && !(jc = c->cpu = tf_calloc(1, sizeof *jc))) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-    int free_slot = -1;
-    for (int i = 0; !st && i < jc->n && !*hit; i++) {
-        if (!jc->e[i].key) {
-            if (free_slot < 0) free_slot = i;
-        } else if (strcmp(jc->e[i].key, key) == 0) {
-            *hit = true;
-            *slot = i;
-        }
-    }
-    if (!st && !*hit) {
-        if (!jc->jit) st = tf_jit_create(&jc->jit, d);
-        if (!st && free_slot < 0 && jc->n == jc->cap) {
-            int cap = jc->cap ? 2 * jc->cap : 64;
-            struct jit_entry *e = tf_realloc(jc->e, (size_t)cap * sizeof *e);
-            if (!e) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-            else jc->e = e, jc->cap = cap;
-        }
+    int free_slot = -1, slot = st ? -1 : jit_find(jc, r->key, &free_slot);
+    if (slot >= 0) {
+        r->hit = true;
+        r->slot = slot;
+        r->fn = jit_take(c, jc, slot, false);
+    } else if (!st && !(st = jc->jit ? TF_IR_OK : tf_jit_create(&jc->jit, d))) {
         tf_jit_code *code = NULL;
-        if (!st && tf_jit_set_pipeline(jc->jit, pipe)) st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-        if (!st) st = jit_compile_disk(jc, k, key, pkg, fn, &code, disk, from_pkg, d);
-        if (!st) {
-            *slot = free_slot >= 0 ? free_slot : jc->n++;
-            jc->e[*slot] = (struct jit_entry){.key = key, .fn = *fn, .code = code};
-            c->kernels++;
-            key = NULL;
+        tf_kernel_fn fn = NULL;
+        jit_load(jc, r->key, pkg, &fn, &code, &r->disk, &r->pkg, r->sym, &r->dkey, r->path);
+        if (code && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code)) < 0) {
+            tf_jit_release(jc->jit, code, d);
+            st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+        } else if (code) {
+            r->key = NULL;
+            r->fn = jit_take(c, jc, r->slot, true);
         }
-    } else if (!st && !jc->e[*slot].refs) {
-        c->unused--;
-    }
-    if (*slot >= 0) {
-        *fn = jc->e[*slot].fn;
-        jc->e[*slot].refs++;
-        jc->e[*slot].used = ++jc->clock;
     }
     pthread_mutex_unlock(&c->mu);
-    tf_free(key);
     return st;
+}
+
+/* The misses' object code, on up to nthreads threads at once (tf_jit_object:
+ * the same bytes tf_jit_compile_object makes), then linked one by one
+ * under the mutex (a session that added the same kernel meanwhile wins)
+ * and written to the disk cache. Each request's own failure is in its st
+ * and d. */
+typedef struct compile_work {
+    jit_req **todo;
+    int n;
+    const char *pipe;
+    int next;
+    pthread_mutex_t mu;
+} compile_work;
+
+static void compile_piece(void *arg, int64_t lo, int64_t hi)
+{
+    compile_work *w = arg;
+    (void)lo, (void)hi;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        int i = w->next++;
+        pthread_mutex_unlock(&w->mu);
+        if (i >= w->n) return;
+        jit_req *r = w->todo[i];
+        r->st = tf_jit_object(r->k, r->sym, w->pipe, &r->obj, &r->nobj, &r->d);
+    }
+}
+
+static void jit_compile_all(tf_cache_t *c, tf_pool *pool, const char *pipe, jit_req *rs, int n)
+{
+    int nmiss = 0, ntodo = 0;
+    for (int i = 0; i < n; i++) nmiss += rs[i].slot < 0 && rs[i].key;
+    if (!nmiss) return;
+    jit_req **todo = tf_calloc((size_t)nmiss, sizeof *todo);
+    for (int i = 0; i < n; i++) {
+        jit_req *r = &rs[i];
+        if (r->slot >= 0 || !r->key) continue;
+        for (int q = 0; q < i && r->same < 0; q++)
+            if (rs[q].slot < 0 && rs[q].key && rs[q].same < 0 && strcmp(rs[q].key, r->key) == 0) r->same = q;
+        if (r->same < 0 && r->dkey && todo) todo[ntodo++] = r;
+    }
+    compile_work w = {.todo = todo, .n = ntodo, .pipe = pipe};
+    pthread_mutex_init(&w.mu, NULL);
+    int threads = tf_pool_threads(pool);
+    tf_pool_run(pool, threads < ntodo ? threads : ntodo, compile_piece, &w);
+    pthread_mutex_destroy(&w.mu);
+    tf_free(todo);
+    for (int i = 0; i < n; i++) {
+        jit_req *r = &rs[i];
+        if (r->slot >= 0 || !r->key) continue;
+        pthread_mutex_lock(&c->mu);
+        jit_cache *jc = c->cpu;
+        int free_slot = -1, slot = jit_find(jc, r->key, &free_slot);
+        if (slot >= 0) {   /* compiled by an earlier request of this session, or by another session meanwhile */
+            r->hit = true;
+            r->slot = slot;
+            r->fn = jit_take(c, jc, slot, false);
+        } else if (r->same >= 0 && rs[r->same].st) {
+            r->st = rs[r->same].st;
+            r->d = rs[r->same].d;
+        } else if (r->dkey && !r->obj && !r->st) {   /* not compiled: out of memory for the list */
+            r->st = tf_diag_error(&r->d, TF_IR_ERR_OOM, NULL, "out of memory");
+        } else if (!r->st) {
+            tf_jit_code *code = NULL;
+            tf_kernel_fn fn = NULL;
+            if (r->dkey) r->st = tf_jit_load_object(jc->jit, r->sym, r->obj, r->nobj, &fn, &code, &r->d);
+            else if (tf_jit_set_pipeline(jc->jit, pipe)) r->st = tf_diag_error(&r->d, TF_IR_ERR_OOM, NULL, "out of memory");
+            else r->st = tf_jit_compile(jc->jit, r->k, &fn, &code, &r->d);
+            if (!r->st && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code)) < 0) {
+                tf_jit_release(jc->jit, code, &r->d);
+                r->st = tf_diag_error(&r->d, TF_IR_ERR_OOM, NULL, "out of memory");
+            } else if (!r->st) {
+                r->key = NULL;
+                r->fn = jit_take(c, jc, r->slot, true);
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (!r->st && r->obj && r->path[0]) disk_write(r->path, r->dkey, r->obj, r->nobj);
+    }
+}
+
+static void jit_req_free(jit_req *r)
+{
+    tf_free(r->key);
+    tf_free(r->dkey);
+    tf_free(r->obj);
+    r->key = r->dkey = NULL;
+    r->obj = NULL;
 }
 
 /* A session is done with the kernel in slot (-1: none). */
@@ -420,8 +529,7 @@ static void *own(cpu *c, size_t bytes)
     if (!o) return NULL;
     c->owned = o;
     size_t n = (bytes + 63) / 64 * 64;
-    void *p = tf_malloc_aligned(64, n ? n : 64);
-    if (p) memset(p, 0, n ? n : 64);
+    void *p = tf_calloc_aligned(64, n ? n : 64);
     if (p) c->owned[c->nowned++] = p;
     return p;
 }
@@ -447,10 +555,9 @@ static tf_status place_values(tf_session_t *s, cpu *c)
     if (!c->ptr) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     if (m->plan.planned && m->plan.arena_bytes > 0) {
         size_t n = ((size_t)m->plan.arena_bytes + 63) / 64 * 64;
-        if (!(c->arena = tf_malloc_aligned(64, n)))
+        if (!(c->arena = tf_calloc_aligned(64, n)))   /* zero, and only the pages a step touches are ever written */
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory allocating the %lld-byte activation arena",
                                 (long long)m->plan.arena_bytes);
-        memset(c->arena, 0, n);
     }
     for (int i = 0; i < m->decls.n; i++) {
         const tf_value *v = m->decls.items[i];
@@ -634,12 +741,20 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     if (!c->ks) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (int i = 0; i < c->plan->nkernels; i++) c->ks[i].jit_slot = -1;
     double t0 = now_ns();
+    /* the kernels' code: what the process, a package or the disk has, then the rest compiled on the pool's threads */
+    jit_req *rs = tf_calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *rs);
+    if (!rs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    tf_status st = TF_OK;
     for (int i = 0; i < c->plan->nkernels; i++) {
         const tf_kernel *k = &c->plan->kernels[i];
         ckernel *ck = &c->ks[i];
         ck->k = k;
+        rs[i].slot = -1;
         ck->bufs = tf_calloc((size_t)(k->nbufs ? k->nbufs : 1), sizeof *ck->bufs);
-        if (!ck->bufs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        if (!ck->bufs) {
+            st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+            break;
+        }
         for (int b = 0; b < k->nbufs; b++) ck->bufs[b] = storage(c, k->bufs[b].value);
         int ax = tf_kernel_split_axis(k);
         ck->extent = ax < 0 ? 1 : k->dims[ax];
@@ -654,26 +769,42 @@ static tf_status prepare(tf_session_t *s, cpu *c)
             tf_dt t = a && a->kind == TF_KX_LOAD ? k->bufs[a->buf].value->type.dtype : TF_DT_F32;
             if (t == TF_DT_I64 || t == TF_DT_I32) ck->label_expr = e;
         }
-        bool wants_fn = k->nexprs && ck->how != RUN_VIEW && ck->how != RUN_FALLBACK;
-        if (wants_fn) {
-            tf_diag d = {0};
-            bool hit = false, disk = false, pkg = false;
-            if (jit_get(c->cache, k, s->p->settings.llvm_pipeline, s->p->pkg, &ck->fn, &ck->jit_slot, &hit, &disk, &pkg, &d)) {
-                if (d.status != TF_IR_ERR_RUNTIME) return tf_from_diag(s->ctx, &d);
-                ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
-                ck->fn = NULL;
-            } else {
-                c->jit_cached += hit;
-                c->jit_disk += !hit && disk;
-                c->jit_package += !hit && pkg;
-                c->jit_compiled += !hit && !disk && !pkg;
-            }
+        if (!k->nexprs || ck->how == RUN_VIEW || ck->how == RUN_FALLBACK) continue;
+        tf_diag d = {0};
+        rs[i].k = k;
+        if (jit_lookup(c->cache, s->p->settings.llvm_pipeline, s->p->pkg, &rs[i], &d)) {
+            st = tf_from_diag(s->ctx, &d);
+            break;
         }
     }
+    if (!st) jit_compile_all(c->cache, c->pool, s->p->settings.llvm_pipeline, rs, c->plan->nkernels);
+    for (int i = 0; !st && i < c->plan->nkernels; i++) {
+        ckernel *ck = &c->ks[i];
+        jit_req *r = &rs[i];
+        if (!r->k) continue;
+        ck->jit_slot = r->slot;
+        if (r->st) {
+            if (r->d.status != TF_IR_ERR_RUNTIME) st = tf_from_diag(s->ctx, &r->d);
+            ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
+            ck->fn = NULL;
+            continue;
+        }
+        ck->fn = r->fn;
+        c->jit_cached += r->hit;
+        c->jit_disk += !r->hit && r->disk;
+        c->jit_package += !r->hit && r->pkg;
+        c->jit_compiled += !r->hit && !r->disk && !r->pkg;
+    }
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        if (c->ks[i].jit_slot < 0 && rs[i].slot >= 0) c->ks[i].jit_slot = rs[i].slot;   /* given back with the session */
+        jit_req_free(&rs[i]);
+    }
+    tf_free(rs);
+    if (st) return st;
     c->jit_ms = (now_ns() - t0) / 1e6;
     for (int i = 0; i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_CONV || c->ks[i].how == RUN_CONV_GI || c->ks[i].how == RUN_CONV_GW) conv_choose(s, c, &c->ks[i]);
-    tf_status st = plan_gemm_operands(s, c);
+    st = plan_gemm_operands(s, c);
     return st ? st : plan_packed_gemms(s, c);
 }
 
@@ -1435,22 +1566,34 @@ static void explain_convs(const cpu *c)
     }
 }
 
-/* An initializer's values (already rounded to dt by the interpreter) into
- * storage: f32 and f16/bf16 through float, exact for such values, the rest
- * through tf_elem_store. */
-static void store_init(tf_dt dt, void *dst, const tf_tensor *t)
+/* A param's or buffer's initial value into storage, INIT_CHUNK elements
+ * at a time: f32 and f16/bf16 through float (exact: the values are
+ * already rounded to dt), the rest through tf_elem_store. */
+enum { INIT_CHUNK = 1024 };
+typedef struct init_job {
+    const tf_value *v;
+    uint64_t seed;
+    void *dst;
+    int64_t n;
+} init_job;
+
+static void init_chunks(void *arg, int64_t lo, int64_t hi)
 {
-    if (dt != TF_DT_F32 && !is_float16(dt)) {
-        for (int64_t k = 0; k < t->numel; k++) tf_elem_store(dt, dst, k, t->data[k]);
-        return;
-    }
-    float buf[1024];
-    for (int64_t k0 = 0; k0 < t->numel; k0 += 1024) {
-        int64_t n = t->numel - k0 < 1024 ? t->numel - k0 : 1024;
-        float *f = dt == TF_DT_F32 ? (float *)dst + k0 : buf;
-        for (int64_t k = 0; k < n; k++) f[k] = (float)t->data[k0 + k];
-        if (dt == TF_DT_BF16) tf_cpu_f32_to_bf16(buf, (uint16_t *)dst + k0, n);
-        else if (dt == TF_DT_F16) tf_cpu_f32_to_f16(buf, (uint16_t *)dst + k0, n);
+    const init_job *j = arg;
+    tf_dt dt = j->v->type.dtype;
+    double x[INIT_CHUNK];
+    float f[INIT_CHUNK];
+    for (int64_t c = lo; c < hi; c++) {
+        int64_t k0 = c * INIT_CHUNK, n = j->n - k0 < INIT_CHUNK ? j->n - k0 : INIT_CHUNK;
+        tf_interp_init_range(j->v, j->seed, k0, k0 + n, x);
+        if (dt != TF_DT_F32 && !is_float16(dt)) {
+            for (int64_t k = 0; k < n; k++) tf_elem_store(dt, j->dst, k0 + k, x[k]);
+            continue;
+        }
+        float *to = dt == TF_DT_F32 ? (float *)j->dst + k0 : f;
+        for (int64_t k = 0; k < n; k++) to[k] = (float)x[k];
+        if (dt == TF_DT_BF16) tf_cpu_f32_to_bf16(f, (uint16_t *)j->dst + k0, n);
+        else if (dt == TF_DT_F16) tf_cpu_f32_to_f16(f, (uint16_t *)j->dst + k0, n);
     }
 }
 
@@ -1463,7 +1606,6 @@ static tf_status cpu_create(tf_session_t *s)
     c->plan = &no_plan;
     c->cache = s->ctx->cache;
     tf_cache_retain(c->cache);
-    tf_diag d = {0};
     tf_status st = TF_OK;
     c->rt[0] = s->seed;
     tf_cpu_blas_init();
@@ -1472,21 +1614,14 @@ static tf_status cpu_create(tf_session_t *s)
     if (!st && !(c->pool = tf_pool_create(threads))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
     if (!st) st = place_values(s, c);
     if (!st) st = prepare(s, c);
-    if (!st) {
-        c->ip = tf_interp_create(s->p->m, s->p->mode, s->seed);
-        if (!c->ip) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-        else if (tf_interp_init_state(c->ip, &d)) st = tf_from_diag(s->ctx, &d);
-    }
-    for (int i = 0; !st && i < s->p->m->decls.n; i++) {   /* the interpreter's initial state, in storage dtype */
+    /* the interpreter's initial state (tf_interp_init_range: the same bits), straight into storage, on the pool */
+    for (int i = 0; !st && i < s->p->m->decls.n; i++) {
         const tf_value *v = s->p->m->decls.items[i];
         if (v->kind == TF_VAL_INPUT) continue;
-        tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
-        if (!t) st = tf_from_diag(s->ctx, &d);
-        if (t) store_init(v->type.dtype, c->ptr[v->id], t);
+        init_job j = {.v = v, .seed = s->seed, .dst = c->ptr[v->id], .n = numel(v)};
+        if (tf_interp_init_is_zero(v)) memset(j.dst, 0, value_bytes(v));
+        else tf_pool_run(c->pool, (j.n + INIT_CHUNK - 1) / INIT_CHUNK, init_chunks, &j);
     }
-    /* the float64 copy of every param is not kept: a session holds its state once, in storage dtype */
-    tf_interp_free(c->ip);
-    c->ip = NULL;
     if (!st && s->p->settings.cpu_explain) explain_convs(c);
     if (st) cpu_free(s);
     return st;

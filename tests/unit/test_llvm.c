@@ -9,8 +9,11 @@
  * epilogue runs after kernel_eval has computed the library call. Every
  * buffer the kernel writes must then hold the same bits as kernel_eval's
  * (NaNs equal to NaNs). Every elementwise and reduction kernel and every
- * epilogue must compile, dropout masks included. */
+ * epilogue must compile, dropout masks included. The same kernels' object
+ * code made on four threads at once (tf_jit_object) is the JIT's, byte for
+ * byte. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -130,6 +133,78 @@ static bool is_read(const tf_kernel *k, int b)
 
 static const char *prec_name(tf_ir_precision p) { return p == TF_PREC_BF16 ? "bf16" : p == TF_PREC_FP16 ? "fp16" : "fp32"; }
 
+/* tf_jit_object on several threads at once makes, byte for byte, the
+ * object code tf_jit_compile_object makes through the JIT (the cpu target
+ * compiles a session's kernels on its threads and must leave the disk
+ * cache the same files), and those objects link and run. */
+typedef struct obj_job {
+    const tf_kernel *k;
+    char sym[32];
+    void *obj;
+    size_t n;
+    tf_ir_status st;
+} obj_job;
+
+typedef struct obj_work {
+    obj_job *jobs;
+    int n, next;
+    pthread_mutex_t mu;
+} obj_work;
+
+static void *obj_worker(void *arg)
+{
+    obj_work *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        int i = w->next++;
+        pthread_mutex_unlock(&w->mu);
+        if (i >= w->n) return NULL;
+        tf_diag d = {0};
+        w->jobs[i].st = tf_jit_object(w->jobs[i].k, w->jobs[i].sym, NULL, &w->jobs[i].obj, &w->jobs[i].n, &d);
+    }
+}
+
+static int g_objects;
+
+static void objects_alike(const char *label, tf_jit *jit, const tf_kernel_plan *plan)
+{
+    obj_job *jobs = calloc((size_t)plan->nkernels + 1, sizeof *jobs);
+    int n = 0;
+    for (int i = 0; jobs && i < plan->nkernels; i++)
+        if (tf_jit_supports(&plan->kernels[i], NULL, 0) && plan->kernels[i].nexprs) {
+            jobs[n].k = &plan->kernels[i];
+            snprintf(jobs[n].sym, sizeof jobs[n].sym, "tf_obj_%d", i);
+            n++;
+        }
+    obj_work w = {.jobs = jobs, .n = n};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_t t[3];
+    int started = 0;
+    for (int i = 0; i < 3; i++) started += pthread_create(&t[started], NULL, obj_worker, &w) == 0;
+    obj_worker(&w);
+    for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
+    pthread_mutex_destroy(&w.mu);
+    for (int i = 0; i < n; i++) {
+        tf_kernel_fn fn = NULL;
+        tf_jit_code *code = NULL;
+        void *obj = NULL;
+        size_t on = 0;
+        tf_diag d = {0};
+        CHECK(!jobs[i].st, "%s: %s: tf_jit_object on a thread", label, jobs[i].k->name);
+        if (!tf_jit_compile_object(jit, jobs[i].k, jobs[i].sym, &fn, &code, &obj, &on, &d)) {
+            CHECK(on == jobs[i].n && obj && jobs[i].obj && memcmp(obj, jobs[i].obj, on) == 0,
+                  "%s: %s: the object made on a thread (%zu bytes) is the JIT's (%zu bytes)", label, jobs[i].k->name, jobs[i].n, on);
+            tf_jit_release(jit, code, &d);
+            g_objects++;
+        } else {
+            CHECK(0, "%s: %s: tf_jit_compile_object: %s", label, jobs[i].k->name, d.msg);
+        }
+        tf_free(obj);
+        tf_free(jobs[i].obj);
+    }
+    free(jobs);
+}
+
 static void run(const char *label, const char *text, tf_ir_mode mode, const tf_dim_set *dims, int nd, tf_ir_precision prec)
 {
     tf_diag d = {0};
@@ -228,6 +303,7 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
             break;
         }
     }
+    if (prec == TF_PREC_FP32) objects_alike(label, jit, &plan);
     tf_interp_free(ip);
     tf_jit_free(jit);
     tf_kernels_free(&plan);
@@ -280,7 +356,8 @@ int main(void)
         tf_kernels_free(&plan);
         tf_module_free(m);
     }
-    printf("llvm: %d kernels JIT-compiled, %d compared\n", g_compiled, g_compared);
+    printf("llvm: %d kernels JIT-compiled, %d compared, %d objects made on threads alike\n", g_compiled, g_compared, g_objects);
     CHECK(g_compiled > 0, "some kernels were compiled");
+    CHECK(g_objects > 0, "objects were made on threads");
     return check_report();
 }
