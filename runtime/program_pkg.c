@@ -128,8 +128,9 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
     tf_strbuf_printf(&m, "format: tfuse-package %d\ntfuse: %s\nmodel: %s\nmode: %s\ntarget: %s\nprecision: %s\n", TF_PKG_VERSION,
                      TFUSE_VERSION, p->m->name ? p->m->name : "", mode_str(p->opts.mode), target_str(p->target),
                      precision_str(p->precision));
-    tf_strbuf_printf(&m, "opt_level: %d\ncheckpoint: %s\nmemory_budget: %" PRId64 "\nthreads: %d\n", p->opts.opt_level,
-                     p->opts.checkpoint == TF_CHECKPOINT_AUTO ? "auto" : "none", p->opts.memory_budget, p->opts.threads);
+    tf_strbuf_printf(&m, "opt_level: %d\ncheckpoint: %s\nmemory_budget: %" PRId64 "\nmemory_budget_percent: %.17g\nthreads: %d\n",
+                     p->opts.opt_level, p->opts.checkpoint == TF_CHECKPOINT_AUTO ? "auto" : "none", p->opts.memory_budget,
+                     p->opts.memory_budget_percent, p->opts.threads);
     for (int i = 0; i < p->ndisabled; i++) tf_strbuf_printf(&m, "disable_pass: %s\n", p->disabled[i]);
     for (int i = 0; i < p->nstats; i++)   /* the dim --dim NAME=auto chose: compile_module records it as a stat */
         for (int d = 0; d < p->m->ndims; d++)
@@ -239,6 +240,7 @@ tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **ou
         ok = ok && field(mt, "checkpoint", 0, v, sizeof v);
         if (ok) o.checkpoint = !strcmp(v, "auto") ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE;
         ok = ok && field(mt, "memory_budget", 0, v, sizeof v) && sscanf(v, "%" SCNd64, &o.memory_budget) == 1;
+        ok = ok && field(mt, "memory_budget_percent", 0, v, sizeof v) && sscanf(v, "%lf", &o.memory_budget_percent) == 1;
         ok = ok && field(mt, "threads", 0, v, sizeof v) && sscanf(v, "%d", &o.threads) == 1;
         ok = ok && field(mt, "final_ir_fnv", 0, v, sizeof v) && sscanf(v, "%" SCNx64, &want) == 1;
         for (size_t i = 0; ok && i < sizeof settings / sizeof *settings; i++) {
