@@ -317,6 +317,10 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
 tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **out);
 /* Whether path starts like a package (for callers that take either). */
 int tf_is_package(const char *path);
+/* The model a program was compiled from (a new copy, dims as compiled), to
+ * compile it again another way (an evaluation program beside a training
+ * one); a package's model for a loaded program. */
+tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t **out);
 /* What a program was compiled for: mode, target and precision (never
  * DEFAULT); any pointer may be NULL. */
 tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *target, tf_precision *precision);

@@ -304,3 +304,18 @@ tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *t
     if (precision) *precision = p->precision;
     return TF_OK;
 }
+
+tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t **out)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!ctx || !p || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    if (!p->model_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: this program keeps no model");
+    tf_dim_override dim = {0};
+    for (int i = 0; i < p->nstats && !dim.name; i++)   /* the dim --dim NAME=auto chose */
+        for (int d = 0; d < p->m->ndims && !dim.name; d++)
+            if (!strcmp(p->stats[i].name, p->m->dims[d].name)) dim = (tf_dim_override){p->stats[i].name, p->stats[i].value};
+    char name[300];
+    snprintf(name, sizeof name, "%s(model)", p->m->name ? p->m->name : "program");
+    return tf_model_parse_string(ctx, name, p->model_text, strlen(p->model_text), dim.name ? &dim : NULL, dim.name ? 1 : 0, out);
+}
