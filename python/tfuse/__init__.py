@@ -215,13 +215,19 @@ def _spec_str(spec):
     return f"{spec.dtype}[{', '.join(str(d) for d in spec.shape)}]"
 
 
+def _contiguous(a):
+    """a, C-contiguous (np.ascontiguousarray would make a 0-d array 1-d)."""
+    return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
 def _bf16_to_f32(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def _f32_to_bf16(x):
     """float32 -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    x = _contiguous(np.asarray(x, dtype=np.float32))
+    u = x.view(np.uint32)
     rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
     nan = np.isnan(x)
     if np.any(nan):
@@ -263,7 +269,7 @@ def _input_array(name, obj, spec, dt):
     if a is None:   # a list or a scalar: converted, as it must be
         if dt == _BF16:
             return _f32_to_bf16(np.asarray(obj, dtype=np.float32))
-        return np.ascontiguousarray(np.asarray(obj, dtype=_NP[dt]))
+        return _contiguous(np.asarray(obj, dtype=_NP[dt]))
     if dt == _BF16:
         ok = a.dtype in (np.dtype(np.uint16), np.dtype(np.int16)) or a.dtype.name == "bfloat16"
         want = "uint16 (the bf16 bits), or a torch.bfloat16 tensor"
@@ -672,7 +678,7 @@ class Session:
                     a = a if a.dtype == np.uint16 else _f32_to_bf16(a.astype(np.float32))
                 else:
                     a = a.astype(_NP[dt], copy=False)
-                a = np.ascontiguousarray(a)
+                a = _contiguous(a)
                 if a.ndim > 8:
                     raise Error(f"error: '{name}' has rank {a.ndim}", "invalid argument")
                 v = C.TensorView(dt, a.ndim, (ctypes.c_int64 * 8)(*a.shape),
@@ -682,28 +688,37 @@ class Session:
 
     def save(self, path, metadata=None):
         """All params and buffers to a safetensors file, atomically;
-        metadata: {str: str}, kept in the file's __metadata__."""
-        meta = None
-        if metadata is not None:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-                raise Error("error: save(metadata=...): keys and values must be strings (the safetensors rule)",
-                            "invalid argument")
-            meta = json.dumps(metadata, separators=(",", ":")).encode()
+        metadata: {str: str}, kept in the file's __metadata__, to which
+        "step" (the run counter, as `tfuse train` writes it) is added unless
+        given, so that load() continues the dropout masks' sequence."""
+        metadata = dict(metadata or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise Error("error: save(metadata=...): keys and values must be strings (the safetensors rule)",
+                        "invalid argument")
         with self._lock:
             h = self._handle()
+            if "step" not in metadata:
+                v = ctypes.c_uint64()
+                _check(h.ctx, h.lib.tf_session_step(h.ptr, byref(v)))
+                metadata["step"] = str(v.value)
+            meta = json.dumps(metadata, separators=(",", ":")).encode()
             _check(h.ctx, h.lib.tf_session_save_state_meta(h.ptr, os.fsencode(os.fspath(path)), meta))
 
     def load(self, path):
         """Params and buffers from a safetensors file (params it lacks keep
-        their values; see missing_params); returns its metadata ({} if none)."""
+        their values; see missing_params); returns its metadata ({} if none).
+        A "step" there (save() writes it) becomes the run counter."""
         out = ctypes.c_void_p()
         with self._lock:
             h = self._handle()
             _check(h.ctx, h.lib.tf_session_load_state_meta(h.ptr, os.fsencode(os.fspath(path)), byref(out)))
             missing = h.lib.tf_session_missing_params(h.ptr)
+            text = C.take_string(out.value)
+            meta = json.loads(text) if text else {}
+            if str(meta.get("step", "")).isdigit():
+                _check(h.ctx, h.lib.tf_session_set_step(h.ptr, int(meta["step"])))
         self.missing_params = [s.strip() for s in missing.decode().split(",")] if missing else []
-        text = C.take_string(out.value)
-        return json.loads(text) if text else {}
+        return meta
 
     @property
     def step(self):
