@@ -171,6 +171,26 @@ class ZeroCopy(unittest.TestCase):
         out = self.s.run(x=[[1, 2, 3]] * 4)
         self.assertEqual(out["pre"].shape, (4, 2))
 
+    def test_dlpack_producer(self):
+        """An object that offers only DLPack is read in place too."""
+        class Producer:
+            def __init__(self, a):
+                self.a = a
+
+            def __dlpack__(self, **kw):
+                return self.a.__dlpack__(**kw)
+
+            def __dlpack_device__(self):
+                return self.a.__dlpack_device__()
+
+        if not hasattr(np.ndarray, "__dlpack__"):
+            self.skipTest("this NumPy has no DLPack")
+        x = np.ones((4, 3), np.float32)
+        self.s.bind(x=Producer(x))
+        x *= 2.0   # after binding
+        got = self.s.run()["pre"].copy()
+        np.testing.assert_array_equal(got, self.s.run(x=np.full((4, 3), 2.0, np.float32))["pre"])
+
     @unittest.skipIf(torch is None, "torch is not installed")
     def test_torch_cpu_tensor(self):
         t = torch.ones(4, 3)

@@ -10,7 +10,10 @@
 set -uo pipefail
 py=$1 src=$2 lib=$3 tmp=$4
 . "$(dirname "$0")/lib.sh"
-if ! "$py" -c 'import setuptools, wheel, numpy' 2>/dev/null || ! "$py" -m pip --version >/dev/null 2>&1; then
+# pip itself runs without the sanitizer runtimes a sanitized build preloads
+# (TFUSE_PY_ENV); only the checks load libtfuse
+pyplain() { env -u LD_PRELOAD "$py" "$@"; }
+if ! pyplain -c 'import setuptools, wheel, numpy' 2>/dev/null || ! pyplain -m pip --version >/dev/null 2>&1; then
   echo "skipped: $py lacks one of numpy, pip, setuptools, wheel (scripts/setup.sh installs them)"
   exit 77
 fi
@@ -18,7 +21,7 @@ rm -rf "$tmp" && mkdir -p "$tmp"
 tmp=$(cd "$tmp" && pwd)
 cp -r "$src/python" "$tmp/src"
 rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info "$tmp/src/tfuse/__pycache__" "$tmp/src/tfuse/"libtfuse.so*
-if "$py" -m pip install --quiet --no-build-isolation --no-deps --no-index --target "$tmp/site" "$tmp/src" \
+if pyplain -m pip install --quiet --no-build-isolation --no-deps --no-index --target "$tmp/site" "$tmp/src" \
      >"$tmp/pip.log" 2>&1; then
   ok
 else
