@@ -132,6 +132,11 @@ tf_status   tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_contex
 void        tf_context_free(tf_context_t *ctx);
 const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
 const char *tf_status_name(tf_status s);
+/* The library's version, "MAJOR.MINOR.PATCH": TFUSE_VERSION as libtfuse was
+ * built. A program that loads libtfuse at run time (the Python package, over
+ * ctypes, mirrors this header's structs) checks it against the header it was
+ * written for. */
+const char *tf_version(void);
 
 /* ---- compiled-kernel caches ----
  * The cpu target's JIT-compiled kernels are kept in a cache, keyed by what

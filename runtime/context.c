@@ -172,6 +172,8 @@ const char *tf_status_name(tf_status s)
     return (unsigned)s < sizeof names / sizeof *names ? names[s] : "unknown status";
 }
 
+const char *tf_version(void) { return TFUSE_VERSION; }
+
 const char *tf_dtype_str(tf_dtype t) { return tf_dtype_name((tf_dt)t); }
 int tf_dtype_size(tf_dtype t) { return tf_dtype_bytes((tf_dt)t); }
 

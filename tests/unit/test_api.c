@@ -206,8 +206,19 @@ static void test_op_support(void)
     tf_context_free(ctx);
 }
 
+/* tf_version: the header's TFUSE_VERSION, MAJOR.MINOR.PATCH, as the library was built */
+static void test_version(void)
+{
+    const char *v = tf_version();
+    unsigned a, b, c;
+    char end;
+    CHECK(v && !strcmp(v, TFUSE_VERSION), "tf_version() %s, the header says %s", v ? v : "NULL", TFUSE_VERSION);
+    CHECK(v && sscanf(v, "%u.%u.%u%c", &a, &b, &c, &end) == 3, "version '%s' is MAJOR.MINOR.PATCH", v ? v : "NULL");
+}
+
 int main(void)
 {
+    test_version();
     test_misuse();
     test_op_support();
     test_threads();
