@@ -808,6 +808,7 @@ tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, F
         return NULL;
     }
     *target = pt;
+    tf_program_set_threads(p, (int)a->threads);   /* a run's choice, not the package's */
     if (compile_ms) *compile_ms = wall_ms() - t0;
     return p;
 }

@@ -326,6 +326,10 @@ int tf_is_package(const char *path);
  * compile it again another way (an evaluation program beside a training
  * one); a package's model for a loaded program. */
 tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t **out);
+/* The cpu target's worker threads for sessions created from now on (the
+ * caller included; 0: one per core): tf_compile_options.threads, for a
+ * program loaded from a package. Results do not depend on it. */
+tf_status tf_program_set_threads(tf_program_t *p, int threads);
 /* What a program was compiled for: mode, target and precision (never
  * DEFAULT); any pointer may be NULL. */
 tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *target, tf_precision *precision);

@@ -319,3 +319,10 @@ tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t 
     snprintf(name, sizeof name, "%s(model)", p->m->name ? p->m->name : "program");
     return tf_model_parse_string(ctx, name, p->model_text, strlen(p->model_text), dim.name ? &dim : NULL, dim.name ? 1 : 0, out);
 }
+
+tf_status tf_program_set_threads(tf_program_t *p, int threads)
+{
+    if (!p || threads < 0) return TF_ERR_INVALID_ARG;
+    p->threads = threads;
+    return TF_OK;
+}

@@ -141,6 +141,7 @@ expect 0 "kernels_jit_compiled: 0" -- "$tfuse" run "$tmp/p.tfp" --random-inputs 
 if "$tfuse" doctor | grep -q "^target cpu: available"; then
   expect 0 "kernels_jit_package: [1-9]" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --stats
   expect 0 "kernels_jit_package" -- "$tfuse" bench "$tmp/p.tfp" --mode=infer --iters 1 --warmup 0
+  expect 0 "threads: 1" -- "$tfuse" bench "$tmp/p.tfp" --mode=infer --iters 1 --warmup 0 --threads 1
   expect 2 "p.tfp was compiled with target cpu, and this asks for interp" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --target=interp
 fi
 "$tfuse" compile "$mlp" --mode=infer --no-params -o "$tmp/np.tfp" >/dev/null
