@@ -137,6 +137,13 @@ const char *tf_status_name(tf_status s);
  * ctypes, mirrors this header's structs) checks it against the header it was
  * written for. */
 const char *tf_version(void);
+/* The layout of a public struct as this library was built: its size
+ * (field NULL) or a field's offset, for "tf_compile_options",
+ * "tf_session_info", "tf_train_config", "tf_kernel_profile",
+ * "tf_cache_info" and "tf_package_info"; (size_t)-1 for a name it does not
+ * have. A binding that mirrors these structs (the Python package) checks
+ * every field against it, so a field added on one side is found at once. */
+size_t tf_struct_layout(const char *name, const char *field);
 
 /* ---- compiled-kernel caches ----
  * The cpu target's JIT-compiled kernels are kept in a cache, keyed by what

@@ -42,16 +42,18 @@ class CompileOptions(ctypes.Structure):
         ("mode", c_int), ("target", c_int), ("dump_ir", c_char_p), ("dump_dir", c_char_p), ("opt_level", c_int),
         ("disable_passes", POINTER(c_char_p)), ("ndisable_passes", c_size_t), ("precision", c_int),
         ("explain", c_void_p), ("memory_limit", c_int64), ("dump_kernels", c_char_p), ("checkpoint", c_int),
-        ("memory_budget", c_int64), ("threads", c_int), ("dump_llvm", c_char_p), ("llvm_pipeline", c_char_p),
-        ("no_tf32", c_int), ("cuda_sync", c_int), ("cuda_fallback_all", c_int), ("cuda_explain", c_int),
-        ("cuda_no_graphs", c_int), ("cpu_conv_im2col", c_int), ("cpu_explain", c_int),
+        ("memory_budget", c_int64), ("memory_budget_percent", c_double), ("threads", c_int), ("dump_llvm", c_char_p),
+        ("llvm_pipeline", c_char_p), ("no_tf32", c_int), ("cuda_sync", c_int), ("cuda_fallback_all", c_int),
+        ("cuda_explain", c_int), ("cuda_no_graphs", c_int), ("cpu_conv_im2col", c_int), ("cpu_gemm_openblas", c_int),
+        ("cpu_explain", c_int),
     ]
 
 
 class SessionInfo(ctypes.Structure):
     _fields_ = [
         ("target", c_char_p), ("threads", c_int), ("kernels", c_int), ("jit_compiled", c_int), ("jit_cached", c_int),
-        ("fallbacks", c_int), ("jit_disk", c_int), ("jit_ms", c_double), ("library", c_char_p),
+        ("fallbacks", c_int), ("jit_disk", c_int), ("jit_package", c_int), ("jit_ms", c_double),
+        ("disk_hits", c_int), ("disk_misses", c_int), ("library", c_char_p),
         ("step_graph", c_char_p), ("graph_replays", c_int64),
     ]
 
@@ -77,9 +79,14 @@ class CacheInfo(ctypes.Structure):
     _fields_ = [("limit", c_int), ("kernels", c_int), ("in_use", c_int), ("evicted", c_int64)]
 
 
+# the structs above as the library names them (tf_struct_layout checks each field)
+_MIRRORS = {"tf_compile_options": CompileOptions, "tf_session_info": SessionInfo, "tf_train_config": TrainConfig,
+            "tf_kernel_profile": KernelProfile, "tf_cache_info": CacheInfo}
+
 # name: (restype, argtypes)
 _PROTOS = {
     "tf_version": (c_char_p, []),
+    "tf_struct_layout": (c_size_t, [c_char_p, c_char_p]),
     "tf_context_create": (c_int, [POINTER(c_void_p)]),
     "tf_context_free": (None, [c_void_p]),
     "tf_context_last_error": (c_char_p, [c_void_p]),
@@ -181,6 +188,15 @@ def load():
     version = lib.tf_version().decode()
     if version != HEADER_VERSION:
         raise LibraryNotFound(f"tfuse: {path} is libtfuse {version}; this package is written for {HEADER_VERSION}")
+    for cname, mirror in _MIRRORS.items():   # the same version can still have grown a field
+        theirs = [(None, lib.tf_struct_layout(cname.encode(), None))]
+        theirs += [(f, lib.tf_struct_layout(cname.encode(), f.encode())) for f, _ in mirror._fields_]
+        ours = [(None, ctypes.sizeof(mirror))] + [(f, getattr(mirror, f).offset) for f, _ in mirror._fields_]
+        if theirs != ours:
+            bad = next(f for (f, a), (_, b) in zip(theirs, ours) if a != b)
+            raise LibraryNotFound(f"tfuse: {path}'s {cname} is laid out otherwise than this package's mirror of it "
+                                  f"({'its size' if bad is None else bad}): the package and the library are from "
+                                  f"different tfuse builds")
     return lib, path
 
 
