@@ -310,6 +310,37 @@ class Training(unittest.TestCase):
             inf.load_state_dict({"w1": a.state_dict()["w1"]}, strict=True)
 
 
+class Packages(unittest.TestCase):
+    def test_save_load_round_trip(self):
+        rng = np.random.default_rng(SEED)
+        x, y = batch(rng)
+        prog = tfuse.compile(MLP, mode="infer", precision="fp32", dims={"B": 8})
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "mlp.tfp")
+            info = prog.save(path, seed=3)
+            self.assertTrue(info["has_params"])
+            self.assertGreater(info["bytes"], 0)
+            loaded = tfuse.load(path)
+            self.assertEqual((loaded.mode, loaded.target), (prog.mode, prog.target))
+            self.assertEqual(loaded.stats, prog.stats)
+            # its sessions start from the package's params, whatever their seed
+            a, b = prog.session(seed=3), loaded.session(seed=42)
+            for k, v in a.state_dict().items():
+                np.testing.assert_array_equal(b.state_dict()[k], v)
+            np.testing.assert_array_equal(a.run(x=x, y=y)["logits"], b.run(x=x, y=y)["logits"])
+            if loaded.target == "cpu":
+                self.assertEqual(b.info["jit_compiled"], 0)
+            # a cut file is refused with the reason
+            with open(path, "rb") as f:
+                data = f.read()
+            cut = os.path.join(d, "cut.tfp")
+            with open(cut, "wb") as f:
+                f.write(data[: len(data) // 2])
+            with self.assertRaises(tfuse.Error) as e:
+                tfuse.load(cut)
+            self.assertIn("truncated or corrupted", str(e.exception))
+
+
 class Lifetimes(unittest.TestCase):
     @unittest.skipIf(os.environ.get("TFUSE_TEST_SANITIZED"),
                      "under ASan freed memory waits in its quarantine: resident memory says nothing (the plain build checks)")

@@ -51,7 +51,7 @@ from . import _capi as C
 from ._capi import byref
 
 __version__ = C.HEADER_VERSION
-__all__ = ["compile", "Program", "Session", "Error", "TensorSpec", "Decision", "doctor", "default_target",
+__all__ = ["compile", "load", "Program", "Session", "Error", "TensorSpec", "Decision", "doctor", "default_target",
            "library_path", "cache_info"]
 
 _BF16 = 2
@@ -441,6 +441,20 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     return Program(handle, mode=mode, target=C.TARGETS[o.target], explain=decisions, dumps=dumps)
 
 
+def load(path):
+    """The Program in a package `tfuse compile` (or Program.save) wrote: no
+    kernel is compiled, and its sessions start from the package's params.
+    A truncated, corrupted or foreign package raises Error saying why."""
+    lib = _L()
+    handle = _ProgramHandle(lib, _new_context())
+    prog = ctypes.c_void_p()
+    _check(handle.ctx, lib.tf_program_load(handle.ctx, os.fsencode(os.fspath(path)), byref(prog)))
+    handle.ptr = prog.value
+    mode, target = ctypes.c_int(), ctypes.c_int()
+    lib.tf_program_describe(handle.ptr, byref(mode), byref(target), None)
+    return Program(handle, mode=C.MODES[mode.value], target=C.TARGETS[target.value], explain=None, dumps={})
+
+
 class Program:
     """A compiled model (tf_program_t): passes run, plan made, stats known.
     Made by tfuse.compile. Attributes: mode, target, precision, stats
@@ -508,6 +522,19 @@ class Program:
             _check(self._h.ctx, self._h.lib.tf_program_write_artifact(
                 self._h.ctx, self._h.ptr, os.fsencode(os.fspath(directory)), arch.encode() if arch else None, byref(n)))
         return n.value
+
+    def save(self, path, params=True, seed=0):
+        """This program as a package (tf_program_save): tfuse.load and
+        `tfuse run PATH` start from it without compiling a kernel. params:
+        include the initial params a session of `seed` starts from (else
+        sessions run the initializers). Returns {"objects",
+        "objects_cached", "has_params", "bytes"}."""
+        info = C.PackageInfo()
+        with self._lock:
+            _check(self._h.ctx, self._h.lib.tf_program_save(self._h.ctx, self._h.ptr, os.fsencode(os.fspath(path)),
+                                                            1 if params else 0, seed, byref(info)))
+        return {"objects": info.objects, "objects_cached": info.objects_cached, "has_params": bool(info.has_params),
+                "bytes": info.bytes}
 
     def session(self, seed=0, target=None):
         """A Session of this program on its target (or another one); seed

@@ -75,13 +75,17 @@ class TrainConfig(ctypes.Structure):
     ]
 
 
+class PackageInfo(ctypes.Structure):
+    _fields_ = [("objects", c_int), ("objects_cached", c_int), ("has_params", c_int), ("bytes", c_int64)]
+
+
 class CacheInfo(ctypes.Structure):
     _fields_ = [("limit", c_int), ("kernels", c_int), ("in_use", c_int), ("evicted", c_int64)]
 
 
 # the structs above as the library names them (tf_struct_layout checks each field)
 _MIRRORS = {"tf_compile_options": CompileOptions, "tf_session_info": SessionInfo, "tf_train_config": TrainConfig,
-            "tf_kernel_profile": KernelProfile, "tf_cache_info": CacheInfo}
+            "tf_kernel_profile": KernelProfile, "tf_cache_info": CacheInfo, "tf_package_info": PackageInfo}
 
 # name: (restype, argtypes)
 _PROTOS = {
@@ -106,6 +110,9 @@ _PROTOS = {
     "tf_compile_options_init": (None, [POINTER(CompileOptions)]),
     "tf_program_compile": (c_int, [c_void_p, c_void_p, POINTER(CompileOptions), POINTER(c_void_p)]),
     "tf_program_free": (None, [c_void_p]),
+    "tf_program_save": (c_int, [c_void_p, c_void_p, c_char_p, c_int, ctypes.c_uint64, POINTER(PackageInfo)]),
+    "tf_program_load": (c_int, [c_void_p, c_char_p, POINTER(c_void_p)]),
+    "tf_program_describe": (c_int, [c_void_p, POINTER(c_int), POINTER(c_int), POINTER(c_int)]),
     "tf_program_stat_count": (c_size_t, [c_void_p]),
     "tf_program_stat": (c_int, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_int64)]),
     "tf_program_print": (c_int, [c_void_p, c_void_p, POINTER(c_void_p)]),
