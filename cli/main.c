@@ -141,7 +141,7 @@ static const struct flag_info {
 } flag_table[NFLAGS] = {
     /* name                    commands                     repeats why */
     [F_DIM]            = {"--dim",            C_PRINT | C_OPT | C_COMPILING, true, NULL},
-    [F_SEED]           = {"--seed",           C_RUN | C_TRAIN | C_BENCH,   false, "only run, train and bench draw random numbers"},
+    [F_SEED]           = {"--seed",           C_COMPILE | C_RUN | C_TRAIN | C_BENCH, false, NULL},
     [F_MODE]           = {"--mode",           C_OPT | C_COMPILE | C_RUN | C_TRAIN | C_BENCH, false, NULL},
     [F_TARGET]         = {"--target",         C_COMPILING,                 false, NULL},
     [F_PASSES]         = {"--passes",         C_OPT,                       false, "the pipeline of compile, run, train and bench is fixed: --disable-pass leaves one out"},
@@ -808,6 +808,7 @@ tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, F
         return NULL;
     }
     *target = pt;
+    tf_program_set_threads(p, (int)a->threads);   /* a run's choice, not the package's */
     if (compile_ms) *compile_ms = wall_ms() - t0;
     return p;
 }
@@ -919,10 +920,14 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
     bool package = !ir_text && !cuda_dir && a->target != TF_TARGET_CUDA && a->target != TF_TARGET_CUDA_EMU;
     char *pkg_path = package ? (a->out ? strdup(a->out) : default_package_path(a->file)) : NULL;
     if (package && !pkg_path) return cli_errorf("out of memory");
-    if (a->no_params && !package) {
+    if ((a->no_params || a->seed_set) && !package) {
         free(pkg_path);
-        return cli_usage_errorf(a->cmd, "--no-params leaves the initial params out of a package, and this writes none%s",
-                                ir_text ? " (-o names an .ir file: the final IR as text)" : "");
+        return cli_usage_errorf(a->cmd, "%s the initial params of a package, and this writes none%s",
+                                a->no_params ? "--no-params leaves out" : "--seed draws", ir_text ? " (-o names an .ir file: the final IR as text)" : "");
+    }
+    if (a->no_params && a->seed_set) {
+        free(pkg_path);
+        return cli_usage_errorf(a->cmd, "--seed draws the package's initial params, and --no-params leaves them out: give one");
     }
     if ((ir_text || package) && cli_check_writable("-o", ir_text ? a->out : pkg_path, true)) {
         free(pkg_path);

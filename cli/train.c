@@ -412,7 +412,7 @@ static const char *find_label(const tf_program_t *p, const int64_t *lshape, int 
 }
 
 /* e->data holds the parsed --eval-data lists (dataset_parse). */
-static int evaluator_init(tf_context_t *ctx, const args *a, const tf_model_t *m, int workers, evaluator *e)
+static int evaluator_init(tf_context_t *ctx, const args *a, const tf_model_t *m, tf_target target, int workers, evaluator *e)
 {
     tf_compile_options o;
     cli_fill_options(a, &o, NULL);
@@ -420,7 +420,7 @@ static int evaluator_init(tf_context_t *ctx, const args *a, const tf_model_t *m,
     o.explain = NULL;
     o.dump_ir = NULL;
     if (tf_program_compile(ctx, m, &o, &e->p)) return api_error(ctx, "compiling the model for evaluation");
-    if (tf_session_create(ctx, e->p, a->target, a->seed, &e->s)) return api_error(ctx, NULL);
+    if (tf_session_create(ctx, e->p, target, a->seed, &e->s)) return api_error(ctx, NULL);
     int rc = dataset_load(ctx, e->p, "--eval-data", false, 0, workers, &e->data);
     if (rc) return rc;
     e->has_loss = has_output(e->p, "loss", NULL, NULL, NULL);
@@ -727,11 +727,10 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     if (a->params && cli_check_readable("--params", a->params)) return 1;
     if ((rc = check_outputs(a))) return rc;
 
-    if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &T->m)) return api_error(ctx, NULL);
-    tf_compile_options o;
-    cli_fill_options(a, &o, stdout);
-    o.mode = TF_MODE_TRAIN;
-    if (tf_program_compile(ctx, T->m, &o, &T->p)) return api_error(ctx, NULL);
+    tf_target target;
+    if (!(T->p = cli_load_program(ctx, a, TF_MODE_TRAIN, stdout, &target, NULL, &rc))) return rc;
+    /* the model again, for the evaluation program (a package holds it) */
+    if (tf_program_model(ctx, T->p, &T->m)) return api_error(ctx, NULL);
     if (cli_interrupted()) return stop_early();
     tf_dtype loss_dt;
     int loss_rank;
@@ -757,7 +756,7 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
 
     uint64_t seed = a->seed;
     cursor cur = {0, 0, 0};
-    if (tf_session_create(ctx, T->p, a->target, seed, &T->s)) return api_error(ctx, NULL);
+    if (tf_session_create(ctx, T->p, target, seed, &T->s)) return api_error(ctx, NULL);
     if (a->params && tf_session_load_state(T->s, a->params)) return api_error(ctx, "--params");
     if (a->params && tf_session_missing_params(T->s))
         fprintf(stderr, "tfuse: note: %s has no value for %s; they start from their initializers\n", a->params,
@@ -772,12 +771,12 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
             seed = ck_seed;   /* dropout masks come from the session's seed: start over with the right one */
             tf_session_free(T->s);
             T->s = NULL;
-            if (tf_session_create(ctx, T->p, a->target, seed, &T->s)) return api_error(ctx, NULL);
+            if (tf_session_create(ctx, T->p, target, seed, &T->s)) return api_error(ctx, NULL);
             if ((rc = resume(ctx, T->s, t->resume, &cur, &ck_seed, d, true))) return rc;
         }
     }
     if (tf_loader_set_position(d->L, &(tf_loader_position){cur.epoch, cur.pos, seed})) return api_error(ctx, "--resume");
-    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, workers, &T->ev))) return rc;
+    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, target, workers, &T->ev))) return rc;
     if (cli_interrupted()) return stop_early();
     /* from here on the run writes: the log first */
     if (t->log && (rc = log_open(t->log, t->resume != NULL, cur.step, &T->log))) return rc;

@@ -1,7 +1,16 @@
 /* embed.c — a host program that compiles and runs a model through the public
  * API only (tfuse.h), binding its own memory as inputs without copies.
  *
- *   cc embed.c -ltfuse -o embed && ./embed examples/mlp.ir
+ * Built against an installed libtfuse (README.md, "Embedding"), from the
+ * repository root:
+ *
+ *   cmake --install build --prefix "$HOME/.local"
+ *   export PKG_CONFIG_PATH=$HOME/.local/lib/pkgconfig LD_LIBRARY_PATH=$HOME/.local/lib
+ *   cc examples/embed.c $(pkg-config --cflags --libs tfuse) -o embed && ./embed examples/mlp.ir
+ *
+ * (With the prefix /usr/local, as root, neither export is needed after
+ * `ldconfig`. CMake: find_package(tfuse) and link tfuse::tfuse;
+ * tests/cli/test_install.sh builds it all these ways.)
  *
  * It feeds examples/mlp.ir a batch of 64 made-up images and labels, prints
  * the loss, and checks it against log(10) (untrained logits are nearly

@@ -132,6 +132,18 @@ tf_status   tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_contex
 void        tf_context_free(tf_context_t *ctx);
 const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
 const char *tf_status_name(tf_status s);
+/* The library's version, "MAJOR.MINOR.PATCH": TFUSE_VERSION as libtfuse was
+ * built. A program that loads libtfuse at run time (the Python package, over
+ * ctypes, mirrors this header's structs) checks it against the header it was
+ * written for. */
+const char *tf_version(void);
+/* The layout of a public struct as this library was built: its size
+ * (field NULL) or a field's offset, for "tf_compile_options",
+ * "tf_session_info", "tf_train_config", "tf_kernel_profile",
+ * "tf_cache_info" and "tf_package_info"; (size_t)-1 for a name it does not
+ * have. A binding that mirrors these structs (the Python package) checks
+ * every field against it, so a field added on one side is found at once. */
+size_t tf_struct_layout(const char *name, const char *field);
 
 /* ---- compiled-kernel caches ----
  * The cpu target's JIT-compiled kernels are kept in a cache, keyed by what
@@ -317,6 +329,14 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
 tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **out);
 /* Whether path starts like a package (for callers that take either). */
 int tf_is_package(const char *path);
+/* The model a program was compiled from (a new copy, dims as compiled), to
+ * compile it again another way (an evaluation program beside a training
+ * one); a package's model for a loaded program. */
+tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t **out);
+/* The cpu target's worker threads for sessions created from now on (the
+ * caller included; 0: one per core): tf_compile_options.threads, for a
+ * program loaded from a package. Results do not depend on it. */
+tf_status tf_program_set_threads(tf_program_t *p, int threads);
 /* What a program was compiled for: mode, target and precision (never
  * DEFAULT); any pointer may be NULL. */
 tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *target, tf_precision *precision);

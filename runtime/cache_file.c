@@ -22,6 +22,18 @@ uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+void tf_le64_put(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+uint64_t tf_le64_get(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 bool tf_make_dirs(const char *dir)
 {
     char p[4096];

@@ -49,6 +49,11 @@
 /* FNV-1a 64 of p[0..n) continuing from h (TF_FNV_BASIS to start). */
 uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n);
 
+/* v as 8 little-endian bytes at p, and back (the caches' and packages'
+ * binary headers). */
+void tf_le64_put(unsigned char *p, uint64_t v);
+uint64_t tf_le64_get(const unsigned char *p);
+
 /* mkdir -p; true when dir exists afterwards. */
 bool tf_make_dirs(const char *dir);
 

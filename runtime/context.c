@@ -3,6 +3,7 @@
  * tf_set_error/tf_from_diag (declared in runtime.h) and link against this
  * file, not against the API facade (api.c). */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,45 @@ const char *tf_status_name(tf_status s)
                                   "i/o error", "format error", "out of memory", "target unavailable",
                                   "unsupported", "runtime error", "internal error"};
     return (unsigned)s < sizeof names / sizeof *names ? names[s] : "unknown status";
+}
+
+const char *tf_version(void) { return TFUSE_VERSION; }
+
+#define S(T) {#T, NULL, sizeof(T)}
+#define F(T, f) {#T, #f, offsetof(T, f)}
+static const struct { const char *type, *field; size_t at; } g_layout[] = {
+    S(tf_compile_options), F(tf_compile_options, mode), F(tf_compile_options, target), F(tf_compile_options, dump_ir),
+    F(tf_compile_options, dump_dir), F(tf_compile_options, opt_level), F(tf_compile_options, disable_passes),
+    F(tf_compile_options, ndisable_passes), F(tf_compile_options, precision), F(tf_compile_options, explain),
+    F(tf_compile_options, memory_limit), F(tf_compile_options, dump_kernels), F(tf_compile_options, checkpoint),
+    F(tf_compile_options, memory_budget), F(tf_compile_options, memory_budget_percent), F(tf_compile_options, threads),
+    F(tf_compile_options, dump_llvm), F(tf_compile_options, llvm_pipeline), F(tf_compile_options, no_tf32),
+    F(tf_compile_options, cuda_sync), F(tf_compile_options, cuda_fallback_all), F(tf_compile_options, cuda_explain),
+    F(tf_compile_options, cuda_no_graphs), F(tf_compile_options, cpu_conv_im2col), F(tf_compile_options, cpu_gemm_openblas),
+    F(tf_compile_options, cpu_explain),
+    S(tf_session_info), F(tf_session_info, target), F(tf_session_info, threads), F(tf_session_info, kernels),
+    F(tf_session_info, jit_compiled), F(tf_session_info, jit_cached), F(tf_session_info, fallbacks), F(tf_session_info, jit_disk),
+    F(tf_session_info, jit_package), F(tf_session_info, jit_ms), F(tf_session_info, disk_hits), F(tf_session_info, disk_misses),
+    F(tf_session_info, library), F(tf_session_info, step_graph), F(tf_session_info, graph_replays),
+    S(tf_train_config), F(tf_train_config, has_block), F(tf_train_config, optimizer), F(tf_train_config, lr),
+    F(tf_train_config, optimizer_params), F(tf_train_config, noptimizer_params), F(tf_train_config, schedule),
+    F(tf_train_config, schedule_params), F(tf_train_config, nschedule_params), F(tf_train_config, precision),
+    F(tf_train_config, clip_grad_norm), F(tf_train_config, accumulate),
+    S(tf_kernel_profile), F(tf_kernel_profile, name), F(tf_kernel_profile, how), F(tf_kernel_profile, total_ms),
+    F(tf_kernel_profile, calls), F(tf_kernel_profile, elements),
+    S(tf_cache_info), F(tf_cache_info, limit), F(tf_cache_info, kernels), F(tf_cache_info, in_use), F(tf_cache_info, evicted),
+    S(tf_package_info), F(tf_package_info, objects), F(tf_package_info, objects_cached), F(tf_package_info, has_params),
+    F(tf_package_info, bytes),
+};
+#undef S
+#undef F
+
+size_t tf_struct_layout(const char *name, const char *field)
+{
+    for (size_t i = 0; name && i < sizeof g_layout / sizeof *g_layout; i++)
+        if (!strcmp(g_layout[i].type, name) && (field ? g_layout[i].field && !strcmp(g_layout[i].field, field) : !g_layout[i].field))
+            return g_layout[i].at;
+    return (size_t)-1;
 }
 
 const char *tf_dtype_str(tf_dtype t) { return tf_dtype_name((tf_dt)t); }

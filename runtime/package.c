@@ -19,22 +19,10 @@ static void put32(unsigned char *p, uint32_t v)
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static void put64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
 static uint32_t get32(const unsigned char *p)
 {
     uint32_t v = 0;
     for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
@@ -120,12 +108,12 @@ bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *w
         size_t nl = strlen(p->s[i].name);
         put32(at, (uint32_t)nl), at += 4;
         memcpy(at, p->s[i].name, nl), at += nl;
-        put64(at, p->s[i].len), at += 8;
+        tf_le64_put(at, p->s[i].len), at += 8;
         if (p->s[i].len) memcpy(at, p->s[i].data, p->s[i].len);
         at += p->s[i].len;
-        put64(at, tf_fnv1a(TF_FNV_BASIS, p->s[i].data, p->s[i].len)), at += 8;
+        tf_le64_put(at, tf_fnv1a(TF_FNV_BASIS, p->s[i].data, p->s[i].len)), at += 8;
     }
-    put64(at, tf_fnv1a(TF_FNV_BASIS, b, (size_t)(at - b)));
+    tf_le64_put(at, tf_fnv1a(TF_FNV_BASIS, b, (size_t)(at - b)));
     *out = b, *len = total;
     return true;
 }
@@ -159,7 +147,7 @@ bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char
         snprintf(why, n, "package format version %u; this tfuse reads version %d (recompile the model)", version, TF_PKG_VERSION);
         return false;
     }
-    if (get64(b + len - 8) != tf_fnv1a(TF_FNV_BASIS, b, len - 8)) {
+    if (tf_le64_get(b + len - 8) != tf_fnv1a(TF_FNV_BASIS, b, len - 8)) {
         snprintf(why, n, "the file's checksum does not match: it is truncated or corrupted (%zu bytes)", len);
         return false;
     }
@@ -175,12 +163,12 @@ bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char
             goto fail;
         }
         at += nl;
-        uint64_t dl = get64(b + at);
+        uint64_t dl = tf_le64_get(b + at);
         at += 8;
         if (dl > end - at || end - at - dl < 8) goto truncated;
         const unsigned char *data = b + at;
         at += (size_t)dl;
-        if (get64(b + at) != tf_fnv1a(TF_FNV_BASIS, data, (size_t)dl)) {
+        if (tf_le64_get(b + at) != tf_fnv1a(TF_FNV_BASIS, data, (size_t)dl)) {
             snprintf(why, n, "the checksum of section '%.*s' does not match", (int)nl, name);
             goto fail;
         }

@@ -128,8 +128,9 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
     tf_strbuf_printf(&m, "format: tfuse-package %d\ntfuse: %s\nmodel: %s\nmode: %s\ntarget: %s\nprecision: %s\n", TF_PKG_VERSION,
                      TFUSE_VERSION, p->m->name ? p->m->name : "", mode_str(p->opts.mode), target_str(p->target),
                      precision_str(p->precision));
-    tf_strbuf_printf(&m, "opt_level: %d\ncheckpoint: %s\nmemory_budget: %" PRId64 "\nthreads: %d\n", p->opts.opt_level,
-                     p->opts.checkpoint == TF_CHECKPOINT_AUTO ? "auto" : "none", p->opts.memory_budget, p->opts.threads);
+    tf_strbuf_printf(&m, "opt_level: %d\ncheckpoint: %s\nmemory_budget: %" PRId64 "\nmemory_budget_percent: %.17g\nthreads: %d\n",
+                     p->opts.opt_level, p->opts.checkpoint == TF_CHECKPOINT_AUTO ? "auto" : "none", p->opts.memory_budget,
+                     p->opts.memory_budget_percent, p->opts.threads);
     for (int i = 0; i < p->ndisabled; i++) tf_strbuf_printf(&m, "disable_pass: %s\n", p->disabled[i]);
     for (int i = 0; i < p->nstats; i++)   /* the dim --dim NAME=auto chose: compile_module records it as a stat */
         for (int d = 0; d < p->m->ndims; d++)
@@ -239,6 +240,7 @@ tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **ou
         ok = ok && field(mt, "checkpoint", 0, v, sizeof v);
         if (ok) o.checkpoint = !strcmp(v, "auto") ? TF_CHECKPOINT_AUTO : TF_CHECKPOINT_NONE;
         ok = ok && field(mt, "memory_budget", 0, v, sizeof v) && sscanf(v, "%" SCNd64, &o.memory_budget) == 1;
+        ok = ok && field(mt, "memory_budget_percent", 0, v, sizeof v) && sscanf(v, "%lf", &o.memory_budget_percent) == 1;
         ok = ok && field(mt, "threads", 0, v, sizeof v) && sscanf(v, "%d", &o.threads) == 1;
         ok = ok && field(mt, "final_ir_fnv", 0, v, sizeof v) && sscanf(v, "%" SCNx64, &want) == 1;
         for (size_t i = 0; ok && i < sizeof settings / sizeof *settings; i++) {
@@ -300,5 +302,27 @@ tf_status tf_program_describe(const tf_program_t *p, tf_mode *mode, tf_target *t
     if (mode) *mode = p->opts.mode;
     if (target) *target = p->target;
     if (precision) *precision = p->precision;
+    return TF_OK;
+}
+
+tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t **out)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!ctx || !p || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *out = NULL;
+    if (!p->model_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: this program keeps no model");
+    tf_dim_override dim = {0};
+    for (int i = 0; i < p->nstats && !dim.name; i++)   /* the dim --dim NAME=auto chose */
+        for (int d = 0; d < p->m->ndims && !dim.name; d++)
+            if (!strcmp(p->stats[i].name, p->m->dims[d].name)) dim = (tf_dim_override){p->stats[i].name, p->stats[i].value};
+    char name[300];
+    snprintf(name, sizeof name, "%s(model)", p->m->name ? p->m->name : "program");
+    return tf_model_parse_string(ctx, name, p->model_text, strlen(p->model_text), dim.name ? &dim : NULL, dim.name ? 1 : 0, out);
+}
+
+tf_status tf_program_set_threads(tf_program_t *p, int threads)
+{
+    if (!p || threads < 0) return TF_ERR_INVALID_ARG;
+    p->threads = threads;
     return TF_OK;
 }

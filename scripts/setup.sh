@@ -15,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev libdnnl-dev python3 python3-pip python3-numpy python3-sklearn \
+  build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev libdnnl-dev python3 python3-pip python3-venv python3-numpy python3-sklearn \
   clang libclang-rt-14-dev >/dev/null
 # pip into the python3 on PATH. Debian 12's own Python refuses (PEP 668,
 # "externally-managed-environment"): the second try installs for this user.
@@ -31,6 +31,18 @@ fi
 if ! python3 -c 'import sklearn' 2>/dev/null; then
   pip_install scikit-learn
 fi
+# setuptools and wheel build the Python package (python/) without fetching
+# anything (pip install --no-build-isolation; the python_install test).
+if ! python3 -c 'import setuptools, wheel' 2>/dev/null; then
+  pip_install setuptools wheel
+fi
+# The Python package, editable, in the repository's own virtual environment
+# (.venv; Debian's Python refuses pip installs into itself, PEP 668), which
+# sees this Python's NumPy: after the build, `.venv/bin/python -c 'import
+# tfuse'` finds build/libtfuse.so (README.md, "From Python").
+repo=$(cd "$(dirname "$0")/.." && pwd)
+python3 -m venv --system-site-packages "$repo/.venv"
+"$repo/.venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e "$repo/python"
 # NVRTC, for tests/unit/test_cuda_codegen.c (it compiles every generated CUDA
 # kernel; no GPU needed). Machines with the CUDA toolkit have it. Elsewhere take
 # NVIDIA's wheels from PyPI (their apt repository is not reachable from CI):

@@ -124,18 +124,6 @@ static void cpu_cache_free(tf_cache_t *c)
  * all of it before (8 bytes). */
 static const char DISK_MAGIC[16] = "TFUSE-CPUOBJ-01\n";
 
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* The object code a record (a disk cache file, or a package's section)
  * holds under key, malloc'd into *obj (*n bytes); false when it is torn,
  * foreign or another key's. */
@@ -144,9 +132,9 @@ static bool record_parse(const unsigned char *b, size_t size, const char *key, v
     *obj = NULL;
     size_t kl = strlen(key);
     if (size < 40) return false;
-    uint64_t klen = get_u64(b + 16), olen = get_u64(b + 24);
+    uint64_t klen = tf_le64_get(b + 16), olen = tf_le64_get(b + 24);
     bool ok = memcmp(b, DISK_MAGIC, 16) == 0 && klen == kl && olen > 0 && olen < (uint64_t)size &&
-              32 + klen + olen + 8 == (uint64_t)size && get_u64(b + size - 8) == tf_fnv1a(TF_FNV_BASIS, b, size - 8) &&
+              32 + klen + olen + 8 == (uint64_t)size && tf_le64_get(b + size - 8) == tf_fnv1a(TF_FNV_BASIS, b, size - 8) &&
               memcmp(b + 32, key, kl) == 0;
     if (ok && (*obj = tf_malloc((size_t)olen))) {
         memcpy(*obj, b + 32 + kl, (size_t)olen);
@@ -181,11 +169,11 @@ static unsigned char *record_make(const char *key, const void *obj, size_t n, si
     unsigned char *b = tf_malloc(*total);
     if (!b) return NULL;
     memcpy(b, DISK_MAGIC, 16);
-    put_u64(b + 16, kl);
-    put_u64(b + 24, n);
+    tf_le64_put(b + 16, kl);
+    tf_le64_put(b + 24, n);
     memcpy(b + 32, key, kl);
     memcpy(b + 32 + kl, obj, n);
-    put_u64(b + *total - 8, tf_fnv1a(TF_FNV_BASIS, b, *total - 8));
+    tf_le64_put(b + *total - 8, tf_fnv1a(TF_FNV_BASIS, b, *total - 8));
     return b;
 }
 

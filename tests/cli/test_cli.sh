@@ -6,6 +6,7 @@ tfuse=$1 repo=$2 tmp=$3
 ex=$repo/examples
 mkdir -p "$tmp"
 . "$(dirname "$0")/lib.sh"
+cd "$tmp"   # `tfuse compile` writes its package in the current directory
 
 for c in print opt compile run train bench; do
   expect 0 "usage: tfuse $c" -- "$tfuse" "$c" --help
@@ -131,7 +132,29 @@ expect 2 "--params is given twice" -- "$tfuse" run "$mlp" --params a.st --params
 expect 2 "--target is given twice" -- "$tfuse" compile "$mlp" --target=cpu --target=interp
 expect 2 "--dim B is given twice" -- "$tfuse" compile "$mlp" --dim B=2 --dim B=3
 expect 2 "--disable-pass=fuse is given twice" -- "$tfuse" compile "$mlp" --disable-pass=fuse --disable-pass=fuse
-expect 2 "'tfuse compile' takes no --seed: only run, train and bench draw random numbers" -- "$tfuse" compile "$mlp" --seed 3
+# compile writes a package: the summary, then run and bench start from it without compiling a kernel
+rm -f "$tmp/mlp.tfp"
+expect 0 "compiled .*mlp.ir: train, bf16, target (cpu|interp); [0-9]+ ops, [0-9]+ kernels .*planned peak" -- "$tfuse" compile "$mlp" --seed 3
+if [ -s "$tmp/mlp.tfp" ]; then ok; else bad "compile wrote no mlp.tfp in the current directory"; fi
+expect 0 "wrote $tmp/p.tfp: [0-9]+ compiled kernels .*initial params" -- "$tfuse" compile "$mlp" --mode=infer -o "$tmp/p.tfp"
+expect 0 "kernels_jit_compiled: 0" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --stats
+if "$tfuse" doctor | grep -q "^target cpu: available"; then
+  expect 0 "kernels_jit_package: [1-9]" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --stats
+  expect 0 "kernels_jit_package" -- "$tfuse" bench "$tmp/p.tfp" --mode=infer --iters 1 --warmup 0
+  expect 0 "threads: 1" -- "$tfuse" bench "$tmp/p.tfp" --mode=infer --iters 1 --warmup 0 --threads 1
+  expect 2 "p.tfp was compiled with target cpu, and this asks for interp" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --target=interp
+fi
+"$tfuse" compile "$mlp" --mode=infer --no-params -o "$tmp/np.tfp" >/dev/null
+c=$("$tfuse" run "$tmp/np.tfp" --random-inputs --seed 0 | grep loss)
+d=$("$tfuse" run "$mlp" --random-inputs --seed 0 | grep loss)
+if [ -n "$c" ] && [ "$c" = "$d" ]; then ok; else bad "a --no-params package runs the initializers: '$c' vs '$d'"; fi
+expect 2 "p.tfp was compiled with mode infer, and this asks for train: compile the model with --mode=train" -- "$tfuse" bench "$tmp/p.tfp" --iters 1
+expect 2 "p.tfp is a compiled package: --dim changes what it holds" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --dim B=2
+expect 2 "p.tfp was compiled with precision bf16, and this asks for fp32" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --precision=fp32
+expect 2 "--no-params leaves out the initial params of a package, and this writes none" -- "$tfuse" compile "$mlp" --no-params -o "$tmp/x.ir"
+expect 2 "--seed draws the package's initial params, and --no-params leaves them out" -- "$tfuse" compile "$mlp" --no-params --seed 2
+head -c 1000 "$tmp/p.tfp" > "$tmp/cut.tfp"
+expect 1 "cut.tfp: error: the file's checksum does not match: it is truncated or corrupted" -- "$tfuse" run "$tmp/cut.tfp" --random-inputs
 expect 2 "'tfuse print' takes no --stats \(it is a flag of: compile, run\)" -- "$tfuse" print "$mlp" --stats
 expect 2 "'tfuse run' takes no -o \(it is a flag of: compile\)" -- "$tfuse" run "$mlp" --random-inputs -o "$tmp/x.ir"
 expect 2 "'tfuse compile' takes no --params" -- "$tfuse" compile "$mlp" --params a.st

@@ -156,6 +156,15 @@ else bad "checkpoint metadata/tensors: $meta"; fi
 expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 13 --save "$tmp/s13.st"
 expect 0 "resuming at step 5 \(epoch 0\)" -- "$tfuse" train "$m" --data "$data" --steps 13 --resume "$tmp/s5.st" --save "$tmp/r5_13.st"
 same "$tmp/s13.st" "$tmp/r5_13.st" "5 steps + resume to 13 vs 13 steps"
+# a package trains as its model does: the same 13 steps from tfuse compile's .tfp, byte for byte
+(cd "$tmp" && "$tfuse" compile "$m" -o "$tmp/tiny.tfp" >/dev/null)
+expect 0 "saved" -- "$tfuse" train "$tmp/tiny.tfp" --data "$data" --steps 13 --save "$tmp/p13.st"
+# the same tensors (the metadata names the file trained, tiny.ir or tiny.tfp)
+tensors() { python3 -c 'import json,struct,sys
+b=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",b[:8])[0]; h=json.loads(b[8:8+n]); h.pop("__metadata__",None)
+print(sorted((k,v["dtype"],v["shape"],b[8+n+v["data_offsets"][0]:8+n+v["data_offsets"][1]].hex()) for k,v in h.items()))' "$1"; }
+if [ -n "$(tensors "$tmp/s13.st")" ] && [ "$(tensors "$tmp/s13.st")" = "$(tensors "$tmp/p13.st")" ]; then ok; else bad "13 steps from the model vs from its package: the tensors differ"; fi
+expect 2 "tiny.tfp is a compiled package: --dim changes what it holds" -- "$tfuse" train "$tmp/tiny.tfp" --data "$data" --dim B=2
 expect 0 "saved" -- "$tfuse" train "$m" --data "$data" --steps 7 --save "$tmp/s7.st"
 expect 0 "resuming at step 7 \(epoch 1\)" -- "$tfuse" train "$m" --data "$data" --steps 13 --resume "$tmp/s7.st" --save "$tmp/r7_13.st"
 same "$tmp/s13.st" "$tmp/r7_13.st" "7 steps + resume to 13 vs 13 steps"

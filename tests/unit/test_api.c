@@ -206,8 +206,26 @@ static void test_op_support(void)
     tf_context_free(ctx);
 }
 
+/* tf_version: the header's TFUSE_VERSION, MAJOR.MINOR.PATCH, as the library was built */
+static void test_version(void)
+{
+    const char *v = tf_version();
+    unsigned a, b, c;
+    char end;
+    CHECK(v && !strcmp(v, TFUSE_VERSION), "tf_version() %s, the header says %s", v ? v : "NULL", TFUSE_VERSION);
+    CHECK(v && sscanf(v, "%u.%u.%u%c", &a, &b, &c, &end) == 3, "version '%s' is MAJOR.MINOR.PATCH", v ? v : "NULL");
+    /* tf_struct_layout: sizes and offsets as compiled here, -1 for what is not there */
+    CHECK(tf_struct_layout("tf_compile_options", NULL) == sizeof(tf_compile_options), "tf_compile_options' size");
+    CHECK(tf_struct_layout("tf_compile_options", "cpu_explain") == offsetof(tf_compile_options, cpu_explain), "cpu_explain's offset");
+    CHECK(tf_struct_layout("tf_session_info", "graph_replays") == offsetof(tf_session_info, graph_replays), "graph_replays' offset");
+    CHECK(tf_struct_layout("tf_package_info", "bytes") == offsetof(tf_package_info, bytes), "bytes' offset");
+    CHECK(tf_struct_layout("tf_compile_options", "no_such_field") == (size_t)-1, "an unknown field is -1");
+    CHECK(tf_struct_layout("tf_no_such", NULL) == (size_t)-1 && tf_struct_layout(NULL, NULL) == (size_t)-1, "an unknown struct is -1");
+}
+
 int main(void)
 {
+    test_version();
     test_misuse();
     test_op_support();
     test_threads();
