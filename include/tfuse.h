@@ -277,6 +277,14 @@ typedef struct tf_compile_options {
     int cpu_explain;            /* cpu: when a session starts, print to stderr how each convolution and
                                  * GEMM runs (oneDNN's implementation, or im2col/OpenBLAS and why).
                                  * TFUSE_CPU_EXPLAIN=1, --cpu-explain */
+    /* The outputs to compute, by name (`tfuse run --output NAME=FILE`);
+     * NULL/0: all of them. The others are dropped before the passes, with
+     * every op only they need, and an input that nothing kept reads is no
+     * input of the program (a run for `logits` needs no labels). A name that
+     * is no output of the model is TF_ERR_INVALID_ARG; train mode must keep
+     * `loss`. A program compiled so cannot be saved as a package. */
+    const char *const *outputs;
+    size_t noutputs;
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
