@@ -458,6 +458,15 @@ typedef struct tf_session_info {
      * by kernel; NULL on targets without graphs */
     const char *step_graph;
     int64_t graph_replays;
+    /* cpu: the memory the session holds for the step's values. arena_bytes:
+     * the activation arena, memplan's size (compile --stats arena_bytes);
+     * value_bytes: the arena plus one block per input, param and buffer and
+     * per value memplan did not place (unplanned_bytes of them; 0 when
+     * memplan ran), each block its value's size (rounded up to 64 bytes for
+     * alignment, which is not counted): compile --stats peak_bytes is what
+     * runs. aux_bytes: caches besides the values (f32 copies of bf16 GEMM
+     * operands, packed weights, kernel scratch), at this moment. */
+    int64_t arena_bytes, value_bytes, unplanned_bytes, aux_bytes;
 } tf_session_info;
 tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
 

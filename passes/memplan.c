@@ -1,8 +1,10 @@
 /* memplan.c — liveness, one static arena, in-place reuse, peak bytes.
  *
  * Every value that reaches memory gets a byte offset in one arena allocated
- * once per session: results of ops outside regions and the values regions
- * yield. Values private to a region live in registers; a reshape is a view
+ * once per session: results of ops outside regions, the values regions
+ * yield, and the result of a region's matmul or convolution, which its
+ * epilogue reads from memory. Values private to a region live in
+ * registers; a reshape is a view
  * of its operand's memory (its operand lives as long as the view is used);
  * inputs, params and buffers are persistent and counted apart. A value
  * lives from its op to its last use (outputs and buffer updates to the end
@@ -104,6 +106,19 @@ static tf_value *root_of(tf_value *v)
 {
     while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
     return v;
+}
+
+/* A region's matmul or convolution (its one op that is not an expression:
+ * kernel.c's build_unit makes it a library call): the library writes its
+ * result to memory and the epilogue reads it from there. It lives while its
+ * region's kernel runs and kernels run one at a time, so all of them share
+ * one slot at the top of the arena, as large as the largest; the offsets of
+ * everything else are as without them. */
+static bool library_in_region(const tf_node *n)
+{
+    tf_op_kind k = tf_op_info_of(n->op)->kind;
+    return n->region && k != TF_OPK_POINTWISE && k != TF_OPK_REDUCTION && k != TF_OPK_RNG && k != TF_OPK_GENERATOR &&
+           n->op != TF_OP_ONE_HOT && !(n->op == TF_OP_RESHAPE && n->in[0]->kind != TF_VAL_CONST);
 }
 
 tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
@@ -230,6 +245,36 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
             }
             if (h.top > top) peak_at = i;
         }
+    }
+    /* the slot of the regions' library results (those no other kernel reads) */
+    int64_t slot = 0;
+    for (int i = 0; i < N; i++) {
+        tf_node *n = m->nodes.items[i];
+        if (!library_in_region(n) || mem[n->out->id] || n->out->offset >= 0) continue;
+        int64_t b = bytes_of(n->out);
+        if (b < 0) {
+            st = too_big(m, o, n->out);
+            goto done;
+        }
+        if (b > slot) slot = b;
+    }
+    if (slot) {
+        int64_t at = h.top;
+        if (align_up(slot) > PLAN_LIMIT - at) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "memplan: the arena would pass 2^62 bytes (%lld) with "
+                               "the %lld bytes of the matmul and convolution results regions read", (long long)PLAN_LIMIT,
+                               (long long)slot);
+            goto done;
+        }
+        h.top += align_up(slot);
+        int shared = 0;
+        for (int i = 0; i < N; i++) {
+            tf_node *n = m->nodes.items[i];
+            if (library_in_region(n) && !mem[n->out->id] && n->out->offset < 0) n->out->offset = at, shared++;
+        }
+        tf_explain(o, "memplan", NULL, "the results of %d matmul%s and convolutions that a fused epilogue reads share one "
+                   "slot of %lld bytes at byte %lld (one kernel runs at a time)", shared, shared == 1 ? "" : "s",
+                   (long long)align_up(slot), (long long)at);
     }
     /* where the arena reached its size: the largest values alive there */
     if (o->explain && peak_at >= 0) {
