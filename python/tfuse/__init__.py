@@ -58,7 +58,7 @@ _BF16 = 2
 _NP = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 3: np.dtype("<f8"), 4: np.dtype("<i8"), 5: np.dtype("<i4"),
        6: np.dtype("bool")}
 _SETTINGS = ("llvm_pipeline", "no_tf32", "cuda_sync", "cuda_fallback_all", "cuda_explain", "cuda_no_graphs",
-             "cpu_conv_im2col", "cpu_explain")
+             "cpu_conv_im2col", "cpu_gemm_openblas", "cpu_explain")
 
 
 class Error(Exception):
@@ -322,7 +322,7 @@ def _read_tree(root):
 
 def compile(source, mode="train", target=None, precision=None, dims=None, *, name=None, opt_level=1,
             disable_passes=(), checkpoint=None, memory_budget=0, memory_limit=0, threads=0, explain=False,
-            dump_ir=None, dump_kernels=False, dump_llvm=False, dump_dir=None, **settings):
+            dump_ir=None, dump_kernels=False, dump_llvm=False, dump_dir=None, outputs=None, **settings):
     """Parse, verify and compile a model; returns a Program.
 
     source: a path (str or os.PathLike) to a .ir file, or the model's text
@@ -340,8 +340,9 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     text}; they are written to dump_dir (default: a temporary directory,
     removed). settings: the target settings of tf_compile_options
     (llvm_pipeline, no_tf32, cuda_sync, cuda_fallback_all, cuda_explain,
-    cuda_no_graphs, cpu_conv_im2col, cpu_explain); unset ones keep their
-    defaults from the environment.
+    cuda_no_graphs, cpu_conv_im2col, cpu_gemm_openblas, cpu_explain); unset
+    ones keep their defaults from the environment. outputs: compute only
+    these outputs (names); inputs only the others read are then no inputs.
     """
     lib = _L()
     unknown = sorted(set(settings) - set(_SETTINGS))
@@ -375,6 +376,13 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
         keep.append(arr)
         o.disable_passes = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
         o.ndisable_passes = len(disable_passes)
+    if outputs:   # compute only these outputs (tf_compile_options.outputs)
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        arr = (ctypes.c_char_p * len(outputs))(*[str(s).encode() for s in outputs])
+        keep.append(arr)
+        o.outputs = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+        o.noutputs = len(outputs)
     for k, v in settings.items():
         if k == "llvm_pipeline":
             b = None if v is None else str(v).encode()
