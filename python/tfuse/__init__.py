@@ -810,4 +810,12 @@ class Session:
         return f"<tfuse.Session {self.program.mode} on {self.target}, seed {self.seed}>"
 
 
-from .export import export, Exported  # noqa: E402  (the exporter imports torch only when called)
+
+def __getattr__(name):
+    # tfuse.export (the submodule, callable as the function) loads on first use, so that
+    # `python -m tfuse.export` runs it fresh and `import tfuse` never imports torch
+    if name in ("export", "Exported", "ExportError"):
+        import importlib
+        mod = importlib.import_module(".export", __name__)
+        return mod if name == "export" else getattr(mod, name)
+    raise AttributeError(f"module 'tfuse' has no attribute '{name}'")

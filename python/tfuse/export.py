@@ -237,8 +237,13 @@ def _source_of(node):
     frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', st)
     if not frames:
         return st.strip().splitlines()[-1]
-    f, line, code = frames[-1]
-    return f"{f}:{line}: {code.strip()}"
+    mine = os.path.abspath(__file__)
+    theirs = [fr for fr in frames if os.path.abspath(fr[0]) != mine] or frames
+    f, line, code = theirs[-1]
+    where = f"{f}:{line}: {code.strip()}"
+    if theirs is not frames and frames[-1] is not theirs[-1]:
+        where += " (in the loss_fn)"
+    return where
 
 
 # ---------------------------------------------------------------------------
@@ -443,6 +448,12 @@ def _expand(em, a):
     return em.broadcast(em.val(a["self"]), _shape(em.meta_val()))
 
 
+@_op("broadcast_tensors")
+def _broadcast_tensors(em, a):
+    return [em.broadcast(em.val(t), tuple(int(s) for s in mv.shape))
+            for t, mv in zip(a["tensors"], em.meta_val())]
+
+
 @_op("t", "transpose", "permute", "swapaxes", "movedim")
 def _permute(em, a):
     v = em.val(a["self"])
@@ -569,6 +580,12 @@ def _clamp(em, a):
             b = em.val(bound)
             v = em.emit(op, [v, em.cast(b, v.dtype)], shape=v.shape, dtype=v.dtype, name=f"{em.node.name}.{op}")
     return v
+
+
+@_op("copy")
+def _copy(em, a):
+    dst = em.val(a["self"])
+    return em.broadcast(em.cast(em.val(a["src"]), dst.dtype), dst.shape)
 
 
 @_op("where")
@@ -1078,7 +1095,7 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
     inputs_decl, params_decl, buffers_decl = [], [], []
     user_i = 0
     gm = ep.graph_module
-    updates = []
+    updates = {}   # buffer name -> its new value
 
     def tname(target):
         return target[len(strip_prefix):] if strip_prefix and target.startswith(strip_prefix) else target
@@ -1158,7 +1175,13 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
             em.check(node, res)
             em.env[node] = res
             if inplace and isinstance(node.args[0], torch.fx.Node):
-                em.env[node.args[0]] = res
+                target = node.args[0]
+                if target.op == "placeholder":   # state the model changes: a buffer's update
+                    spec = specs.get(target.name)
+                    if spec is None or spec.kind != InputKind.BUFFER or not isinstance(em.env.get(target), _Val):
+                        em.fail("an in-place change of an input or a param (tfuse models change only buffers)")
+                    updates[em.env[target].name] = res
+                em.env[target] = res
         elif node.op == "output":
             outs = node.args[0]
             user = []
@@ -1170,8 +1193,7 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
                                  specs[n.name].target == spec.target)
                     if bnode in em.bn_buffers:
                         continue   # tfuse's batchnorm moves its running statistics itself (train mode)
-                    v = em.val(o)
-                    updates.append(f"update {em.env[bnode].name} = {v if isinstance(v, str) else v.name}")
+                    updates[em.env[bnode].name] = em.val(o)
                 else:
                     em.node = None
                     raise ExportError(f"error: cannot export a model whose graph has a {spec.kind} output "
@@ -1188,7 +1210,7 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
             "beside this file (tfuse run --params)", ""]
     text += inputs_decl + [""] + params_decl + buffers_decl + em.decls + [""] + em.lines + [""] + outputs
     if updates:
-        text += [""] + updates
+        text += [""] + [f"update {b} = {v.name if isinstance(v, _Val) else v}" for b, v in updates.items()]
     return em, "\n".join(text) + "\n"
 
 
@@ -1452,3 +1474,84 @@ def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None,
     elif scheduler is not None:
         raise ExportError("error: a scheduler without its optimizer")
     return Exported(text, em.params, dict(tensor_names), onames, em.layout, aliases, model_name)
+
+
+# ---------------------------------------------------------------------------
+# tfuse.export is this module, callable as export(): `tfuse.export(model, ...)`
+
+class _CallableModule(type(sys)):
+    def __call__(self, *args, **kwargs):
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+# ---------------------------------------------------------------------------
+# python -m tfuse.export FILE.py:NAME --input f32[8,784] ... -o model.ir
+
+_SPEC = re.compile(r"^(?:([A-Za-z_]\w*)=)?(f32|f16|f64|bf16|i64|i32|bool)\[([\d,\s]*)\]$")
+
+
+def main(argv=None):
+    import argparse
+    import importlib.util
+    ap = argparse.ArgumentParser(
+        prog="python -m tfuse.export",
+        description="Export a PyTorch module to a tfuse model: OUT.ir and OUT.safetensors (its weights).")
+    ap.add_argument("module", help="FILE.py:NAME or package.module:NAME; NAME a nn.Module class (built with no "
+                                   "arguments) or a function returning a module")
+    ap.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE[SHAPE]",
+                    help="an example input, e.g. f32[8,3,32,32] or input_ids=i64[2,16]: positional in order, "
+                         "or a keyword argument with NAME= (random values; only the shape and dtype matter)")
+    ap.add_argument("-o", "--output", default=None, help="the .ir to write (default: NAME.ir); the weights go "
+                                                         "beside it as .safetensors")
+    ap.add_argument("--train", action="store_true", help="trace in training mode (default: module.eval())")
+    ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed before building the module")
+    a = ap.parse_args(argv)
+    torch = _torch()
+    path, _, attr = a.module.rpartition(":")
+    if not path or not attr:
+        ap.error(f"'{a.module}': expected FILE.py:NAME or module:NAME")
+    if path.endswith(".py") or os.sep in path:
+        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(path)
+    torch.manual_seed(a.seed)
+    model = getattr(mod, attr)()
+    model.train(a.train)
+    args, kwargs = [], {}
+    gen = torch.Generator().manual_seed(a.seed)
+    for s in a.input:
+        m = _SPEC.match(s.replace(" ", ""))
+        if not m:
+            ap.error(f"--input {s}: expected [NAME=]DTYPE[d0,d1,...], e.g. f32[8,784]")
+        name, dt, dims = m.groups()
+        shape = [int(d) for d in dims.split(",") if d]
+        tdt = {"f32": torch.float32, "f16": torch.float16, "f64": torch.float64, "bf16": torch.bfloat16,
+               "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}[dt]
+        t = torch.randn(shape, generator=gen).to(tdt) if tdt.is_floating_point else \
+            torch.zeros(shape, dtype=tdt)
+        if name:
+            kwargs[name] = t
+        else:
+            args.append(t)
+    if args and kwargs:
+        ap.error("give the inputs all by position or all by name")
+    try:
+        ex = export(model, kwargs if kwargs else tuple(args))
+    except Error as e:
+        print(e, file=sys.stderr)
+        return 1
+    out = a.output or attr + ".ir"
+    w = ex.save(out)
+    print(f"{out}: {len(ex.inputs)} inputs ({', '.join(ex.inputs.values())}), outputs {', '.join(ex.outputs)}; "
+          f"weights: {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
