@@ -46,6 +46,7 @@ except ImportError:
     transformers = None
 
 TOL_FACTOR, TOL_FLOOR = 10.0, 1e-5
+VERBOSE = bool(os.environ.get("TFUSE_EXPORT_VERBOSE"))   # print each test's worst errors
 
 
 def rel(x, ref):
@@ -134,6 +135,8 @@ class Forward(unittest.TestCase):
             self.assertEqual(got.shape, r64.shape, name)
             e, e32 = rel(got, r64), rel(r32, r64)
             self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR), f"{name}: tfuse {e:.3g}, torch fp32 {e32:.3g}")
+            if VERBOSE:
+                print(f"\n  {self.id().split('.')[-1]} {name}: tfuse {e:.3g}, torch fp32 {e32:.3g}", end=" ")
         return ex, out
 
     def test_mlp(self):
@@ -236,11 +239,14 @@ class Train(unittest.TestCase):
         got = ex.to_torch(sess.state_dict())
         sd32, sd64 = m32.state_dict(), m64.state_dict()
         self.assertEqual(set(got), set(sd64))
-        worst = 0.0
+        worst = (0.0, 0.0, None)
         for k in sd64:
             e, e32 = rel(got[k].numpy(), sd64[k].numpy()), rel(sd32[k].numpy(), sd64[k].numpy())
             self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR), f"{k}: tfuse {e:.3g}, torch fp32 {e32:.3g}")
-            worst = max(worst, e)
+            worst = max(worst, (e, e32, k))
+        if VERBOSE:
+            print(f"\n  {self.id().split('.')[-1]}: worst param {worst[2]}: tfuse {worst[0]:.3g}, "
+                  f"torch fp32 {worst[1]:.3g}", end=" ")
         return ex, sess
 
     def test_mlp_sgd_momentum(self):
@@ -255,6 +261,23 @@ class Train(unittest.TestCase):
             lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
             lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5), steps=3)
         self.assertIn("schedule  = step(step_size=1, gamma=0.5)", ex.text)
+
+    def test_mlp_adamw_cosine(self):
+        torch.manual_seed(11)
+        ex, _ = self.check_steps(
+            MLP(), (torch.randn(8, 12),), (torch.randint(0, 5, (8,)),), F.cross_entropy,
+            lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, betas=(0.8, 0.99)),
+            lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=1e-4), steps=3)
+        self.assertIn("cosine(total_steps=4", ex.text)
+
+    def test_mlp_sgd_onecycle(self):
+        torch.manual_seed(12)
+        ex, _ = self.check_steps(
+            MLP(), (torch.randn(8, 12),), (torch.randint(0, 5, (8,)),), F.cross_entropy,
+            lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+            lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.5, total_steps=10, pct_start=0.3,
+                                                          cycle_momentum=False), steps=4)
+        self.assertIn("onecycle(max_lr=0.5, total_steps=10", ex.text)
 
     @unittest.skipIf(torchvision is None, "torchvision is not installed")
     def test_resnet18_sgd(self):
