@@ -322,6 +322,13 @@ class Checkpoints(unittest.TestCase):
             s2 = tfuse.compile(os.path.join(d, "model.ir"), mode="infer").session()
             s2.load(w)
             np.testing.assert_array_equal(s2.run(x=x.numpy())["output"], sess.run(x=x.numpy())["output"])
+            # the tfuse command runs the pair too (a 0-d buffer included: num_batches_tracked)
+            bn = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Flatten()).eval()
+            ex2 = tfuse.export(bn, (torch.randn(1, 2, 4, 4),))
+            w2 = ex2.save(os.path.join(d, "bn.ir"))
+            s3 = tfuse.compile(os.path.join(d, "bn.ir"), mode="infer").session()
+            s3.load(w2)
+            self.assertEqual(s3.state_dict()["_1.num_batches_tracked"].shape, ())
 
     def test_cli(self):
         with tempfile.TemporaryDirectory() as d:

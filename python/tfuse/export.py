@@ -82,7 +82,8 @@ def write_safetensors(path, tensors, metadata=None):
     """{name: array} to a safetensors file (written beside, then renamed)."""
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)
+        a = a if a.flags.c_contiguous else np.array(a, order="C")   # (ascontiguousarray makes a 0-d array 1-d)
         if a.dtype not in _ST:
             raise Error(f"error: {name}: dtype {a.dtype} has no safetensors name here", "invalid argument")
         b = a.tobytes()
