@@ -106,6 +106,32 @@ if torch is not None:
             y = F.softmax(s, dim=-1) @ v
             return self.proj(y.transpose(1, 2).contiguous().view(B, T, E))
 
+    class ManyOps(nn.Module):
+        """One module through most of the mapped ops."""
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 8)
+            self.conv = nn.Conv2d(3, 4, 3, padding=1, stride=1, bias=True)
+            self.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+
+        def forward(self, img, ids, m):
+            h = self.dw(F.relu(self.conv(img)))                       # [2, 4, 8, 8]
+            a = F.avg_pool2d(h, 2) + F.max_pool2d(h, 3, 2, 1)[..., :4, :4]
+            a = F.adaptive_avg_pool2d(a, 2).flatten(1)                # [2, 16]
+            a = torch.cat([a.clamp(-0.5, 0.5), a.pow(2), torch.sigmoid(a) * 3 - a.abs()], dim=1)
+            e = self.emb(ids)                                         # [2, 5, 8]
+            q = e.view(2, 5, 2, 4).permute(0, 2, 1, 3)                # [2, 2, 5, 4]
+            att = F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=m, scale=0.3)
+            x = att.transpose(1, 2).reshape(2, 5, 8)
+            x = torch.where(x > 0, x, x.exp() - 1).masked_fill(ids.unsqueeze(-1) == 3, 0.25)
+            c0, c1 = x.chunk(2, dim=-1)
+            s = (c0 - c1).var(dim=1) + c0.std(dim=1, keepdim=False) + x.select(1, 2)[:, :4]
+            s = s / (1.0 + x.mean(dim=(1, 2), keepdim=True).squeeze(-1)) - 2.0 - s.amax(dim=-1, keepdim=True)
+            lsm = F.log_softmax(torch.cat([s, a[:, :4]], dim=1), dim=-1)
+            sel = lsm[:, torch.tensor([0, 2, 3])]
+            return sel.float(), F.mse_loss(a, torch.zeros_like(a)), (1 - ids.float()).sum()
+
     class Cumsum(nn.Module):
         def forward(self, x):
             return x.cumsum(-1)   # tfuse has no cumsum: the export names this line
@@ -147,6 +173,25 @@ class Forward(unittest.TestCase):
         self.assertEqual(ex.params["fc1.weight"].shape, (12, 32))   # linear weights [in, out]
         self.assertEqual(ex.layout["fc1.weight"], ("fc1.weight", True))
         self.assertIn("linear(", ex.text)
+
+    def test_many_ops(self):
+        torch.manual_seed(13)
+        m = torch.randn(2, 1, 5, 5)   # a float mask input, added to the scores
+        self.check_forward(ManyOps(), (torch.randn(2, 3, 8, 8), torch.randint(0, 11, (2, 5)), m))
+
+    def test_weight_through_t(self):
+        class MM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(5, 3))
+                self.b = nn.Parameter(torch.randn(5))
+
+            def forward(self, x):
+                return torch.mm(x, self.w.t()) + torch.addmm(self.b, x, self.w.t())
+        torch.manual_seed(14)
+        ex, _ = self.check_forward(MM(), (torch.randn(2, 3),))
+        self.assertEqual(ex.layout["w"], ("w", True))   # only ever a linear weight: stored [in, out]
+        self.assertNotIn("transpose", ex.text)
 
     def test_sequential_names(self):
         torch.manual_seed(2)

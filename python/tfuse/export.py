@@ -345,6 +345,8 @@ class _Emitter:
                 return self.const_val(t)
             if isinstance(v, list):
                 self.fail("a tuple result used as a tensor")
+            if isinstance(v, tuple):   # ("tparam", p): a linear weight's transpose, read only by mm/addmm
+                self.fail("internal: a transposed linear weight used as a tensor")
             return v
         if isinstance(a, (int, float, bool)):
             return _num(a)
@@ -638,12 +640,13 @@ def _addmm(em, a):
 
 @_op("mm", "bmm", "matmul")
 def _matmul(em, a):
-    x, y = em.val(a["self"]), em.val(a.get("mat2", a.get("other")))
-    if len(x.shape) < 2 or len(y.shape) < 2:
-        em.fail("matmul of a vector (rank 1): tfuse's matmul takes rank >= 2")
-    wv = em.linear_weight_t(a.get("mat2", a.get("other")))
+    x, other = em.val(a["self"]), a.get("mat2", a.get("other"))
+    wv = em.linear_weight_t(other)
     if wv is not None and len(x.shape) >= 2:
         return em.emit("linear", [x, wv])
+    y = em.val(other)
+    if len(x.shape) < 2 or len(y.shape) < 2:
+        em.fail("matmul of a vector (rank 1): tfuse's matmul takes rank >= 2")
     return em.emit("matmul", [x, y])
 
 
