@@ -364,6 +364,10 @@ class Checkpoints(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             w = ex.save(os.path.join(d, "model.ir"))
             self.assertEqual(w, os.path.join(d, "model.safetensors"))
+            back = tfuse.export.read_safetensors(w)
+            self.assertEqual(set(back), set(ex.params))
+            for k, v in ex.params.items():
+                np.testing.assert_array_equal(back[k], v)
             s2 = tfuse.compile(os.path.join(d, "model.ir"), mode="infer").session()
             s2.load(w)
             np.testing.assert_array_equal(s2.run(x=x.numpy())["output"], sess.run(x=x.numpy())["output"])

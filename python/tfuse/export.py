@@ -178,7 +178,8 @@ class Exported:
         return out
 
     def __repr__(self):
-        return f"<tfuse.Exported {self.name}: inputs {list(self.inputs)}, outputs {self.outputs}, {len(self.params)} tensors>"
+        return (f"<tfuse.Exported {self.name}: inputs {list(self.inputs)}, outputs {self.outputs}, "
+                f"{len(self.params)} tensors>")
 
 
 # ---------------------------------------------------------------------------
