@@ -773,6 +773,9 @@ tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, F
         b.mode = mode;
         tf_compile_options o;
         cli_fill_options(&b, &o, explain);
+        const char *wanted[MAX_ITEMS];   /* run --output NAME=FILE: compute those outputs alone */
+        for (size_t i = 0; mode == TF_MODE_INFER && i < a->noutputs; i++) wanted[i] = a->outputs[i].key;
+        if (mode == TF_MODE_INFER && a->noutputs) o.outputs = wanted, o.noutputs = a->noutputs;
         if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m) || tf_program_compile(ctx, m, &o, &p)) *rc = fail(ctx);
         tf_model_free(m);
         if (compile_ms) *compile_ms = wall_ms() - t0;

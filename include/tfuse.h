@@ -289,6 +289,14 @@ typedef struct tf_compile_options {
     int cpu_explain;            /* cpu: when a session starts, print to stderr how each convolution and
                                  * GEMM runs (oneDNN's implementation, or im2col/OpenBLAS and why).
                                  * TFUSE_CPU_EXPLAIN=1, --cpu-explain */
+    /* The outputs to compute, by name (`tfuse run --output NAME=FILE`);
+     * NULL/0: all of them. The others are dropped before the passes, with
+     * every op only they need, and an input that nothing kept reads is no
+     * input of the program (a run for `logits` needs no labels). A name that
+     * is no output of the model is TF_ERR_INVALID_ARG; train mode must keep
+     * `loss`. A program compiled so cannot be saved as a package. */
+    const char *const *outputs;
+    size_t noutputs;
 } tf_compile_options;
 void      tf_compile_options_init(tf_compile_options *o);
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *m,
@@ -470,6 +478,15 @@ typedef struct tf_session_info {
      * by kernel; NULL on targets without graphs */
     const char *step_graph;
     int64_t graph_replays;
+    /* cpu: the memory the session holds for the step's values. arena_bytes:
+     * the activation arena, memplan's size (compile --stats arena_bytes);
+     * value_bytes: the arena plus one block per input, param and buffer and
+     * per value memplan did not place (unplanned_bytes of them; 0 when
+     * memplan ran), each block its value's size (rounded up to 64 bytes for
+     * alignment, which is not counted): compile --stats peak_bytes is what
+     * runs. aux_bytes: caches besides the values (f32 copies of bf16 GEMM
+     * operands, packed weights, kernel scratch), at this moment. */
+    int64_t arena_bytes, value_bytes, unplanned_bytes, aux_bytes;
 } tf_session_info;
 tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
 

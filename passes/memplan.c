@@ -1,8 +1,11 @@
 /* memplan.c — liveness, one static arena, in-place reuse, peak bytes.
  *
  * Every value that reaches memory gets a byte offset in one arena allocated
- * once per session: results of ops outside regions and the values regions
- * yield. Values private to a region live in registers; a reshape is a view
+ * once per session: results of ops outside regions, the values regions
+ * yield, and the result of a region's matmul or convolution, which its
+ * epilogue reads from memory (placed after the rest, each in the lowest gap
+ * free while its region runs, so that the others' offsets do not depend on
+ * them). Values private to a region live in registers; a reshape is a view
  * of its operand's memory (its operand lives as long as the view is used);
  * inputs, params and buffers are persistent and counted apart. A value
  * lives from its op to its last use (outputs and buffer updates to the end
@@ -98,12 +101,29 @@ static tf_ir_status too_big(tf_module *m, const tf_options *o, const tf_value *v
                          v->name ? v->name : "a number", tf_type_str(m, &v->type, t), (long long)PLAN_LIMIT);
 }
 
+static int by_offset(const void *a, const void *b)
+{
+    const block *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
 /* The value whose memory v uses: itself, or what a reshape views (a reshape
  * of a number owns its memory). */
 static tf_value *root_of(tf_value *v)
 {
     while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
     return v;
+}
+
+/* A region's matmul or convolution (its one op that is not an expression:
+ * kernel.c's build_unit makes it a library call): the library writes its
+ * result to memory and the epilogue reads it from there, so it is placed,
+ * alive while its region's kernel runs. */
+static bool library_in_region(const tf_node *n)
+{
+    tf_op_kind k = tf_op_info_of(n->op)->kind;
+    return n->region && k != TF_OPK_POINTWISE && k != TF_OPK_REDUCTION && k != TF_OPK_RNG && k != TF_OPK_GENERATOR &&
+           n->op != TF_OP_ONE_HOT && !(n->op == TF_OP_RESHAPE && n->in[0]->kind != TF_VAL_CONST);
 }
 
 tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
@@ -115,6 +135,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     int *region_end = tf_malloc((size_t)(m->nregions + 1) * sizeof *region_end);
     heap h = {0};
     int *dies = NULL, *next = NULL;
+    block *busy = NULL;   /* the blocks alive while a region runs */
     tf_ir_status st = TF_IR_OK;
     if (!last || !mem || !yielded || !region_end) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
@@ -231,6 +252,50 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
             if (h.top > top) peak_at = i;
         }
     }
+    /* the regions' library results that no other kernel reads: placed
+     * last, each at the lowest offset free while its region runs (first
+     * fit over the blocks of the values alive then), so that the offsets of
+     * everything else are as without them */
+    int lib_placed = 0;
+    int64_t lib_bytes = 0, lib_top = h.top;
+    for (int i = 0; i < N; i++) {
+        tf_node *n = m->nodes.items[i];
+        tf_value *v = n->out;
+        if (!library_in_region(n) || mem[v->id] || v->offset >= 0) continue;
+        int64_t size = bytes_of(v);
+        if (size < 0) {
+            st = too_big(m, o, v);
+            goto done;
+        }
+        size = align_up(size ? size : 1);
+        if (!busy && !(busy = tf_malloc((size_t)(N ? N : 1) * sizeof *busy))) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
+            goto done;
+        }
+        int nb = 0, end = region_end[n->region];
+        for (int j = 0; j <= end; j++) {
+            tf_value *w = ((tf_node *)m->nodes.items[j])->out;
+            if (w->offset >= 0 && w != v && (last[w->id] < j ? j : last[w->id]) >= i)
+                busy[nb++] = (block){w->offset, align_up(bytes_of(w) ? bytes_of(w) : 1)};
+        }
+        qsort(busy, (size_t)nb, sizeof *busy, by_offset);
+        int64_t at = 0;
+        for (int k = 0; k < nb && busy[k].off < at + size; k++)
+            if (busy[k].off + busy[k].size > at) at = busy[k].off + busy[k].size;
+        if (at > PLAN_LIMIT - size) {
+            st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &n->loc, "memplan: the arena would pass 2^62 bytes (%lld) "
+                               "placing '%s' (%lld bytes)", (long long)PLAN_LIMIT, v->name, (long long)size);
+            goto done;
+        }
+        v->offset = at;
+        if (at + size > h.top) h.top = at + size;
+        lib_placed++;
+        lib_bytes += size;
+    }
+    if (lib_placed)
+        tf_explain(o, "memplan", NULL, "%d matmul and convolution results that a fused epilogue reads from memory "
+                   "(%lld bytes) fit in the gaps of the arena, which they grow by %lld bytes", lib_placed,
+                   (long long)lib_bytes, (long long)(h.top - lib_top));
     /* where the arena reached its size: the largest values alive there */
     if (o->explain && peak_at >= 0) {
         char list[768];
@@ -262,6 +327,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     tf_explain(o, "memplan", NULL, "arena %lld bytes + persistent %lld bytes (inputs, params, buffers) = peak %lld bytes; "
                "%d results in place", (long long)h.top, (long long)persistent, (long long)(h.top + persistent), reused);
 done:
+    tf_free(busy);
     tf_free(h.free);
     tf_free(dies);
     tf_free(next);

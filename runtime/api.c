@@ -254,6 +254,68 @@ static tf_status dump_kernels(tf_context_t *ctx, const tf_program_t *p, const ch
     return ok ? TF_OK : tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno));
 }
 
+/* tf_compile_options.outputs: keep only the outputs named, drop the ops
+ * only the others needed (the dce pass, run here whatever the pipeline
+ * holds), and the inputs that nothing kept reads: the program neither
+ * computes the rest nor asks for data it would not use (a run for `logits`
+ * takes no labels). Params and buffers stay: they are what a state file
+ * loads. */
+static tf_status keep_outputs(tf_context_t *ctx, tf_module *m, const tf_compile_options *opts, const tf_options *o)
+{
+    if (!opts->noutputs) return TF_OK;
+    if (!opts->outputs) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: %zu outputs to keep, and no names", opts->noutputs);
+    for (size_t i = 0; i < opts->noutputs; i++) {
+        int k = 0;
+        while (k < m->noutputs && (!opts->outputs[i] || strcmp(m->outputs[k].name, opts->outputs[i]))) k++;
+        if (k < m->noutputs) continue;
+        char names[512] = "";
+        for (int j = 0; j < m->noutputs; j++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s%s", j ? ", " : "", m->outputs[j].name);
+        }
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: the model has no output named '%s' to compute (its outputs: %s)", opts->outputs[i] ? opts->outputs[i] : "(null)", names);
+    }
+    bool has_loss = false;
+    for (size_t i = 0; i < opts->noutputs; i++) has_loss |= !strcmp(opts->outputs[i], "loss");
+    if (o->mode == TF_IR_TRAIN && !has_loss)
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: a train step minimizes output 'loss': the outputs kept must "
+                            "include it");
+    int kept = 0;
+    for (int k = 0; k < m->noutputs; k++) {
+        bool want = false;
+        for (size_t i = 0; i < opts->noutputs && !want; i++) want = !strcmp(m->outputs[k].name, opts->outputs[i]);
+        if (want) m->outputs[kept++] = m->outputs[k];
+        else tf_explain(o, "dce", &m->outputs[k].loc, "output %s is not asked for: not computed", m->outputs[k].name);
+    }
+    m->noutputs = kept;
+    tf_options q = *o;
+    q.explain = NULL;
+    if (pass_dce(m, &q)) return tf_from_diag(ctx, o->diag);
+    bool *used = tf_calloc((size_t)(m->next_id ? m->next_id : 1), sizeof *used);
+    if (!used) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k]->kind != TF_VAL_CONST) used[n->in[k]->id] = true;
+    }
+    for (int i = 0; i < m->noutputs; i++) used[m->outputs[i].value->id] = true;
+    for (int i = 0; i < m->nupdates; i++) used[m->updates[i].value->id] = used[m->updates[i].buffer->id] = true;
+    int nd = 0;
+    for (int i = 0; i < m->decls.n; i++) {
+        tf_value *v = m->decls.items[i];
+        if (v->kind != TF_VAL_INPUT || used[v->id]) {
+            m->decls.items[nd++] = v;
+            continue;
+        }
+        tf_explain(o, "dce", &v->loc, "input %s: nothing asked for reads it, so it is no input of the program", v->name);
+        tf_module_remove_name(m, v);
+    }
+    m->decls.n = nd;
+    tf_free(used);
+    tf_module_renumber(m);
+    return TF_OK;
+}
+
 /* Run the pipeline on a copy of src, fitted into memory where the options
  * ask (tf_fit_pipeline: the checkpoint search, and the auto dim when
  * auto_dim >= 0, whose value goes to *chosen). */
@@ -276,6 +338,10 @@ static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_comp
         return st;
     }
     p->precision = tf_precision_of_ir(tf_options_precision(&o, p->m));
+    if ((st = keep_outputs(ctx, p->m, opts, &o))) {
+        tf_program_free(p);
+        return st;
+    }
     tf_fit fit = {.dim = auto_dim, .limit = opts->memory_limit};
     if (tf_fit_pipeline(p->m, NULL, &o, &fit)) {
         tf_program_free(p);
@@ -345,6 +411,7 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     p->opts = *opts;
     p->opts.dump_ir = p->opts.dump_dir = p->opts.dump_kernels = p->opts.dump_llvm = p->opts.llvm_pipeline = NULL;
     p->opts.disable_passes = NULL, p->opts.ndisable_passes = 0, p->opts.explain = NULL;
+    p->opts.outputs = NULL;   /* noutputs stays: a program that computes fewer outputs is not packaged */
     if (opts->ndisable_passes && !(p->disabled = tf_calloc(opts->ndisable_passes, sizeof *p->disabled))) {
         tf_program_free(p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");

@@ -116,6 +116,9 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
     if (!ctx || !p || !path) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     if (info) memset(info, 0, sizeof *info);
     if (!p->model_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: this program has no model text to package");
+    if (p->opts.noutputs)
+        return tf_set_error(ctx, TF_ERR_UNSUPPORTED, "error: this program computes only some outputs "
+                            "(tf_compile_options.outputs): a package holds programs that compute them all");
     if (p->target == TF_TARGET_CUDA || p->target == TF_TARGET_CUDA_EMU)
         return tf_set_error(ctx, TF_ERR_UNSUPPORTED,
                             "error: packages hold cpu and interp programs so far; for --target=%s, `tfuse compile --target=cuda "

@@ -310,6 +310,17 @@ class Training(unittest.TestCase):
             inf.load_state_dict({"w1": a.state_dict()["w1"]}, strict=True)
 
 
+class Outputs(unittest.TestCase):
+    def test_only_the_outputs_asked_for(self):
+        prog = tfuse.compile(MLP, mode="infer", precision="fp32", dims={"B": 8}, outputs=["logits"])
+        self.assertEqual(list(prog.outputs), ["logits"])
+        self.assertNotIn("y", prog.inputs)   # the labels only the loss read
+        x = np.random.default_rng(SEED).random((8, 784), dtype=np.float32)
+        self.assertEqual(prog.session().run(x=x)["logits"].shape, (8, 10))
+        with self.assertRaises(tfuse.Error):
+            tfuse.compile(MLP, mode="infer", outputs=["no_such_output"])
+
+
 class Packages(unittest.TestCase):
     def test_save_load_round_trip(self):
         rng = np.random.default_rng(SEED)

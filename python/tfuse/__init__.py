@@ -51,14 +51,14 @@ from . import _capi as C
 from ._capi import byref
 
 __version__ = C.HEADER_VERSION
-__all__ = ["compile", "load", "Program", "Session", "Error", "TensorSpec", "Decision", "doctor", "default_target",
+__all__ = ["compile", "load", "export", "Exported", "Program", "Session", "Error", "TensorSpec", "Decision", "doctor", "default_target",
            "library_path", "cache_info"]
 
 _BF16 = 2
 _NP = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 3: np.dtype("<f8"), 4: np.dtype("<i8"), 5: np.dtype("<i4"),
        6: np.dtype("bool")}
 _SETTINGS = ("llvm_pipeline", "no_tf32", "cuda_sync", "cuda_fallback_all", "cuda_explain", "cuda_no_graphs",
-             "cpu_conv_im2col", "cpu_explain")
+             "cpu_conv_im2col", "cpu_gemm_openblas", "cpu_explain")
 
 
 class Error(Exception):
@@ -322,12 +322,14 @@ def _read_tree(root):
 
 def compile(source, mode="train", target=None, precision=None, dims=None, *, name=None, opt_level=1,
             disable_passes=(), checkpoint=None, memory_budget=0, memory_limit=0, threads=0, explain=False,
-            dump_ir=None, dump_kernels=False, dump_llvm=False, dump_dir=None, **settings):
+            dump_ir=None, dump_kernels=False, dump_llvm=False, dump_dir=None, outputs=None, **settings):
     """Parse, verify and compile a model; returns a Program.
 
-    source: a path (str or os.PathLike) to a .ir file, or the model's text
+    source: a path (str or os.PathLike) to a .ir file, the model's text
     (a str with a newline in it, or bytes; `name` names it in messages,
-    default "<string>"). mode: "train" (each run is a whole training step)
+    default "<string>"), or a tfuse.Exported (tfuse.export's result), whose
+    sessions start from the exported weights and whose run() takes the
+    forward's argument names. mode: "train" (each run is a whole training step)
     or "infer". target: "interp", "cpu", "cuda", "cuda-emu" or None (the
     best here). precision: None (the train block's), "fp32", "fp16",
     "bf16". dims: {"B": 64, ...} overrides `dim` declarations; "auto" picks
@@ -340,9 +342,18 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     text}; they are written to dump_dir (default: a temporary directory,
     removed). settings: the target settings of tf_compile_options
     (llvm_pipeline, no_tf32, cuda_sync, cuda_fallback_all, cuda_explain,
-    cuda_no_graphs, cpu_conv_im2col, cpu_explain); unset ones keep their
-    defaults from the environment.
+    cuda_no_graphs, cpu_conv_im2col, cpu_gemm_openblas, cpu_explain); unset
+    ones keep their defaults from the environment. outputs: compute only
+    these outputs (names); inputs only the others read are then no inputs.
     """
+    if hasattr(source, "text") and hasattr(source, "params") and hasattr(source, "layout"):   # an Exported
+        prog = compile(source.text, mode, target, precision, dims, name=name or source.name, opt_level=opt_level,
+                       disable_passes=disable_passes, checkpoint=checkpoint, memory_budget=memory_budget,
+                       memory_limit=memory_limit, threads=threads, explain=explain, dump_ir=dump_ir,
+                       dump_kernels=dump_kernels, dump_llvm=dump_llvm, dump_dir=dump_dir, **settings)
+        prog._initial_state = source.params
+        prog._input_alias = {k: v for k, v in source.inputs.items() if k != v}
+        return prog
     lib = _L()
     unknown = sorted(set(settings) - set(_SETTINGS))
     if unknown:
@@ -375,6 +386,13 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
         keep.append(arr)
         o.disable_passes = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
         o.ndisable_passes = len(disable_passes)
+    if outputs:   # compute only these outputs (tf_compile_options.outputs)
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        arr = (ctypes.c_char_p * len(outputs))(*[str(s).encode() for s in outputs])
+        keep.append(arr)
+        o.outputs = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+        o.noutputs = len(outputs)
     for k, v in settings.items():
         if k == "llvm_pipeline":
             b = None if v is None else str(v).encode()
@@ -467,6 +485,8 @@ class Program:
         self._h = handle
         self._lock = threading.Lock()
         self.mode, self.target, self.explain, self.dumps = mode, target, explain, dumps
+        self._initial_state = None   # an exported model's weights, which its sessions start from
+        self._input_alias = {}       # forward argument name -> input name, where they differ
         lib, p = handle.lib, handle.ptr
         stats = {}
         for i in range(lib.tf_program_stat_count(p)):
@@ -567,6 +587,8 @@ class Session:
         self.target = C.TARGETS[t]
         self.seed = int(seed)
         self.missing_params = None
+        if program._initial_state is not None:
+            self.load_state_dict(program._initial_state)
 
     # a closed session's calls fail clearly, not on a NULL pointer
     def _handle(self):
@@ -588,7 +610,9 @@ class Session:
 
     def _bind_locked(self, h, inputs):
         specs = self.program.inputs
+        alias = self.program._input_alias
         for name, obj in inputs.items():
+            name = alias.get(name, name)
             spec = specs.get(name)
             if spec is None:
                 raise Error(f"error: the model has no input named '{name}' (it has: {', '.join(specs) or 'none'})",
@@ -792,3 +816,14 @@ class Session:
 
     def __repr__(self):
         return f"<tfuse.Session {self.program.mode} on {self.target}, seed {self.seed}>"
+
+
+
+def __getattr__(name):
+    # tfuse.export (the submodule, callable as the function) loads on first use, so that
+    # `python -m tfuse.export` runs it fresh and `import tfuse` never imports torch
+    if name in ("export", "Exported", "ExportError"):
+        import importlib
+        mod = importlib.import_module(".export", __name__)
+        return mod if name == "export" else getattr(mod, name)
+    raise AttributeError(f"module 'tfuse' has no attribute '{name}'")

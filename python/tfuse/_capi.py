@@ -45,7 +45,7 @@ class CompileOptions(ctypes.Structure):
         ("memory_budget", c_int64), ("memory_budget_percent", c_double), ("threads", c_int), ("dump_llvm", c_char_p),
         ("llvm_pipeline", c_char_p), ("no_tf32", c_int), ("cuda_sync", c_int), ("cuda_fallback_all", c_int),
         ("cuda_explain", c_int), ("cuda_no_graphs", c_int), ("cpu_conv_im2col", c_int), ("cpu_gemm_openblas", c_int),
-        ("cpu_explain", c_int),
+        ("cpu_explain", c_int), ("outputs", POINTER(c_char_p)), ("noutputs", c_size_t),
     ]
 
 
@@ -54,7 +54,8 @@ class SessionInfo(ctypes.Structure):
         ("target", c_char_p), ("threads", c_int), ("kernels", c_int), ("jit_compiled", c_int), ("jit_cached", c_int),
         ("fallbacks", c_int), ("jit_disk", c_int), ("jit_package", c_int), ("jit_ms", c_double),
         ("disk_hits", c_int), ("disk_misses", c_int), ("library", c_char_p),
-        ("step_graph", c_char_p), ("graph_replays", c_int64),
+        ("step_graph", c_char_p), ("graph_replays", c_int64), ("arena_bytes", c_int64), ("value_bytes", c_int64),
+        ("unplanned_bytes", c_int64), ("aux_bytes", c_int64),
     ]
 
 

@@ -473,6 +473,9 @@ typedef struct cpu {
     void **ptr;            /* per value id: its storage */
     unsigned char *arena;
     void **owned;          /* blocks besides the arena */
+    int64_t arena_bytes;   /* the arena's size (memplan's) */
+    int64_t state_bytes;   /* the blocks of inputs, params and buffers, each its value's size */
+    int64_t unplanned_bytes;   /* the blocks of values memplan did not place (0 after memplan) */
     int nowned;
     tf_pool *pool;
     tf_interp_ctx *ip;     /* the fallback kernels' tensors (made on first use); initializers run in a
@@ -487,6 +490,7 @@ typedef struct cpu {
     uint64_t state_gen;    /* state writes from outside (load, set): packed weights older than this are repacked */
     size_t packed_bytes;   /* what packed weights take */
     void *gemm_scratch;    /* the oneDNN GEMMs' scratchpads (the largest need) */
+    size_t gemm_scratch_bytes;
     bool profile;
     int jit_compiled, jit_cached, jit_disk, jit_package;
     double jit_ms;
@@ -534,6 +538,14 @@ static float *scratch(cpu *c, size_t floats)
 
 static void *storage(cpu *c, const tf_value *v) { return v->kind == TF_VAL_CONST ? NULL : c->ptr[root_of(v)->id]; }
 
+/* A block of its own for a value memplan did not place, counted. */
+static void *unplanned(cpu *c, const tf_value *v)
+{
+    void *p = own(c, value_bytes(v));
+    if (p) c->unplanned_bytes += (int64_t)value_bytes(v);
+    return p;
+}
+
 /* Give every value a kernel, an output or an update touches its storage. */
 static tf_status place_values(tf_session_t *s, cpu *c)
 {
@@ -546,10 +558,12 @@ static tf_status place_values(tf_session_t *s, cpu *c)
         if (!(c->arena = tf_calloc_aligned(64, n)))   /* zero, and only the pages a step touches are ever written */
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory allocating the %lld-byte activation arena",
                                 (long long)m->plan.arena_bytes);
+        c->arena_bytes = (int64_t)n;
     }
     for (int i = 0; i < m->decls.n; i++) {
         const tf_value *v = m->decls.items[i];
         if (!(c->ptr[v->id] = own(c, value_bytes(v)))) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        c->state_bytes += (int64_t)value_bytes(v);
     }
     for (int i = 0; i < m->nodes.n; i++) {
         const tf_node *n = m->nodes.items[i];
@@ -561,19 +575,19 @@ static tf_status place_values(tf_session_t *s, cpu *c)
     for (int i = 0; i < c->plan->nkernels; i++)
         for (int b = 0; b < c->plan->kernels[i].nbufs; b++) {
             const tf_value *v = root_of(c->plan->kernels[i].bufs[b].value);
-            if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
+            if (!c->ptr[v->id] && !(c->ptr[v->id] = unplanned(c, v)))
                 return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         }
     for (int i = 0; i < c->plan->nkernels; i++) {
         const tf_kernel *k = &c->plan->kernels[i];
         if (k->kind == TF_K_VIEW || !k->lib) continue;
         const tf_value *v = root_of(k->lib->out);
-        if (!c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
+        if (!c->ptr[v->id] && !(c->ptr[v->id] = unplanned(c, v)))
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     }
     for (int i = 0; i < m->noutputs + m->nupdates; i++) {
         const tf_value *v = root_of(i < m->noutputs ? m->outputs[i].value : m->updates[i - m->noutputs].value);
-        if (v->kind != TF_VAL_CONST && !c->ptr[v->id] && !(c->ptr[v->id] = own(c, value_bytes(v))))
+        if (v->kind != TF_VAL_CONST && !c->ptr[v->id] && !(c->ptr[v->id] = unplanned(c, v)))
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     }
     return TF_OK;
@@ -720,6 +734,7 @@ static tf_status plan_packed_gemms(tf_session_t *s, cpu *c)
     }
     if (scratch && !(c->gemm_scratch = tf_malloc_aligned(64, (scratch + 63) / 64 * 64)))
         return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    c->gemm_scratch_bytes = scratch ? (scratch + 63) / 64 * 64 : 0;
     return TF_OK;
 }
 
@@ -1671,6 +1686,10 @@ static void cpu_info(tf_session_t *s, tf_session_info *out)
     out->fallbacks = 0;
     for (int i = 0; i < c->plan->nkernels; i++) out->fallbacks += c->ks[i].how == RUN_FALLBACK;
     out->library = tf_cpu_blas_name();
+    out->arena_bytes = c->arena_bytes;
+    out->value_bytes = c->arena_bytes + c->state_bytes + c->unplanned_bytes;
+    out->unplanned_bytes = c->unplanned_bytes;
+    out->aux_bytes = (int64_t)(c->wide_bytes + c->packed_bytes + c->gemm_scratch_bytes + c->nscratch * sizeof(float));
 }
 
 /* --dump-llvm=DIR: DIR/kernels.ll, the optimized LLVM IR of every kernel

@@ -100,6 +100,27 @@ printf 'not a numpy file' > "$tmp/junk.npy"
 expect 1 "junk.npy" -- "$tfuse" run "$tmp/sum.ir" --input "x=$tmp/junk.npy"
 expect 1 "has no input named 'nope'" -- "$tfuse" run "$tmp/sum.ir" --input "nope=$tmp/lg.npy" --input "x=$tmp/lg.npy"
 
+# run --output computes what was asked for and nothing else: logits needs x,
+# not the labels y, and the loss is not computed (fewer kernels, not printed)
+python3 - "$tmp/x784.npy" <<'PY'
+import struct, sys
+h = "{'descr': '<f4', 'fortran_order': False, 'shape': (64, 784), }"
+h += " " * (-(len(h) + 11) % 64) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() +
+                              struct.pack("<%df" % (64 * 784), *[(i % 13) / 13.0 - 0.5 for i in range(64 * 784)]))
+PY
+rm -f "$tmp/lgx.npy"
+expect 0 "^kernels: " -- "$tfuse" run "$ex/mlp.ir" --mode=infer --output "logits=$tmp/lgx.npy" --input "x=$tmp/x784.npy" --stats
+if [ -s "$tmp/lgx.npy" ]; then ok; else bad "run --output logits=FILE without y wrote no $tmp/lgx.npy"; fi
+all=$("$tfuse" run "$ex/mlp.ir" --random-inputs --stats 2>&1 | sed -n 's/^kernels: //p')
+one=$("$tfuse" run "$ex/mlp.ir" --random-inputs --stats --output "logits=$tmp/lgx.npy" 2>&1)
+if [ -n "$all" ] && [ "$(sed -n 's/^kernels: //p' <<<"$one")" -lt "$all" ] && ! grep -q "loss" <<<"$one"; then ok
+else bad "run --output logits still computes the loss ($all kernels with it): $one"; fi
+expect 0 "output loss is not asked for: not computed" -- "$tfuse" run "$ex/mlp.ir" --random-inputs --explain --output "logits=$tmp/lgx.npy"
+expect 0 "input y: nothing asked for reads it" -- "$tfuse" run "$ex/mlp.ir" --random-inputs --explain --output "logits=$tmp/lgx.npy"
+# asking for the loss still asks for the labels
+expect 1 "input 'y' \(i64\) has no data" -- "$tfuse" run "$ex/mlp.ir" --input "x=$tmp/x784.npy" --output "loss=$tmp/l.npy"
+
 # params a --params file lacks keep their initial values, and run says which
 python3 - "$tmp/partial.safetensors" <<'PY'
 import json, struct, sys
@@ -211,7 +232,7 @@ expect 1 "vecloss.ir:4:8: error: the loss 'h' is f32\[4\], and training minimize
 # ---- files to write are checked before the work, and written whole
 expect 1 "tfuse: error: --output /nonexistent/dir/lg.npy: cannot create a file in '/nonexistent/dir'" -- "$tfuse" run "$mlp" --random-inputs --output "logits=/nonexistent/dir/lg.npy"
 expect 1 "tfuse: error: --output $tmp: is a directory" -- "$tfuse" run "$mlp" --random-inputs --output "logits=$tmp"
-expect 1 "tfuse: error: --output lossy=.*the model has no output named 'lossy'" -- "$tfuse" run "$mlp" --random-inputs --output "lossy=$tmp/l.npy"
+expect 1 "tfuse: error: the model has no output named 'lossy' to compute \(its outputs: loss, logits\)" -- "$tfuse" run "$mlp" --random-inputs --output "lossy=$tmp/l.npy"
 expect 1 "tfuse: error: -o /nonexistent/dir/out.ir: cannot create a file in" -- "$tfuse" compile "$mlp" -o /nonexistent/dir/out.ir
 expect 1 "tfuse: error: --input /nonexistent.npy: cannot open" -- "$tfuse" run "$mlp" --input x=/nonexistent.npy --random-inputs
 expect 0 "" -- "$tfuse" compile "$mlp" -o "$tmp/out.ir"

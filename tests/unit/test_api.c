@@ -223,10 +223,66 @@ static void test_version(void)
     CHECK(tf_struct_layout("tf_no_such", NULL) == (size_t)-1 && tf_struct_layout(NULL, NULL) == (size_t)-1, "an unknown struct is -1");
 }
 
+/* tf_compile_options.outputs: the outputs not named are not computed, an
+ * input only they read is no input, and misuse says why. */
+static void test_keep_outputs(void)
+{
+    static const char *two =
+        "module two\ninput x : f32[3, 4]\ninput y : i64[3]\nparam w : f32[4, 2] = normal(std=1.0)\n"
+        "h = matmul(x, w)\nloss = cross_entropy(h, y)\noutput loss\noutput logits = h\n";
+    tf_context_t *ctx;
+    CHECK(tf_context_create(&ctx) == TF_OK, "context");
+    tf_model_t *m = NULL;
+    CHECK(tf_model_parse_string(ctx, "two.ir", two, strlen(two), NULL, 0, &m) == TF_OK, "parse: %s",
+          tf_context_last_error(ctx));
+    if (!m) { tf_context_free(ctx); return; }
+    tf_compile_options o;
+    tf_compile_options_init(&o);
+    o.mode = TF_MODE_INFER;
+    o.target = TF_TARGET_INTERP;
+    const char *logits[] = {"logits"}, *nope[] = {"logits", "nope"};
+    o.outputs = logits, o.noutputs = 1;
+    tf_program_t *p = NULL;
+    CHECK(tf_program_compile(ctx, m, &o, &p) == TF_OK && p, "compile: %s", tf_context_last_error(ctx));
+    if (p) {
+        const char *name = NULL;
+        CHECK(tf_program_io_count(p, TF_IO_OUTPUT) == 1 && !tf_program_io(p, TF_IO_OUTPUT, 0, &name, NULL, NULL, NULL) &&
+                  !strcmp(name, "logits"), "one output, logits");
+        CHECK(tf_program_io_count(p, TF_IO_INPUT) == 1 && !tf_program_io(p, TF_IO_INPUT, 0, &name, NULL, NULL, NULL) &&
+                  !strcmp(name, "x"), "one input, x (y only fed the loss)");
+        tf_session_t *s = NULL;
+        float x[12];
+        for (int i = 0; i < 12; i++) x[i] = (float)i / 5 - 1;
+        int64_t shape[2] = {3, 4};
+        CHECK(tf_session_create(ctx, p, TF_TARGET_INTERP, 0, &s) == TF_OK, "session");
+        CHECK(s && tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x) == TF_OK && tf_session_run(s) == TF_OK,
+              "runs without y: %s", tf_context_last_error(ctx));
+        tf_tensor_view v;
+        CHECK(s && tf_session_output(s, "logits", &v) == TF_OK && v.rank == 2 && v.shape[1] == 2, "logits");
+        CHECK(s && tf_session_output(s, "loss", &v) != TF_OK, "no loss");
+        tf_session_free(s);
+        CHECK(tf_program_save(ctx, p, "/tmp/never-written.tfp", 0, 0, NULL) == TF_ERR_UNSUPPORTED &&
+                  strstr(tf_context_last_error(ctx), "only some outputs"), "not packaged: %s", tf_context_last_error(ctx));
+        tf_program_free(p);
+        p = NULL;
+    }
+    o.outputs = nope, o.noutputs = 2;
+    CHECK(tf_program_compile(ctx, m, &o, &p) == TF_ERR_INVALID_ARG && !p &&
+              strstr(tf_context_last_error(ctx), "no output named 'nope' to compute (its outputs: loss, logits)"),
+          "unknown output: %s", tf_context_last_error(ctx));
+    o.mode = TF_MODE_TRAIN;
+    o.outputs = logits, o.noutputs = 1;
+    CHECK(tf_program_compile(ctx, m, &o, &p) == TF_ERR_INVALID_ARG && !p && strstr(tf_context_last_error(ctx), "'loss'"),
+          "train keeps the loss: %s", tf_context_last_error(ctx));
+    tf_model_free(m);
+    tf_context_free(ctx);
+}
+
 int main(void)
 {
     test_version();
     test_misuse();
+    test_keep_outputs();
     test_op_support();
     test_threads();
     return check_report();

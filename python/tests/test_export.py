@@ -1,0 +1,402 @@
+"""tfuse.export (python/tfuse/export.py): PyTorch modules through
+torch.export to tfuse, run, and trained one step, against PyTorch.
+
+Skipped where torch is not installed (ctest's python_api runs this file
+too); torchvision's and transformers' models are skipped without those
+packages. Nothing is downloaded: the models are built from configs with
+random weights. By hand, from the repository root, with a Python that has
+torch, torchvision and transformers (pip install torch torchvision transformers):
+
+    PYTHONPATH=python python -m unittest -v python/tests/test_export.py
+
+Tolerance (bench/check_twins.py's rule, DESIGN's "tolerances by dtype"):
+the reference is PyTorch in float64; with e32 the float32 PyTorch error
+against it, tfuse's error must be at most max(10 * e32, 1e-5), each error
+measured as max|x - ref| / max|ref| per tensor.
+"""
+import copy
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import tfuse  # noqa: E402
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import torch.utils._pytree as pytree
+except ImportError:
+    torch = None
+
+try:
+    import torchvision
+except ImportError:
+    torchvision = None
+
+try:
+    import transformers
+    transformers.logging.set_verbosity_error()
+except ImportError:
+    transformers = None
+
+TOL_FACTOR, TOL_FLOOR = 10.0, 1e-5
+VERBOSE = bool(os.environ.get("TFUSE_EXPORT_VERBOSE"))   # print each test's worst errors
+
+
+def rel(x, ref):
+    x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def leaves(out):
+    return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def call(m, args):
+    return m(**args) if isinstance(args, dict) else m(*args)
+
+
+def to64(args):
+    f = (lambda t: t.double() if t.is_floating_point() else t)
+    return {k: f(v) for k, v in args.items()} if isinstance(args, dict) else tuple(f(t) for t in args)
+
+
+def feed(ex, args):
+    if isinstance(args, dict):
+        return {k: v.numpy() for k, v in args.items()}
+    return {k: t.numpy() for k, t in zip(ex.inputs, args)}
+
+
+if torch is not None:
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(12, 32)
+            self.fc2 = nn.Linear(32, 32)
+            self.norm = nn.LayerNorm(32)
+            self.out = nn.Linear(32, 5)
+
+        def forward(self, x):
+            h = F.gelu(self.fc1(x))
+            h = self.norm(torch.tanh(self.fc2(h)) + F.silu(h))
+            return self.out(F.relu(h)).view(x.shape[0], -1)
+
+    class HandAttention(nn.Module):
+        """Attention as models write it by hand: a causal mask buffer added to the scores."""
+
+        def __init__(self, E=16, H=2, T=6):
+            super().__init__()
+            self.qkv = nn.Linear(E, 3 * E)
+            self.proj = nn.Linear(E, E)
+            self.H = H
+            self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T), persistent=False)
+
+        def forward(self, x):
+            B, T, E = x.shape
+            q, k, v = self.qkv(x).split(E, dim=2)
+            q, k, v = (t.view(B, T, self.H, E // self.H).transpose(1, 2) for t in (q, k, v))
+            s = (q @ k.transpose(-2, -1)) * (1.0 / (E // self.H) ** 0.5)
+            s = s.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+            y = F.softmax(s, dim=-1) @ v
+            return self.proj(y.transpose(1, 2).contiguous().view(B, T, E))
+
+    class ManyOps(nn.Module):
+        """One module through most of the mapped ops."""
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 8)
+            self.conv = nn.Conv2d(3, 4, 3, padding=1, stride=1, bias=True)
+            self.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+
+        def forward(self, img, ids, m):
+            h = self.dw(F.relu(self.conv(img)))                       # [2, 4, 8, 8]
+            a = F.avg_pool2d(h, 2) + F.max_pool2d(h, 3, 2, 1)[..., :4, :4]
+            a = F.adaptive_avg_pool2d(a, 2).flatten(1)                # [2, 16]
+            a = torch.cat([a.clamp(-0.5, 0.5), a.pow(2), torch.sigmoid(a) * 3 - a.abs()], dim=1)
+            e = self.emb(ids)                                         # [2, 5, 8]
+            q = e.view(2, 5, 2, 4).permute(0, 2, 1, 3)                # [2, 2, 5, 4]
+            att = F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=m, scale=0.3)
+            x = att.transpose(1, 2).reshape(2, 5, 8)
+            x = torch.where(x > 0, x, x.exp() - 1).masked_fill(ids.unsqueeze(-1) == 3, 0.25)
+            c0, c1 = x.chunk(2, dim=-1)
+            s = (c0 - c1).var(dim=1) + c0.std(dim=1, keepdim=False) + x.select(1, 2)[:, :4]
+            s = s / (1.0 + x.mean(dim=(1, 2), keepdim=True).squeeze(-1)) - 2.0 - s.amax(dim=-1, keepdim=True)
+            lsm = F.log_softmax(torch.cat([s, a[:, :4]], dim=1), dim=-1)
+            sel = lsm[:, torch.tensor([0, 2, 3])]
+            return sel.float(), F.mse_loss(a, torch.zeros_like(a)), (1 - ids.float()).sum()
+
+    class Cumsum(nn.Module):
+        def forward(self, x):
+            return x.cumsum(-1)   # tfuse has no cumsum: the export names this line
+
+    def small_gpt2(dropout=0.0):
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=16,
+                                      use_cache=False, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        return transformers.GPT2LMHeadModel(cfg)
+
+    def gpt2_loss(out, labels):
+        lg = out.logits
+        return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), labels.reshape(-1))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Forward(unittest.TestCase):
+    def check_forward(self, model, args):
+        model.eval()
+        torch.manual_seed(0)
+        ex = tfuse.export(model, args)
+        out = tfuse.compile(ex, mode="infer").session().run(**feed(ex, args))
+        with torch.no_grad():
+            ref32 = leaves(call(model, args))
+            ref64 = leaves(call(copy.deepcopy(model).double(), to64(args)))
+        self.assertEqual(len(out), len(ref64))
+        for (name, got), r32, r64 in zip(out.items(), ref32, ref64):
+            self.assertEqual(got.shape, r64.shape, name)
+            e, e32 = rel(got, r64), rel(r32, r64)
+            self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR), f"{name}: tfuse {e:.3g}, torch fp32 {e32:.3g}")
+            if VERBOSE:
+                print(f"\n  {self.id().split('.')[-1]} {name}: tfuse {e:.3g}, torch fp32 {e32:.3g}", end=" ")
+        return ex, out
+
+    def test_mlp(self):
+        torch.manual_seed(1)
+        ex, out = self.check_forward(MLP(), (torch.randn(4, 12),))
+        self.assertEqual(list(ex.inputs), ["x"])
+        self.assertEqual(list(out), ["output"])
+        self.assertEqual(ex.params["fc1.weight"].shape, (12, 32))   # linear weights [in, out]
+        self.assertEqual(ex.layout["fc1.weight"], ("fc1.weight", True))
+        self.assertIn("linear(", ex.text)
+
+    def test_many_ops(self):
+        torch.manual_seed(13)
+        m = torch.randn(2, 1, 5, 5)   # a float mask input, added to the scores
+        self.check_forward(ManyOps(), (torch.randn(2, 3, 8, 8), torch.randint(0, 11, (2, 5)), m))
+
+    def test_weight_through_t(self):
+        class MM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(5, 3))
+                self.b = nn.Parameter(torch.randn(5))
+
+            def forward(self, x):
+                return torch.mm(x, self.w.t()) + torch.addmm(self.b, x, self.w.t())
+        torch.manual_seed(14)
+        ex, _ = self.check_forward(MM(), (torch.randn(2, 3),))
+        self.assertEqual(ex.layout["w"], ("w", True))   # only ever a linear weight: stored [in, out]
+        self.assertNotIn("transpose", ex.text)
+
+    def test_sequential_names(self):
+        torch.manual_seed(2)
+        seq = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        ex, _ = self.check_forward(seq, (torch.randn(2, 6),))
+        # `input` is a tfuse keyword and `0.weight` no tfuse name: both renamed, run() takes the torch name
+        self.assertEqual(ex.inputs, {"input": "input_"})
+        self.assertIn("_0.weight", ex.params)
+
+    def test_hand_written_attention(self):
+        torch.manual_seed(3)
+        ex, _ = self.check_forward(HandAttention(), (torch.randn(2, 6, 16),))
+        self.assertIn("where(", ex.text)   # the mask applied to the scores, then softmax
+        self.assertIn("softmax(", ex.text)
+
+    def test_tuple_outputs(self):
+        class Two(nn.Module):
+            def forward(self, x):
+                return {"a": x * 2, "b": (x.sum(dim=1), torch.softmax(x, -1))}
+        ex, out = self.check_forward(Two(), (torch.randn(3, 4),))
+        self.assertEqual(list(out), ["a", "b.0", "b.1"])
+
+    @unittest.skipIf(torchvision is None, "torchvision is not installed")
+    def test_resnet18(self):
+        torch.manual_seed(4)
+        ex, _ = self.check_forward(torchvision.models.resnet18(weights=None), (torch.randn(2, 3, 32, 32),))
+        self.assertIn("batchnorm(", ex.text)
+        self.assertIn("global_avgpool(", ex.text)
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_gpt2(self):
+        torch.manual_seed(5)
+        ex, out = self.check_forward(small_gpt2(), {"input_ids": torch.randint(0, 97, (2, 10))})
+        self.assertEqual(list(out), ["logits"])
+        self.assertIn("attention(", ex.text)   # HF's causal mask recognised as causal attention
+        self.assertIn("causal=true", ex.text)
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Errors(unittest.TestCase):
+    def test_unmapped_op_names_op_and_line(self):
+        with self.assertRaises(tfuse.ExportError) as cm:
+            tfuse.export(Cumsum(), (torch.randn(2, 3),))
+        msg = str(cm.exception)
+        self.assertIn("aten.cumsum", msg)
+        self.assertIn("test_export.py", msg)
+        self.assertIn("x.cumsum(-1)", msg)
+        self.assertIsInstance(cm.exception, tfuse.Error)
+
+    def test_unmapped_argument(self):
+        class Weighted(nn.Module):
+            def forward(self, x, y):
+                return F.cross_entropy(x, y, label_smoothing=0.1)
+        with self.assertRaises(tfuse.Error) as cm:
+            tfuse.export(Weighted(), (torch.randn(4, 3), torch.randint(0, 3, (4,))))
+        self.assertIn("label_smoothing", str(cm.exception))
+
+    def test_unsupported_optimizer(self):
+        m = nn.Linear(3, 2)
+        with self.assertRaises(tfuse.Error) as cm:
+            tfuse.export(m, (torch.randn(2, 3),), loss_fn=F.mse_loss, targets=(torch.randn(2, 2),),
+                         optimizer=torch.optim.RMSprop(m.parameters()))
+        self.assertIn("RMSprop", str(cm.exception))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Train(unittest.TestCase):
+    def check_steps(self, model, args, targets, loss_fn, make_opt, make_sched=None, steps=1):
+        model.train()
+        m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+        opt32, opt64 = make_opt(m32), make_opt(m64)
+        s32 = make_sched(opt32) if make_sched else None
+        s64 = make_sched(opt64) if make_sched else None
+        ex = tfuse.export(model, args, loss_fn=loss_fn, targets=targets, optimizer=make_opt(model),
+                          scheduler=make_sched(make_opt(model)) if make_sched else None)
+        self.assertIn("train {", ex.text)
+        sess = tfuse.compile(ex, mode="train").session()
+        names = [n for n in ex.inputs]
+        inputs = dict(zip(names, [t.numpy() for t in (list(args.values()) if isinstance(args, dict) else args)]
+                          + [t.numpy() for t in targets]))
+        for _ in range(steps):
+            loss, _ = sess.train_step(**inputs)
+            for m, opt, sch, a, tg in ((m32, opt32, s32, args, targets), (m64, opt64, s64, to64(args), to64(targets))):
+                opt.zero_grad()
+                ls = loss_fn(call(m, a), *tg)
+                ls.backward()
+                opt.step()
+                if sch:
+                    sch.step()
+        got = ex.to_torch(sess.state_dict())
+        sd32, sd64 = m32.state_dict(), m64.state_dict()
+        self.assertEqual(set(got), set(sd64))
+        worst = (0.0, 0.0, None)
+        for k in sd64:
+            e, e32 = rel(got[k].numpy(), sd64[k].numpy()), rel(sd32[k].numpy(), sd64[k].numpy())
+            self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR), f"{k}: tfuse {e:.3g}, torch fp32 {e32:.3g}")
+            worst = max(worst, (e, e32, k))
+        if VERBOSE:
+            print(f"\n  {self.id().split('.')[-1]}: worst param {worst[2]}: tfuse {worst[0]:.3g}, "
+                  f"torch fp32 {worst[1]:.3g}", end=" ")
+        return ex, sess
+
+    def test_mlp_sgd_momentum(self):
+        torch.manual_seed(6)
+        self.check_steps(MLP(), (torch.randn(8, 12),), (torch.randint(0, 5, (8,)),), F.cross_entropy,
+                         lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3), steps=2)
+
+    def test_mlp_adam_steplr(self):
+        torch.manual_seed(7)
+        ex, sess = self.check_steps(
+            MLP(), (torch.randn(8, 12),), (torch.randint(0, 5, (8,)),), F.cross_entropy,
+            lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
+            lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5), steps=3)
+        self.assertIn("schedule  = step(step_size=1, gamma=0.5)", ex.text)
+
+    def test_mlp_adamw_cosine(self):
+        torch.manual_seed(11)
+        ex, _ = self.check_steps(
+            MLP(), (torch.randn(8, 12),), (torch.randint(0, 5, (8,)),), F.cross_entropy,
+            lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, betas=(0.8, 0.99)),
+            lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=1e-4), steps=3)
+        self.assertIn("cosine(total_steps=4", ex.text)
+
+    def test_mlp_sgd_onecycle(self):
+        torch.manual_seed(12)
+        ex, _ = self.check_steps(
+            MLP(), (torch.randn(8, 12),), (torch.randint(0, 5, (8,)),), F.cross_entropy,
+            lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+            lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.5, total_steps=10, pct_start=0.3,
+                                                          cycle_momentum=False), steps=4)
+        self.assertIn("onecycle(max_lr=0.5, total_steps=10", ex.text)
+
+    @unittest.skipIf(torchvision is None, "torchvision is not installed")
+    def test_resnet18_sgd(self):
+        torch.manual_seed(8)
+        self.check_steps(torchvision.models.resnet18(weights=None, num_classes=10), (torch.randn(4, 3, 32, 32),),
+                         (torch.randint(0, 10, (4,)),), F.cross_entropy,
+                         lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_gpt2_adamw(self):
+        torch.manual_seed(9)
+        ex, _ = self.check_steps(small_gpt2(), {"input_ids": torch.randint(0, 97, (2, 10))},
+                                 (torch.randint(0, 97, (2, 10)),), gpt2_loss,
+                                 lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01))
+        # the tied lm_head / wte: one tfuse param, both torch names come back
+        self.assertIn("transformer.wte.weight", ex.aliases)
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Checkpoints(unittest.TestCase):
+    def test_state_both_ways_and_files(self):
+        torch.manual_seed(10)
+        model = MLP().eval()
+        x = torch.randn(3, 12)
+        ex = tfuse.export(model, (x,))
+        prog = tfuse.compile(ex, mode="infer")
+        sess = prog.session()
+        # tfuse -> torch: another module takes tfuse's state and computes the same
+        other = MLP().eval()
+        other.load_state_dict(ex.to_torch(sess.state_dict()), strict=True)
+        with torch.no_grad():
+            np.testing.assert_allclose(other(x).numpy(), sess.run(x=x.numpy())["output"], rtol=1e-5, atol=1e-6)
+        # torch -> tfuse: a fresh session (zeros) takes a module's state_dict
+        fresh = tfuse.compile(ex.text, mode="infer").session()
+        fresh.load_state_dict(ex.from_torch(model.state_dict()), strict=True)
+        with torch.no_grad():
+            np.testing.assert_allclose(fresh.run(x=x.numpy())["output"], model(x).numpy(), rtol=1e-5, atol=1e-6)
+        # save: model.ir + model.safetensors, read by tfuse itself
+        with tempfile.TemporaryDirectory() as d:
+            w = ex.save(os.path.join(d, "model.ir"))
+            self.assertEqual(w, os.path.join(d, "model.safetensors"))
+            back = tfuse.export.read_safetensors(w)
+            self.assertEqual(set(back), set(ex.params))
+            for k, v in ex.params.items():
+                np.testing.assert_array_equal(back[k], v)
+            s2 = tfuse.compile(os.path.join(d, "model.ir"), mode="infer").session()
+            s2.load(w)
+            np.testing.assert_array_equal(s2.run(x=x.numpy())["output"], sess.run(x=x.numpy())["output"])
+            # the tfuse command runs the pair too (a 0-d buffer included: num_batches_tracked)
+            bn = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Flatten()).eval()
+            ex2 = tfuse.export(bn, (torch.randn(1, 2, 4, 4),))
+            w2 = ex2.save(os.path.join(d, "bn.ir"))
+            s3 = tfuse.compile(os.path.join(d, "bn.ir"), mode="infer").session()
+            s3.load(w2)
+            self.assertEqual(s3.state_dict()["_1.num_batches_tracked"].shape, ())
+
+    def test_cli(self):
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "net.py")
+            with open(src, "w") as f:
+                f.write("import torch.nn as nn\n"
+                        "class Net(nn.Sequential):\n"
+                        "    def __init__(self):\n"
+                        "        super().__init__(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n")
+            out = os.path.join(d, "net.ir")
+            env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+            r = subprocess.run([sys.executable, "-m", "tfuse.export", f"{src}:Net", "--input", "f32[3,4]",
+                                "-o", out], capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(os.path.exists(os.path.join(d, "net.safetensors")))
+            s = tfuse.compile(out, mode="infer").session()
+            s.load(os.path.join(d, "net.safetensors"))
+            self.assertEqual(s.run(input_=np.ones((3, 4), np.float32))["output"].shape, (3, 2))
+
+
+if __name__ == "__main__":
+    unittest.main()

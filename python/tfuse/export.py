@@ -1,0 +1,1562 @@
+"""tfuse.export: a PyTorch module as a tfuse model (.ir text + weights).
+
+    ex = tfuse.export(model, (x,))                       # model.eval() first for inference
+    ex.text, ex.params                                   # the .ir and {name: NumPy array}
+    ex.save("model.ir")                                  # model.ir + model.safetensors beside it
+    sess = tfuse.compile(ex, mode="infer").session()     # starts from the exported weights
+    out = sess.run(x=x)                                  # {name: array}: the module's flattened outputs, in order
+
+    # training: the loss, the optimizer and its schedule become the train block
+    ex = tfuse.export(model, (x,), loss_fn=F.cross_entropy, targets=(y,), optimizer=opt, scheduler=sched)
+    sess = tfuse.compile(ex, mode="train").session()
+    loss, metrics = sess.train_step(x=x, target=y)
+    model.load_state_dict(ex.to_torch(sess.state_dict()))   # tfuse's weights back into the module
+
+How: torch.export.export traces the module to an ATen graph (static shapes,
+the example inputs'); each ATen op becomes tfuse ops (the table `_OPS`
+below). Parts of the graph that depend on no input, param or buffer (the
+position ids and causal masks models build from torch.arange) are computed
+here, once, and become constants. An ATen op with no mapping, or a mapping
+whose arguments tfuse cannot honour (a weighted loss, a non-causal mask
+pattern it cannot express), raises ExportError naming the op and the line
+of Python it came from: never a silently different model.
+
+Names and layouts: params and buffers keep the module's state_dict names
+(a name that is not a tfuse name, `0.weight` in an nn.Sequential, gets a
+leading `_`); a weight used only as nn.Linear's (or F.linear's) weight is
+stored transposed, [in, out], tfuse's linear layout. `Exported.layout` lists
+each tensor's torch name and whether it is transposed; `to_torch(state)`
+and `from_torch(state_dict)` apply that mapping either way, so a tfuse
+checkpoint loads into the module and back.
+"""
+import inspect
+import math
+import os
+import re
+import struct
+import json
+import sys
+
+import numpy as np
+
+from . import Error
+
+__all__ = ["export", "Exported", "ExportError"]
+
+_KEYWORDS = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield",
+             "inf", "nan", "true", "false"}
+
+
+class ExportError(Error):
+    """An op or argument tfuse has no mapping for. .op is the ATen op
+    ("aten.cumsum.default"), .source the Python line it came from
+    ("model.py:12: x = x.cumsum(-1)") or None."""
+
+    def __init__(self, message, op=None, source=None):
+        text = message
+        if op:
+            text = f"error: cannot export {op}: {message}"
+        if source:
+            text += f"\n  from {source}"
+        super().__init__(text, "unsupported")
+        self.op, self.source = op, source
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise Error("error: tfuse.export needs PyTorch (pip install torch)", "unavailable") from None
+    return torch
+
+
+# ---------------------------------------------------------------------------
+# safetensors, in plain NumPy
+
+_ST = {np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64",
+       np.dtype("<i4"): "I32", np.dtype("bool"): "BOOL"}
+_ST_BACK = {v: k for k, v in _ST.items()}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """{name: array} to a safetensors file (written beside, then renamed)."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        a = np.asarray(a)
+        a = a if a.flags.c_contiguous else np.array(a, order="C")   # (ascontiguousarray makes a 0-d array 1-d)
+        if a.dtype not in _ST:
+            raise Error(f"error: {name}: dtype {a.dtype} has no safetensors name here", "invalid argument")
+        b = a.tobytes()
+        header[name] = {"dtype": _ST[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = os.fspath(path) + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+def read_safetensors(path):
+    """A safetensors file's {name: array} (F64 F32 F16 I64 I32 BOOL)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, h in header.items():
+        b, e = h["data_offsets"]
+        out[name] = np.frombuffer(blob[8 + n + b:8 + n + e], dtype=_ST_BACK[h["dtype"]]).reshape(h["shape"]).copy()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The result
+
+class Exported:
+    """An exported module: .text (the .ir), .params ({tfuse name: array},
+    params and buffers, in tfuse's layouts), .inputs ({forward argument
+    name: tfuse input name}, the same but for `input`, a tfuse keyword),
+    .outputs (tfuse output names, in the order of the module's flattened
+    outputs; "loss" first when exported with a loss_fn), .layout ({tfuse
+    name: (torch state_dict name, transposed)}), .aliases ({torch name:
+    tfuse name} for tied weights: one tfuse param, several torch names)."""
+
+    def __init__(self, text, params, inputs, outputs, layout, aliases, name):
+        self.text, self.params, self.inputs, self.outputs = text, params, inputs, outputs
+        self.layout, self.aliases, self.name = layout, aliases, name
+
+    def save(self, path):
+        """Writes PATH (the .ir) and the weights beside it, PATH with
+        .safetensors for .ir; returns the weights' path. `tfuse run PATH
+        --params W` and Session.load(W) read them."""
+        path = os.fspath(path)
+        root = path[:-3] if path.endswith(".ir") else path
+        wpath = root + ".safetensors"
+        with open(path, "w") as f:
+            f.write(self.text)
+        write_safetensors(wpath, self.params, {"format": "tfuse", "exported_from": self.name})
+        return wpath
+
+    def to_torch(self, state):
+        """tfuse state ({tfuse name: array}: Session.state_dict(), or a
+        checkpoint's) as the module's state_dict ({torch name: tensor}),
+        linear weights transposed back to [out, in], tied names filled in;
+        optimizer state ("opt.*", "train.*") is left out."""
+        torch = _torch()
+        out = {}
+        for name, (tname, transposed) in self.layout.items():
+            if name not in state:
+                continue
+            a = np.asarray(state[name])
+            if transposed:
+                a = a.T
+            out[tname] = torch.from_numpy(np.ascontiguousarray(a))
+        for tname, name in self.aliases.items():
+            if name in state:
+                out[tname] = out[self.layout[name][0]]
+        return out
+
+    def from_torch(self, state_dict):
+        """The module's state_dict as tfuse state ({tfuse name: array}),
+        for Session.load_state_dict."""
+        back = {tname: (name, tr) for name, (tname, tr) in self.layout.items()}
+        out = {}
+        for tname, t in state_dict.items():
+            if tname not in back:
+                continue
+            name, tr = back[tname]
+            a = t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+            out[name] = np.ascontiguousarray(a.T if tr else a)
+        return out
+
+    def __repr__(self):
+        return (f"<tfuse.Exported {self.name}: inputs {list(self.inputs)}, outputs {self.outputs}, "
+                f"{len(self.params)} tensors>")
+
+
+# ---------------------------------------------------------------------------
+# Values and names
+
+class _Val:
+    """A tfuse value: its name, shape (tuple of ints) and dtype ('f32', ...)."""
+    __slots__ = ("name", "shape", "dtype")
+
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtype = name, tuple(shape), dtype
+
+    def __repr__(self):
+        return f"{self.name}:{self.dtype}{list(self.shape)}"
+
+
+def _dtype_name(torch, dt):
+    m = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+         torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
+    return m.get(dt)
+
+
+_NP_OF = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i64": np.int64, "i32": np.int32,
+          "bool": np.bool_}
+
+
+def _ir_name(s):
+    """A torch name as a tfuse name: [A-Za-z_][A-Za-z0-9_.]*, not a keyword."""
+    s = re.sub(r"[^A-Za-z0-9_.]", "_", s)
+    if not s or not (s[0].isalpha() or s[0] == "_"):
+        s = "_" + s
+    if s in _KEYWORDS:
+        s += "_"
+    return s
+
+
+def _num(x):
+    """A Python number as a tfuse operand."""
+    if isinstance(x, bool):
+        return "1" if x else "0"
+    if isinstance(x, int):
+        return str(x)
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    r = repr(x)
+    return r[:-2] if r.endswith(".0") else r
+
+
+def _source_of(node):
+    """'file.py:12: code' for the innermost user frame of node's stack trace."""
+    st = node.meta.get("stack_trace") if node is not None else None
+    if not st:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', st)
+    if not frames:
+        return st.strip().splitlines()[-1]
+    mine = os.path.abspath(__file__)
+    theirs = [fr for fr in frames if os.path.abspath(fr[0]) != mine] or frames
+    f, line, code = theirs[-1]
+    where = f"{f}:{line}: {code.strip()}"
+    if theirs is not frames and frames[-1] is not theirs[-1]:
+        where += " (in the loss_fn)"
+    return where
+
+
+# ---------------------------------------------------------------------------
+# The translation of one ATen graph
+
+class _Emitter:
+    def __init__(self, torch, ep, names_in, train_mode):
+        self.torch = torch
+        self.ep = ep
+        self.lines = []
+        self.used = set(_KEYWORDS)
+        self.env = {}        # fx node -> _Val, list of _Val, or ('const', tensor)
+        self.decls = []      # declaration lines (params, buffers, constants)
+        self.params = {}     # tfuse name -> np array
+        self.layout = {}     # tfuse name -> (torch name, transposed)
+        self.consts = 0
+        self.node = None
+        self.names_in = names_in
+        self.train_mode = train_mode
+        self.dropouts = 0
+        self.transposed = set()   # param nodes stored [in, out]
+        self.bn_buffers = set()   # running statistics batchnorm moves itself
+
+    # -- naming and emission
+    def uniq(self, base):
+        base = _ir_name(base)
+        name, i = base, 1
+        while name in self.used:
+            name = f"{base}_{i}"
+            i += 1
+        self.used.add(name)
+        return name
+
+    def fail(self, msg):
+        raise ExportError(msg, op=str(self.node.target) if self.node is not None else None,
+                          source=_source_of(self.node))
+
+    def emit(self, op, operands, attrs=None, shape=None, dtype=None, name=None):
+        """name = op(operands, attrs); returns the _Val. shape/dtype: the
+        result's (the torch node's when not given)."""
+        if shape is None or dtype is None:
+            v = self.meta_val()
+            shape = tuple(int(d) for d in v.shape) if shape is None else shape
+            dtype = self.dt(v.dtype) if dtype is None else dtype
+        nm = self.uniq(name or (self.node.name if self.node is not None else op))
+        args = [o.name if isinstance(o, _Val) else o for o in operands]
+        for k, a in (attrs or {}).items():
+            args.append(f"{k}={self._attr(a)}")
+        self.lines.append(f"{nm} = {op}({', '.join(args)})")
+        return _Val(nm, shape, dtype)
+
+    @staticmethod
+    def _attr(a):
+        if isinstance(a, bool):
+            return "true" if a else "false"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(str(int(x)) for x in a) + "]"
+        if isinstance(a, str):
+            return a if a in ("f32", "f16", "bf16", "f64", "i64", "i32", "bool") else f'"{a}"'
+        return _num(a)
+
+    def meta_val(self, node=None):
+        node = node or self.node
+        v = node.meta.get("val")
+        if v is None:
+            self.fail("the graph gives no type for its result")
+        return v
+
+    def dt(self, tdt):
+        d = _dtype_name(self.torch, tdt)
+        if d is None:
+            self.fail(f"dtype {tdt} has no tfuse equivalent (tfuse has f32 f16 bf16 f64 i64 i32 bool)")
+        return d
+
+    # -- constants: computed here, declared as buffers when an op needs them as tensors
+    def const_val(self, t, hint="const"):
+        t = t.detach().contiguous()
+        d = self.dt(t.dtype)
+        name = self.uniq(f"const.{self.consts}" if hint == "const" else hint)
+        self.consts += 1
+        shape = tuple(t.shape)
+        self.decls.append(f"buffer {name} : {d}[{', '.join(str(s) for s in shape)}]")
+        if d == "bf16":
+            self.fail("a bf16 constant cannot be stored (NumPy has no bfloat16)")
+        self.params[name] = t.cpu().numpy().astype(_NP_OF[d])
+        return _Val(name, shape, d)
+
+    def val(self, a, dtype=None):
+        """An operand: a _Val, or a number for a Python scalar / 1-element constant."""
+        torch = self.torch
+        fx = torch.fx
+        if isinstance(a, fx.Node):
+            v = self.env[a]
+            if isinstance(v, tuple) and v[0] == "const":
+                t = v[1]
+                if not isinstance(t, torch.Tensor):
+                    return _num(t)
+                return self.const_val(t)
+            if isinstance(v, list):
+                self.fail("a tuple result used as a tensor")
+            if isinstance(v, tuple):   # ("tparam", p): a linear weight's transpose, read only by mm/addmm
+                self.fail("internal: a transposed linear weight used as a tensor")
+            return v
+        if isinstance(a, (int, float, bool)):
+            return _num(a)
+        self.fail(f"operand {a!r} is not a tensor or a number")
+
+    def is_const(self, a):
+        fx = self.torch.fx
+        if isinstance(a, fx.Node):
+            v = self.env.get(a)
+            return isinstance(v, tuple) and v[0] == "const"
+        return True
+
+    def const_of(self, a):
+        fx = self.torch.fx
+        if isinstance(a, fx.Node):
+            return self.env[a][1]
+        return a
+
+    def cast(self, v, dtype):
+        if not isinstance(v, _Val) or v.dtype == dtype:
+            return v
+        return self.emit("cast", [v], {"to": dtype}, shape=v.shape, dtype=dtype, name=v.name + ".to_" + dtype)
+
+    def reshape(self, v, shape):
+        shape = tuple(int(s) for s in shape)
+        if v.shape == shape:
+            return v
+        return self.emit("reshape", [v], {"shape": list(shape)}, shape=shape, dtype=v.dtype, name=v.name + ".r")
+
+    def broadcast(self, v, shape):
+        shape = tuple(int(s) for s in shape)
+        if v.shape == shape:
+            return v
+        if len(v.shape) < len(shape):
+            v = self.reshape(v, (1,) * (len(shape) - len(v.shape)) + v.shape)
+            if v.shape == shape:
+                return v
+        return self.emit("broadcast", [v], {"shape": list(shape)}, shape=shape, dtype=v.dtype, name=v.name + ".b")
+
+    # -- one node
+    def bind(self, node):
+        """node's arguments by schema name, defaults filled in."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return dict(enumerate(node.args), **node.kwargs)
+        out = {}
+        for i, a in enumerate(schema.arguments):
+            if i < len(node.args) and not a.kwarg_only:
+                out[a.name] = node.args[i]
+            elif a.name in node.kwargs:
+                out[a.name] = node.kwargs[a.name]
+            elif a.has_default_value():
+                out[a.name] = a.default_value
+            else:
+                out[a.name] = None
+        return out
+
+
+def _axis(d, rank):
+    d = int(d)
+    return d + rank if d < 0 else d
+
+
+def _shape(v):
+    return tuple(int(s) for s in v.shape)
+
+
+# ---- the op table: ATen op (overload packet name) -> handler(em, a) where a
+# is the node's arguments by schema name; a handler returns a _Val (or a
+# list of them for ops with several results).
+
+_OPS = {}
+
+
+def _op(*names):
+    def reg(f):
+        for n in names:
+            _OPS[n] = f
+        return f
+    return reg
+
+
+def _same(em, x):
+    """An op that does not change its operand's values (views, copies)."""
+    v = em.val(x)
+    return em.reshape(v, _shape(em.meta_val()))
+
+
+for _n in ("clone", "contiguous", "alias", "detach", "lift_fresh_copy", "view", "_unsafe_view", "reshape",
+           "unsqueeze", "squeeze", "flatten", "view_as", "reshape_as", "unflatten", "_reshape_alias"):
+    _OPS[_n] = lambda em, a: _same(em, a["self"])
+
+
+@_op("to", "_to_copy", "type_as")
+def _to(em, a):
+    v = em.val(a["self"])
+    return em.reshape(em.cast(v, em.dt(em.meta_val().dtype)), _shape(em.meta_val()))
+
+
+@_op("expand", "expand_as", "broadcast_to")
+def _expand(em, a):
+    return em.broadcast(em.val(a["self"]), _shape(em.meta_val()))
+
+
+@_op("broadcast_tensors")
+def _broadcast_tensors(em, a):
+    return [em.broadcast(em.val(t), tuple(int(s) for s in mv.shape))
+            for t, mv in zip(a["tensors"], em.meta_val())]
+
+
+@_op("t", "transpose", "permute", "swapaxes", "movedim")
+def _permute(em, a):
+    v = em.val(a["self"])
+    r = len(v.shape)
+    name = em.node.target._overloadpacket.__name__
+    if name == "t":
+        perm = [1, 0] if r == 2 else list(range(r))
+    elif name == "permute":
+        perm = [_axis(d, r) for d in a["dims"]]
+    elif name == "movedim":
+        src, dst = _axis(a["source"], r), _axis(a["destination"], r)
+        perm = [i for i in range(r) if i != src]
+        perm.insert(dst, src)
+    else:
+        d0 = _axis(a.get("dim0", a.get("axis0")), r)
+        d1 = _axis(a.get("dim1", a.get("axis1")), r)
+        perm = list(range(r))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    if perm == list(range(r)):
+        return v
+    return em.emit("transpose", [v], {"perm": perm})
+
+
+def _pointwise(op):
+    def h(em, a):
+        out_dt = em.dt(em.meta_val().dtype)
+        v = em.cast(em.val(a["self"]), out_dt)
+        return em.emit(op, [v])
+    return h
+
+
+for _n, _t in {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp", "log": "log", "sqrt": "sqrt",
+               "rsqrt": "rsqrt", "neg": "neg", "abs": "abs", "erf": "erf", "sin": "sin", "cos": "cos",
+               "silu": "silu", "softplus": "softplus"}.items():
+    _OPS[_n] = _pointwise(_t)
+
+
+@_op("gelu")
+def _gelu(em, a):
+    approx = a.get("approximate") or "none"
+    return em.emit("gelu", [em.val(a["self"])], {"approx": approx} if approx != "none" else None)
+
+
+def _binary(op, reverse=False):
+    def h(em, a):
+        out_dt = em.dt(em.meta_val().dtype)
+        x = a["self"]
+        y = a.get("other")
+        if y is None:
+            y = a.get("exponent")
+        alpha = a.get("alpha")
+        xv, yv = em.val(x), em.val(y)
+        if isinstance(yv, _Val) and alpha not in (None, 1):
+            yv = em.emit("mul", [yv, _num(alpha)], shape=yv.shape, dtype=yv.dtype, name=yv.name + ".alpha")
+        elif alpha not in (None, 1):
+            yv = _num(float(yv) * alpha)
+        if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+            # compare in the promoted dtype of the operands
+            dts = [v.dtype for v in (xv, yv) if isinstance(v, _Val)]
+            common = _promote(dts)
+            xv, yv = em.cast(xv, common), em.cast(yv, common)
+        elif op in ("and", "or"):
+            return _logic(em, op, xv, yv)
+        else:
+            xv, yv = em.cast(xv, out_dt), em.cast(yv, out_dt)
+        if reverse:
+            xv, yv = yv, xv
+        if not isinstance(xv, _Val) and not isinstance(yv, _Val):
+            em.fail("an op of two numbers")
+        return em.emit(op, [xv, yv])
+    return h
+
+
+def _promote(dts):
+    order = ["bool", "i32", "i64", "bf16", "f16", "f32", "f64"]
+    return max(dts, key=order.index) if dts else "f32"
+
+
+def _logic(em, op, x, y):
+    # bool and/or as where: and(x, y) = where(x, y, false); or(x, y) = where(x, true, y)
+    if not (isinstance(x, _Val) and isinstance(y, _Val)):
+        em.fail("a logical op with a number")
+    x, y = em.cast(x, "bool"), em.cast(y, "bool")
+    return em.emit("where", [x, y, "0"]) if op == "and" else em.emit("where", [x, "1", y])
+
+
+for _n, _t in {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
+               "minimum": "minimum", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+               "__and__": "and", "bitwise_and": "and", "logical_and": "and", "__or__": "or", "bitwise_or": "or",
+               "logical_or": "or"}.items():
+    _OPS[_n] = _binary(_t)
+_OPS["rsub"] = _binary("sub", reverse=True)
+
+
+@_op("div")
+def _div(em, a):
+    if a.get("rounding_mode") is not None:
+        em.fail(f"rounding_mode={a['rounding_mode']!r} (tfuse's div is true division)")
+    return _binary("div")(em, a)
+
+
+@_op("pow")
+def _pow(em, a):
+    x, e = a["self"], a["exponent"]
+    if isinstance(e, (int, float)) and float(e) == int(e) and 1 <= int(e) <= 4:
+        # small integer powers as products: exact for negative bases
+        v = em.cast(em.val(x), em.dt(em.meta_val().dtype))
+        r = v
+        for i in range(int(e) - 1):
+            r = em.emit("mul", [r, v], name=f"{em.node.name}.p{i}") if i < int(e) - 2 else em.emit("mul", [r, v])
+        return r
+    if isinstance(e, (int, float)) and float(e) == 0.5:
+        return em.emit("sqrt", [em.val(x)])
+    return _binary("pow")(em, a)
+
+
+@_op("clamp", "clamp_min", "clamp_max", "hardtanh")
+def _clamp(em, a):
+    v = em.val(a["self"])
+    lo = a.get("min", a.get("min_val"))
+    hi = a.get("max", a.get("max_val"))
+    for bound, op in ((lo, "maximum"), (hi, "minimum")):
+        if bound is not None:
+            b = em.val(bound)
+            v = em.emit(op, [v, em.cast(b, v.dtype)], shape=v.shape, dtype=v.dtype, name=f"{em.node.name}.{op}")
+    return v
+
+
+@_op("copy")
+def _copy(em, a):
+    dst = em.val(a["self"])
+    return em.broadcast(em.cast(em.val(a["src"]), dst.dtype), dst.shape)
+
+
+@_op("where")
+def _where(em, a):
+    out_dt = em.dt(em.meta_val().dtype)
+    c = em.cast(em.val(a["condition"]), "bool")
+    x, y = em.cast(em.val(a["self"]), out_dt), em.cast(em.val(a["other"]), out_dt)
+    return em.emit("where", [c, x, y])
+
+
+@_op("masked_fill")
+def _masked_fill(em, a):
+    v = em.val(a["self"])
+    m = em.cast(em.val(a["mask"]), "bool")
+    return em.emit("where", [m, em.cast(em.val(a["value"]), v.dtype), v])
+
+
+@_op("logical_not", "bitwise_not")
+def _not(em, a):
+    v = em.val(a["self"])
+    if v.dtype != "bool":
+        em.fail("bitwise_not of an integer tensor")
+    return em.emit("eq", [v, "0"])
+
+
+@_op("linear")
+def _linear(em, a):
+    x, w, b = a["input"], a["weight"], a.get("bias")
+    xv = em.val(x)
+    wv = em.linear_weight(w)
+    if wv is not None:
+        return em.emit("linear", [xv, wv] + ([em.val(b)] if b is not None else []))
+    h = em.emit("matmul", [xv, em.val(w)], {"transpose_b": True}, name=em.node.name + ".mm") if b is not None \
+        else em.emit("matmul", [xv, em.val(w)], {"transpose_b": True})
+    return em.emit("add", [h, em.val(b)]) if b is not None else h
+
+
+@_op("addmm")
+def _addmm(em, a):
+    if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
+        em.fail("addmm with beta or alpha other than 1")
+    m1, m2, bias = a["mat1"], a["mat2"], a["self"]
+    wv = em.linear_weight_t(m2)
+    if wv is not None:
+        return em.emit("linear", [em.val(m1), wv, em.val(bias)])
+    h = em.emit("matmul", [em.val(m1), em.val(m2)], name=em.node.name + ".mm")
+    return em.emit("add", [h, em.val(bias)])
+
+
+@_op("mm", "bmm", "matmul")
+def _matmul(em, a):
+    x, other = em.val(a["self"]), a.get("mat2", a.get("other"))
+    wv = em.linear_weight_t(other)
+    if wv is not None and len(x.shape) >= 2:
+        return em.emit("linear", [x, wv])
+    y = em.val(other)
+    if len(x.shape) < 2 or len(y.shape) < 2:
+        em.fail("matmul of a vector (rank 1): tfuse's matmul takes rank >= 2")
+    return em.emit("matmul", [x, y])
+
+
+@_op("conv2d", "convolution")
+def _conv(em, a):
+    x, w, b = em.val(a["input"]), em.val(a["weight"]), a.get("bias")
+    if len(x.shape) != 4:
+        em.fail(f"a {len(x.shape) - 2}-d convolution (tfuse has conv2d)")
+    if a.get("transposed"):
+        em.fail("a transposed convolution")
+    pad = a.get("padding")
+    if isinstance(pad, str):
+        em.fail(f"padding={pad!r}: give the padding as numbers")
+    attrs = {}
+    for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        v = [int(t) for t in a.get(k)]
+        if len(v) == 1:
+            v = v * 2
+        if any(t != d for t in v):
+            attrs[k] = v if v[0] != v[1] else [v[0]]
+    if any(int(t) for t in (a.get("output_padding") or [])):
+        em.fail("output_padding")
+    if int(a.get("groups", 1)) != 1:
+        attrs["groups"] = int(a["groups"])
+    ops = [x, w] + ([em.val(b)] if b is not None else [])
+    return em.emit("conv2d", ops, attrs)
+
+
+@_op("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm")
+def _batch_norm(em, a):
+    x = em.val(a["input"])
+    g, b, rm, rv = a["weight"], a["bias"], a["running_mean"], a["running_var"]
+    if rm is None or rv is None:
+        em.fail("batch_norm without running statistics (track_running_stats=False)")
+    C = x.shape[1]
+    g = em.val(g) if g is not None else em.const_val(em.torch.ones(C))
+    b = em.val(b) if b is not None else em.const_val(em.torch.zeros(C))
+    mom = a.get("momentum")
+    attrs = {}
+    if mom is not None and abs(float(mom) - 0.1) > 0:
+        attrs["momentum"] = float(mom)
+    if abs(float(a["eps"]) - 1e-5) > 0:
+        attrs["eps"] = float(a["eps"])
+    em.bn_buffers.update([a["running_mean"], a["running_var"]])
+    r = em.emit("batchnorm", [x, g, b, em.val(rm), em.val(rv)], attrs,
+                shape=x.shape, dtype=x.dtype)
+    if em.node.target._overloadpacket.__name__ != "batch_norm":
+        return [r, None, None]
+    return r
+
+
+@_op("layer_norm")
+def _layer_norm(em, a):
+    x = em.val(a["input"])
+    ns = list(a["normalized_shape"])
+    if len(ns) != 1:
+        em.fail("layer_norm over more than the last axis")
+    E = int(ns[0])
+    g = em.val(a["weight"]) if a.get("weight") is not None else em.const_val(em.torch.ones(E))
+    b = em.val(a["bias"]) if a.get("bias") is not None else em.const_val(em.torch.zeros(E))
+    eps = float(a.get("eps", 1e-5))
+    return em.emit("layernorm", [x, g, b], {"eps": eps} if eps != 1e-5 else None)
+
+
+@_op("softmax", "_softmax", "log_softmax", "_log_softmax")
+def _softmax(em, a):
+    x = em.val(a["self"])
+    op = "log_softmax" if "log" in em.node.target._overloadpacket.__name__ else "softmax"
+    ax = _axis(a["dim"], len(x.shape))
+    r = em.emit(op, [x], {"axis": ax} if ax != len(x.shape) - 1 else None, shape=x.shape, dtype=x.dtype)
+    return em.cast(r, em.dt(em.meta_val().dtype))
+
+
+@_op("embedding")
+def _embedding(em, a):
+    if int(a.get("padding_idx", -1)) != -1 and em.train_mode:
+        em.fail(f"padding_idx={a['padding_idx']}: PyTorch gives that row no gradient, tfuse's embedding does")
+    if a.get("scale_grad_by_freq"):
+        em.fail("scale_grad_by_freq=True")
+    return em.emit("embedding", [em.val(a["indices"]), em.val(a["weight"])])
+
+
+@_op("dropout", "native_dropout", "feature_dropout")
+def _dropout(em, a):
+    v = em.val(a["input"])
+    p = float(a["p"])
+    if not a.get("train", True) or p == 0.0:
+        return v
+    if em.node.target._overloadpacket.__name__ == "feature_dropout":
+        em.fail("feature (channel) dropout")
+    em.dropouts += 1
+    return em.emit("dropout", [v], {"p": p, "salt": em.dropouts})
+
+
+@_op("max_pool2d", "max_pool2d_with_indices")
+def _max_pool(em, a):
+    x = em.val(a["self"])
+    k = [int(t) for t in a["kernel_size"]]
+    s = [int(t) for t in (a.get("stride") or k)]
+    p = [int(t) for t in (a.get("padding") or [0])]
+    d = [int(t) for t in (a.get("dilation") or [1])]
+    if any(t != 1 for t in d):
+        em.fail("a dilated max pool")
+    if a.get("ceil_mode"):
+        em.fail("ceil_mode=True")
+    r = em.emit("maxpool2d", [x], _pool_attrs(k, s, p), shape=_shape(em.meta_val() if
+                em.node.target._overloadpacket.__name__ == "max_pool2d" else em.meta_val()[0]), dtype=x.dtype)
+    return [r, None] if em.node.target._overloadpacket.__name__.endswith("indices") else r
+
+
+def _pool_attrs(k, s, p):
+    two = lambda v: v * 2 if len(v) == 1 else v   # noqa: E731
+    k, s, p = two(k), two(s), two(p)
+    attrs = {"kernel": k if k[0] != k[1] else [k[0]]}
+    if s != k:
+        attrs["stride"] = s if s[0] != s[1] else [s[0]]
+    if any(p):
+        attrs["padding"] = p if p[0] != p[1] else [p[0]]
+    return attrs
+
+
+@_op("avg_pool2d")
+def _avg_pool(em, a):
+    x = em.val(a["self"])
+    k = [int(t) for t in a["kernel_size"]]
+    s = [int(t) for t in (a.get("stride") or k)]
+    p = [int(t) for t in (a.get("padding") or [0])]
+    if a.get("ceil_mode"):
+        em.fail("ceil_mode=True")
+    if any(p) and not a.get("count_include_pad", True):
+        em.fail("count_include_pad=False with padding (tfuse's avgpool2d counts the padding)")
+    if a.get("divisor_override") is not None:
+        em.fail("divisor_override")
+    return em.emit("avgpool2d", [x], _pool_attrs(k, s, p))
+
+
+@_op("adaptive_avg_pool2d", "_adaptive_avg_pool2d")
+def _adaptive_avg(em, a):
+    x = em.val(a["self"])
+    N, C, H, W = x.shape
+    oh, ow = [int(t) for t in a["output_size"]] * (2 if len(a["output_size"]) == 1 else 1)
+    if (oh, ow) == (1, 1):
+        g = em.emit("global_avgpool", [x], shape=(N, C), dtype=x.dtype, name=em.node.name + ".g")
+        return em.reshape(g, (N, C, 1, 1))
+    if H % oh or W % ow:
+        em.fail(f"adaptive pooling {H}x{W} -> {oh}x{ow}: the windows differ in size")
+    return em.emit("avgpool2d", [x], _pool_attrs([H // oh, W // ow], [H // oh, W // ow], [0]))
+
+
+@_op("mean", "sum", "amax")
+def _reduce(em, a):
+    x = em.val(a["self"])
+    name = em.node.target._overloadpacket.__name__
+    dims = a.get("dim")
+    axes = [] if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0) else \
+        [_axis(d, len(x.shape)) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    if len(axes) == len(x.shape):
+        axes = []
+    out_dt = em.dt(em.meta_val().dtype)
+    if name != "amax":
+        x = em.cast(x, out_dt)
+    attrs = {"axes": axes}
+    if a.get("keepdim"):
+        attrs["keepdims"] = True
+    op = {"mean": "mean", "sum": "sum", "amax": "max"}[name]
+    return em.emit(op, [x], attrs)
+
+
+@_op("var", "std")
+def _var(em, a):
+    x = em.val(a["self"])
+    dims = a.get("dim")
+    axes = [_axis(d, len(x.shape)) for d in dims] if dims else list(range(len(x.shape)))
+    corr = a.get("correction")
+    if corr is None:
+        corr = 1 if a.get("unbiased", True) else 0
+    n = 1
+    for d in axes:
+        n *= x.shape[d]
+    base = em.node.name
+    m = em.emit("mean", [x], {"axes": axes, "keepdims": True}, shape=tuple(1 if i in axes else s for i, s in
+                enumerate(x.shape)), dtype=x.dtype, name=base + ".mean")
+    d = em.emit("sub", [x, m], shape=x.shape, dtype=x.dtype, name=base + ".d")
+    d2 = em.emit("mul", [d, d], shape=x.shape, dtype=x.dtype, name=base + ".d2")
+    out_shape = _shape(em.meta_val())
+    s = em.emit("sum", [d2], {"axes": axes, "keepdims": bool(a.get("keepdim"))}, shape=out_shape, dtype=x.dtype,
+                name=base + ".ss")
+    v = em.emit("div", [s, _num(float(n - float(corr)))], shape=out_shape, dtype=x.dtype,
+                name=base + ".var" if em.node.target._overloadpacket.__name__ == "std" else None)
+    return em.emit("sqrt", [v]) if em.node.target._overloadpacket.__name__ == "std" else v
+
+
+@_op("cat", "concat")
+def _cat(em, a):
+    vs = [em.val(t) for t in a["tensors"]]
+    vs = [v for v in vs if 0 not in v.shape]
+    dt = em.dt(em.meta_val().dtype)
+    vs = [em.cast(v, dt) for v in vs]
+    if len(vs) == 1:
+        return vs[0]
+    ax = _axis(a["dim"], len(em.meta_val().shape))
+    return em.emit("concat", vs, {"axis": ax})
+
+
+def _slice(em, v, axis, start, end, step=1, name=None):
+    n = v.shape[axis]
+    start, end, _ = slice(start, end, step).indices(n)
+    if start == 0 and end == n and step == 1:
+        return v
+    size = max(0, (end - start + step - 1) // step)
+    if size == 0:
+        em.fail("an empty slice")
+    shape = list(v.shape)
+    shape[axis] = size
+    attrs = {"axis": axis, "start": start, "end": end}
+    if step != 1:
+        attrs["step"] = step
+    return em.emit("slice", [v], attrs, shape=tuple(shape), dtype=v.dtype, name=name)
+
+
+@_op("slice")
+def _slice_op(em, a):
+    v = em.val(a["self"])
+    ax = _axis(a.get("dim", 0), len(v.shape))
+    start = a.get("start")
+    end = a.get("end")
+    return _slice(em, v, ax, 0 if start is None else int(start), v.shape[ax] if end is None else
+                  min(int(end), v.shape[ax]), int(a.get("step", 1)))
+
+
+@_op("select")
+def _select(em, a):
+    v = em.val(a["self"])
+    ax = _axis(a["dim"], len(v.shape))
+    i = int(a["index"]) % v.shape[ax]
+    s = _slice(em, v, ax, i, i + 1, name=em.node.name + ".s")
+    return em.reshape(s, _shape(em.meta_val()))
+
+
+@_op("split", "split_with_sizes", "chunk", "unbind", "tensor_split")
+def _split(em, a):
+    v = em.val(a["self"])
+    ax = _axis(a.get("dim", 0), len(v.shape))
+    outs = em.meta_val()
+    res, start = [], 0
+    for i, o in enumerate(outs):
+        size = int(o.shape[ax]) if len(o.shape) == len(v.shape) else 1
+        s = _slice(em, v, ax, start, start + size, name=f"{em.node.name}.{i}")
+        res.append(em.reshape(s, tuple(int(t) for t in o.shape)))
+        start += size
+    return res
+
+
+@_op("index")
+def _index(em, a):
+    v = em.val(a["self"])
+    idx = list(a["indices"])
+    used = [i for i, t in enumerate(idx) if t is not None]
+    if len(used) != 1:
+        em.fail("indexing with more than one index tensor")
+    k = used[0]
+    iv = em.val(idx[k])
+    if iv.dtype == "bool":
+        em.fail("indexing with a boolean mask (the result's size depends on the data)")
+    if k != 0:
+        perm = [k] + [i for i in range(len(v.shape)) if i != k]
+        v = em.emit("transpose", [v], {"perm": perm}, shape=tuple(v.shape[p] for p in perm), dtype=v.dtype,
+                    name=em.node.name + ".t")
+    rest = v.shape[1:]
+    table = em.reshape(v, (v.shape[0], int(np.prod(rest)) if rest else 1))
+    g = em.emit("gather", [em.cast(iv, "i64"), table], shape=iv.shape + (table.shape[1],), dtype=v.dtype,
+                name=em.node.name + ".g")
+    g = em.reshape(g, iv.shape + rest)
+    if k != 0:
+        # the index's axes take the place of axis k (one index tensor: PyTorch keeps them there)
+        r, ri = len(g.shape), len(iv.shape)
+        perm = list(range(ri, ri + k)) + list(range(ri)) + list(range(ri + k, r))
+        g = em.emit("transpose", [g], {"perm": perm}, shape=tuple(g.shape[p] for p in perm), dtype=g.dtype)
+    return em.reshape(g, _shape(em.meta_val()))
+
+
+@_op("scaled_dot_product_attention")
+def _sdpa(em, a):
+    q, k, v = em.val(a["query"]), em.val(a["key"]), em.val(a["value"])
+    if len(q.shape) != 4:
+        em.fail("attention on rank-%d tensors (tfuse's is [B, H, T, D])" % len(q.shape))
+    if a.get("enable_gqa"):
+        em.fail("enable_gqa=True")
+    D = q.shape[-1]
+    T, S = q.shape[2], k.shape[2]
+    scale = a.get("scale")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    causal = bool(a.get("is_causal"))
+    mask = a.get("attn_mask")
+    p = float(a.get("dropout_p", 0.0))
+    torch = em.torch
+    if mask is not None and em.is_const(mask):
+        m = em.const_of(mask)
+        tri = torch.ones(T, S, dtype=torch.bool).tril()
+        if m.dtype == torch.bool:
+            mb = m
+        else:
+            mb = m == 0 if bool(((m == 0) | (m == float("-inf")) | (m < -1e30)).all()) else None
+        if mb is not None:
+            mb = mb.expand(*mb.shape[:-2], T, S) if mb.dim() >= 2 else None
+        if mb is not None and bool((mb == tri).all()):
+            mask, causal = None, causal or True
+        elif mb is not None and bool(mb.all()):
+            mask = None
+    if mask is None and p == 0.0:
+        if abs(scale * math.sqrt(D) - 1.0) > 1e-12:
+            q = em.emit("mul", [q, _num(scale * math.sqrt(D))], shape=q.shape, dtype=q.dtype,
+                        name=em.node.name + ".qs")
+        return em.emit("attention", [q, k, v], {"causal": True} if causal else None)
+    # the attention written out: scores, mask, softmax, (dropout), values
+    base = em.node.name
+    s = em.emit("matmul", [q, k], {"transpose_b": True}, shape=q.shape[:-1] + (S,), dtype=q.dtype, name=base + ".s")
+    s = em.emit("mul", [s, _num(scale)], shape=s.shape, dtype=s.dtype, name=base + ".ss")
+    if causal:
+        em.fail("is_causal=True together with attn_mask")
+    if mask is not None:
+        mv = em.val(mask)
+        if mv.dtype == "bool":
+            s = em.emit("where", [mv, s, "-inf"], shape=s.shape, dtype=s.dtype, name=base + ".m")
+        else:
+            s = em.emit("add", [s, em.cast(mv, s.dtype)], shape=s.shape, dtype=s.dtype, name=base + ".m")
+    pr = em.emit("softmax", [s], shape=s.shape, dtype=s.dtype, name=base + ".p")
+    if p > 0.0:
+        em.dropouts += 1
+        pr = em.emit("dropout", [pr], {"p": p, "salt": em.dropouts}, shape=s.shape, dtype=s.dtype,
+                     name=base + ".pd")
+    return em.emit("matmul", [pr, v])
+
+
+@_op("cross_entropy_loss")
+def _cross_entropy(em, a):
+    x, y = em.val(a["self"]), em.val(a["target"])
+    if a.get("weight") is not None:
+        em.fail("a weighted cross-entropy")
+    if float(a.get("label_smoothing", 0.0)) != 0.0:
+        em.fail("label_smoothing")
+    if y.dtype not in ("i64", "i32"):
+        em.fail("cross-entropy with class probabilities (tfuse takes integer labels)")
+    red = int(a.get("reduction", 1))
+    if red == 0:
+        em.fail("reduction='none' (tfuse's cross_entropy is the mean)")
+    if len(x.shape) > 2:   # classes on axis 1 -> last
+        perm = [0] + list(range(2, len(x.shape))) + [1]
+        x = em.emit("transpose", [x], {"perm": perm}, shape=tuple(x.shape[p] for p in perm), dtype=x.dtype,
+                    name=em.node.name + ".t")
+    # labels equal to ignore_index (-100 by default) are out of range for tfuse: an error at run time, not ignored
+    r = em.emit("cross_entropy", [x, y], shape=(), dtype="f32",
+                name=em.node.name + (".mean" if red == 2 else ""))
+    if red == 2:
+        r = em.emit("mul", [r, _num(int(np.prod(y.shape)))], shape=(), dtype="f32")
+    return em.cast(r, em.dt(em.meta_val().dtype))
+
+
+@_op("mse_loss")
+def _mse(em, a):
+    if int(a.get("reduction", 1)) != 1:
+        em.fail("mse_loss with a reduction other than 'mean'")
+    return em.emit("mse_loss", [em.val(a["self"]), em.val(a["target"])])
+
+
+# ---------------------------------------------------------------------------
+# The walk
+
+_SHAPE_ONLY = {"new_ones", "new_zeros", "new_full", "new_empty", "ones_like", "zeros_like", "full_like",
+               "empty_like", "sym_size", "size"}
+_NO_RESULT = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size",
+              "_assert_async", "_functional_assert_async"}
+_RANDOM = {"rand", "randn", "randint", "bernoulli", "normal", "uniform", "rand_like", "randn_like", "randperm",
+           "dropout", "native_dropout"}
+
+
+def _packet(target):
+    p = getattr(target, "_overloadpacket", None)
+    if p is not None:
+        return p.__name__
+    return getattr(target, "__name__", str(target))
+
+
+def _linear_uses_only(torch, p):
+    """True when every use of param node p is as a linear layer's weight
+    [out, in]: aten.linear's weight, or a 2-d transpose feeding mm/addmm's mat2."""
+    aten = torch.ops.aten
+    if not p.users:
+        return False
+    for u in p.users:
+        if u.target is aten.linear.default and len(u.args) > 1 and u.args[1] is p and p not in u.args[2:] \
+                and u.args[0] is not p:
+            continue
+        if _packet(u.target) in ("t", "transpose", "permute") and _is_2d_swap(u) and u.users and all(
+                _packet(w.target) in ("addmm", "mm") and w.args[-1 if _packet(w.target) == "mm" else 2] is u
+                and list(w.args).count(u) == 1 and not w.kwargs for w in u.users):
+            continue
+        return False
+    return True
+
+
+def _is_2d_swap(u):
+    v = u.args[0].meta.get("val")
+    if v is None or v.dim() != 2:
+        return False
+    name = _packet(u.target)
+    if name == "permute":
+        return list(u.args[1]) == [1, 0]
+    return True
+
+
+def _out_paths(torch, out_spec, n):
+    """The key path of each flattened output, as a list of str (dict keys,
+    attribute names) and int (tuple positions)."""
+    import torch.utils._pytree as pytree
+    tree = pytree.tree_unflatten(list(range(n)), out_spec)
+    flat, _ = pytree.tree_flatten_with_path(tree)
+    paths = []
+    for path, _ in flat:
+        parts = []
+        for k in path:
+            if hasattr(k, "key"):
+                parts.append(str(k.key))
+            elif hasattr(k, "idx"):
+                parts.append(int(k.idx))
+            elif hasattr(k, "name"):
+                parts.append(str(k.name))
+        paths.append(parts)
+    return paths
+
+
+def _out_name(parts):
+    """"output" for a lone tensor, "output0", "output1" for a tuple's, the key
+    ("logits") for a dict's or a ModelOutput's, joined by dots when nested."""
+    if not parts:
+        return "output"
+    s = ".".join(str(p) for p in parts)
+    return _ir_name("output" + s if isinstance(parts[0], int) else s)
+
+
+def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, strip_prefix=""):
+    from torch.export.graph_signature import InputKind, OutputKind
+    sig = ep.graph_signature
+    em = _Emitter(torch, ep, input_names, train_mode)
+    for n in list(input_names.values()) + list(out_names):
+        em.used.add(n)
+    specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+    state = ep.state_dict
+    consts = ep.constants
+    inputs_decl, params_decl, buffers_decl = [], [], []
+    user_i = 0
+    gm = ep.graph_module
+    updates = {}   # buffer name -> its new value
+
+    def tname(target):
+        return target[len(strip_prefix):] if strip_prefix and target.startswith(strip_prefix) else target
+
+    for node in gm.graph.nodes:
+        em.node = node
+        if node.op == "placeholder":
+            spec = specs.get(node.name)
+            kind = spec.kind if spec is not None else InputKind.USER_INPUT
+            val = node.meta.get("val")
+            if kind == InputKind.USER_INPUT:
+                if not isinstance(val, torch.Tensor):
+                    em.env[node] = ("const", val)
+                    continue
+                nm = list(input_names.values())[user_i]
+                user_i += 1
+                d = em.dt(val.dtype)
+                inputs_decl.append(f"input  {nm} : {d}[{', '.join(str(int(s)) for s in val.shape)}]")
+                em.env[node] = _Val(nm, tuple(int(s) for s in val.shape), d)
+                continue
+            if kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                t = state.get(spec.target) if spec.target in state else consts.get(spec.target)
+                persistent = kind == InputKind.PARAMETER or spec.persistent is not False
+                if t is None or not persistent:
+                    if t is None:
+                        em.fail(f"no value for {spec.target}")
+                    if spec.target in {s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION}:
+                        em.fail(f"a non-persistent buffer {spec.target} that the model changes")
+                    em.env[node] = ("const", t.detach())
+                    continue
+                d = em.dt(t.dtype)
+                trainable = kind == InputKind.PARAMETER and t.requires_grad and d in ("f32", "f16", "bf16", "f64")
+                transposed = kind == InputKind.PARAMETER and t.dim() == 2 and _linear_uses_only(torch, node)
+                arr = t.detach().cpu()
+                if transposed:
+                    arr = arr.t()
+                arr = arr.contiguous()
+                if d == "bf16":
+                    em.fail(f"{spec.target} is bf16 (export the module in float32)")
+                nm = em.uniq(tname(spec.target))
+                shape = tuple(int(s) for s in arr.shape)
+                decl = f"{'param ' if trainable else 'buffer'} {nm} : {d}[{', '.join(str(s) for s in shape)}]"
+                (params_decl if trainable else buffers_decl).append(decl)
+                em.params[nm] = arr.numpy().astype(_NP_OF[d])
+                em.layout[nm] = (tname(spec.target), transposed)
+                em.env[node] = _Val(nm, shape, d)
+                if transposed:
+                    em.transposed.add(node)
+                continue
+            if kind == InputKind.CONSTANT_TENSOR:
+                em.env[node] = ("const", consts[spec.target])
+                continue
+            em.fail(f"an input of kind {kind}")
+        elif node.op == "call_function":
+            name = _packet(node.target)
+            if node.target.__module__ == "_operator" and name == "getitem":
+                src = em.env[node.args[0]]
+                if isinstance(src, tuple) and src[0] == "const":
+                    em.env[node] = ("const", src[1][node.args[1]])
+                else:
+                    em.env[node] = src[node.args[1]]
+                continue
+            if name in _NO_RESULT:
+                continue
+            ins = node.all_input_nodes
+            if name in _SHAPE_ONLY or (all(em.is_const(i) for i in ins) and name not in _RANDOM):
+                em.env[node] = ("const", _evaluate(torch, em, node))
+                continue
+            if name in ("t", "transpose", "permute") and node.args[0] in em.transposed:
+                em.env[node] = ("tparam", node.args[0])   # read by addmm/mm as the [in, out] param
+                continue
+            inplace = name.endswith("_") and not name.startswith("_") and name not in _OPS
+            h = _OPS.get(name[:-1] if inplace else name)
+            if h is None:
+                em.fail("tfuse has no mapping for this op")
+            res = h(em, em.bind(node))
+            em.check(node, res)
+            em.env[node] = res
+            if inplace and isinstance(node.args[0], torch.fx.Node):
+                target = node.args[0]
+                if target.op == "placeholder":   # state the model changes: a buffer's update
+                    spec = specs.get(target.name)
+                    if spec is None or spec.kind != InputKind.BUFFER or not isinstance(em.env.get(target), _Val):
+                        em.fail("an in-place change of an input or a param (tfuse models change only buffers)")
+                    updates[em.env[target].name] = res
+                em.env[target] = res
+        elif node.op == "output":
+            outs = node.args[0]
+            user = []
+            for spec, o in zip(sig.output_specs, outs):
+                if spec.kind == OutputKind.USER_OUTPUT:
+                    user.append(o)
+                elif spec.kind == OutputKind.BUFFER_MUTATION:
+                    bnode = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name in specs and
+                                 specs[n.name].target == spec.target)
+                    if bnode in em.bn_buffers:
+                        continue   # tfuse's batchnorm moves its running statistics itself (train mode)
+                    updates[em.env[bnode].name] = em.val(o)
+                else:
+                    em.node = None
+                    raise ExportError(f"error: cannot export a model whose graph has a {spec.kind} output "
+                                      f"({spec.target}): tfuse models change only their buffers")
+            outputs = []
+            for nm, o in zip(out_names, user):
+                if o is None:
+                    continue
+                v = em.val(o) if isinstance(o, torch.fx.Node) else None
+                if v is None or not isinstance(v, _Val):
+                    em.fail(f"output {nm} is not a tensor the model computes")
+                outputs.append(f"output {nm}" if v.name == nm else f"output {nm} = {v.name}")
+    text = [f"module {_ir_name(module_name)}", "# exported from PyTorch by tfuse.export; weights in the .safetensors "
+            "beside this file (tfuse run --params)", ""]
+    text += inputs_decl + [""] + params_decl + buffers_decl + em.decls + [""] + em.lines + [""] + outputs
+    if updates:
+        text += [""] + [f"update {b} = {v.name if isinstance(v, _Val) else v}" for b, v in updates.items()]
+    return em, "\n".join(text) + "\n"
+
+
+def _evaluate(torch, em, node):
+    """A node that depends on no input, param or buffer, computed now."""
+    fx = torch.fx
+
+    def conv(x):
+        if isinstance(x, fx.Node):
+            v = em.env.get(x)
+            if isinstance(v, tuple) and v[0] == "const":
+                return v[1]
+            mv = x.meta.get("val")   # a shape-only use: a tensor of the right shape and dtype
+            if isinstance(mv, torch.Tensor):
+                return torch.zeros(tuple(int(s) for s in mv.shape), dtype=mv.dtype)
+            return mv
+        if isinstance(x, (list, tuple)):
+            return type(x)(conv(y) for y in x)
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+
+    args, kwargs = conv(node.args), conv(node.kwargs)
+    if "device" in kwargs:
+        kwargs["device"] = torch.device("cpu")
+    try:
+        with torch.no_grad():
+            return node.target(*args, **kwargs)
+    except Exception as e:   # noqa: BLE001  (the op's own message says why)
+        em.fail(f"computing it at export time failed: {e}")
+
+
+def _check(self, node, res):
+    mv = node.meta.get("val")
+    if isinstance(res, _Val) and isinstance(mv, self.torch.Tensor):
+        want = tuple(int(s) for s in mv.shape)
+        if res.shape != want:
+            self.fail(f"internal: the mapping gives shape {list(res.shape)}, PyTorch's is {list(want)}")
+
+
+_Emitter.check = _check
+
+
+def _linear_weight(self, w):
+    if w in self.transposed:
+        return self.env[w]
+    return None
+
+
+def _linear_weight_t(self, m2):
+    v = self.env.get(m2)
+    if isinstance(v, tuple) and v[0] == "tparam":
+        return self.env[v[1]]
+    if isinstance(v, _Val) and len(v.shape) == 2 and _packet(self.node.target) == "addmm":
+        return v
+    return None
+
+
+_Emitter.linear_weight = _linear_weight
+_Emitter.linear_weight_t = _linear_weight_t
+
+
+# ---------------------------------------------------------------------------
+# The train block
+
+def _optimizer_text(torch, optimizer, trainable):
+    groups = optimizer.param_groups
+    g0 = groups[0]
+    for g in groups[1:]:
+        diff = [k for k in g if k != "params" and g[k] != g0[k] and k != "initial_lr"]
+        if diff:
+            raise ExportError(f"error: cannot export {type(optimizer).__name__}: its param groups differ in "
+                              f"{diff}; tfuse's train block has one optimizer setting for every param")
+    given = {id(p) for g in groups for p in g["params"]}
+    missing = [n for n, p in trainable if id(p) not in given]
+    if missing:
+        raise ExportError(f"error: cannot export {type(optimizer).__name__}: it does not update {missing[:3]}; "
+                          "tfuse's optimizer updates every param (freeze one with requires_grad=False)")
+    lr = float(g0.get("initial_lr", g0["lr"]))
+    name = type(optimizer).__name__
+
+    def bad(what):
+        raise ExportError(f"error: cannot export {name}({what}): tfuse's {name.lower()} has no such setting")
+
+    if g0.get("maximize"):
+        bad("maximize=True")
+    if name == "SGD":
+        if g0.get("dampening", 0):
+            bad(f"dampening={g0['dampening']}")
+        args = [f"lr={_num(lr)}"]
+        if g0.get("momentum", 0):
+            args.append(f"momentum={_num(g0['momentum'])}")
+        if g0.get("nesterov"):
+            args.append("nesterov=true")
+        if g0.get("weight_decay", 0):
+            args.append(f"weight_decay={_num(g0['weight_decay'])}")
+        return f"sgd({', '.join(args)})", lr
+    if name in ("Adam", "AdamW"):
+        if g0.get("amsgrad"):
+            bad("amsgrad=True")
+        if g0.get("decoupled_weight_decay") and name == "Adam":
+            name = "AdamW"
+        b1, b2 = g0["betas"]
+        wd = float(g0.get("weight_decay", 0.0))
+        args = [f"lr={_num(lr)}", f"beta1={_num(float(b1))}", f"beta2={_num(float(b2))}",
+                f"eps={_num(float(g0['eps']))}", f"weight_decay={_num(wd)}"]
+        return f"{name.lower()}({', '.join(args)})", lr
+    raise ExportError(f"error: cannot export the optimizer {name}: tfuse has SGD, Adam and AdamW")
+
+
+def _schedule_text(scheduler, lr):
+    if scheduler is None:
+        return None
+    name = type(scheduler).__name__
+    if name == "StepLR":
+        return f"step(step_size={scheduler.step_size}, gamma={_num(scheduler.gamma)})"
+    if name == "CosineAnnealingLR":
+        return f"cosine(total_steps={scheduler.T_max}, min_lr={_num(scheduler.eta_min)})"
+    if name == "ConstantLR" and scheduler.factor == 1.0:
+        return None
+    if name == "OneCycleLR":
+        if getattr(scheduler, "_anneal_func_type", "cos") != "cos" or scheduler.cycle_momentum:
+            raise ExportError("error: cannot export OneCycleLR with momentum cycling or linear annealing: tfuse's "
+                              "onecycle anneals the learning rate alone, by cosine (cycle_momentum=False, "
+                              "anneal_strategy='cos')")
+        if getattr(scheduler, "_schedule_phases", None) and len(scheduler._schedule_phases) != 2:
+            raise ExportError("error: cannot export OneCycleLR(three_phase=True)")
+        g = scheduler.optimizer.param_groups[0]
+        mx, init, mn = g["max_lr"], g["initial_lr"], g["min_lr"]
+        total = scheduler.total_steps
+        up = scheduler._schedule_phases[0]["end_step"] + 1
+        if up != int(up):
+            raise ExportError(f"error: cannot export OneCycleLR: pct_start * total_steps = {up} is not a whole "
+                              "number of steps (tfuse's onecycle rounds it down, PyTorch's does not)")
+        pct = up / total
+        return (f"onecycle(max_lr={_num(mx)}, total_steps={total}, pct_start={_num(pct)}, "
+                f"div_factor={_num(mx / init)}, final_div_factor={_num(init / mn)})")
+    raise ExportError(f"error: cannot export the LR scheduler {name}: tfuse has StepLR (step), CosineAnnealingLR "
+                      "(cosine) and OneCycleLR (onecycle)")
+
+
+# ---------------------------------------------------------------------------
+# export()
+
+def _input_names(forward, args, kwargs, extra=()):
+    """{torch argument name: tfuse input name} for the tensors among args/kwargs."""
+    try:
+        bound = inspect.signature(forward).bind(*args, **kwargs)
+        items = list(bound.arguments.items())
+    except (TypeError, ValueError):
+        items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    out = {}
+    for k, v in items + list(extra):
+        if isinstance(v, dict):   # **kwargs
+            for kk, vv in v.items():
+                out[kk] = vv
+        elif isinstance(v, (list, tuple)) and k.startswith("*") is False and not hasattr(v, "shape"):
+            for i, vv in enumerate(v):
+                out[f"{k}{i}"] = vv
+        else:
+            out[k] = v
+    return out
+
+
+def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None, *, targets=(), name=None):
+    """A PyTorch module as a tfuse model: returns an Exported (.text, .params,
+    .save(path)); tfuse.compile(exported, ...) compiles it and its sessions
+    start from the module's weights.
+
+    example_inputs: a tuple of the forward's positional arguments, or a dict
+    of keyword arguments (as HF models take input_ids=...); their shapes and
+    dtypes become the inputs'. The module is traced in its current mode:
+    call module.eval() first for inference (dropout off, batchnorm's running
+    statistics), though tfuse's compile mode decides both in the end.
+
+    loss_fn(outputs, *targets) -> scalar, with `targets` the example tensors
+    of its other arguments: the model then has an output named "loss" first
+    (what tfuse's train mode minimizes), and inputs for the targets, named
+    as loss_fn's parameters (F.cross_entropy's "target"). optimizer: a
+    torch.optim SGD, Adam or AdamW over the module's params; scheduler: a
+    StepLR, CosineAnnealingLR or OneCycleLR of it: together the train block.
+    """
+    torch = _torch()
+    nn = torch.nn
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), dict(example_inputs)
+    else:
+        args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+        kwargs = {}
+    targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
+    names = _input_names(module.forward, args, kwargs)
+    mod, prefix = module, ""
+    if loss_fn is not None:
+        fn = loss_fn.forward if isinstance(loss_fn, nn.Module) else loss_fn
+        try:
+            pnames = [p for p in inspect.signature(fn).parameters][1:1 + len(targets)]
+        except (TypeError, ValueError):
+            pnames = []
+        pnames += [f"target{i}" for i in range(len(pnames), len(targets))]
+        for p, t in zip(pnames, targets):
+            if p in names:
+                raise ExportError(f"error: loss_fn's argument '{p}' has the name of one of the forward's")
+            names[p] = t
+        nin, nkw = len(args), list(kwargs)
+
+        class _WithLoss(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = module
+
+            def forward(self, *a):
+                out = self.m(*a[:nin], **dict(zip(nkw, a[nin:nin + len(nkw)])))
+                return loss_fn(out, *a[nin + len(nkw):]), out
+
+        mod, prefix = _WithLoss(), "m."
+        args, kwargs = args + tuple(kwargs.values()) + targets, {}
+    tensor_names = {k: _ir_name(k) for k, v in names.items() if isinstance(v, torch.Tensor)}
+    try:
+        ep = torch.export.export(mod, args, kwargs, strict=False)
+    except Exception as e:   # noqa: BLE001
+        raise ExportError(f"error: torch.export could not trace {type(module).__name__}: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    sig = ep.graph_signature
+    n_user = sum(1 for s in sig.output_specs if s.kind.name == "USER_OUTPUT")
+    paths = _out_paths(torch, ep.call_spec.out_spec, n_user)
+    if loss_fn is not None:   # (loss, module outputs)
+        onames = ["loss"] + [_out_name(p[1:]) for p in paths[1:]]
+    else:
+        onames = [_out_name(p) for p in paths]
+    seen = set()
+    for i, n in enumerate(onames):   # distinct names
+        base, k = n, 1
+        while onames[i] in seen or onames[i] in tensor_names.values():
+            onames[i] = f"{base}_{k}"
+            k += 1
+        seen.add(onames[i])
+    model_name = name or type(module).__name__
+    train_mode = module.training or loss_fn is not None
+    em, text = _graph_to_ir(torch, ep, tensor_names, onames, model_name, train_mode, prefix)
+    aliases = {}
+    sd = module.state_dict(keep_vars=True)
+    ptr = {}
+    for ir, (tn, _) in em.layout.items():
+        if tn in sd:
+            ptr[(sd[tn].data_ptr(), tuple(sd[tn].shape))] = ir
+    for tn, t in sd.items():
+        key = (t.data_ptr(), tuple(t.shape))
+        if key in ptr and em.layout[ptr[key]][0] != tn and t.numel():
+            aliases[tn] = ptr[key]
+    if optimizer is not None:
+        trainable = [(tn, sd[tn]) for ir, (tn, _) in em.layout.items() if tn in sd and
+                     isinstance(sd[tn], nn.Parameter) and sd[tn].requires_grad]
+        opt, lr = _optimizer_text(torch, optimizer, trainable)
+        block = [f"  optimizer = {opt}"]
+        sched = _schedule_text(scheduler, lr)
+        if sched:
+            block.append(f"  schedule  = {sched}")
+        text += "\ntrain {\n" + "\n".join(block) + "\n}\n"
+    elif scheduler is not None:
+        raise ExportError("error: a scheduler without its optimizer")
+    return Exported(text, em.params, dict(tensor_names), onames, em.layout, aliases, model_name)
+
+
+# ---------------------------------------------------------------------------
+# tfuse.export is this module, callable as export(): `tfuse.export(model, ...)`
+
+class _CallableModule(type(sys)):
+    def __call__(self, *args, **kwargs):
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+# ---------------------------------------------------------------------------
+# python -m tfuse.export FILE.py:NAME --input f32[8,784] ... -o model.ir
+
+_SPEC = re.compile(r"^(?:([A-Za-z_]\w*)=)?(f32|f16|f64|bf16|i64|i32|bool)\[([\d,\s]*)\]$")
+
+
+def main(argv=None):
+    import argparse
+    import importlib.util
+    ap = argparse.ArgumentParser(
+        prog="python -m tfuse.export",
+        description="Export a PyTorch module to a tfuse model: OUT.ir and OUT.safetensors (its weights).")
+    ap.add_argument("module", help="FILE.py:NAME or package.module:NAME; NAME a nn.Module class (built with no "
+                                   "arguments) or a function returning a module")
+    ap.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE[SHAPE]",
+                    help="an example input, e.g. f32[8,3,32,32] or input_ids=i64[2,16]: positional in order, "
+                         "or a keyword argument with NAME= (random values; only the shape and dtype matter)")
+    ap.add_argument("-o", "--output", default=None, help="the .ir to write (default: NAME.ir); the weights go "
+                                                         "beside it as .safetensors")
+    ap.add_argument("--train", action="store_true", help="trace in training mode (default: module.eval())")
+    ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed before building the module")
+    a = ap.parse_args(argv)
+    torch = _torch()
+    path, _, attr = a.module.rpartition(":")
+    if not path or not attr:
+        ap.error(f"'{a.module}': expected FILE.py:NAME or module:NAME")
+    if path.endswith(".py") or os.sep in path:
+        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(path)
+    torch.manual_seed(a.seed)
+    model = getattr(mod, attr)()
+    model.train(a.train)
+    args, kwargs = [], {}
+    gen = torch.Generator().manual_seed(a.seed)
+    for s in a.input:
+        m = _SPEC.match(s.replace(" ", ""))
+        if not m:
+            ap.error(f"--input {s}: expected [NAME=]DTYPE[d0,d1,...], e.g. f32[8,784]")
+        name, dt, dims = m.groups()
+        shape = [int(d) for d in dims.split(",") if d]
+        tdt = {"f32": torch.float32, "f16": torch.float16, "f64": torch.float64, "bf16": torch.bfloat16,
+               "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}[dt]
+        t = torch.randn(shape, generator=gen).to(tdt) if tdt.is_floating_point else \
+            torch.zeros(shape, dtype=tdt)
+        if name:
+            kwargs[name] = t
+        else:
+            args.append(t)
+    if args and kwargs:
+        ap.error("give the inputs all by position or all by name")
+    try:
+        ex = export(model, kwargs if kwargs else tuple(args))
+    except Error as e:
+        print(e, file=sys.stderr)
+        return 1
+    out = a.output or attr + ".ir"
+    w = ex.save(out)
+    print(f"{out}: {len(ex.inputs)} inputs ({', '.join(ex.inputs.values())}), outputs {', '.join(ex.outputs)}; "
+          f"weights: {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
