@@ -149,7 +149,7 @@ static const struct flag_info {
     [F_DUMP_DIR]       = {"--dump-dir",       C_OPT | C_COMPILING,         false, NULL},
     [F_DISABLE_PASS]   = {"--disable-pass",   C_OPT | C_COMPILING,         true,  NULL},
     [F_DUMP_KERNELS]   = {"--dump-kernels",   C_COMPILING,                 false, NULL},
-    [F_ARCH]           = {"--arch",           C_COMPILE,                   false, "it picks the GPU of 'tfuse compile --target=cuda -o DIR'"},
+    [F_ARCH]           = {"--arch",           C_COMPILE,                   false, "it picks the GPUs 'tfuse compile --target=cuda' compiles for"},
     [F_DUMP_LLVM]      = {"--dump-llvm",      C_COMPILING,                 false, NULL},
     [F_THREADS]        = {"--threads",        C_RUN | C_TRAIN | C_BENCH,   false, "threads are a property of a running session"},
     [F_ITERS]          = {"--iters",          C_BENCH,                     false, NULL},
@@ -282,8 +282,12 @@ static int parse_args(int argc, char **argv, args *a)
             a->dump_kernels = cli_nonempty(cmd, "--dump-kernels", v, &r);
         } else if ((v = cli_flag_value(argc, argv, &i, "--arch"))) {
             NOTE(F_ARCH);
-            if (strncmp(v, "sm_", 3) || !v[3] || strspn(v + 3, "0123456789a") != strlen(v + 3))
-                return cli_usage_error(cmd, "--arch expects a GPU architecture such as sm_80 or sm_90, found '%s'", v);
+            for (const char *e = v;; e += strcspn(e, ",") + 1) {   /* sm_80 or a list: sm_80,sm_90 */
+                size_t len = strcspn(e, ",");
+                if (len < 4 || strncmp(e, "sm_", 3) || strspn(e + 3, "0123456789a") != len - 3)
+                    return cli_usage_error(cmd, "--arch expects GPU architectures such as sm_80 or sm_80,sm_90, found '%s'", v);
+                if (!e[len]) break;
+            }
             a->arch = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--dump-llvm"))) {
             NOTE(F_DUMP_LLVM);
@@ -909,7 +913,7 @@ static void print_summary(const tf_program_t *p, const args *a, const char *out,
     if (peak >= 0) print_bytes(", planned peak ", (double)peak);
     printf("\n");
     if (pi) {
-        printf("wrote %s: %d compiled kernels (%d from the cache, %d compiled now), %s", out, pi->objects, pi->objects_cached,
+        printf("wrote %s: %d kernel binaries (%d from the cache, %d compiled now), %s", out, pi->objects, pi->objects_cached,
                pi->objects - pi->objects_cached, pi->has_params ? "initial params" : "no params (--no-params)");
         print_bytes(", ", (double)pi->bytes);
         printf(", in %.0f ms\n", ms);
@@ -919,10 +923,16 @@ static void print_summary(const tf_program_t *p, const args *a, const char *out,
 static int cmd_compile(tf_context_t *ctx, const args *a)
 {
     /* -o X.ir: the final IR as text; --target=cuda -o DIR: the cubin directory; else a package */
-    bool ir_text = a->out && ends_with(a->out, ".ir"), cuda_dir = a->out && !ir_text && a->target == TF_TARGET_CUDA;
-    bool package = !ir_text && !cuda_dir && a->target != TF_TARGET_CUDA && a->target != TF_TARGET_CUDA_EMU;
+    bool ir_text = a->out && ends_with(a->out, ".ir");
+    bool cuda_dir = a->out && !ir_text && a->target == TF_TARGET_CUDA && !ends_with(a->out, ".tfp");
+    bool package = !ir_text && !cuda_dir && a->target != TF_TARGET_CUDA_EMU;
     char *pkg_path = package ? (a->out ? strdup(a->out) : default_package_path(a->file)) : NULL;
     if (package && !pkg_path) return cli_errorf("out of memory");
+    if (cuda_dir && a->arch && strchr(a->arch, ',')) {
+        free(pkg_path);
+        return cli_usage_errorf(a->cmd, "-o %s writes one architecture's cubins into a directory; a package (-o NAME.tfp) holds "
+                                "several (--arch=%s)", a->out, a->arch);
+    }
     if ((a->no_params || a->seed_set) && !package) {
         free(pkg_path);
         return cli_usage_errorf(a->cmd, "%s the initial params of a package, and this writes none%s",
@@ -970,12 +980,12 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
     } else if (!rc && package) {
         tf_package_info pi;
         cli_write_begin();   /* an interrupt waits for the package's rename */
-        if (tf_program_save(ctx, p, pkg_path, !a->no_params, a->seed, &pi)) rc = fail(ctx);
+        if (tf_program_save(ctx, p, pkg_path, !a->no_params, a->seed, a->arch, &pi)) rc = fail(ctx);
         cli_write_end();
         if (!rc) print_summary(p, a, pkg_path, &pi, wall_ms() - t0);
     } else if (!rc) {
         print_summary(p, a, NULL, NULL, 0);
-        printf("not packaged: packages hold cpu and interp programs so far (-o DIR writes the cuda target's cubins)\n");
+        printf("not packaged: cuda-emu compiles its kernels for this host when a session starts\n");
     }
     free(pkg_path);
     tf_program_free(p);

@@ -325,7 +325,10 @@ tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
  * or for another CPU (saying what it was built for and what this machine
  * is), runs the passes again (milliseconds; the result must hash to the
  * package's final IR) and its sessions link the package's code and start
- * from its params. cpu and interp programs so far (cuda: TF_ERR_UNSUPPORTED). */
+ * from its params. A cuda program's package holds cubins for each of
+ * cuda_archs ("sm_80,sm_90"; NULL: sm_90; NVRTC compiles them, no GPU
+ * needed), and a session on a GPU of another architecture is refused,
+ * naming both; cuda-emu is not packaged (TF_ERR_UNSUPPORTED). */
 typedef struct tf_package_info {
     int objects;          /* compiled kernels in the package */
     int objects_cached;   /* of those, taken from the disk cache rather than compiled now */
@@ -333,7 +336,7 @@ typedef struct tf_package_info {
     int64_t bytes;        /* the file's size */
 } tf_package_info;
 tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *path, int with_params, uint64_t seed,
-                          tf_package_info *info);
+                          const char *cuda_archs, tf_package_info *info);
 tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **out);
 /* Whether path starts like a package (for callers that take either). */
 int tf_is_package(const char *path);

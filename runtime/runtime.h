@@ -137,9 +137,10 @@ struct tf_backend {
                                 tf_artifact_info *info);
     /* Optional (NULL: nothing to add): the compiled code of every kernel of
      * p as sections of a package (cpu: "cpu/target", the target the code is
-     * for, and "cpu/SYM.o" per kernel); *nobjects of them, *cached of those
-     * taken from the disk cache rather than compiled now. */
-    tf_status (*package_code)(tf_context_t *ctx, const tf_program_t *p, tf_pkg *pkg, int *nobjects, int *cached);
+     * for, and "cpu/SYM.o" per kernel; cuda: cubins for each architecture
+     * of archs, "sm_80,sm_90"); *nobjects of them, *cached of those taken
+     * from the disk cache rather than compiled now. */
+    tf_status (*package_code)(tf_context_t *ctx, const tf_program_t *p, const char *archs, tf_pkg *pkg, int *nobjects, int *cached);
     /* Optional: whether a loaded package's code runs here: an error (with
      * the package's path) that says what it was built for and what this
      * machine is. */

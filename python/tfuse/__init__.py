@@ -543,16 +543,18 @@ class Program:
                 self._h.ctx, self._h.ptr, os.fsencode(os.fspath(directory)), arch.encode() if arch else None, byref(n)))
         return n.value
 
-    def save(self, path, params=True, seed=0):
+    def save(self, path, params=True, seed=0, cuda_archs=None):
         """This program as a package (tf_program_save): tfuse.load and
         `tfuse run PATH` start from it without compiling a kernel. params:
         include the initial params a session of `seed` starts from (else
-        sessions run the initializers). Returns {"objects",
-        "objects_cached", "has_params", "bytes"}."""
+        sessions run the initializers); cuda_archs: for a cuda program, the
+        architectures to hold cubins for ("sm_80,sm_90"; default sm_90).
+        Returns {"objects", "objects_cached", "has_params", "bytes"}."""
         info = C.PackageInfo()
         with self._lock:
             _check(self._h.ctx, self._h.lib.tf_program_save(self._h.ctx, self._h.ptr, os.fsencode(os.fspath(path)),
-                                                            1 if params else 0, seed, byref(info)))
+                                                            1 if params else 0, seed,
+                                                            cuda_archs.encode() if cuda_archs else None, byref(info)))
         return {"objects": info.objects, "objects_cached": info.objects_cached, "has_params": bool(info.has_params),
                 "bytes": info.bytes}
 

@@ -111,7 +111,7 @@ _PROTOS = {
     "tf_compile_options_init": (None, [POINTER(CompileOptions)]),
     "tf_program_compile": (c_int, [c_void_p, c_void_p, POINTER(CompileOptions), POINTER(c_void_p)]),
     "tf_program_free": (None, [c_void_p]),
-    "tf_program_save": (c_int, [c_void_p, c_void_p, c_char_p, c_int, ctypes.c_uint64, POINTER(PackageInfo)]),
+    "tf_program_save": (c_int, [c_void_p, c_void_p, c_char_p, c_int, ctypes.c_uint64, c_char_p, POINTER(PackageInfo)]),
     "tf_program_load": (c_int, [c_void_p, c_char_p, POINTER(c_void_p)]),
     "tf_program_describe": (c_int, [c_void_p, POINTER(c_int), POINTER(c_int), POINTER(c_int)]),
     "tf_program_stat_count": (c_size_t, [c_void_p]),

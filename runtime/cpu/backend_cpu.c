@@ -1436,8 +1436,10 @@ static char *cache_target(tf_cache_t *c, tf_diag *d)
  * JIT defines): from the disk cache where it is there, else compiled (and
  * left in the disk cache). A kernel the emitter cannot compile runs the
  * reference in a session, so it has no object. */
-static tf_status cpu_package_code(tf_context_t *ctx, const tf_program_t *p, tf_pkg *pkg, int *nobjects, int *cached)
+static tf_status cpu_package_code(tf_context_t *ctx, const tf_program_t *p, const char *archs, tf_pkg *pkg, int *nobjects,
+                                  int *cached)
 {
+    (void)archs;
     *nobjects = *cached = 0;
     if (!p->has_plan) return TF_OK;
     tf_diag d = {0};

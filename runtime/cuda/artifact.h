@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "kernel.h"
+#include "package.h"
 
 /* Into dir (created if missing): cuda/<name>.cu for every emitted kernel
  * (the text --dump-kernels writes), cuda/<name>.<arch>.cubin compiled by
@@ -29,5 +30,13 @@
  * file that cannot be written). The cuda backend's write_artifact. */
 int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
                            int *ncompiled, int *ncached, char *err, size_t n);
+
+/* The cubins of every distinct kernel of plan for each architecture of
+ * archs ("sm_80,sm_90"), from the disk cache or NVRTC as above, into pkg as
+ * sections "cuda/ARCH/NAME.cubin", and "cuda/archs" = archs: a package's
+ * cuda code (cuda_jit.h's tf_cuda_jit_build takes them from there). 0, or
+ * -1 with the reason in err. */
+int tf_cuda_package_cubins(const tf_kernel_plan *plan, const char *archs, tf_pkg *pkg, int *ncubins, int *ncompiled, int *ncached,
+                           char *err, size_t n);
 
 #endif

@@ -1794,7 +1794,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
     if (!st) st = conv_workspace(s, c);
     char err[2048];
     if (!st) {
-        tf_cuda_status cs = tf_cuda_jit_build(&c->jit, &c->libs, c->arch, jobs, njobs, err, sizeof err);
+        tf_cuda_status cs = tf_cuda_jit_build(&c->jit, &c->libs, c->arch, s->p->pkg, jobs, njobs, err, sizeof err);
         if (cs) st = tf_set_error(s->ctx, cs == TF_CUDA_ERR_OOM ? TF_ERR_OOM : TF_ERR_RUNTIME, "error: cuda: %s", err);
     }
     for (int j = 0; !st && j < njobs; j++) {
@@ -2307,6 +2307,17 @@ static tf_status pick_arch(tf_session_t *s, cuda_session *c)
                             c->libs.nvrtc_major, c->libs.nvrtc_minor, c->libs.nvrtc_path, c->gpu, c->cc_major, c->cc_minor,
                             c->libs.narchs ? c->libs.archs[0] : 0, c->libs.narchs ? c->libs.archs[c->libs.narchs - 1] : 0);
     snprintf(c->arch, sizeof c->arch, "sm_%d", best);
+    const tf_pkg_section *archs = s->p->pkg ? tf_pkg_find(s->p->pkg, "cuda/archs") : NULL;
+    if (archs && !c->emu) {   /* a package: its cubins must be for this GPU */
+        const char *list = (const char *)archs->data;
+        size_t al = strlen(c->arch);
+        bool has = false;
+        for (const char *a = list; *a && !has; a += strcspn(a, ",") + (a[strcspn(a, ",")] == ',')) has = strcspn(a, ",") == al && !strncmp(a, c->arch, al);
+        if (!has)
+            return tf_set_error(s->ctx, TF_ERR_UNAVAILABLE,
+                                "error: cuda: the package was built for %s; this GPU (%s) is %s: compile the model with --arch=%s",
+                                list, c->gpu, c->arch, c->arch);
+    }
     return TF_OK;
 }
 
@@ -2548,6 +2559,7 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->kernels = tf_kernels_count(c->plan);
     out->jit_compiled = c->jit.compiled;
     out->jit_cached = c->jit.cached;
+    out->jit_package = c->jit.packaged;
     out->disk_hits = c->emu ? c->emu_hits : c->jit.cached;
     out->disk_misses = c->emu ? c->emu_compiled : c->jit.compiled;
     out->jit_ms = c->jit_ms;
@@ -2609,6 +2621,26 @@ static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, c
     return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
 }
 
+/* A package's cuda code: cubins for each of archs (default sm_90), no GPU needed. */
+static tf_status cuda_package_code(tf_context_t *ctx, const tf_program_t *p, const char *archs, tf_pkg *pkg, int *nobjects,
+                                   int *cached)
+{
+    const tf_kernel_plan *plan;
+    tf_status st = tf_program_plan(ctx, p, &plan);
+    if (st) return st;
+    char err[4096];
+    int compiled = 0;
+    int rc = tf_cuda_package_cubins(plan, archs && *archs ? archs : "sm_90", pkg, nobjects, &compiled, cached, err, sizeof err);
+    return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
+}
+
+static tf_status cuda_package_check(tf_context_t *ctx, const tf_pkg *pkg, const char *path)
+{
+    if (!tf_pkg_find(pkg, "cuda/archs"))
+        return tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: the package has no cuda code (no section cuda/archs)", path);
+    return TF_OK;
+}
+
 static const char *cuda_op_support(tf_op op, char *detail, size_t n)
 {
     const char *name = tf_op_info_of(op)->name;
@@ -2652,6 +2684,8 @@ const tf_backend tf_backend_cuda = {
     .unavailable = cuda_unavailable,
     .doctor = cuda_doctor,
     .write_artifact = cuda_write_artifact,
+    .package_code = cuda_package_code,
+    .package_check = cuda_package_check,
     CUDA_SESSION_OPS,
 };
 

@@ -15,6 +15,7 @@
 
 #include "cuda.h"
 #include "cuda_libs.h"
+#include "package.h"
 
 typedef struct tf_cuda_jit_job {
     tf_cuda_kernel kernel;      /* in: tf_cuda_emit's result (the caller frees it) */
@@ -38,14 +39,18 @@ typedef struct tf_cuda_jit {
     int nfns;
     int compiled;               /* NVRTC compiles this session */
     int cached;                 /* cubins read from the disk cache */
+    int packaged;               /* cubins taken from the program's package */
     char cache_dir[4096];       /* "" when there is none */
 } tf_cuda_jit;
 
-/* Compile (or read from the cache) and load every job's kernel for arch
- * into the current context. TF_CUDA_OK, or the first failure with the
- * kernel, the call and NVRTC's or the driver's words in err. */
-tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const char *arch, tf_cuda_jit_job *jobs, int njobs,
-                                 char *err, size_t n);
+/* Compile (or take from the package, pkg non-NULL, or read from the cache)
+ * and load every job's kernel for arch into the current context. A
+ * package's cubin for a kernel is its section "cuda/ARCH/NAME.cubin" (the
+ * name is the hash of the kernel's CUDA C: another source is another name).
+ * TF_CUDA_OK, or the first failure with the kernel, the call and NVRTC's or
+ * the driver's words in err. */
+tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const char *arch, const tf_pkg *pkg, tf_cuda_jit_job *jobs,
+                                 int njobs, char *err, size_t n);
 /* Unload the modules (the context must be current) and free the table. */
 void tf_cuda_jit_free(tf_cuda_jit *j, const tf_cuda_libs *l);
 

@@ -121,7 +121,7 @@ typedef struct unique {
     uint64_t key;
     void *cubin;
     size_t size;
-    bool from_cache;
+    bool from_cache, from_package;
 } unique;
 
 static tf_cuda_status load_one(tf_cuda_jit_fn *f, const tf_cuda_libs *l, const unique *u, const char *arch, char *err, size_t n)
@@ -190,8 +190,19 @@ static tf_cuda_status compile(const tf_cuda_libs *l, const char *arch, unique *u
     return st;
 }
 
-tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const char *arch, tf_cuda_jit_job *jobs, int njobs,
-                                 char *err, size_t n)
+/* The package's cubin of kernel `name` for arch, malloc'd, or NULL. */
+static void *package_cubin(const tf_pkg *pkg, const char *name, const char *arch, size_t *size)
+{
+    char sec[160];
+    snprintf(sec, sizeof sec, "cuda/%.40s/%.64s.cubin", arch, name);
+    const tf_pkg_section *s = pkg ? tf_pkg_find(pkg, sec) : NULL;
+    void *b = s && s->len ? tf_malloc(s->len) : NULL;
+    if (b) memcpy(b, s->data, s->len), *size = s->len;
+    return b;
+}
+
+tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const char *arch, const tf_pkg *pkg, tf_cuda_jit_job *jobs,
+                                 int njobs, char *err, size_t n)
 {
     memset(j, 0, sizeof *j);
     if (!njobs) return TF_CUDA_OK;
@@ -213,7 +224,8 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         if (u < nus) continue;
         us[nus].k = k;
         us[nus].key = cache_key(k->src, arch, l);
-        if ((us[nus].cubin = cache_read(j, us[nus].key, k->name, arch, &us[nus].size))) us[nus].from_cache = true;
+        if ((us[nus].cubin = package_cubin(pkg, k->name, arch, &us[nus].size))) us[nus].from_package = true;
+        else if ((us[nus].cubin = cache_read(j, us[nus].key, k->name, arch, &us[nus].size))) us[nus].from_cache = true;
         else miss[nmiss++] = nus;
         nus++;
     }
@@ -233,10 +245,10 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         f->block2 = k->block2;
         j->nfns = u + 1;
         st = load_one(f, l, &us[u], arch, err, n);
-        if (st && us[u].from_cache) {   /* a cached cubin the driver refuses: compile it again */
+        if (st && (us[u].from_cache || us[u].from_package)) {   /* a stored cubin the driver refuses: compile it again */
             tf_free(us[u].cubin);
             us[u].cubin = NULL;
-            us[u].from_cache = false;
+            us[u].from_cache = us[u].from_package = false;
             int one = u;
             if (!(st = compile(l, arch, us, &one, 1, &j->compiled, err, n))) {
                 cache_write(j, us[u].key, k->name, arch, us[u].cubin, us[u].size);
@@ -244,6 +256,7 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
             }
         }
         j->cached += !st && us[u].from_cache;
+        j->packaged += !st && us[u].from_package;
     }
     for (int u = 0; us && u < nus; u++) tf_free(us[u].cubin);
     tf_free(us);

@@ -40,7 +40,15 @@ if out=$("$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=sm_90 -o "$tmp/art" 
 else
   if grep -q "nvrtc\|NVRTC" <<<"$out"; then ok; else bad "compile -o for cuda failed without naming NVRTC: $out"; fi
 fi
-expect 2 "--arch expects a GPU architecture" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=90 -o "$tmp/art2"
+# a cuda package: cubins for two architectures, no GPU needed (where NVRTC is present)
+if out=$("$tfuse" compile "$ex/mlp.ir" --target=cuda --mode=infer --arch=sm_80,sm_90 -o "$tmp/c.tfp" 2>&1); then
+  if grep -qE "target cuda;.*" <<<"$out" && grep -qE "wrote $tmp/c.tfp: [1-9][0-9]* kernel binaries" <<<"$out"; then ok; else bad "cuda package: $out"; fi
+else
+  if grep -q "nvrtc\|NVRTC" <<<"$out"; then ok; else bad "a cuda package failed without naming NVRTC: $out"; fi
+fi
+expect 2 "writes one architecture's cubins into a directory; a package \(-o NAME.tfp\) holds several" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=sm_80,sm_90 -o "$tmp/art3"
+expect 2 "--arch expects GPU architectures such as sm_80 or sm_80,sm_90, found 'sm_80,'" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=sm_80,
+expect 2 "--arch expects GPU architectures" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=90 -o "$tmp/art2"
 expect 2 "--iters expects an integer" -- "$tfuse" bench "$ex/mlp.ir" --iters 0
 expect 2 "--threads expects an integer" -- "$tfuse" run "$ex/mlp.ir" --threads=0
 # bench on the interpreter works in every build: key: value lines, a median
@@ -157,7 +165,7 @@ expect 2 "--disable-pass=fuse is given twice" -- "$tfuse" compile "$mlp" --disab
 rm -f "$tmp/mlp.tfp"
 expect 0 "compiled .*mlp.ir: train, bf16, target (cpu|interp); [0-9]+ ops, [0-9]+ kernels .*planned peak" -- "$tfuse" compile "$mlp" --seed 3
 if [ -s "$tmp/mlp.tfp" ]; then ok; else bad "compile wrote no mlp.tfp in the current directory"; fi
-expect 0 "wrote $tmp/p.tfp: [0-9]+ compiled kernels .*initial params" -- "$tfuse" compile "$mlp" --mode=infer -o "$tmp/p.tfp"
+expect 0 "wrote $tmp/p.tfp: [0-9]+ kernel binaries .*initial params" -- "$tfuse" compile "$mlp" --mode=infer -o "$tmp/p.tfp"
 expect 0 "kernels_jit_compiled: 0" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --stats
 if "$tfuse" doctor | grep -q "^target cpu: available"; then
   expect 0 "kernels_jit_package: [1-9]" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --stats

@@ -924,6 +924,32 @@ static void fake_compiles(const char *cache)
         if (s3) tf_session_get_info(s3, &i3);
         CHECK(i3.jit_compiled == 1 && i3.jit_cached == i1.jit_compiled - 1, "one torn file, one compile (%d compiled, %d cached)",
               i3.jit_compiled, i3.jit_cached);
+        /* a package: the session takes its cubins and compiles nothing; a GPU of another architecture is refused */
+        char pkg[4400];
+        tf_package_info pi = {0};
+        snprintf(pkg, sizeof pkg, "%s/unary.tfp", cache);
+        tf_program_t *lp = NULL;
+        tf_session_t *s4 = NULL;
+        tf_session_info i4 = {0};
+        CHECK(!tf_program_save(ctx, p, pkg, 1, 1, "sm_80,sm_90", &pi) && pi.objects == 2 * i1.jit_compiled,
+              "a cuda package with sm_80 and sm_90 cubins (%d for %d kernels): %s", pi.objects, i1.jit_compiled, tf_context_last_error(ctx));
+        CHECK(!tf_program_load(ctx, pkg, &lp), "loading the cuda package: %s", tf_context_last_error(ctx));
+        CHECK(lp && !cuda_session(ctx, lp, 1, &s4), "a session of the package: %s", tf_context_last_error(ctx));
+        if (s4) tf_session_get_info(s4, &i4);
+        CHECK(i4.jit_compiled == 0 && i4.jit_cached == 0 && i4.jit_package == i1.jit_compiled,
+              "the package's session compiles nothing (%d compiled, %d cached, %d from the package)", i4.jit_compiled, i4.jit_cached,
+              i4.jit_package);
+        tf_session_free(s4);
+        tf_program_free(lp);
+        lp = NULL, s4 = NULL;
+        CHECK(!tf_program_save(ctx, p, pkg, 1, 1, "sm_80", NULL) && !tf_program_load(ctx, pkg, &lp), "an sm_80 package: %s",
+              tf_context_last_error(ctx));
+        tf_status pst = lp ? cuda_session(ctx, lp, 1, &s4) : TF_ERR_INTERNAL;
+        CHECK(pst == TF_ERR_UNAVAILABLE && strstr(tf_context_last_error(ctx), "built for sm_80") &&
+                  strstr(tf_context_last_error(ctx), "is sm_90"),
+              "a package for another GPU is refused, naming both: %s", tf_context_last_error(ctx));
+        tf_session_free(s4);
+        tf_program_free(lp);
         /* a run: the fake driver runs no kernel, and the error names the kernel and the call */
         if (s2) {
             float x[91] = {0};

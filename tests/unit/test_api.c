@@ -261,7 +261,7 @@ static void test_keep_outputs(void)
         CHECK(s && tf_session_output(s, "logits", &v) == TF_OK && v.rank == 2 && v.shape[1] == 2, "logits");
         CHECK(s && tf_session_output(s, "loss", &v) != TF_OK, "no loss");
         tf_session_free(s);
-        CHECK(tf_program_save(ctx, p, "/tmp/never-written.tfp", 0, 0, NULL) == TF_ERR_UNSUPPORTED &&
+        CHECK(tf_program_save(ctx, p, "/tmp/never-written.tfp", 0, 0, NULL, NULL) == TF_ERR_UNSUPPORTED &&
                   strstr(tf_context_last_error(ctx), "only some outputs"), "not packaged: %s", tf_context_last_error(ctx));
         tf_program_free(p);
         p = NULL;

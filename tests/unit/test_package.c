@@ -111,7 +111,7 @@ static void round_trip(tf_target target, bool params)
     tf_program_t *pa = compile_text(ca, MLP, TF_MODE_TRAIN, target), *pb = NULL;
     tf_package_info info;
     uint64_t seed = g_seed % 1000 + 1;
-    if (pa && tf_program_save(ca, pa, path, params, seed, &info)) CHECK(0, "%s: save: %s", label, tf_context_last_error(ca));
+    if (pa && tf_program_save(ca, pa, path, params, seed, NULL, &info)) CHECK(0, "%s: save: %s", label, tf_context_last_error(ca));
     else if (pa) {
         CHECK(info.has_params == params && info.bytes > 0, "%s: info has_params %d bytes %lld", label, info.has_params,
               (long long)info.bytes);
@@ -224,7 +224,7 @@ static void refusals(void)
     tf_context_t *ctx = NULL;
     tf_context_create(&ctx);
     tf_program_t *p = compile_text(ctx, MLP, TF_MODE_INFER, TF_TARGET_CPU);
-    if (!p || tf_program_save(ctx, p, good, 1, 1, NULL)) {
+    if (!p || tf_program_save(ctx, p, good, 1, 1, NULL, NULL)) {
         CHECK(0, "save: %s", tf_context_last_error(ctx));
         tf_program_free(p);
         tf_context_free(ctx);
