@@ -220,6 +220,7 @@ tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **ou
     const char *mt = man ? (const char *)man->data : "";
     tf_compile_options o;
     tf_compile_options_init(&o);
+    o.llvm_pipeline = NULL;   /* the package's settings, not this environment's: its manifest sets them all */
     tf_dim_override dim = {0};
     char dim_name[256] = "", pipeline[1024] = "", *disabled[64];
     int ndisabled = 0;

@@ -7,7 +7,8 @@
  *     compiled from source with the same seed; it compiles no kernel (every
  *     one comes from the package: tf_session_info.jit_package); with
  *     --no-params the sessions run the initializers with their own seed;
- *     an interp-target package round-trips too;
+ *     an interp-target package round-trips too; settings in the loading
+ *     process's environment (TFUSE_LLVM_PIPELINE) do not change it;
  *   - a package is refused, with a message and no crash, when: any byte is
  *     flipped, it is truncated at any of a set of lengths, its code is for
  *     another CPU (the message names both), it was made by another tfuse
@@ -116,7 +117,10 @@ static void round_trip(tf_target target, bool params)
         CHECK(info.has_params == params && info.bytes > 0, "%s: info has_params %d bytes %lld", label, info.has_params,
               (long long)info.bytes);
         if (target == TF_TARGET_CPU) CHECK(info.objects > 0, "%s: no compiled kernels in the package", label);
+        /* the loading process's environment does not change what the package holds */
+        setenv("TFUSE_LLVM_PIPELINE", "default<O1>", 1);
         if (tf_program_load(cb, path, &pb)) CHECK(0, "%s: load: %s", label, tf_context_last_error(cb));
+        unsetenv("TFUSE_LLVM_PIPELINE");
     }
     tf_session_t *sa = NULL, *sb = NULL;
     /* with params the package's state wins over the session's seed; without, the seed draws them */
