@@ -743,21 +743,39 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
         tf_session_free(s);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory allocating outputs");
     }
+    /* a package's initial state replaces the initializers': read (and checked) first, so that the backend can skip them */
+    const tf_pkg_section *init = p->pkg ? tf_pkg_find(p->pkg, "state.safetensors") : NULL;
+    tio_tensor *ts = NULL;
+    size_t nts = 0;
+    if (init) {
+        char err[5120];
+        tio_status ts_st = tio_safetensors_read_mem("package state.safetensors", init->data, init->len, &ts, &nts, NULL, err, sizeof err);
+        tf_status st = ts_st ? tf_set_error(ctx, ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err) : TF_OK;
+        for (int i = 0; !st && i < p->params.n + p->buffers.n; i++) {   /* every param and buffer, or the initializers run */
+            const tf_value *v = i < p->params.n ? p->params.items[i] : p->buffers.items[i - p->params.n];
+            bool found = false;
+            for (size_t k = 0; k < nts && !found; k++) found = !strcmp(ts[k].name, v->name);
+            if (!found)
+                st = tf_set_error(ctx, TF_ERR_FORMAT, "error: the package's initial state has no '%s': compile the model again",
+                                  v->name);
+        }
+        if (st) {
+            tio_tensors_free(ts, nts);
+            tf_session_free(s);
+            return st;
+        }
+        s->state_given = true;
+    }
     tf_status st = be->session_create(s);
     if (st) {
+        tio_tensors_free(ts, nts);
         s->be = NULL;   /* nothing to free in the backend */
         tf_session_free(s);
         return st;
     }
-    const tf_pkg_section *init = p->pkg ? tf_pkg_find(p->pkg, "state.safetensors") : NULL;
-    if (init) {   /* a package's initial state replaces the initializers' */
-        char err[5120];
-        tio_tensor *ts = NULL;
-        size_t n = 0;
-        tio_status ts_st = tio_safetensors_read_mem("package state.safetensors", init->data, init->len, &ts, &n, NULL, err, sizeof err);
-        st = ts_st ? tf_set_error(ctx, ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err)
-                   : apply_state(s, ts, n, "package state.safetensors");
-        tio_tensors_free(ts, n);
+    if (init) {
+        st = apply_state(s, ts, nts, "package state.safetensors");
+        tio_tensors_free(ts, nts);
         if (st) {
             tf_session_free(s);
             return st;

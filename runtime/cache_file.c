@@ -22,6 +22,20 @@ uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+uint64_t tf_hash64(const void *p, size_t n)
+{
+    static const uint64_t prime = 0x100000001b3ull;
+    const unsigned char *b = p;
+    uint64_t h[4] = {TF_FNV_BASIS, TF_FNV_BASIS ^ 1, TF_FNV_BASIS ^ 2, TF_FNV_BASIS ^ 3};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int l = 0; l < 4; l++) h[l] = (h[l] ^ tf_le64_get(b + i + 8 * (size_t)l)) * prime;
+    uint64_t r = TF_FNV_BASIS;
+    for (int l = 0; l < 4; l++) r = (r ^ h[l]) * prime;
+    r = tf_fnv1a(r, b + i, n - i);
+    return (r ^ (uint64_t)n) * prime;
+}
+
 void tf_le64_put(unsigned char *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));

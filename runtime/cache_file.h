@@ -49,6 +49,14 @@
 /* FNV-1a 64 of p[0..n) continuing from h (TF_FNV_BASIS to start). */
 uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n);
 
+/* A checksum of p[0..n) for large data (packages: params, object code):
+ * four independent FNV-1a-style lanes over little-endian 64-bit words, the
+ * tail bytes and the length folded in; a few times faster than tf_fnv1a's
+ * byte at a time. Any change to one word changes its lane (multiplying by
+ * an odd number is a bijection), so a flipped bit always shows. Not for
+ * adversaries. */
+uint64_t tf_hash64(const void *p, size_t n);
+
 /* v as 8 little-endian bytes at p, and back (the caches' and packages'
  * binary headers). */
 void tf_le64_put(unsigned char *p, uint64_t v);

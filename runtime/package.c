@@ -41,7 +41,9 @@ const tf_pkg_section *tf_pkg_find(const tf_pkg *p, const char *name)
     return NULL;
 }
 
-static bool add_owned(tf_pkg *p, const char *name, size_t nlen, const void *data, size_t len)
+/* A section named name[0..nlen): a copy of data, or (borrow) data itself,
+ * which has a NUL at data[len]. */
+static bool add_section(tf_pkg *p, const char *name, size_t nlen, const void *data, size_t len, bool borrow)
 {
     if (p->n == p->cap) {
         int cap = p->cap ? 2 * p->cap : 16;
@@ -51,16 +53,19 @@ static bool add_owned(tf_pkg *p, const char *name, size_t nlen, const void *data
     }
     tf_pkg_section *s = &p->s[p->n];
     s->name = tf_malloc(nlen + 1);
-    s->data = tf_malloc(len + 1);
+    s->borrowed = borrow;
+    s->data = borrow ? (unsigned char *)data : tf_malloc(len + 1);
     if (!s->name || !s->data) {
         tf_free(s->name);
-        tf_free(s->data);
+        if (!borrow) tf_free(s->data);
         return false;
     }
     memcpy(s->name, name, nlen);
     s->name[nlen] = 0;
-    if (len) memcpy(s->data, data, len);
-    s->data[len] = 0;
+    if (!borrow) {
+        if (len) memcpy(s->data, data, len);
+        s->data[len] = 0;
+    }
     s->len = len;
     p->n++;
     return true;
@@ -76,7 +81,7 @@ bool tf_pkg_add(tf_pkg *p, const char *name, const void *data, size_t len, char 
         snprintf(why, n, "section '%.64s' twice", name);
         return false;
     }
-    if (!add_owned(p, name, strlen(name), data, len)) {
+    if (!add_section(p, name, strlen(name), data, len, false)) {
         snprintf(why, n, "out of memory");
         return false;
     }
@@ -87,16 +92,17 @@ void tf_pkg_free(tf_pkg *p)
 {
     for (int i = 0; i < p->n; i++) {
         tf_free(p->s[i].name);
-        tf_free(p->s[i].data);
+        if (!p->s[i].borrowed) tf_free(p->s[i].data);
     }
     tf_free(p->s);
+    tf_free(p->blob);
     memset(p, 0, sizeof *p);
 }
 
 bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *why, size_t n)
 {
     size_t total = 16 + 8 + 8;
-    for (int i = 0; i < p->n; i++) total += 4 + strlen(p->s[i].name) + 8 + p->s[i].len + 8;
+    for (int i = 0; i < p->n; i++) total += 4 + strlen(p->s[i].name) + 8 + p->s[i].len + 1 + 8;
     unsigned char *b = tf_malloc(total), *at = b;
     if (!b) {
         snprintf(why, n, "out of memory (%zu bytes)", total);
@@ -104,16 +110,22 @@ bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *w
     }
     memcpy(at, MAGIC, 16), at += 16;
     put32(at, TF_PKG_VERSION), put32(at + 4, (uint32_t)p->n), at += 8;
+    uint64_t dir = tf_fnv1a(TF_FNV_BASIS, b, 24);   /* the trailer: every byte but the sections' data (their own hashes cover it) */
     for (int i = 0; i < p->n; i++) {
         size_t nl = strlen(p->s[i].name);
+        unsigned char *head = at;
         put32(at, (uint32_t)nl), at += 4;
         memcpy(at, p->s[i].name, nl), at += nl;
         tf_le64_put(at, p->s[i].len), at += 8;
+        dir = tf_fnv1a(dir, head, (size_t)(at - head));
         if (p->s[i].len) memcpy(at, p->s[i].data, p->s[i].len);
         at += p->s[i].len;
-        tf_le64_put(at, tf_fnv1a(TF_FNV_BASIS, p->s[i].data, p->s[i].len)), at += 8;
+        head = at;
+        *at++ = 0;
+        tf_le64_put(at, tf_hash64(p->s[i].data, p->s[i].len)), at += 8;
+        dir = tf_fnv1a(dir, head, 9);
     }
-    tf_le64_put(at, tf_fnv1a(TF_FNV_BASIS, b, (size_t)(at - b)));
+    tf_le64_put(at, dir);
     *out = b, *len = total;
     return true;
 }
@@ -147,13 +159,11 @@ bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char
         snprintf(why, n, "package format version %u; this tfuse reads version %d (recompile the model)", version, TF_PKG_VERSION);
         return false;
     }
-    if (tf_le64_get(b + len - 8) != tf_fnv1a(TF_FNV_BASIS, b, len - 8)) {
-        snprintf(why, n, "the file's checksum does not match: it is truncated or corrupted (%zu bytes)", len);
-        return false;
-    }
+    uint64_t dir = tf_fnv1a(TF_FNV_BASIS, b, 24);   /* the trailer's: package.h */
     size_t at = 24, end = len - 8;
     for (uint32_t i = 0; i < count; i++) {
         if (end - at < 4) goto truncated;
+        size_t head = at;
         uint32_t nl = get32(b + at);
         at += 4;
         if (nl > end - at || end - at - nl < 8) goto truncated;
@@ -165,11 +175,17 @@ bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char
         at += nl;
         uint64_t dl = tf_le64_get(b + at);
         at += 8;
-        if (dl > end - at || end - at - dl < 8) goto truncated;
+        dir = tf_fnv1a(dir, b + head, at - head);
+        if (dl > end - at || end - at - dl < 9) goto truncated;
         const unsigned char *data = b + at;
         at += (size_t)dl;
-        if (tf_le64_get(b + at) != tf_fnv1a(TF_FNV_BASIS, data, (size_t)dl)) {
-            snprintf(why, n, "the checksum of section '%.*s' does not match", (int)nl, name);
+        if (b[at++] != 0) {
+            snprintf(why, n, "section '%.*s' does not end in its zero byte", (int)nl, name);
+            goto fail;
+        }
+        dir = tf_fnv1a(dir, b + at - 1, 9);
+        if (tf_le64_get(b + at) != tf_hash64(data, (size_t)dl)) {
+            snprintf(why, n, "the checksum of section '%.*s' does not match: the file is corrupted", (int)nl, name);
             goto fail;
         }
         at += 8;
@@ -178,19 +194,23 @@ bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char
                 snprintf(why, n, "section '%.*s' appears twice", (int)nl, name);
                 goto fail;
             }
-        if (!add_owned(p, name, nl, data, (size_t)dl)) {
+        if (!add_section(p, name, nl, data, (size_t)dl, true)) {
             *oom = true;
             snprintf(why, n, "out of memory");
             goto fail;
         }
     }
     if (at != end) {
-        snprintf(why, n, "%zu bytes after the last section", end - at);
+        snprintf(why, n, "%zu bytes after the last section: the file is corrupted", end - at);
+        goto fail;
+    }
+    if (tf_le64_get(b + end) != dir) {
+        snprintf(why, n, "the file's checksum does not match: it is truncated or corrupted (%zu bytes)", len);
         goto fail;
     }
     return true;
 truncated:
-    snprintf(why, n, "truncated: section %d runs past the end (byte %zu of %zu)", p->n, at, len);
+    snprintf(why, n, "truncated or corrupted: section %d runs past the end (byte %zu of %zu)", p->n, at, len);
 fail:
     tf_pkg_free(p);
     return false;
@@ -228,7 +248,8 @@ bool tf_pkg_read(tf_pkg *p, const char *path, bool *oom, char *why, size_t n)
     fclose(f);
     if (!ok) snprintf(why, n, "read failed");
     ok = ok && tf_pkg_parse(p, b, len, oom, why, n);
-    tf_free(b);
+    if (ok) p->blob = b;   /* the sections point into it */
+    else tf_free(b);
     return ok;
 }
 

@@ -96,6 +96,8 @@ struct tf_session {
     const void **bound;     /* per program input: caller memory, or NULL */
     void **out;             /* per module output: host buffer in storage dtype */
     char *missing;          /* params the last load_state file lacked, ", "-separated; NULL if none */
+    bool state_given;       /* the program's package gives every param and buffer right after session_create
+                             * (api.c): a backend may skip the initializers */
 };
 
 struct tf_backend {

@@ -1619,8 +1619,9 @@ static tf_status cpu_create(tf_session_t *s)
     if (!st && !(c->pool = tf_pool_create(threads))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
     if (!st) st = place_values(s, c);
     if (!st) st = prepare(s, c);
-    /* the interpreter's initial state (tf_interp_init_range: the same bits), straight into storage, on the pool */
-    for (int i = 0; !st && i < s->p->m->decls.n; i++) {
+    /* the interpreter's initial state (tf_interp_init_range: the same bits), straight into storage, on the pool;
+     * not when a package gives it (api.c writes it next) */
+    for (int i = 0; !st && !s->state_given && i < s->p->m->decls.n; i++) {
         const tf_value *v = s->p->m->decls.items[i];
         if (v->kind == TF_VAL_INPUT) continue;
         init_job j = {.v = v, .seed = s->seed, .dst = c->ptr[v->id], .n = numel(v)};
