@@ -116,7 +116,7 @@ static bool graph_build(tf_module *m, ck_graph *g)
         g->first_bwd[i] = N;
         tf_op_kind kd = tf_op_info_of(n->op)->kind;
         g->recomputable[i] = i < bs && kd != TF_OPK_RNG && !tf_op_has(n->op, TF_OPF_LAYER) && !n->region;
-        g->cheap[i] = kd == TF_OPK_LAYOUT;
+        g->cheap[i] = kd == TF_OPK_LAYOUT || kd == TF_OPK_POINTWISE;
     }
     g->in_off[N] = k;
     for (int i = 0; i < m->noutputs; i++) {

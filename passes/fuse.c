@@ -107,6 +107,13 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
             return true;
+        if (g->kind == TF_REGION_GEMM && n->recompute) {
+            /* checkpoint makes a recomputed pointwise op for the backward op
+             * that reads it: it belongs in that op's kernel, not stored by a
+             * matmul's epilogue for later */
+            *why = "a recomputation joins the kernel of the backward op it is made for, not a matmul epilogue";
+            return false;
+        }
         if (g->kind == TF_REGION_GEMM && tf_type_same_shape(O, &g->S)) {
             int64_t last = O->rank ? O->dims[O->rank - 1].n : 1;
             for (int k = 0; k < n->nin; k++) {
