@@ -14,6 +14,10 @@
  *   multi      the optimizer's update chains of every param, one launch.
  * Forward ops and backward ops (autodiff's) never share a region: a forward
  * result fused into backward work would live from the forward pass on.
+ * A pointwise op checkpoint recomputes (a copy made for the one backward op
+ * that reads it) joins only pointwise kernels, so that its chain ends in
+ * that op's kernel: in a matmul epilogue or a reduction kernel that runs
+ * earlier it would be stored, and live, until the op runs.
  * Grouping is greedy in program order: an op joins the region of a producer
  * when the region's shape rules admit it, and producer regions that fit are
  * merged. Nothing is ever duplicated (no recomputation), so fusing can only
@@ -104,16 +108,17 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
         return false;
     }
     if (c == C_PW) {
+        if (g->kind != TF_REGION_POINTWISE && n->recompute) {
+            /* checkpoint makes a recomputed pointwise op for the backward op
+             * that reads it: it belongs in that op's kernel (which joins its
+             * chain), not stored by a matmul's epilogue or a reduction's
+             * kernel that runs earlier */
+            *why = "a recomputation joins the kernel of the backward op it is made for, not its producer's";
+            return false;
+        }
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
             return true;
-        if (g->kind == TF_REGION_GEMM && n->recompute) {
-            /* checkpoint makes a recomputed pointwise op for the backward op
-             * that reads it: it belongs in that op's kernel, not stored by a
-             * matmul's epilogue for later */
-            *why = "a recomputation joins the kernel of the backward op it is made for, not a matmul epilogue";
-            return false;
-        }
         if (g->kind == TF_REGION_GEMM && tf_type_same_shape(O, &g->S)) {
             int64_t last = O->rank ? O->dims[O->rank - 1].n : 1;
             for (int k = 0; k < n->nin; k++) {
@@ -326,7 +331,8 @@ static void group_nodes(fz *f, bool *mark)
             int hi = f->grp[index_of(v->def) - D];
             if (hi < 0 || hi == target || !f->g[hi].count) continue;
             group *h = &f->g[hi];
-            bool fits = f->nodes[h->first]->backward == f->nodes[g->first]->backward && g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
+            bool fits = (!n->recompute || c != C_PW || h->kind == TF_REGION_POINTWISE) &&
+                        f->nodes[h->first]->backward == f->nodes[g->first]->backward && g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
                         (h->kind == TF_REGION_POINTWISE || g->kind == TF_REGION_POINTWISE || h->R == g->R);
             if (fits && !try_merge(f, mark, i, target, hi, h->kind == TF_REGION_REDUCTION ? h->R : g->R) &&
                 h->kind == TF_REGION_REDUCTION) {
