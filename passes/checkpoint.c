@@ -14,12 +14,17 @@
  * that needs a recomputation reading it.
  *
  * tf_checkpoint_plan orders the choices: candidates (forward values the
- * backward reads) by bytes saved per FLOP recomputed (ir/cost.c), each
- * taken with what it drags along (the reshape views of it or under it, and
- * the operands that would otherwise be dead by then: a chain). It simulates
- * the step's liveness (one sweep over the ops, the recomputations in
- * place) and keeps a group when the estimated peak goes down; passes repeat
- * until nothing more helps. The result is a sequence of groups with the
+ * backward reads) by bytes saved per FLOP recomputed (ir/cost.c), the FLOPs
+ * of the whole group each needs: the candidate with what it drags along
+ * (the reshape views of it or under it, and the operands that would
+ * otherwise be dead by then: a chain), so that an add reading a matmul is
+ * as dear as the matmul. A candidate is tried with its chain, then alone
+ * (those operands kept from the forward pass instead). It simulates the
+ * step's liveness (one sweep over the ops, the recomputations in place; a
+ * pointwise copy read only by pointwise ops and reductions is fused into
+ * them and never stored) and keeps a group when the estimated peak goes
+ * down, or stays while less is held elsewhere; passes repeat until nothing
+ * more helps. The result is a sequence of groups with the
  * estimated peak after each: a larger budget takes a shorter prefix, so the
  * cheapest recomputations come first. tf_fit_pipeline (fit.c) picks the
  * prefix against the real planned peak (the rest of the pipeline, fusion
@@ -381,7 +386,13 @@ tf_ir_status tf_checkpoint_plan(tf_module *m, tf_diag *d, tf_ckpt_plan *p)
         while (g.view_of[r] >= 0) r = g.view_of[r];
         int64_t saved = g.bytes[r];
         if (!saved) continue;   /* a view of a decl: nothing to free */
-        c[nc++] = (cand){i, (double)saved / (double)(g.flops[i] + 1)};
+        /* per FLOP of what recomputing it takes (its chain), not its own:
+         * an add that needs a matmul recomputed is not cheap */
+        int ng = 0;
+        int64_t f = 0;
+        bool ok = grow(&g, chosen, read_back, in_grp, grp, &ng, i, true);
+        for (int q = 0; q < ng; q++) in_grp[grp[q]] = false, f += g.flops[grp[q]];
+        c[nc++] = (cand){i, (double)saved / (double)((ok ? f : g.flops[i]) + 1)};
         p->ncand++;
     }
     qsort(c, (size_t)nc, sizeof *c, cand_order);
