@@ -14,12 +14,17 @@
  * that needs a recomputation reading it.
  *
  * tf_checkpoint_plan orders the choices: candidates (forward values the
- * backward reads) by bytes saved per FLOP recomputed (ir/cost.c), each
- * taken with what it drags along (the reshape views of it or under it, and
- * the operands that would otherwise be dead by then: a chain). It simulates
- * the step's liveness (one sweep over the ops, the recomputations in
- * place) and keeps a group when the estimated peak goes down; passes repeat
- * until nothing more helps. The result is a sequence of groups with the
+ * backward reads) by bytes saved per FLOP recomputed (ir/cost.c), the FLOPs
+ * of the whole group each needs: the candidate with what it drags along
+ * (the reshape views of it or under it, and the operands that would
+ * otherwise be dead by then: a chain), so that an add reading a matmul is
+ * as dear as the matmul. A candidate is tried with its chain, then alone
+ * (those operands kept from the forward pass instead). It simulates the
+ * step's liveness (one sweep over the ops, the recomputations in place; a
+ * pointwise copy read only by pointwise ops and reductions is fused into
+ * them and never stored) and keeps a group when the estimated peak goes
+ * down, or stays while less is held elsewhere; passes repeat until nothing
+ * more helps. The result is a sequence of groups with the
  * estimated peak after each: a larger budget takes a shorter prefix, so the
  * cheapest recomputations come first. tf_fit_pipeline (fit.c) picks the
  * prefix against the real planned peak (the rest of the pipeline, fusion
@@ -48,6 +53,7 @@ typedef struct ck_graph {
     bool *pinned;             /* output or update: lives to the end anyway */
     bool *recomputable;
     bool *cheap;              /* pointwise or layout: recomputed afresh for each backward op that needs it */
+    bool *pointwise, *fusible;   /* a pointwise op; one that fuse puts in a pointwise or reduction kernel */
 } ck_graph;
 
 /* The step with the recomputations in place (schedule): events in order,
@@ -65,7 +71,9 @@ typedef struct ck_sched {
     bool sticky;              /* too many recomputations: cheap ones are shared too */
     /* simulation scratch: nvals long, and events long */
     int *def, *last, *root, cap_vals;
+    bool *stored;             /* a value that reaches memory (not a pointwise copy fused into its readers) */
     int64_t *delta;
+    double area;              /* simulate's live bytes summed over the events */
 } ck_sched;
 
 static int node_of(const tf_module *m, const tf_value *v)
@@ -78,6 +86,7 @@ static void graph_free(ck_graph *g)
 {
     tf_free(g->in_off), tf_free(g->in), tf_free(g->fc_off), tf_free(g->fc), tf_free(g->bytes), tf_free(g->flops);
     tf_free(g->view_of), tf_free(g->first_bwd), tf_free(g->pinned), tf_free(g->recomputable), tf_free(g->cheap);
+    tf_free(g->pointwise), tf_free(g->fusible);
     *g = (ck_graph){0};
 }
 
@@ -94,9 +103,10 @@ static bool graph_build(tf_module *m, ck_graph *g)
     g->view_of = tf_malloc(n1 * sizeof(int)), g->first_bwd = tf_malloc(n1 * sizeof(int));
     g->pinned = tf_calloc(n1, sizeof(bool)), g->recomputable = tf_calloc(n1, sizeof(bool));
     g->cheap = tf_calloc(n1, sizeof(bool));
+    g->pointwise = tf_calloc(n1, sizeof(bool)), g->fusible = tf_calloc(n1, sizeof(bool));
     int *fill = tf_calloc(n1, sizeof(int));
     if (!g->in_off || !g->in || !g->fc_off || !g->fc || !g->bytes || !g->flops || !g->view_of || !g->first_bwd ||
-        !g->pinned || !g->recomputable || !g->cheap || !fill) {
+        !g->pinned || !g->recomputable || !g->cheap || !g->pointwise || !g->fusible || !fill) {
         tf_free(fill);
         graph_free(g);
         return false;
@@ -116,7 +126,9 @@ static bool graph_build(tf_module *m, ck_graph *g)
         g->first_bwd[i] = N;
         tf_op_kind kd = tf_op_info_of(n->op)->kind;
         g->recomputable[i] = i < bs && kd != TF_OPK_RNG && !tf_op_has(n->op, TF_OPF_LAYER) && !n->region;
-        g->cheap[i] = kd == TF_OPK_LAYOUT;
+        g->cheap[i] = kd == TF_OPK_LAYOUT || kd == TF_OPK_POINTWISE;
+        g->pointwise[i] = kd == TF_OPK_POINTWISE;
+        g->fusible[i] = kd == TF_OPK_POINTWISE || kd == TF_OPK_REDUCTION;
     }
     g->in_off[N] = k;
     for (int i = 0; i < m->noutputs; i++) {
@@ -150,6 +162,7 @@ static void sched_free(ck_sched *s)
 {
     tf_free(s->node), tf_free(s->val), tf_free(s->in_off), tf_free(s->in), tf_free(s->shared), tf_free(s->memo);
     tf_free(s->stamp), tf_free(s->def), tf_free(s->last), tf_free(s->root), tf_free(s->delta);
+    tf_free(s->stored);
     *s = (ck_sched){0};
 }
 
@@ -230,11 +243,11 @@ static bool schedule(const ck_graph *g, const bool *chosen, ck_sched *s)
     }
     if (!s->oom && s->nvals > s->cap_vals) {
         int c = s->nvals + s->nvals / 2;
-        tf_free(s->def), tf_free(s->last), tf_free(s->root);
+        tf_free(s->def), tf_free(s->last), tf_free(s->root), tf_free(s->stored);
         s->def = tf_malloc((size_t)c * sizeof(int)), s->last = tf_malloc((size_t)c * sizeof(int));
-        s->root = tf_malloc((size_t)c * sizeof(int));
+        s->root = tf_malloc((size_t)c * sizeof(int)), s->stored = tf_malloc((size_t)c * sizeof(bool));
         s->cap_vals = c;
-        if (!s->def || !s->last || !s->root) s->oom = true, s->cap_vals = 0;
+        if (!s->def || !s->last || !s->root || !s->stored) s->oom = true, s->cap_vals = 0;
     }
     if (!s->oom) {
         int64_t *d = tf_realloc(s->delta, ((size_t)s->n + 1) * sizeof(int64_t));
@@ -254,7 +267,13 @@ static int64_t simulate(const ck_graph *g, ck_sched *s, const bool *chosen, bool
 {
     if (!schedule(g, chosen, s)) return -1;
     int bs = g->bs, T = s->n;
-    for (int v = 0; v < s->nvals; v++) s->def[v] = s->last[v] = -1;
+    for (int v = 0; v < s->nvals; v++) s->def[v] = s->last[v] = -1, s->stored[v] = true;
+    /* a pointwise op's copy made for one backward op, read only by pointwise
+     * ops and reductions, runs inside their kernel (fuse): never stored */
+    for (int t = 0; t < T; t++)
+        if (s->val[t] >= g->N && g->cheap[s->node[t]] && g->pointwise[s->node[t]]) s->stored[s->val[t]] = false;
+    for (int t = 0; t < T; t++)
+        for (int q = s->in_off[t]; q < s->in_off[t + 1] && !g->fusible[s->node[t]]; q++) s->stored[s->in[q]] = true;
     for (int t = 0; t < T; t++) {
         int node = s->node[t], val = s->val[t];
         s->def[val] = t;
@@ -269,15 +288,17 @@ static int64_t simulate(const ck_graph *g, ck_sched *s, const bool *chosen, bool
     for (int t = 0; t <= T; t++) s->delta[t] = 0;
     for (int t = 0; t < T; t++) {
         int v = s->val[t];
-        int64_t b = g->bytes[s->node[t]];
+        int64_t b = s->stored[v] ? g->bytes[s->node[t]] : 0;
         if (!b) continue;
         int l = s->last[v] < t ? t : s->last[v];
         s->delta[t] += b;
         if (l < T) s->delta[l + 1] -= b;
     }
     int64_t live = 0, peak = 0;
+    s->area = 0;
     for (int t = 0; t < T; t++) {
         live += s->delta[t];
+        s->area += (double)live;
         int64_t here = live;
         if (floor_mode && s->node[t] >= bs)
             for (int q = s->in_off[t]; q < s->in_off[t + 1]; q++) {
@@ -311,7 +332,7 @@ static int cand_order(const void *a, const void *b)
  * needs recomputed too: a view's target, the views of it the backward reads,
  * and operands that the backward would not otherwise keep. false: one of
  * them cannot be recomputed. */
-static bool grow(ck_graph *g, const bool *chosen, const bool *read_back, bool *in_grp, int *grp, int *ng, int c)
+static bool grow(ck_graph *g, const bool *chosen, const bool *read_back, bool *in_grp, int *grp, int *ng, int c, bool drag)
 {
     int head = *ng;
     if (in_grp[c] || chosen[c]) return true;
@@ -323,7 +344,7 @@ static bool grow(ck_graph *g, const bool *chosen, const bool *read_back, bool *i
         for (int q = g->in_off[x]; q < g->in_off[x + 1]; q++) {
             int u = g->in[q];
             if (u >= g->bs || chosen[u] || in_grp[u]) continue;
-            if (g->view_of[x] == u || (!read_back[u] && !g->pinned[u] && g->recomputable[u])) {
+            if (g->view_of[x] == u || (drag && !read_back[u] && !g->pinned[u] && g->recomputable[u])) {
                 in_grp[u] = true;
                 grp[(*ng)++] = u;
             }
@@ -365,40 +386,55 @@ tf_ir_status tf_checkpoint_plan(tf_module *m, tf_diag *d, tf_ckpt_plan *p)
         while (g.view_of[r] >= 0) r = g.view_of[r];
         int64_t saved = g.bytes[r];
         if (!saved) continue;   /* a view of a decl: nothing to free */
-        c[nc++] = (cand){i, (double)saved / (double)(g.flops[i] + 1)};
+        /* per FLOP of what recomputing it takes (its chain), not its own:
+         * an add that needs a matmul recomputed is not cheap */
+        int ng = 0;
+        int64_t f = 0;
+        bool ok = grow(&g, chosen, read_back, in_grp, grp, &ng, i, true);
+        for (int q = 0; q < ng; q++) in_grp[grp[q]] = false, f += g.flops[grp[q]];
+        c[nc++] = (cand){i, (double)saved / (double)((ok ? f : g.flops[i]) + 1)};
         p->ncand++;
     }
     qsort(c, (size_t)nc, sizeof *c, cand_order);
-    p->est0 = simulate(&g, &sc, chosen, false);
     p->floor_est = simulate(&g, &sc, chosen, true);
+    p->est0 = simulate(&g, &sc, chosen, false);
     if (p->est0 < 0 || p->floor_est < 0) {
         st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
         goto done;
     }
     int64_t cur = p->est0;
+    double area = sc.area;
     for (int pass = 0; pass < 8; pass++) {
         bool changed = false;
         for (int k = 0; k < nc; k++) {
-            if (chosen[c[k].node]) continue;
-            int ng = 0;
-            bool ok = grow(&g, chosen, read_back, in_grp, grp, &ng, c[k].node);
-            for (int q = 0; q < ng; q++) in_grp[grp[q]] = false;
-            if (!ok || !ng) continue;
-            for (int q = 0; q < ng; q++) chosen[grp[q]] = true;
-            int64_t est = simulate(&g, &sc, chosen, false);
-            if (est < 0) {
-                st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
-                goto done;
-            }
-            if (est < cur) {
-                /* in node order: a recomputation after what it reads */
-                for (int q = 0; q < ng; q++) p->nodes[p->n++] = grp[q];
-                p->group_end[p->ngroups] = p->n;
-                p->group_est[p->ngroups++] = est;
-                cur = est;
-                changed = true;
-            } else {
-                for (int q = 0; q < ng; q++) chosen[grp[q]] = false;
+            /* with the operands nothing else keeps (a chain), else alone
+             * (those operands then kept from the forward pass: a layernorm
+             * input instead of its centered and normed values) */
+            for (int drag = 1, prev = -1; drag >= 0 && !chosen[c[k].node]; drag--) {
+                int ng = 0;
+                bool ok = grow(&g, chosen, read_back, in_grp, grp, &ng, c[k].node, drag);
+                for (int q = 0; q < ng; q++) in_grp[grp[q]] = false;
+                if (!ok || !ng || ng == prev) continue;
+                prev = ng;
+                for (int q = 0; q < ng; q++) chosen[grp[q]] = true;
+                int64_t est = simulate(&g, &sc, chosen, false);
+                if (est < 0) {
+                    st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
+                    goto done;
+                }
+                /* the peak falls, or stays where it is while less is held
+                 * elsewhere (the planned peak, fused and placed, may be there) */
+                if (est < cur || (est == cur && sc.area < area)) {
+                    area = sc.area;
+                    /* in node order: a recomputation after what it reads */
+                    for (int q = 0; q < ng; q++) p->nodes[p->n++] = grp[q];
+                    p->group_end[p->ngroups] = p->n;
+                    p->group_est[p->ngroups++] = est;
+                    cur = est;
+                    changed = true;
+                } else {
+                    for (int q = 0; q < ng; q++) chosen[grp[q]] = false;
+                }
             }
         }
         if (!changed) break;

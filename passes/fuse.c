@@ -14,6 +14,10 @@
  *   multi      the optimizer's update chains of every param, one launch.
  * Forward ops and backward ops (autodiff's) never share a region: a forward
  * result fused into backward work would live from the forward pass on.
+ * A pointwise op checkpoint recomputes (a copy made for the one backward op
+ * that reads it) joins only pointwise kernels, so that its chain ends in
+ * that op's kernel: in a matmul epilogue or a reduction kernel that runs
+ * earlier it would be stored, and live, until the op runs.
  * Grouping is greedy in program order: an op joins the region of a producer
  * when the region's shape rules admit it, and producer regions that fit are
  * merged. Nothing is ever duplicated (no recomputation), so fusing can only
@@ -104,6 +108,14 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
         return false;
     }
     if (c == C_PW) {
+        if (g->kind != TF_REGION_POINTWISE && n->recompute) {
+            /* checkpoint makes a recomputed pointwise op for the backward op
+             * that reads it: it belongs in that op's kernel (which joins its
+             * chain), not stored by a matmul's epilogue or a reduction's
+             * kernel that runs earlier */
+            *why = "a recomputation joins the kernel of the backward op it is made for, not its producer's";
+            return false;
+        }
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
             return true;
@@ -319,7 +331,8 @@ static void group_nodes(fz *f, bool *mark)
             int hi = f->grp[index_of(v->def) - D];
             if (hi < 0 || hi == target || !f->g[hi].count) continue;
             group *h = &f->g[hi];
-            bool fits = f->nodes[h->first]->backward == f->nodes[g->first]->backward && g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
+            bool fits = (!n->recompute || c != C_PW || h->kind == TF_REGION_POINTWISE) &&
+                        f->nodes[h->first]->backward == f->nodes[g->first]->backward && g->kind != TF_REGION_GEMM && h->kind != TF_REGION_GEMM && tf_type_same_shape(&h->S, &g->S) &&
                         (h->kind == TF_REGION_POINTWISE || g->kind == TF_REGION_POINTWISE || h->R == g->R);
             if (fits && !try_merge(f, mark, i, target, hi, h->kind == TF_REGION_REDUCTION ? h->R : g->R) &&
                 h->kind == TF_REGION_REDUCTION) {
@@ -332,7 +345,8 @@ static void group_nodes(fz *f, bool *mark)
 
 /* The optimizer's update chains (pointwise groups whose results go only to
  * `update` statements, within the group) become one multi-tensor region:
- * every param updated by one kernel, not one per tensor. Such groups are
+ * every param updated by one kernel, not one per tensor (not in a step
+ * that recomputes: see below). Such groups are
  * independent of each other (nothing but updates reads them), so the merged
  * region stays convex. */
 static bool merge_updates(fz *f)
@@ -365,8 +379,15 @@ static bool merge_updates(fz *f)
         tf_value *v = m->updates[i].value;
         if (v->kind == TF_VAL_NODE && f->grp[index_of(v->def) - D] >= 0) feeds[f->grp[index_of(v->def) - D]] = true;
     }
+    /* a step that recomputes (checkpoint fitting it into a memory budget)
+     * keeps one kernel per param: a region's operands live to its end, so
+     * one multi-tensor kernel would hold every gradient while it writes
+     * every new param and moment, the step's peak once the activations are
+     * recomputed (gpt: 98.4 MB at best that way, 89.2 MB per param) */
+    bool split = false;
     int into = -1, merged = 0;
-    for (int g = 0; g < f->ng; g++) {
+    for (int i = 0; i < f->n && !split; i++) split = f->nodes[i]->recompute;
+    for (int g = 0; g < f->ng && !split; g++) {
         if (!ok[g] || !feeds[g]) continue;
         if (into < 0) {
             into = g;
@@ -376,6 +397,9 @@ static bool merge_updates(fz *f)
         join_groups(f, into, g);
         merged++;
     }
+    if (split)
+        tf_explain(f->o, "fuse", NULL, "the step recomputes (--checkpoint=auto): the optimizer's update chains run "
+                   "one kernel per param, so that each gradient dies when its update has read it");
     if (into >= 0 && merged)
         tf_explain(f->o, "fuse", NULL, "the optimizer's %d update chains run as one multi-tensor kernel", merged + 1);
     else if (into >= 0 && f->g[into].count < 2)

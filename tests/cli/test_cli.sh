@@ -122,7 +122,9 @@ expect 0 "^kernels: " -- "$tfuse" run "$ex/mlp.ir" --mode=infer --output "logits
 if [ -s "$tmp/lgx.npy" ]; then ok; else bad "run --output logits=FILE without y wrote no $tmp/lgx.npy"; fi
 all=$("$tfuse" run "$ex/mlp.ir" --random-inputs --stats 2>&1 | sed -n 's/^kernels: //p')
 one=$("$tfuse" run "$ex/mlp.ir" --random-inputs --stats --output "logits=$tmp/lgx.npy" 2>&1)
-if [ -n "$all" ] && [ "$(sed -n 's/^kernels: //p' <<<"$one")" -lt "$all" ] && ! grep -q "loss" <<<"$one"; then ok
+# (the interpreter, where a build has no cpu target, counts no kernels: there the loss's absence says it)
+if [ "${all:-0}" -gt 0 ]; then fewer=$([ "$(sed -n 's/^kernels: //p' <<<"$one")" -lt "$all" ] && echo yes); else fewer=yes; fi
+if [ -n "$all" ] && [ "$fewer" = yes ] && ! grep -q "loss" <<<"$one"; then ok
 else bad "run --output logits still computes the loss ($all kernels with it): $one"; fi
 expect 0 "output loss is not asked for: not computed" -- "$tfuse" run "$ex/mlp.ir" --random-inputs --explain --output "logits=$tmp/lgx.npy"
 expect 0 "input y: nothing asked for reads it" -- "$tfuse" run "$ex/mlp.ir" --random-inputs --explain --output "logits=$tmp/lgx.npy"

@@ -81,10 +81,11 @@ int main(void)
     const char *src = getenv("TFUSE_EXAMPLES");   /* the repository's examples/; bench/ is beside it */
     char path[4096];
     /* the budget (percent of the unconstrained peak) each model can meet with
-     * recomputation; 0: at its dims nothing recomputed lowers its peak */
+     * recomputation (the bench models at 50%: issue 16's target); 0: at its
+     * dims nothing recomputed lowers its peak */
     static const struct { const char *file; int64_t B; double pct; } models[] = {
-        {"examples/mlp.ir", 0, 0}, {"examples/cnn.ir", 0, 0}, {"examples/transformer.ir", 0, 0},
-        {"examples/transformer.ir", 32, 80}, {"bench/models/gpt.ir", 0, 60}, {"bench/models/resnet.ir", 0, 60}};
+        {"examples/mlp.ir", 0, 0}, {"examples/cnn.ir", 0, 90}, {"examples/transformer.ir", 0, 0},
+        {"examples/transformer.ir", 32, 80}, {"bench/models/gpt.ir", 0, 50}, {"bench/models/resnet.ir", 0, 50}};
     tf_context_t *ctx;
     CHECK(tf_context_create(&ctx) == TF_OK, "context");
     int ran = 0;
