@@ -26,6 +26,23 @@ static int make_dir(const char *path, char *err, size_t n)
     return -1;
 }
 
+/* NVRTC loaded and the plan's CUDA C emitted; -1 (nothing to free) with
+ * the reason in err. */
+static int open_program(const tf_kernel_plan *plan, tf_cuda_libs *libs, tf_cuda_program *prog, char *err, size_t n)
+{
+    if (tf_cuda_libs_load(libs, TF_CUDA_LIB_NVRTC, NULL, err, n)) {
+        tf_cuda_libs_free(libs);
+        return -1;
+    }
+    tf_diag d = {0};
+    if (tf_cuda_emit_plan(plan, prog, &d)) {
+        snprintf(err, n, "%s", d.msg);
+        tf_cuda_libs_free(libs);
+        return -1;
+    }
+    return 0;
+}
+
 /* One NVRTC job per distinct kernel source of prog (the library ops' own
  * kernels and the rest), *kidx[j] the plan kernel it came from, each with
  * its cubin for arch: from the cubin disk cache (cuda_jit.h) where it has
@@ -88,17 +105,8 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     snprintf(path, sizeof path, "%s/cuda", dir);
     if (make_dir(dir, err, n) || make_dir(path, err, n)) return -1;
     tf_cuda_libs libs;
-    if (tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC, NULL, err, n)) {
-        tf_cuda_libs_free(&libs);
-        return -1;
-    }
     tf_cuda_program prog;
-    tf_diag d = {0};
-    if (tf_cuda_emit_plan(plan, &prog, &d)) {
-        snprintf(err, n, "%s", d.msg);
-        tf_cuda_libs_free(&libs);
-        return -1;
-    }
+    if (open_program(plan, &libs, &prog, err, n)) return -1;
     tf_nvrtc_job *jobs = NULL;
     int *kidx = NULL, njobs = 0;
     int rc = cubins_for(&libs, &prog, arch, &jobs, &kidx, &njobs, ncompiled, ncached, err, n);
@@ -164,17 +172,8 @@ int tf_cuda_package_cubins(const tf_kernel_plan *plan, const char *archs, tf_pkg
 {
     *ncubins = *ncompiled = *ncached = 0;
     tf_cuda_libs libs;
-    if (tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC, NULL, err, n)) {
-        tf_cuda_libs_free(&libs);
-        return -1;
-    }
     tf_cuda_program prog;
-    tf_diag d = {0};
-    if (tf_cuda_emit_plan(plan, &prog, &d)) {
-        snprintf(err, n, "%s", d.msg);
-        tf_cuda_libs_free(&libs);
-        return -1;
-    }
+    if (open_program(plan, &libs, &prog, err, n)) return -1;
     int rc = 0;
     char arch[48], why[256], sec[160];
     for (const char *a = archs; !rc && *a;) {   /* "sm_80,sm_90" */
