@@ -330,7 +330,7 @@ tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
  * needed), and a session on a GPU of another architecture is refused,
  * naming both; cuda-emu is not packaged (TF_ERR_UNSUPPORTED). */
 typedef struct tf_package_info {
-    int objects;          /* compiled kernels in the package */
+    int objects;          /* kernel binaries in the package (cpu: objects; cuda: cubins, per architecture) */
     int objects_cached;   /* of those, taken from the disk cache rather than compiled now */
     int has_params;
     int64_t bytes;        /* the file's size */
@@ -464,8 +464,8 @@ typedef struct tf_session_info {
     int jit_disk;               /* cpu: kernels whose object code an earlier process left in the disk
                                  * cache ($TFUSE_CACHE_DIR/cpu), linked, not compiled (jit_compiled
                                  * counts those compiled now, jit_cached those this process had) */
-    int jit_package;            /* cpu: kernels whose object code came from the program's package
-                                 * (tf_program_load), linked, not compiled */
+    int jit_package;            /* cpu and cuda: kernels whose object code or cubin came from the
+                                 * program's package (tf_program_load), linked, not compiled */
     double jit_ms;
     /* The target's kernel cache on disk ($TFUSE_CACHE_DIR, see
      * tf_disk_cache_get_info) at this session's start: kernels found there
