@@ -13,11 +13,13 @@
 # overhead, the median step time of each configuration over the repetitions
 # (with the lowest and highest), and the median per-repetition ratio
 # (checkpointed / unconstrained) with its range. DIR (default
-# bench/results/DATE-checkpoint) keeps every run's raw output and summary.txt.
+# bench/results/DATE-HHMM-checkpoint, UTC, so that a second run on the same
+# day does not overwrite the first) keeps every run's raw output and
+# summary.txt.
 set -eu
 cd "$(dirname "$0")/.."
 TFUSE=build/tfuse REPS=5 ITERS=10 WARMUP=2 BUDGETS="50 55 60 65 70" MODELS="gpt resnet"
-OUT=bench/results/$(date +%Y-%m-%d)-checkpoint
+OUT=bench/results/$(date -u +%Y-%m-%d-%H%M)-checkpoint
 while [ $# -gt 0 ]; do
     case "$1" in
     --tfuse) TFUSE=$2; shift 2 ;;
