@@ -630,11 +630,32 @@ static void conv_choose(tf_session_t *s, cpu *c, ckernel *ck);
  * get a float32 copy of their own (gemm_operand), made once per run, up to
  * $TFUSE_CPU_WIDE_CACHE_MB MiB in all (default 256; 0: none), in the
  * order the plan first reads them. */
+/* $name in MiB (a number, 0 or more; 0: none), else dflt, as bytes; a value
+ * that is no such number is an error, not a silent default. */
+static tf_status env_mib(tf_session_t *s, const char *name, double dflt, double *bytes)
+{
+    const char *e = getenv(name);
+    double v = dflt;
+    if (e && *e) {
+        char *end;
+        errno = 0;
+        v = strtod(e, &end);
+        if (errno || *end || !(v >= 0) || v > 1e9)
+            return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: %s=%.100s: expected a number of MiB, 0 or more (e.g. %s=512)",
+                                name, e, name);
+    }
+    *bytes = v * 1048576.0;
+    return TF_OK;
+}
+
 static tf_status plan_gemm_operands(tf_session_t *s, cpu *c)
 {
     const tf_module *m = s->p->m;
     int V = m->next_id > 0 ? m->next_id : 1;
     bool bf16_gemm = tf_cpu_bf16_gemm_kind() != TF_BF16_GEMM_NONE;
+    double budget;
+    tf_status st = env_mib(s, "TFUSE_CPU_WIDE_CACHE_MB", 256.0, &budget);
+    if (st) return st;
     unsigned char *uses = tf_calloc((size_t)V, 1);
     if (!uses) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     bool any = false;
@@ -651,9 +672,6 @@ static tf_status plan_gemm_operands(tf_session_t *s, cpu *c)
             if (is_float16(n->in[q]->type.dtype) && r->kind != TF_VAL_CONST && uses[r->id] < 2) any |= ++uses[r->id] == 2;
         }
     }
-    const char *e = getenv("TFUSE_CPU_WIDE_CACHE_MB");
-    double budget = (e && *e ? atof(e) : 256.0) * 1048576.0;
-    tf_status st = TF_OK;
     if (any && budget > 0) {
         c->wide = tf_calloc((size_t)V, sizeof *c->wide);
         c->wide_gen = tf_calloc((size_t)V, sizeof *c->wide_gen);
@@ -691,8 +709,9 @@ static bool step_writes(const tf_module *m, const tf_value *r)
 static tf_status plan_packed_gemms(tf_session_t *s, cpu *c)
 {
     const tf_module *m = s->p->m;
-    const char *e = getenv("TFUSE_CPU_PACKED_MB");
-    double budget = (e && *e ? atof(e) : 1024.0) * 1048576.0;
+    double budget;
+    tf_status st = env_mib(s, "TFUSE_CPU_PACKED_MB", 1024.0, &budget);
+    if (st) return st;
     size_t scratch = 0;
     c->state_gen = 1;
     for (int i = 0; i < c->plan->nkernels; i++) {

@@ -173,6 +173,8 @@ if "$tfuse" doctor | grep -q "^target cpu: available"; then
   expect 0 "kernels_jit_package: [1-9]" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --stats
   expect 0 "kernels_jit_package" -- "$tfuse" bench "$tmp/p.tfp" --mode=infer --iters 1 --warmup 0
   expect 0 "threads: 1" -- "$tfuse" bench "$tmp/p.tfp" --mode=infer --iters 1 --warmup 0 --threads 1
+  expect 1 "TFUSE_CPU_PACKED_MB=lots: expected a number of MiB" -- env TFUSE_CPU_PACKED_MB=lots "$tfuse" run "$mlp" --mode=infer --random-inputs
+  expect 1 "TFUSE_CPU_WIDE_CACHE_MB=-1: expected a number of MiB" -- env TFUSE_CPU_WIDE_CACHE_MB=-1 "$tfuse" run "$mlp" --random-inputs
   expect 2 "p.tfp was compiled with target cpu, and this asks for interp" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --target=interp
 fi
 "$tfuse" compile "$mlp" --mode=infer --no-params -o "$tmp/np.tfp" >/dev/null
