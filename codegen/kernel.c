@@ -29,9 +29,13 @@ static bool grow(void **p, int n, int *cap, size_t elem)
     return true;
 }
 
+/* A value an update writes in place (memplan's home) is its param's or
+ * buffer's memory: one buffer of the kernel, so that the kernel computing
+ * it loads the old value and stores the new one through the same pointer. */
 static int add_buf(kb *b, const tf_value *v, bool written)
 {
     tf_kernel *k = b->k;
+    if (v->home) v = v->home;
     for (int i = 0; i < k->nbufs; i++)
         if (k->bufs[i].value == v) {
             k->bufs[i].written |= written;
@@ -448,7 +452,7 @@ char *tf_kernel_key(const tf_kernel *k)
 static const tf_value *storage_root(const tf_value *v)
 {
     while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
-    return v;
+    return v->home ? v->home : v;
 }
 
 /* Can a's and b's memory overlap? Inputs, params and buffers have their own
@@ -597,9 +601,15 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
             }
             tf_strbuf_printf(&s, "\n");
         }
-        for (int t = 0; t < k->nstores; t++)
-            tf_strbuf_printf(&s, "  store %s%s = e%d\n", k->bufs[k->stores[t].buf].value->name, k->stores[t].reduced_domain ? " (outer)" : "",
-                k->stores[t].expr);
+        for (int t = 0; t < k->nstores; t++) {
+            const tf_value *bv = k->bufs[k->stores[t].buf].value;
+            const tf_node *xn = k->exprs[k->stores[t].expr].node;
+            if (xn && xn->out->home == bv)   /* an update memplan writes in place */
+                tf_strbuf_printf(&s, "  store %s (%s, in place) = e%d\n", bv->name, xn->out->name, k->stores[t].expr);
+            else
+                tf_strbuf_printf(&s, "  store %s%s = e%d\n", bv->name, k->stores[t].reduced_domain ? " (outer)" : "",
+                                 k->stores[t].expr);
+        }
     }
     if (s.oom) {
         tf_free(s.p);

@@ -517,6 +517,10 @@ static void full_stores(gen *g, void *arg)
         LLVMValueRef at = flat_mask(g, g->k->reduce_mask);
         g->memo[g->k->reds[g->reuse].arg] = LLVMBuildLoad2(g->b, g->f64, LLVMBuildGEP2(g->b, g->f64, g->tmp, &at, 1, ""), "");
     }
+    /* every value of the element before any store: an update written in
+     * place (memplan's home) stores into the buffer its kernel reads */
+    for (int s = 0; s < g->k->nstores; s++)
+        if (!g->k->stores[s].reduced_domain) expr(g, g->k->stores[s].expr);
     for (int s = 0; s < g->k->nstores; s++)
         if (!g->k->stores[s].reduced_domain) store(g, &g->k->stores[s], false);
 }

@@ -232,6 +232,8 @@ typedef struct tf_value {
     tf_init init;          /* TF_VAL_PARAM / TF_VAL_BUFFER */
     int id;                /* dense index within the module, set by tf_module_renumber */
     int64_t offset;        /* memplan: byte offset in the arena; -1 = none (persistent, view, private) */
+    struct tf_value *home; /* memplan: the param or buffer an update writes this value into in place
+                            * (its storage is that state's; offset -1); NULL: none */
     tf_loc loc;
 } tf_value;
 
@@ -337,6 +339,7 @@ typedef struct tf_module {
         int64_t arena_bytes;      /* activations: one allocation, carved by offset */
         int64_t persistent_bytes; /* inputs, params, buffers */
         int reused;               /* results written in place over a dead operand */
+        int updates_in_place;     /* update values written straight into their param or buffer (value->home) */
     } plan;
     int backward_start;     /* autodiff: index of the first backward node; 0 = none.
                              * Valid until a pass reorders nodes. */

@@ -175,6 +175,8 @@ char *tf_print_module(const tf_module *m)
             if (v->offset >= 0)
                 tf_strbuf_printf(&s, "#   %s @%lld +%lld\n", v->name, (long long)v->offset,
                           (long long)(tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype)));
+            else if (v->home)
+                tf_strbuf_printf(&s, "#   %s in %s\n", v->name, v->home->name);
         }
     }
     const tf_train *t = &m->train;

@@ -139,6 +139,35 @@ static bool graph_build(tf_module *m, ck_graph *g)
         int u = node_of(m, m->updates[i].value);
         if (u >= 0) g->pinned[u] = true;
     }
+    /* an update memplan will likely write in place into its param or
+     * buffer (memplan.c's home_updates: a pointwise result after every
+     * reader of that state, which no output or other update reads) takes
+     * no room in the arena */
+    int *last_read = tf_malloc((size_t)(m->decls.n ? m->decls.n : 1) * sizeof(int));
+    if (!last_read) {
+        tf_free(fill);
+        graph_free(g);
+        return false;
+    }
+    for (int i = 0; i < m->decls.n; i++) last_read[i] = -1;
+    for (int j = 0; j < N; j++) {
+        tf_node *n = m->nodes.items[j];
+        for (int q = 0; q < n->nin; q++) {
+            const tf_value *r = n->in[q];
+            while (r->kind == TF_VAL_NODE && r->def->op == TF_OP_RESHAPE && r->def->in[0]->kind != TF_VAL_CONST) r = r->def->in[0];
+            if ((r->kind == TF_VAL_PARAM || r->kind == TF_VAL_BUFFER) && r->id >= 0 && r->id < m->decls.n) last_read[r->id] = j;
+        }
+    }
+    for (int i = 0; i < m->noutputs + m->nupdates; i++) {   /* read at the step's end */
+        const tf_value *r = i < m->noutputs ? m->outputs[i].value : m->updates[i - m->noutputs].value;
+        if ((r->kind == TF_VAL_PARAM || r->kind == TF_VAL_BUFFER) && r->id >= 0 && r->id < m->decls.n) last_read[r->id] = N;
+    }
+    for (int i = 0; i < m->nupdates; i++) {
+        const tf_value *b = m->updates[i].buffer;
+        int u = node_of(m, m->updates[i].value);
+        if (u >= 0 && g->pointwise[u] && b->id >= 0 && b->id < m->decls.n && last_read[b->id] <= u) g->bytes[u] = 0;
+    }
+    tf_free(last_read);
     /* a pinned view pins what it views */
     for (int i = N - 1; i >= 0; i--)
         if (g->pinned[i] && g->view_of[i] >= 0) g->pinned[g->view_of[i]] = true;
@@ -438,6 +467,24 @@ tf_ir_status tf_checkpoint_plan(tf_module *m, tf_diag *d, tf_ckpt_plan *p)
             }
         }
         if (!changed) break;
+    }
+    /* then what the estimate turned down, each group once, in the same
+     * order: moving a value's memory elsewhere can look like no gain here
+     * (the simulation knows no fusion, no placement), and the driver
+     * measures these one by one where no prefix fits (fit.c's refine) */
+    p->nplanned = p->ngroups;
+    for (int k = 0; k < nc; k++) {
+        if (chosen[c[k].node]) continue;
+        int ng = 0;
+        bool ok = grow(&g, chosen, read_back, in_grp, grp, &ng, c[k].node, true);
+        for (int q = 0; q < ng; q++) in_grp[grp[q]] = false;
+        if (!ok) continue;
+        int from = p->n;
+        for (int q = 0; q < ng; q++)
+            if (!chosen[grp[q]]) chosen[grp[q]] = true, p->nodes[p->n++] = grp[q];
+        if (p->n == from) continue;
+        p->group_end[p->ngroups] = p->n;
+        p->group_est[p->ngroups++] = cur;
     }
 done:
     tf_free(chosen);

@@ -131,7 +131,11 @@ static tf_ir_status search_checkpoint(tf_module *m, const tf_pipeline *pl, int a
     /* the whole plan first; the peak does not always fall as groups are added
      * (fusion and first-fit placement differ from the estimate), so when the
      * whole plan does not fit, sample prefixes for one that does */
-    int G = s->plan.ngroups, lo = 0, hi = G;   /* lo does not fit; hi fits if it is known to */
+    int G = s->plan.nplanned, lo = 0, hi = G;   /* lo does not fit; hi fits if it is known to */
+    if (!G) {   /* the estimate found nothing: measure what it turned down */
+        s->chosen = s->best;
+        return refine(m, pl, at, o, s);
+    }
     if ((st = measure(m, pl, at, o, s->plan.nodes, s->plan.group_end[G - 1], &pk, NULL))) return st;
     s->best = pk < s->best ? pk : s->best;
     int best_g = pk <= s->peak0 ? G : 0;

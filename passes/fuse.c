@@ -52,6 +52,7 @@ typedef struct fz {
     int *stamp, cur;       /* DFS marks */
     int *stack;
     const char **why;      /* node -> reason it stayed alone */
+    bool *to_reduction;    /* node -> read by reductions (as what they reduce), and by nothing else */
 } fz;
 
 static int node_class(const tf_node *n)
@@ -119,6 +120,14 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
             return true;
+        if (g->kind == TF_REGION_GEMM && tf_type_same_shape(O, &g->S) && f->to_reduction[index_of(n) - f->m->decls.n]) {
+            /* a matmul epilogue would store it for the reduction to read
+             * back (a gradient's square for a global norm: as large as the
+             * gradient, and alive until the norm is taken); as the
+             * reduction's prologue it is never stored */
+            *why = "only reductions read it: it joins their kernel, not a matmul epilogue that would store it";
+            return false;
+        }
         if (g->kind == TF_REGION_GEMM && tf_type_same_shape(O, &g->S)) {
             int64_t last = O->rank ? O->dims[O->rank - 1].n : 1;
             for (int k = 0; k < n->nin; k++) {
@@ -556,6 +565,30 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
         goto done;
     }
     for (int i = 0; i < f.n; i++) f.grp[i] = -1;
+    /* which results only reductions read */
+    bool *other_reader = tf_calloc(n, sizeof *other_reader);
+    f.to_reduction = tf_calloc(n, sizeof *f.to_reduction);
+    if (!other_reader || !f.to_reduction) {
+        tf_free(other_reader);
+        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
+        goto done;
+    }
+    for (int i = 0; i < f.n; i++) {
+        const tf_node *r = f.nodes[i];
+        for (int k = 0; k < r->nin; k++) {
+            const tf_value *v = r->in[k];
+            if (v->kind != TF_VAL_NODE) continue;
+            int j = index_of(v->def) - m->decls.n;
+            if (node_class(r) == C_RED && k == 0) f.to_reduction[j] = true;
+            else other_reader[j] = true;
+        }
+    }
+    for (int i = 0; i < m->noutputs + m->nupdates; i++) {
+        const tf_value *v = i < m->noutputs ? m->outputs[i].value : m->updates[i - m->noutputs].value;
+        if (v->kind == TF_VAL_NODE) other_reader[index_of(v->def) - m->decls.n] = true;
+    }
+    for (int i = 0; i < f.n; i++) f.to_reduction[i] = f.to_reduction[i] && !other_reader[i];
+    tf_free(other_reader);
     group_nodes(&f, mark);
     if (!merge_updates(&f)) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
@@ -646,6 +679,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     tf_module_renumber(m);
 done:
     tf_free(f.grp), tf_free(f.next), tf_free(f.g), tf_free(f.stamp), tf_free(f.stack), tf_free(f.why), tf_free(mark);
+    tf_free(f.to_reduction);
     tf_free(unit_of), tf_free(unit_first), tf_free(region_of);
     return st;
 }

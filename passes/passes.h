@@ -106,12 +106,15 @@ bool tf_pass_disabled(const tf_options *o, const tf_pass_info *pi);
  * group), and group_est[g] its estimated arena peak (est0: recomputing
  * nothing). floor_est is the arena a free recomputation would leave (every
  * forward value the backward reads made where it is read and dropped
- * there): no recompute set goes under it. m must be right after autodiff. */
+ * there): no recompute set goes under it. The first nplanned groups are
+ * those the estimate says lower the peak; the rest, each candidate it
+ * turned down (once, without what earlier groups hold), are for the driver
+ * to measure when no prefix fits. m must be right after autodiff. */
 typedef struct tf_ckpt_plan {
     int *nodes, n;
     int *group_end;
     int64_t *group_est;
-    int ngroups, ncand;
+    int ngroups, nplanned, ncand;
     int64_t est0, floor_est;
 } tf_ckpt_plan;
 tf_ir_status tf_checkpoint_plan(tf_module *m, tf_diag *d, tf_ckpt_plan *p);

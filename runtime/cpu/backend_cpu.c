@@ -569,7 +569,8 @@ static tf_status place_values(tf_session_t *s, cpu *c)
         const tf_node *n = m->nodes.items[i];
         const tf_value *v = n->out;
         if (root_of(v) != v) continue;
-        if (c->arena && v->offset >= 0) c->ptr[v->id] = c->arena + v->offset;
+        if (v->home) c->ptr[v->id] = c->ptr[v->home->id];   /* an update memplan writes in place */
+        else if (c->arena && v->offset >= 0) c->ptr[v->id] = c->arena + v->offset;
     }
     /* what memplan left unplaced but something reads or writes */
     for (int i = 0; i < c->plan->nkernels; i++)

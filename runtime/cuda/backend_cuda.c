@@ -230,6 +230,8 @@ typedef struct cuda_session {
     tf_cu_deviceptr err_dev;    /* one 8-byte error word per library kernel (ids out of range), after {seed, step} */
     int nerr;                   /* library kernels: error words */
     bool err_read;              /* some kernel's word is read back after the kernels of a step */
+    int ids_check_at;           /* err_read: the kernel before which the words are read: the first that
+                                 * writes a param or buffer in place (memplan's home), else nkernels */
     /* host memory */
     unsigned char *pinned;      /* the error words, two input slots, then outputs */
     size_t pinned_bytes, *in_at, *out_at;   /* in_at: an input's offset in a slot (and in in_dev) */
@@ -362,6 +364,10 @@ static tf_status plan_layout(tf_session_t *s, cuda_session *c, layout *L)
     for (int i = 0; i < m->decls.n; i++) {
         const tf_value *v = m->decls.items[i];
         take(L, v->id, value_bytes(v));
+    }
+    for (int i = 0; i < m->nodes.n; i++) {   /* an update memplan writes in place: its param's or buffer's storage */
+        const tf_value *v = ((const tf_node *)m->nodes.items[i])->out;
+        if (root_of(v) == v && v->home) L->at[v->id] = L->at[v->home->id];
     }
     for (int i = 0; arena && i < m->nodes.n; i++) {
         const tf_value *v = ((const tf_node *)m->nodes.items[i])->out;
@@ -969,7 +975,9 @@ static tf_status run_gemm(tf_session_t *s, cuda_session *c, gkernel *gk)
  * their bytes; else the GEMM runs at the later kernel's place, where its
  * operands must still be intact. GELU is never handed over (see above). */
 
-static bool same_root(const tf_value *a, const tf_value *b) { return root_of(a) == root_of(b); }
+/* The same memory: one root, or an update memplan writes in place and its param or buffer. */
+static const tf_value *memory_of(const tf_value *v) { return root_of(v)->home ? root_of(v)->home : root_of(v); }
+static bool same_root(const tf_value *a, const tf_value *b) { return memory_of(a) == memory_of(b); }
 
 /* k's load x reads the whole of v row-major, over a space of v's own dims. */
 static bool whole_load(const tf_kernel *k, const tf_kexpr *x, const tf_value *v)
@@ -2048,6 +2056,27 @@ static tf_status cuda_wait(tf_session_t *s)
     return TF_OK;
 }
 
+/* Ids the API could not check before the step (computed ones): a kernel
+ * that saw one out of range fails the step before any update, as the
+ * interpreter does: before the first kernel that writes state in place, or
+ * after the kernels (a synchronization inside the step: such a step is
+ * never captured as a graph). */
+static tf_status check_ids(tf_session_t *s, cuda_session *c)
+{
+    tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned, c->err_dev, 8 * (size_t)c->nerr, c->stream);
+    if (!r) r = c->libs.cu.StreamSynchronize(c->stream);
+    if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
+        return drain(c, cu_fail(s, c, r, "reading the library kernels' error words"));
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const gkernel *gk = &c->ks[i];
+        uint64_t word;
+        if (gk->how != RUN_LIBKERNEL || !gk->err_read) continue;
+        memcpy(&word, c->pinned + 8 * (size_t)gk->err_slot, 8);
+        if (word) return drain(c, bad_id(s, c, gk, word));
+    }
+    return TF_OK;
+}
+
 /* One step onto the stream, from the inputs in place (stage_inputs) to the
  * outputs copied back into pinned memory: no host synchronization inside
  * (but for ids checked on the host, err_read), so that it can be captured
@@ -2060,6 +2089,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
     if (c->err_read) CU_DO("clearing the library kernels' error words", MemsetD8Async(c->err_dev, 0, 8 * (size_t)c->nerr, c->stream));
     for (int i = 0; i < c->plan->nkernels; i++) {
         gkernel *gk = &c->ks[i];
+        if (c->err_read && i == c->ids_check_at && (st = check_ids(s, c))) return st;
         if (c->profile) {
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i], c->stream);
             if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err)) return cu_fail(s, c, r, gk->k->name);
@@ -2076,23 +2106,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
                                     "error: cuda: kernel %s (%s) failed: %s", gk->k->name, how_names[gk->how], c->err);
         }
     }
-    /* ids the API could not check before the step (computed ones): a kernel
-     * that saw one out of range fails the step before any update, as the
-     * interpreter does (a synchronization inside the step: such a step is
-     * never captured as a graph) */
-    if (c->err_read) {
-        tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned, c->err_dev, 8 * (size_t)c->nerr, c->stream);
-        if (!r) r = c->libs.cu.StreamSynchronize(c->stream);
-        if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
-            return drain(c, cu_fail(s, c, r, "reading the library kernels' error words"));
-        for (int i = 0; i < c->plan->nkernels; i++) {
-            const gkernel *gk = &c->ks[i];
-            uint64_t word;
-            if (gk->how != RUN_LIBKERNEL || !gk->err_read) continue;
-            memcpy(&word, c->pinned + 8 * (size_t)gk->err_slot, 8);
-            if (word) return drain(c, bad_id(s, c, gk, word));
-        }
-    }
+    if (c->err_read && c->ids_check_at >= c->plan->nkernels && (st = check_ids(s, c))) return st;
     /* updates: every new value that is itself state is copied aside first */
     for (int i = 0; i < m->nupdates; i++) {
         if (!c->stage[i]) continue;
@@ -2482,6 +2496,18 @@ static tf_status cuda_create(tf_session_t *s)
         cuda_free(s);
         return st;
     }
+    /* the first kernel writing a param or buffer in place: an update kernel
+     * (and the earlier parts of its multi-tensor launch) */
+    c->ids_check_at = c->plan->nkernels;
+    for (int i = 0; i < c->plan->nkernels && c->ids_check_at == c->plan->nkernels; i++)
+        for (int b = 0; b < c->plan->kernels[i].nbufs; b++) {
+            const tf_kbuf *kb = &c->plan->kernels[i].bufs[b];
+            if (kb->written && (kb->value->kind == TF_VAL_PARAM || kb->value->kind == TF_VAL_BUFFER)) c->ids_check_at = i;
+        }
+    for (int i = c->ids_check_at; i > 0 && i < c->plan->nkernels && c->plan->kernels[i].multi && c->plan->kernels[i - 1].multi &&
+                                   c->plan->kernels[i - 1].region == c->plan->kernels[i].region;
+         i--)
+        c->ids_check_at = i - 1;
     /* one graph per step, unless something in it cannot be captured */
     c->graphs = true;
     if (s->p->settings.cuda_no_graphs) snprintf(c->graph_why, sizeof c->graph_why, "--cuda-graphs=off");

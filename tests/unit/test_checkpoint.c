@@ -15,6 +15,8 @@
 #include "passes.h"
 #include "testutil.h"
 
+static bool g_plain;   /* compile as `tfuse compile` does: no gradient outputs */
+
 static tf_module *compile_dims(const char *path, const char *text, const tf_dim_set *dims, int ndims, int ck,
                                int64_t budget, tf_diag *d)
 {
@@ -22,7 +24,7 @@ static tf_module *compile_dims(const char *path, const char *text, const tf_dim_
     tf_diag_clear(d);
     if (tf_parse(path, text, strlen(text), dims, ndims, &m, d)) return NULL;
     /* fp32 so that the two steps compute exactly alike */
-    tf_options o = {.mode = TF_IR_TRAIN, .diag = d, .grad_outputs = true, .checkpoint = ck, .memory_budget = budget,
+    tf_options o = {.mode = TF_IR_TRAIN, .diag = d, .grad_outputs = !g_plain, .checkpoint = ck, .memory_budget = budget,
                     .precision_set = true, .precision = TF_PREC_FP32};
     if (tf_run_pipeline(m, NULL, &o)) {
         tf_module_free(m);
@@ -243,11 +245,39 @@ static void check_sweep(const char *file, const tf_dim_set *dims, int ndims, tf_
     free(text);
 }
 
+/* Issue 16's target: a bench model at its own dims trains within 35% of its
+ * unconstrained planned peak (updates written in place, largest-first
+ * placement, and the candidates the estimate turned down measured: without
+ * them gpt stopped at 39.5% and resnet at 38.2%), gradients unchanged. */
+static void check_35(const char *file)
+{
+    char path[4096];
+    char *text = test_read_example(file, path, sizeof path);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (!text) return;
+    tf_diag d;
+    g_plain = true;
+    tf_module *a = compile_dims(path, text, NULL, 0, TF_IR_CHECKPOINT_NONE, 0, &d);
+    CHECK(a != NULL, "%s: %s", path, d.msg);
+    int64_t budget = a ? peak(a) * 35 / 100 : 0;
+    tf_module *b = a ? compile_dims(path, text, NULL, 0, TF_IR_CHECKPOINT_AUTO, budget, &d) : NULL;
+    CHECK(b && peak(b) <= budget, "%s: 35%% of %lld bytes: %s, planned %lld", path, a ? (long long)peak(a) : -1LL,
+          b ? "compiled" : d.msg, b ? (long long)peak(b) : -1LL);
+    if (b) printf("%s: 35%% of the unconstrained %lld bytes: planned %lld (%.1f%%)\n", path, (long long)peak(a),
+                  (long long)peak(b), 100.0 * (double)peak(b) / (double)peak(a));
+    g_plain = false;
+    tf_module_free(b);
+    tf_module_free(a);
+    free(text);
+}
+
 int main(void)
 {
     tf_dim_set gpt[7] = {{"B", 4}, {"T", 32}, {"V", 64}, {"E", 64}, {"H", 2}, {"D", 32}, {"F", 256}}, resnet[4] = {{"N", 2}, {"C1", 8}, {"C2", 16}, {"C3", 32}};
     check_sweep("../bench/models/gpt.ir", gpt, 7, TF_OPK_MATMUL, 1.05);
     check_sweep("../bench/models/resnet.ir", resnet, 4, TF_OPK_CONV, 0);
+    check_35("../bench/models/gpt.ir");
+    check_35("../bench/models/resnet.ir");
     check_model("transformer.ir");
     check_custom_list("transformer.ir");
     check_auto_dim("transformer.ir");
