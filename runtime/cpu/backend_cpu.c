@@ -1639,13 +1639,15 @@ static tf_status cpu_create(tf_session_t *s)
     if (!st) st = place_values(s, c);
     if (!st) st = prepare(s, c);
     /* the interpreter's initial state (tf_interp_init_range: the same bits), straight into storage, on the pool;
-     * not when a package gives it (api.c writes it next) */
+     * not when a package gives it (api.c writes it next). zeros() needs nothing: place_values's storage is
+     * calloc'd (own), so optimizer moments and the like are not written twice, nor their pages touched before
+     * the first step uses them. */
     for (int i = 0; !st && !s->state_given && i < s->p->m->decls.n; i++) {
         const tf_value *v = s->p->m->decls.items[i];
-        if (v->kind == TF_VAL_INPUT) continue;
+        if (v->kind == TF_VAL_INPUT || tf_interp_init_is_zero(v)) continue;
         init_job j = {.v = v, .seed = s->seed, .dst = c->ptr[v->id], .n = numel(v)};
-        if (tf_interp_init_is_zero(v)) memset(j.dst, 0, value_bytes(v));
-        else tf_pool_run(c->pool, (j.n + INIT_CHUNK - 1) / INIT_CHUNK, init_chunks, &j);
+        tf_pool_run(c->pool, (j.n + INIT_CHUNK - 1) / INIT_CHUNK, init_chunks, &j);
+        s->init_elements += j.n;
     }
     if (!st && s->p->settings.cpu_explain) explain_convs(c);
     if (st) cpu_free(s);
@@ -1659,10 +1661,24 @@ static tf_status cpu_state_read(tf_session_t *s, const tf_value *v, void *dst)
     return TF_OK;
 }
 
+/* A copy of n bytes split over the pool in COPY_CHUNK pieces: a package's
+ * params go into fresh storage, whose first touch (a page fault per page)
+ * costs more than the copy; two threads take half each. */
+enum { COPY_CHUNK = 1 << 18 };
+typedef struct copy_job { unsigned char *dst; const unsigned char *src; size_t n; } copy_job;
+
+static void copy_chunks(void *arg, int64_t lo, int64_t hi)
+{
+    const copy_job *j = arg;
+    size_t a = (size_t)lo * COPY_CHUNK, b = (size_t)hi * COPY_CHUNK < j->n ? (size_t)hi * COPY_CHUNK : j->n;
+    memcpy(j->dst + a, j->src + a, b - a);
+}
+
 static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void *src)
 {
     cpu *c = s->impl;
-    memcpy(c->ptr[v->id], src, value_bytes(v));
+    copy_job j = {c->ptr[v->id], src, value_bytes(v)};
+    tf_pool_run(c->pool, (int64_t)((j.n + COPY_CHUNK - 1) / COPY_CHUNK), copy_chunks, &j);
     c->state_gen++;   /* packed weights repack before their next use */
     return TF_OK;
 }

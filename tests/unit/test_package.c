@@ -133,6 +133,11 @@ static void round_trip(tf_target target, bool params)
             CHECK(ib.jit_package == info.objects && ib.jit_compiled == 0 && ib.jit_disk == 0,
                   "%s: the loaded session compiled %d, took %d from disk and %d of %d from the package", label, ib.jit_compiled,
                   ib.jit_disk, ib.jit_package, info.objects);
+        /* the package's session takes its state from the package and draws nothing; a session of source draws */
+        if (target == TF_TARGET_CPU)
+            CHECK(params ? sb->init_elements == 0 && sa->init_elements > 0 : sb->init_elements == sa->init_elements,
+                  "%s: the initializers drew %lld elements in the package's session, %lld in the source's", label,
+                  (long long)sb->init_elements, (long long)sa->init_elements);
         same_bits(label, sa, sb, pa, false);   /* the initial state */
         for (uint64_t r = 0; r < 3; r++) {
             if (!step(sa, pa, r) || !step(sb, pb, r)) {
