@@ -481,11 +481,33 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
         }
     }
     memset(indeg, 0, (size_t)nunits * sizeof *indeg);
-    for (int i = 0; i < f->n; i++)
+    /* each edge into a unit from another: counted in indeg, listed under its producer (cstart/cons: the
+     * consumers' units by producer node, one entry per operand), so a unit releases its consumers without
+     * a scan of the nodes after it */
+    int *cstart = tf_calloc((size_t)f->n + 1, sizeof *cstart), nedges = 0;
+    for (int i = 0; cstart && i < f->n; i++)
         for (int k = 0; k < f->nodes[i]->nin; k++) {
             tf_value *v = f->nodes[i]->in[k];
-            if (v->kind == TF_VAL_NODE && unit_of[index_of(v->def) - D] != unit_of[i]) indeg[unit_of[i]]++;
+            if (v->kind == TF_VAL_NODE && unit_of[index_of(v->def) - D] != unit_of[i]) {
+                indeg[unit_of[i]]++;
+                cstart[index_of(v->def) - D + 1]++;
+                nedges++;
+            }
         }
+    int *cons = cstart ? tf_malloc((size_t)(nedges ? nedges : 1) * sizeof *cons) : NULL;
+    if (!cons) {
+        tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members), tf_free(cstart);
+        return TF_IR_ERR_OOM;
+    }
+    for (int i = 0; i < f->n; i++) cstart[i + 1] += cstart[i];
+    for (int i = 0; i < f->n; i++)   /* consumers in program order, as the scan met them */
+        for (int k = 0; k < f->nodes[i]->nin; k++) {
+            tf_value *v = f->nodes[i]->in[k];
+            int j = v->kind == TF_VAL_NODE ? index_of(v->def) - D : -1;
+            if (j >= 0 && unit_of[j] != unit_of[i]) cons[cstart[j]++] = unit_of[i];
+        }
+    for (int i = f->n; i > 0; i--) cstart[i] = cstart[i - 1];   /* back to starts */
+    cstart[0] = 0;
     int hn = 0, no = 0;
     for (int u = 0; u < nunits; u++)
         if (!indeg[u]) heap[hn++] = u;
@@ -498,19 +520,13 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
         for (int p = start[u]; p < start[u + 1]; p++) {
             int i = members[p];
             out[no++] = f->nodes[i];
-            /* release consumers */
-            tf_value *v = f->nodes[i]->out;
-            for (int j = i + 1; j < f->n; j++) {
-                tf_node *c = f->nodes[j];
-                if (unit_of[j] == u) continue;
-                for (int k = 0; k < c->nin; k++)
-                    if (c->in[k] == v && --indeg[unit_of[j]] == 0) heap[hn++] = unit_of[j];
-            }
+            for (int e = cstart[i]; e < cstart[i + 1]; e++)   /* release consumers */
+                if (--indeg[cons[e]] == 0) heap[hn++] = cons[e];
         }
     }
     tf_ir_status st = no == f->n ? TF_IR_OK : TF_IR_ERR_INTERNAL;
     if (!st && f->n) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
-    tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
+    tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members), tf_free(cstart), tf_free(cons);
     return st;
 }
 
