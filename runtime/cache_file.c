@@ -22,6 +22,20 @@ uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+/* tf_le64_get, inline (tf_hash64's loop: 8 bytes per call otherwise) */
+static inline uint64_t le64(const unsigned char *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+#endif
+}
+
 uint64_t tf_hash64(const void *p, size_t n)
 {
     static const uint64_t prime = 0x100000001b3ull;
@@ -29,7 +43,7 @@ uint64_t tf_hash64(const void *p, size_t n)
     uint64_t h[4] = {TF_FNV_BASIS, TF_FNV_BASIS ^ 1, TF_FNV_BASIS ^ 2, TF_FNV_BASIS ^ 3};
     size_t i = 0;
     for (; i + 32 <= n; i += 32)
-        for (int l = 0; l < 4; l++) h[l] = (h[l] ^ tf_le64_get(b + i + 8 * (size_t)l)) * prime;
+        for (int l = 0; l < 4; l++) h[l] = (h[l] ^ le64(b + i + 8 * (size_t)l)) * prime;
     uint64_t r = TF_FNV_BASIS;
     for (int l = 0; l < 4; l++) r = (r ^ h[l]) * prime;
     r = tf_fnv1a(r, b + i, n - i);
