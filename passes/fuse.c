@@ -169,12 +169,12 @@ static void reach(fz *f, int x, int lo, int *sp)
         }
 }
 
-static bool convex(fz *f, const bool *in_set, int lo)
+static bool convex(fz *f, const bool *in_set, int lo, int hi)
 {
     int D = f->m->decls.n;
     f->cur++;
     int sp = 0;
-    for (int i = lo; i < f->n; i++) {
+    for (int i = lo; i < hi; i++) {
         if (!in_set[i]) continue;
         tf_node *n = f->nodes[i];
         for (int k = 0; k < n->nin; k++) {
@@ -206,14 +206,14 @@ static bool convex(fz *f, const bool *in_set, int lo)
  * placements)? reduce_sum(x[4,4], axes=[1]) lies along axis 0; add(x, it)
  * reads it along axis 1 (NumPy aligns from the right), so the two cannot
  * share a kernel, though every shape fits. */
-static bool placed_consistently(const fz *f, const bool *in_set, int lo, const tf_type *S, unsigned R)
+static bool placed_consistently(const fz *f, const bool *in_set, int lo, int hi, const tf_type *S, unsigned R)
 {
     if (!R) return true;   /* without reduced axes every member has shape S */
     int D = f->m->decls.n;
     int64_t dims[TF_MAX_RANK];
     int8_t full[TF_MAX_RANK], res[TF_MAX_RANK], own[TF_MAX_RANK], rd[TF_MAX_RANK];
     for (int a = 0; a < S->rank; a++) dims[a] = S->dims[a].n, full[a] = (int8_t)a;
-    for (int i = lo; i < f->n; i++) {
+    for (int i = lo; i < hi; i++) {
         if (!in_set[i]) continue;
         const tf_node *n = f->nodes[i];
         if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
@@ -255,12 +255,14 @@ static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned 
 {
     int lo = f->g[gi].first;
     if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
-    for (int k = lo; k < f->n; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
-    const char *why = !convex(f, mark, lo) ? "joining its producer's kernel would make a cycle"
-                      : !placed_consistently(f, mark, lo, &f->g[gi].S, R)
+    /* nodes are grouped in program order: every member of a group is at or before i, and whatever the
+     * set depends on comes before its members, so nothing after i takes part */
+    for (int k = lo; k <= i; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
+    const char *why = !convex(f, mark, lo, i + 1) ? "joining its producer's kernel would make a cycle"
+                      : !placed_consistently(f, mark, lo, i + 1, &f->g[gi].S, R)
                           ? "it reads a reduced value along other axes than the reduction's kernel computes it on"
                           : NULL;
-    for (int k = lo; k < f->n; k++) mark[k] = false;
+    for (int k = lo; k <= i; k++) mark[k] = false;
     if (why) return why;
     if (hi >= 0) join_groups(f, gi, hi);
     if (f->grp[i] != gi) {
