@@ -95,13 +95,14 @@ bool tf_cache_subdir(const char *sub, char *out, size_t n)
     return tf_make_dirs(out);
 }
 
-bool tf_write_atomic(const char *path, const void *data, size_t n, const void *tag)
+/* tf_write_atomic; durable: fsync'd before the rename */
+static bool write_renamed(const char *path, const void *data, size_t n, const void *tag, bool durable)
 {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%.4200s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)tag);
     FILE *f = fopen(tmp, "wb");
     if (!f) return false;
-    bool ok = fwrite(data, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    bool ok = fwrite(data, 1, n, f) == n && fflush(f) == 0 && (!durable || fsync(fileno(f)) == 0);
     if (fclose(f) != 0) ok = false;
     if (!ok || rename(tmp, path) != 0) {
         remove(tmp);
@@ -109,6 +110,8 @@ bool tf_write_atomic(const char *path, const void *data, size_t n, const void *t
     }
     return true;
 }
+
+bool tf_write_atomic(const char *path, const void *data, size_t n, const void *tag) { return write_renamed(path, data, n, tag, true); }
 
 bool tf_record_write(const char *path, const char *header, const char *key, const char *body, const void *tag)
 {
@@ -420,7 +423,7 @@ void tf_cache_added(const char *path, uint64_t bytes)
 
 bool tf_cache_put(const char *path, const void *data, size_t n, const void *tag)
 {
-    if (!tf_write_atomic(path, data, n, tag)) return false;
+    if (!write_renamed(path, data, n, tag, false)) return false;
     tf_cache_added(path, n);
     return true;
 }
