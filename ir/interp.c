@@ -118,10 +118,14 @@ static double rng_normal_k(uint64_t key, uint64_t index) { return tf_normal_quan
 static void rng_normal_chunk(uint64_t key, int64_t lo, int n, double *z)
 {
     double u[NORMAL_CHUNK];
+    int tail[NORMAL_CHUNK], nt = 0;
     for (int k = 0; k < n; k++) u[k] = rng_open_uniform_k(key, (uint64_t)(lo + k));
     for (int k = 0; k < n; k++) z[k] = as241_central(u[k] - 0.5);
-    for (int k = 0; k < n; k++)
-        if (fabs(u[k] - 0.5) > AS241_SPLIT) z[k] = as241_tail(u[k], u[k] - 0.5);
+    for (int k = 0; k < n; k++) {   /* the tails' indices, without a branch (15% of them, at random) */
+        tail[nt] = k;
+        nt += fabs(u[k] - 0.5) > AS241_SPLIT;
+    }
+    for (int t = 0; t < nt; t++) z[tail[t]] = as241_tail(u[tail[t]], u[tail[t]] - 0.5);
 }
 
 double tf_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) { return rng_uniform_k(rng_key(seed, stream), index); }
