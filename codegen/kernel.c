@@ -246,20 +246,16 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
  * always does; in a region, a yielded value does, and so does one that a
  * later kernel of the same region reads (a multi region splits into one
  * kernel per shape). */
-static bool leaves(const tf_module *m, const tf_node *n, int lo, int hi)
+/* Is n's value stored: a region's yield, or (a multi-tensor region, whose
+ * kernels are its chains) read by a node outside nodes[lo, hi)? uses: reads
+ * of each value id by every node; inside: by nodes[lo, hi) (multi only). */
+static bool leaves(const tf_module *m, const tf_node *n, const int *uses, const int *inside)
 {
     if (!n->region) return true;
     const tf_region *r = &m->regions[n->region - 1];
     for (int i = 0; i < r->nyields; i++)
         if (r->yields[i] == n->out) return true;
-    if (r->kind != TF_REGION_MULTI) return false;
-    for (int i = 0; i < m->nodes.n; i++) {
-        if (i >= lo && i < hi) continue;
-        const tf_node *u = m->nodes.items[i];
-        for (int q = 0; q < u->nin; q++)
-            if (u->in[q] == n->out) return true;
-    }
-    return false;
+    return r->kind == TF_REGION_MULTI && uses[n->out->id] > inside[n->out->id];
 }
 
 static int64_t space_numel(const tf_kernel *k)
@@ -353,8 +349,8 @@ static tf_ir_status build_layout(tf_kernel_plan *p, int *cap, const tf_node *n, 
 }
 
 /* nodes[lo, hi) run as one kernel */
-static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, place *place_of, int lo, int hi,
-                               tf_diag *d)
+static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, place *place_of, const int *uses,
+                               int *inside, int lo, int hi, tf_diag *d)
 {
     tf_node **nodes = (tf_node **)m->nodes.items;
     const tf_node *n0 = nodes[lo];
@@ -401,8 +397,15 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     }
     for (int i = lo; i < hi && !st; i++)
         if (nodes[i] != lib) st = add_node(&b, nodes[i]);
+    bool multi = region && m->regions[region - 1].kind == TF_REGION_MULTI;
+    for (int i = lo; i < hi && multi; i++)
+        for (int q = 0; q < nodes[i]->nin; q++)
+            if (nodes[i]->in[q]->id >= 0) inside[nodes[i]->in[q]->id]++;
     for (int i = lo; i < hi && !st; i++)
-        if (nodes[i] != lib && leaves(m, nodes[i], lo, hi)) st = add_store(&b, nodes[i]);
+        if (nodes[i] != lib && leaves(m, nodes[i], uses, inside)) st = add_store(&b, nodes[i]);
+    for (int i = lo; i < hi && multi; i++)
+        for (int q = 0; q < nodes[i]->nin; q++)
+            if (nodes[i]->in[q]->id >= 0) inside[nodes[i]->in[q]->id] = 0;
     for (int i = 0; i < b.ntouched; i++) expr_of[b.touched[i]] = -1;   /* expressions are per kernel */
     tf_free(b.touched);
     return st;
@@ -504,17 +507,27 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     memset(out, 0, sizeof *out);
     int V = 0;
     for (int i = 0; i < m->nodes.n; i++) {
-        int id = ((tf_node *)m->nodes.items[i])->out->id;
-        if (id + 1 > V) V = id + 1;
+        const tf_node *n = m->nodes.items[i];
+        if (n->out->id + 1 > V) V = n->out->id + 1;
+        for (int q = 0; q < n->nin; q++)   /* operands (decls): numbered before the nodes, but say so here */
+            if (n->in[q]->id + 1 > V) V = n->in[q]->id + 1;
     }
     int *expr_of = tf_malloc((size_t)(V ? V : 1) * sizeof *expr_of);
     place *place_of = tf_malloc((size_t)(V ? V : 1) * sizeof *place_of);
-    if (!expr_of || !place_of) {
+    int *uses = tf_calloc((size_t)(V ? V : 1), sizeof *uses), *inside = tf_calloc((size_t)(V ? V : 1), sizeof *inside);
+    if (!expr_of || !place_of || !uses || !inside) {
         tf_free(expr_of);
         tf_free(place_of);
+        tf_free(uses);
+        tf_free(inside);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
     }
     for (int i = 0; i < V; i++) expr_of[i] = -1;
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        for (int q = 0; q < n->nin; q++)
+            if (n->in[q]->id >= 0) uses[n->in[q]->id]++;   /* constants are -1 */
+    }
     int cap = 0;
     tf_ir_status st = TF_IR_OK;
     for (int i = 0; i < m->nodes.n && !st;) {
@@ -528,7 +541,7 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
                 j++;
         }
         int first = out->nkernels;
-        st = build_unit(m, out, &cap, expr_of, place_of, i, j, d);
+        st = build_unit(m, out, &cap, expr_of, place_of, uses, inside, i, j, d);
         for (int q = first; !st && q < out->nkernels; q++)
             out->kernels[q].multi = out->kernels[q].kind == TF_K_ELEMENTWISE && n->region && m->regions[n->region - 1].kind == TF_REGION_MULTI;
         i = j;
@@ -543,6 +556,8 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     }
     tf_free(expr_of);
     tf_free(place_of);
+    tf_free(uses);
+    tf_free(inside);
     if (st) tf_kernels_free(out);
     return st;
 }

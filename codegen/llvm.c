@@ -21,7 +21,8 @@
  *
  * Buffers are in their storage dtype (float, double, uint16_t for f16/bf16,
  * int64_t, int32_t, uint8_t). Loop counters and accumulators live in allocas that the
- * optimizer (a vectorizing pipeline, `pipeline` below, no fast-math flags)
+ * optimizer (a vectorizing pipeline, `pipeline` below, the vectorizer left
+ * out for small kernels; no fast-math flags)
  * promotes; instruction selection runs at LLVM's default (O2) level for the
  * host CPU and its features. */
 #include <math.h>
@@ -949,9 +950,26 @@ static LLVMTargetMachineRef host_tm(char *err, size_t n)
 static const char pipeline[] =
     "always-inline,function(sroa,early-cse,instcombine,simplifycfg,loop(loop-rotate),loop-mssa(licm),indvars,"
     "loop-vectorize,instcombine,simplifycfg)";
+/* The same without the vectorizer, for kernels over at most SMALL_KERNEL
+ * elements: their loops run in a microsecond either way, and vectorizing
+ * is about a quarter of a kernel's compile time (the optimizer's chains of
+ * bias and LayerNorm params, with dozens of expressions over a few hundred
+ * elements, are among the slowest to compile). The vectorizer keeps every
+ * result's bits (no fast-math), so this changes speed only. */
+static const char pipeline_small[] =
+    "always-inline,function(sroa,early-cse,instcombine,simplifycfg,loop(loop-rotate),loop-mssa(licm),indvars,"
+    "instcombine,simplifycfg)";
+enum { SMALL_KERNEL = 4096 };
 
-/* Verify and optimize; 0 on success, else the message in err. */
-static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, const char *pipe, char *err, size_t n)
+static bool small_kernel(const tf_kernel *k)
+{
+    int64_t n = 1;
+    for (int a = 0; a < k->rank; a++) n *= k->dims[a];
+    return n <= SMALL_KERNEL;
+}
+
+/* Verify and optimize k's module; 0 on success, else the message in err. */
+static int finish_module(LLVMModuleRef mod, const tf_kernel *k, LLVMTargetMachineRef tm, const char *pipe, char *err, size_t n)
 {
     char *msg = NULL;
     if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
@@ -973,10 +991,11 @@ static int finish_module(LLVMModuleRef mod, LLVMTargetMachineRef tm, const char 
      * constant, full unrolling multiplies the code (and the compile time)
      * for no gain on loops already vectorized; SLP finds nothing our loops
      * do not give the loop vectorizer. */
-    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    bool small = !pipe && small_kernel(k);
+    LLVMPassBuilderOptionsSetLoopVectorization(po, !small);
     LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
     LLVMPassBuilderOptionsSetSLPVectorization(po, 0);
-    LLVMErrorRef e = LLVMRunPasses(mod, pipe ? pipe : pipeline, tm, po);
+    LLVMErrorRef e = LLVMRunPasses(mod, pipe ? pipe : small ? pipeline_small : pipeline, tm, po);
     LLVMDisposePassBuilderOptions(po);
     if (e) {
         char *m = LLVMGetErrorMessage(e);
@@ -1149,7 +1168,7 @@ tf_ir_status tf_jit_compile(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_
         LLVMOrcDisposeThreadSafeContext(tsc);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     }
-    if (finish_module(mod, j->tm, j->pipeline, why, sizeof why)) {
+    if (finish_module(mod, k, j->tm, j->pipeline, why, sizeof why)) {
         LLVMDisposeModule(mod);
         LLVMOrcDisposeThreadSafeContext(tsc);
         return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: %s", k->name, why);
@@ -1231,7 +1250,7 @@ static tf_ir_status emit_object(const tf_kernel *k, const char *sym, LLVMTargetM
     tf_ir_status st = TF_IR_OK;
     LLVMMemoryBufferRef buf = NULL;
     char *msg = NULL;
-    if (finish_module(mod, tm, pipe, why, sizeof why))
+    if (finish_module(mod, k, tm, pipe, why, sizeof why))
         st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: %s", k->name, why);
     else if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &msg, &buf))
         st = tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: kernel %s: emitting object code: %s", k->name, msg ? msg : "?");
@@ -1306,7 +1325,7 @@ char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipe)
     char *out = NULL;
     if (mod) {
         LLVMTargetMachineRef tm = host_tm(err, sizeof err);
-        if (!finish_module(mod, tm, pipe, err, sizeof err)) {
+        if (!finish_module(mod, k, tm, pipe, err, sizeof err)) {
             char *s = LLVMPrintModuleToString(mod);
             out = tf_strdup(s);
             LLVMDisposeMessage(s);

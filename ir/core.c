@@ -122,19 +122,20 @@ void tf_strbuf_vprintf(tf_strbuf *s, const char *fmt, va_list ap)
     if (s->oom) return;
     va_list again;
     va_copy(again, ap);
-    int k = vsnprintf(NULL, 0, fmt, ap);
+    /* straight into the room left; formatted a second time only when it did not fit */
+    size_t room = s->p ? s->cap - s->n : 0;
+    int k = vsnprintf(s->p ? s->p + s->n : NULL, room, fmt, ap);
     if (k < 0) s->oom = true;
-    if (!s->oom && s->n + (size_t)k + 1 > s->cap) {
+    if (!s->oom && (size_t)k + 1 > room) {
         size_t cap = s->cap ? s->cap : 4096;
         while (cap < s->n + (size_t)k + 1) cap *= 2;
         char *q = tf_realloc(s->p, cap);
         if (!q) s->oom = true;
         else s->p = q, s->cap = cap;
+        if (!s->oom) vsnprintf(s->p + s->n, s->cap - s->n, fmt, again);
     }
-    if (!s->oom) {
-        vsnprintf(s->p + s->n, s->cap - s->n, fmt, again);
-        s->n += (size_t)k;
-    }
+    if (!s->oom) s->n += (size_t)k;
+    else if (s->p && s->n < s->cap) s->p[s->n] = 0;   /* what a truncated first try left after the text */
     va_end(again);
 }
 

@@ -60,9 +60,15 @@ tf_ir_status tf_interp_defer_update(tf_interp_ctx *ip, const tf_value *buffer, c
 tf_ir_status tf_tensor_alloc(tf_tensor *t, const tf_type *ty, tf_diag *d);
 void tf_tensor_release(tf_tensor *t);
 
-/* Counter-based random numbers: uniform in [0, 1), and a stream id from a name. */
+/* Counter-based random numbers: uniform in [0, 1) (the top 53 bits of a
+ * hash of (seed, stream, index), times 2^-53); standard normal (normal()
+ * initializers): tf_normal_quantile((k + 1/2) / 2^52) with k the top 52
+ * bits of the same hash (interp.c says why); and a stream id from a name. */
 double tf_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 double tf_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+/* Phi^-1(p), the standard normal quantile, by Wichura's AS241 (relative
+ * error about 1e-16); -inf at 0, +inf at 1, NaN outside [0, 1]. */
+double tf_normal_quantile(double p);
 uint64_t tf_rng_stream(const char *name);
 /* Dropout's stream for a salt at a step: element i is kept (scaled by
  * 1/(1-p), rounded to the dtype) when tf_rng_uniform(seed, stream, i) >= p. */

@@ -178,12 +178,12 @@ static void reach(fz *f, int x, int lo, int *sp)
         }
 }
 
-static bool convex(fz *f, const bool *in_set, int lo)
+static bool convex(fz *f, const bool *in_set, int lo, int hi)
 {
     int D = f->m->decls.n;
     f->cur++;
     int sp = 0;
-    for (int i = lo; i < f->n; i++) {
+    for (int i = lo; i < hi; i++) {
         if (!in_set[i]) continue;
         tf_node *n = f->nodes[i];
         for (int k = 0; k < n->nin; k++) {
@@ -215,14 +215,14 @@ static bool convex(fz *f, const bool *in_set, int lo)
  * placements)? reduce_sum(x[4,4], axes=[1]) lies along axis 0; add(x, it)
  * reads it along axis 1 (NumPy aligns from the right), so the two cannot
  * share a kernel, though every shape fits. */
-static bool placed_consistently(const fz *f, const bool *in_set, int lo, const tf_type *S, unsigned R)
+static bool placed_consistently(const fz *f, const bool *in_set, int lo, int hi, const tf_type *S, unsigned R)
 {
     if (!R) return true;   /* without reduced axes every member has shape S */
     int D = f->m->decls.n;
     int64_t dims[TF_MAX_RANK];
     int8_t full[TF_MAX_RANK], res[TF_MAX_RANK], own[TF_MAX_RANK], rd[TF_MAX_RANK];
     for (int a = 0; a < S->rank; a++) dims[a] = S->dims[a].n, full[a] = (int8_t)a;
-    for (int i = lo; i < f->n; i++) {
+    for (int i = lo; i < hi; i++) {
         if (!in_set[i]) continue;
         const tf_node *n = f->nodes[i];
         if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
@@ -264,12 +264,14 @@ static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned 
 {
     int lo = f->g[gi].first;
     if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
-    for (int k = lo; k < f->n; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
-    const char *why = !convex(f, mark, lo) ? "joining its producer's kernel would make a cycle"
-                      : !placed_consistently(f, mark, lo, &f->g[gi].S, R)
+    /* nodes are grouped in program order: every member of a group is at or before i, and whatever the
+     * set depends on comes before its members, so nothing after i takes part */
+    for (int k = lo; k <= i; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
+    const char *why = !convex(f, mark, lo, i + 1) ? "joining its producer's kernel would make a cycle"
+                      : !placed_consistently(f, mark, lo, i + 1, &f->g[gi].S, R)
                           ? "it reads a reduced value along other axes than the reduction's kernel computes it on"
                           : NULL;
-    for (int k = lo; k < f->n; k++) mark[k] = false;
+    for (int k = lo; k <= i; k++) mark[k] = false;
     if (why) return why;
     if (hi >= 0) join_groups(f, gi, hi);
     if (f->grp[i] != gi) {
@@ -490,11 +492,33 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
         }
     }
     memset(indeg, 0, (size_t)nunits * sizeof *indeg);
-    for (int i = 0; i < f->n; i++)
+    /* each edge into a unit from another: counted in indeg, listed under its producer (cstart/cons: the
+     * consumers' units by producer node, one entry per operand), so a unit releases its consumers without
+     * a scan of the nodes after it */
+    int *cstart = tf_calloc((size_t)f->n + 1, sizeof *cstart), nedges = 0;
+    for (int i = 0; cstart && i < f->n; i++)
         for (int k = 0; k < f->nodes[i]->nin; k++) {
             tf_value *v = f->nodes[i]->in[k];
-            if (v->kind == TF_VAL_NODE && unit_of[index_of(v->def) - D] != unit_of[i]) indeg[unit_of[i]]++;
+            if (v->kind == TF_VAL_NODE && unit_of[index_of(v->def) - D] != unit_of[i]) {
+                indeg[unit_of[i]]++;
+                cstart[index_of(v->def) - D + 1]++;
+                nedges++;
+            }
         }
+    int *cons = cstart ? tf_malloc((size_t)(nedges ? nedges : 1) * sizeof *cons) : NULL;
+    if (!cons) {
+        tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members), tf_free(cstart);
+        return TF_IR_ERR_OOM;
+    }
+    for (int i = 0; i < f->n; i++) cstart[i + 1] += cstart[i];
+    for (int i = 0; i < f->n; i++)   /* consumers in program order, as the scan met them */
+        for (int k = 0; k < f->nodes[i]->nin; k++) {
+            tf_value *v = f->nodes[i]->in[k];
+            int j = v->kind == TF_VAL_NODE ? index_of(v->def) - D : -1;
+            if (j >= 0 && unit_of[j] != unit_of[i]) cons[cstart[j]++] = unit_of[i];
+        }
+    for (int i = f->n; i > 0; i--) cstart[i] = cstart[i - 1];   /* back to starts */
+    cstart[0] = 0;
     int hn = 0, no = 0;
     for (int u = 0; u < nunits; u++)
         if (!indeg[u]) heap[hn++] = u;
@@ -507,19 +531,13 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
         for (int p = start[u]; p < start[u + 1]; p++) {
             int i = members[p];
             out[no++] = f->nodes[i];
-            /* release consumers */
-            tf_value *v = f->nodes[i]->out;
-            for (int j = i + 1; j < f->n; j++) {
-                tf_node *c = f->nodes[j];
-                if (unit_of[j] == u) continue;
-                for (int k = 0; k < c->nin; k++)
-                    if (c->in[k] == v && --indeg[unit_of[j]] == 0) heap[hn++] = unit_of[j];
-            }
+            for (int e = cstart[i]; e < cstart[i + 1]; e++)   /* release consumers */
+                if (--indeg[cons[e]] == 0) heap[hn++] = cons[e];
         }
     }
     tf_ir_status st = no == f->n ? TF_IR_OK : TF_IR_ERR_INTERNAL;
     if (!st && f->n) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
-    tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
+    tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members), tf_free(cstart), tf_free(cons);
     return st;
 }
 

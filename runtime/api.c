@@ -749,7 +749,8 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
     size_t nts = 0;
     if (init) {
         char err[5120];
-        tio_status ts_st = tio_safetensors_read_mem("package state.safetensors", init->data, init->len, &ts, &nts, NULL, err, sizeof err);
+        /* views into the package's section: apply_state copies each tensor once, straight into the session's storage */
+        tio_status ts_st = tio_safetensors_view_mem("package state.safetensors", init->data, init->len, &ts, &nts, err, sizeof err);
         tf_status st = ts_st ? tf_set_error(ctx, ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err) : TF_OK;
         for (int i = 0; !st && i < p->params.n + p->buffers.n; i++) {   /* every param and buffer, or the initializers run */
             const tf_value *v = i < p->params.n ? p->params.items[i] : p->buffers.items[i - p->params.n];
@@ -760,7 +761,7 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
                                   v->name);
         }
         if (st) {
-            tio_tensors_free(ts, nts);
+            tio_views_free(ts, nts);
             tf_session_free(s);
             return st;
         }
@@ -768,14 +769,14 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
     }
     tf_status st = be->session_create(s);
     if (st) {
-        tio_tensors_free(ts, nts);
+        tio_views_free(ts, nts);
         s->be = NULL;   /* nothing to free in the backend */
         tf_session_free(s);
         return st;
     }
     if (init) {
         st = apply_state(s, ts, nts, "package state.safetensors");
-        tio_tensors_free(ts, nts);
+        tio_views_free(ts, nts);
         if (st) {
             tf_session_free(s);
             return st;

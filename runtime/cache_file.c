@@ -22,6 +22,20 @@ uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+/* tf_le64_get, inline (tf_hash64's loop: 8 bytes per call otherwise) */
+static inline uint64_t le64(const unsigned char *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+#endif
+}
+
 uint64_t tf_hash64(const void *p, size_t n)
 {
     static const uint64_t prime = 0x100000001b3ull;
@@ -29,7 +43,7 @@ uint64_t tf_hash64(const void *p, size_t n)
     uint64_t h[4] = {TF_FNV_BASIS, TF_FNV_BASIS ^ 1, TF_FNV_BASIS ^ 2, TF_FNV_BASIS ^ 3};
     size_t i = 0;
     for (; i + 32 <= n; i += 32)
-        for (int l = 0; l < 4; l++) h[l] = (h[l] ^ tf_le64_get(b + i + 8 * (size_t)l)) * prime;
+        for (int l = 0; l < 4; l++) h[l] = (h[l] ^ le64(b + i + 8 * (size_t)l)) * prime;
     uint64_t r = TF_FNV_BASIS;
     for (int l = 0; l < 4; l++) r = (r ^ h[l]) * prime;
     r = tf_fnv1a(r, b + i, n - i);
@@ -81,13 +95,14 @@ bool tf_cache_subdir(const char *sub, char *out, size_t n)
     return tf_make_dirs(out);
 }
 
-bool tf_write_atomic(const char *path, const void *data, size_t n, const void *tag)
+/* tf_write_atomic; durable: fsync'd before the rename */
+static bool write_renamed(const char *path, const void *data, size_t n, const void *tag, bool durable)
 {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%.4200s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)tag);
     FILE *f = fopen(tmp, "wb");
     if (!f) return false;
-    bool ok = fwrite(data, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    bool ok = fwrite(data, 1, n, f) == n && fflush(f) == 0 && (!durable || fsync(fileno(f)) == 0);
     if (fclose(f) != 0) ok = false;
     if (!ok || rename(tmp, path) != 0) {
         remove(tmp);
@@ -95,6 +110,8 @@ bool tf_write_atomic(const char *path, const void *data, size_t n, const void *t
     }
     return true;
 }
+
+bool tf_write_atomic(const char *path, const void *data, size_t n, const void *tag) { return write_renamed(path, data, n, tag, true); }
 
 bool tf_record_write(const char *path, const char *header, const char *key, const char *body, const void *tag)
 {
@@ -406,7 +423,7 @@ void tf_cache_added(const char *path, uint64_t bytes)
 
 bool tf_cache_put(const char *path, const void *data, size_t n, const void *tag)
 {
-    if (!tf_write_atomic(path, data, n, tag)) return false;
+    if (!write_renamed(path, data, n, tag, false)) return false;
     tf_cache_added(path, n);
     return true;
 }

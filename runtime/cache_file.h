@@ -122,7 +122,12 @@ void tf_cache_touch(const char *path);
  * alone. */
 void tf_cache_added(const char *path, uint64_t bytes);
 
-/* tf_write_atomic, then tf_cache_added: how a cache writes an entry. */
+/* tf_write_atomic without its fsync, then tf_cache_added: how a cache
+ * writes an entry. Not flushed to disk: every reader checks an entry
+ * whole (a checksum over it: cpu objects, cubins, tf_record_read), so
+ * what a crash tears is a miss, compiled and written again; and a cold
+ * start writes dozens of entries, at one fsync each (milliseconds each,
+ * far more on a busy or network disk) on the way to its first step. */
 bool tf_cache_put(const char *path, const void *data, size_t n, const void *tag);
 
 /* Entries and bytes per part (tf_cache_parts' order). */

@@ -40,6 +40,7 @@ typedef struct tf_pkg {
     tf_pkg_section *s;
     int n, cap;
     unsigned char *blob;   /* tf_pkg_read's file bytes, which sections point into; owned */
+    size_t blob_mapped;    /* blob is the file mapped read-only (this many bytes), not a copy; 0: malloc'd */
 } tf_pkg;
 
 /* Add a copy of data under name (replacing nothing: names must be new).
@@ -58,6 +59,12 @@ bool tf_pkg_write(const tf_pkg *p, const char *path, char *why, size_t n);
  * *why ("truncated: ...", "checksum of section 'x' does not match", ...).
  * *oom is set when memory ran out. */
 bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char *why, size_t n);
+/* tf_pkg_read maps the file (read-only, private; it reads it where mapping
+ * fails): a program loaded from a package uses the page cache's pages, and
+ * its sessions copy the initial params from them once. tfuse replaces a
+ * package by renaming a new file over it, which leaves a mapping intact;
+ * truncating a package in place while a process uses it is what it is for
+ * any mapped file (SIGBUS on the lost pages). */
 bool tf_pkg_read(tf_pkg *p, const char *path, bool *oom, char *why, size_t n);
 /* Whether the first bytes of a file are a package's magic. */
 bool tf_pkg_is_package(const char *path);

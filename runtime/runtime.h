@@ -98,6 +98,8 @@ struct tf_session {
     char *missing;          /* params the last load_state file lacked, ", "-separated; NULL if none */
     bool state_given;       /* the program's package gives every param and buffer right after session_create
                              * (api.c): a backend may skip the initializers */
+    int64_t init_elements;  /* elements the cpu backend's initializers drew (zeros() draws none; 0 when
+                             * state_given); what tests check a package's session by */
 };
 
 struct tf_backend {

@@ -904,8 +904,10 @@ static tio_status meta_text(const ectx *E, const jval *m, const char *key, const
     return TIO_OK;
 }
 
-/* meta: NULL, or where the metadata text goes (NULL when there is none). */
-static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, size_t *nout, char **meta)
+/* meta: NULL, or where the metadata text goes (NULL when there is none).
+ * view (S in memory only): each tensor's data points into S->mem, not a
+ * copy (tio_safetensors_view_mem). */
+static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, size_t *nout, char **meta, bool view)
 {
     uint64_t len = S->size;
     uint8_t lenbuf[8], *hdr = NULL;
@@ -975,7 +977,16 @@ static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, siz
                   (unsigned long long)data_off, (unsigned long long)data_len, (unsigned long long)far);
         goto done;
     }
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; view && i < count; i++) {
+        tio_tensor *t = &ts[r[i].idx];
+        t->data = (void *)(S->mem + data_off + r[i].b);
+        for (size_t b = 0; t->dtype == TIO_BOOL && b < t->nbytes && !st; b++)
+            if (S->mem[data_off + r[i].b + b] > 1)
+                st = fail(E, TIO_ERR_FORMAT, "tensor \"%s\": bool byte %zu is %u, expected 0 or 1",
+                          show(t->name, strlen(t->name), a), b, (unsigned)S->mem[data_off + r[i].b + b]);
+    }
+    if (st) goto done;
+    for (size_t i = 0; !view && i < count; i++) {
         tio_tensor *t = &ts[r[i].idx];
         if (!(t->data = tf_malloc(t->nbytes ? t->nbytes : 1))) {
             st = fail(E, TIO_ERR_OOM, "cannot allocate %zu bytes of tensor data", t->nbytes);
@@ -989,7 +1000,8 @@ done:
     tf_free(r);
     tf_free(hdr);
     if (st) {
-        tio_tensors_free(ts, count);
+        if (view) tio_views_free(ts, count);
+        else tio_tensors_free(ts, count);
         if (meta) tf_libc_free(*meta), *meta = NULL;   /* stdio's buffer */
         return st;
     }
@@ -1011,7 +1023,7 @@ tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t 
     *n = 0;
     tio_status st = src_open(&E, &S);
     if (st) return st;
-    st = st_parse(&E, &S, out, n, meta);
+    st = st_parse(&E, &S, out, n, meta, false);
     src_close(&S);
     return st;
 }
@@ -1032,7 +1044,20 @@ tio_status tio_safetensors_read_mem(const char *name, const void *data, size_t l
     *out = NULL;
     *n = 0;
     source S = {-1, data ? data : (const uint8_t *)"", len};
-    return st_parse(&E, &S, out, n, meta);
+    return st_parse(&E, &S, out, n, meta, false);
+}
+
+tio_status tio_safetensors_view_mem(const char *name, const void *data, size_t len, tio_tensor **out, size_t *n, char *err,
+                                    size_t errlen)
+{
+    ectx E = {name, err, errlen};
+    if (err && errlen) err[0] = 0;
+    if (!out || !n || !name || (!data && len))
+        return fail(&E, TIO_ERR_ARG, "NULL %s argument", !name ? "name" : !data ? "data" : "output");
+    *out = NULL;
+    *n = 0;
+    source S = {-1, data ? data : (const uint8_t *)"", len};
+    return st_parse(&E, &S, out, n, NULL, true);
 }
 
 static int name_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
@@ -1175,6 +1200,13 @@ void tio_tensor_free(tio_tensor *t)
     tf_free(t->name);
     tf_free(t->data);
     t->name = t->data = NULL, t->nbytes = 0;
+}
+
+void tio_views_free(tio_tensor *ts, size_t n)
+{
+    if (!ts) return;
+    for (size_t i = 0; i < n; i++) tf_free(ts[i].name);
+    tf_free(ts);
 }
 
 void tio_tensors_free(tio_tensor *ts, size_t n)

@@ -117,6 +117,14 @@ tio_status tio_npy_read_mem(const char *name, const void *data, size_t len, tio_
                             size_t errlen);
 tio_status tio_safetensors_read_mem(const char *name, const void *data, size_t len, tio_tensor **out, size_t *n,
                                     char **meta, char *err, size_t errlen);
+/* tio_safetensors_read_mem's checks without its copies: each tensor's data
+ * points into `data` (which must outlive them; read-only), so a caller
+ * that copies the tensors somewhere anyway (a package's initial state into
+ * a session) copies them once. A view cannot normalize bool data: a byte
+ * other than 0 or 1 is TIO_ERR_FORMAT. Release with tio_views_free (the
+ * names and the array). */
+tio_status tio_safetensors_view_mem(const char *name, const void *data, size_t len, tio_tensor **out, size_t *n,
+                                    char *err, size_t errlen);
 
 /* Metadata objects (what "__metadata__" holds: an object of strings).
  * get: *value = the decoded value of `key` (malloc'd), NULL when absent.
@@ -128,6 +136,7 @@ tio_status tio_meta_set(const char *json, const char *key, const char *value, ch
 
 void tio_tensor_free(tio_tensor *t);              /* frees name and data, not t */
 void tio_tensors_free(tio_tensor *ts, size_t n);  /* frees each and the array */
+void tio_views_free(tio_tensor *ts, size_t n);    /* tio_safetensors_view_mem's: the names and the array */
 size_t tio_dtype_size(tio_dtype t);               /* 0 for an invalid dtype */
 const char *tio_dtype_name(tio_dtype t);          /* "f32", ...; "?" if invalid */
 

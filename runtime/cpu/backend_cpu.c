@@ -1451,11 +1451,46 @@ static char *cache_target(tf_cache_t *c, tf_diag *d)
     return t;
 }
 
-/* Every kernel a session compiles, as object code for this machine, in a
- * JIT of its own (so that nothing here clashes with the names the context's
- * JIT defines): from the disk cache where it is there, else compiled (and
- * left in the disk cache). A kernel the emitter cannot compile runs the
- * reference in a session, so it has no object. */
+/* Every kernel a session compiles, as object code for this machine: from
+ * the disk cache where it is there, else compiled (and left in the disk
+ * cache), on the program's threads (tf_program_set_threads; 0: one per
+ * core) as a session compiles its misses (tf_jit_object: the bytes
+ * tf_jit_compile_object makes, whatever the thread count), then added in
+ * kernel order, so that the package's bytes do not depend on the threads.
+ * A kernel the emitter cannot compile runs the reference in a session, so
+ * it has no object. */
+typedef struct pkg_obj {
+    const tf_kernel *k;
+    char *dkey, sym[32], path[4200];
+    bool from_disk;
+    void *obj;
+    size_t nobj;
+    tf_ir_status st;
+    tf_diag d;
+} pkg_obj;
+
+typedef struct pkg_work {
+    pkg_obj *os;
+    int n, next;
+    const char *pipe;
+    pthread_mutex_t mu;
+} pkg_work;
+
+static void pkg_compile_piece(void *arg, int64_t lo, int64_t hi)
+{
+    pkg_work *w = arg;
+    (void)lo, (void)hi;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        int i = w->next++;
+        while (i < w->n && (w->os[i].obj || w->os[i].from_disk)) i = w->next++;
+        pthread_mutex_unlock(&w->mu);
+        if (i >= w->n) return;
+        pkg_obj *o = &w->os[i];
+        o->st = tf_jit_object(o->k, o->sym, w->pipe, &o->obj, &o->nobj, &o->d);
+    }
+}
+
 static tf_status cpu_package_code(tf_context_t *ctx, const tf_program_t *p, const char *archs, tf_pkg *pkg, int *nobjects,
                                   int *cached)
 {
@@ -1463,53 +1498,74 @@ static tf_status cpu_package_code(tf_context_t *ctx, const tf_program_t *p, cons
     *nobjects = *cached = 0;
     if (!p->has_plan) return TF_OK;
     tf_diag d = {0};
-    tf_jit *j = NULL;
-    if (tf_jit_create(&j, &d)) return tf_from_diag(ctx, &d);
     tf_status st = TF_OK;
-    char *target = tf_jit_target_id(j), why[256], dir[4096], path[4200], name[64];
+    char *target = cache_target(ctx->cache, &d), why[256], dir[4096], name[64];
+    if (!target) return tf_from_diag(ctx, &d);
     bool have_dir = tf_cache_subdir("cpu", dir, sizeof dir);
-    if (!target || tf_jit_set_pipeline(j, p->settings.llvm_pipeline)) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-    else if (!tf_pkg_add(pkg, "cpu/target", target, strlen(target), why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: %s", why);
+    pkg_obj *os = tf_calloc((size_t)(p->plan.nkernels ? p->plan.nkernels : 1), sizeof *os);
+    int n = 0;
+    if (!os || !tf_pkg_add(pkg, "cpu/target", target, strlen(target), why, sizeof why))
+        st = tf_set_error(ctx, TF_ERR_OOM, "error: %s", os ? why : "out of memory");
+    /* the kernels with code, each key once, and what the disk cache has of them */
     for (int i = 0; !st && i < p->plan.nkernels; i++) {
         const tf_kernel *k = &p->plan.kernels[i];
         if (!k->nexprs || k->kind == TF_K_VIEW || (k->lib && library_how(k->lib) == RUN_FALLBACK)) continue;
-        char *key = jit_key(k, p->settings.llvm_pipeline), *dkey = NULL, sym[32];
-        if (!key || !kernel_sym(target, key, &dkey, sym)) {
-            tf_free(key);
+        pkg_obj *o = &os[n];
+        char *key = jit_key(k, p->settings.llvm_pipeline);
+        bool ok = key && kernel_sym(target, key, &o->dkey, o->sym);
+        tf_free(key);
+        if (!ok) {
             st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
             break;
         }
-        snprintf(name, sizeof name, "cpu/%s.o", sym);
-        snprintf(path, sizeof path, "%s/%s.o", dir, sym);
-        void *obj = NULL;
-        size_t on = 0;
-        bool have = tf_pkg_find(pkg, name) != NULL, from_disk = !have && have_dir && disk_read(path, dkey, &obj, &on);
-        if (!have && !from_disk) {
-            tf_kernel_fn fn;
-            tf_jit_code *code = NULL;
-            memset(&d, 0, sizeof d);
-            if (tf_jit_compile_object(j, k, sym, &fn, &code, &obj, &on, &d)) {
-                if (d.status != TF_IR_ERR_RUNTIME) st = tf_from_diag(ctx, &d);
-                have = true;   /* the emitter cannot: the reference runs it */
-            } else {
-                tf_jit_release(j, code, &d);
-                if (have_dir) disk_write(path, dkey, obj, on);
-            }
+        bool seen = false;
+        for (int q = 0; q < n && !seen; q++) seen = !strcmp(os[q].sym, o->sym);
+        snprintf(name, sizeof name, "cpu/%s.o", o->sym);
+        if (seen || tf_pkg_find(pkg, name)) {
+            tf_free(o->dkey);
+            memset(o, 0, sizeof *o);
+            continue;
         }
-        if (!st && !have) {
-            size_t total;
-            unsigned char *rec = record_make(dkey, obj, on, &total);
-            if (!rec || !tf_pkg_add(pkg, name, rec, total, why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-            tf_free(rec);
-            ++*nobjects;
-            *cached += from_disk;
-        }
-        tf_free(obj);
-        tf_free(dkey);
-        tf_free(key);
+        o->k = k;
+        if (have_dir) snprintf(o->path, sizeof o->path, "%s/%s.o", dir, o->sym);
+        o->from_disk = have_dir && disk_read(o->path, o->dkey, &o->obj, &o->nobj);
+        n++;
     }
+    /* the rest compiled on the pool, each its own LLVM context */
+    int todo = 0;
+    for (int i = 0; i < n; i++) todo += !os[i].from_disk;
+    if (!st && todo) {
+        int threads = p->threads > 0 ? p->threads : tf_cpu_count();
+        tf_pool *pool = tf_pool_create(threads < todo ? threads : todo);
+        pkg_work w = {.os = os, .n = n, .pipe = p->settings.llvm_pipeline};
+        pthread_mutex_init(&w.mu, NULL);
+        if (!pool) st = tf_set_error(ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
+        else tf_pool_run(pool, tf_pool_threads(pool), pkg_compile_piece, &w);
+        pthread_mutex_destroy(&w.mu);
+        tf_pool_free(pool);
+    }
+    /* in kernel order: the package's bytes are the same on any number of threads */
+    for (int i = 0; !st && i < n; i++) {
+        pkg_obj *o = &os[i];
+        if (o->st) {
+            if (o->d.status != TF_IR_ERR_RUNTIME) st = tf_from_diag(ctx, &o->d);
+            continue;   /* the emitter cannot: the reference runs it */
+        }
+        if (!o->from_disk && o->path[0]) disk_write(o->path, o->dkey, o->obj, o->nobj);
+        size_t total;
+        unsigned char *rec = record_make(o->dkey, o->obj, o->nobj, &total);
+        snprintf(name, sizeof name, "cpu/%s.o", o->sym);
+        if (!rec || !tf_pkg_add(pkg, name, rec, total, why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        tf_free(rec);
+        ++*nobjects;
+        *cached += o->from_disk;
+    }
+    for (int i = 0; os && i < n; i++) {
+        tf_free(os[i].obj);
+        tf_free(os[i].dkey);
+    }
+    tf_free(os);
     tf_free(target);
-    tf_jit_free(j);
     return st;
 }
 
@@ -1640,13 +1696,15 @@ static tf_status cpu_create(tf_session_t *s)
     if (!st) st = place_values(s, c);
     if (!st) st = prepare(s, c);
     /* the interpreter's initial state (tf_interp_init_range: the same bits), straight into storage, on the pool;
-     * not when a package gives it (api.c writes it next) */
+     * not when a package gives it (api.c writes it next). zeros() needs nothing: place_values's storage is
+     * calloc'd (own), so optimizer moments and the like are not written twice, nor their pages touched before
+     * the first step uses them. */
     for (int i = 0; !st && !s->state_given && i < s->p->m->decls.n; i++) {
         const tf_value *v = s->p->m->decls.items[i];
-        if (v->kind == TF_VAL_INPUT) continue;
+        if (v->kind == TF_VAL_INPUT || tf_interp_init_is_zero(v)) continue;
         init_job j = {.v = v, .seed = s->seed, .dst = c->ptr[v->id], .n = numel(v)};
-        if (tf_interp_init_is_zero(v)) memset(j.dst, 0, value_bytes(v));
-        else tf_pool_run(c->pool, (j.n + INIT_CHUNK - 1) / INIT_CHUNK, init_chunks, &j);
+        tf_pool_run(c->pool, (j.n + INIT_CHUNK - 1) / INIT_CHUNK, init_chunks, &j);
+        s->init_elements += j.n;
     }
     if (!st && s->p->settings.cpu_explain) explain_convs(c);
     if (st) cpu_free(s);
@@ -1660,10 +1718,24 @@ static tf_status cpu_state_read(tf_session_t *s, const tf_value *v, void *dst)
     return TF_OK;
 }
 
+/* A copy of n bytes split over the pool in COPY_CHUNK pieces: a package's
+ * params go into fresh storage, whose first touch (a page fault per page)
+ * costs more than the copy; two threads take half each. */
+enum { COPY_CHUNK = 1 << 18 };
+typedef struct copy_job { unsigned char *dst; const unsigned char *src; size_t n; } copy_job;
+
+static void copy_chunks(void *arg, int64_t lo, int64_t hi)
+{
+    const copy_job *j = arg;
+    size_t a = (size_t)lo * COPY_CHUNK, b = (size_t)hi * COPY_CHUNK < j->n ? (size_t)hi * COPY_CHUNK : j->n;
+    memcpy(j->dst + a, j->src + a, b - a);
+}
+
 static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void *src)
 {
     cpu *c = s->impl;
-    memcpy(c->ptr[v->id], src, value_bytes(v));
+    copy_job j = {c->ptr[v->id], src, value_bytes(v)};
+    tf_pool_run(c->pool, (int64_t)((j.n + COPY_CHUNK - 1) / COPY_CHUNK), copy_chunks, &j);
     c->state_gen++;   /* packed weights repack before their next use */
     return TF_OK;
 }

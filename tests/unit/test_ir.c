@@ -1,5 +1,6 @@
 /* test_ir.c — the IR layer by itself: dtype rounding, printing, the fixed
  * point of print(parse(x)), dim overrides, builders, clones, the verifier. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,6 +191,79 @@ static void test_interp_seeds(void)
     tf_module_free(m);
 }
 
+
+/* normal() draws: the AS241 quantile against values computed to 30 digits
+ * (mpmath, 80 digits: sqrt(2) erfinv(2p - 1)); each draw is exactly the quantile at
+ * (k + 1/2) / 2^52, k the top 52 bits of the uniform draw's hash; the
+ * chunked fill (tf_interp_init_range, from any offset) gives the scalar
+ * draw's bits; and the draws are normal: moments, the share past the
+ * central region's split, and a Kolmogorov-Smirnov bound. */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_normal_draws(void)
+{
+    static const struct { double p, z; } ref[] = {
+        {0.975, 1.9599639845400542355}, {0.9, 1.281551565544600467},   {0.3, -0.52440051270804078404},
+        {1e-10, -6.3613409024040562047}, {1e-20, -9.2623400897984075737}, {0x1p-53, -8.2095361516013868556},
+    };
+    for (size_t i = 0; i < sizeof ref / sizeof *ref; i++) {
+        double z = tf_normal_quantile(ref[i].p), zc = tf_normal_quantile(1 - ref[i].p);
+        CHECK(fabs(z - ref[i].z) <= 1e-14 * fabs(ref[i].z), "Phi^-1(%g) = %.17g, want %.17g", ref[i].p, z, ref[i].z);
+        if (ref[i].p > 0.01 || ref[i].p == 0x1p-53)   /* 1 - p close enough (exact for 2^-53) */
+            CHECK(fabs(zc + ref[i].z) <= 1e-14 * fabs(ref[i].z), "Phi^-1(1 - %g) = %.17g", ref[i].p, zc);
+    }
+    CHECK(tf_normal_quantile(0.5) == 0 && isinf(tf_normal_quantile(0)) && isnan(tf_normal_quantile(1.5)), "Phi^-1 at 1/2, 0, 1.5");
+
+    tf_diag d;
+    tf_module *m = parse("param w : f64[5000] = normal(std=1.0)\nparam h : f32[777] = normal(mean=0.5, std=3.0)\n", &d);
+    CHECK(m != NULL, "%s", d.msg);
+    if (!m) return;
+    const uint64_t seed = 11;
+    tf_value *w = m->decls.items[0], *h = m->decls.items[1];
+    enum { N = 5000 };
+    static double z[N], sorted[N], part[N];
+    uint64_t stream = tf_rng_stream("w");
+    int mismatch = 0, tails = 0;
+    double mean = 0, var = 0, maxabs = 0;
+    for (int i = 0; i < N; i++) {
+        z[i] = tf_rng_normal(seed, stream, (uint64_t)i);
+        double k = floor(tf_rng_uniform(seed, stream, (uint64_t)i) * 0x1p52);
+        mismatch += z[i] != tf_normal_quantile((k + 0.5) * 0x1p-52);
+        mean += z[i];
+        tails += fabs(z[i]) > 1.4395314709384563;   /* Phi^-1(0.925): the tails' rational */
+        if (fabs(z[i]) > maxabs) maxabs = fabs(z[i]);
+    }
+    CHECK(mismatch == 0, "%d draws are not Phi^-1((k + 1/2) / 2^52)", mismatch);
+    mean /= N;
+    for (int i = 0; i < N; i++) var += (z[i] - mean) * (z[i] - mean) / (N - 1);
+    CHECK(fabs(mean) < 4 / sqrt(N) && fabs(var - 1) < 0.1 && maxabs < 8.21, "mean %g, variance %g, max |z| %g", mean, var, maxabs);
+    CHECK(tails > 0.12 * N && tails < 0.18 * N, "%d of %d draws in the tails, want about 15%%", tails, N);
+    memcpy(sorted, z, sizeof z);
+    qsort(sorted, N, sizeof *sorted, cmp_double);
+    double ks = 0;
+    for (int i = 0; i < N; i++) {
+        double F = 0.5 * erfc(-sorted[i] / sqrt(2.0)), e1 = fabs(F - (double)i / N), e2 = fabs(F - (double)(i + 1) / N);
+        if (e1 > ks) ks = e1;
+        if (e2 > ks) ks = e2;
+    }
+    CHECK(ks < 1.63 / sqrt(N), "Kolmogorov-Smirnov distance %g to the normal CDF (1%% level: %g)", ks, 1.63 / sqrt(N));
+    /* the chunked fill, from offsets that are not the chunk's, is the scalar draw */
+    tf_interp_init_range(w, seed, 3, 3001, part);
+    tf_interp_init_range(w, seed, 3001, N, part + 2998);
+    mismatch = 0;
+    for (int i = 3; i < N; i++) mismatch += part[i - 3] != z[i];
+    CHECK(mismatch == 0, "%d elements of the chunked fill differ from tf_rng_normal", mismatch);
+    tf_interp_init_range(h, seed, 0, 777, part);
+    mismatch = 0;
+    for (int i = 0; i < 777; i++) mismatch += part[i] != (double)(float)(0.5 + 3.0 * tf_rng_normal(seed, tf_rng_stream("h"), (uint64_t)i));
+    CHECK(mismatch == 0, "%d f32 elements are not mean + std * z rounded to f32", mismatch);
+    tf_module_free(m);
+}
+
 int main(void)
 {
     test_rounding();
@@ -198,5 +272,6 @@ int main(void)
     test_builder_and_verifier();
     test_lower_names_and_modes();
     test_interp_seeds();
+    test_normal_draws();
     return check_report();
 }

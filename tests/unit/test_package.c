@@ -7,6 +7,10 @@
  *     compiled from source with the same seed; it compiles no kernel (every
  *     one comes from the package: tf_session_info.jit_package); with
  *     --no-params the sessions run the initializers with their own seed;
+ *     with params the loaded session's initializers draw nothing (the
+ *     package's state is copied once, from the package's bytes, into the
+ *     session); the objects compiled on 1 thread and on 3 make the same
+ *     package, byte for byte;
  *     an interp-target package round-trips too; settings in the loading
  *     process's environment (TFUSE_LLVM_PIPELINE) do not change it;
  *   - a package is refused, with a message and no crash, when: any byte is
@@ -133,6 +137,11 @@ static void round_trip(tf_target target, bool params)
             CHECK(ib.jit_package == info.objects && ib.jit_compiled == 0 && ib.jit_disk == 0,
                   "%s: the loaded session compiled %d, took %d from disk and %d of %d from the package", label, ib.jit_compiled,
                   ib.jit_disk, ib.jit_package, info.objects);
+        /* the package's session takes its state from the package and draws nothing; a session of source draws */
+        if (target == TF_TARGET_CPU)
+            CHECK(params ? sb->init_elements == 0 && sa->init_elements > 0 : sb->init_elements == sa->init_elements,
+                  "%s: the initializers drew %lld elements in the package's session, %lld in the source's", label,
+                  (long long)sb->init_elements, (long long)sa->init_elements);
         same_bits(label, sa, sb, pa, false);   /* the initial state */
         for (uint64_t r = 0; r < 3; r++) {
             if (!step(sa, pa, r) || !step(sb, pb, r)) {
@@ -148,6 +157,43 @@ static void round_trip(tf_target target, bool params)
     tf_program_free(pb);
     tf_context_free(ca);
     tf_context_free(cb);
+}
+
+static unsigned char *slurp(const char *path, size_t *n);
+
+/* The package's objects are compiled on the program's threads: on 1 and on
+ * 3, each from an empty disk cache, the package is the same file, byte
+ * for byte (objects, their order, everything). */
+static void parallel_build(void)
+{
+    static const char *label = "package built on 1 and 3 threads";
+    char path[2][400], cache[2][400];
+    unsigned char *b[2] = {0};
+    size_t n[2] = {0};
+    const char *old = getenv("TFUSE_CACHE_DIR");
+    char keep[400];
+    snprintf(keep, sizeof keep, "%s", old ? old : "");
+    for (int t = 0; t < 2; t++) {
+        snprintf(path[t], sizeof path[t], "%s/par%d.tfp", g_dir, t);
+        snprintf(cache[t], sizeof cache[t], "%s/cache-par%d", g_dir, t);
+        setenv("TFUSE_CACHE_DIR", cache[t], 1);   /* empty: every object compiled now */
+        tf_context_t *ctx = NULL;
+        tf_context_create(&ctx);
+        tf_program_t *p = compile_text(ctx, MLP, TF_MODE_TRAIN, TF_TARGET_CPU);
+        tf_package_info info = {0};
+        if (p && (tf_program_set_threads(p, t ? 3 : 1) || tf_program_save(ctx, p, path[t], 1, 5, NULL, &info)))
+            CHECK(0, "%s: save: %s", label, tf_context_last_error(ctx));
+        CHECK(info.objects > 2 && info.objects_cached == 0, "%s: %d objects, %d from the cache", label, info.objects,
+              info.objects_cached);
+        b[t] = slurp(path[t], &n[t]);
+        tf_program_free(p);
+        tf_context_free(ctx);
+    }
+    setenv("TFUSE_CACHE_DIR", keep, 1);
+    CHECK(b[0] && b[1] && n[0] > 0 && n[0] == n[1] && !memcmp(b[0], b[1], n[0]), "%s: the files differ (%zu and %zu bytes)", label,
+          n[0], n[1]);
+    free(b[0]);
+    free(b[1]);
 }
 
 static unsigned char *slurp(const char *path, size_t *n)
@@ -327,6 +373,7 @@ int main(void)
     } else {
         round_trip(TF_TARGET_CPU, true);
         round_trip(TF_TARGET_CPU, false);
+        parallel_build();
         refusals();
     }
     char cmd[400];

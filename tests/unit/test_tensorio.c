@@ -820,6 +820,40 @@ static void test_io_and_args(void)
         tio_tensor_free(&w);
     }
 
+    /* views: read_mem's tensors without the copies, the data in the caller's bytes; a bool byte other than 0
+     * or 1, which a copy would normalize, is an error; a damaged file is refused as read_mem refuses it */
+    {
+        int64_t s23[2] = {2, 3}, s5[1] = {5}, s0[1] = {0};
+        tio_tensor w[3] = {make_tensor("w", TIO_F32, 2, s23, 4), make_tensor("on", TIO_BOOL, 1, s5, 2),
+                           make_tensor("e", TIO_BF16, 1, s0, 1)};
+        const char *p = tpath("view.safetensors");
+        CHECK(tio_safetensors_write(p, w, 3, NULL, err, sizeof err) == TIO_OK, "write view.safetensors: %s", err);
+        size_t len, nv = 0, nr = 0;
+        unsigned char *raw = read_file(p, &len);
+        tio_tensor *vs = NULL, *rs = NULL;
+        st = tio_safetensors_view_mem("view.safetensors", raw, len, &vs, &nv, err, sizeof err);
+        CHECK(st == TIO_OK && nv == 3, "tio_safetensors_view_mem: %s", err);
+        for (size_t i = 0; st == TIO_OK && i < nv; i++) {
+            unsigned char *d = vs[i].data;
+            CHECK(same_tensor(&w[i], &vs[i]) && d >= raw && d + vs[i].nbytes <= raw + len, "view of %s: not the file's bytes", w[i].name);
+        }
+        if (st == TIO_OK) tio_views_free(vs, nv);
+        const tio_tensor *on = &w[1];
+        size_t at = len - on->nbytes;   /* the bool tensor is the data area's last (written in order, e empty) */
+        CHECK(!memcmp(raw + at, on->data, on->nbytes), "the bool tensor is not where the test expects it");
+        raw[at + 3] = 2;
+        st = tio_safetensors_view_mem("view.safetensors", raw, len, &vs, &nv, err, sizeof err);
+        CHECK(st == TIO_ERR_FORMAT && strstr(err, "\"on\": bool byte 3 is 2") && !vs && !nv, "a bool byte of 2 in a view: %d %s", st, err);
+        st = tio_safetensors_read_mem("view.safetensors", raw, len, &rs, &nr, NULL, err, sizeof err);
+        CHECK(st == TIO_OK && ((unsigned char *)rs[1].data)[3] == 1, "a bool byte of 2 read: %d %s", st, err);
+        if (st == TIO_OK) tio_tensors_free(rs, nr);
+        st = tio_safetensors_view_mem("cut.safetensors", raw, len - 1, &vs, &nv, err, sizeof err);
+        CHECK(st == TIO_ERR_FORMAT && strstr(err, "cut.safetensors") && !vs, "a view of a cut file: %d %s", st, err);
+        tf_free(raw);
+        unlink(p);
+        for (int i = 0; i < 3; i++) tio_tensor_free(&w[i]);
+    }
+
     static const char *names[] = {"f32", "f16", "bf16", "f64", "i64", "i32", "bool", "u8", "i8", "i16"};
     static const size_t sizes[] = {4, 2, 2, 8, 8, 4, 1, 1, 1, 2};
     for (int i = 0; i < 10; i++)
