@@ -242,20 +242,24 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
  * always does; in a region, a yielded value does, and so does one that a
  * later kernel of the same region reads (a multi region splits into one
  * kernel per shape). */
-static bool leaves(const tf_module *m, const tf_node *n, int lo, int hi)
+/* Where each node result is used: use_lo[id] and use_hi[id], the first and
+ * last index of a node that reads value id (-1 when none does), so that
+ * "read outside [lo, hi)" is two comparisons, not a walk over the module
+ * (an optimizer's multi-tensor region has thousands of nodes). */
+typedef struct uses {
+    int *lo, *hi;
+    int n;                      /* ids below n */
+} uses;
+
+static bool leaves(const tf_module *m, const uses *u, const tf_node *n, int lo, int hi)
 {
     if (!n->region) return true;
     const tf_region *r = &m->regions[n->region - 1];
     for (int i = 0; i < r->nyields; i++)
         if (r->yields[i] == n->out) return true;
     if (r->kind != TF_REGION_MULTI) return false;
-    for (int i = 0; i < m->nodes.n; i++) {
-        if (i >= lo && i < hi) continue;
-        const tf_node *u = m->nodes.items[i];
-        for (int q = 0; q < u->nin; q++)
-            if (u->in[q] == n->out) return true;
-    }
-    return false;
+    int id = n->out->id;
+    return id >= 0 && id < u->n && u->lo[id] >= 0 && (u->lo[id] < lo || u->hi[id] >= hi);
 }
 
 static int64_t space_numel(const tf_kernel *k)
@@ -349,8 +353,8 @@ static tf_ir_status build_layout(tf_kernel_plan *p, int *cap, const tf_node *n, 
 }
 
 /* nodes[lo, hi) run as one kernel */
-static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, int *expr_of, place *place_of, int lo, int hi,
-                               tf_diag *d)
+static tf_ir_status build_unit(const tf_module *m, const uses *u, tf_kernel_plan *p, int *cap, int *expr_of, place *place_of, int lo,
+                               int hi, tf_diag *d)
 {
     tf_node **nodes = (tf_node **)m->nodes.items;
     const tf_node *n0 = nodes[lo];
@@ -398,7 +402,7 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     for (int i = lo; i < hi && !st; i++)
         if (nodes[i] != lib) st = add_node(&b, nodes[i]);
     for (int i = lo; i < hi && !st; i++)
-        if (nodes[i] != lib && leaves(m, nodes[i], lo, hi)) st = add_store(&b, nodes[i]);
+        if (nodes[i] != lib && leaves(m, u, nodes[i], lo, hi)) st = add_store(&b, nodes[i]);
     for (int i = 0; i < b.ntouched; i++) expr_of[b.touched[i]] = -1;   /* expressions are per kernel */
     tf_free(b.touched);
     return st;
@@ -505,12 +509,24 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     }
     int *expr_of = tf_malloc((size_t)(V ? V : 1) * sizeof *expr_of);
     place *place_of = tf_malloc((size_t)(V ? V : 1) * sizeof *place_of);
-    if (!expr_of || !place_of) {
+    uses u = {tf_malloc((size_t)(V ? V : 1) * sizeof *u.lo), tf_malloc((size_t)(V ? V : 1) * sizeof *u.hi), V};
+    if (!expr_of || !place_of || !u.lo || !u.hi) {
         tf_free(expr_of);
         tf_free(place_of);
+        tf_free(u.lo);
+        tf_free(u.hi);
         return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
     }
-    for (int i = 0; i < V; i++) expr_of[i] = -1;
+    for (int i = 0; i < V; i++) expr_of[i] = u.lo[i] = u.hi[i] = -1;
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        for (int q = 0; q < n->nin; q++) {
+            int id = n->in[q]->id;
+            if (id < 0 || id >= V) continue;
+            if (u.lo[id] < 0) u.lo[id] = i;
+            u.hi[id] = i;
+        }
+    }
     int cap = 0;
     tf_ir_status st = TF_IR_OK;
     for (int i = 0; i < m->nodes.n && !st;) {
@@ -524,7 +540,7 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
                 j++;
         }
         int first = out->nkernels;
-        st = build_unit(m, out, &cap, expr_of, place_of, i, j, d);
+        st = build_unit(m, &u, out, &cap, expr_of, place_of, i, j, d);
         for (int q = first; !st && q < out->nkernels; q++)
             out->kernels[q].multi = out->kernels[q].kind == TF_K_ELEMENTWISE && n->region && m->regions[n->region - 1].kind == TF_REGION_MULTI;
         i = j;
@@ -539,6 +555,8 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     }
     tf_free(expr_of);
     tf_free(place_of);
+    tf_free(u.lo);
+    tf_free(u.hi);
     if (st) tf_kernels_free(out);
     return st;
 }

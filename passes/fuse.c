@@ -147,7 +147,7 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
     return false;
 }
 
-/* Would the set of nodes marked in_set (indices into f->nodes) stay convex
+/* Would the set of nodes marked in_set (indices into f->nodes, all in [lo, end)) stay convex
  * once the groups run as units? True when no operand from outside the set
  * depends on a node inside it, where depending goes through every member
  * of a group as soon as it reaches one (a group is one kernel: a value one
@@ -169,12 +169,12 @@ static void reach(fz *f, int x, int lo, int *sp)
         }
 }
 
-static bool convex(fz *f, const bool *in_set, int lo)
+static bool convex(fz *f, const bool *in_set, int lo, int end)
 {
     int D = f->m->decls.n;
     f->cur++;
     int sp = 0;
-    for (int i = lo; i < f->n; i++) {
+    for (int i = lo; i < end; i++) {
         if (!in_set[i]) continue;
         tf_node *n = f->nodes[i];
         for (int k = 0; k < n->nin; k++) {
@@ -206,14 +206,14 @@ static bool convex(fz *f, const bool *in_set, int lo)
  * placements)? reduce_sum(x[4,4], axes=[1]) lies along axis 0; add(x, it)
  * reads it along axis 1 (NumPy aligns from the right), so the two cannot
  * share a kernel, though every shape fits. */
-static bool placed_consistently(const fz *f, const bool *in_set, int lo, const tf_type *S, unsigned R)
+static bool placed_consistently(const fz *f, const bool *in_set, int lo, int end, const tf_type *S, unsigned R)
 {
     if (!R) return true;   /* without reduced axes every member has shape S */
     int D = f->m->decls.n;
     int64_t dims[TF_MAX_RANK];
     int8_t full[TF_MAX_RANK], res[TF_MAX_RANK], own[TF_MAX_RANK], rd[TF_MAX_RANK];
     for (int a = 0; a < S->rank; a++) dims[a] = S->dims[a].n, full[a] = (int8_t)a;
-    for (int i = lo; i < f->n; i++) {
+    for (int i = lo; i < end; i++) {
         if (!in_set[i]) continue;
         const tf_node *n = f->nodes[i];
         if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
@@ -255,12 +255,14 @@ static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned 
 {
     int lo = f->g[gi].first;
     if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
-    for (int k = lo; k < f->n; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
-    const char *why = !convex(f, mark, lo) ? "joining its producer's kernel would make a cycle"
-                      : !placed_consistently(f, mark, lo, &f->g[gi].S, R)
+    /* group_nodes visits nodes in program order: no group has a member after i yet */
+    int end = i + 1;
+    for (int k = lo; k < end; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
+    const char *why = !convex(f, mark, lo, end) ? "joining its producer's kernel would make a cycle"
+                      : !placed_consistently(f, mark, lo, end, &f->g[gi].S, R)
                           ? "it reads a reduced value along other axes than the reduction's kernel computes it on"
                           : NULL;
-    for (int k = lo; k < f->n; k++) mark[k] = false;
+    for (int k = lo; k < end; k++) mark[k] = false;
     if (why) return why;
     if (hi >= 0) join_groups(f, gi, hi);
     if (f->grp[i] != gi) {
@@ -481,11 +483,32 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
         }
     }
     memset(indeg, 0, (size_t)nunits * sizeof *indeg);
+    /* each node's readers, in program order, once per operand that reads it
+     * (use_at[i] .. use_at[i + 1] in users): releasing a unit walks its
+     * members' readers, not the rest of the module */
+    int *use_at = tf_calloc((size_t)f->n + 1, sizeof *use_at), nuses = 0;
+    for (int i = 0; use_at && i < f->n; i++)
+        for (int k = 0; k < f->nodes[i]->nin; k++) {
+            tf_value *v = f->nodes[i]->in[k];
+            if (v->kind != TF_VAL_NODE) continue;
+            use_at[index_of(v->def) - D + 1]++;
+            nuses++;
+            if (unit_of[index_of(v->def) - D] != unit_of[i]) indeg[unit_of[i]]++;
+        }
+    int *users = use_at ? tf_malloc((size_t)(nuses ? nuses : 1) * sizeof *users) : NULL, *cur = users ? tf_malloc((size_t)(f->n ? f->n : 1) * sizeof *cur) : NULL;
+    if (!cur) {
+        tf_free(use_at), tf_free(users);
+        tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
+        return TF_IR_ERR_OOM;
+    }
+    for (int i = 0; i < f->n; i++) use_at[i + 1] += use_at[i];
+    memcpy(cur, use_at, (size_t)f->n * sizeof *cur);
     for (int i = 0; i < f->n; i++)
         for (int k = 0; k < f->nodes[i]->nin; k++) {
             tf_value *v = f->nodes[i]->in[k];
-            if (v->kind == TF_VAL_NODE && unit_of[index_of(v->def) - D] != unit_of[i]) indeg[unit_of[i]]++;
+            if (v->kind == TF_VAL_NODE) users[cur[index_of(v->def) - D]++] = i;
         }
+    tf_free(cur);
     int hn = 0, no = 0;
     for (int u = 0; u < nunits; u++)
         if (!indeg[u]) heap[hn++] = u;
@@ -499,15 +522,14 @@ static tf_ir_status reorder(fz *f, int *unit_of, int nunits, int *unit_first)
             int i = members[p];
             out[no++] = f->nodes[i];
             /* release consumers */
-            tf_value *v = f->nodes[i]->out;
-            for (int j = i + 1; j < f->n; j++) {
-                tf_node *c = f->nodes[j];
-                if (unit_of[j] == u) continue;
-                for (int k = 0; k < c->nin; k++)
-                    if (c->in[k] == v && --indeg[unit_of[j]] == 0) heap[hn++] = unit_of[j];
+            for (int q = use_at[i]; q < use_at[i + 1]; q++) {
+                int j = users[q];
+                if (j <= i || unit_of[j] == u) continue;
+                if (--indeg[unit_of[j]] == 0) heap[hn++] = unit_of[j];
             }
         }
     }
+    tf_free(use_at), tf_free(users);
     tf_ir_status st = no == f->n ? TF_IR_OK : TF_IR_ERR_INTERNAL;
     if (!st && f->n) memcpy(f->m->nodes.items, out, (size_t)f->n * sizeof *out);
     tf_free(indeg), tf_free(heap), tf_free(out), tf_free(start), tf_free(members);
