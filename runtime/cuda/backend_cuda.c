@@ -2616,8 +2616,8 @@ static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, c
     tf_status st = tf_program_plan(ctx, p, &plan);
     if (st) return st;
     char err[4096];
-    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, &info->binaries, &info->compiled, &info->cached, err,
-                                    sizeof err);
+    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, &info->binaries, &info->kernels, &info->compiled,
+                                    &info->cached, err, sizeof err);
     return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
 }
 
