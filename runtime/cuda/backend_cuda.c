@@ -8,8 +8,9 @@
  *     tf_program_compile) and emits CUDA C
  *     for every elementwise and reduction kernel, every GEMM region's
  *     epilogue and every library op but matmul and the convolutions
- *     (codegen/cuda.c); identical sources compile once, with NVRTC
- *     on every core (jit.c), and the cubins are cached on disk;
+ *     (codegen/cuda.c); identical sources compile once, several kernels
+ *     to an NVRTC program, the programs on every core (jit.c, cuda_jit.h),
+ *     and the cubins are cached on disk;
  *   - allocates device memory twice: memplan's arena, where every planned
  *     value lives at its offset (in-place reuse and the planned peak are what
  *     runs), and one block for inputs, params, buffers, values memplan did not

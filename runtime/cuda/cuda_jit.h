@@ -6,11 +6,12 @@
  * Programs. NVRTC spends about 20 ms on every program before it reads the
  * first kernel (its own headers, the front end's and ptxas's start), so
  * the kernels that must be compiled are grouped: as many programs as
- * cores (the compiles run in parallel), more when the sources add up to
- * more than 128 KiB a program, so that a big model's programs still share
- * the cores evenly; the kernels dealt out largest first, each to the
- * lightest program (a kernel weighs its source's bytes plus 3000, its
- * fixed share). A program's source is, in the order of the kernels' names,
+ * cores (the compiles run in parallel, one program per thread; more
+ * programs than threads would leave a thread with one program more than
+ * another at the end), twice or more as many when the sources pass 1 MiB
+ * a program; the kernels dealt out largest first, each to the lightest
+ * program (a kernel weighs its source's bytes plus 3000, its fixed share
+ * of the compile), so the programs take about as long each. A program's source is, in the order of the kernels' names,
  * each kernel's source in a namespace of its own ("<name>_ns", so that
  * the helpers every kernel carries do not collide) followed by "using
  * <name>_ns::<name>;" (and its second entry point's), with the kernels'

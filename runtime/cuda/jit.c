@@ -15,7 +15,7 @@
 enum {
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,   /* cuda.h */
     STATIC_SMEM_LIMIT = 48 * 1024,                         /* dynamic shared memory above this needs the attribute */
-    PROGRAM_WEIGHT = 128 * 1024,                           /* a program's share of the sources, when there is more than a core's */
+    PROGRAM_WEIGHT = 1024 * 1024,                          /* the most source a program takes, if the cores leave more */
     KERNEL_WEIGHT = 3000,                                  /* a kernel's fixed share of a program's compile, in source bytes */
     MAX_PROGRAMS = 256,
 };
@@ -341,8 +341,8 @@ static int make_programs(const tf_cuda_kernel *const *ks, int *idx, int n, progr
     size_t total = 0;
     for (int i = 0; i < n; i++) total += weight_of(ks[idx[i]]);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t np = cpus > 0 ? (size_t)cpus : 1, by_size = (total + PROGRAM_WEIGHT - 1) / PROGRAM_WEIGHT;
-    if (by_size > np) np = by_size;
+    size_t threads = cpus > 0 ? (size_t)cpus : 1, np = threads, by_size = (total + PROGRAM_WEIGHT - 1) / PROGRAM_WEIGHT;
+    if (by_size > np) np = (by_size + threads - 1) / threads * threads;   /* a whole number of programs per thread */
     if (np > (size_t)n) np = (size_t)n;
     if (np > MAX_PROGRAMS) np = MAX_PROGRAMS;
     program *ps = tf_calloc(np, sizeof *ps);
