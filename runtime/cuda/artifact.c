@@ -74,7 +74,7 @@ static int cubins_for(const tf_cuda_libs *libs, const tf_cuda_program *prog, con
     }
     *nks_out = nks;
     char why[2048];
-    if (tf_cuda_cubins_get(libs, arch, NULL, TF_CUBINS_STORED, ks, nks, cb, why, sizeof why)) {
+    if (tf_cuda_cubins_get(libs, arch, NULL, TF_CUBINS_STORED, 0, ks, nks, cb, why, sizeof why)) {
         snprintf(err, n, "error: %s", why);
         return -1;
     }

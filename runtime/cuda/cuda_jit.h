@@ -113,11 +113,12 @@ typedef enum tf_cubins_mode {
 } tf_cubins_mode;
 
 /* The cubins of ks[0..nk) (distinct names) for arch into *out, grouped
- * into programs as the top of this file says. TF_CUDA_OK, or the first
+ * into programs as the top of this file says, for `threads` compiling
+ * threads (0: one per core; the number of programs follows it). TF_CUDA_OK, or the first
  * failure with the reason in err: NVRTC's words name the kernel (a program
  * that fails is compiled kernel by kernel to find it). tf_cuda_cubins_free
  * frees *out either way. */
-tf_cuda_status tf_cuda_cubins_get(const tf_cuda_libs *l, const char *arch, const tf_pkg *pkg, tf_cubins_mode mode,
+tf_cuda_status tf_cuda_cubins_get(const tf_cuda_libs *l, const char *arch, const tf_pkg *pkg, tf_cubins_mode mode, int threads,
                                   const tf_cuda_kernel *const *ks, int nk, tf_cuda_cubins *out, char *err, size_t n);
 void tf_cuda_cubins_free(tf_cuda_cubins *c);
 

@@ -336,11 +336,11 @@ static char *program_source(const tf_cuda_kernel *const *ks, const program *p)
 
 /* ks[idx[0..n)] dealt into programs (see cuda_jit.h); their count, or -1
  * when out of memory. */
-static int make_programs(const tf_cuda_kernel *const *ks, int *idx, int n, program **out)
+static int make_programs(const tf_cuda_kernel *const *ks, int *idx, int n, int threads_asked, program **out)
 {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += weight_of(ks[idx[i]]);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long cpus = threads_asked > 0 ? threads_asked : sysconf(_SC_NPROCESSORS_ONLN);
     size_t threads = cpus > 0 ? (size_t)cpus : 1, np = threads, by_size = (total + PROGRAM_WEIGHT - 1) / PROGRAM_WEIGHT;
     if (by_size > np) np = (by_size + threads - 1) / threads * threads;   /* a whole number of programs per thread */
     if (np > (size_t)n) np = (size_t)n;
@@ -391,11 +391,11 @@ static void free_programs(program *ps, int np)
 }
 
 /* ks[idx[0..n)] compiled into programs; each cubin into o, of[] set. */
-static tf_cuda_status compile_missing(const tf_cuda_libs *l, const char *arch, const char *dir, tf_cubins_mode mode,
+static tf_cuda_status compile_missing(const tf_cuda_libs *l, const char *arch, const char *dir, tf_cubins_mode mode, int threads,
                                       const tf_cuda_kernel *const *ks, int *idx, int n, tf_cuda_cubins *o, char *err, size_t en)
 {
     program *ps = NULL;
-    int np = make_programs(ks, idx, n, &ps);
+    int np = make_programs(ks, idx, n, threads, &ps);
     tf_nvrtc_job *jobs = np > 0 ? tf_calloc((size_t)np, sizeof *jobs) : NULL;
     int *which = np > 0 ? tf_calloc((size_t)np, sizeof *which) : NULL;
     char(*names)[24] = np > 0 ? tf_calloc((size_t)np, sizeof *names) : NULL;
@@ -431,7 +431,7 @@ static tf_cuda_status compile_missing(const tf_cuda_libs *l, const char *arch, c
         jobs[njobs] = (tf_nvrtc_job){.src = p->src, .name = names[q], .arch = arch};
         which[njobs++] = q;
     }
-    if (!st && njobs) tf_nvrtc_compile_jobs(l, jobs, njobs, 0);
+    if (!st && njobs) tf_nvrtc_compile_jobs(l, jobs, njobs, threads);
     for (int j = 0; !st && j < njobs; j++) {
         program *p = &ps[which[j]];
         if (jobs[j].status) {   /* which kernel: each of the program alone */
@@ -441,7 +441,7 @@ static tf_cuda_status compile_missing(const tf_cuda_libs *l, const char *arch, c
             if (one) {
                 for (int m = 0; m < p->n; m++)
                     one[m] = (tf_nvrtc_job){.src = ks[p->members[m]]->src, .name = ks[p->members[m]]->name, .arch = arch};
-                tf_nvrtc_compile_jobs(l, one, p->n, 0);
+                tf_nvrtc_compile_jobs(l, one, p->n, threads);
                 for (int m = 0; m < p->n && !named; m++)
                     if (one[m].status) {
                         snprintf(err, en, "NVRTC could not compile kernel %s for %s: %s", one[m].name, arch, one[m].err);
@@ -490,7 +490,7 @@ static tf_cuda_status compile_missing(const tf_cuda_libs *l, const char *arch, c
     return st;
 }
 
-tf_cuda_status tf_cuda_cubins_get(const tf_cuda_libs *l, const char *arch, const tf_pkg *pkg, tf_cubins_mode mode,
+tf_cuda_status tf_cuda_cubins_get(const tf_cuda_libs *l, const char *arch, const tf_pkg *pkg, tf_cubins_mode mode, int threads,
                                   const tf_cuda_kernel *const *ks, int nk, tf_cuda_cubins *o, char *err, size_t n)
 {
     memset(o, 0, sizeof *o);
@@ -512,7 +512,7 @@ tf_cuda_status tf_cuda_cubins_get(const tf_cuda_libs *l, const char *arch, const
         else o->cached++;
         o->of[i] = c;
     }
-    tf_cuda_status st = nmiss ? compile_missing(l, arch, dir, mode, ks, miss, nmiss, o, err, n) : TF_CUDA_OK;
+    tf_cuda_status st = nmiss ? compile_missing(l, arch, dir, mode, threads, ks, miss, nmiss, o, err, n) : TF_CUDA_OK;
     tf_free(miss);
     /* only the programs that hold a kernel asked for (a file read and found not to is dropped), in the order first needed */
     int *to = st ? NULL : tf_malloc((size_t)(o->n ? o->n : 1) * sizeof *to), kept = 0;
@@ -626,7 +626,7 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
     }
     tf_cuda_cubins cb = {0}, again = {0};
     tf_cu_module *mod = NULL, *mod2 = NULL;
-    if (!st) st = tf_cuda_cubins_get(l, arch, pkg, TF_CUBINS_STORED, us, nus, &cb, err, n);
+    if (!st) st = tf_cuda_cubins_get(l, arch, pkg, TF_CUBINS_STORED, 0, us, nus, &cb, err, n);
     if (!st && (!(j->modules = tf_calloc((size_t)2 * (size_t)cb.n + 1, sizeof *j->modules)) || !(mod = tf_calloc((size_t)cb.n + 1, sizeof *mod)))) {
         snprintf(err, n, "out of memory");
         st = TF_CUDA_ERR_OOM;
@@ -646,7 +646,7 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
             redo[nredo++] = us[u];
         }
     if (!st && nredo) {
-        st = tf_cuda_cubins_get(l, arch, NULL, TF_CUBINS_FRESH, redo, nredo, &again, err, n);
+        st = tf_cuda_cubins_get(l, arch, NULL, TF_CUBINS_FRESH, 0, redo, nredo, &again, err, n);
         tf_cu_module *more = st ? NULL : tf_realloc(j->modules, (size_t)(j->nmodules + again.n + 1) * sizeof *more);
         if (!st && !more) {
             snprintf(err, n, "out of memory");
