@@ -51,6 +51,7 @@ typedef struct fz {
     int ng;
     int *stamp, cur;       /* DFS marks */
     int *stack;
+    int *set;              /* try_merge: the nodes of the merge it tries */
     const char **why;      /* node -> reason it stayed alone */
 } fz;
 
@@ -147,7 +148,8 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
     return false;
 }
 
-/* Would the set of nodes marked in_set (indices into f->nodes, all in [lo, end)) stay convex
+/* Would the set of nodes marked in_set (indices into f->nodes, all at lo
+ * or after; the nset of them listed in set, in any order) stay convex
  * once the groups run as units? True when no operand from outside the set
  * depends on a node inside it, where depending goes through every member
  * of a group as soon as it reaches one (a group is one kernel: a value one
@@ -169,14 +171,13 @@ static void reach(fz *f, int x, int lo, int *sp)
         }
 }
 
-static bool convex(fz *f, const bool *in_set, int lo, int end)
+static bool convex(fz *f, const bool *in_set, int lo, const int *set, int nset)
 {
     int D = f->m->decls.n;
     f->cur++;
     int sp = 0;
-    for (int i = lo; i < end; i++) {
-        if (!in_set[i]) continue;
-        tf_node *n = f->nodes[i];
+    for (int s = 0; s < nset; s++) {
+        tf_node *n = f->nodes[set[s]];
         for (int k = 0; k < n->nin; k++) {
             tf_value *v = n->in[k];
             if (v->kind != TF_VAL_NODE) continue;
@@ -206,16 +207,15 @@ static bool convex(fz *f, const bool *in_set, int lo, int end)
  * placements)? reduce_sum(x[4,4], axes=[1]) lies along axis 0; add(x, it)
  * reads it along axis 1 (NumPy aligns from the right), so the two cannot
  * share a kernel, though every shape fits. */
-static bool placed_consistently(const fz *f, const bool *in_set, int lo, int end, const tf_type *S, unsigned R)
+static bool placed_consistently(const fz *f, const bool *in_set, int lo, const int *set, int nset, const tf_type *S, unsigned R)
 {
     if (!R) return true;   /* without reduced axes every member has shape S */
     int D = f->m->decls.n;
     int64_t dims[TF_MAX_RANK];
     int8_t full[TF_MAX_RANK], res[TF_MAX_RANK], own[TF_MAX_RANK], rd[TF_MAX_RANK];
     for (int a = 0; a < S->rank; a++) dims[a] = S->dims[a].n, full[a] = (int8_t)a;
-    for (int i = lo; i < end; i++) {
-        if (!in_set[i]) continue;
-        const tf_node *n = f->nodes[i];
+    for (int s = 0; s < nset; s++) {
+        const tf_node *n = f->nodes[set[s]];
         if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
         bool red = node_class(n) == C_RED;
         for (int k = 0; k < n->nin; k++) {
@@ -255,14 +255,17 @@ static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned 
 {
     int lo = f->g[gi].first;
     if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
-    /* group_nodes visits nodes in program order: no group has a member after i yet */
-    int end = i + 1;
-    for (int k = lo; k < end; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
-    const char *why = !convex(f, mark, lo, end) ? "joining its producer's kernel would make a cycle"
-                      : !placed_consistently(f, mark, lo, end, &f->g[gi].S, R)
+    /* the members of both groups (their lists, not a walk over [lo, i]: the answers do not depend on the order) and i */
+    int nset = 0;
+    for (int y = f->g[gi].head; y >= 0; y = f->next[y]) f->set[nset++] = y;
+    for (int y = hi >= 0 ? f->g[hi].head : -1; y >= 0; y = f->next[y]) f->set[nset++] = y;
+    if (f->grp[i] != gi && (hi < 0 || f->grp[i] != hi)) f->set[nset++] = i;
+    for (int q = 0; q < nset; q++) mark[f->set[q]] = true;
+    const char *why = !convex(f, mark, lo, f->set, nset) ? "joining its producer's kernel would make a cycle"
+                      : !placed_consistently(f, mark, lo, f->set, nset, &f->g[gi].S, R)
                           ? "it reads a reduced value along other axes than the reduction's kernel computes it on"
                           : NULL;
-    for (int k = lo; k < end; k++) mark[k] = false;
+    for (int q = 0; q < nset; q++) mark[f->set[q]] = false;
     if (why) return why;
     if (hi >= 0) join_groups(f, gi, hi);
     if (f->grp[i] != gi) {
@@ -569,11 +572,12 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     f.g = tf_calloc(n, sizeof *f.g);
     f.stamp = tf_calloc(n, sizeof *f.stamp);
     f.stack = tf_malloc(n * sizeof *f.stack);
+    f.set = tf_malloc(n * sizeof *f.set);
     f.why = tf_calloc(n, sizeof *f.why);
     bool *mark = tf_calloc(n, sizeof *mark);
     int *unit_of = tf_malloc(n * sizeof *unit_of), *unit_first = tf_malloc(n * sizeof *unit_first), *region_of = tf_calloc(n, sizeof *region_of);
     tf_ir_status st = TF_IR_OK;
-    if (!f.grp || !f.next || !f.g || !f.stamp || !f.stack || !f.why || !mark || !unit_of || !unit_first || !region_of) {
+    if (!f.grp || !f.next || !f.g || !f.stamp || !f.stack || !f.set || !f.why || !mark || !unit_of || !unit_first || !region_of) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
         goto done;
     }
@@ -667,7 +671,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     tf_free(leaving);
     tf_module_renumber(m);
 done:
-    tf_free(f.grp), tf_free(f.next), tf_free(f.g), tf_free(f.stamp), tf_free(f.stack), tf_free(f.why), tf_free(mark);
+    tf_free(f.grp), tf_free(f.next), tf_free(f.g), tf_free(f.stamp), tf_free(f.stack), tf_free(f.set), tf_free(f.why), tf_free(mark);
     tf_free(unit_of), tf_free(unit_first), tf_free(region_of);
     return st;
 }
