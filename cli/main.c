@@ -968,9 +968,10 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
         if (tf_program_write_artifact_info(ctx, p, a->out, a->arch, &info)) {
             rc = fail(ctx);
         } else {
-            printf("wrote %s: program.ir, kernels.txt, manifest.txt and %d cubins for %s (%d compiled, %d from the disk cache)\n",
-                   a->out, info.binaries, a->arch ? a->arch : "sm_90", info.compiled, info.cached);
-            if (a->stats) printf("cubins_compiled: %d\ncubins_cached: %d\n", info.compiled, info.cached);
+            printf("wrote %s: program.ir, kernels.txt, manifest.txt, cubins.txt and %d cubins holding %d kernels for %s (%d compiled, "
+                   "%d from the disk cache)\n",
+                   a->out, info.binaries, info.kernels, a->arch ? a->arch : "sm_90", info.compiled, info.cached);
+            if (a->stats) printf("cubins: %d\nkernels_compiled: %d\nkernels_cached: %d\n", info.binaries, info.compiled, info.cached);
         }
     } else if (!rc && ir_text) {
         char *text = NULL;
@@ -1256,8 +1257,9 @@ static const struct {
      "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); --dump-kernels writes\n"
      "DIR/kernels.txt, the kernel IR of every kernel; --dump-llvm writes DIR/kernels.ll, the optimized\n"
      "LLVM IR the cpu target runs; -o writes the compiled IR. With --target=cuda, -o DIR writes a directory:\n"
-     "program.ir, kernels.txt, cuda/*.cu and cuda/*.<arch>.cubin for every generated kernel (NVRTC, no GPU\n"
-     "needed; --arch picks the GPU, default sm_90) and manifest.txt. The default target is cpu when this\n"
+     "program.ir, kernels.txt, cuda/*.cu for every generated kernel, cuda/*.<arch>.cubin (NVRTC programs of\n"
+     "several kernels; no GPU needed; --arch picks the GPU, default sm_90), cubins.txt (which cubin holds\n"
+     "which kernel) and manifest.txt. The default target is cpu when this\n"
      "build has LLVM, else interp."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
      "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME] [--stats]",

@@ -56,7 +56,10 @@ static void line(sb *s, int depth, const char *fmt, ...)
     int k = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     if (k < 0 || (size_t)k >= sizeof buf) { s->oom = true; return; }   /* never: lines are short */
-    tf_strbuf_printf(s, "%*s%s\n", depth * 4, "", buf);
+    static const char spaces[] = "                                                                ";
+    for (int d = depth * 4; d > 0; d -= (int)sizeof spaces - 1) tf_strbuf_append(s, spaces, d < (int)sizeof spaces - 1 ? (size_t)d : sizeof spaces - 1);
+    buf[k] = '\n';
+    tf_strbuf_append(s, buf, (size_t)k + 1);
 }
 
 /* ---- dtypes ---------------------------------------------------------------- */

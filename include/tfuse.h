@@ -330,7 +330,8 @@ tf_status tf_program_print(tf_context_t *ctx, const tf_program_t *p, char **out)
  * needed), and a session on a GPU of another architecture is refused,
  * naming both; cuda-emu is not packaged (TF_ERR_UNSUPPORTED). */
 typedef struct tf_package_info {
-    int objects;          /* kernel binaries in the package (cpu: objects; cuda: cubins, per architecture) */
+    int objects;          /* kernel binaries in the package (cpu: objects; cuda: cubins, per architecture, each
+                           * an NVRTC program holding several kernels) */
     int objects_cached;   /* of those, taken from the disk cache rather than compiled now */
     int has_params;
     int64_t bytes;        /* the file's size */
@@ -357,9 +358,12 @@ tf_status tf_program_write_artifact(tf_context_t *ctx, const tf_program_t *p, co
  * the disk cache that sessions share ($TFUSE_CACHE_DIR/cuda, see
  * tf_disk_cache_get_info) where it has them, and those NVRTC compiles are
  * left there, so compiling a model a second time compiles nothing.
- * *info (may be NULL): binaries written, of which compiled now and cached. */
+ * *info (may be NULL): binaries written (cuda: cubins, each an NVRTC
+ * program holding several kernels), the distinct kernels they hold, and
+ * of those kernels, compiled now and found in the cache. */
 typedef struct tf_artifact_info {
     int binaries, compiled, cached;
+    int kernels;
 } tf_artifact_info;
 tf_status tf_program_write_artifact_info(tf_context_t *ctx, const tf_program_t *p, const char *dir, const char *arch,
                                          tf_artifact_info *info);

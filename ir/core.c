@@ -117,26 +117,45 @@ double tf_tanh(double x)
     return copysign(-t / (2.0 + t), x);
 }
 
+/* Room for n more bytes and a NUL; false (and oom) when out of memory. */
+static bool strbuf_reserve(tf_strbuf *s, size_t n)
+{
+    if (s->oom) return false;
+    if (s->n + n + 1 <= s->cap) return true;
+    size_t cap = s->cap ? s->cap : 4096;
+    while (cap < s->n + n + 1) cap *= 2;
+    char *q = tf_realloc(s->p, cap);
+    if (!q) {
+        s->oom = true;
+        return false;
+    }
+    s->p = q, s->cap = cap;
+    return true;
+}
+
+/* Formatted once into the room left, and again only when it did not fit:
+ * printf is slow in a process where a library registered printf hooks
+ * (libquadmath, which OpenBLAS brings, makes glibc take its positional
+ * path for every call), and the emitters write megabytes through here. */
 void tf_strbuf_vprintf(tf_strbuf *s, const char *fmt, va_list ap)
 {
     if (s->oom) return;
     va_list again;
     va_copy(again, ap);
-    /* straight into the room left; formatted a second time only when it did not fit */
-    size_t room = s->p ? s->cap - s->n : 0;
-    int k = vsnprintf(s->p ? s->p + s->n : NULL, room, fmt, ap);
+    size_t room = s->cap - s->n;
+    int k = vsnprintf(room ? s->p + s->n : NULL, room, fmt, ap);
     if (k < 0) s->oom = true;
-    if (!s->oom && (size_t)k + 1 > room) {
-        size_t cap = s->cap ? s->cap : 4096;
-        while (cap < s->n + (size_t)k + 1) cap *= 2;
-        char *q = tf_realloc(s->p, cap);
-        if (!q) s->oom = true;
-        else s->p = q, s->cap = cap;
-        if (!s->oom) vsnprintf(s->p + s->n, s->cap - s->n, fmt, again);
-    }
+    else if ((size_t)k >= room && strbuf_reserve(s, (size_t)k)) vsnprintf(s->p + s->n, s->cap - s->n, fmt, again);
     if (!s->oom) s->n += (size_t)k;
-    else if (s->p && s->n < s->cap) s->p[s->n] = 0;   /* what a truncated first try left after the text */
     va_end(again);
+}
+
+void tf_strbuf_append(tf_strbuf *s, const char *p, size_t n)
+{
+    if (!strbuf_reserve(s, n)) return;
+    memcpy(s->p + s->n, p, n);
+    s->n += n;
+    s->p[s->n] = 0;
 }
 
 void tf_strbuf_printf(tf_strbuf *s, const char *fmt, ...)

@@ -101,6 +101,8 @@ extern const double tf_exp_coeffs[TF_EXP_DEGREE + 1];
 typedef struct tf_strbuf { char *p; size_t n, cap; bool oom; } tf_strbuf;
 void tf_strbuf_printf(tf_strbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tf_strbuf_vprintf(tf_strbuf *s, const char *fmt, va_list ap);
+/* p[0..n) appended as it is (no format: the fast way to add text). */
+void tf_strbuf_append(tf_strbuf *s, const char *p, size_t n);
 
 /* How every reduction adds up (interpreter, kernel_eval and both emitters
  * alike): in double, over TF_RED_LANES lanes; the element at row-major

@@ -43,78 +43,62 @@ static int open_program(const tf_kernel_plan *plan, tf_cuda_libs *libs, tf_cuda_
     return 0;
 }
 
-/* One NVRTC job per distinct kernel source of prog (the library ops' own
- * kernels and the rest), *kidx[j] the plan kernel it came from, each with
- * its cubin for arch: from the cubin disk cache (cuda_jit.h) where it has
- * it, else compiled by NVRTC now (on every core) and left there. 0, or -1
- * with the reason in err. */
-static int cubins_for(const tf_cuda_libs *libs, const tf_cuda_program *prog, const char *arch, tf_nvrtc_job **jobs_out,
-                      int **kidx_out, int *njobs_out, int *ncompiled, int *ncached, char *err, size_t n)
+/* The distinct kernels of prog (the library ops' own kernels and the
+ * rest; kidx[j] the plan kernel ks[j] came from) and their cubins for arch
+ * (cuda_jit.h: programs of several kernels, from the cubin disk cache
+ * where it has them, else compiled by NVRTC now, on every core, and left
+ * there). 0, or -1 with the reason in err; *ks, *kidx and *cb to free
+ * either way. */
+static int cubins_for(const tf_cuda_libs *libs, const tf_cuda_program *prog, const char *arch, const tf_cuda_kernel ***ks_out,
+                      int **kidx_out, int *nks_out, tf_cuda_cubins *cb, char *err, size_t n)
 {
+    memset(cb, 0, sizeof *cb);
     int nk = 2 * prog->nkernels;
-    tf_nvrtc_job *jobs = tf_calloc((size_t)(nk ? nk : 1), sizeof *jobs);
+    const tf_cuda_kernel **ks = tf_calloc((size_t)(nk ? nk : 1), sizeof *ks);
     int *kidx = tf_calloc((size_t)(nk ? nk : 1), sizeof *kidx);
-    int njobs = 0, rc = jobs && kidx ? 0 : -1;
-    if (rc) snprintf(err, n, "error: out of memory");
-    for (int x = 0; !rc && x < nk; x++) {
+    int nks = 0, rc = ks && kidx ? 0 : -1;
+    *ks_out = ks, *kidx_out = kidx, *nks_out = 0;
+    if (rc) {
+        snprintf(err, n, "error: out of memory");
+        return -1;
+    }
+    for (int x = 0; x < nk; x++) {
         int i = x / 2;
         const tf_cuda_kernel *ck = x % 2 ? &prog->kernels[i] : &prog->library[i];
         if (!ck->src) continue;
         bool seen = false;
-        for (int j = 0; j < njobs && !seen; j++) seen = !strcmp(jobs[j].name, ck->name);
+        for (int j = 0; j < nks && !seen; j++) seen = !strcmp(ks[j]->name, ck->name);
         if (seen) continue;
-        kidx[njobs] = i;
-        jobs[njobs++] = (tf_nvrtc_job){.src = ck->src, .name = ck->name, .arch = arch};
+        kidx[nks] = i;
+        ks[nks++] = ck;
     }
-    tf_nvrtc_job *miss = rc ? NULL : tf_calloc((size_t)(njobs ? njobs : 1), sizeof *miss);
-    int nmiss = 0;
-    if (!rc && !miss) {
-        snprintf(err, n, "error: out of memory");
-        rc = -1;
+    *nks_out = nks;
+    char why[2048];
+    if (tf_cuda_cubins_get(libs, arch, NULL, TF_CUBINS_STORED, 0, ks, nks, cb, why, sizeof why)) {
+        snprintf(err, n, "error: %s", why);
+        return -1;
     }
-    for (int j = 0; !rc && j < njobs; j++) {
-        if ((jobs[j].cubin = tf_cuda_cubin_cache_read(libs, jobs[j].src, jobs[j].name, arch, &jobs[j].cubin_size))) (*ncached)++;
-        else miss[nmiss++] = jobs[j];
-    }
-    if (!rc && nmiss && tf_nvrtc_compile_jobs(libs, miss, nmiss, 0)) {
-        for (int j = 0; j < nmiss; j++)
-            if (miss[j].status) {
-                snprintf(err, n, "error: NVRTC could not compile kernel %s for %s: %s", miss[j].name, arch, miss[j].err);
-                break;
-            }
-        rc = -1;
-    }
-    for (int j = 0, at = 0; !rc && j < njobs; j++) {   /* the compiled ones back in their places */
-        if (jobs[j].cubin) continue;
-        jobs[j] = miss[at++];
-        memset(&miss[at - 1], 0, sizeof *miss);
-        tf_cuda_cubin_cache_write(libs, jobs[j].src, jobs[j].name, arch, jobs[j].cubin, jobs[j].cubin_size);
-        (*ncompiled)++;
-    }
-    for (int j = 0; miss && j < nmiss; j++) tf_nvrtc_job_free(&miss[j]);
-    tf_free(miss);
-    *jobs_out = jobs, *kidx_out = kidx, *njobs_out = njobs;
-    return rc;
+    return 0;
 }
 
 int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const char *arch, const char *dir, int *ncubins,
-                           int *ncompiled, int *ncached, char *err, size_t n)
+                           int *nkernels, int *ncompiled, int *ncached, char *err, size_t n)
 {
-    *ncubins = *ncompiled = *ncached = 0;
+    *ncubins = *nkernels = *ncompiled = *ncached = 0;
     char path[8192];
     snprintf(path, sizeof path, "%s/cuda", dir);
     if (make_dir(dir, err, n) || make_dir(path, err, n)) return -1;
     tf_cuda_libs libs;
     tf_cuda_program prog;
     if (open_program(plan, &libs, &prog, err, n)) return -1;
-    tf_nvrtc_job *jobs = NULL;
-    int *kidx = NULL, njobs = 0;
-    int rc = cubins_for(&libs, &prog, arch, &jobs, &kidx, &njobs, ncompiled, ncached, err, n);
-    for (int j = 0; !rc && j < njobs; j++) {   /* each source as --dump-kernels writes it, and its cubin */
+    const tf_cuda_kernel **ks = NULL;
+    int *kidx = NULL, nks = 0;
+    tf_cuda_cubins cb;
+    int rc = cubins_for(&libs, &prog, arch, &ks, &kidx, &nks, &cb, err, n);
+    for (int j = 0; !rc && j < nks; j++) {   /* each source as --dump-kernels writes it */
         int i = kidx[j];
-        const tf_cuda_kernel *ck = !strcmp(prog.library[i].name, jobs[j].name) ? &prog.library[i] : &prog.kernels[i];
-        char *cu = tf_cuda_dump(m, &plan->kernels[i], ck);
-        snprintf(path, sizeof path, "%s/cuda/%s.cu", dir, ck->name);
+        char *cu = tf_cuda_dump(m, &plan->kernels[i], ks[j]);
+        snprintf(path, sizeof path, "%s/cuda/%s.cu", dir, ks[j]->name);
         if (!cu) {
             snprintf(err, n, "error: out of memory");
             rc = -1;
@@ -122,10 +106,29 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
             rc = write_file(path, cu, strlen(cu), err, n);
         }
         tf_free(cu);
-        snprintf(path, sizeof path, "%s/cuda/%s.%s.cubin", dir, jobs[j].name, arch);
-        if (!rc) rc = write_file(path, jobs[j].cubin, jobs[j].cubin_size, err, n);
-        if (!rc) (*ncubins)++;
     }
+    /* each program's cubin, and cubins.txt: which cubin holds which of the model's kernels */
+    tf_strbuf list = {0};
+    for (int c = 0; !rc && c < cb.n; c++) {
+        snprintf(path, sizeof path, "%s/cuda/%s.%s.cubin", dir, cb.c[c].name, arch);
+        rc = write_file(path, cb.c[c].bin, cb.c[c].size, err, n);
+        tf_strbuf_printf(&list, "cuda/%s.%s.cubin", cb.c[c].name, arch);
+        for (int j = 0; j < nks; j++)
+            if (cb.of[j] == c) tf_strbuf_printf(&list, " %s", ks[j]->name);
+        tf_strbuf_printf(&list, "\n");
+    }
+    if (!rc && list.oom) {
+        snprintf(err, n, "error: out of memory");
+        rc = -1;
+    }
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/cubins.txt", dir);
+        rc = write_file(path, list.p ? list.p : "", list.n, err, n);
+    }
+    tf_free(list.p);
+    if (!rc) *ncubins = cb.n, *nkernels = nks, *ncompiled = cb.compiled, *ncached = cb.cached;
+    tf_cuda_cubins_free(&cb);
+    tf_free(ks);
     tf_free(kidx);
     /* the manifest: the plan in launch order */
     size_t cap = 256 + (size_t)plan->nkernels * 320, at = 0;
@@ -160,8 +163,6 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
         rc = write_file(path, man, at, err, n);
     }
     tf_free(man);
-    for (int j = 0; j < njobs; j++) tf_nvrtc_job_free(&jobs[j]);
-    tf_free(jobs);
     tf_cuda_program_free(&prog);
     tf_cuda_libs_free(&libs);
     return rc;
@@ -186,20 +187,31 @@ int tf_cuda_package_cubins(const tf_kernel_plan *plan, const char *archs, tf_pkg
         memcpy(arch, a, len);
         arch[len] = 0;
         a += len + (a[len] == ',');
-        tf_nvrtc_job *jobs = NULL;
-        int *kidx = NULL, njobs = 0;
-        rc = cubins_for(&libs, &prog, arch, &jobs, &kidx, &njobs, ncompiled, ncached, err, n);
-        for (int j = 0; !rc && j < njobs; j++) {
-            snprintf(sec, sizeof sec, "cuda/%s/%s.cubin", arch, jobs[j].name);
-            if (!tf_pkg_add(pkg, sec, jobs[j].cubin, jobs[j].cubin_size, why, sizeof why)) {
+        const tf_cuda_kernel **ks = NULL;
+        int *kidx = NULL, nks = 0;
+        tf_cuda_cubins cb;
+        rc = cubins_for(&libs, &prog, arch, &ks, &kidx, &nks, &cb, err, n);
+        tf_strbuf index = {0};   /* "KERNEL PROGRAM" per kernel */
+        for (int j = 0; !rc && j < nks; j++) tf_strbuf_printf(&index, "%s %s\n", ks[j]->name, cb.c[cb.of[j]].name);
+        for (int c = 0; !rc && c < cb.n; c++) {
+            snprintf(sec, sizeof sec, "cuda/%s/%s.cubin", arch, cb.c[c].name);
+            if (!tf_pkg_add(pkg, sec, cb.c[c].bin, cb.c[c].size, why, sizeof why)) {
                 snprintf(err, n, "error: package: %s", why);
                 rc = -1;
             } else {
                 (*ncubins)++;
+                *ncompiled += cb.c[c].from == TF_CUBIN_COMPILED;
+                *ncached += cb.c[c].from == TF_CUBIN_CACHED;
             }
         }
-        for (int j = 0; jobs && j < njobs; j++) tf_nvrtc_job_free(&jobs[j]);
-        tf_free(jobs);
+        snprintf(sec, sizeof sec, "cuda/%s/kernels", arch);
+        if (!rc && (index.oom || !tf_pkg_add(pkg, sec, index.p ? index.p : "", index.n, why, sizeof why))) {
+            snprintf(err, n, "error: package: %s", index.oom ? "out of memory" : why);
+            rc = -1;
+        }
+        tf_free(index.p);
+        tf_cuda_cubins_free(&cb);
+        tf_free(ks);
         tf_free(kidx);
     }
     if (!rc && !tf_pkg_add(pkg, "cuda/archs", archs, strlen(archs), why, sizeof why)) {

@@ -8,8 +8,9 @@
  *     tf_program_compile) and emits CUDA C
  *     for every elementwise and reduction kernel, every GEMM region's
  *     epilogue and every library op but matmul and the convolutions
- *     (codegen/cuda.c); identical sources compile once, with NVRTC
- *     on every core (jit.c), and the cubins are cached on disk;
+ *     (codegen/cuda.c); identical sources compile once, several kernels
+ *     to an NVRTC program, the programs on every core (jit.c, cuda_jit.h),
+ *     and the cubins are cached on disk;
  *   - allocates device memory twice: memplan's arena, where every planned
  *     value lives at its offset (in-place reuse and the planned peak are what
  *     runs), and one block for inputs, params, buffers, values memplan did not
@@ -2642,8 +2643,8 @@ static tf_status cuda_write_artifact(tf_context_t *ctx, const tf_program_t *p, c
     tf_status st = tf_program_plan(ctx, p, &plan);
     if (st) return st;
     char err[4096];
-    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, &info->binaries, &info->compiled, &info->cached, err,
-                                    sizeof err);
+    int rc = tf_cuda_write_artifact(p->m, plan, arch ? arch : "sm_90", dir, &info->binaries, &info->kernels, &info->compiled,
+                                    &info->cached, err, sizeof err);
     return rc ? tf_set_error(ctx, TF_ERR_UNAVAILABLE, "%s", err) : TF_OK;
 }
 

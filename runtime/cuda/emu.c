@@ -26,13 +26,14 @@
  * kernel of it is first needed (a launch, or a stream or context
  * synchronization, which is where a session's start waits): every module
  * still waiting then is compiled at once, in as many translation units as
- * there are CPUs, each kernel in a namespace of its own after one copy of
+ * there are CPUs, each module in a namespace of its own after one copy of
  * the prelude, by concurrent compiler processes. The shared objects are
  * cached in $TFUSE_CACHE_DIR/cuda-emu (default ~/.cache/tfuse/cuda-emu), one
- * name per kernel (a hash of the prelude, the compiler and the source) that
- * links to the object holding it, each written to a temporary name and
+ * name per module (a hash of the prelude, the compiler and the source; a
+ * module is an NVRTC program, several kernels each in a namespace of its
+ * own: cuda_jit.h) that links to the object holding it, each written to a temporary name and
  * renamed; files being compiled carry ".tmp." in their names, which the
- * cache's bound (cache_file.h) leaves alone while they are young. A kernel
+ * cache's bound (cache_file.h) leaves alone while they are young. A module
  * found there is touched, so that the bound evicts what was used least
  * recently; a link whose object was evicted is a miss. The compiler is $TFUSE_EMU_CXX, else the first of c++, g++,
  * clang++ on PATH.

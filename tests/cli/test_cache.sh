@@ -69,14 +69,17 @@ expect 2 "takes no --stats \(it is a flag of: compile, run\)" -- "$tfuse" print 
 # cuda: a second compile -o DIR takes every cubin from the cache
 "$tfuse" cache clear >/dev/null
 if out=$("$tfuse" compile "$ex/mlp.ir" --target=cuda -o "$tmp/art1" --stats 2>&1); then
-  n=$(sed -n 's/^cubins_compiled: //p' <<<"$out")
+  n=$(sed -n 's/^kernels_compiled: //p' <<<"$out")
+  c=$(sed -n 's/^cubins: //p' <<<"$out")
   out2=$("$tfuse" compile "$ex/mlp.ir" --target=cuda -o "$tmp/art2" --stats 2>&1)
-  if [ -n "$n" ] && [ "$n" -gt 0 ] && grep -q "^cubins_compiled: 0$" <<<"$out2" && grep -q "^cubins_cached: $n$" <<<"$out2" &&
+  if [ -n "$n" ] && [ "$n" -gt 0 ] && [ -n "$c" ] && [ "$c" -gt 0 ] && [ "$c" -le "$n" ] && grep -q "^kernels_compiled: 0$" <<<"$out2" &&
+     grep -q "^kernels_cached: $n$" <<<"$out2" && grep -q "^cubins: $c$" <<<"$out2" &&
      grep -q "(0 compiled, $n from the disk cache)" <<<"$out2"; then ok; else bad "second compile -o for cuda: $out2 (first: $out)"; fi
   same=1
-  for f in "$tmp"/art1/cuda/*.cubin; do cmp -s "$f" "$tmp/art2/cuda/${f##*/}" || same=0; done
+  for f in "$tmp"/art1/cuda/*.cubin "$tmp"/art1/cubins.txt; do cmp -s "$f" "${f/art1/art2}" || same=0; done
   if [ "$same" = 1 ]; then ok; else bad "cached cubins differ from compiled ones"; fi
-  expect 0 "^cuda: $n entries" -- "$tfuse" cache stats
+  # one file per NVRTC program and one link per kernel
+  expect 0 "^cuda: $((c + n)) entries" -- "$tfuse" cache stats
 else
   if grep -q "nvrtc\|NVRTC" <<<"$out"; then echo "skipped: no NVRTC ($out)"; else bad "compile -o for cuda: $out"; fi
 fi

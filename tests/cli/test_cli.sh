@@ -36,7 +36,15 @@ rm -rf "$tmp/art"
 if out=$("$tfuse" compile "$ex/mlp.ir" --target=cuda --arch=sm_90 -o "$tmp/art" 2>&1); then
   n=$(ls "$tmp/art/cuda/"*.sm_90.cubin 2>/dev/null | wc -l)
   m=$(grep -c " cuda tf_" "$tmp/art/manifest.txt")
-  if [ "$n" -gt 0 ] && [ -s "$tmp/art/program.ir" ] && grep -q "cubins for sm_90" <<<"$out" && [ "$m" -ge "$n" ]; then ok; else bad "compile -o for cuda: $out ($n cubins, $m launches)"; fi
+  if [ "$n" -gt 0 ] && [ -s "$tmp/art/program.ir" ] && grep -qE "$n cubins holding [0-9]+ kernels for sm_90" <<<"$out" && [ "$m" -ge "$n" ]; then ok; else bad "compile -o for cuda: $out ($n cubins, $m launches)"; fi
+  # cubins.txt: every cubin written, and every kernel the manifest launches (tf_X or its second entry tf_X_b) in one of them
+  miss=0
+  for k in $(sed -n 's/.* cuda \(tf_[0-9a-f]*\)\(_b\)\{0,1\} .*/\1/p' "$tmp/art/manifest.txt" | sort -u); do
+    grep -q " $k\( \|$\)" "$tmp/art/cubins.txt" || miss=$((miss + 1))
+  done
+  files=0
+  while read -r f rest; do [ -s "$tmp/art/$f" ] && files=$((files + 1)); done < "$tmp/art/cubins.txt"
+  if [ "$miss" = 0 ] && [ "$files" = "$n" ]; then ok; else bad "cubins.txt: $miss kernels in no cubin, $files of $n cubins listed"; fi
 else
   if grep -q "nvrtc\|NVRTC" <<<"$out"; then ok; else bad "compile -o for cuda failed without naming NVRTC: $out"; fi
 fi

@@ -916,14 +916,22 @@ static void fake_compiles(const char *cache)
         if (s2) tf_session_get_info(s2, &i2);
         CHECK(i2.jit_compiled == 0 && i2.jit_cached == i1.jit_compiled, "the second session reads the cache (%d compiled, %d cached)",
               i2.jit_compiled, i2.jit_cached);
-        /* a torn cache file is compiled again and replaced */
+        /* a torn cache file (one NVRTC program of several kernels) is compiled again and replaced */
         char cmd[4400];
         snprintf(cmd, sizeof cmd, "f=$(ls %s/cuda/*.cubin | head -n 1) && head -c 100 \"$f\" > \"$f.x\" && mv \"$f.x\" \"$f\"", cache);
         CHECK(system(cmd) == 0, "truncating a cache file");
         CHECK(!cuda_session(ctx, p, 1, &s3), "session over a torn cache: %s", tf_context_last_error(ctx));
         if (s3) tf_session_get_info(s3, &i3);
-        CHECK(i3.jit_compiled == 1 && i3.jit_cached == i1.jit_compiled - 1, "one torn file, one compile (%d compiled, %d cached)",
-              i3.jit_compiled, i3.jit_cached);
+        CHECK(i3.jit_compiled >= 1 && i3.jit_compiled + i3.jit_cached == i1.jit_compiled,
+              "one torn program file: its kernels compiled again, the rest from the cache (%d compiled, %d cached)", i3.jit_compiled,
+              i3.jit_cached);
+        tf_session_t *s3b = NULL;
+        tf_session_info i3b = {0};
+        CHECK(!cuda_session(ctx, p, 1, &s3b), "session after the torn file: %s", tf_context_last_error(ctx));
+        if (s3b) tf_session_get_info(s3b, &i3b);
+        CHECK(i3b.jit_compiled == 0 && i3b.jit_cached == i1.jit_compiled, "the torn file was replaced (%d compiled, %d cached)",
+              i3b.jit_compiled, i3b.jit_cached);
+        tf_session_free(s3b);
         /* a package: the session takes its cubins and compiles nothing; a GPU of another architecture is refused */
         char pkg[4400];
         tf_package_info pi = {0};
@@ -931,8 +939,9 @@ static void fake_compiles(const char *cache)
         tf_program_t *lp = NULL;
         tf_session_t *s4 = NULL;
         tf_session_info i4 = {0};
-        CHECK(!tf_program_save(ctx, p, pkg, 1, 1, "sm_80,sm_90", &pi) && pi.objects == 2 * i1.jit_compiled,
-              "a cuda package with sm_80 and sm_90 cubins (%d for %d kernels): %s", pi.objects, i1.jit_compiled, tf_context_last_error(ctx));
+        CHECK(!tf_program_save(ctx, p, pkg, 1, 1, "sm_80,sm_90", &pi) && pi.objects >= 2 && pi.objects <= 2 * i1.jit_compiled,
+              "a cuda package with sm_80 and sm_90 cubins, NVRTC programs of several kernels (%d for %d kernels): %s", pi.objects,
+              i1.jit_compiled, tf_context_last_error(ctx));
         CHECK(!tf_program_load(ctx, pkg, &lp), "loading the cuda package: %s", tf_context_last_error(ctx));
         CHECK(lp && !cuda_session(ctx, lp, 1, &s4), "a session of the package: %s", tf_context_last_error(ctx));
         if (s4) tf_session_get_info(s4, &i4);
