@@ -87,13 +87,20 @@ static tf_ir_status refine(const tf_module *m, const tf_pipeline *pl, int at, co
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in checkpoint");
     s->nextra = s->ng ? p->group_end[s->ng - 1] : 0;
     memcpy(s->extra, p->nodes, (size_t)s->nextra * sizeof(int));
-    for (int g = s->ng; g < p->ngroups && s->chosen > s->budget; g++) {
+    /* the groups the estimate turned down (after nplanned) are measured
+     * until REFINE_MISSES in a row lower nothing: each is a run of the
+     * pipeline, and a --dim B=auto search does this for every batch it
+     * probes */
+    enum { REFINE_MISSES = 12 };
+    int misses = 0;
+    for (int g = s->ng; g < p->ngroups && s->chosen > s->budget && misses < REFINE_MISSES; g++) {
         int from = g ? p->group_end[g - 1] : 0, k = p->group_end[g] - from;
         memcpy(s->extra + s->nextra, p->nodes + from, (size_t)k * sizeof(int));
         int64_t pk;
         tf_ir_status st = measure(m, pl, at, o, s->extra, s->nextra + k, &pk, NULL);
         if (st) return st;
-        if (pk < s->chosen) s->chosen = s->best = pk, s->nextra += k, s->ng++;
+        if (pk < s->chosen) s->chosen = s->best = pk, s->nextra += k, s->ng++, misses = 0;
+        else if (g >= p->nplanned) misses++;
     }
     return TF_IR_OK;
 }
