@@ -189,7 +189,8 @@ static void parallel_build(void)
         tf_program_free(p);
         tf_context_free(ctx);
     }
-    setenv("TFUSE_CACHE_DIR", keep, 1);
+    if (old) setenv("TFUSE_CACHE_DIR", keep, 1);
+    else unsetenv("TFUSE_CACHE_DIR");
     CHECK(b[0] && b[1] && n[0] > 0 && n[0] == n[1] && !memcmp(b[0], b[1], n[0]), "%s: the files differ (%zu and %zu bytes)", label,
           n[0], n[1]);
     free(b[0]);
