@@ -482,11 +482,41 @@ int tf_kernels_count(const tf_kernel_plan *p)
     return n;
 }
 
+/* A buffer's memory as overlap() sees it, worked out once. */
+typedef struct extent {
+    const tf_value *root;
+    bool placed;                /* in the arena: [lo, hi) */
+    int64_t lo, hi;
+} extent;
+
+static extent extent_of(const tf_value *v)
+{
+    extent e = {storage_root(v), false, 0, 0};
+    if (e.root->kind == TF_VAL_NODE && e.root->offset >= 0) {
+        e.placed = true;
+        e.lo = e.root->offset;
+        e.hi = e.lo + tf_type_numel(&e.root->type) * tf_dtype_bytes(e.root->type.dtype);
+    }
+    return e;
+}
+
 bool tf_kernels_independent(const tf_kernel *a, const tf_kernel *b)
 {
+    enum { MAX_FAST = 64 };   /* the multi-tensor check compares each part with every earlier one: extents once per buffer */
+    if (a->nbufs > MAX_FAST || b->nbufs > MAX_FAST) {
+        for (int i = 0; i < a->nbufs; i++)
+            for (int j = 0; j < b->nbufs; j++)
+                if ((a->bufs[i].written || b->bufs[j].written) && overlap(a->bufs[i].value, b->bufs[j].value)) return false;
+        return true;
+    }
+    extent ea[MAX_FAST], eb[MAX_FAST];
+    for (int i = 0; i < a->nbufs; i++) ea[i] = extent_of(a->bufs[i].value);
+    for (int j = 0; j < b->nbufs; j++) eb[j] = extent_of(b->bufs[j].value);
     for (int i = 0; i < a->nbufs; i++)
-        for (int j = 0; j < b->nbufs; j++)
-            if ((a->bufs[i].written || b->bufs[j].written) && overlap(a->bufs[i].value, b->bufs[j].value)) return false;
+        for (int j = 0; j < b->nbufs; j++) {
+            if (!a->bufs[i].written && !b->bufs[j].written) continue;
+            if (ea[i].root == eb[j].root || (ea[i].placed && eb[j].placed && ea[i].lo < eb[j].hi && eb[j].lo < ea[i].hi)) return false;
+        }
     return true;
 }
 

@@ -268,29 +268,19 @@ typedef struct program {
 
 static size_t weight_of(const tf_cuda_kernel *k) { return strlen(k->src) + KERNEL_WEIGHT; }
 
-static int cmp_weight(const void *a, const void *b, void *ctx)
+typedef struct ranked {
+    int idx;                    /* into ks */
+    size_t weight;
+    const char *name;
+} ranked;
+
+static int heaviest_first(const void *a, const void *b)
 {
-    const tf_cuda_kernel *const *ks = ctx;
-    const tf_cuda_kernel *x = ks[*(const int *)a], *y = ks[*(const int *)b];
-    size_t wx = weight_of(x), wy = weight_of(y);
-    return wx != wy ? (wx < wy ? 1 : -1) : strcmp(x->name, y->name);
+    const ranked *x = a, *y = b;
+    return x->weight != y->weight ? (x->weight < y->weight ? 1 : -1) : strcmp(x->name, y->name);
 }
 
-static int cmp_name(const void *a, const void *b, void *ctx)
-{
-    const tf_cuda_kernel *const *ks = ctx;
-    return strcmp(ks[*(const int *)a]->name, ks[*(const int *)b]->name);
-}
-
-/* Insertion sort with a context (qsort_r is not C11); the lists are short. */
-static void sort_idx(int *v, int n, int (*cmp)(const void *, const void *, void *), void *ctx)
-{
-    for (int i = 1; i < n; i++) {
-        int x = v[i], j = i;
-        while (j > 0 && cmp(&v[j - 1], &x, ctx) > 0) v[j] = v[j - 1], j--;
-        v[j] = x;
-    }
-}
+static int by_name(const void *a, const void *b) { return strcmp(((const ranked *)a)->name, ((const ranked *)b)->name); }
 
 /* One program's source (see cuda_jit.h): the #include lines of its
  * kernels once each, then each kernel in its namespace. NULL when out of
@@ -336,48 +326,55 @@ static char *program_source(const tf_cuda_kernel *const *ks, const program *p)
 
 /* ks[idx[0..n)] dealt into programs (see cuda_jit.h); their count, or -1
  * when out of memory. */
-static int make_programs(const tf_cuda_kernel *const *ks, int *idx, int n, int threads_asked, program **out)
+static int make_programs(const tf_cuda_kernel *const *ks, const int *idx, int n, int threads_asked, program **out)
 {
+    ranked *r = tf_malloc((size_t)n * sizeof *r);
+    int *owner = tf_malloc((size_t)n * sizeof *owner), *slots = tf_malloc((size_t)n * sizeof *slots);
+    if (!r || !owner || !slots) {
+        tf_free(r), tf_free(owner), tf_free(slots);
+        return -1;
+    }
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += weight_of(ks[idx[i]]);
+    for (int i = 0; i < n; i++) {
+        r[i] = (ranked){idx[i], weight_of(ks[idx[i]]), ks[idx[i]]->name};
+        total += r[i].weight;
+    }
     long cpus = threads_asked > 0 ? threads_asked : sysconf(_SC_NPROCESSORS_ONLN);
     size_t threads = cpus > 0 ? (size_t)cpus : 1, np = threads, by_size = (total + PROGRAM_WEIGHT - 1) / PROGRAM_WEIGHT;
     if (by_size > np) np = (by_size + threads - 1) / threads * threads;   /* a whole number of programs per thread */
     if (np > (size_t)n) np = (size_t)n;
     if (np > MAX_PROGRAMS) np = MAX_PROGRAMS;
     program *ps = tf_calloc(np, sizeof *ps);
-    int *members = tf_calloc((size_t)n, sizeof *members);
-    if (!ps || !members) {
-        tf_free(ps);
-        tf_free(members);
+    if (!ps) {
+        tf_free(r), tf_free(owner), tf_free(slots);
         return -1;
     }
-    sort_idx(idx, n, cmp_weight, (void *)ks);
-    int *owner = members;   /* owner[i]: the program of idx[i], reused below as the members' storage */
+    qsort(r, (size_t)n, sizeof *r, heaviest_first);
     for (int i = 0; i < n; i++) {   /* largest first, each to the lightest program */
         size_t best = 0;
         for (size_t q = 1; q < np; q++)
             if (ps[q].weight < ps[best].weight) best = q;
-        ps[best].weight += weight_of(ks[idx[i]]);
+        ps[best].weight += r[i].weight;
         ps[best].n++;
         owner[i] = (int)best;
     }
-    int *slots = tf_calloc((size_t)n, sizeof *slots);
-    if (!slots) {
-        tf_free(ps);
-        tf_free(members);
+    /* each program's kernels in the order of their names: the source, and so the key, depends on the set alone */
+    ranked *mine = tf_malloc((size_t)n * sizeof *mine);
+    if (!mine) {
+        tf_free(r), tf_free(owner), tf_free(slots), tf_free(ps);
         return -1;
     }
     int at = 0;
     for (size_t q = 0; q < np; q++) {
-        ps[q].members = slots + at;
         int k = 0;
         for (int i = 0; i < n; i++)
-            if (owner[i] == (int)q) ps[q].members[k++] = idx[i];
+            if (owner[i] == (int)q) mine[k++] = r[i];
+        qsort(mine, (size_t)k, sizeof *mine, by_name);
+        ps[q].members = slots + at;
+        for (int i = 0; i < k; i++) ps[q].members[i] = mine[i].idx;
         at += k;
-        sort_idx(ps[q].members, k, cmp_name, (void *)ks);
     }
-    tf_free(members);
+    tf_free(mine), tf_free(r), tf_free(owner);
     *out = ps;
     return (int)np;
 }
