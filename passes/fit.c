@@ -365,6 +365,7 @@ tf_ir_status tf_fit_pipeline(tf_module *m, const char *list, const tf_options *o
             else if (d2.status == TF_IR_ERR_LIMIT)
                 snprintf(more, sizeof more, "; even %s=1 does not fit it", name);
         }
+        if (u.best > 0 && u.best < u.floor) u.floor = u.best;   /* the floor is an estimate: a plan found under it lowers it */
         st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL,
                            "--memory-budget=%lld cannot be met: %s %lld bytes (inputs, params, optimizer state and "
                            "what the backward pass holds at once, however much is recomputed); the step plans %lld "
