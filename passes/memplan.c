@@ -234,11 +234,8 @@ static int home_updates(tf_module *m, const tf_options *o, bool *mem)
         bool ok = true;
         for (int k = 0; k < m->noutputs && ok; k++) ok = root_of(m->outputs[k].value) != b;
         for (int k = 0; k < m->nupdates && ok; k++) ok = m->updates[k].value->kind == TF_VAL_CONST || root_of(m->updates[k].value) != b;
-        int iv = -1;
-        for (int j = 0; j < N && iv < 0; j++)
-            if (m->nodes.items[j] == n) iv = j;
         int ks, ke;
-        kernel_span(m, iv, &ks, &ke);
+        kernel_span(m, v->id - m->decls.n, &ks, &ke);   /* renumbered: decls, then nodes in order */
         ok = ok && last_read[b->id] <= ke;
         for (int j = ks; j <= ke && ok; j++) {
             const tf_node *r = m->nodes.items[j];

@@ -1532,11 +1532,12 @@ static tf_status cpu_package_code(tf_context_t *ctx, const tf_program_t *p, cons
         n++;
     }
     /* the rest compiled on the pool, each its own LLVM context */
-    int todo = 0;
-    for (int i = 0; i < n; i++) todo += !os[i].from_disk;
-    if (!st && todo) {
+    int to_compile = 0;
+    for (int i = 0; i < n; i++) to_compile += !os[i].from_disk;
+    if (!st && to_compile) {
         int threads = p->threads > 0 ? p->threads : tf_cpu_count();
-        tf_pool *pool = tf_pool_create(threads < todo ? threads : todo);
+        if (threads > to_compile) threads = to_compile;
+        tf_pool *pool = tf_pool_create(threads);
         pkg_work w = {.os = os, .n = n, .pipe = p->settings.llvm_pipeline};
         pthread_mutex_init(&w.mu, NULL);
         if (!pool) st = tf_set_error(ctx, TF_ERR_OOM, "error: cannot start %d threads", threads);
