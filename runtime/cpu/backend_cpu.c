@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cache_file.h"
@@ -200,23 +201,24 @@ static bool kernel_sym(const char *target, const char *key, char **dkey, char sy
 
 /* The object code of k an earlier process (the disk cache) or a package
  * left for key, linked into the JIT: TF_IR_OK with *fn and *code, or a
- * miss (*code NULL) for the caller to compile, *sym, *dkey (malloc'd) and
- * *path ("" without a cache directory) saying under what name and where.
+ * miss (*code NULL) for the caller to compile, *sym, *dkey and *path
+ * (malloc'd; NULL without a cache directory) saying under what name and where.
  * Without a target id (out of memory), *dkey stays NULL: compile with
  * tf_jit_compile. Under c->mu. */
 static void jit_load(jit_cache *jc, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn, tf_jit_code **code, bool *from_disk,
-                     bool *from_pkg, char sym[32], char **dkey, char path[4200])
+                     bool *from_pkg, char sym[32], char **dkey, char **path)
 {
     *from_disk = *from_pkg = false;
     *code = NULL;
     *dkey = NULL;
-    path[0] = 0;
+    *path = NULL;
     char dir[4096];
     if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
     if (!jc->target || !kernel_sym(jc->target, key, dkey, sym)) return;
     void *obj = NULL;
     size_t on = 0;
-    tf_diag d = {0};   /* an object that does not link is compiled again */
+    tf_diag d;   /* an object that does not link is compiled again */
+    d.status = TF_IR_OK;
     if (pkg) {   /* a package's object code (tf_program_load checked its target) */
         char name[64];
         snprintf(name, sizeof name, "cpu/%s.o", sym);
@@ -227,9 +229,9 @@ static void jit_load(jit_cache *jc, const char *key, const tf_pkg *pkg, tf_kerne
         if (*code) return;
         obj = NULL;
     }
-    if (!tf_cache_subdir("cpu", dir, sizeof dir)) return;
-    snprintf(path, 4200, "%s/%s.o", dir, sym);
-    if (disk_read(path, *dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, &d)) *from_disk = true;
+    if (!tf_cache_subdir("cpu", dir, sizeof dir) || !(*path = tf_malloc(strlen(dir) + 40))) return;
+    snprintf(*path, strlen(dir) + 40, "%s/%s.o", dir, sym);
+    if (disk_read(*path, *dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, &d)) *from_disk = true;
     tf_free(obj);
 }
 
@@ -293,14 +295,16 @@ typedef struct jit_req {
     tf_kernel_fn fn;
     int slot;              /* its reference in the cache, -1 until it has one */
     bool hit, disk, pkg;   /* where it came from: the process's cache, the disk, a package; else compiled */
-    /* a miss, compiled by jit_compile_all: */
-    char sym[32], path[4200];
+    /* a miss, compiled by jit_compile_all (path and d allocated for
+     * misses only: a package's hundreds of hits touch a few pages): */
+    char sym[32];
+    char *path;            /* where the disk cache keeps it; NULL: no cache directory */
     char *dkey;            /* NULL: no target id, tf_jit_compile under the mutex */
     int same;              /* an earlier request with the same key (that one compiles), or -1 */
     void *obj;
     size_t nobj;
     tf_ir_status st;
-    tf_diag d;
+    tf_diag *d;            /* st's message; NULL when st is TF_IR_ERR_OOM for want of it */
 } jit_req;
 
 /* r's kernel from the process's cache, a package or the disk; a miss
@@ -322,7 +326,7 @@ static tf_ir_status jit_lookup(tf_cache_t *c, const char *pipe, const tf_pkg *pk
     } else if (!st && !(st = jc->jit ? TF_IR_OK : tf_jit_create(&jc->jit, d))) {
         tf_jit_code *code = NULL;
         tf_kernel_fn fn = NULL;
-        jit_load(jc, r->key, pkg, &fn, &code, &r->disk, &r->pkg, r->sym, &r->dkey, r->path);
+        jit_load(jc, r->key, pkg, &fn, &code, &r->disk, &r->pkg, r->sym, &r->dkey, &r->path);
         if (code && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code)) < 0) {
             tf_jit_release(jc->jit, code, d);
             st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
@@ -358,7 +362,7 @@ static void compile_piece(void *arg, int64_t lo, int64_t hi)
         pthread_mutex_unlock(&w->mu);
         if (i >= w->n) return;
         jit_req *r = w->todo[i];
-        r->st = tf_jit_object(r->k, r->sym, w->pipe, &r->obj, &r->nobj, &r->d);
+        r->st = tf_jit_object(r->k, r->sym, w->pipe, &r->obj, &r->nobj, r->d);
     }
 }
 
@@ -371,6 +375,12 @@ static void jit_compile_all(tf_cache_t *c, tf_pool *pool, const char *pipe, jit_
     for (int i = 0; i < n; i++) {
         jit_req *r = &rs[i];
         if (r->slot >= 0 || !r->key) continue;
+        if (!(r->d = tf_malloc(sizeof *r->d))) {
+            r->st = TF_IR_ERR_OOM;
+            continue;
+        }
+        r->d->status = TF_IR_OK;
+        r->d->msg[0] = 0;
         for (int q = 0; q < i && r->same < 0; q++)
             if (rs[q].slot < 0 && rs[q].key && rs[q].same < 0 && strcmp(rs[q].key, r->key) == 0) r->same = q;
         if (r->same < 0 && r->dkey && todo) todo[ntodo++] = r;
@@ -383,7 +393,7 @@ static void jit_compile_all(tf_cache_t *c, tf_pool *pool, const char *pipe, jit_
     tf_free(todo);
     for (int i = 0; i < n; i++) {
         jit_req *r = &rs[i];
-        if (r->slot >= 0 || !r->key) continue;
+        if (r->slot >= 0 || !r->key || !r->d) continue;
         pthread_mutex_lock(&c->mu);
         jit_cache *jc = c->cpu;
         int free_slot = -1, slot = jit_find(jc, r->key, &free_slot);
@@ -393,25 +403,26 @@ static void jit_compile_all(tf_cache_t *c, tf_pool *pool, const char *pipe, jit_
             r->fn = jit_take(c, jc, slot, false);
         } else if (r->same >= 0 && rs[r->same].st) {
             r->st = rs[r->same].st;
-            r->d = rs[r->same].d;
+            if (rs[r->same].d) *r->d = *rs[r->same].d;
+            else tf_diag_error(r->d, r->st, NULL, "out of memory");
         } else if (r->dkey && !r->obj && !r->st) {   /* not compiled: out of memory for the list */
-            r->st = tf_diag_error(&r->d, TF_IR_ERR_OOM, NULL, "out of memory");
+            r->st = tf_diag_error(r->d, TF_IR_ERR_OOM, NULL, "out of memory");
         } else if (!r->st) {
             tf_jit_code *code = NULL;
             tf_kernel_fn fn = NULL;
-            if (r->dkey) r->st = tf_jit_load_object(jc->jit, r->sym, r->obj, r->nobj, &fn, &code, &r->d);
-            else if (tf_jit_set_pipeline(jc->jit, pipe)) r->st = tf_diag_error(&r->d, TF_IR_ERR_OOM, NULL, "out of memory");
-            else r->st = tf_jit_compile(jc->jit, r->k, &fn, &code, &r->d);
+            if (r->dkey) r->st = tf_jit_load_object(jc->jit, r->sym, r->obj, r->nobj, &fn, &code, r->d);
+            else if (tf_jit_set_pipeline(jc->jit, pipe)) r->st = tf_diag_error(r->d, TF_IR_ERR_OOM, NULL, "out of memory");
+            else r->st = tf_jit_compile(jc->jit, r->k, &fn, &code, r->d);
             if (!r->st && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code)) < 0) {
-                tf_jit_release(jc->jit, code, &r->d);
-                r->st = tf_diag_error(&r->d, TF_IR_ERR_OOM, NULL, "out of memory");
+                tf_jit_release(jc->jit, code, r->d);
+                r->st = tf_diag_error(r->d, TF_IR_ERR_OOM, NULL, "out of memory");
             } else if (!r->st) {
                 r->key = NULL;
                 r->fn = jit_take(c, jc, r->slot, true);
             }
         }
         pthread_mutex_unlock(&c->mu);
-        if (!r->st && r->obj && r->path[0]) disk_write(r->path, r->dkey, r->obj, r->nobj);
+        if (!r->st && r->obj && r->path) disk_write(r->path, r->dkey, r->obj, r->nobj);
     }
 }
 
@@ -420,8 +431,11 @@ static void jit_req_free(jit_req *r)
     tf_free(r->key);
     tf_free(r->dkey);
     tf_free(r->obj);
-    r->key = r->dkey = NULL;
+    tf_free(r->path);
+    tf_free(r->d);
+    r->key = r->dkey = r->path = NULL;
     r->obj = NULL;
+    r->d = NULL;
 }
 
 /* A session is done with the kernel in slot (-1: none). */
@@ -515,6 +529,23 @@ static const tf_value *root_of(const tf_value *v)
     return v;
 }
 
+/* Large blocks (the arena, params, optimizer moments) on transparent huge
+ * pages where the kernel offers them on request (THP "madvise" mode, the
+ * common default): their first touch then costs a fault per 2 MiB, not per
+ * 4 KiB, which is most of a package's state copy and of a first training
+ * step's arena touch. Only the 2 MiB-aligned interior is advised; a hint,
+ * so failure (no THP) changes nothing. */
+static void huge_pages(void *p, size_t n)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t H = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + H - 1) & ~(H - 1), hi = ((uintptr_t)p + n) & ~(H - 1);
+    if (n >= 2 * H && hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 static void *own(cpu *c, size_t bytes)
 {
     void **o = tf_realloc(c->owned, (size_t)(c->nowned + 1) * sizeof *o);
@@ -523,6 +554,7 @@ static void *own(cpu *c, size_t bytes)
     size_t n = (bytes + 63) / 64 * 64;
     void *p = tf_calloc_aligned(64, n ? n : 64);
     if (p) c->owned[c->nowned++] = p;
+    if (p) huge_pages(p, n);
     return p;
 }
 
@@ -559,6 +591,7 @@ static tf_status place_values(tf_session_t *s, cpu *c)
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory allocating the %lld-byte activation arena",
                                 (long long)m->plan.arena_bytes);
         c->arena_bytes = (int64_t)n;
+        huge_pages(c->arena, n);
     }
     for (int i = 0; i < m->decls.n; i++) {
         const tf_value *v = m->decls.items[i];
@@ -793,7 +826,8 @@ static tf_status prepare(tf_session_t *s, cpu *c)
             if (t == TF_DT_I64 || t == TF_DT_I32) ck->label_expr = e;
         }
         if (!k->nexprs || ck->how == RUN_VIEW || ck->how == RUN_FALLBACK) continue;
-        tf_diag d = {0};
+        tf_diag d;   /* (not zeroed: 6 KiB for each of hundreds of kernels) */
+        d.status = TF_IR_OK;
         rs[i].k = k;
         if (jit_lookup(c->cache, s->p->settings.llvm_pipeline, s->p->pkg, &rs[i], &d)) {
             st = tf_from_diag(s->ctx, &d);
@@ -807,7 +841,8 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         if (!r->k) continue;
         ck->jit_slot = r->slot;
         if (r->st) {
-            if (r->d.status != TF_IR_ERR_RUNTIME) st = tf_from_diag(s->ctx, &r->d);
+            if (!r->d) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+            else if (r->d->status != TF_IR_ERR_RUNTIME) st = tf_from_diag(s->ctx, r->d);
             ck->how = RUN_FALLBACK;   /* the emitter says it cannot: the reference runs it */
             ck->fn = NULL;
             continue;
