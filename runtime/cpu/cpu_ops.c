@@ -11,18 +11,46 @@
 #ifdef TFUSE_HAVE_OPENBLAS
 #include <cblas.h>
 #include <dlfcn.h>
-void openblas_set_num_threads(int num_threads);   /* OpenBLAS's own extension */
+#include <stdio.h>
 
-/* cblas_sbgemm (bf16 x bf16 -> f32), looked up at run time: cblas.h declares
- * it in every OpenBLAS, but only a library built with BUILD_BFLOAT16
- * exports it (Debian 12's 0.3.21 does not). */
+/* OpenBLAS is opened on the first GEMM a process runs (or a cpu session's
+ * start), not linked: a process that never multiplies on the cpu (a cuda
+ * compile, the interpreter, `tfuse doctor`) neither pays for loading it nor
+ * gets what it brings along: libgfortran's libquadmath, whose printf hooks
+ * send every printf of the process down glibc's slow path, and OpenBLAS's
+ * worker threads, which spin for a while after they start. The build still
+ * needs its headers; a machine that lost the library runs built-in loops,
+ * and says so once. */
+#define BLAS_SONAME "libopenblas.so.0"
+typedef void (*sgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
+                         const float *, blasint, const float *, blasint, float, float *, blasint);
+static sgemm_fn sgemm;
+/* cblas_sbgemm (bf16 x bf16 -> f32): cblas.h declares it in every OpenBLAS,
+ * but only a library built with BUILD_BFLOAT16 exports it (Debian 12's
+ * 0.3.21 does not). */
 typedef void (*sbgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
                           const uint16_t *, blasint, const uint16_t *, blasint, float, float *, blasint);
 static sbgemm_fn sbgemm;
-#endif
+static char blas_name[320] = "OpenBLAS";
 
-#ifdef TFUSE_HAVE_OPENBLAS
-static void blas_init_once(void) { openblas_set_num_threads(1); }
+static void blas_init_once(void)
+{
+    void *h = dlopen(BLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
+    void *f = h ? dlsym(h, "cblas_sgemm") : NULL;
+    if (!f) {
+        const char *e = dlerror();
+        snprintf(blas_name, sizeof blas_name, "built-in loops (%s: %s)", h ? "OpenBLAS has no cblas_sgemm" : "cannot load " BLAS_SONAME,
+                 e ? e : "?");
+        fprintf(stderr, "tfuse: warning: cpu GEMMs run through %s, many times slower than OpenBLAS\n", blas_name);
+        return;
+    }
+    void (*threads)(int) = NULL;
+    *(void **)&threads = dlsym(h, "openblas_set_num_threads");   /* OpenBLAS's own: one thread, tfuse's pool splits the work */
+    if (threads) threads(1);
+    *(void **)&sbgemm = dlsym(h, "cblas_sbgemm");
+    *(void **)&sgemm = f;
+}
 #endif
 
 void tf_cpu_blas_init(void)
@@ -36,7 +64,8 @@ void tf_cpu_blas_init(void)
 const char *tf_cpu_blas_name(void)
 {
 #ifdef TFUSE_HAVE_OPENBLAS
-    return "OpenBLAS";
+    tf_cpu_blas_init();
+    return blas_name;
 #else
     return "built-in loops (no OpenBLAS in this build)";
 #endif
@@ -50,9 +79,13 @@ static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64
     float *c = C + r0 * ldc;
     int64_t M = r1 - r0;
 #ifdef TFUSE_HAVE_OPENBLAS
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                1.0f, a, (int)lda, B, (int)ldb, accumulate ? 1.0f : 0.0f, c, (int)ldc);
-#else
+    tf_cpu_blas_init();
+    if (sgemm) {
+        sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, a,
+              (blasint)lda, B, (blasint)ldb, accumulate ? 1.0f : 0.0f, c, (blasint)ldc);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < M; i++) {
         float *ci = c + i * ldc;
         if (!accumulate) memset(ci, 0, (size_t)N * sizeof *ci);
@@ -64,7 +97,6 @@ static void gemm_rows(bool ta, bool tb, int64_t r0, int64_t r1, int64_t N, int64
                 for (int64_t j = 0; j < N; j++) ci[j] += aik * B[k * ldb + j];
         }
     }
-#endif
 }
 
 /* The same with bf16 operands, through the routine tf_cpu_bf16_gemm_kind names. */
@@ -250,7 +282,7 @@ static void bf16_pick(void)
     const char *e = getenv("TFUSE_CPU_BF16_GEMM");
     bool want_sb = !e || !*e || !strcmp(e, "sbgemm"), want_avx = !e || !*e || !strcmp(e, "avx512");
 #ifdef TFUSE_HAVE_OPENBLAS
-    sbgemm = (sbgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+    tf_cpu_blas_init();
     if (want_sb && sbgemm && probe_passes(TF_BF16_GEMM_SBGEMM)) {
         bf16_kind = TF_BF16_GEMM_SBGEMM;
         return;
