@@ -106,6 +106,9 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/install/tfuseConfigVersion.
                                  COMPATIBILITY SameMajorVersion)
 
 install(TARGETS tfuse LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+if(TFUSE_WITH_LLVM)   # beside libtfuse.so, where codegen/llvm_lazy.c looks for it
+  install(TARGETS tfuse_llvm_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(TARGETS tfuse_archive ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(FILES ${CMAKE_SOURCE_DIR}/include/tfuse.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${CMAKE_BINARY_DIR}/install/tfuse.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1378,3 +1378,28 @@ char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipe)
     LLVMContextDispose(cx);
     return out;
 }
+
+const char *tf_jit_unavailable(void) { return NULL; }
+
+#ifdef TFUSE_LLVM_MODULE
+/* What libtfuse.so's codegen/llvm_lazy.c looks up in this module. */
+const tf_llvm_api tf_llvm_module_api = {
+    .version = TF_LLVM_API_VERSION,
+    .size = sizeof(tf_llvm_api),
+    .kernel_size = sizeof(tf_kernel),
+    .diag_size = sizeof(tf_diag),
+    .create = tf_jit_create,
+    .free = tf_jit_free,
+    .compile = tf_jit_compile,
+    .release = tf_jit_release,
+    .target_id = tf_jit_target_id,
+    .compile_object = tf_jit_compile_object,
+    .load_object = tf_jit_load_object,
+    .object = tf_jit_object,
+    .set_pipeline = tf_jit_set_pipeline,
+    .supports = tf_jit_supports,
+    .lowers = tf_jit_lowers,
+    .print = tf_jit_print,
+    .print_pipeline = tf_jit_print_pipeline,
+};
+#endif

@@ -78,4 +78,35 @@ char *tf_jit_print(const tf_kernel *k);
 /* The same through the given pipeline (NULL: tfuse's own). */
 char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipeline);
 
+/* NULL when the functions above work; else why not (libtfuse.so's LLVM
+ * module could not be opened: codegen/llvm_lazy.c). */
+const char *tf_jit_unavailable(void);
+
+/* libtfuse.so opens llvm.c as a module of its own, libtfuse-llvm.so
+ * (codegen/llvm_lazy.c says why), and finds these functions in its
+ * tf_llvm_module_api; the version (the build's TFUSE_VERSION, from CMake)
+ * and the sizes say both sides come from one build. */
+#ifndef TF_LLVM_BUILD
+#define TF_LLVM_BUILD "?"
+#endif
+#define TF_LLVM_API_VERSION "tfuse-llvm-api 1, tfuse " TF_LLVM_BUILD
+typedef struct tf_llvm_api {
+    const char *version;
+    size_t size, kernel_size, diag_size;
+    tf_ir_status (*create)(tf_jit **out, tf_diag *d);
+    void (*free)(tf_jit *j);
+    tf_ir_status (*compile)(tf_jit *j, const tf_kernel *k, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d);
+    tf_ir_status (*release)(tf_jit *j, tf_jit_code *code, tf_diag *d);
+    char *(*target_id)(tf_jit *j);
+    tf_ir_status (*compile_object)(tf_jit *j, const tf_kernel *k, const char *sym, tf_kernel_fn *fn, tf_jit_code **code, void **obj,
+                                   size_t *obj_n, tf_diag *d);
+    tf_ir_status (*load_object)(tf_jit *j, const char *sym, const void *obj, size_t n, tf_kernel_fn *fn, tf_jit_code **code, tf_diag *d);
+    tf_ir_status (*object)(const tf_kernel *k, const char *sym, const char *pipe, void **obj, size_t *obj_n, tf_diag *d);
+    tf_ir_status (*set_pipeline)(tf_jit *j, const char *pipeline);
+    bool (*supports)(const tf_kernel *k, char *why, size_t n);
+    bool (*lowers)(int op, char *why, size_t n);
+    char *(*print)(const tf_kernel *k);
+    char *(*print_pipeline)(const tf_kernel *k, const char *pipeline);
+} tf_llvm_api;
+
 #endif

@@ -51,6 +51,7 @@ typedef struct fz {
     int ng;
     int *stamp, cur;       /* DFS marks */
     int *stack;
+    int *members;          /* try_merge's set: the node indices it marks */
     const char **why;      /* node -> reason it stayed alone */
     bool *to_reduction;    /* node -> read by reductions (as what they reduce), and by nothing else */
 } fz;
@@ -178,14 +179,13 @@ static void reach(fz *f, int x, int lo, int *sp)
         }
 }
 
-static bool convex(fz *f, const bool *in_set, int lo, int hi)
+static bool convex(fz *f, const bool *in_set, const int *set, int nset, int lo)
 {
     int D = f->m->decls.n;
     f->cur++;
     int sp = 0;
-    for (int i = lo; i < hi; i++) {
-        if (!in_set[i]) continue;
-        tf_node *n = f->nodes[i];
+    for (int s = 0; s < nset; s++) {
+        tf_node *n = f->nodes[set[s]];
         for (int k = 0; k < n->nin; k++) {
             tf_value *v = n->in[k];
             if (v->kind != TF_VAL_NODE) continue;
@@ -215,16 +215,15 @@ static bool convex(fz *f, const bool *in_set, int lo, int hi)
  * placements)? reduce_sum(x[4,4], axes=[1]) lies along axis 0; add(x, it)
  * reads it along axis 1 (NumPy aligns from the right), so the two cannot
  * share a kernel, though every shape fits. */
-static bool placed_consistently(const fz *f, const bool *in_set, int lo, int hi, const tf_type *S, unsigned R)
+static bool placed_consistently(const fz *f, const bool *in_set, const int *set, int nset, int lo, const tf_type *S, unsigned R)
 {
     if (!R) return true;   /* without reduced axes every member has shape S */
     int D = f->m->decls.n;
     int64_t dims[TF_MAX_RANK];
     int8_t full[TF_MAX_RANK], res[TF_MAX_RANK], own[TF_MAX_RANK], rd[TF_MAX_RANK];
     for (int a = 0; a < S->rank; a++) dims[a] = S->dims[a].n, full[a] = (int8_t)a;
-    for (int i = lo; i < hi; i++) {
-        if (!in_set[i]) continue;
-        const tf_node *n = f->nodes[i];
+    for (int s = 0; s < nset; s++) {
+        const tf_node *n = f->nodes[set[s]];
         if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
         bool red = node_class(n) == C_RED;
         for (int k = 0; k < n->nin; k++) {
@@ -265,13 +264,18 @@ static const char *try_merge(fz *f, bool *mark, int i, int gi, int hi, unsigned 
     int lo = f->g[gi].first;
     if (hi >= 0 && f->g[hi].first < lo) lo = f->g[hi].first;
     /* nodes are grouped in program order: every member of a group is at or before i, and whatever the
-     * set depends on comes before its members, so nothing after i takes part */
-    for (int k = lo; k <= i; k++) mark[k] = f->grp[k] == gi || (hi >= 0 && f->grp[k] == hi) || k == i;
-    const char *why = !convex(f, mark, lo, i + 1) ? "joining its producer's kernel would make a cycle"
-                      : !placed_consistently(f, mark, lo, i + 1, &f->g[gi].S, R)
+     * set depends on comes before its members, so nothing after i takes part; the set is walked through
+     * the groups' member lists, never the span lo..i (which grows with the program) */
+    int nset = 0;
+    for (int y = f->g[gi].head; y >= 0; y = f->next[y]) f->members[nset++] = y;
+    for (int y = hi >= 0 ? f->g[hi].head : -1; y >= 0; y = f->next[y]) f->members[nset++] = y;
+    if (f->grp[i] != gi && (hi < 0 || f->grp[i] != hi)) f->members[nset++] = i;
+    for (int s = 0; s < nset; s++) mark[f->members[s]] = true;
+    const char *why = !convex(f, mark, f->members, nset, lo) ? "joining its producer's kernel would make a cycle"
+                      : !placed_consistently(f, mark, f->members, nset, lo, &f->g[gi].S, R)
                           ? "it reads a reduced value along other axes than the reduction's kernel computes it on"
                           : NULL;
-    for (int k = lo; k <= i; k++) mark[k] = false;
+    for (int s = 0; s < nset; s++) mark[f->members[s]] = false;
     if (why) return why;
     if (hi >= 0) join_groups(f, gi, hi);
     if (f->grp[i] != gi) {
@@ -574,11 +578,12 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     f.g = tf_calloc(n, sizeof *f.g);
     f.stamp = tf_calloc(n, sizeof *f.stamp);
     f.stack = tf_malloc(n * sizeof *f.stack);
+    f.members = tf_malloc(n * sizeof *f.members);
     f.why = tf_calloc(n, sizeof *f.why);
     bool *mark = tf_calloc(n, sizeof *mark);
     int *unit_of = tf_malloc(n * sizeof *unit_of), *unit_first = tf_malloc(n * sizeof *unit_first), *region_of = tf_calloc(n, sizeof *region_of);
     tf_ir_status st = TF_IR_OK;
-    if (!f.grp || !f.next || !f.g || !f.stamp || !f.stack || !f.why || !mark || !unit_of || !unit_first || !region_of) {
+    if (!f.grp || !f.next || !f.g || !f.stamp || !f.stack || !f.members || !f.why || !mark || !unit_of || !unit_first || !region_of) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in fuse");
         goto done;
     }
@@ -696,7 +701,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     tf_free(leaving);
     tf_module_renumber(m);
 done:
-    tf_free(f.grp), tf_free(f.next), tf_free(f.g), tf_free(f.stamp), tf_free(f.stack), tf_free(f.why), tf_free(mark);
+    tf_free(f.grp), tf_free(f.next), tf_free(f.g), tf_free(f.stamp), tf_free(f.stack), tf_free(f.members), tf_free(f.why), tf_free(mark);
     tf_free(f.to_reduction);
     tf_free(unit_of), tf_free(unit_first), tf_free(region_of);
     return st;

@@ -800,6 +800,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     /* the kernels' code: what the process, a package or the disk has, then the rest compiled on the pool's threads */
     jit_req *rs = tf_calloc((size_t)(c->plan->nkernels ? c->plan->nkernels : 1), sizeof *rs);
     if (!rs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < c->plan->nkernels; i++) rs[i].slot = -1;   /* none yet, also for those a failure leaves unvisited */
     tf_status st = TF_OK;
     for (int i = 0; i < c->plan->nkernels; i++) {
         const tf_kernel *k = &c->plan->kernels[i];
@@ -1779,7 +1780,7 @@ static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void 
 static uint64_t cpu_step_get(tf_session_t *s) { return ((cpu *)s->impl)->rt[1]; }
 static void cpu_step_set(tf_session_t *s, uint64_t step) { ((cpu *)s->impl)->rt[1] = step; }
 
-static const char *cpu_unavailable(void) { return NULL; }
+static const char *cpu_unavailable(void) { return tf_jit_unavailable(); }   /* libtfuse.so: its LLVM module is there */
 
 static void cpu_set_profiling(tf_session_t *s, bool on)
 {

@@ -30,6 +30,19 @@ soname=$(readelf -d "$P/$libdir/libtfuse.so.$version" | sed -n 's/.*(SONAME).*\[
 if [ "$soname" = libtfuse.so.0 ]; then ok; else bad "soname is '$soname', wanted libtfuse.so.0"; fi
 # the installed command finds the installed library (RUNPATH $ORIGIN/../lib)
 expect 0 "tfuse $version" -- "$P/bin/tfuse" doctor
+# and libtfuse.so finds its LLVM module beside it (codegen/llvm_lazy.c), where the build has one
+if grep -q '^TFUSE_WITH_LLVM:BOOL=ON' "$build/CMakeCache.txt"; then
+  if [ -e "$P/$libdir/libtfuse-llvm.so" ]; then ok; else bad "not installed: $libdir/libtfuse-llvm.so"; fi
+  expect 0 "target cpu: available" -- "$P/bin/tfuse" doctor
+  expect 0 "^loss : f32\[\] = " -- "$P/bin/tfuse" run "$src/examples/mlp.ir" --target=cpu --random-inputs
+  # a module that is not there, or is not one: the cpu target says which file and why, and nothing runs
+  expect 0 "target cpu: cannot run here: cannot find tfuse's LLVM JIT module $tmp/none.so" -- \
+    env TFUSE_LLVM_MODULE="$tmp/none.so" "$P/bin/tfuse" doctor
+  expect 1 "target 'cpu' cannot run here: cannot find tfuse's LLVM JIT module" -- \
+    env TFUSE_LLVM_MODULE="$tmp/none.so" "$P/bin/tfuse" run "$src/examples/mlp.ir" --target=cpu --random-inputs
+  expect 1 "libtfuse.so.$version is not tfuse's LLVM JIT module" -- \
+    env TFUSE_LLVM_MODULE="$P/$libdir/libtfuse.so.$version" "$P/bin/tfuse" run "$src/examples/mlp.ir" --target=cpu --random-inputs
+fi
 
 export PKG_CONFIG_PATH=$P/$libdir/pkgconfig
 model=$src/examples/mlp.ir
