@@ -130,25 +130,31 @@ static int by_size(const void *a, const void *b)
 
 /* Largest first: each block at the lowest offset where it overlaps no
  * block placed before it that is alive at the same time. Returns the
- * arena's size; sorted and busy are scratch of nb entries. */
-static int64_t place_by_size(lifetime *b, int nb, lifetime *sorted, block *busy)
+ * arena's size; sorted and placed are scratch of nb entries (placed: the
+ * blocks placed so far, kept in offset order, so that each new block scans
+ * them once and sorts nothing). */
+static int64_t place_by_size(lifetime *b, int nb, lifetime *sorted, lifetime *placed)
 {
     memcpy(sorted, b, (size_t)nb * sizeof *b);
     qsort(sorted, (size_t)nb, sizeof *sorted, by_size);
     int64_t top = 0;
     for (int k = 0; k < nb; k++) {
         lifetime *x = &sorted[k];
-        int n = 0;
-        for (int q = 0; q < k; q++) {
-            const lifetime *y = &sorted[q];
-            if (y->start <= x->end && x->start <= y->end) busy[n++] = (block){y->off, y->size};
-        }
-        qsort(busy, (size_t)n, sizeof *busy, by_offset);
         int64_t at = 0;
-        for (int q = 0; q < n && busy[q].off < at + x->size; q++)
-            if (busy[q].off + busy[q].size > at) at = busy[q].off + busy[q].size;
+        for (int q = 0; q < k && placed[q].off < at + x->size; q++) {
+            const lifetime *y = &placed[q];
+            if (y->start <= x->end && x->start <= y->end && y->off + y->size > at) at = y->off + y->size;
+        }
         x->off = b[x->id].off = at;
         if (at + x->size > top) top = at + x->size;
+        int lo = 0, hi = k;   /* after every placed block at an offset <= at */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (placed[mid].off <= at) lo = mid + 1;
+            else hi = mid;
+        }
+        memmove(&placed[lo + 1], &placed[lo], (size_t)(k - lo) * sizeof *placed);
+        placed[lo] = *x;
     }
     return top;
 }
@@ -265,7 +271,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     int *region_end = tf_malloc((size_t)(m->nregions + 1) * sizeof *region_end);
     heap h = {0};
     int *dies = NULL, *next = NULL, *blk = NULL;
-    lifetime *life = NULL, *sorted = NULL;
+    lifetime *life = NULL, *sorted = NULL, *placed = NULL;
     block *busy = NULL;   /* the blocks alive while a region runs, or while a block lives */
     tf_ir_status st = TF_IR_OK;
     if (!last || !mem || !yielded || !region_end) {
@@ -364,8 +370,9 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     blk = tf_malloc((size_t)(V ? V : 1) * sizeof *blk);
     life = tf_malloc((size_t)(N ? N : 1) * sizeof *life);
     sorted = tf_malloc((size_t)(N ? N : 1) * sizeof *sorted);
+    placed = tf_malloc((size_t)(N ? N : 1) * sizeof *placed);
     busy = tf_malloc((size_t)(N ? N : 1) * sizeof *busy);
-    if (!blk || !life || !sorted || !busy) {
+    if (!blk || !life || !sorted || !placed || !busy) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
         goto done;
     }
@@ -427,7 +434,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         const tf_value *v = ((tf_node *)m->nodes.items[i])->out;
         if (blk[v->id] >= 0 && last[v->id] > life[blk[v->id]].end) life[blk[v->id]].end = last[v->id];
     }
-    int64_t by_size_top = place_by_size(life, nb, sorted, busy);
+    int64_t by_size_top = place_by_size(life, nb, sorted, placed);
     if (by_size_top < h.top) {
         tf_explain(o, "memplan", NULL, "largest-first placement: an arena of %lld bytes (first-fit in op order: %lld)",
                    (long long)by_size_top, (long long)h.top);
@@ -519,6 +526,7 @@ done:
     tf_free(blk);
     tf_free(life);
     tf_free(sorted);
+    tf_free(placed);
     tf_free(h.free);
     tf_free(dies);
     tf_free(next);
