@@ -25,15 +25,6 @@
 #include "passes.h"
 #endif
 
-static uint64_t g_rng;
-static uint64_t next_rand(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-
 static tf_obj_status load(const void *data, size_t n, const char *sym, tf_obj_resolver r, char *why, size_t nw)
 {
     tf_obj *o = NULL;
@@ -82,6 +73,15 @@ static void refused(void)
 }
 
 #ifdef TFUSE_HAVE_LLVM
+static uint64_t g_rng;
+static uint64_t next_rand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
 static double fake_uniform(const uint64_t *rt, int64_t salt, int64_t flat)
 {
     (void)rt;
@@ -219,9 +219,9 @@ static void model(const char *label, const char *text, tf_ir_mode mode)
 
 int main(void)
 {
-    g_rng = test_seed() | 1;
     refused();
 #ifdef TFUSE_HAVE_LLVM
+    g_rng = test_seed() | 1;
     model("math", "input x : f32[5, 33]\ny = tanh(x)\nz = exp(y)\nw = pow(z, 1.7)\nc = cos(w)\ns = reduce_sum(c, axes=[1])\n"
           "output s\noutput w\n", TF_IR_INFER);
     model("dropout", "input x : f32[3, 7]\nd = dropout(x, p=0.3)\ny = mul(d, 2.0)\noutput y\n", TF_IR_TRAIN);
