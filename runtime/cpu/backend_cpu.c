@@ -61,6 +61,7 @@
 #include "runtime.h"
 #ifdef TFUSE_HAVE_LLVM
 #include "llvm.h"
+#include "objload.h"
 #endif
 
 #ifdef TFUSE_HAVE_LLVM
@@ -71,18 +72,30 @@
  * where they are while a session refers to them (by index); a slot whose
  * key is NULL is free. */
 typedef struct jit_cache {
-    tf_jit *jit;
-    char *target;          /* tf_jit_target_id, for the disk cache's keys (NULL until needed) */
+    tf_jit *jit;           /* made when a kernel must be compiled through it (NULL until then) */
+    char *target;          /* tf_jit_target_id, for the disk cache's keys (NULL until needed: host_target) */
     struct jit_entry {
         char *key;
         tf_kernel_fn fn;
-        tf_jit_code *code;
+        tf_jit_code *code;     /* its code in the JIT, or */
+        tf_obj *obj;           /* the object objload.c loaded */
         int refs;              /* sessions running it */
         uint64_t used;         /* when a session last took it */
     } *e;
     int n, cap;
     uint64_t clock;
 } jit_cache;
+
+/* A kernel's code given back: the JIT's, or objload's mapping. */
+static void code_release(jit_cache *jc, tf_jit_code *code, tf_obj *obj)
+{
+    tf_obj_free(obj);
+    if (code) {
+        tf_diag d;
+        d.status = TF_IR_OK;
+        tf_jit_release(jc->jit, code, &d);   /* its memory is gone either way; nothing to report to */
+    }
+}
 
 /* Give back the code of the least recently used kernels no session holds
  * until at most c->limit remain. Under c->mu. */
@@ -94,8 +107,7 @@ static void cpu_cache_trim(tf_cache_t *c)
         for (int i = 0; i < jc->n; i++)
             if (jc->e[i].key && !jc->e[i].refs && (old < 0 || jc->e[i].used < jc->e[old].used)) old = i;
         if (old < 0) return;
-        tf_diag d = {0};
-        tf_jit_release(jc->jit, jc->e[old].code, &d);   /* its memory is gone either way; nothing to report to */
+        code_release(jc, jc->e[old].code, jc->e[old].obj);
         tf_free(jc->e[old].key);
         jc->e[old] = (struct jit_entry){0};
         c->unused--;
@@ -109,8 +121,7 @@ static void cpu_cache_free(tf_cache_t *c)
     jit_cache *jc = c->cpu;
     if (!jc) return;
     for (int i = 0; i < jc->n; i++) {
-        tf_diag d = {0};
-        if (jc->e[i].code) tf_jit_release(jc->jit, jc->e[i].code, &d);   /* its memory is gone either way */
+        code_release(jc, jc->e[i].code, jc->e[i].obj);
         tf_free(jc->e[i].key);
     }
     tf_jit_free(jc->jit);
@@ -199,39 +210,149 @@ static bool kernel_sym(const char *target, const char *key, char **dkey, char sy
     return true;
 }
 
+/* What generated code calls in the runtime (llvm.c's tf_jit_dropout_uniform): the dropout draw. */
+static double dropout_uniform(const uint64_t *rt, int64_t salt, int64_t flat)
+{
+    return tf_rng_uniform(rt[0], tf_dropout_stream(rt[1], (uint64_t)salt), (uint64_t)flat);
+}
+
+static void *resolve_runtime(const char *name, void *ctx)
+{
+    (void)ctx;
+    union { double (*f)(const uint64_t *, int64_t, int64_t); void *p; } u;
+    u.f = dropout_uniform;
+    return strcmp(name, "tf_jit_dropout_uniform") == 0 ? u.p : NULL;
+}
+
+/* Object code linked: by objload.c, without LLVM (a package's or the
+ * cache's kernels start with no LLVM loaded at all), into *obj; an object
+ * it does not take (another architecture) through the JIT's ORC, into
+ * *code. Under c->mu. */
+static tf_ir_status link_object(jit_cache *jc, const char *sym, const void *bytes, size_t n, tf_kernel_fn *fn, tf_jit_code **code,
+                                tf_obj **obj, tf_diag *d)
+{
+    *fn = NULL;
+    *code = NULL;
+    *obj = NULL;
+    char why[256];
+    void *addr = NULL;
+    tf_obj_status os = tf_obj_load(bytes, n, sym, resolve_runtime, NULL, obj, &addr, why, sizeof why);
+    if (os == TF_OBJ_OK) {
+        union { void *p; tf_kernel_fn f; } u;
+        u.p = addr;
+        *fn = u.f;
+        return TF_IR_OK;
+    }
+    if (os == TF_OBJ_NOMEM) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "loading the object code of %s: %s", sym, why);
+    if (os != TF_OBJ_UNSUPPORTED) return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "cannot load the object code of %s: %s", sym, why);
+    if (!jc->jit && tf_jit_create(&jc->jit, d)) return d->status;
+    return tf_jit_load_object(jc->jit, sym, bytes, n, fn, code, d);
+}
+
+/* The first processor's identity in /proc/cpuinfo (vendor, family, model,
+ * name, stepping, flags) with this build's LLVM, hashed; false where
+ * there is no /proc/cpuinfo. */
+static bool host_signature(uint64_t *h)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return false;
+    static const char *const keys[] = {"vendor_id", "cpu family", "model", "model name", "stepping", "flags"};
+    char line[8192];
+    uint64_t x = TF_FNV_BASIS;
+    int found = 0;
+    static const char build[] = "tfuse cpu host 1\n" TF_LLVM_API_VERSION "\nllvm " TFUSE_LLVM_VERSION "\n";
+    x = tf_fnv1a(x, build, sizeof build - 1);
+    while (fgets(line, sizeof line, f) && line[0] != '\n') {
+        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+            size_t kl = strlen(keys[k]);
+            size_t at = kl;
+            while (line[at] == ' ' || line[at] == '\t') at++;
+            if (strncmp(line, keys[k], kl) == 0 && line[at] == ':') {
+                x = tf_fnv1a(x, line, strlen(line));
+                found++;
+            }
+        }
+    }
+    fclose(f);
+    *h = x;
+    return found >= 2;
+}
+
+/* This machine's target id (tf_jit_target_id: LLVM's version, the triple,
+ * the host CPU and its features), which keys the disk cache and checks a
+ * package's code. Asking LLVM means loading it (libtfuse-llvm.so, 15-20
+ * ms), which a process that only links cached or packaged code otherwise
+ * never does; so the answer is kept in the disk cache, $TFUSE_CACHE_DIR/
+ * cpu/host-HASH, under a hash of the processor's identity in /proc/cpuinfo
+ * and this build's LLVM (a record with its checksum: a torn or foreign
+ * file is asked again). NULL with d filled when LLVM cannot be asked.
+ * Under c->mu. */
+static const char *host_target(jit_cache *jc, tf_diag *d)
+{
+    if (jc->target) return jc->target;
+    uint64_t h = 0;
+    char dir[4096], path[4200], key[64];
+    bool memo = host_signature(&h) && tf_cache_subdir("cpu", dir, sizeof dir);
+    if (memo) {
+        snprintf(path, sizeof path, "%s/host-%016llx", dir, (unsigned long long)h);
+        snprintf(key, sizeof key, "tfuse cpu host %016llx", (unsigned long long)h);
+        void *t = NULL;
+        size_t n = 0;
+        if (disk_read(path, key, &t, &n)) {
+            char *id = tf_malloc(n + 1);
+            if (id && n > 5 && memcmp(t, "llvm ", 5) == 0 && !memchr(t, 0, n)) {
+                memcpy(id, t, n);
+                id[n] = 0;
+                jc->target = id;
+            } else {
+                tf_free(id);
+            }
+            tf_free(t);
+            if (jc->target) return jc->target;
+        }
+    }
+    if (!jc->jit && tf_jit_create(&jc->jit, d)) return NULL;
+    if (!(jc->target = tf_jit_target_id(jc->jit))) {
+        tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
+        return NULL;
+    }
+    if (memo) disk_write(path, key, jc->target, strlen(jc->target));
+    return jc->target;
+}
+
 /* The object code of k an earlier process (the disk cache) or a package
  * left for key, linked into the JIT: TF_IR_OK with *fn and *code, or a
  * miss (*code NULL) for the caller to compile, *sym, *dkey and *path
  * (malloc'd; NULL without a cache directory) saying under what name and where.
  * Without a target id (out of memory), *dkey stays NULL: compile with
  * tf_jit_compile. Under c->mu. */
-static void jit_load(jit_cache *jc, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn, tf_jit_code **code, bool *from_disk,
-                     bool *from_pkg, char sym[32], char **dkey, char **path)
+static void jit_load(jit_cache *jc, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn, tf_jit_code **code, tf_obj **lo,
+                     bool *from_disk, bool *from_pkg, char sym[32], char **dkey, char **path)
 {
     *from_disk = *from_pkg = false;
     *code = NULL;
+    *lo = NULL;
     *dkey = NULL;
     *path = NULL;
     char dir[4096];
-    if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
-    if (!jc->target || !kernel_sym(jc->target, key, dkey, sym)) return;
+    tf_diag d;   /* no target id, or an object that does not link: the kernel is compiled */
+    d.status = TF_IR_OK;
+    if (!host_target(jc, &d) || !kernel_sym(jc->target, key, dkey, sym)) return;
     void *obj = NULL;
     size_t on = 0;
-    tf_diag d;   /* an object that does not link is compiled again */
-    d.status = TF_IR_OK;
     if (pkg) {   /* a package's object code (tf_program_load checked its target) */
         char name[64];
         snprintf(name, sizeof name, "cpu/%s.o", sym);
         const tf_pkg_section *sec = tf_pkg_find(pkg, name);
-        if (sec && record_parse(sec->data, sec->len, *dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, &d))
+        if (sec && record_parse(sec->data, sec->len, *dkey, &obj, &on) && !link_object(jc, sym, obj, on, fn, code, lo, &d))
             *from_pkg = true;
         tf_free(obj);
-        if (*code) return;
+        if (*fn) return;
         obj = NULL;
     }
     if (!tf_cache_subdir("cpu", dir, sizeof dir) || !(*path = tf_malloc(strlen(dir) + 40))) return;
     snprintf(*path, strlen(dir) + 40, "%s/%s.o", dir, sym);
-    if (disk_read(*path, *dkey, &obj, &on) && !tf_jit_load_object(jc->jit, sym, obj, on, fn, code, &d)) *from_disk = true;
+    if (disk_read(*path, *dkey, &obj, &on) && !link_object(jc, sym, obj, on, fn, code, lo, &d)) *from_disk = true;
     tf_free(obj);
 }
 
@@ -265,7 +386,7 @@ static int jit_find(const jit_cache *jc, const char *key, int *free_slot)
 }
 
 /* A new entry for key (taken) with fn and code; its slot, or -1 when out of memory. Under c->mu. */
-static int jit_insert(tf_cache_t *c, jit_cache *jc, int free_slot, char *key, tf_kernel_fn fn, tf_jit_code *code)
+static int jit_insert(tf_cache_t *c, jit_cache *jc, int free_slot, char *key, tf_kernel_fn fn, tf_jit_code *code, tf_obj *obj)
 {
     if (free_slot < 0 && jc->n == jc->cap) {
         int cap = jc->cap ? 2 * jc->cap : 64;
@@ -274,7 +395,7 @@ static int jit_insert(tf_cache_t *c, jit_cache *jc, int free_slot, char *key, tf
         jc->e = e, jc->cap = cap;
     }
     int slot = free_slot >= 0 ? free_slot : jc->n++;
-    jc->e[slot] = (struct jit_entry){.key = key, .fn = fn, .code = code};
+    jc->e[slot] = (struct jit_entry){.key = key, .fn = fn, .code = code, .obj = obj};
     c->kernels++;
     return slot;
 }
@@ -323,14 +444,15 @@ static tf_ir_status jit_lookup(tf_cache_t *c, const char *pipe, const tf_pkg *pk
         r->hit = true;
         r->slot = slot;
         r->fn = jit_take(c, jc, slot, false);
-    } else if (!st && !(st = jc->jit ? TF_IR_OK : tf_jit_create(&jc->jit, d))) {
+    } else if (!st) {
         tf_jit_code *code = NULL;
+        tf_obj *lo = NULL;
         tf_kernel_fn fn = NULL;
-        jit_load(jc, r->key, pkg, &fn, &code, &r->disk, &r->pkg, r->sym, &r->dkey, &r->path);
-        if (code && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code)) < 0) {
-            tf_jit_release(jc->jit, code, d);
+        jit_load(jc, r->key, pkg, &fn, &code, &lo, &r->disk, &r->pkg, r->sym, &r->dkey, &r->path);
+        if (fn && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code, lo)) < 0) {
+            code_release(jc, code, lo);
             st = tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-        } else if (code) {
+        } else if (fn) {
             r->key = NULL;
             r->fn = jit_take(c, jc, r->slot, true);
         }
@@ -409,12 +531,14 @@ static void jit_compile_all(tf_cache_t *c, tf_pool *pool, const char *pipe, jit_
             r->st = tf_diag_error(r->d, TF_IR_ERR_OOM, NULL, "out of memory");
         } else if (!r->st) {
             tf_jit_code *code = NULL;
+            tf_obj *lo = NULL;
             tf_kernel_fn fn = NULL;
-            if (r->dkey) r->st = tf_jit_load_object(jc->jit, r->sym, r->obj, r->nobj, &fn, &code, r->d);
+            if (r->dkey) r->st = link_object(jc, r->sym, r->obj, r->nobj, &fn, &code, &lo, r->d);
+            else if (!jc->jit && tf_jit_create(&jc->jit, r->d)) r->st = r->d->status;
             else if (tf_jit_set_pipeline(jc->jit, pipe)) r->st = tf_diag_error(r->d, TF_IR_ERR_OOM, NULL, "out of memory");
             else r->st = tf_jit_compile(jc->jit, r->k, &fn, &code, r->d);
-            if (!r->st && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code)) < 0) {
-                tf_jit_release(jc->jit, code, r->d);
+            if (!r->st && (r->slot = jit_insert(c, jc, free_slot, r->key, fn, code, lo)) < 0) {
+                code_release(jc, code, lo);
                 r->st = tf_diag_error(r->d, TF_IR_ERR_OOM, NULL, "out of memory");
             } else if (!r->st) {
                 r->key = NULL;
@@ -1479,10 +1603,7 @@ static char *cache_target(tf_cache_t *c, tf_diag *d)
     pthread_mutex_lock(&c->mu);
     jit_cache *jc = c->cpu;
     if (!jc && !(jc = c->cpu = tf_calloc(1, sizeof *jc))) tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-    else if (jc->jit || !tf_jit_create(&jc->jit, d)) {
-        if (!jc->target) jc->target = tf_jit_target_id(jc->jit);
-        if (!jc->target || !(t = tf_strdup(jc->target))) tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-    }
+    else if (host_target(jc, d) && !(t = tf_strdup(jc->target))) tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     pthread_mutex_unlock(&c->mu);
     return t;
 }

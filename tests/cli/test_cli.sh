@@ -184,6 +184,13 @@ if "$tfuse" doctor | grep -q "^target cpu: available"; then
   expect 1 "TFUSE_CPU_PACKED_MB=lots: expected a number of MiB" -- env TFUSE_CPU_PACKED_MB=lots "$tfuse" run "$mlp" --mode=infer --random-inputs
   expect 1 "TFUSE_CPU_WIDE_CACHE_MB=-1: expected a number of MiB" -- env TFUSE_CPU_WIDE_CACHE_MB=-1 "$tfuse" run "$mlp" --random-inputs
   expect 2 "p.tfp was compiled with target cpu, and this asks for interp" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --target=interp
+  # a package starts without LLVM: objload.c links its code, and this machine's target id is remembered in the cache
+  # (the runs above left it), so a module that cannot be opened (libtfuse.so itself, which is none) is never opened...
+  lib=$(dirname "$tfuse")/libtfuse.so.0
+  expect 0 "kernels_jit_package: [1-9]" -- env TFUSE_LLVM_MODULE="$lib" "$tfuse" run "$tmp/p.tfp" --random-inputs --stats
+  # ... while compiling needs it, and says which file and why
+  expect 1 "libtfuse.so.0 is not tfuse's LLVM JIT module" -- \
+    env TFUSE_LLVM_MODULE="$lib" TFUSE_CACHE_DIR="$tmp/fresh-cache" "$tfuse" run "$mlp" --random-inputs
 fi
 "$tfuse" compile "$mlp" --mode=infer --no-params -o "$tmp/np.tfp" >/dev/null
 c=$("$tfuse" run "$tmp/np.tfp" --random-inputs --seed 0 | grep loss)
