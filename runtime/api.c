@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "cache_file.h"
+#include "interp.h"
 #include "kernel.h"
 #include "parser.h"
 #include "runtime.h"
@@ -756,7 +757,7 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
             const tf_value *v = i < p->params.n ? p->params.items[i] : p->buffers.items[i - p->params.n];
             bool found = false;
             for (size_t k = 0; k < nts && !found; k++) found = !strcmp(ts[k].name, v->name);
-            if (!found)
+            if (!found && !tf_interp_init_is_zero(v))   /* zeros() are left out: a session starts them at zero */
                 st = tf_set_error(ctx, TF_ERR_FORMAT, "error: the package's initial state has no '%s': compile the model again",
                                   v->name);
         }
@@ -1017,15 +1018,22 @@ tf_status tf_session_save_state(tf_session_t *s, const char *path) { return tf_s
 
 tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const char *metadata_json_object)
 {
+    return tf_session_save_state_ex(s, path, metadata_json_object, false);
+}
+
+tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char *metadata_json_object, bool skip_zero_init)
+{
     TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
     if (!s || !path) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: NULL argument");
-    size_t n = (size_t)(s->p->params.n + s->p->buffers.n);
+    size_t total = (size_t)(s->p->params.n + s->p->buffers.n), n = 0;
     tf_status st = session_wait(s);
     if (st) return st;
-    tio_tensor *ts = tf_calloc(n ? n : 1, sizeof *ts);
+    tio_tensor *ts = tf_calloc(total ? total : 1, sizeof *ts);
     if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-    for (size_t i = 0; i < n && !st; i++) {
-        const tf_value *v = i < (size_t)s->p->params.n ? s->p->params.items[i] : s->p->buffers.items[i - (size_t)s->p->params.n];
+    for (size_t j = 0; j < total && !st; j++) {
+        const tf_value *v = j < (size_t)s->p->params.n ? s->p->params.items[j] : s->p->buffers.items[j - (size_t)s->p->params.n];
+        if (skip_zero_init && tf_interp_init_is_zero(v)) continue;
+        size_t i = n++;
         ts[i].name = (char *)v->name;
         ts[i].dtype = (tio_dtype)v->type.dtype;
         ts[i].rank = v->type.rank;

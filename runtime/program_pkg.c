@@ -13,7 +13,12 @@
  *   final.ir           the program after every pass (for people and tools;
  *                      its hash is in the manifest)
  *   state.safetensors  the initial params and buffers (absent with
- *                      --no-params: sessions then run the initializers)
+ *                      --no-params: sessions then run the initializers),
+ *                      but those whose initializer is zeros() (biases,
+ *                      optimizer moments, the step count: with Adam,
+ *                      two thirds of the state), which a session starts
+ *                      at zero: the cpu target's storage is zero already,
+ *                      the others run that initializer
  *   cpu/target, cpu/SYM.o   the cpu target's object code (backend_cpu.c)
  *
  * Loading checks the container's checksums, the format and tfuse version,
@@ -83,7 +88,7 @@ static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_
     close(fd);
     tf_session_t *s = NULL;
     tf_status st = tf_session_create(ctx, p, TF_TARGET_INTERP, seed, &s);
-    if (!st) st = tf_session_save_state(s, path);
+    if (!st) st = tf_session_save_state_ex(s, path, NULL, true);   /* zeros() left out (optimizer moments, biases) */
     tf_session_free(s);
     FILE *f = st ? NULL : fopen(path, "rb");
     if (!st && !f) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot read back: %s", path, strerror(errno));

@@ -197,5 +197,9 @@ const char *tf_op_support_plan(tf_op op, bool (*supports)(const tf_kernel *, cha
  * And back. */
 bool tf_ir_precision_of(tf_precision p, bool *set, tf_ir_precision *out);
 tf_precision tf_precision_of_ir(tf_ir_precision p);
+/* api.c: tf_session_save_state_meta, leaving out the params and buffers
+ * whose initializer is zeros() when skip_zero_init (a package's initial
+ * state: a session starts those at zero without being given them). */
+tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char *metadata_json_object, bool skip_zero_init);
 
 #endif

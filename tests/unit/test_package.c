@@ -11,6 +11,9 @@
  *     package's state is copied once, from the package's bytes, into the
  *     session); the objects compiled on 1 thread and on 3 make the same
  *     package, byte for byte;
+ *     the package's state leaves out what a zeros() initializer makes (a
+ *     bias, the optimizer's moments), and the session still starts them at
+ *     zero (the bit-for-bit check of the initial state);
  *     an interp-target package round-trips too; settings in the loading
  *     process's environment (TFUSE_LLVM_PIPELINE) do not change it;
  *   - a package is refused, with a message and no crash, when: any byte is
@@ -30,6 +33,7 @@
 #include "package.h"
 #include "runtime.h"
 #include "target_cases.h"
+#include "tensorio.h"
 #include "testutil.h"
 #include "tfuse.h"
 
@@ -121,6 +125,28 @@ static void round_trip(tf_target target, bool params)
         CHECK(info.has_params == params && info.bytes > 0, "%s: info has_params %d bytes %lld", label, info.has_params,
               (long long)info.bytes);
         if (target == TF_TARGET_CPU) CHECK(info.objects > 0, "%s: no compiled kernels in the package", label);
+        if (params) {   /* the state section: w1 and w2, not b1 (zeros()) nor AdamW's moments */
+            tf_pkg pk = {0};
+            bool oom = false;
+            char why[256];
+            const tf_pkg_section *sec = tf_pkg_read(&pk, path, &oom, why, sizeof why) ? tf_pkg_find(&pk, "state.safetensors") : NULL;
+            tio_tensor *ts = NULL;
+            size_t nts = 0;
+            char err[512];
+            if (sec && !tio_safetensors_view_mem("state", sec->data, sec->len, &ts, &nts, err, sizeof err)) {
+                bool w1 = false, w2 = false, zero = false;
+                for (size_t i = 0; i < nts; i++) {
+                    w1 |= !strcmp(ts[i].name, "w1"), w2 |= !strcmp(ts[i].name, "w2");
+                    zero |= !strcmp(ts[i].name, "b1") || !strncmp(ts[i].name, "opt.", 4);
+                }
+                CHECK(w1 && w2 && !zero && nts == 2, "%s: the package's state holds %zu tensors: w1 %d, w2 %d, a zeros() one %d", label,
+                      nts, w1, w2, zero);
+                tio_views_free(ts, nts);
+            } else {
+                CHECK(0, "%s: no readable state section in the package", label);
+            }
+            tf_pkg_free(&pk);
+        }
         /* the loading process's environment does not change what the package holds */
         setenv("TFUSE_LLVM_PIPELINE", "default<O1>", 1);
         if (tf_program_load(cb, path, &pb)) CHECK(0, "%s: load: %s", label, tf_context_last_error(cb));
