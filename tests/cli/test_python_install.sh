@@ -39,6 +39,20 @@ cd "$tmp"   # not the repository: no build tree to fall back on
 expect 0 "loaded $lib" -- env PYTHONPATH="$tmp/site" TFUSE_LIBRARY="$lib" "$py" -c "$check" "$tmp/site"
 cp "$lib" "$tmp/site/tfuse/libtfuse.so.0"
 expect 0 "loaded $tmp/site/tfuse/libtfuse.so.0" -- env -u TFUSE_LIBRARY PYTHONPATH="$tmp/site" "$py" -c "$check" "$tmp/site"
+# with LLVM the wheel bundles the cpu target's JIT module too (pyproject.toml), found beside libtfuse.so.0
+module=$(dirname "$lib")/libtfuse-llvm.so
+if [ -e "$module" ]; then
+  cp "$module" "$tmp/site/tfuse/"
+  cpu_check='
+import numpy as np, tfuse
+p = tfuse.compile("module t\ninput x : f32[3]\ny = relu(x)\noutput y\n", mode="infer", target="cpu")
+y = p.session().run(x=np.array([-1, 2, -3], np.float32))["y"]
+assert y.tolist() == [0, 2, 0], y
+print("cpu target from", tfuse.library_path)
+'
+  expect 0 "cpu target from $tmp/site/tfuse/libtfuse.so.0" -- env -u TFUSE_LIBRARY TFUSE_CACHE_DIR="$tmp/cache" PYTHONPATH="$tmp/site" \
+    "$py" -c "$cpu_check"
+fi
 expect 1 "TFUSE_LIBRARY|/nonexistent/libtfuse.so" -- env PYTHONPATH="$tmp/site" TFUSE_LIBRARY=/nonexistent/libtfuse.so \
   "$py" -c "$check" "$tmp/site"
 echo "python install: $pass passed, $fail failed"
