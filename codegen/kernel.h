@@ -143,4 +143,10 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p);
  * the emitters must agree with this). */
 tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag *d);
 
+/* What generated CPU code calls in the runtime, by the name it calls it
+ * (llvm.c's "tf_jit_dropout_uniform": the dropout draw, as kernel_eval.c
+ * draws it); NULL for any other name. The shape of objload.h's resolver:
+ * ctx is unused. */
+void *tf_kernel_runtime_symbol(const char *name, void *ctx);
+
 #endif

@@ -208,3 +208,17 @@ tf_ir_status tf_kernels_eval(const tf_kernel_plan *p, tf_interp_ctx *ip, tf_diag
     tf_interp_set_diag(ip, saved);
     return st;
 }
+
+/* rt = {seed, step}, as generated code receives it. */
+static double runtime_dropout_uniform(const uint64_t *rt, int64_t salt, int64_t flat)
+{
+    return tf_rng_uniform(rt[0], tf_dropout_stream(rt[1], (uint64_t)salt), (uint64_t)flat);
+}
+
+void *tf_kernel_runtime_symbol(const char *name, void *ctx)
+{
+    (void)ctx;
+    union { double (*f)(const uint64_t *, int64_t, int64_t); void *p; } u;
+    u.f = runtime_dropout_uniform;
+    return name && strcmp(name, "tf_jit_dropout_uniform") == 0 ? u.p : NULL;
+}

@@ -43,7 +43,6 @@
 
 #include "interp.h"
 #include "llvm.h"
-#include "objload.h"
 #include "scalar.h"
 
 struct tf_jit {
@@ -1018,26 +1017,12 @@ static tf_ir_status llvm_error(tf_diag *d, LLVMErrorRef e, const char *what)
     return st;
 }
 
-/* What generated code calls in the runtime: the dropout draw. */
-static double jit_dropout_uniform(const uint64_t *rt, int64_t salt, int64_t flat)
-{
-    return tf_rng_uniform(rt[0], tf_dropout_stream(rt[1], (uint64_t)salt), (uint64_t)flat);
-}
-
-/* objload.c's resolver: the runtime's symbols, as define_runtime_symbols gives them to ORC. */
-static void *resolve_runtime(const char *name, void *ctx)
-{
-    (void)ctx;
-    union { double (*f)(const uint64_t *, int64_t, int64_t); void *p; } u;
-    u.f = jit_dropout_uniform;
-    return strcmp(name, "tf_jit_dropout_uniform") == 0 ? u.p : NULL;
-}
-
+/* What generated code calls in the runtime (kernel.h): the dropout draw. */
 static LLVMErrorRef define_runtime_symbols(tf_jit *j)
 {
-    union { double (*f)(const uint64_t *, int64_t, int64_t); LLVMOrcExecutorAddress a; } u;
+    union { void *p; LLVMOrcExecutorAddress a; } u;
     memset(&u, 0, sizeof u);
-    u.f = jit_dropout_uniform;
+    u.p = tf_kernel_runtime_symbol("tf_jit_dropout_uniform", NULL);
     LLVMJITCSymbolMapPair sym = {
         .Name = LLVMOrcLLJITMangleAndIntern(j->jit, "tf_jit_dropout_uniform"),
         .Sym = {.Address = u.a, .Flags = {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0}},
@@ -1130,20 +1115,13 @@ static void forget_name(tf_jit *j, const char *name)
 }
 
 struct tf_jit_code {
-    LLVMOrcResourceTrackerRef rt;   /* the module's code and memory in the JIT; NULL for an object objload.c loaded */
-    tf_obj *obj;                    /* that object */
+    LLVMOrcResourceTrackerRef rt;   /* the module's code and memory in the JIT */
     char name[96];
 };
 
 tf_ir_status tf_jit_release(tf_jit *j, tf_jit_code *c, tf_diag *d)
 {
     if (!c) return TF_IR_OK;
-    if (c->obj) {
-        tf_obj_free(c->obj);
-        forget_name(j, c->name);
-        tf_free(c);
-        return TF_IR_OK;
-    }
     LLVMErrorRef e = LLVMOrcResourceTrackerRemove(c->rt);
     LLVMOrcReleaseResourceTracker(c->rt);
     forget_name(j, c->name);
@@ -1315,31 +1293,6 @@ tf_ir_status tf_jit_load_object(tf_jit *j, const char *sym, const void *obj, siz
 {
     *fn = NULL;
     *code = NULL;
-    /* objload.c first: microseconds where ORC takes most of a millisecond */
-    tf_jit_code *c = tf_calloc(1, sizeof *c);
-    const char *name = c ? unique_name(j, sym) : NULL;
-    if (!name || strcmp(name, sym) != 0) {   /* the object defines sym: no other code of this JIT may */
-        if (name) forget_name(j, name);
-        tf_free(c);
-        return name ? tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: the JIT already has a function %s", sym)
-                    : tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
-    }
-    snprintf(c->name, sizeof c->name, "%s", sym);
-    char why[256];
-    void *addr = NULL;
-    tf_obj_status os = tf_obj_load(obj, n, sym, resolve_runtime, NULL, &c->obj, &addr, why, sizeof why);
-    if (os == TF_OBJ_OK) {
-        union { void *p; tf_kernel_fn f; } u;
-        u.p = addr;
-        *fn = u.f;
-        *code = c;
-        return TF_IR_OK;
-    }
-    forget_name(j, c->name);
-    tf_free(c);
-    if (os == TF_OBJ_NOMEM) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "llvm: loading the object code of %s: %s", sym, why);
-    if (os != TF_OBJ_UNSUPPORTED) return tf_diag_error(d, TF_IR_ERR_INTERNAL, NULL, "llvm: cannot load the object code of %s: %s", sym, why);
-    /* an object objload.c does not take (another machine, a relocation it lacks): ORC links it */
     LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, n, sym);
     if (!buf) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory");
     return add_object(j, sym, buf, fn, code, d);

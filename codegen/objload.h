@@ -4,9 +4,10 @@
  *
  * Why: linking a cached or packaged object through ORC costs about 0.7 ms
  * per kernel (a materialization, a lookup and a memory manager each);
- * this loader does it in microseconds, which is most of a package's start.
- * codegen/llvm.c uses it for every object it loads and falls back to ORC
- * when it answers TF_OBJ_UNSUPPORTED.
+ * this loader does it in microseconds, and needs no LLVM loaded at all.
+ * The cpu target (runtime/cpu/backend_cpu.c) links every object with it
+ * and goes through ORC (tf_jit_load_object) only where it answers
+ * TF_OBJ_UNSUPPORTED.
  *
  * What it takes: ELF64, little-endian, ET_REL, EM_X86_64; its allocated
  * sections (code, constants, zero-filled data) are laid out in one mapping,
@@ -14,7 +15,8 @@
  * read-only (read-write where a section is writable). Relocations:
  * R_X86_64_64, PC64, PC32, PLT32, 32 and 32S, the 32-bit ones checked to
  * reach. A symbol the object leaves undefined resolves through resolve()
- * (the runtime's own helpers), then dlsym over the process (libm).
+ * (the runtime's own helpers: tf_kernel_runtime_symbol), then dlsym over
+ * the process (libm).
  *
  * What it leaves out: .eh_frame is not loaded or registered, so a debugger
  * or profiler cannot unwind through a kernel's frame (kernels call nothing

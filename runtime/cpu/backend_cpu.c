@@ -210,20 +210,6 @@ static bool kernel_sym(const char *target, const char *key, char **dkey, char sy
     return true;
 }
 
-/* What generated code calls in the runtime (llvm.c's tf_jit_dropout_uniform): the dropout draw. */
-static double dropout_uniform(const uint64_t *rt, int64_t salt, int64_t flat)
-{
-    return tf_rng_uniform(rt[0], tf_dropout_stream(rt[1], (uint64_t)salt), (uint64_t)flat);
-}
-
-static void *resolve_runtime(const char *name, void *ctx)
-{
-    (void)ctx;
-    union { double (*f)(const uint64_t *, int64_t, int64_t); void *p; } u;
-    u.f = dropout_uniform;
-    return strcmp(name, "tf_jit_dropout_uniform") == 0 ? u.p : NULL;
-}
-
 /* Object code linked: by objload.c, without LLVM (a package's or the
  * cache's kernels start with no LLVM loaded at all), into *obj; an object
  * it does not take (another architecture) through the JIT's ORC, into
@@ -236,7 +222,7 @@ static tf_ir_status link_object(jit_cache *jc, const char *sym, const void *byte
     *obj = NULL;
     char why[256];
     void *addr = NULL;
-    tf_obj_status os = tf_obj_load(bytes, n, sym, resolve_runtime, NULL, obj, &addr, why, sizeof why);
+    tf_obj_status os = tf_obj_load(bytes, n, sym, tf_kernel_runtime_symbol, NULL, obj, &addr, why, sizeof why);
     if (os == TF_OBJ_OK) {
         union { void *p; tf_kernel_fn f; } u;
         u.p = addr;

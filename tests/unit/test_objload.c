@@ -184,12 +184,19 @@ static void model(const char *label, const char *text, tf_ir_mode mode)
         }
         free(bad);
         /* objload's code against ORC's, same random buffers, bit for bit
-         * (the real dropout draw: tf_jit_load_object resolves it) */
+         * (the real dropout draw, as the cpu target resolves it) */
         tf_kernel_fn f_obj = NULL, f_orc = NULL;
-        tf_jit_code *c_obj = NULL, *c_orc = NULL;
-        if (tf_jit_load_object(jit, sym, obj, n, &f_obj, &c_obj, &d) || tf_jit_compile(jit, k, &f_orc, &c_orc, &d)) {
+        tf_jit_code *c_orc = NULL;
+        tf_obj *c_obj = NULL;
+        void *a_obj = NULL;
+        if (tf_obj_load(obj, n, sym, tf_kernel_runtime_symbol, NULL, &c_obj, &a_obj, why, sizeof why)) {
+            CHECK(0, "%s: %s: objload: %s", label, k->name, why);
+        } else if (tf_jit_compile(jit, k, &f_orc, &c_orc, &d)) {
             CHECK(0, "%s: %s: %s", label, k->name, d.msg);
         } else {
+            union { void *p; tf_kernel_fn f; } u;
+            u.p = a_obj;
+            f_obj = u.f;
             size_t *sizes = calloc((size_t)k->nbufs + 1, sizeof *sizes);
             uint64_t seed = next_rand();
             void **a = make_bufs(k, sizes, seed), **b = make_bufs(k, sizes, seed);
@@ -207,7 +214,7 @@ static void model(const char *label, const char *text, tf_ir_mode mode)
             free_bufs(b, k->nbufs);
             free(sizes);
         }
-        tf_jit_release(jit, c_obj, &d);
+        tf_obj_free(c_obj);
         tf_jit_release(jit, c_orc, &d);
         tf_free(obj);
     }
