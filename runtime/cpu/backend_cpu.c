@@ -250,10 +250,10 @@ static bool host_signature(uint64_t *h)
     x = tf_fnv1a(x, build, sizeof build - 1);
     while (fgets(line, sizeof line, f) && line[0] != '\n') {
         for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-            size_t kl = strlen(keys[k]);
-            size_t at = kl;
+            size_t kl = strlen(keys[k]), at = kl;
+            if (strncmp(line, keys[k], kl) != 0) continue;
             while (line[at] == ' ' || line[at] == '\t') at++;
-            if (strncmp(line, keys[k], kl) == 0 && line[at] == ':') {
+            if (line[at] == ':') {
                 x = tf_fnv1a(x, line, strlen(line));
                 found++;
             }
@@ -310,8 +310,9 @@ static const char *host_target(jit_cache *jc, tf_diag *d)
  * left for key, linked into the JIT: TF_IR_OK with *fn and *code, or a
  * miss (*code NULL) for the caller to compile, *sym, *dkey and *path
  * (malloc'd; NULL without a cache directory) saying under what name and where.
- * Without a target id (out of memory), *dkey stays NULL: compile with
- * tf_jit_compile. Under c->mu. */
+ * Without a target id (out of memory, or LLVM cannot be opened to ask),
+ * *dkey stays NULL: compile with tf_jit_compile (which says why it cannot).
+ * Under c->mu. */
 static void jit_load(jit_cache *jc, const char *key, const tf_pkg *pkg, tf_kernel_fn *fn, tf_jit_code **code, tf_obj **lo,
                      bool *from_disk, bool *from_pkg, char sym[32], char **dkey, char **path)
 {
