@@ -640,6 +640,36 @@ static tf_ir_status parse_train(parser *p, const tf_token *kw)
     }
 }
 
+/* A set of values (open addressing over pointers, in the arena): 1 when v
+ * was added, 0 when it was there, -1 when out of memory. */
+typedef struct yield_set { const tf_value **slots; size_t cap, n; } yield_set;
+
+static size_t slot_of(const tf_value *v, size_t cap) { return (size_t)(((uintptr_t)v >> 4) * 0x9e3779b97f4a7c15ull) & (cap - 1); }
+
+static int yield_set_add(tf_arena *a, yield_set *s, const tf_value *v)
+{
+    if (2 * (s->n + 1) > s->cap) {   /* at most half full */
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        const tf_value **slots = tf_arena_array(a, cap, sizeof *slots);
+        if (!slots) return -1;
+        memset(slots, 0, cap * sizeof *slots);
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->slots[i]) {
+                size_t k = slot_of(s->slots[i], cap);
+                while (slots[k]) k = (k + 1) & (cap - 1);
+                slots[k] = s->slots[i];
+            }
+        s->slots = slots;
+        s->cap = cap;
+    }
+    size_t k = slot_of(v, s->cap);
+    for (; s->slots[k]; k = (k + 1) & (s->cap - 1))
+        if (s->slots[k] == v) return 0;
+    s->slots[k] = v;
+    s->n++;
+    return 1;
+}
+
 static tf_ir_status parse_region(parser *p, const tf_token *kw)
 {
     tf_token name = p->tok;
@@ -665,8 +695,11 @@ static tf_ir_status parse_region(parser *p, const tf_token *kw)
     int id = tf_module_add_region(p->m, nm, kind, loc_of(p, &name));
     if (!id) return oom(p);
     p->region = id;
-    tf_value *yields[256];
-    int ny = 0;
+    /* yields: as many as the region defines (a multi-tensor region of a large model yields thousands);
+     * in the module's arena, so that no error below has anything to free */
+    tf_value **yields = NULL;
+    int ny = 0, cap = 0;
+    yield_set seen = {0};   /* what is yielded already: a second yield of it is an error */
     bool yielded = false, any = false;
     for (;;) {
         if (p->tok.kind == TK_NEWLINE) { advance(p); continue; }
@@ -687,9 +720,15 @@ static tf_ir_status parse_region(parser *p, const tf_token *kw)
                 if (!v || v->kind != TF_VAL_NODE || v->def->region != id)
                     return err_at(p, &vt, "region %s can only yield values it defines; '%.*s' is not one", nm,
                                   (int)(vt.len > 60 ? 60 : vt.len), vt.p);
-                for (int k = 0; k < ny; k++)
-                    if (yields[k] == v) return err_at(p, &vt, "'%s' is yielded twice", v->name);
-                if (ny == 256) return err_at(p, &vt, "a region yields at most 256 values");
+                int added = yield_set_add(&p->m->arena, &seen, v);
+                if (added <= 0) return added < 0 ? oom(p) : err_at(p, &vt, "'%s' is yielded twice", v->name);
+                if (ny == cap) {
+                    tf_value **more = tf_arena_array(&p->m->arena, (size_t)(cap ? 2 * cap : 16), sizeof *more);
+                    if (!more) return oom(p);
+                    if (ny) memcpy(more, yields, (size_t)ny * sizeof *yields);
+                    yields = more;
+                    cap = cap ? 2 * cap : 16;
+                }
                 yields[ny++] = v;
                 advance(p);
                 if (p->tok.kind != TK_COMMA) break;
@@ -709,8 +748,7 @@ static tf_ir_status parse_region(parser *p, const tf_token *kw)
     tf_region *rg = &p->m->regions[id - 1];
     rg->kind = kind;
     rg->nyields = ny;
-    if (!(rg->yields = tf_arena_array(&p->m->arena, (size_t)(ny ? ny : 1), sizeof *rg->yields))) return oom(p);
-    memcpy(rg->yields, yields, (size_t)ny * sizeof *yields);
+    rg->yields = yields;
     return TF_IR_OK;
 }
 

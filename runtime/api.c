@@ -372,6 +372,9 @@ static int64_t planned_peak(const tf_program_t *p)
     return p->m->plan.planned ? p->m->plan.arena_bytes + p->m->plan.persistent_bytes : -1;
 }
 
+static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_text, const tf_compile_options *opts,
+                                const char *auto_dim, int64_t chosen, tf_program_t **out);
+
 tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const tf_compile_options *opts,
                              tf_program_t **out)
 {
@@ -408,6 +411,17 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
         tf_free(model_text);
         return st;
     }
+    return finish_program(ctx, p, model_text, opts, model->auto_dim >= 0 ? model->m->dims[model->auto_dim].name : NULL, chosen, out);
+}
+
+/* The rest of a program once its module is final (by the passes, or read
+ * back from a package): the options it keeps, its inputs, params and
+ * buffers, its stats, its kernel plan, and the dumps asked for. Takes
+ * model_text and p (freed on failure). */
+static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_text, const tf_compile_options *opts,
+                                const char *auto_dim, int64_t chosen, tf_program_t **out)
+{
+    tf_status st = TF_OK;
     p->model_text = model_text;
     p->opts = *opts;
     p->opts.dump_ir = p->opts.dump_dir = p->opts.dump_kernels = p->opts.dump_llvm = p->opts.llvm_pipeline = NULL;
@@ -451,7 +465,7 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
         add_stat(p, "peak_bytes", planned_peak(p));
         add_stat(p, "arena_bytes", p->m->plan.arena_bytes);
     }
-    if (model->auto_dim >= 0) add_stat(p, p->m->dims[model->auto_dim].name, chosen);
+    if (auto_dim) add_stat(p, auto_dim, chosen);
     add_stat(p, "step_flops", step_flops(p->m));
     if (opts->checkpoint == TF_CHECKPOINT_AUTO) {   /* what checkpointing costs: FLOPs, and that over the step's */
         int64_t rf = 0, all = 0, nrec = 0;
@@ -494,6 +508,33 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
     }
     *out = p;
     return TF_OK;
+}
+
+tf_status tf_program_from_final(tf_context_t *ctx, tf_module *m, char *model_text, const tf_compile_options *opts, const char *auto_dim,
+                                int64_t chosen, tf_program_t **out)
+{
+    *out = NULL;
+    tf_program_t *p = tf_calloc(1, sizeof *p);
+    if (!p) {
+        tf_module_free(m);
+        tf_free(model_text);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    p->m = m;
+    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
+    p->target = opts->target;
+    p->threads = opts->threads;
+    tf_diag d = {0};
+    tf_options o;
+    tf_status st = make_options(ctx, opts, true, &d, &o);
+    if (st) {
+        tf_program_free(p);
+        tf_free(model_text);
+        return st;
+    }
+    p->precision = tf_precision_of_ir(tf_options_precision(&o, p->m));
+    p->from_final = true;
+    return finish_program(ctx, p, model_text, opts, auto_dim, chosen, out);
 }
 
 size_t tf_program_stat_count(const tf_program_t *p) { return p ? (size_t)p->nstats : 0; }

@@ -23,12 +23,17 @@
  *
  * Loading checks the container's checksums, the format and tfuse version,
  * then the target's code (cpu: built for this CPU and LLVM, else refused with
- * both named), then runs the passes on model.ir with the recorded options —
- * they are deterministic and take milliseconds (the kernel compilation a
- * package saves is what takes seconds) — and refuses the package if the
- * result's final IR does not hash to the recorded one (another tfuse, or a
- * tampered model). Kernel plan and memory plan come out identical, and the
- * backend links the package's object code instead of compiling. */
+ * both named), then reads the program back from final.ir: the parser takes
+ * the module, its comments give the memory plan (offsets, in-place writes),
+ * and the module must print back to final.ir byte for byte (so it hashes to
+ * the manifest's final_ir_fnv) — no pass runs. Where that does not hold (a
+ * final IR this tfuse reads otherwise, an edited one), the passes run on
+ * model.ir with the recorded options instead, and the package is refused if
+ * the result's final IR does not hash to the recorded one. Either way the
+ * kernel plan is built from that module and the backend links the package's
+ * object code instead of compiling. (model.ir itself is then kept for
+ * tf_program_model and the programs derived from it, `tfuse train`'s
+ * evaluation program: its checksum guards it, not a compile.) */
 #include <errno.h>
 #include <stddef.h>
 #include <inttypes.h>
@@ -40,6 +45,7 @@
 #include "alloc.h"
 #include "cache_file.h"
 #include "package.h"
+#include "parser.h"
 #include "runtime.h"
 
 static const char *mode_str(tf_mode m) { return m == TF_MODE_INFER ? "infer" : "train"; }
@@ -106,6 +112,93 @@ static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_
         *out = NULL;
     }
     return st;
+}
+
+/* The memory plan final.ir's comments give (ir/printer.c writes them):
+ * "# memplan: arena A bytes, persistent P bytes, peak Q bytes, R in place",
+ * then "#   NAME @OFFSET +BYTES" or "#   NAME in STATE" per value; false
+ * when they do not read as such. */
+static bool read_plan(tf_module *m, const char *text, size_t len)
+{
+    const char *at = NULL;
+    for (const char *q = text; q < text + len && (q = strstr(q, "# memplan: ")); q++)
+        if (q == text || q[-1] == '\n') {
+            at = q;
+            break;
+        }
+    if (!at) return true;   /* no plan: memplan did not run */
+    long long arena, persistent, peak;
+    int reused;
+    if (sscanf(at, "# memplan: arena %lld bytes, persistent %lld bytes, peak %lld bytes, %d in place", &arena, &persistent, &peak,
+               &reused) != 4)
+        return false;
+    m->plan.planned = true;
+    m->plan.arena_bytes = arena, m->plan.persistent_bytes = persistent, m->plan.reused = reused;
+    m->plan.updates_in_place = 0;
+    for (int i = 0; i < m->nodes.n; i++) {   /* placed: only what the comments list */
+        tf_value *v = ((tf_node *)m->nodes.items[i])->out;
+        v->offset = -1;
+        v->home = NULL;
+    }
+    for (const char *line = strchr(at, '\n'); line && line[1] == '#' && line[2] == ' ' && line[3] == ' ' && line[4] == ' ';
+         line = strchr(line + 1, '\n')) {
+        const char *name = line + 5, *end = strchr(name, ' ');
+        if (!end) return false;
+        tf_value *v = tf_module_find_valuen(m, name, (size_t)(end - name));
+        long long off, bytes;
+        if (!v) return false;
+        if (sscanf(end, " @%lld +%lld", &off, &bytes) == 2) {
+            v->offset = off;
+        } else if (!strncmp(end, " in ", 4)) {
+            const char *h = end + 4, *he = h + strcspn(h, "\n");
+            if (!(v->home = tf_module_find_valuen(m, h, (size_t)(he - h)))) return false;
+            m->plan.updates_in_place++;
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The program a package holds, read back from its final IR with its memory
+ * plan: no pass runs. Taken only when the module read back prints to the
+ * final IR byte for byte (and so hashes to the manifest's final_ir_fnv):
+ * every node, attribute, region, update, offset and in-place write is the
+ * compiled program's. Otherwise (an older package, a final IR this parser
+ * cannot take) *out stays NULL and the caller compiles the packaged model,
+ * as tf_program_load did before. An error only for what compiling would
+ * hit too (out of memory). */
+static tf_status from_final(tf_context_t *ctx, const tf_pkg *pkg, const char *path, const tf_compile_options *o, const char *auto_dim,
+                            int64_t chosen, uint64_t want, tf_program_t **out)
+{
+    *out = NULL;
+    const tf_pkg_section *fin = tf_pkg_find(pkg, "final.ir"), *model = tf_pkg_find(pkg, "model.ir");
+    if (!fin || !model) return TF_OK;
+    if (tf_fnv1a(TF_FNV_BASIS, fin->data, fin->len) != want) return TF_OK;
+    char *text = tf_malloc(fin->len + 1);   /* NUL-terminated: the section is not */
+    if (!text) return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    memcpy(text, fin->data, fin->len);
+    text[fin->len] = 0;
+    char name[4200];
+    snprintf(name, sizeof name, "%s(final.ir)", path);
+    tf_diag d = {0};
+    tf_module *m = NULL;
+    if (tf_parse(name, text, fin->len, NULL, 0, &m, &d)) {
+        tf_free(text);
+        return d.status == TF_IR_ERR_OOM ? tf_from_diag(ctx, &d) : TF_OK;
+    }
+    char *again = read_plan(m, text, fin->len) ? tf_print_module(m) : NULL;
+    bool same = again && strlen(again) == fin->len && !memcmp(again, text, fin->len);
+    tf_free(again);
+    tf_free(text);
+    char *model_text = same ? tf_malloc(model->len + 1) : NULL;
+    if (!model_text) {
+        tf_module_free(m);
+        return TF_OK;
+    }
+    memcpy(model_text, model->data, model->len);
+    model_text[model->len] = 0;
+    return tf_program_from_final(ctx, m, model_text, o, auto_dim, chosen, out);
 }
 
 static tf_status add(tf_context_t *ctx, tf_pkg *pkg, const char *name, const void *data, size_t len)
@@ -274,13 +367,15 @@ tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **ou
     if (!st && be->package_check) st = be->package_check(ctx, pkg, path);
     tf_model_t *m = NULL;
     tf_program_t *p = NULL;
-    if (!st) {
+    /* the program as the package holds it, no pass run; where that cannot be read back, compiled from the model */
+    if (!st) st = from_final(ctx, pkg, path, &o, dim.name, dim.value, want, &p);
+    if (!st && !p) {
         char name[4200];
         snprintf(name, sizeof name, "%s(model.ir)", path);
         st = tf_model_parse_string(ctx, name, (const char *)model->data, model->len, dim.name ? &dim : NULL, dim.name ? 1 : 0, &m);
+        if (!st) st = tf_program_compile(ctx, m, &o, &p);
     }
-    if (!st) st = tf_program_compile(ctx, m, &o, &p);
-    if (!st) {
+    if (!st && !p->from_final) {
         char *final = NULL;
         uint64_t got = final_ir_hash(ctx, p, &final, &st);
         tf_free(final);

@@ -83,6 +83,7 @@ struct tf_program {
     /* A program loaded from a package: its sections (the backend links the
      * package's object code instead of compiling) and its initial state; owned. */
     tf_pkg *pkg;
+    bool from_final;             /* its module was read back from the package's final IR: no pass ran */
 };
 
 typedef struct tf_backend tf_backend;
@@ -197,6 +198,14 @@ const char *tf_op_support_plan(tf_op op, bool (*supports)(const tf_kernel *, cha
  * And back. */
 bool tf_ir_precision_of(tf_precision p, bool *set, tf_ir_precision *out);
 tf_precision tf_precision_of_ir(tf_ir_precision p);
+/* api.c: a program whose module m is final already (read back from a
+ * package's final IR): everything tf_program_compile does after the passes,
+ * no pass. Takes m and model_text (the model as compiled, for
+ * tf_program_save and tf_program_model), also on failure. opts: mode,
+ * target, threads and the target settings; auto_dim (or NULL) the dim
+ * --dim NAME=auto chose, with its value. */
+tf_status tf_program_from_final(tf_context_t *ctx, tf_module *m, char *model_text, const tf_compile_options *opts, const char *auto_dim,
+                                int64_t chosen, tf_program_t **out);
 /* api.c: tf_session_save_state_meta, leaving out the params and buffers
  * whose initializer is zeros() when skip_zero_init (a package's initial
  * state: a session starts those at zero without being given them). */

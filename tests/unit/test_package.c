@@ -1,7 +1,8 @@
 /* test_package.c — compiled packages (tf_program_save / tf_program_load,
  * runtime/package.c):
  *
- *   - a package round-trips: a session of the loaded program, in a fresh
+ *   - a package round-trips: the program loads without running a pass (its
+ *     final IR read back with the memory plan); a session of it, in a fresh
  *     context (its own JIT, an empty disk cache), runs three steps that are
  *     bit-identical (outputs, params and buffers) to a session of the program
  *     compiled from source with the same seed; it compiles no kernel (every
@@ -151,6 +152,8 @@ static void round_trip(tf_target target, bool params)
         setenv("TFUSE_LLVM_PIPELINE", "default<O1>", 1);
         if (tf_program_load(cb, path, &pb)) CHECK(0, "%s: load: %s", label, tf_context_last_error(cb));
         unsetenv("TFUSE_LLVM_PIPELINE");
+        /* no pass ran: the program is the package's final IR read back, with its memory plan */
+        if (pb) CHECK(pb->from_final, "%s: the loaded program was compiled again from the model, not read back", label);
     }
     tf_session_t *sa = NULL, *sb = NULL;
     /* with params the package's state wins over the session's seed; without, the seed draws them */
@@ -257,6 +260,19 @@ static void refused(const char *label, const char *path, tf_status want, const c
     tf_context_free(ctx);
 }
 
+/* Loading path succeeds, the program read back from its final IR or not. */
+static void loads(const char *label, const char *path, bool from_final)
+{
+    tf_context_t *ctx = NULL;
+    tf_context_create(&ctx);
+    tf_program_t *p = NULL;
+    tf_status st = tf_program_load(ctx, path, &p);
+    CHECK(!st && p && p->from_final == from_final, "%s: load gave status %d, %s: %s", label, (int)st,
+          p && p->from_final ? "read back" : "compiled", tf_context_last_error(ctx));
+    tf_program_free(p);
+    tf_context_free(ctx);
+}
+
 /* The package at src with section `name`'s text edited (from -> to), its
  * checksums made right again, written to dst. */
 static bool edit_section(const char *src, const char *dst, const char *name, const char *from, const char *to)
@@ -349,10 +365,19 @@ static void refusals(void)
     CHECK(edit_section(good, bad, "manifest", "tfuse: " TFUSE_VERSION, "tfuse: 0.0.9"), "edit the version");
     static const char *const version[] = {"tfuse 0.0.9", "this is tfuse " TFUSE_VERSION, NULL};
     refused("another version", bad, TF_ERR_UNAVAILABLE, version);
-    /* the model edited: it compiles to another program */
-    CHECK(edit_section(good, bad, "model.ir", "gelu(h)", "relu(h)"), "edit the model");
+    /* the final IR edited: it no longer hashes to the manifest's, so the program is compiled from the packaged
+     * model instead, which gives the package's program again: it loads, through the passes */
+    CHECK(edit_section(good, bad, "final.ir", "erf(", "tanh("), "edit the final IR");
+    loads("edited final IR", bad, false);
+    /* the model edited too: it compiles to another program than the one the manifest records */
+    char bad2[400];
+    snprintf(bad2, sizeof bad2, "%s/bad2.tfp", g_dir);
+    CHECK(edit_section(bad, bad2, "model.ir", "gelu(h)", "relu(h)"), "edit the model");
     static const char *const model[] = {"final IR hash", NULL};
-    refused("edited model", bad, TF_ERR_FORMAT, model);
+    refused("edited model and final IR", bad2, TF_ERR_FORMAT, model);
+    /* the model alone edited: the program is the final IR's, which is intact (read back, no pass) */
+    CHECK(edit_section(good, bad2, "model.ir", "gelu(h)", "relu(h)"), "edit the model");
+    loads("edited model", bad2, true);
     /* a manifest field missing */
     CHECK(edit_section(good, bad, "manifest", "threads: ", "thread: "), "edit the manifest");
     static const char *const field[] = {"manifest", NULL};
