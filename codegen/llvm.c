@@ -1334,6 +1334,12 @@ char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipe)
 
 const char *tf_jit_unavailable(void) { return NULL; }
 
+const char *tf_jit_where(char *buf, size_t n)
+{
+    snprintf(buf, n, "linked in (LLVM %s)", LLVM_VERSION_STRING);
+    return buf;
+}
+
 #ifdef TFUSE_LLVM_MODULE
 /* What libtfuse.so's codegen/llvm_lazy.c looks up in this module. */
 const tf_llvm_api tf_llvm_module_api = {

@@ -81,6 +81,10 @@ char *tf_jit_print_pipeline(const tf_kernel *k, const char *pipeline);
 /* NULL when the functions above work; else why not (libtfuse.so's LLVM
  * module could not be opened: codegen/llvm_lazy.c). */
 const char *tf_jit_unavailable(void);
+/* Where the functions above come from, for `tfuse doctor`: libtfuse.so's
+ * LLVM module (its path, and whether this process has opened it yet), or
+ * "linked in" (libtfuse.a). */
+const char *tf_jit_where(char *buf, size_t n);
 
 /* libtfuse.so opens llvm.c as a module of its own, libtfuse-llvm.so
  * (codegen/llvm_lazy.c says why), and finds these functions in its

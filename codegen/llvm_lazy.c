@@ -177,3 +177,9 @@ const char *tf_jit_unavailable(void)
     }
     return NULL;
 }
+
+const char *tf_jit_where(char *buf, size_t n)
+{
+    snprintf(buf, n, "module %s (%s)", path_of_module(), api ? "opened" : opened ? "failed to open" : "opened when a kernel is compiled");
+    return buf;
+}

@@ -1996,6 +1996,10 @@ static void cpu_doctor(tf_strbuf *out)
 {
     char conv[256];
     tf_dnnl_describe(conv, sizeof conv);
+#ifdef TFUSE_HAVE_LLVM
+    char jit[1300];
+    tf_strbuf_printf(out, "cpu: LLVM JIT %s\n", tf_jit_where(jit, sizeof jit));
+#endif
     tf_strbuf_printf(out, "cpu: gemm %s, %d threads by default\n", tf_cpu_blas_name(), tf_cpu_count());
     if (tf_dnnl_available()) tf_strbuf_printf(out, "cpu: convolutions through %s\n", conv);
     else tf_strbuf_printf(out, "cpu: convolutions through im2col + GEMM (%s)\n", conv);

@@ -34,6 +34,7 @@ expect 0 "tfuse $version" -- "$P/bin/tfuse" doctor
 if grep -q '^TFUSE_WITH_LLVM:BOOL=ON' "$build/CMakeCache.txt"; then
   if [ -e "$P/$libdir/libtfuse-llvm.so" ]; then ok; else bad "not installed: $libdir/libtfuse-llvm.so"; fi
   expect 0 "target cpu: available" -- "$P/bin/tfuse" doctor
+  expect 0 "cpu: LLVM JIT module $P/(bin/\.\./)?$libdir/libtfuse-llvm.so \(opened when a kernel is compiled\)" -- "$P/bin/tfuse" doctor
   expect 0 "^loss : f32\[\] = " -- "$P/bin/tfuse" run "$src/examples/mlp.ir" --target=cpu --random-inputs
   # a module that is not there, or is not one: the cpu target says which file and why, and nothing runs
   expect 0 "target cpu: cannot run here: cannot find tfuse's LLVM JIT module $tmp/none.so" -- \
