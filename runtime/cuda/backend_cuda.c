@@ -1820,21 +1820,32 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         if (gk->fn < 0) continue;
         const tf_kernel *k = gk->k;
         const tf_cuda_jit_fn *f = &c->jit.fns[gk->fn];
-        int nparts = gk->parts > 1 ? gk->parts : 1, nb = 0;   /* a multi-tensor launch: every part's buffers in turn */
+        /* a multi-tensor launch: the parts' buffers in turn, each value once (tf_cuda_multi_params) */
+        int nparts = gk->parts > 1 ? gk->parts : 1, nb = 0;
         for (int q = 0; q < nparts; q++) nb += k[q].nbufs;
+        int *first = nparts > 1 ? tf_calloc((size_t)nb + 1, sizeof *first) : NULL;
         gk->dptr = tf_calloc((size_t)nb + 2, sizeof *gk->dptr);
         gk->args = tf_calloc((size_t)nb + 2, sizeof *gk->args);
-        if (!gk->dptr || !gk->args) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        if (!gk->dptr || !gk->args || (nparts > 1 && !first)) {
+            tf_free(first);
+            return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+        }
+        if (first) tf_cuda_multi_params(k, nparts, first);
         int at = 0;
-        for (int q = 0; q < nparts; q++)
-            for (int b = 0; b < k[q].nbufs; b++, at++) {
+        for (int q = 0, o = 0; q < nparts; q++)
+            for (int b = 0; b < k[q].nbufs; b++, o++) {
+                if (first && first[o] != o) continue;   /* passed already, for an earlier part */
                 gk->dptr[at] = dev_of(c, k[q].bufs[b].value);
                 gk->args[at] = &gk->dptr[at];
-                if (!gk->dptr[at] || (f->align > 1 && gk->dptr[at] % f->align))
+                if (!gk->dptr[at] || (f->align > 1 && gk->dptr[at] % f->align)) {
+                    tf_free(first);
                     return tf_set_error(s->ctx, TF_ERR_INTERNAL, "error: internal: kernel %s: buffer %d (%s) is %s", k[q].name, b,
                                         k[q].bufs[b].value->name ? k[q].bufs[b].value->name : "?",
                                         gk->dptr[at] ? "not aligned as its vector loads need" : "not placed in device memory");
+                }
+                at++;
             }
+        tf_free(first);
         if (f->scratch) {   /* a split reduction's partials and counters: zeroed once, left zeroed by each launch */
             CU_DO("allocating a reduction's scratch", MemAlloc(&gk->scratch, f->scratch));
             CU_DO("clearing a reduction's scratch", MemsetD8Async(gk->scratch, 0, f->scratch, c->stream));

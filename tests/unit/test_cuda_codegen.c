@@ -241,7 +241,8 @@ static int g_multi, g_multi_parts, g_multi_fns;   /* ... and the distinct part f
 /* A multi-tensor launch of ks[0..ck->parts): one kernel whose blocks are
  * each part's own range, sized to the part's elements as tf_cuda_emit
  * would size the part alone with blocks of 256 threads; every part's
- * buffers as parameters; the later parts not emitted on their own. */
+ * buffers as parameters, a value several parts read only once; the later
+ * parts not emitted on their own. */
 static void check_multi(const char *label, const tf_module *m, const tf_kernel *ks, int avail, const tf_cuda_program *prog, int i)
 {
     const tf_cuda_kernel *ck = &prog->kernels[i];
@@ -269,9 +270,15 @@ static void check_multi(const char *label, const tf_module *m, const tf_kernel *
         vec |= alone.shape == TF_CUDA_POINTWISE_VEC;
         CHECK(!alone.rng, "%s: %s: no dropout in a multi-tensor part", label, k->name);
         tf_cuda_kernel_free(&alone);
-        params += k->nbufs;
-        char part[32];
-        snprintf(part, sizeof part, "(p%db0, ", q);   /* a call with the part's buffers (of a function parts alike share) */
+        /* the values before this part's: each of its buffers is a parameter unless an earlier part has it */
+        for (int b = 0; b < k->nbufs; b++) {
+            bool seen = false;
+            for (int r = 0; r < q && !seen; r++)
+                for (int c = 0; c < ks[r].nbufs && !seen; c++) seen = ks[r].bufs[c].value == k->bufs[b].value;
+            params += !seen;
+        }
+        char part[112];
+        snprintf(part, sizeof part, "// part %d: %s\n", q, k->name);   /* the dispatch line that runs it */
         CHECK(strstr(ck->src, part) != NULL, "%s: %s: the launch runs part %d", label, ks[0].name, q);
         if (q) {
             const tf_cuda_kernel *later = &prog->kernels[i + q];
@@ -288,7 +295,15 @@ static void check_multi(const char *label, const tf_module *m, const tf_kernel *
     g_multi_fns += fns;
     CHECK(ck->grid == grid && ck->block == 256, "%s: %s: grid %u x block %u, the parts need %u blocks of 256", label, ks[0].name, ck->grid,
           ck->block, grid);
-    CHECK(ck->nparams == params && params * 8 <= 4096, "%s: %s: %d parameters for %d buffers", label, ks[0].name, ck->nparams, params);
+    CHECK(ck->nparams == params && params * 8 <= 4096, "%s: %s: %d parameters for %d distinct buffers", label, ks[0].name, ck->nparams,
+          params);
+    /* ... as the kernel declares them: one `*__restrict__ pQbB` or `*pQbB` per parameter */
+    const char *sig = strstr(ck->src, "extern \"C\" __global__");
+    int declared = 0;
+    const char *lp = sig ? strstr(sig, ") ") : NULL;   /* past __launch_bounds__(N): the kernel's own parenthesis */
+    for (const char *at = lp ? strchr(lp, '(') : NULL; at && *at && *at != ')'; at++)
+        if (*at == '*') declared++;
+    CHECK(declared == params, "%s: %s: the kernel declares %d parameters, %d wanted", label, ks[0].name, declared, params);
     CHECK(ck->shape == (vec ? TF_CUDA_POINTWISE_VEC : TF_CUDA_POINTWISE) && !ck->rng && !ck->scratch && !ck->smem && ck->align <= 16,
           "%s: %s: a multi-tensor launch's flags", label, ks[0].name);
     CHECK(name_is_hash(ck), "%s: %s: name %s is the hash of its source", label, ks[0].name, ck->name);
