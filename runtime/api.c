@@ -317,28 +317,42 @@ static tf_status keep_outputs(tf_context_t *ctx, tf_module *m, const tf_compile_
     return TF_OK;
 }
 
+/* A program of module m (taken, freed on failure too) with opts' mode,
+ * target, threads and precision, and the passes' options into *o. */
+static tf_status new_program(tf_context_t *ctx, tf_module *m, const tf_compile_options *opts, bool quiet, tf_diag *d, tf_options *o,
+                             tf_program_t **out)
+{
+    *out = NULL;
+    tf_program_t *p = m ? tf_calloc(1, sizeof *p) : NULL;
+    if (!p) {
+        tf_module_free(m);
+        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    }
+    p->m = m;
+    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
+    p->target = opts->target;
+    p->threads = opts->threads;
+    tf_status st = make_options(ctx, opts, quiet, d, o);
+    if (st) {
+        tf_program_free(p);
+        return st;
+    }
+    p->precision = tf_precision_of_ir(tf_options_precision(o, p->m));
+    *out = p;
+    return TF_OK;
+}
+
 /* Run the pipeline on a copy of src, fitted into memory where the options
  * ask (tf_fit_pipeline: the checkpoint search, and the auto dim when
  * auto_dim >= 0, whose value goes to *chosen). */
 static tf_status compile_module(tf_context_t *ctx, tf_module *src, const tf_compile_options *opts, int auto_dim,
                                 int64_t *chosen, tf_program_t **out)
 {
-    tf_program_t *p = tf_calloc(1, sizeof *p);
-    if (!p || !(p->m = tf_module_clone(src))) {
-        tf_free(p);
-        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-    }
-    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
-    p->target = opts->target;
-    p->threads = opts->threads;
+    tf_program_t *p = NULL;
     tf_diag d = {0};
     tf_options o;
-    tf_status st = make_options(ctx, opts, false, &d, &o);
-    if (st) {
-        tf_program_free(p);
-        return st;
-    }
-    p->precision = tf_precision_of_ir(tf_options_precision(&o, p->m));
+    tf_status st = new_program(ctx, tf_module_clone(src), opts, false, &d, &o, &p);
+    if (st) return st;
     if ((st = keep_outputs(ctx, p->m, opts, &o))) {
         tf_program_free(p);
         return st;
@@ -513,26 +527,14 @@ static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_
 tf_status tf_program_from_final(tf_context_t *ctx, tf_module *m, char *model_text, const tf_compile_options *opts, const char *auto_dim,
                                 int64_t chosen, tf_program_t **out)
 {
-    *out = NULL;
-    tf_program_t *p = tf_calloc(1, sizeof *p);
-    if (!p) {
-        tf_module_free(m);
-        tf_free(model_text);
-        return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-    }
-    p->m = m;
-    p->mode = opts->mode == TF_MODE_INFER ? TF_IR_INFER : TF_IR_TRAIN;
-    p->target = opts->target;
-    p->threads = opts->threads;
+    tf_program_t *p = NULL;
     tf_diag d = {0};
     tf_options o;
-    tf_status st = make_options(ctx, opts, true, &d, &o);
+    tf_status st = new_program(ctx, m, opts, true, &d, &o, &p);
     if (st) {
-        tf_program_free(p);
         tf_free(model_text);
         return st;
     }
-    p->precision = tf_precision_of_ir(tf_options_precision(&o, p->m));
     p->from_final = true;
     return finish_program(ctx, p, model_text, opts, auto_dim, chosen, out);
 }

@@ -219,6 +219,14 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
         CHECK(ok, "%s: output %s (%s): error %.3g x the element tolerance %.3g, relative L2 error %.3g (seed %llu)", label, name,
               tf_dtype_str(a.dtype), r, tol, l2, (unsigned long long)g_seed);
     }
+    /* A 16-bit step's states, as its outputs above: one intermediate value rounding to the neighbouring
+     * 16-bit number can move a whole gradient term (a maxpool's choice between two inputs that tie in
+     * 16 bits, a relu's sign), and a small state that sums thousands of such terms with either sign is
+     * then off by more than one 16-bit rounding of itself: cnn.ir fp16 with seed 1795552994, bn1.b's
+     * momentum (the gradient of a batchnorm bias, 8192 terms a channel) at 1.7 x the bound, with an RMS
+     * difference of 1e-5. So in mixed precision all the float states together are held to the bound in
+     * L2, and no one state may pass 4 x it; fp32 steps keep the bound for each state. */
+    double all_num = 0, all_den = 0;
     for (int kind = TF_IO_PARAM; state && kind <= TF_IO_BUFFER; kind++)
         for (size_t i = 0; i < tf_program_io_count(q->p, (tf_io_kind)kind); i++) {
             const char *name;
@@ -242,11 +250,20 @@ static void pair_compare(pair *q, const char *label, bool state, double stol, do
              * scale, is rounding either way */
             double e = tc_rel_l2(&b, &a), t = fmax(a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64 ? stol : tol_of(a.dtype), prec_tol);
             double rms = tc_rel_l2_floor(&b, &a, 1) * (tc_numel(&a) ? 1 : 0);
-            CHECK(e <= t || rms <= 1e-6, "%s: state %s (%s): relative L2 error %.3g > %.3g, RMS difference %.3g (seed %llu)", label, name,
-                  tf_dtype_str(a.dtype), e, t, rms, (unsigned long long)g_seed);
+            bool mixed = prec_tol > 0 && (a.dtype == TF_DTYPE_F32 || a.dtype == TF_DTYPE_F64);
+            for (int64_t k = 0; mixed && k < tc_numel(&a); k++) {
+                double g = tf_elem_load((tf_dt)b.dtype, b.data, k), w = tf_elem_load((tf_dt)a.dtype, a.data, k);
+                all_num += (g - w) * (g - w);
+                all_den += w * w;
+            }
+            CHECK(e <= (mixed ? 4 * t : t) || rms <= 1e-6, "%s: state %s (%s): relative L2 error %.3g > %.3g, RMS difference %.3g (seed %llu)",
+                  label, name, tf_dtype_str(a.dtype), e, mixed ? 4 * t : t, rms, (unsigned long long)g_seed);
             free(a.data);
             free(b.data);
         }
+    if (state && prec_tol > 0 && all_den > 0)
+        CHECK(sqrt(all_num / all_den) <= prec_tol, "%s: the float states together: relative L2 error %.3g > %.3g (seed %llu)", label,
+              sqrt(all_num / all_den), prec_tol, (unsigned long long)g_seed);
 }
 
 /* ---- ops --------------------------------------------------------------------- */
