@@ -43,7 +43,7 @@ endforeach()
 add_library(tfuse_archive STATIC ${_tfuse_objects})
 set_target_properties(tfuse_archive PROPERTIES OUTPUT_NAME tfuse LINKER_LANGUAGE C)
 
-# What a program linking libtfuse.a must link too: LLVM, OpenBLAS, oneDNN
+# What a program linking libtfuse.a must link too: LLVM, oneDNN
 # with its OpenMP, as this build was configured (by full path: LLVM's
 # library directory has a libgomp.so of its own, LLVM's OpenMP, which a
 # -L there would put in the place of the libgomp oneDNN uses), then dl,

@@ -165,7 +165,8 @@ char *tf_print_module(const tf_module *m)
         for (int i = 0; i < m->nupdates; i++)
             tf_strbuf_printf(&s, "update %s = %s\n", m->updates[i].buffer->name, m->updates[i].value->name);
     }
-    if (m->plan.planned) {   /* comments: a dump still parses, and memplan plans again */
+    if (m->plan.planned) {   /* comments: a dump still parses, and memplan plans again; runtime/program_pkg.c's
+                              * read_plan reads them back from a package's final.ir (change both together) */
         if (s.n) tf_strbuf_printf(&s, "\n");
         tf_strbuf_printf(&s, "# memplan: arena %lld bytes, persistent %lld bytes, peak %lld bytes, %d in place\n",
                   (long long)m->plan.arena_bytes, (long long)m->plan.persistent_bytes,

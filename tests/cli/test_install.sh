@@ -59,7 +59,7 @@ else
   bad "cc embed.c \$(pkg-config --cflags --libs tfuse): $(cat "$tmp/cc1.log")"
 fi
 
-# 2. pkg-config --static: the archive and Libs.private (LLVM, OpenBLAS, oneDNN, ...)
+# 2. pkg-config --static: the archive and Libs.private (LLVM, oneDNN, ...; OpenBLAS is opened at run time)
 static_libs=$(pkg-config --static --libs tfuse | sed 's/\(^\| \)-ltfuse\( \|$\)/ /')
 if (cd "$tmp" && "$cc" "$src/examples/embed.c" $(pkg-config --cflags tfuse) -Wl,-Bstatic -L"$P/$libdir" -ltfuse -Wl,-Bdynamic \
       $static_libs -o embed_static) 2>"$tmp/cc2.log"; then
