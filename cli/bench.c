@@ -22,7 +22,11 @@ const char bench_help[] =
     "Time one step of a model on random inputs: prints key: value lines (target, mode, threads,\n"
     "compile_ms, jit_ms, jit_ms_cached, kernels, peak_bytes, step_ms = the median of --iters timed\n"
     "steps (default 20) after --warmup untimed ones (default 3), step_ms_min, step_ms_mean,\n"
-    "step_ms_p90). --profile adds a table of kernels sorted by total time.";
+    "step_ms_p90). --profile adds a table of kernels sorted by total time, with each call's bytes\n"
+    "(the least traffic: each byte read or written once), GB/s, and for generated kernels the share\n"
+    "of a plain copy's bandwidth in the same memory (copy_gbps, measured then); fused_gbps and\n"
+    "fused_of_copy sum the generated kernels' bytes over their time. cuda: device_peak_bytes, the\n"
+    "most device memory the session held.";
 
 static double now_ms(void)
 {
@@ -43,6 +47,10 @@ static int cmp_profile(const void *a, const void *b)
     return x->total_ms > y->total_ms ? -1 : x->total_ms < y->total_ms;
 }
 
+/* Generated kernels (pointwise and reduction: how "jit") are the ones a
+ * copy's bandwidth bounds: their bytes per second are held against it. */
+static bool bandwidth_bound(const tf_kernel_profile *k) { return !strcmp(k->how, "jit") && k->bytes > 0; }
+
 static void print_profile(tf_session_t *s, const char *target, uint64_t iters)
 {
     size_t n = tf_session_profile_count(s);
@@ -52,19 +60,46 @@ static void print_profile(tf_session_t *s, const char *target, uint64_t iters)
     }
     tf_kernel_profile *ps = calloc(n, sizeof *ps);
     if (!ps) return;
-    double total = 0;
+    double total = 0, copy = 0, fused_bytes = 0, fused_ms = 0;
+    int fused = 0, fused_under = 0;
     for (size_t i = 0; i < n; i++) {
         tf_session_profile(s, i, &ps[i]);
         total += ps[i].total_ms;
     }
+    /* the yardstick: a plain copy in the same memory, measured now */
+    if (tf_session_copy_bandwidth(s, &copy)) copy = 0;
     qsort(ps, n, sizeof *ps, cmp_profile);
-    printf("\n%-28s %-18s %12s %10s %12s %7s\n", "kernel", "how", "elements", "calls", "ms/step", "share");
+    printf("\n%-28s %-18s %12s %10s %12s %7s %10s %9s %7s\n", "kernel", "how", "elements", "calls", "ms/step", "share", "MB/call",
+           "GB/s", "of copy");
     for (size_t i = 0; i < n; i++) {
-        if (ps[i].calls == 0) continue;
-        printf("%-28s %-18s %12" PRId64 " %10" PRId64 " %12.4f %6.1f%%\n", ps[i].name, ps[i].how, ps[i].elements,
-               ps[i].calls, ps[i].total_ms / (double)iters, total > 0 ? 100 * ps[i].total_ms / total : 0);
+        const tf_kernel_profile *k = &ps[i];
+        if (k->calls == 0) continue;
+        double gbps = k->total_ms > 0 ? (double)k->bytes * (double)k->calls / (k->total_ms * 1e6) : 0;
+        printf("%-28s %-18s %12" PRId64 " %10" PRId64 " %12.4f %6.1f%% %10.3f", k->name, k->how, k->elements, k->calls,
+               k->total_ms / (double)iters, total > 0 ? 100 * k->total_ms / total : 0, (double)k->bytes / 1e6);
+        if (k->bytes > 0 && k->total_ms > 0) printf(" %9.1f", gbps);
+        else printf(" %9s", "-");
+        if (bandwidth_bound(k) && copy > 0 && k->total_ms > 0) printf(" %6.0f%%\n", 100 * gbps / copy);
+        else printf(" %7s\n", "-");
+        if (bandwidth_bound(k) && k->total_ms > 0) {
+            fused++;
+            fused_under += copy > 0 && gbps < 0.85 * copy;
+            fused_bytes += (double)k->bytes * (double)k->calls;
+            fused_ms += k->total_ms;
+        }
     }
     printf("%-28s %-18s %12s %10s %12.4f %6.1f%%\n", "total", "", "", "", total / (double)iters, 100.0);
+    /* key: value lines again, for scripts: the copy, and the generated kernels together (bytes over time) */
+    if (copy > 0) printf("copy_gbps: %.1f\n", copy);
+    if (fused_ms > 0) {
+        printf("fused_kernels: %d\n", fused);
+        printf("fused_gbps: %.1f\n", fused_bytes / (fused_ms * 1e6));
+        printf("fused_ms_per_step: %.4f\n", fused_ms / (double)iters);
+        if (copy > 0) {
+            printf("fused_of_copy: %.3f\n", fused_bytes / (fused_ms * 1e6) / copy);
+            printf("fused_under_85pct: %d\n", fused_under);
+        }
+    }
     free(ps);
 }
 
@@ -150,6 +185,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
             tf_program_stat(p, i, &name, &v);
             if (!strcmp(name, "peak_bytes") || !strcmp(name, "params")) printf("%s: %" PRId64 "\n", name, v);
         }
+        if (info.device_peak_bytes) printf("device_peak_bytes: %" PRId64 "\n", info.device_peak_bytes);
         printf("warmup: %" PRIu64 "\n", warmup);
         printf("iters: %" PRIu64 "\n", iters);
         printf("step_ms: %.4f\n", median);

@@ -482,6 +482,49 @@ int tf_kernels_count(const tf_kernel_plan *p)
     return n;
 }
 
+/* Elements of buffer b that k's loads touch (tf_kernel_bytes). */
+static int64_t loaded_elements(const tf_kernel *k, int b, int64_t cap)
+{
+    int64_t n = 0;
+    for (int e = 0; e < k->nexprs && n < cap; e++) {
+        const tf_kexpr *x = &k->exprs[e];
+        if (x->kind != TF_KX_LOAD || x->buf != b) continue;
+        bool seen = false;   /* the same load twice reads the same elements */
+        for (int f = 0; f < e && !seen; f++) {
+            const tf_kexpr *y = &k->exprs[f];
+            seen = y->kind == TF_KX_LOAD && y->buf == b && y->offset == x->offset &&
+                   !memcmp(y->strides, x->strides, sizeof x->strides);
+        }
+        if (seen) continue;
+        int64_t t = 1;
+        for (int a = 0; a < k->rank; a++)
+            if (x->strides[a]) t *= k->dims[a];
+        n += t;
+    }
+    return n < cap ? n : cap;
+}
+
+int64_t tf_kernel_bytes(const tf_kernel *k)
+{
+    if (k->kind == TF_K_VIEW) return 0;
+    const tf_node *lib = k->lib;
+    bool gather = lib && tf_op_info_of(lib->op)->kind == TF_OPK_GATHER;
+    int64_t bytes = 0;
+    for (int b = 0; b < k->nbufs; b++) {
+        const tf_value *v = k->bufs[b].value;
+        int64_t numel = tf_type_numel(&v->type), elems = loaded_elements(k, b, numel);
+        for (int q = 0; lib && q < lib->nin; q++) {
+            const tf_value *in = lib->in[q]->home ? lib->in[q]->home : lib->in[q];
+            if (in != v) continue;
+            int64_t whole = gather && tf_type_numel(&lib->out->type) < numel ? tf_type_numel(&lib->out->type) : numel;
+            if (whole > elems) elems = whole;
+        }
+        if (k->bufs[b].written) elems += numel;
+        bytes += elems * tf_dtype_bytes(v->type.dtype);
+    }
+    return bytes;
+}
+
 /* A buffer's memory as overlap() sees it, worked out once. */
 typedef struct extent {
     const tf_value *root;

@@ -118,6 +118,19 @@ int tf_kernel_split_axis(const tf_kernel *k);
  * update chains it has), one per op outside a region, none for a view. */
 int tf_kernels_count(const tf_kernel_plan *p);
 
+/* The least memory traffic one run of kernel k needs, in bytes: what it
+ * moves when no byte is fetched twice, the numerator of a bandwidth figure
+ * (`tfuse bench --profile`'s GB/s and its ratio to a copy's bandwidth).
+ * Each written buffer is written once, whole. A buffer read by loads counts
+ * the elements those loads touch: per distinct load (strides and offset),
+ * the index space's extent along the axes it steps (a broadcast axis reads
+ * one element), summed and capped at the buffer's size. A library op's
+ * operands are read whole, but for a gather-kind op (gather, embedding,
+ * scatter_add) each counts at most as many elements as the op's result, as
+ * only those rows are touched. A view moves nothing. For a GEMM or a
+ * convolution this is a lower bound: tiling rereads operands. */
+int64_t tf_kernel_bytes(const tf_kernel *k);
+
 /* Whether two kernels may run at once: neither writes memory the other
  * reads or writes (values, their views, and memplan's arena placement). */
 bool tf_kernels_independent(const tf_kernel *a, const tf_kernel *b);

@@ -485,7 +485,8 @@ typedef struct tf_session_info {
      * by kernel; NULL on targets without graphs */
     const char *step_graph;
     int64_t graph_replays;
-    /* cpu: the memory the session holds for the step's values. arena_bytes:
+    /* cpu: the memory the session holds for the step's values (cuda fills
+     * arena_bytes, and device_peak_bytes below). arena_bytes:
      * the activation arena, memplan's size (compile --stats arena_bytes);
      * value_bytes: the arena plus one block per input, param and buffer and
      * per value memplan did not place (unplanned_bytes of them; 0 when
@@ -494,6 +495,12 @@ typedef struct tf_session_info {
      * runs. aux_bytes: caches besides the values (f32 copies of bf16 GEMM
      * operands, packed weights, kernel scratch), at this moment. */
     int64_t arena_bytes, value_bytes, unplanned_bytes, aux_bytes;
+    /* cuda: the most device memory the session's own allocations held at
+     * once (the activation arena, params, buffers, inputs, the cuBLASLt and
+     * cuDNN workspaces, cuDNN's algorithm search, reduction scratch, ReLU
+     * masks); not the CUDA context, loaded code or the libraries' handles,
+     * as torch.cuda.max_memory_allocated leaves them out. 0 elsewhere. */
+    int64_t device_peak_bytes;
 } tf_session_info;
 tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
 
@@ -504,15 +511,28 @@ tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
  * tf_session_info.kernels or more. `how` says what runs the kernel: "jit",
  * "gemm", "conv", "view", "fallback", ...; on the cuda target "multi" for an
  * update chain that runs in the multi-tensor launch of the entry before it
- * (whose time is the whole launch's). */
+ * (whose time is the whole launch's). `bytes` is the least memory traffic
+ * of one call of what total_ms times (the kernel's buffers, each byte read
+ * or written once; a multi-tensor launch's whole; 0 for a view and for work
+ * timed in another entry): bytes * calls / total_ms is the kernel's
+ * effective bandwidth, to hold against tf_session_copy_bandwidth. */
 typedef struct tf_kernel_profile {
     const char *name, *how;
     double total_ms;
-    int64_t calls, elements;
+    int64_t calls, elements, bytes;
 } tf_kernel_profile;
 tf_status tf_session_set_profiling(tf_session_t *s, int on);
 size_t    tf_session_profile_count(const tf_session_t *s);
 tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile *out);
+/* The bandwidth of a plain copy in the session's memory, in GB/s (1e9
+ * bytes, counting each byte read and each byte written): cuda, one
+ * device-to-device cuMemcpyDtoDAsync of 256 MiB (less when the device
+ * lacks room), timed with events; cpu, a memcpy of 128 MiB split over the
+ * session's threads; the median of 7 timed copies after one untimed. What a
+ * memory-bound kernel can at best approach: `tfuse bench --profile` holds
+ * each generated kernel's bytes / time against it. TF_ERR_UNSUPPORTED on
+ * the interp target. Takes a few ms; the session's state is untouched. */
+tf_status tf_session_copy_bandwidth(tf_session_t *s, double *gbps);
 
 /* ---- training facts ---- */
 /* What a model's train block says, with every default filled in: the

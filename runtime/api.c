@@ -1207,6 +1207,16 @@ tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile 
     return TF_OK;
 }
 
+tf_status tf_session_copy_bandwidth(tf_session_t *s, double *gbps)
+{
+    if (!s || !gbps) return tf_set_error(s ? s->ctx : NULL, TF_ERR_INVALID_ARG, "error: tf_session_copy_bandwidth needs a session and somewhere to put the figure");
+    *gbps = 0;
+    if (!s->be->copy_bandwidth)
+        return tf_set_error(s->ctx, TF_ERR_UNSUPPORTED, "error: the %s target has no memory of its own to measure a copy in", s->be->name);
+    tf_status st = session_wait(s);
+    return st ? st : s->be->copy_bandwidth(s, gbps);
+}
+
 /* ---- the compile cache on disk (cache_file.h) ---- */
 
 tf_status tf_disk_cache_max(tf_context_t *ctx, int64_t *max_bytes)

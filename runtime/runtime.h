@@ -129,6 +129,9 @@ struct tf_backend {
     size_t (*profile_count)(tf_session_t *s);
     void (*profile_get)(tf_session_t *s, size_t i, tf_kernel_profile *out);
     void (*info)(tf_session_t *s, tf_session_info *out);
+    /* Optional (NULL: TF_ERR_UNSUPPORTED): a plain copy's bandwidth in the
+     * session's memory, GB/s of bytes read plus written (tf_session_copy_bandwidth). */
+    tf_status (*copy_bandwidth)(tf_session_t *s, double *gbps);
 
     /* What the backend can describe, dump or write, without a session. */
     /* Optional: its lines of `tfuse doctor` (cpu: the GEMM library and the

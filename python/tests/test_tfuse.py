@@ -109,6 +109,20 @@ class Results(unittest.TestCase):
             np.testing.assert_allclose(got["logits"], cli_logits, rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(got["loss"], cli_loss, rtol=1e-5)
 
+    def test_profile_bytes_and_copy_bandwidth(self):
+        if tfuse.default_target() == "interp":
+            self.skipTest("no cpu target in this build")
+        s = tfuse.compile("input x : f32[256, 64]\ny = relu(x)\noutput y\n", mode="infer", target="cpu").session()
+        s.set_profiling(True)
+        s.run(x=np.ones((256, 64), np.float32))
+        (k,) = [k for k in s.profile() if k["how"] == "jit"]
+        self.assertEqual((k["elements"], k["bytes"]), (16384, 2 * 16384 * 4))   # read once, written once
+        self.assertGreater(s.copy_bandwidth(), 0.1)
+        interp = tfuse.compile(TINY, mode="infer", target="interp").session()
+        with self.assertRaises(tfuse.Error) as e:
+            interp.copy_bandwidth()
+        self.assertIn("interp target", str(e.exception))
+
     def test_against_numpy(self):
         s = tfuse.compile(TINY, mode="infer").session(seed=3)
         w = s.state_dict()["w"]

@@ -805,7 +805,8 @@ class Session:
             _check(h.ctx, h.lib.tf_session_set_profiling(h.ptr, 1 if on else 0))
 
     def profile(self):
-        """Per-kernel times since set_profiling: [{name, how, total_ms, calls, elements}]."""
+        """Per-kernel times since set_profiling: [{name, how, total_ms, calls, elements, bytes}]
+        (bytes: the least memory traffic of one call; see copy_bandwidth)."""
         out = []
         with self._lock:
             h = self._handle()
@@ -813,8 +814,17 @@ class Session:
                 k = C.KernelProfile()
                 _check(h.ctx, h.lib.tf_session_profile(h.ptr, i, byref(k)))
                 out.append({"name": k.name.decode(), "how": k.how.decode(), "total_ms": k.total_ms,
-                            "calls": k.calls, "elements": k.elements})
+                            "calls": k.calls, "elements": k.elements, "bytes": k.bytes})
         return out
+
+    def copy_bandwidth(self):
+        """GB/s of a plain copy in the session's memory (read + written bytes): what a
+        memory-bound kernel can at best approach (tf_session_copy_bandwidth)."""
+        with self._lock:
+            h = self._handle()
+            g = ctypes.c_double()
+            _check(h.ctx, h.lib.tf_session_copy_bandwidth(h.ptr, byref(g)))
+            return g.value
 
     def __repr__(self):
         return f"<tfuse.Session {self.program.mode} on {self.target}, seed {self.seed}>"

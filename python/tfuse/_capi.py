@@ -55,13 +55,13 @@ class SessionInfo(ctypes.Structure):
         ("fallbacks", c_int), ("jit_disk", c_int), ("jit_package", c_int), ("jit_ms", c_double),
         ("disk_hits", c_int), ("disk_misses", c_int), ("library", c_char_p),
         ("step_graph", c_char_p), ("graph_replays", c_int64), ("arena_bytes", c_int64), ("value_bytes", c_int64),
-        ("unplanned_bytes", c_int64), ("aux_bytes", c_int64),
+        ("unplanned_bytes", c_int64), ("aux_bytes", c_int64), ("device_peak_bytes", c_int64),
     ]
 
 
 class KernelProfile(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("how", c_char_p), ("total_ms", c_double), ("calls", c_int64),
-                ("elements", c_int64)]
+                ("elements", c_int64), ("bytes", c_int64)]
 
 
 class TrainParam(ctypes.Structure):
@@ -140,6 +140,7 @@ _PROTOS = {
     "tf_session_set_profiling": (c_int, [c_void_p, c_int]),
     "tf_session_profile_count": (c_size_t, [c_void_p]),
     "tf_session_profile": (c_int, [c_void_p, c_size_t, POINTER(KernelProfile)]),
+    "tf_session_copy_bandwidth": (c_int, [c_void_p, POINTER(c_double)]),
 }
 
 

@@ -1885,6 +1885,38 @@ static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void 
     return TF_OK;
 }
 
+static int cmp_ns(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* tf_session_copy_bandwidth: 128 MiB, far past any cache, copied over the
+ * session's threads as its kernels' work is; one untimed copy (which also
+ * faults the pages in), then the median of seven. */
+static tf_status cpu_copy_bandwidth(tf_session_t *s, double *gbps)
+{
+    cpu *c = s->impl;
+    enum { BYTES = 128 << 20, TIMED = 7 };
+    unsigned char *a = tf_malloc(BYTES), *b = tf_malloc(BYTES);
+    if (!a || !b) {
+        tf_free(a), tf_free(b);
+        return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory: measuring a copy's bandwidth takes two blocks of %d MiB", BYTES >> 20);
+    }
+    memset(a, 1, BYTES);
+    double ns[TIMED];
+    copy_job j = {b, a, BYTES};
+    for (int r = -1; r < TIMED; r++) {
+        double t0 = now_ns();
+        tf_pool_run(c->pool, (BYTES + COPY_CHUNK - 1) / COPY_CHUNK, copy_chunks, &j);
+        if (r >= 0) ns[r] = now_ns() - t0;
+    }
+    tf_free(a), tf_free(b);
+    qsort(ns, TIMED, sizeof *ns, cmp_ns);
+    *gbps = 2.0 * BYTES / ns[TIMED / 2];
+    return TF_OK;
+}
+
 static uint64_t cpu_step_get(tf_session_t *s) { return ((cpu *)s->impl)->rt[1]; }
 static void cpu_step_set(tf_session_t *s, uint64_t step) { ((cpu *)s->impl)->rt[1] = step; }
 
@@ -1909,6 +1941,7 @@ static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
     out->total_ms = ck->ns / 1e6;
     out->calls = ck->calls;
     out->elements = ck->work;
+    out->bytes = tf_kernel_bytes(ck->k);
 }
 
 static void cpu_info(tf_session_t *s, tf_session_info *out)
@@ -2057,6 +2090,9 @@ const tf_backend tf_backend_cpu = {
     .profile_count = cpu_profile_count,
     .profile_get = cpu_profile_get,
     .info = cpu_info,
+#ifdef TFUSE_HAVE_LLVM
+    .copy_bandwidth = cpu_copy_bandwidth,
+#endif
     .doctor = cpu_doctor,
     .dump_code = cpu_dump_code,
     .op_support = cpu_op_support,

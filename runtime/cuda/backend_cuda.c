@@ -224,6 +224,8 @@ typedef struct cuda_session {
     /* device memory: two allocations */
     tf_cu_deviceptr arena, state;
     size_t arena_bytes, state_bytes;
+    size_t dev_bytes, dev_peak;  /* device memory the session's own allocations hold, now and at most
+                                  * (tf_session_info.device_peak_bytes; dev_count at each) */
     tf_cu_deviceptr *ptr;       /* per value id: its storage (0: none; reshapes go through root_of) */
     tf_cu_deviceptr *stage;     /* per update: where its new value waits (0: read in place) */
     tf_cu_deviceptr rt_dev, ws_dev;
@@ -307,6 +309,13 @@ static const tf_value *root_of(const tf_value *v)
 static tf_cu_deviceptr dev_of(const cuda_session *c, const tf_value *v) { return v->kind == TF_VAL_CONST ? 0 : c->ptr[root_of(v)->id]; }
 
 /* A failed CUDA call (c->err holds its words) as the session's error. */
+/* An allocation of the session (bytes > 0) or its release (< 0). */
+static void dev_count(cuda_session *c, int64_t bytes)
+{
+    c->dev_bytes = (size_t)((int64_t)c->dev_bytes + bytes);
+    if (c->dev_bytes > c->dev_peak) c->dev_peak = c->dev_bytes;
+}
+
 static tf_status cu_fail(tf_session_t *s, cuda_session *c, tf_cu_result r, const char *what)
 {
     tf_status st = r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME;
@@ -471,12 +480,14 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
         tf_cuda_check(&c->libs, r, "cuMemAlloc", __FILE__, __LINE__, c->err, sizeof c->err);
         return cu_fail(s, c, r, "allocating the activation arena");
     }
+    dev_count(c, (int64_t)c->arena_bytes);
     if ((r = c->libs.cu.MemAlloc(&c->state, c->state_bytes))) {
         c->state = 0;
         if (r == CUDA_ERROR_OUT_OF_MEMORY) return oom(s, c, free_b, total_b);
         tf_cuda_check(&c->libs, r, "cuMemAlloc", __FILE__, __LINE__, c->err, sizeof c->err);
         return cu_fail(s, c, r, "allocating params, buffers and inputs");
     }
+    dev_count(c, (int64_t)c->state_bytes);
     /* zeroed, so that nothing reads leftovers of another process's data */
     if (c->arena_bytes) CU_DO("clearing the arena", MemsetD8Async(c->arena, 0, c->arena_bytes, c->stream));
     CU_DO("clearing the state block", MemsetD8Async(c->state, 0, c->state_bytes, c->stream));
@@ -1320,13 +1331,14 @@ static bool plan_backward(tf_session_t *s, cuda_session *c)
                 size_t mb = tf_gemm_relu_mask_bytes(M, N);
                 tf_cu_result mr = c->libs.cu.MemAlloc(&mask, mb);
                 if (mr) return false;
+                dev_count(c, (int64_t)mb);
                 epi_plan fe = {.kind = TF_GEMM_EPI_RELU_AUX_BIAS, .bias_buf = fwd.bias_buf, .d_dev = dev_of(c, dm.act), .aux_dev = mask};
                 epi_plan be = {.kind = dm.db ? TF_GEMM_EPI_DRELU_BGRAD : TF_GEMM_EPI_DRELU, .bias_dev = dm.db ? dev_of(c, dm.db) : 0,
                                .d_dev = dev_of(c, dm.dx), .aux_dev = mask};
                 fk->k = fkern;
                 bool ok = M == c->plan->kernels[dm.fi].lib->out->type.dims[0].n && gemm_setup(c, fk, &fe, &oom);
                 if (ok) fk->mm->own = mask;
-                else c->libs.cu.MemFree(mask);
+                else c->libs.cu.MemFree(mask), dev_count(c, -(int64_t)mb);
                 if (ok && !gemm_setup(c, gk, &be, &oom)) {
                     gemm_call_free(c, fk->mm);
                     fk->mm = NULL;
@@ -1429,6 +1441,7 @@ static tf_cu_deviceptr find_workspace(cuda_session *c, size_t *bytes)
             if (!c->libs.cu.MemAlloc(&c->find_ws, want)) break;
         if (want < ((size_t)1 << 20)) c->find_ws = 0;
         c->find_ws_bytes = c->find_ws ? want : 0;
+        dev_count(c, (int64_t)c->find_ws_bytes);
         c->conv_ws_limit = c->find_ws_bytes;   /* what every later choice must fit */
     }
     *bytes = c->find_ws_bytes;
@@ -1511,6 +1524,7 @@ static tf_status conv_workspace(tf_session_t *s, cuda_session *c)
 {
     if (c->find_ws) {
         CU_DO("freeing cuDNN's search workspace", MemFree(c->find_ws));
+        dev_count(c, -(int64_t)c->find_ws_bytes);
         c->find_ws = 0;
         c->find_ws_bytes = 0;
     }
@@ -1529,6 +1543,7 @@ static tf_status conv_workspace(tf_session_t *s, cuda_session *c)
         tf_cuda_check(&c->libs, r, "cuMemAlloc", __FILE__, __LINE__, c->err, sizeof c->err);
         return cu_fail(s, c, r, "allocating cuDNN's workspace");
     }
+    dev_count(c, (int64_t)need);
     c->dnn_ws = c->dnn_ws_own;
     c->dnn_ws_bytes = need;
     return TF_OK;
@@ -1848,6 +1863,7 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
         tf_free(first);
         if (f->scratch) {   /* a split reduction's partials and counters: zeroed once, left zeroed by each launch */
             CU_DO("allocating a reduction's scratch", MemAlloc(&gk->scratch, f->scratch));
+            dev_count(c, (int64_t)f->scratch);
             CU_DO("clearing a reduction's scratch", MemsetD8Async(gk->scratch, 0, f->scratch, c->stream));
             gk->dptr[at] = gk->scratch;
             gk->args[at] = &gk->dptr[at];
@@ -2588,6 +2604,62 @@ static void cuda_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out)
     out->total_ms = gk->ms;
     out->calls = gk->calls;
     out->elements = gk->work;
+    /* a multi-tensor launch moves its parts' bytes; a part, or a kernel whose work a GEMM's epilogue does, none of its own */
+    out->bytes = 0;
+    if (gk->how != RUN_IN_MULTI && gk->how != RUN_NOTHING)
+        for (int q = 0; q < (gk->parts > 1 ? gk->parts : 1); q++) out->bytes += tf_kernel_bytes(&gk->k[q]);
+}
+
+/* tf_session_copy_bandwidth: a device-to-device copy on the session's
+ * stream, timed with events: 256 MiB (five times the H100's L2, so the
+ * copy streams from memory), 64 or 16 when the device has no room for
+ * two of those beside the session; one untimed, then the median of seven. */
+static tf_status cuda_copy_bandwidth(tf_session_t *s, double *gbps)
+{
+    cuda_session *c = s->impl;
+    const tf_cu_api *cu = &c->libs.cu;
+    enum { TIMED = 7 };
+    tf_cu_deviceptr a = 0, b = 0;
+    tf_cu_event ev[2] = {0, 0};
+    float ms[TIMED];
+    size_t bytes = (size_t)256 << 20;
+    tf_cu_result r = cu->CtxSetCurrent(c->ctx);
+    const char *what = "making the session's context current";
+    for (; !r && bytes >= (size_t)16 << 20; bytes /= 4) {
+        if (!(r = cu->MemAlloc(&a, bytes)) && !(r = cu->MemAlloc(&b, bytes))) break;
+        if (a) cu->MemFree(a);
+        a = 0;
+        if (r != CUDA_ERROR_OUT_OF_MEMORY || bytes == (size_t)16 << 20) break;
+        r = 0;
+    }
+    if (r) what = "allocating two blocks to copy between";
+    if (!r && (r = cu->MemsetD8Async(a, 1, bytes, c->stream))) what = "filling the block to copy";
+    for (int i = 0; i < 2 && !r; i++)
+        if ((r = cu->EventCreate(&ev[i], CU_EVENT_DEFAULT))) what = "creating the timing events";
+    for (int t = -1; t < TIMED && !r; t++) {
+        what = "timing the copy";
+        if (!(r = cu->EventRecord(ev[0], c->stream)) && !(r = cu->MemcpyDtoDAsync(b, a, bytes, c->stream)) &&
+            !(r = cu->EventRecord(ev[1], c->stream)) && !(r = cu->EventSynchronize(ev[1])) && t >= 0)
+            r = cu->EventElapsedTime(&ms[t], ev[0], ev[1]);
+    }
+    tf_status st = TF_OK;
+    if (r) {
+        tf_cuda_check(&c->libs, r, "copy bandwidth", __FILE__, __LINE__, c->err, sizeof c->err);
+        st = cu_fail(s, c, r, what);
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) cu->EventDestroy(ev[i]);
+    if (a) cu->MemFree(a);
+    if (b) cu->MemFree(b);
+    if (st) return st;
+    for (int i = 1; i < TIMED; i++)   /* insertion sort: the median */
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+            float x = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = x;
+        }
+    if (!(ms[TIMED / 2] > 0)) return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: a %zu MiB copy took no measurable time", bytes >> 20);
+    *gbps = 2.0 * (double)bytes / (ms[TIMED / 2] * 1e6);
+    return TF_OK;
 }
 
 static void cuda_info(tf_session_t *s, tf_session_info *out)
@@ -2606,6 +2678,8 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->library = c->lt_ok && c->dnn_ok ? "cuBLASLt + cuDNN" : c->lt_ok ? "cuBLASLt" : c->dnn_ok ? "cuDNN" : "none";
     out->step_graph = c->graphs ? "graph" : c->graph_why;
     out->graph_replays = c->replays;
+    out->arena_bytes = (int64_t)c->arena_bytes;
+    out->device_peak_bytes = (int64_t)c->dev_peak;
 }
 
 /* `tfuse doctor`'s CUDA lines: every library the cuda target would load,
@@ -2715,6 +2789,7 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
     .state_read = cuda_state_read, .state_write = cuda_state_write, .step_get = cuda_step_get, \
     .step_set = cuda_step_set, .set_profiling = cuda_set_profiling,                          \
     .profile_count = cuda_profile_count, .profile_get = cuda_profile_get, .info = cuda_info, \
+    .copy_bandwidth = cuda_copy_bandwidth, \
     .op_support = cuda_op_support
 
 const tf_backend tf_backend_cuda = {

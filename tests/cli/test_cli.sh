@@ -81,6 +81,10 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   expect 1 "lab.ir:4:8: error: one_hot: label 9 at position 4 is out of range \[0, 4\)" -- "$tfuse" run "$tmp/lab.ir" --input y="$tmp/yl.npy" --input l="$tmp/ll.npy" --target=cpu
   expect 0 "^kernels_fallback: [0-9]+" -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^k[0-9]+_matmul +gemm(_bf16)? " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
+  # each kernel's least traffic (relu over 16384 floats: 64 KiB read, 64 KiB written), its GB/s and its share of a copy's
+  printf 'input x : f32[256, 64]\ny = relu(x)\noutput y\n' > "$tmp/relu.ir"
+  expect 0 "^k0_relu +jit +16384 +3 +[0-9.]+ +100.0% +0.131 +[0-9.]+ +[0-9]+%" -- "$tfuse" bench "$tmp/relu.ir" --mode=infer --target=cpu --iters 3 --profile
+  expect 0 " copy_gbps: [0-9.]+ fused_kernels: 1 .*fused_of_copy: [0-9.]+" -- sh -c "'$tfuse' bench '$tmp/relu.ir' --mode=infer --target=cpu --iters 3 --profile | tr '\n' ' '"
   expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2
   expect 0 "^compile_ms: [0-9.]+" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
   expect 0 "^threads: 1$" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1

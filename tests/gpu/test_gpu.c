@@ -797,7 +797,7 @@ static void contract(void)
     tf_session_set_profiling(q.dev, 1);
     if (pair_step(&q, "contract")) {
         size_t n = tf_session_profile_count(q.dev);
-        int ok = 0, fallbacks = 0, gemms = 0, working = 0;
+        int ok = 0, fallbacks = 0, gemms = 0, working = 0, bytes_ok = 0;
         for (size_t i = 0; i < n; i++) {
             tf_kernel_profile kp;
             if (tf_session_profile(q.dev, i, &kp)) continue;
@@ -805,8 +805,22 @@ static void contract(void)
             working += strcmp(kp.how, "view") && strcmp(kp.how, "multi");
             fallbacks += !strcmp(kp.how, "fallback");
             gemms += !strcmp(kp.how, "gemm");
-            if (!g_fake) printf("  profile: %-28s %-9s %8.3f ms %lld elements\n", kp.name, kp.how, kp.total_ms, (long long)kp.elements);
+            /* bytes: the least traffic of what the entry times; a view, a part of a multi-tensor launch and
+             * a kernel whose work a GEMM's epilogue does ("in GEMM: BGRADA") none */
+            bool none = !strcmp(kp.how, "view") || !strcmp(kp.how, "multi") || !strcmp(kp.how, "-") || !strncmp(kp.how, "in GEMM", 7);
+            bytes_ok += none ? kp.bytes == 0 : kp.bytes > 0;
+            if (!g_fake) printf("  profile: %-28s %-9s %8.3f ms %lld elements %lld bytes\n", kp.name, kp.how, kp.total_ms,
+                                (long long)kp.elements, (long long)kp.bytes);
         }
+        CHECK(bytes_ok == (int)n, "every profile entry's bytes: > 0 where it does work, 0 for views and parts (%d of %zu)", bytes_ok, n);
+        /* the yardstick of those bytes; measuring it leaves the session's memory alone (pair_compare below) */
+        double gbps = 0;
+        CHECK(!tf_session_copy_bandwidth(q.dev, &gbps) && gbps > 0, "a device-to-device copy's bandwidth: %g GB/s (%s)", gbps,
+              tf_context_last_error(q.ctx));
+        printf("cuda session: a copy moves %.1f GB/s\n", gbps);
+        CHECK(!tf_session_get_info(q.dev, &info) && info.device_peak_bytes >= info.arena_bytes + (int64_t)(70 + 7) * 4,
+              "device_peak_bytes (%lld) holds the arena (%lld) and the params", (long long)info.device_peak_bytes,
+              (long long)info.arena_bytes);
         CHECK(ok == (int)n, "every profile entry ran once (%d of %zu)", ok, n);
         /* on the host every update chain is its own kernel; on the GPU they are one launch */
         CHECK(g_fake ? working >= info.kernels : working == info.kernels, "the profile's kernels doing work are the kernels info counts (%d, %d)",

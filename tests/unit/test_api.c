@@ -111,6 +111,13 @@ static void test_misuse(void)
     unlink(badpath);
     rmdir(dir);
 
+    /* the interpreter has no memory of its own to measure */
+    double gbps = -1;
+    CHECK(tf_session_copy_bandwidth(s, &gbps) == TF_ERR_UNSUPPORTED && gbps == 0 &&
+              strstr(tf_context_last_error(ctx), "interp target"),
+          "no copy bandwidth on interp: %s", tf_context_last_error(ctx));
+    CHECK(tf_session_copy_bandwidth(s, NULL) == TF_ERR_INVALID_ARG, "copy bandwidth needs somewhere to put it");
+
     /* stats */
     int found = 0;
     for (size_t i = 0; i < tf_program_stat_count(p); i++) {
@@ -278,8 +285,54 @@ static void test_keep_outputs(void)
     tf_context_free(ctx);
 }
 
+/* Profiles carry each kernel's least traffic, and a copy's bandwidth is
+ * there to hold it against (cpu target; skipped where it cannot run). */
+static void test_bandwidth(void)
+{
+    tf_context_t *ctx;
+    CHECK(tf_context_create(&ctx) == TF_OK, "context");
+    tf_program_t *p = compile(ctx, model, TF_MODE_INFER);
+    tf_session_t *s = NULL;
+    if (!p || tf_session_create(ctx, p, TF_TARGET_CPU, 1, &s)) {
+        CHECK(!p || strstr(tf_context_last_error(ctx), "cpu"), "why cpu cannot run: %s", tf_context_last_error(ctx));
+        tf_program_free(p);
+        tf_context_free(ctx);
+        return;
+    }
+    float x[12] = {0};
+    int64_t shape[2] = {3, 4};
+    CHECK(tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x) == TF_OK && tf_session_set_profiling(s, 1) == TF_OK, "bind");
+    for (int i = 0; i < 3; i++) CHECK(tf_session_run(s) == TF_OK, "run: %s", tf_context_last_error(ctx));
+    int counter = 0, gemm = 0;
+    for (size_t i = 0; i < tf_session_profile_count(s); i++) {
+        tf_kernel_profile kp;
+        CHECK(tf_session_profile(s, i, &kp) == TF_OK, "profile %zu", i);
+        /* count's update, in place: 2 floats read, 2 written */
+        if (!strcmp(kp.how, "jit") && kp.elements == 2) {
+            counter++;
+            CHECK(kp.bytes == 16, "%s moves %lld bytes, want 16", kp.name, (long long)kp.bytes);
+        }
+        /* linear and relu: at least x, w and the product once */
+        if (strstr(kp.how, "gemm")) {
+            gemm++;
+            CHECK(kp.bytes >= (12 + 8 + 6) * 4, "%s moves %lld bytes", kp.name, (long long)kp.bytes);
+        }
+    }
+    CHECK(counter == 1 && gemm == 1, "the counter's kernel and the GEMM are profiled (%d, %d)", counter, gemm);
+    double gbps = 0;
+    CHECK(tf_session_copy_bandwidth(s, &gbps) == TF_OK && gbps > 0.1 && gbps < 1e5, "a copy's bandwidth: %g GB/s (%s)", gbps,
+          tf_context_last_error(ctx));
+    float cnt[2] = {0};
+    tf_tensor_view cv = {.data = cnt};
+    CHECK(tf_session_get_state(s, "count", &cv, sizeof cnt) == TF_OK && cnt[0] == 3, "measuring left the state alone: %g", cnt[0]);
+    tf_session_free(s);
+    tf_program_free(p);
+    tf_context_free(ctx);
+}
+
 int main(void)
 {
+    test_bandwidth();
     test_version();
     test_misuse();
     test_keep_outputs();

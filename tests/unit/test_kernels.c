@@ -120,8 +120,53 @@ static void run(const char *label, const char *text, tf_ir_mode mode, const tf_d
     tf_module_free(m);
 }
 
+/* tf_kernel_bytes: the least traffic of each kernel, summed over a small
+ * inference program, against the count by hand (f32: 4 bytes, i64: 8). */
+static void bytes_case(const char *label, const char *body, int64_t want)
+{
+    char text[1024];
+    snprintf(text, sizeof text, "input x : f32[64, 32]\ninput b : f32[32]\ninput ids : i64[8]\n"
+             "param tab : f32[1000, 16] = zeros()\nparam w : f32[32, 16] = zeros()\n%s", body);
+    tf_diag d = {0};
+    tf_module *m;
+    if (tf_parse(label, text, strlen(text), NULL, 0, &m, &d)) {
+        CHECK(0, "%s: %s", label, d.msg);
+        return;
+    }
+    tf_options o = {.mode = TF_IR_INFER, .diag = &d};
+    tf_kernel_plan plan = {0};
+    if (tf_run_pipeline(m, NULL, &o) || tf_kernels_build(m, &plan, &d)) {
+        CHECK(0, "%s: %s", label, d.msg);
+    } else {
+        int64_t got = 0;
+        for (int i = 0; i < plan.nkernels; i++) got += tf_kernel_bytes(&plan.kernels[i]);
+        CHECK(got == want, "%s: tf_kernel_bytes sums to %lld, want %lld", label, (long long)got, (long long)want);
+    }
+    tf_kernels_free(&plan);
+    tf_module_free(m);
+}
+
+static void test_bytes(void)
+{
+    /* a fused region: x and the broadcast b read once each, y written once */
+    bytes_case("add+relu", "h = add(x, b)\ny = relu(h)\noutput y\n", (2048 + 32 + 2048) * 4);
+    /* a reduction: x read, one value per row written */
+    bytes_case("sum", "y = sum(x, axes=[1])\noutput y\n", (2048 + 64) * 4);
+    /* a transpose reads and writes every element once, whatever the strides */
+    bytes_case("transpose", "y = transpose(x, perm=[1, 0])\noutput y\n", 2048 * 2 * 4);
+    /* a slice reads only the elements it keeps */
+    bytes_case("slice", "y = slice(x, axis=1, start=8, end=24)\noutput y\n", 1024 * 2 * 4);
+    /* a gather touches the rows it takes, not the table */
+    bytes_case("embedding", "y = embedding(ids, tab)\noutput y\n", 8 * 8 + 128 * 4 + 128 * 4);
+    /* a GEMM's lower bound: both operands and the product once */
+    bytes_case("matmul", "y = matmul(x, w)\noutput y\n", (2048 + 512 + 1024) * 4);
+    /* the same load twice is one read */
+    bytes_case("square", "y = mul(x, x)\noutput y\n", 2048 * 2 * 4);
+}
+
 int main(void)
 {
+    test_bytes();
     g_seed = test_seed();
     for (size_t i = 0; i < TEST_NEXAMPLES; i++) {
         const test_example *ex = &test_examples[i];
