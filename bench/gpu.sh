@@ -14,14 +14,18 @@
 #   gpt2:bf16                    GPT-2 small shape: 12 layers, E=768, T=1024, V=50257, batch 8
 #
 # For each: `tfuse bench MODEL --target=cuda --precision=P` twice (an empty
-# kernel cache, then the cache it left), and bench/peers.py --device cuda for
+# kernel cache, then the cache it left), once with --profile (bytes and GB/s
+# per kernel against a device-to-device copy) and, training, once at
+# --checkpoint=auto --memory-budget=50%; and bench/peers.py --device cuda for
 # eager, compile and compile-max; the compile peers also run twice (an empty
 # TORCHINDUCTOR_CACHE_DIR, then the same directory again) for compile time
-# cold and cached. Step times are medians of --iters (>= 50) steps timed with
-# CUDA events after --warmup steps; peak memory is
-# torch.cuda.max_memory_allocated (tfuse: its peak_bytes). Where tfuse's cuda
-# target does not work yet, its cells say "n/a (reason)" and the peers are
-# measured all the same.
+# cold and cached. The order is by passes, so that --deadline cuts the least
+# wanted: (1) tfuse and compile, (2) the cached runs and eager, (3) tfuse's
+# profile and checkpointed runs, (4) max-autotune. Step times are medians
+# of --iters (>= 50) steps timed with CUDA events after --warmup steps; peak
+# memory is torch.cuda.max_memory_allocated (tfuse: device_peak_bytes, what
+# its session allocated). Where tfuse's cuda target does not work yet, its
+# cells say "n/a (reason)" and the peers are measured all the same.
 #
 # Everything lands in bench/results/<date>-<gpu>/: nvidia-smi.txt, build logs,
 # one MODEL__PRECISION__MODE__PEER.txt per measurement (the raw key: value
@@ -34,6 +38,11 @@
 #   --modes "A B"        default "train infer"
 #   --peers "A B"        default "eager compile compile-max"
 #   --no-cached          skip the second (warm-cache) runs of tfuse and torch.compile
+#   --no-profile         skip tfuse's --profile run (per-kernel bytes, GB/s, share of a device copy)
+#   --no-ckpt            skip tfuse's train step at --checkpoint=auto --memory-budget=50%
+#   --deadline S         start nothing after S seconds (20 s of slack), cut the running measurement
+#                        at S, and mark what was not run: for a device call with a hard limit.
+#                        Measurements go in passes, most wanted first (below)
 #   --iters N            timed steps (default 50)       --warmup N   untimed steps first (default 10)
 #   --dim MODEL:K=V      override a dim of one model (repeatable)
 #   --python PATH        the Python with CUDA torch (default: python3 if it has torch, else a venv)
@@ -45,7 +54,7 @@
 #   --no-record          do not append to bench/RESULTS.md
 #   --report-only        only print (and record) the table of --out DIR
 #   --dry-run            no GPU checks: peers on the CPU at tiny dims, 2 steps, nvidia-smi skipped,
-#                        tfuse still asked for --target=cuda; records nothing
+#                        tfuse on --target=cuda-emu (the generated CUDA C run on the host); records nothing
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,7 +67,7 @@ BENCH_NAME=bench/gpu.sh
 CONFIGS="mlp:fp32 mlp:bf16 resnet18:fp32 resnet18:bf16 gpt2:bf16"
 MODES="train infer" PEERS="eager compile compile-max" CACHED=1 ITERS=50 WARMUP=10
 PYTHON="" VENV="${TFUSE_BENCH_VENV:-$HOME/.cache/tfuse-bench-venv-gpu}" INSTALL=1 TFUSE="" OUT="" TIMEOUT=1800
-RECORD=1 REPORT_ONLY=0 DRY=0
+RECORD=1 REPORT_ONLY=0 DRY=0 PROFILE=1 CKPT=1 DEADLINE=""
 declare -A DIMS=([mlp]="B=1024 H=4096")
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
@@ -68,6 +77,10 @@ while [ $# -gt 0 ]; do
         --modes) MODES="$2"; shift 2 ;;
         --peers) PEERS="$2"; shift 2 ;;
         --no-cached) CACHED=0; shift ;;
+        --no-profile) PROFILE=0; shift ;;
+        --no-ckpt) CKPT=0; shift ;;
+        --deadline) DEADLINE="$2"; shift 2
+                    [[ "$DEADLINE" =~ ^[0-9]+$ ]] && [ "$DEADLINE" -ge 60 ] || die "--deadline wants whole seconds, at least 60 (got $2)" ;;
         --iters) ITERS="$2"; shift 2 ;;
         --warmup) WARMUP="$2"; shift 2 ;;
         --dim) m="${2%%:*}"; kv="${2#*:}"; [ "$m" != "$2" ] || die "--dim wants MODEL:K=V, got $2"
@@ -89,9 +102,9 @@ for p in $PEERS; do
     case "$p" in eager|compile|compile-max) ;; *) die "unknown peer $p (eager, compile, compile-max)" ;; esac
 done
 
-DEVICE=cuda
+DEVICE=cuda TARGET=cuda
 if [ "$DRY" = 1 ]; then
-    DEVICE=cpu ITERS=2 WARMUP=1
+    DEVICE=cpu TARGET=cuda-emu ITERS=2 WARMUP=1
     DIMS[mlp]="B=8 H=32"
     DIMS[resnet18]="N=2 C1=8 C2=8 C3=16 C4=16 ${DIMS[resnet18]:-}"
     DIMS[gpt2]="B=1 T=16 V=64 E=32 H=2 D=16 F=128 ${DIMS[gpt2]:-}"
@@ -170,7 +183,7 @@ TFUSE_FLAGS=()
 grep -q -- '--warmup' <<<"$("$TFUSE" bench --help 2>&1 || true)" && TFUSE_FLAGS+=(--warmup "$WARMUP")
 # Can tfuse run on the GPU at all? A tiny MLP says; if not, every tfuse cell says why.
 TFUSE_NA=""
-probe="$("$TFUSE" bench bench/models/mlp.ir --mode=infer --target=cuda --iters 1 --dim B=2 --dim H=8 2>&1)" || true
+probe="$("$TFUSE" bench bench/models/mlp.ir --mode=infer --target="$TARGET" --iters 1 --dim B=2 --dim H=8 2>&1)" || true
 if ! grep -q '^step_ms:' <<<"$probe"; then
     TFUSE_NA="$( (grep -i -m1 'error\|not available\|not part' <<<"$probe" || grep -m1 . <<<"$probe") | cut -c1-200)"
     TFUSE_NA="${TFUSE_NA:-no output}"
@@ -180,47 +193,80 @@ fi
 # ---- the measurements -------------------------------------------------------
 dim_flags() { local kv; for kv in ${DIMS[$1]:-}; do printf -- '--dim %s ' "$kv"; done; }
 
-# run_to FILE CMD...: run with the time limit, stdout to FILE, stderr beside it;
-# a failure is noted in FILE as `reason:` (report.py shows it).
+T_START=$SECONDS
+# run_to FILE CMD...: run with the time limit (--timeout, and what --deadline leaves), stdout to FILE,
+# stderr beside it; a failure is noted in FILE as `reason:` (report.py shows it).
 run_to() {
     local file="$1"; shift
-    timeout "$TIMEOUT" "$@" > "$file" 2> "${file%.txt}.err" ||
+    local limit=$TIMEOUT
+    if [ -n "$DEADLINE" ]; then
+        local left=$((DEADLINE - (SECONDS - T_START)))
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
+    timeout "$limit" "$@" > "$file" 2> "${file%.txt}.err" ||
         echo "reason: exited with status $? ($(grep -v '^\s*$' "${file%.txt}.err" | tail -1 | cut -c1-160))" >> "$file"
+}
+
+# measure MODEL PREC MODE RUN: one measurement into MODEL__PREC__MODE__RUN.txt. RUN: tfuse, tfuse-cached
+# (a second process over the kernel cache the first left), tfuse-profile (--profile: per-kernel bytes
+# and GB/s against a device copy), tfuse-ckpt (--checkpoint=auto --memory-budget=50%), or a peer
+# (eager, compile, compile-max) and its -cached run (the same TORCHINDUCTOR_CACHE_DIR again).
+measure() {
+    local model=$1 prec=$2 mode=$3 run=$4 base="$OUT/${1}__${2}__${3}"
+    local file="${base}__$run.txt"
+    if [ -n "$DEADLINE" ] && [ $((SECONDS - T_START)) -ge $((DEADLINE - 20)) ]; then
+        echo "reason: not run: the --deadline of $DEADLINE s was reached" > "$file"
+        return
+    fi
+    echo "== $model $prec $mode: $run ($((SECONDS - T_START)) s in)" >&2
+    case "$run" in
+    tfuse*)
+        if [ -n "$TFUSE_NA" ]; then echo "reason: $TFUSE_NA" > "$file"; return; fi
+        local cache="$OUT/cache/tfuse-$model-$prec-$mode" extra=()
+        case "$run" in
+        tfuse) rm -rf "$cache"; mkdir -p "$cache" ;;
+        tfuse-profile) extra=(--profile) ;;
+        tfuse-ckpt) extra=(--checkpoint=auto --memory-budget=50%) ;;
+        esac
+        mkdir -p "$cache"
+        # shellcheck disable=SC2046
+        run_to "$file" env TFUSE_CACHE_DIR="$cache" XDG_CACHE_HOME="$cache" \
+            "$TFUSE" bench "bench/models/$model.ir" --mode="$mode" --target="$TARGET" --precision="$prec" \
+            --iters "$ITERS" "${TFUSE_FLAGS[@]}" "${extra[@]}" $(dim_flags "$model") ;;
+    *)
+        local peer=${run%-cached}
+        local cache="$OUT/cache/inductor-$model-$prec-$mode-$peer"
+        [ "$run" != "$peer" ] || { rm -rf "$cache"; mkdir -p "$cache"; }
+        # shellcheck disable=SC2046
+        run_to "$file" env TORCHINDUCTOR_CACHE_DIR="$cache" TRITON_CACHE_DIR="$cache/triton" \
+            "$PY" bench/peers.py --model "$model" --mode "$mode" --peer "$peer" --device "$DEVICE" \
+            --precision "$prec" --iters "$ITERS" --warmup "$WARMUP" $(dim_flags "$model") ;;
+    esac
 }
 
 for cfg in $CONFIGS; do
     model="${cfg%%:*}" prec="${cfg#*:}"
     [ -f "bench/models/$model.ir" ] || die "no model bench/models/$model.ir"
     case "$prec" in fp32|bf16|fp16) ;; *) die "$cfg: precision must be fp32, bf16 or fp16" ;; esac
-    for mode in $MODES; do
-        base="$OUT/${model}__${prec}__${mode}"
-        if [ -n "$TFUSE_NA" ]; then
-            echo "reason: $TFUSE_NA" > "${base}__tfuse.txt"
-            rm -f "${base}__tfuse-cached.txt"
-        else
-            cache="$OUT/cache/tfuse-$model-$prec-$mode"
-            rm -rf "$cache" && mkdir -p "$cache"
-            runs="tfuse"; [ "$CACHED" = 1 ] && runs="tfuse tfuse-cached"
-            for r in $runs; do
-                echo "== $model $prec $mode: $r" >&2
-                # shellcheck disable=SC2046
-                run_to "${base}__$r.txt" env TFUSE_CACHE_DIR="$cache" XDG_CACHE_HOME="$cache" \
-                    "$TFUSE" bench "bench/models/$model.ir" --mode="$mode" --target=cuda --precision="$prec" \
-                    --iters "$ITERS" "${TFUSE_FLAGS[@]}" $(dim_flags "$model")
-            done
-        fi
-        for peer in $PEERS; do
-            runs="$peer"
-            [ "$peer" != eager ] && [ "$CACHED" = 1 ] && runs="$peer $peer-cached"
-            cache="$OUT/cache/inductor-$model-$prec-$mode-$peer"
-            rm -rf "$cache" && mkdir -p "$cache"
-            for r in $runs; do
-                echo "== $model $prec $mode: $r" >&2
-                # shellcheck disable=SC2046
-                run_to "${base}__$r.txt" env TORCHINDUCTOR_CACHE_DIR="$cache" TRITON_CACHE_DIR="$cache/triton" \
-                    "$PY" bench/peers.py --model "$model" --mode "$mode" --peer "$peer" --device "$DEVICE" \
-                    --precision "$prec" --iters "$ITERS" --warmup "$WARMUP" $(dim_flags "$model")
-            done
+done
+has_peer() { [[ " $PEERS " == *" $1 "* ]]; }
+# In passes, most wanted first, so that a --deadline cuts what matters least: tfuse and
+# torch.compile's step and cold compile on every configuration; then the warm-cache runs and
+# eager; then tfuse's profile and checkpointed step; then max-autotune, whose compiles are long.
+for pass in 1 2 3 4; do
+    for cfg in $CONFIGS; do
+        model="${cfg%%:*}" prec="${cfg#*:}"
+        for mode in $MODES; do
+            runs=()
+            case $pass in
+            1) runs=(tfuse); has_peer compile && runs+=(compile) ;;
+            2) [ "$CACHED" = 1 ] && runs=(tfuse-cached) && has_peer compile && runs+=(compile-cached)
+               has_peer eager && runs+=(eager) ;;
+            3) [ "$PROFILE" = 1 ] && runs+=(tfuse-profile)
+               [ "$CKPT" = 1 ] && [ "$mode" = train ] && runs+=(tfuse-ckpt) ;;
+            4) has_peer compile-max && runs=(compile-max) && [ "$CACHED" = 1 ] && runs+=(compile-max-cached) ;;
+            esac
+            for r in "${runs[@]}"; do measure "$model" "$prec" "$mode" "$r"; done
         done
     done
 done

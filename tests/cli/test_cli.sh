@@ -28,6 +28,11 @@ expect 0 "^kernels: [0-9]+" -- "$tfuse" compile "$ex/mlp.ir" --target=cuda --sta
 # gradients and the hidden layer's dX, not the input's)
 expect 0 "^step_flops: 52363264$" -- "$tfuse" compile "$ex/mlp.ir" --stats
 expect 0 "^step_flops: 26017792$" -- "$tfuse" compile "$ex/mlp.ir" --stats --mode=infer
+# fused_bytes: the generated kernels' least traffic (relu over 16384 floats: read once, written once)
+printf 'input x : f32[256, 64]\ny = relu(x)\noutput y\n' > "$tmp/relu.ir"
+expect 0 "^fused_bytes: 131072$" -- "$tfuse" compile "$tmp/relu.ir" --mode=infer --stats -o "$tmp/relu.tfp"
+# every counter is there with --checkpoint=auto's three besides (a full table once dropped the last ones)
+expect 0 "recompute_overhead_permille: [0-9]+.*outputs: 3.*fused_bytes: [0-9]+" -- sh -c "'$tfuse' compile '$ex/transformer.ir' --checkpoint=auto --memory-budget=90% --stats -o '$tmp/t.tfp' | tr '\n' ' '"
 if ! nvidia-smi >/dev/null 2>&1; then
   expect 1 "target 'cuda' cannot run here" -- "$tfuse" run "$ex/mlp.ir" --target=cuda --random-inputs
 fi
@@ -82,7 +87,6 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   expect 0 "^kernels_fallback: [0-9]+" -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   expect 0 "^k[0-9]+_matmul +gemm(_bf16)? " -- "$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 2 --profile
   # each kernel's least traffic (relu over 16384 floats: 64 KiB read, 64 KiB written), its GB/s and its share of a copy's
-  printf 'input x : f32[256, 64]\ny = relu(x)\noutput y\n' > "$tmp/relu.ir"
   expect 0 "^k0_relu +jit +16384 +3 +[0-9.]+ +100.0% +0.131 +[0-9.]+ +[0-9]+%" -- "$tfuse" bench "$tmp/relu.ir" --mode=infer --target=cpu --iters 3 --profile
   expect 0 " copy_gbps: [0-9.]+ fused_kernels: 1 .*fused_of_copy: [0-9.]+" -- sh -c "'$tfuse' bench '$tmp/relu.ir' --mode=infer --target=cpu --iters 3 --profile | tr '\n' ' '"
   expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2

@@ -24,8 +24,11 @@
 #                  (.npy files this script writes with python3 alone): finite losses, falling
 #                  for mlp and cnn
 #   bench-EXAMPLE  tfuse bench --target=cuda --profile (train mode): step time, kernels, fallbacks
-#   memcheck       compute-sanitizer --tool memcheck on tfuse run examples/mlp.ir --target=cuda
-#                  (skipped when compute-sanitizer is not on PATH or in /usr/local/cuda/bin)
+#   memcheck       compute-sanitizer --tool memcheck on tfuse run examples/mlp.ir --target=cuda and
+#                  two training steps of the transformer and the cnn (skipped when compute-sanitizer
+#                  is not on PATH or in /usr/local/cuda/bin)
+#   racecheck      the same runs under --tool racecheck (shared-memory races)
+#   synccheck      the same runs under --tool synccheck (barriers in divergent code)
 # --dry-run runs build, nodriver, fake and "cli-nodriver" (tfuse run --target=cuda exits 1 with
 # the no-driver message) on a machine without a GPU.
 #
@@ -205,17 +208,23 @@ EOF
             step "bench-$ex" env TFUSE_CACHE_DIR="$CACHE" TFUSE_CUDA_EXPLAIN=1 "$B/tfuse" bench "examples/$ex.ir" --mode=train --target=cuda --iters 20 --profile
         done
 
-        memcheck() {
-            local cs
+        # sanitize TOOL: compute-sanitizer's TOOL on a short inference run and a two-step training run
+        # (the transformer: attention, layernorm, the multi-tensor AdamW launch, a CUDA graph replay)
+        sanitize() {
+            local tool=$1 cs
             cs=$(command -v compute-sanitizer || true)
             [ -z "$cs" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && cs=/usr/local/cuda/bin/compute-sanitizer
             if [ -z "$cs" ]; then echo "SKIP: compute-sanitizer is not installed"; return 0; fi
-            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool memcheck --error-exitcode 9 \
+            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool "$tool" --error-exitcode 9 \
                 "$B/tfuse" run examples/mlp.ir --target=cuda --random-inputs --dim B=8 || return 1
-            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool memcheck --error-exitcode 9 \
+            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool "$tool" --error-exitcode 9 \
                 "$B/tfuse" bench examples/transformer.ir --mode=train --target=cuda --warmup 0 --iters 2 || return 1
+            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool "$tool" --error-exitcode 9 \
+                "$B/tfuse" bench examples/cnn.ir --mode=train --target=cuda --warmup 0 --iters 2 --dim N=4 || return 1
         }
-        step memcheck memcheck
+        step memcheck sanitize memcheck
+        step racecheck sanitize racecheck
+        step synccheck sanitize synccheck
     fi
 fi
 
