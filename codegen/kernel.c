@@ -666,7 +666,9 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
         if (k->region) tf_strbuf_printf(&s, " (region %s)", m->regions[k->region - 1].name);
         tf_strbuf_printf(&s, " over [");
         for (int a = 0; a < k->rank; a++) tf_strbuf_printf(&s, "%s%lld%s", a ? ", " : "", (long long)k->dims[a], (k->reduce_mask >> a) & 1 ? "r" : "");
-        tf_strbuf_printf(&s, "]\n");
+        tf_strbuf_printf(&s, "]");
+        if (k->kind != TF_K_VIEW) tf_strbuf_printf(&s, ", %lld bytes", (long long)tf_kernel_bytes(k));   /* its least traffic */
+        tf_strbuf_printf(&s, "\n");
         if (k->lib) tf_strbuf_printf(&s, "  call %s -> %s\n", tf_op_info_of(k->lib->op)->name, k->lib->out->name);
         for (int e = 0; e < k->nexprs; e++) {
             const tf_kexpr *x = &k->exprs[e];

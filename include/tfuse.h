@@ -307,9 +307,11 @@ void      tf_program_free(tf_program_t *p);
  * memplan), the dim --dim K=auto chose, step_flops (two per multiply-add
  * of the step's matmuls and convolutions), with --checkpoint=auto
  * recomputed_ops, recompute_flops and recompute_overhead_permille, inputs,
- * outputs, and fused_bytes (the least memory traffic of the step's generated
+ * outputs, fused_bytes (the least memory traffic of the step's generated
  * elementwise and reduction kernels, tf_kernel_profile.bytes summed: over a
- * copy's bandwidth, a floor under their time). */
+ * copy's bandwidth, a floor under their time) and kernel_bytes (the same
+ * over every kernel: library calls' operands and results and their
+ * epilogues too). */
 size_t    tf_program_stat_count(const tf_program_t *p);
 tf_status tf_program_stat(const tf_program_t *p, size_t i, const char **name, int64_t *value);
 /* The compiled module's text (after all passes); *out malloc'd. */

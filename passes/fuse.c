@@ -10,7 +10,9 @@
  *              layernorm, cross-entropy, batchnorm statistics and apply;
  *   gemm       a matmul/conv2d with the pointwise epilogue on its output whose
  *              other operands are vectors or scalars (bias, activation): the
- *              cuBLASLt epilogue on GPU;
+ *              cuBLASLt epilogue on GPU; a widening cast (bf16 -> f32) stays
+ *              out of it and joins its readers' kernel, which then read the
+ *              narrow value instead of a wide copy the epilogue would store;
  *   multi      the optimizer's update chains of every param, one launch.
  * Forward ops and backward ops (autodiff's) never share a region: a forward
  * result fused into backward work would live from the forward pass on.
@@ -121,6 +123,15 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
             return true;
+        if (g->kind == TF_REGION_GEMM && n->op == TF_OP_CAST && tf_dtype_bytes(O->dtype) > tf_dtype_bytes(n->in[0]->type.dtype)) {
+            /* the epilogue would store the wide copy beside the product it
+             * stores anyway, and its readers would read the wide one; in its
+             * readers' kernel the cast reads the narrow product and is never
+             * stored (a bf16 convolution's result widened for batchnorm's
+             * f32 statistics: 6 bytes an element written and read, not 10) */
+            *why = "a widening cast joins its readers' kernel, not a matmul epilogue that would store the wide copy";
+            return false;
+        }
         if (g->kind == TF_REGION_GEMM && tf_type_same_shape(O, &g->S) && f->to_reduction[index_of(n) - f->m->decls.n]) {
             /* a matmul epilogue would store it for the reduction to read
              * back (a gradient's square for a global norm: as large as the

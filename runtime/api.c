@@ -510,11 +510,15 @@ static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_
     for (int i = 0; p->has_plan && i < p->nstats; i++) {   /* the plan's count, which bench and --dump-kernels report */
         if (!strcmp(p->stats[i].name, "kernels")) p->stats[i].value = tf_kernels_count(&p->plan);
     }
-    if (p->has_plan) {   /* what the generated kernels must move per step, at the least: bytes over a copy's bandwidth bound their time */
-        int64_t fb = 0;
-        for (int i = 0; i < p->plan.nkernels; i++)
-            if (p->plan.kernels[i].kind == TF_K_ELEMENTWISE || p->plan.kernels[i].kind == TF_K_REDUCTION) fb += tf_kernel_bytes(&p->plan.kernels[i]);
+    if (p->has_plan) {   /* what the kernels must move per step, at the least: bytes over a copy's bandwidth bound their time */
+        int64_t fb = 0, all = 0;
+        for (int i = 0; i < p->plan.nkernels; i++) {
+            int64_t b = tf_kernel_bytes(&p->plan.kernels[i]);
+            all += b;
+            if (p->plan.kernels[i].kind == TF_K_ELEMENTWISE || p->plan.kernels[i].kind == TF_K_REDUCTION) fb += b;
+        }
         add_stat(p, "fused_bytes", fb);
+        add_stat(p, "kernel_bytes", all);
     }
     if (!st && opts->dump_kernels) st = dump_kernels(ctx, p, opts->dump_kernels);
     if (!st && opts->dump_llvm) {   /* the cpu target's code: its LLVM IR */

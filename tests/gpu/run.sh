@@ -215,12 +215,18 @@ EOF
             cs=$(command -v compute-sanitizer || true)
             [ -z "$cs" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && cs=/usr/local/cuda/bin/compute-sanitizer
             if [ -z "$cs" ]; then echo "SKIP: compute-sanitizer is not installed"; return 0; fi
-            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool "$tool" --error-exitcode 9 \
-                "$B/tfuse" run examples/mlp.ir --target=cuda --random-inputs --dim B=8 || return 1
-            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool "$tool" --error-exitcode 9 \
-                "$B/tfuse" bench examples/transformer.ir --mode=train --target=cuda --warmup 0 --iters 2 || return 1
-            TFUSE_CACHE_DIR="$CACHE" "$cs" --tool "$tool" --error-exitcode 9 \
-                "$B/tfuse" bench examples/cnn.ir --mode=train --target=cuda --warmup 0 --iters 2 --dim N=4 || return 1
+            # each run bounded (SANITIZE_TIMEOUT, default 150 s): a tool that slows a run past it fails the step
+            # with that reason rather than the whole script's time limit
+            local run rc
+            for run in "run examples/mlp.ir --target=cuda --random-inputs --dim B=8" \
+                       "bench examples/transformer.ir --mode=train --target=cuda --warmup 0 --iters 2" \
+                       "bench examples/cnn.ir --mode=train --target=cuda --warmup 0 --iters 2 --dim N=4"; do
+                # shellcheck disable=SC2086
+                TFUSE_CACHE_DIR="$CACHE" timeout "${SANITIZE_TIMEOUT:-150}" "$cs" --tool "$tool" --error-exitcode 9 "$B/tfuse" $run
+                rc=$?
+                [ $rc -eq 124 ] && echo "FAILED: $tool on tfuse $run ran past ${SANITIZE_TIMEOUT:-150} s"
+                [ $rc -eq 0 ] || return 1
+            done
         }
         step memcheck sanitize memcheck
         step racecheck sanitize racecheck
