@@ -23,7 +23,7 @@
 # wanted: (1) tfuse and compile, (2) the cached runs and eager, (3) tfuse's
 # profile and checkpointed runs, (4) max-autotune. Step times are medians
 # of --iters (>= 50) steps timed with CUDA events after --warmup steps; peak
-# memory is torch.cuda.max_memory_allocated (tfuse: device_peak_bytes, what
+# memory is torch.cuda.max_memory_allocated (tfuse: device_bytes, what
 # its session allocated). Where tfuse's cuda target does not work yet, its
 # cells say "n/a (reason)" and the peers are measured all the same.
 #

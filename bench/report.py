@@ -302,9 +302,9 @@ def gpu_peak(name):
 
 
 def mem_mib(kv):
-    """tfuse: what its session allocated on the device (device_peak_bytes), else its plan's peak;
+    """tfuse: what its session allocated on the device (device_bytes), else its plan's peak;
     a peer: torch.cuda.max_memory_allocated (peak_bytes)."""
-    v = (number(kv, "device_peak_bytes") or number(kv, "peak_bytes")) if kv else None
+    v = (number(kv, "device_bytes") or number(kv, "peak_bytes")) if kv else None
     return fmt(v / 2**20) if v is not None else "—"
 
 
@@ -334,7 +334,7 @@ def gpu_table(runs, d=""):
     out.append("")
     out.append("Step times are medians (CUDA events) of the timed steps after warm-up; a ratio below 1 means tfuse is "
                "faster; the target is tfuse/best compile <= 0.8, against the faster of torch.compile's default and "
-               "max-autotune. Peak memory: tfuse's device_peak_bytes (what its session allocated: arena, state, "
+               "max-autotune. Peak memory: tfuse's device_bytes (what its session holds for its steps: arena, state, "
                "workspaces; its plan's peak_bytes where a run predates that line); PyTorch's "
                "torch.cuda.max_memory_allocated over the timed steps. Compile time: the first run with an empty cache "
                "(cold) and a second process with the cache it left (cached); for torch.compile it is the warm-up time "

@@ -25,8 +25,8 @@ const char bench_help[] =
     "step_ms_p90). --profile adds a table of kernels sorted by total time, with each call's bytes\n"
     "(the least traffic: each byte read or written once), GB/s, and for generated kernels the share\n"
     "of a plain copy's bandwidth in the same memory (copy_gbps, measured then); fused_gbps and\n"
-    "fused_of_copy sum the generated kernels' bytes over their time. cuda: device_peak_bytes, the\n"
-    "most device memory the session held.";
+    "fused_of_copy sum the generated kernels' bytes over their time. cuda: device_bytes, the\n"
+    "device memory the session holds for its steps.";
 
 static double now_ms(void)
 {
@@ -185,7 +185,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
             tf_program_stat(p, i, &name, &v);
             if (!strcmp(name, "peak_bytes") || !strcmp(name, "params")) printf("%s: %" PRId64 "\n", name, v);
         }
-        if (info.device_peak_bytes) printf("device_peak_bytes: %" PRId64 "\n", info.device_peak_bytes);
+        if (info.device_bytes) printf("device_bytes: %" PRId64 "\n", info.device_bytes);
         printf("warmup: %" PRIu64 "\n", warmup);
         printf("iters: %" PRIu64 "\n", iters);
         printf("step_ms: %.4f\n", median);

@@ -492,7 +492,7 @@ typedef struct tf_session_info {
     const char *step_graph;
     int64_t graph_replays;
     /* cpu: the memory the session holds for the step's values (cuda fills
-     * arena_bytes, and device_peak_bytes below). arena_bytes:
+     * arena_bytes, and device_bytes below). arena_bytes:
      * the activation arena, memplan's size (compile --stats arena_bytes);
      * value_bytes: the arena plus one block per input, param and buffer and
      * per value memplan did not place (unplanned_bytes of them; 0 when
@@ -501,12 +501,14 @@ typedef struct tf_session_info {
      * runs. aux_bytes: caches besides the values (f32 copies of bf16 GEMM
      * operands, packed weights, kernel scratch), at this moment. */
     int64_t arena_bytes, value_bytes, unplanned_bytes, aux_bytes;
-    /* cuda: the most device memory the session's own allocations held at
-     * once (the activation arena, params, buffers, inputs, the cuBLASLt and
-     * cuDNN workspaces, cuDNN's algorithm search, reduction scratch, ReLU
-     * masks); not the CUDA context, loaded code or the libraries' handles,
-     * as torch.cuda.max_memory_allocated leaves them out. 0 elsewhere. */
-    int64_t device_peak_bytes;
+    /* cuda: the device memory the session's own allocations hold (the
+     * activation arena, params, buffers, inputs, the cuBLASLt and cuDNN
+     * workspaces, reduction scratch, ReLU masks): what every step runs in,
+     * as steps allocate nothing. Not the CUDA context, loaded code or the
+     * libraries' handles, which torch.cuda.max_memory_allocated leaves out
+     * too, nor cuDNN's algorithm search, whose scratch is given back when
+     * the session is set up. 0 elsewhere. */
+    int64_t device_bytes;
 } tf_session_info;
 tf_status tf_session_get_info(const tf_session_t *s, tf_session_info *out);
 

@@ -191,7 +191,7 @@ static const struct { const char *type, *field; size_t at; } g_layout[] = {
     F(tf_session_info, jit_compiled), F(tf_session_info, jit_cached), F(tf_session_info, fallbacks), F(tf_session_info, jit_disk),
     F(tf_session_info, jit_package), F(tf_session_info, jit_ms), F(tf_session_info, disk_hits), F(tf_session_info, disk_misses),
     F(tf_session_info, library), F(tf_session_info, step_graph), F(tf_session_info, graph_replays),
-    F(tf_session_info, arena_bytes), F(tf_session_info, value_bytes), F(tf_session_info, unplanned_bytes), F(tf_session_info, aux_bytes), F(tf_session_info, device_peak_bytes),
+    F(tf_session_info, arena_bytes), F(tf_session_info, value_bytes), F(tf_session_info, unplanned_bytes), F(tf_session_info, aux_bytes), F(tf_session_info, device_bytes),
     S(tf_train_config), F(tf_train_config, has_block), F(tf_train_config, optimizer), F(tf_train_config, lr),
     F(tf_train_config, optimizer_params), F(tf_train_config, noptimizer_params), F(tf_train_config, schedule),
     F(tf_train_config, schedule_params), F(tf_train_config, nschedule_params), F(tf_train_config, precision),

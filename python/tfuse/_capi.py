@@ -55,7 +55,7 @@ class SessionInfo(ctypes.Structure):
         ("fallbacks", c_int), ("jit_disk", c_int), ("jit_package", c_int), ("jit_ms", c_double),
         ("disk_hits", c_int), ("disk_misses", c_int), ("library", c_char_p),
         ("step_graph", c_char_p), ("graph_replays", c_int64), ("arena_bytes", c_int64), ("value_bytes", c_int64),
-        ("unplanned_bytes", c_int64), ("aux_bytes", c_int64), ("device_peak_bytes", c_int64),
+        ("unplanned_bytes", c_int64), ("aux_bytes", c_int64), ("device_bytes", c_int64),
     ]
 
 

@@ -224,8 +224,8 @@ typedef struct cuda_session {
     /* device memory: two allocations */
     tf_cu_deviceptr arena, state;
     size_t arena_bytes, state_bytes;
-    size_t dev_bytes, dev_peak;  /* device memory the session's own allocations hold, now and at most
-                                  * (tf_session_info.device_peak_bytes; dev_count at each) */
+    size_t dev_bytes;           /* device memory the session's own allocations hold (tf_session_info.device_bytes;
+                                 * dev_count at each allocation and release) */
     tf_cu_deviceptr *ptr;       /* per value id: its storage (0: none; reshapes go through root_of) */
     tf_cu_deviceptr *stage;     /* per update: where its new value waits (0: read in place) */
     tf_cu_deviceptr rt_dev, ws_dev;
@@ -310,11 +310,7 @@ static tf_cu_deviceptr dev_of(const cuda_session *c, const tf_value *v) { return
 
 /* A failed CUDA call (c->err holds its words) as the session's error. */
 /* An allocation of the session (bytes > 0) or its release (< 0). */
-static void dev_count(cuda_session *c, int64_t bytes)
-{
-    c->dev_bytes = (size_t)((int64_t)c->dev_bytes + bytes);
-    if (c->dev_bytes > c->dev_peak) c->dev_peak = c->dev_bytes;
-}
+static void dev_count(cuda_session *c, int64_t bytes) { c->dev_bytes = (size_t)((int64_t)c->dev_bytes + bytes); }
 
 static tf_status cu_fail(tf_session_t *s, cuda_session *c, tf_cu_result r, const char *what)
 {
@@ -2679,7 +2675,7 @@ static void cuda_info(tf_session_t *s, tf_session_info *out)
     out->step_graph = c->graphs ? "graph" : c->graph_why;
     out->graph_replays = c->replays;
     out->arena_bytes = (int64_t)c->arena_bytes;
-    out->device_peak_bytes = (int64_t)c->dev_peak;
+    out->device_bytes = (int64_t)c->dev_bytes;
 }
 
 /* `tfuse doctor`'s CUDA lines: every library the cuda target would load,

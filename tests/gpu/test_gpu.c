@@ -818,8 +818,8 @@ static void contract(void)
         CHECK(!tf_session_copy_bandwidth(q.dev, &gbps) && gbps > 0, "a device-to-device copy's bandwidth: %g GB/s (%s)", gbps,
               tf_context_last_error(q.ctx));
         printf("cuda session: a copy moves %.1f GB/s\n", gbps);
-        CHECK(!tf_session_get_info(q.dev, &info) && info.device_peak_bytes >= info.arena_bytes + (int64_t)(70 + 7) * 4,
-              "device_peak_bytes (%lld) holds the arena (%lld) and the params", (long long)info.device_peak_bytes,
+        CHECK(!tf_session_get_info(q.dev, &info) && info.device_bytes >= info.arena_bytes + (int64_t)(70 + 7) * 4,
+              "device_bytes (%lld) holds the arena (%lld) and the params", (long long)info.device_bytes,
               (long long)info.arena_bytes);
         CHECK(ok == (int)n, "every profile entry ran once (%d of %zu)", ok, n);
         /* on the host every update chain is its own kernel; on the GPU they are one launch */
