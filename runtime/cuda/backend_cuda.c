@@ -308,10 +308,10 @@ static const tf_value *root_of(const tf_value *v)
 
 static tf_cu_deviceptr dev_of(const cuda_session *c, const tf_value *v) { return v->kind == TF_VAL_CONST ? 0 : c->ptr[root_of(v)->id]; }
 
-/* A failed CUDA call (c->err holds its words) as the session's error. */
 /* An allocation of the session (bytes > 0) or its release (< 0). */
 static void dev_count(cuda_session *c, int64_t bytes) { c->dev_bytes = (size_t)((int64_t)c->dev_bytes + bytes); }
 
+/* A failed CUDA call (c->err holds its words) as the session's error. */
 static tf_status cu_fail(tf_session_t *s, cuda_session *c, tf_cu_result r, const char *what)
 {
     tf_status st = r == CUDA_ERROR_OUT_OF_MEMORY ? TF_ERR_OOM : TF_ERR_RUNTIME;
