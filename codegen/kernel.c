@@ -62,7 +62,7 @@ bool tf_kernel_reduction_ok(int op)
 static bool is_pointwise(const tf_node *n)
 {
     tf_op_kind kind = tf_op_info_of(n->op)->kind;
-    return kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || kind == TF_OPK_GENERATOR || n->op == TF_OP_ONE_HOT;
+    return kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || kind == TF_OPK_GENERATOR || n->op == TF_OP_ONE_HOT || n->op == TF_OP_BROADCAST;
 }
 
 bool tf_kernel_op_is_expr(int op)
@@ -191,6 +191,13 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
         tf_kexpr e = {.kind = TF_KX_REDUCED, .dtype = n->out->type.dtype, .red = k->nreds++, .reduced_domain = true, .node = n};
         int id = add_expr(b, e);
         if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
+        b->place_of[n->out->id] = res;
+        return TF_IR_OK;
+    }
+    if (n->op == TF_OP_BROADCAST) {   /* its operand, read with zero strides along the axes it spreads over */
+        int id = operand(b, n, 0, &res, n->out->type.rank);
+        if (id < 0) return b->d->status;
+        if (!remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
         b->place_of[n->out->id] = res;
         return TF_IR_OK;
     }

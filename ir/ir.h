@@ -407,6 +407,9 @@ tf_ir_status tf_module_set_dim(tf_module *m, int k, int64_t value, tf_diag *d);
 
 /* Copy of a whole module (new arena). NULL on OOM. Renumbers m. */
 tf_module *tf_module_clone(tf_module *m);
+/* Exchange two modules' contents (nothing points at a tf_module itself):
+ * a pass driver that planned a copy adopts it. */
+void tf_module_swap(tf_module *a, tf_module *b);
 /* Append an existing node (from the module's own arena) to m->nodes. */
 tf_ir_status tf_module_append_node(tf_module *m, tf_node *n);
 

@@ -20,6 +20,13 @@ tf_module *tf_module_create(const char *file)
     return m;
 }
 
+void tf_module_swap(tf_module *a, tf_module *b)
+{
+    tf_module t = *a;
+    *a = *b;
+    *b = t;
+}
+
 void tf_module_free(tf_module *m)
 {
     if (!m) return;

@@ -127,8 +127,9 @@ static bool graph_build(tf_module *m, ck_graph *g)
         tf_op_kind kd = tf_op_info_of(n->op)->kind;
         g->recomputable[i] = i < bs && kd != TF_OPK_RNG && !tf_op_has(n->op, TF_OPF_LAYER) && !n->region;
         g->cheap[i] = kd == TF_OPK_LAYOUT || kd == TF_OPK_POINTWISE;
-        g->pointwise[i] = kd == TF_OPK_POINTWISE;
-        g->fusible[i] = kd == TF_OPK_POINTWISE || kd == TF_OPK_REDUCTION;
+        /* fuse runs a broadcast as zero-stride loads in its readers' kernel, as it runs a pointwise op */
+        g->pointwise[i] = kd == TF_OPK_POINTWISE || n->op == TF_OP_BROADCAST;
+        g->fusible[i] = g->pointwise[i] || kd == TF_OPK_REDUCTION;
     }
     g->in_off[N] = k;
     for (int i = 0; i < m->noutputs; i++) {

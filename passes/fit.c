@@ -226,6 +226,43 @@ static tf_ir_status run_fitted(tf_module *m, const tf_pipeline *pl, const tf_opt
     return tf_pipeline_run(m, pl, from, pl->n, o);
 }
 
+/* run_fitted (after tf_pipeline_begin when `begin`), and when a memory
+ * budget is missed, a second try with broadcasts as their own kernels
+ * (o->keep_broadcasts): fused into their readers they move fewer bytes,
+ * but the kernel they join can hold more values alive at once (a
+ * batchnorm's whole backward pass in one), and under a budget memory comes
+ * first. *kept: the second plan met it and m is now that plan. The auto
+ * dim's probes go through here too, so that the batch it picks is the
+ * largest an explicit --dim with the same budget compiles. */
+static tf_ir_status run_fitted_retry(tf_module *m, const tf_pipeline *pl, const tf_options *o, bool begin, ck_unmet *u, bool *kept)
+{
+    *kept = false;
+    bool retry = !o->keep_broadcasts && o->mode == TF_IR_TRAIN && o->checkpoint == TF_IR_CHECKPOINT_AUTO &&
+                 (o->memory_budget > 0 || o->memory_budget_pct > 0);
+    tf_module *again = retry ? tf_module_clone(m) : NULL;
+    if (retry && !again) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
+    tf_ir_status st = begin ? tf_pipeline_begin(m, o) : TF_IR_OK;
+    if (!st) st = run_fitted(m, pl, o, u);
+    if (!st && u->unmet && again) {
+        tf_diag d2 = {0};
+        tf_options r = *o;
+        r.keep_broadcasts = true;
+        r.diag = &d2;
+        ck_unmet u2 = {0};
+        tf_ir_status st2 = begin ? tf_pipeline_begin(again, &r) : TF_IR_OK;
+        if (!st2) st2 = run_fitted(again, pl, &r, &u2);
+        if (!st2 && !u2.unmet) {
+            tf_module_swap(m, again);
+            u->unmet = false;
+            *kept = true;
+        } else if (!st2 && u2.best > 0 && u2.best < u->best) {
+            u->best = u2.best, u->nrecomputed = u2.nrecomputed;
+        }
+    }
+    tf_module_free(again);
+    return st;
+}
+
 /* One probe of the auto dim: a copy of m with the dim at v, run quietly.
  * *peak: its planned peak, or -1 when a shape rule refuses v (an error for
  * v = 1); *unmet: the checkpoint budget cannot be met (*peak: the best). */
@@ -243,7 +280,8 @@ static tf_ir_status probe(const tf_module *m, const tf_pipeline *pl, const tf_op
         q.explain = NULL;
         q.dump_ir = NULL;
         ck_unmet u;
-        if (!(st = run_fitted(x, pl, &q, &u))) {
+        bool kept;
+        if (!(st = run_fitted_retry(x, pl, &q, false, &u, &kept))) {
             if (u.unmet) {
                 *peak = u.best;
                 *unmet = true;
@@ -343,8 +381,11 @@ tf_ir_status tf_fit_pipeline(tf_module *m, const char *list, const tf_options *o
     if (!auto_dim && ck && (q.memory_budget > 0 || q.memory_budget_pct > 0) && !(orig = tf_module_clone(m)))
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     ck_unmet u = {0};
-    tf_ir_status st = tf_pipeline_begin(m, &q);
-    if (!st) st = run_fitted(m, &pl, &q, &u);
+    bool kept = false;
+    tf_ir_status st = run_fitted_retry(m, &pl, &q, true, &u, &kept);
+    if (!st && kept)
+        tf_explain(o, "fit", NULL, "the memory budget is met with broadcasts run as their own kernels, not fused into their readers' "
+                   "(which held more values alive at once): planned %lld bytes", (long long)peak_of(m));
     if (!st && u.unmet) {
         char more[512] = "";
         int bd = orig ? batch_dim(orig) : -1;

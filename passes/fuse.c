@@ -67,8 +67,18 @@ static int node_class(const tf_node *n)
     default: break;
     }
     if (n->op == TF_OP_ONE_HOT) return C_PW;     /* elementwise in its output */
+    /* a broadcast is a load with zero strides in the kernel that reads it,
+     * not a tensor of copies (a reduction's gradient spread over the rows
+     * it summed: cross-entropy's over [B, T, V] logits), unless
+     * keep_broadcasts (class_of) */
+    if (n->op == TF_OP_BROADCAST) return C_PW;
     if (n->op == TF_OP_RESHAPE) return C_VIEW;
     return C_OTHER;
+}
+
+static int class_of(const fz *f, const tf_node *n)
+{
+    return n->op == TF_OP_BROADCAST && f->o->keep_broadcasts ? C_OTHER : node_class(n);
 }
 
 static int index_of(const tf_node *n) { return n->out->id; }   /* ids renumbered: decls first */
@@ -121,6 +131,15 @@ static bool admits(const fz *f, const group *g, const tf_node *n, int c, const c
             return false;
         }
         if (g->kind == TF_REGION_POINTWISE && tf_type_same_shape(O, &g->S)) return true;
+        if (g->kind == TF_REGION_REDUCTION && n->op == TF_OP_BROADCAST) {
+            /* spreading a reduction's result back over its rows (a norm's
+             * or a loss's gradient): the readers' kernel does it as it
+             * loads, and stays a pointwise kernel whose result memplan may
+             * write over a dying operand; in the reduction's kernel it would
+             * make the readers reduction epilogues, which it may not */
+            *why = "a broadcast of a reduction's result joins its readers' kernel, not the reduction's";
+            return false;
+        }
         if (g->kind == TF_REGION_REDUCTION && (tf_type_same_shape(O, &g->S) || is_reduced_shape(&g->S, g->R, O)))
             return true;
         if (g->kind == TF_REGION_GEMM && n->op == TF_OP_CAST && tf_dtype_bytes(O->dtype) > tf_dtype_bytes(n->in[0]->type.dtype)) {
@@ -319,7 +338,7 @@ static void group_nodes(fz *f, bool *mark)
     int D = f->m->decls.n;
     for (int i = 0; i < f->n; i++) {
         tf_node *n = f->nodes[i];
-        int c = node_class(n);
+        int c = class_of(f, n);
         if (c == C_GEMM) {
             new_group(f, i, TF_REGION_GEMM, &n->out->type, 0);
             continue;
@@ -666,7 +685,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     for (int i = 0; i < f.n && o->explain; i++) {
         tf_node *nd = f.nodes[i];
         const char *op = tf_op_info_of(nd->op)->name;
-        int c = node_class(nd);
+        int c = class_of(&f, nd);
         if (nd->region) continue;
         if (c == C_VIEW) tf_explain(o, "fuse", &nd->loc, "%s %s: a view, no kernel", op, nd->out->name);
         else if (c == C_GEMM) tf_explain(o, "fuse", &nd->loc, "%s %s: library call, no pointwise epilogue to fuse", op, nd->out->name);

@@ -269,12 +269,14 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     int *last = tf_malloc((size_t)(V ? V : 1) * sizeof *last);
     bool *mem = tf_calloc((size_t)(V ? V : 1), sizeof *mem), *yielded = tf_calloc((size_t)(V ? V : 1), sizeof *yielded);
     int *region_end = tf_malloc((size_t)(m->nregions + 1) * sizeof *region_end);
+    /* per region: a reduction region's index space (its reductions' input type), else NULL */
+    const tf_type **region_space = tf_calloc((size_t)(m->nregions + 1), sizeof *region_space);
     heap h = {0};
     int *dies = NULL, *next = NULL, *blk = NULL;
     lifetime *life = NULL, *sorted = NULL, *placed = NULL;
     block *busy = NULL;   /* the blocks alive while a region runs, or while a block lives */
     tf_ir_status st = TF_IR_OK;
-    if (!last || !mem || !yielded || !region_end) {
+    if (!last || !mem || !yielded || !region_end || !region_space) {
         st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
         goto done;
     }
@@ -286,6 +288,8 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         n->out->offset = -1;
         n->out->home = NULL;
         if (n->region) region_end[n->region] = i;
+        if (n->region && tf_op_info_of(n->op)->kind == TF_OPK_REDUCTION && !region_space[n->region])
+            region_space[n->region] = &n->in[0]->type;
         /* in memory: results outside regions and yields; not views */
         bool view = n->op == TF_OP_RESHAPE && n->in[0]->kind != TF_VAL_CONST;
         mem[n->out->id] = !view && (!n->region || yielded[n->out->id]);
@@ -395,16 +399,27 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
             st = too_big(m, o, v);
             goto done;
         }
-        /* in place over an operand that dies here */
+        /* in place over an operand that dies here. In a reduction kernel,
+         * too, for a result over the whole index space: every emitter (and
+         * kernel_eval.c) finishes an outer index's reductions, every read of
+         * them, before its full-space stores, and each of those reads its
+         * operands at the element it writes (a batchnorm's input gradient
+         * over the gradient it is computed from) */
+        const tf_region_kind rk = n->region ? m->regions[n->region - 1].kind : TF_REGION_POINTWISE;
         bool elementwise = tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE &&
-                           (!n->region || m->regions[n->region - 1].kind == TF_REGION_POINTWISE);
+                           (!n->region || rk == TF_REGION_POINTWISE ||
+                            (rk == TF_REGION_REDUCTION && region_space[n->region] && tf_type_same_shape(&v->type, region_space[n->region])));
         int end = n->region ? region_end[n->region] : i;
         tf_value *donor = NULL;
         for (int k = 0; elementwise && !o->opt0 && k < n->nin && !donor; k++) {
             tf_value *u = root_of(n->in[k]);
             if (u->kind == TF_VAL_NODE && u->offset >= 0 && mem[u->id] && last[u->id] <= end && last[u->id] >= i &&
                 (!n->region || u->def->region != n->region) && tf_type_same_shape(&u->type, &v->type) &&
-                bytes_of(u) == bytes_of(v) && n->in[k] == u)
+                bytes_of(u) == bytes_of(v) && n->in[k] == u &&
+                /* a matmul's product read by a reduction kernel stays apart from what the kernel writes: the
+                 * cuda target may run that kernel as the GEMM's epilogue (ReLU's backward with the bias
+                 * gradient, DRELU_BGRAD), which writes its result beside the product, not over it */
+                !(rk == TF_REGION_REDUCTION && tf_op_info_of(u->def->op)->kind == TF_OPK_MATMUL))
                 donor = u;
         }
         if (donor) {
@@ -534,5 +549,6 @@ done:
     tf_free(mem);
     tf_free(yielded);
     tf_free(region_end);
+    tf_free(region_space);
     return st;
 }
