@@ -20,6 +20,11 @@
  * that reads it) joins only pointwise kernels, so that its chain ends in
  * that op's kernel: in a matmul epilogue or a reduction kernel that runs
  * earlier it would be stored, and live, until the op runs.
+ * A broadcast joins its readers' kernel as a load with zero strides (a
+ * reduction's gradient spread back over its rows is never a tensor of
+ * copies), except into the reduction that computed its operand, and not
+ * under tf_options.keep_broadcasts (tf_fit_pipeline's second try at a
+ * memory budget: a big fused kernel holds more values alive at once).
  * Grouping is greedy in program order: an op joins the region of a producer
  * when the region's shape rules admit it, and producer regions that fit are
  * merged. Nothing is ever duplicated (no recomputation), so fusing can only

@@ -17,7 +17,10 @@
  * (resnet at 40% of its peak: 11% over the most bytes ever alive at once);
  * largest-first packs the big blocks first and the small ones into the gaps. In place: an elementwise result may
  * take the buffer of an operand of the same shape and size that dies at that
- * op — the "inplace ReLU" trick, made safe by liveness (not under --O0).
+ * op — the "inplace ReLU" trick, made safe by liveness (not under --O0); in
+ * a reduction kernel too, for a result over its whole index space (every
+ * emitter finishes an outer index's reductions before its full-space
+ * stores), unless the operand is a matmul's product (see the DRELU note).
  * Updates in place: an update's new value is computed straight into the
  * storage of the param or buffer it replaces (value->home), as PyTorch's
  * optimizers update in place, instead of living in the arena to the end of
