@@ -22,9 +22,10 @@
  * earlier it would be stored, and live, until the op runs.
  * A broadcast joins its readers' kernel as a load with zero strides (a
  * reduction's gradient spread back over its rows is never a tensor of
- * copies), except into the reduction that computed its operand, and not
- * under tf_options.keep_broadcasts (tf_fit_pipeline's second try at a
- * memory budget: a big fused kernel holds more values alive at once).
+ * copies), except into the reduction that computed its operand, not when
+ * it spreads few values (BROADCAST_MIN_ROWS), and not under
+ * tf_options.keep_broadcasts (tf_fit_pipeline's second try at a memory
+ * budget: a big fused kernel holds more values alive at once).
  * Grouping is greedy in program order: an op joins the region of a producer
  * when the region's shape rules admit it, and producer regions that fit are
  * merged. Nothing is ever duplicated (no recomputation), so fusing can only
@@ -81,9 +82,19 @@ static int node_class(const tf_node *n)
     return C_OTHER;
 }
 
+/* A broadcast of fewer values than this stays its own kernel: each value
+ * spreads over a long row (a batchnorm's per-channel gradients over
+ * N x H x W), and fused into its readers it would join the reductions over
+ * those rows into one kernel of several passes with one block (or thread)
+ * per row: too few rows to fill the machine, each pass reading the rows
+ * again (the small resnet's bf16 step on the cpu target: 4% slower so).
+ * A loss's, a softmax's or a layernorm's gradient has a row per token. */
+enum { BROADCAST_MIN_ROWS = 1024 };
+
 static int class_of(const fz *f, const tf_node *n)
 {
-    return n->op == TF_OP_BROADCAST && f->o->keep_broadcasts ? C_OTHER : node_class(n);
+    if (n->op == TF_OP_BROADCAST && (f->o->keep_broadcasts || tf_type_numel(&n->in[0]->type) < BROADCAST_MIN_ROWS)) return C_OTHER;
+    return node_class(n);
 }
 
 static int index_of(const tf_node *n) { return n->out->id; }   /* ids renumbered: decls first */
