@@ -75,8 +75,8 @@ static int node_class(const tf_node *n)
     if (n->op == TF_OP_ONE_HOT) return C_PW;     /* elementwise in its output */
     /* a broadcast is a load with zero strides in the kernel that reads it,
      * not a tensor of copies (a reduction's gradient spread over the rows
-     * it summed: cross-entropy's over [B, T, V] logits), unless
-     * keep_broadcasts (class_of) */
+     * it summed: cross-entropy's over [B, T, V] logits); class_of says
+     * when it stays a kernel all the same */
     if (n->op == TF_OP_BROADCAST) return C_PW;
     if (n->op == TF_OP_RESHAPE) return C_VIEW;
     return C_OTHER;

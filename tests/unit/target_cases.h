@@ -101,6 +101,11 @@ static const target_case target_cases[] = {
      "param w : f32[7, 11] = uniform()\nparam g : f32[7] = ones()\nparam bb : f32[7] = zeros()\n"
      "e = embedding(i, t)\nn = layernorm(e, g, bb)\nh = gelu(n)\nl = linear(h, w)\nloss = cross_entropy(l, y)\n"
      "output loss\ntrain {\n  optimizer = adamw(lr=0.01)\n}\n", TF_MODE_TRAIN},
+    /* over 1024 rows the gradients' broadcasts (cross-entropy's, layernorm's) are loads with zero strides in
+     * the kernels that read them, and a reduction kernel's result may take a dying operand's memory */
+    {"train losses over many rows", "input x : f32[1030, 13]\ninput y : i64[1030]\nparam w : f32[13, 11] = uniform()\n"
+     "param g : f32[11] = ones()\nparam bb : f32[11] = zeros()\nh = linear(x, w)\nn = layernorm(h, g, bb)\n"
+     "loss = cross_entropy(n, y)\noutput loss\n" TC_TRAIN_SGD, TF_MODE_TRAIN},
     {"train batchnorm, slice, concat", "input x : f32[3, 4, 5, 5]\ninput z : f32[3]\nparam w : f32[4, 4, 3, 3] = uniform()\n"
      "param g : f32[4] = ones()\nparam b : f32[4] = zeros()\nbuffer rm : f32[4] = zeros()\nbuffer rv : f32[4] = ones()\n"
      "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, rm, rv)\ns = slice(n, axis=1, start=1, end=3)\n"
