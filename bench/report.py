@@ -116,7 +116,9 @@ def ratio(a, b):
 
 
 def mib(kv):
-    v = number(kv, "peak_bytes") if kv else None
+    """Memory in MiB: tfuse on a GPU, what its session holds (device_bytes), else its plan's peak;
+    a peer: torch.cuda.max_memory_allocated (peak_bytes)."""
+    v = (number(kv, "device_bytes") or number(kv, "peak_bytes")) if kv else None
     return fmt(v / 2**20) if v is not None else "—"
 
 
@@ -285,13 +287,11 @@ GPU_PEAKS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200"
 
 
 def gpu_name(d):
-    for fn in ("nvidia-smi-query.txt",):
-        try:
-            with open(os.path.join(d, fn)) as f:
-                return f.readline().split(",")[0].strip()
-        except OSError:
-            pass
-    return ""
+    try:
+        with open(os.path.join(d, "nvidia-smi-query.txt")) as f:
+            return f.readline().split(",")[0].strip()
+    except OSError:
+        return ""
 
 
 def gpu_peak(name):
@@ -299,13 +299,6 @@ def gpu_peak(name):
         if key in name:
             return tflops
     return None
-
-
-def mem_mib(kv):
-    """tfuse: what its session allocated on the device (device_bytes), else its plan's peak;
-    a peer: torch.cuda.max_memory_allocated (peak_bytes)."""
-    v = (number(kv, "device_bytes") or number(kv, "peak_bytes")) if kv else None
-    return fmt(v / 2**20) if v is not None else "—"
 
 
 def best_compile(pr):
@@ -324,7 +317,7 @@ def gpu_table(runs, d=""):
         t = runs.get((model, prec, mode, "tfuse"))
         pr = {p: runs.get((model, prec, mode, p)) for p in peers}
         cached = {p: runs.get((model, prec, mode, p + "-cached")) for p in ("tfuse",) + peers}
-        mem = " / ".join(mem_mib(x) for x in (t, *pr.values()))
+        mem = " / ".join(mib(x) for x in (t, *pr.values()))
         comp = "; ".join([" / ".join(tfuse_compile(t, cached["tfuse"]))] +
                          [f"{secs(pr[p])} / {secs(cached[p])}" for p in ("compile", "compile-max")])
         best = best_compile(pr)
@@ -378,7 +371,7 @@ def gpu_targets(runs, d):
         cp = "—"
         if ck is not None:
             cs = number(ck, "step_ms")
-            cm, tm = mem_mib(ck), mem_mib(t)
+            cm, tm = mib(ck), mib(t)
             cp = f"{fmt(cs / st)}x the step; {cm} MiB vs {tm}" if cs and st else na(ck)
         rows.append(f"| {model} | {prec} | {mode} | {mfu} | {bw} | {cp} |")
     if not rows:

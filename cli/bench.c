@@ -51,7 +51,7 @@ static int cmp_profile(const void *a, const void *b)
  * copy's bandwidth bounds: their bytes per second are held against it. */
 static bool bandwidth_bound(const tf_kernel_profile *k) { return !strcmp(k->how, "jit") && k->bytes > 0; }
 
-static void print_profile(tf_session_t *s, const char *target, uint64_t iters)
+static void print_profile(tf_context_t *ctx, tf_session_t *s, const char *target, uint64_t iters)
 {
     size_t n = tf_session_profile_count(s);
     if (!n) {
@@ -66,8 +66,11 @@ static void print_profile(tf_session_t *s, const char *target, uint64_t iters)
         tf_session_profile(s, i, &ps[i]);
         total += ps[i].total_ms;
     }
-    /* the yardstick: a plain copy in the same memory, measured now */
-    if (tf_session_copy_bandwidth(s, &copy)) copy = 0;
+    /* the yardstick: a plain copy in the same memory, measured now (without it, no "of copy" column) */
+    if (tf_session_copy_bandwidth(s, &copy)) {
+        fprintf(stderr, "tfuse bench: no copy bandwidth to compare the kernels with: %s\n", tf_context_last_error(ctx));
+        copy = 0;
+    }
     qsort(ps, n, sizeof *ps, cmp_profile);
     printf("\n%-28s %-18s %12s %10s %12s %7s %10s %9s %7s\n", "kernel", "how", "elements", "calls", "ms/step", "share", "MB/call",
            "GB/s", "of copy");
@@ -192,7 +195,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
         printf("step_ms_min: %.4f\n", times[0]);
         printf("step_ms_mean: %.4f\n", mean);
         printf("step_ms_p90: %.4f\n", times[(iters * 9) / 10 < iters ? (iters * 9) / 10 : iters - 1]);
-        if (a->profile) print_profile(s, info.target, iters);
+        if (a->profile) print_profile(ctx, s, info.target, iters);
     }
     for (size_t i = 0; i < MAX_ITEMS; i++) free(data[i]);
     free(times);

@@ -127,9 +127,9 @@ static bool graph_build(tf_module *m, ck_graph *g)
         tf_op_kind kd = tf_op_info_of(n->op)->kind;
         g->recomputable[i] = i < bs && kd != TF_OPK_RNG && !tf_op_has(n->op, TF_OPF_LAYER) && !n->region;
         g->cheap[i] = kd == TF_OPK_LAYOUT || kd == TF_OPK_POINTWISE;
-        /* fuse runs a broadcast of many rows as zero-stride loads in its readers' kernel, as it runs a
-         * pointwise op (fuse.c's BROADCAST_MIN_ROWS) */
-        g->pointwise[i] = kd == TF_OPK_POINTWISE || (n->op == TF_OP_BROADCAST && tf_type_numel(&n->in[0]->type) >= 1024);
+        /* a broadcast fuse folds into its readers' kernel is as a pointwise op there (the estimate
+         * assumes the fused plan, not tf_fit_pipeline's second try) */
+        g->pointwise[i] = kd == TF_OPK_POINTWISE || tf_fuse_folds_broadcast(n, false);
         g->fusible[i] = g->pointwise[i] || kd == TF_OPK_REDUCTION;
     }
     g->in_off[N] = k;

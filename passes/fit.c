@@ -38,6 +38,12 @@ static int64_t peak_of(const tf_module *m)
 
 static const tf_recompute nothing = {0};
 
+/* A training step checkpointed under a memory budget: what the checkpoint search (and its second try) is for. */
+static bool budgeted(const tf_options *o)
+{
+    return o->mode == TF_IR_TRAIN && o->checkpoint == TF_IR_CHECKPOINT_AUTO && (o->memory_budget > 0 || o->memory_budget_pct > 0);
+}
+
 /* The planned peak of a copy of m (the input of the checkpoint pass at `at`)
  * run through passes [at, n) of pl, that pass recomputing nodes[0..k);
  * *persistent: its inputs, params and buffers. */
@@ -197,9 +203,7 @@ static tf_ir_status run_fitted(tf_module *m, const tf_pipeline *pl, const tf_opt
         if (tf_pipeline_run(m, pl, from, i, o)) return o->diag->status;
         from = i;
         /* backward_start is what the pass will see: the pass manager keeps it for checkpoint */
-        if (o->mode != TF_IR_TRAIN || o->checkpoint != TF_IR_CHECKPOINT_AUTO ||
-            (o->memory_budget <= 0 && o->memory_budget_pct <= 0) || !m->backward_start)
-            continue;   /* the pass says why it does nothing */
+        if (!budgeted(o) || !m->backward_start) continue;   /* the pass says why it does nothing */
         ck_search s;
         tf_ir_status st = search_checkpoint(m, pl, i, o, &s);
         if (!st && s.chosen > s.budget) {
@@ -231,19 +235,19 @@ static tf_ir_status run_fitted(tf_module *m, const tf_pipeline *pl, const tf_opt
  * (o->keep_broadcasts): fused into their readers they move fewer bytes,
  * but the kernel they join can hold more values alive at once (a
  * batchnorm's whole backward pass in one), and under a budget memory comes
- * first. *kept: the second plan met it and m is now that plan. The auto
+ * first. src: m as it was before the run (NULL: no second try), copied
+ * for it. *kept: the second plan met it and m is now that plan. The auto
  * dim's probes go through here too, so that the batch it picks is the
  * largest an explicit --dim with the same budget compiles. */
-static tf_ir_status run_fitted_retry(tf_module *m, const tf_pipeline *pl, const tf_options *o, bool begin, ck_unmet *u, bool *kept)
+static tf_ir_status run_fitted_retry(tf_module *m, const tf_module *src, const tf_pipeline *pl, const tf_options *o, bool begin,
+                                     ck_unmet *u, bool *kept)
 {
     *kept = false;
-    bool retry = !o->keep_broadcasts && o->mode == TF_IR_TRAIN && o->checkpoint == TF_IR_CHECKPOINT_AUTO &&
-                 (o->memory_budget > 0 || o->memory_budget_pct > 0);
-    tf_module *again = retry ? tf_module_clone(m) : NULL;
-    if (retry && !again) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_ir_status st = begin ? tf_pipeline_begin(m, o) : TF_IR_OK;
     if (!st) st = run_fitted(m, pl, o, u);
-    if (!st && u->unmet && again) {
+    tf_module *again = NULL;
+    if (!st && u->unmet && src && !o->keep_broadcasts && budgeted(o)) {
+        if (!(again = tf_module_clone((tf_module *)src))) return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
         tf_diag d2 = {0};
         tf_options r = *o;
         r.keep_broadcasts = true;
@@ -281,7 +285,9 @@ static tf_ir_status probe(const tf_module *m, const tf_pipeline *pl, const tf_op
         q.dump_ir = NULL;
         ck_unmet u;
         bool kept;
-        if (!(st = run_fitted_retry(x, pl, &q, false, &u, &kept))) {
+        tf_module *src = budgeted(&q) ? tf_module_clone(x) : NULL;   /* for a second try (run_fitted_retry) */
+        if (budgeted(&q) && !src) st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
+        else if (!(st = run_fitted_retry(x, src, pl, &q, false, &u, &kept))) {
             if (u.unmet) {
                 *peak = u.best;
                 *unmet = true;
@@ -290,6 +296,7 @@ static tf_ir_status probe(const tf_module *m, const tf_pipeline *pl, const tf_op
                                    memplan_disabled(o) ? ", which is disabled" : " to end the pipeline");
             }
         }
+        tf_module_free(src);
     } else if (v == 1) {
         st = o->diag->status;
     }
@@ -378,11 +385,11 @@ tf_ir_status tf_fit_pipeline(tf_module *m, const char *list, const tf_options *o
     if (auto_dim && ck && q.memory_budget <= 0 && q.memory_budget_pct <= 0) q.memory_budget = fit->limit;
     if (auto_dim && fit_dim(m, &pl, &q, fit)) return o->diag->status;
     tf_module *orig = NULL;   /* for the largest batch that fits, should the budget not be met */
-    if (!auto_dim && ck && (q.memory_budget > 0 || q.memory_budget_pct > 0) && !(orig = tf_module_clone(m)))
+    if (!auto_dim && budgeted(&q) && !(orig = tf_module_clone(m)))
         return tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory");
     ck_unmet u = {0};
     bool kept = false;
-    tf_ir_status st = run_fitted_retry(m, &pl, &q, true, &u, &kept);
+    tf_ir_status st = run_fitted_retry(m, orig, &pl, &q, true, &u, &kept);
     if (!st && kept)
         tf_explain(o, "fit", NULL, "the memory budget is met with broadcasts run as their own kernels, not fused into their readers' "
                    "(which held more values alive at once): planned %lld bytes", (long long)peak_of(m));

@@ -23,7 +23,7 @@
  * A broadcast joins its readers' kernel as a load with zero strides (a
  * reduction's gradient spread back over its rows is never a tensor of
  * copies), except into the reduction that computed its operand, not when
- * it spreads few values (BROADCAST_MIN_ROWS), and not under
+ * it spreads few values (TF_FUSE_BROADCAST_MIN_ROWS), and not under
  * tf_options.keep_broadcasts (tf_fit_pipeline's second try at a memory
  * budget: a big fused kernel holds more values alive at once).
  * Grouping is greedy in program order: an op joins the region of a producer
@@ -64,7 +64,12 @@ typedef struct fz {
     bool *to_reduction;    /* node -> read by reductions (as what they reduce), and by nothing else */
 } fz;
 
-static int node_class(const tf_node *n)
+bool tf_fuse_folds_broadcast(const tf_node *n, bool keep_broadcasts)
+{
+    return n->op == TF_OP_BROADCAST && !keep_broadcasts && tf_type_numel(&n->in[0]->type) >= TF_FUSE_BROADCAST_MIN_ROWS;
+}
+
+static int node_class(const fz *f, const tf_node *n)
 {
     switch (tf_op_info_of(n->op)->kind) {
     case TF_OPK_POINTWISE: case TF_OPK_RNG: case TF_OPK_GENERATOR: return C_PW;
@@ -75,26 +80,11 @@ static int node_class(const tf_node *n)
     if (n->op == TF_OP_ONE_HOT) return C_PW;     /* elementwise in its output */
     /* a broadcast is a load with zero strides in the kernel that reads it,
      * not a tensor of copies (a reduction's gradient spread over the rows
-     * it summed: cross-entropy's over [B, T, V] logits); class_of says
-     * when it stays a kernel all the same */
-    if (n->op == TF_OP_BROADCAST) return C_PW;
+     * it summed: cross-entropy's over [B, T, V] logits), where
+     * tf_fuse_folds_broadcast says so */
+    if (tf_fuse_folds_broadcast(n, f->o->keep_broadcasts)) return C_PW;
     if (n->op == TF_OP_RESHAPE) return C_VIEW;
     return C_OTHER;
-}
-
-/* A broadcast of fewer values than this stays its own kernel: each value
- * spreads over a long row (a batchnorm's per-channel gradients over
- * N x H x W), and fused into its readers it would join the reductions over
- * those rows into one kernel of several passes with one block (or thread)
- * per row: too few rows to fill the machine, each pass reading the rows
- * again (the small resnet's bf16 step on the cpu target: 4% slower so).
- * A loss's, a softmax's or a layernorm's gradient has a row per token. */
-enum { BROADCAST_MIN_ROWS = 1024 };
-
-static int class_of(const fz *f, const tf_node *n)
-{
-    if (n->op == TF_OP_BROADCAST && (f->o->keep_broadcasts || tf_type_numel(&n->in[0]->type) < BROADCAST_MIN_ROWS)) return C_OTHER;
-    return node_class(n);
 }
 
 static int index_of(const tf_node *n) { return n->out->id; }   /* ids renumbered: decls first */
@@ -271,7 +261,7 @@ static bool placed_consistently(const fz *f, const bool *in_set, const int *set,
     for (int s = 0; s < nset; s++) {
         const tf_node *n = f->nodes[set[s]];
         if (!tf_place_result(S->rank, dims, R, &n->out->type, res)) return false;
-        bool red = node_class(n) == C_RED;
+        bool red = node_class(f, n) == C_RED;
         for (int k = 0; k < n->nin; k++) {
             const tf_value *v = n->in[k];
             if (v->kind != TF_VAL_NODE || index_of(v->def) - D < lo || !in_set[index_of(v->def) - D]) continue;
@@ -354,7 +344,7 @@ static void group_nodes(fz *f, bool *mark)
     int D = f->m->decls.n;
     for (int i = 0; i < f->n; i++) {
         tf_node *n = f->nodes[i];
-        int c = class_of(f, n);
+        int c = node_class(f, n);
         if (c == C_GEMM) {
             new_group(f, i, TF_REGION_GEMM, &n->out->type, 0);
             continue;
@@ -648,7 +638,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
             const tf_value *v = r->in[k];
             if (v->kind != TF_VAL_NODE) continue;
             int j = index_of(v->def) - m->decls.n;
-            if (node_class(r) == C_RED && k == 0) f.to_reduction[j] = true;
+            if (node_class(&f, r) == C_RED && k == 0) f.to_reduction[j] = true;
             else other_reader[j] = true;
         }
     }
@@ -701,7 +691,7 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
     for (int i = 0; i < f.n && o->explain; i++) {
         tf_node *nd = f.nodes[i];
         const char *op = tf_op_info_of(nd->op)->name;
-        int c = class_of(&f, nd);
+        int c = node_class(&f, nd);
         if (nd->region) continue;
         if (c == C_VIEW) tf_explain(o, "fuse", &nd->loc, "%s %s: a view, no kernel", op, nd->out->name);
         else if (c == C_GEMM) tf_explain(o, "fuse", &nd->loc, "%s %s: library call, no pointwise epilogue to fuse", op, nd->out->name);

@@ -103,6 +103,18 @@ tf_ir_status tf_pipeline_run(tf_module *m, const tf_pipeline *pl, int from, int 
 /* Whether the options leave pass pi out (--O0, --disable-pass). */
 bool tf_pass_disabled(const tf_options *o, const tf_pass_info *pi);
 
+/* fuse.c: whether fuse runs broadcast n as loads with zero strides in its
+ * readers' kernel rather than as a kernel of its own (checkpoint's estimate
+ * asks too). A broadcast of fewer than TF_FUSE_BROADCAST_MIN_ROWS values
+ * stays a kernel: each spreads over a long row (a batchnorm's per-channel
+ * gradients over N x H x W), and fused it would join the reductions over
+ * those rows into one kernel of several passes with one block (or thread)
+ * per row: too few rows to fill the machine, each pass reading the rows
+ * again (the small resnet's bf16 step on the cpu target: 4% slower so). A
+ * loss's, a softmax's or a layernorm's gradient has a row per token. */
+enum { TF_FUSE_BROADCAST_MIN_ROWS = 1024 };
+bool tf_fuse_folds_broadcast(const tf_node *n, bool keep_broadcasts);
+
 /* checkpoint.c: the order in which to recompute forward values, cheapest
  * per byte saved first. nodes[0 .. group_end[g]) is the set the first g + 1
  * groups recompute (node indices of m, renumbered; in node order within a

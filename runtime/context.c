@@ -292,3 +292,15 @@ const char *tf_op_support_plan(tf_op op, bool (*supports)(const tf_kernel *, cha
     *library = true;
     return NULL;
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double tf_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}

@@ -177,6 +177,9 @@ const tf_backend *tf_backend_for(tf_target t);
 tf_status tf_set_error(tf_context_t *ctx, tf_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Carry an IR diagnostic into the context. */
 tf_status tf_from_diag(tf_context_t *ctx, const tf_diag *d);
+/* The median of v[0..n) (n > 0; the upper one of an even count), sorting v
+ * in place: a timing's figure (tf_session_copy_bandwidth). */
+double tf_median(double *v, int n);
 
 /* The program's kernel plan, or the reason it has none (into ctx). */
 tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_kernel_plan **out);

@@ -1885,12 +1885,6 @@ static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void 
     return TF_OK;
 }
 
-static int cmp_ns(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* tf_session_copy_bandwidth: 128 MiB, far past any cache, copied over the
  * session's threads as its kernels' work is; one untimed copy (which also
  * faults the pages in), then the median of seven. */
@@ -1912,8 +1906,7 @@ static tf_status cpu_copy_bandwidth(tf_session_t *s, double *gbps)
         if (r >= 0) ns[r] = now_ns() - t0;
     }
     tf_free(a), tf_free(b);
-    qsort(ns, TIMED, sizeof *ns, cmp_ns);
-    *gbps = 2.0 * BYTES / ns[TIMED / 2];
+    *gbps = 2.0 * BYTES / tf_median(ns, TIMED);
     return TF_OK;
 }
 

@@ -2617,7 +2617,8 @@ static tf_status cuda_copy_bandwidth(tf_session_t *s, double *gbps)
     enum { TIMED = 7 };
     tf_cu_deviceptr a = 0, b = 0;
     tf_cu_event ev[2] = {0, 0};
-    float ms[TIMED];
+    float f = 0;
+    double ms[TIMED];
     size_t bytes = (size_t)256 << 20;
     tf_cu_result r = cu->CtxSetCurrent(c->ctx);
     const char *what = "making the session's context current";
@@ -2635,8 +2636,9 @@ static tf_status cuda_copy_bandwidth(tf_session_t *s, double *gbps)
     for (int t = -1; t < TIMED && !r; t++) {
         what = "timing the copy";
         if (!(r = cu->EventRecord(ev[0], c->stream)) && !(r = cu->MemcpyDtoDAsync(b, a, bytes, c->stream)) &&
-            !(r = cu->EventRecord(ev[1], c->stream)) && !(r = cu->EventSynchronize(ev[1])) && t >= 0)
-            r = cu->EventElapsedTime(&ms[t], ev[0], ev[1]);
+            !(r = cu->EventRecord(ev[1], c->stream)) && !(r = cu->EventSynchronize(ev[1])) && t >= 0 &&
+            !(r = cu->EventElapsedTime(&f, ev[0], ev[1])))
+            ms[t] = f;
     }
     tf_status st = TF_OK;
     if (r) {
@@ -2648,13 +2650,9 @@ static tf_status cuda_copy_bandwidth(tf_session_t *s, double *gbps)
     if (a) cu->MemFree(a);
     if (b) cu->MemFree(b);
     if (st) return st;
-    for (int i = 1; i < TIMED; i++)   /* insertion sort: the median */
-        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-            float x = ms[j];
-            ms[j] = ms[j - 1], ms[j - 1] = x;
-        }
-    if (!(ms[TIMED / 2] > 0)) return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: a %zu MiB copy took no measurable time", bytes >> 20);
-    *gbps = 2.0 * (double)bytes / (ms[TIMED / 2] * 1e6);
+    double mid = tf_median(ms, TIMED);
+    if (!(mid > 0)) return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: a %zu MiB copy took no measurable time", bytes >> 20);
+    *gbps = 2.0 * (double)bytes / (mid * 1e6);
     return TF_OK;
 }
 
