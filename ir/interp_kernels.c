@@ -606,16 +606,24 @@ tf_ir_status ik_log_softmax(tf_interp_ctx *ip, const tf_node *n, const tf_tensor
 tf_ir_status ik_cross_entropy(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
 {
     const tf_tensor *lg = in[0], *lb = in[1];
-    int64_t C = lg->dims[lg->rank - 1], P = lb->numel;
-    double total = 0;
+    int64_t C = lg->dims[lg->rank - 1], P = lb->numel, kept = 0;
+    double ignore = (double)tf_node_int(n, "ignore_index"), total = 0;
+    const char *red = tf_node_str(n, "reduction");
+    bool rows = !strcmp(red, "none");
     for (int64_t i = 0; i < P; i++) {
-        int64_t c = as_index(lb->data[i], C);
-        if (c < 0) return out_of_range(ip, n, "label", lb->data[i], i, C);
-        double mx, lse;
-        log_sum_exp(lg->data + i * C, C, 1, &mx, &lse);
-        total += mx + lse - lg->data[i * C + c];
+        double loss = 0;
+        if (lb->data[i] != ignore) {
+            int64_t c = as_index(lb->data[i], C);
+            if (c < 0) return out_of_range(ip, n, "label", lb->data[i], i, C);
+            double mx, lse;
+            log_sum_exp(lg->data + i * C, C, 1, &mx, &lse);
+            loss = mx + lse - lg->data[i * C + c];
+            kept++;
+        }
+        if (rows) out->data[i] = loss;
+        total += loss;
     }
-    out->data[0] = total / (double)P;
+    if (!rows) out->data[0] = !strcmp(red, "sum") ? total : total / (double)kept;   /* none kept: 0/0, NaN as in PyTorch */
     return TF_IR_OK;
 }
 

@@ -375,6 +375,9 @@ tf_ir_status sh_embedding(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
     if (ids->rank + tab->rank - 1 > TF_MAX_RANK)
         return ERR("%s: result would have rank %d, more than %d (ids %s)", OPNAME, ids->rank + tab->rank - 1,
                    TF_MAX_RANK, tstr(m, ids, b));
+    int64_t pad = tf_node_int(n, "padding_idx");
+    if (pad >= tab->dims[0].n)
+        return ERR("%s: padding_idx=%lld is not a row of the table %s", OPNAME, (long long)pad, tstr(m, tab, b));
     out->dtype = tab->dtype;
     out->rank = ids->rank + tab->rank - 1;
     for (int i = 0; i < ids->rank; i++) out->dims[i] = ids->dims[i];
@@ -422,8 +425,9 @@ tf_ir_status sh_cross_entropy(tf_module *m, tf_node *n, tf_type *out, tf_diag *d
     if (!ok)
         return ERR("cross_entropy: labels must have the logits' shape without its last axis: logits %s, labels %s",
                    tstr(m, lg, b1), tstr(m, lb, b2));
+    *out = *lb;
     out->dtype = loss_dtype(lg->dtype);
-    out->rank = 0;
+    if (strcmp(tf_node_str(n, "reduction"), "none")) out->rank = 0;   /* mean, sum: a scalar */
     return TF_IR_OK;
 }
 

@@ -100,6 +100,21 @@ static const tf_attr_spec tf_attrs_slice[] = {
     {"step",      TF_ATTR_INT,   "1",      1, TF_MAX_DIM, NULL},
     {0},
 };
+/* embedding and gather: padding_idx names the table row that gets no
+ * gradient (PyTorch's nn.Embedding padding_idx); -1, ATen's own default, names
+ * none. The forward pass reads that row like any other. */
+static const tf_attr_spec tf_attrs_embedding[] = {
+    {"padding_idx", TF_ATTR_INT, "-1",     -1, TF_MAX_DIM, NULL},
+    {0},
+};
+/* PyTorch's cross_entropy: a row whose label is ignore_index adds nothing
+ * and is not counted by the mean (HF's labels use -100, PyTorch's default);
+ * reduction="none" gives each row's loss (0 for an ignored row). */
+static const tf_attr_spec tf_attrs_cross_entropy[] = {
+    {"ignore_index", TF_ATTR_INT, "-100",  -TF_MAX_DIM, TF_MAX_DIM, NULL},
+    {"reduction", TF_ATTR_STR,   "\"mean\"", NR, "mean|sum|none"},
+    {0},
+};
 static const tf_attr_spec tf_attrs_one_hot[] = {
     {"depth",     TF_ATTR_INT,   NULL,     1, 1 << 24, NULL},
     {"dtype",     TF_ATTR_DTYPE, "f32",    NR, NULL},

@@ -394,6 +394,20 @@ static tf_ir_status gr_gather(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     int64_t s[TF_MAX_RANK];
     for (int i = 0; i < t->rank; i++) s[i] = t->dims[i].n;
     a[0] = (tf_named_attr){"shape", tf_attr_ints(gr_module(g), s, t->rank)};
+    int64_t pad = tf_node_int(n, "padding_idx");
+    if (pad >= 0) {   /* the padding row gets nothing: zero the gradient of every id equal to it */
+        const tf_type *ids = &n->in[0]->type;
+        tf_value *padv = tf_const(gr_module(g), (double)pad, ids->dtype);
+        if (!padv) return tf_diag_error(gr_diag(g), TF_IR_ERR_OOM, &n->loc, "out of memory in autodiff");
+        tf_value *ne_in[2] = {n->in[0], padv};
+        tf_value *keep = gb(g, n, TF_OP_NE, "not_padding", ne_in, 2, NULL, 0);
+        int64_t ks[TF_MAX_RANK];
+        for (int i = 0; i < dy->type.rank; i++) ks[i] = i < ids->rank ? ids->dims[i].n : 1;
+        tf_named_attr r = {"shape", tf_attr_ints(gr_module(g), ks, dy->type.rank)};
+        if (keep && dy->type.rank > ids->rank) keep = gb(g, n, TF_OP_RESHAPE, "not_padding_b", &keep, 1, &r, 1);
+        tf_value *w[3] = {keep, dy, gnum(g, 0)};
+        dy = gb(g, n, TF_OP_WHERE, "dkept", w, 3, NULL, 0);
+    }
     tf_value *in[2] = {n->in[0], dy};
     return give(g, n, 1, gb(g, n, TF_OP_SCATTER_ADD, "dtable", in, 2, a, 1));
 }

@@ -46,16 +46,17 @@ static tf_value *op2(lw *l, int opc, const char *hint, tf_value *a, tf_value *b)
     tf_value *in[2] = {a, b};
     return op(l, opc, hint, 2, in, NULL, 0);
 }
-static tf_value *num(lw *l, double v)
+static tf_value *num_of(lw *l, double v, tf_dt dt)
 {
     if (l->failed) return NULL;
-    tf_value *c = tf_const(l->m, v, TF_DT_F32);
+    tf_value *c = tf_const(l->m, v, dt);
     if (!c) {
         tf_diag_error(l->d, TF_IR_ERR_OOM, &l->n->loc, "out of memory");
         l->failed = true;
     }
     return c;
 }
+static tf_value *num(lw *l, double v) { return num_of(l, v, TF_DT_F32); }
 
 static tf_value *reduce(lw *l, int opc, const char *hint, tf_value *x, const int64_t *axes, int naxes, bool keep)
 {
@@ -181,6 +182,39 @@ static tf_value *lower_attention(lw *l, tf_value **in)
     return op(l, TF_OP_MATMUL, NULL, 2, pv, NULL, 0);
 }
 
+/* -log p[label] per row, log p from a max-shifted log_softmax. The label is
+ * picked with a select, not a product with a one-hot: -inf * 0 would turn
+ * an impossible class into NaN. A row labelled ignore_index (PyTorch's: -100
+ * by default) contributes 0 and is not counted by the mean, so the mean of
+ * a batch with every row ignored is 0/0 = NaN, as in PyTorch; its label is
+ * replaced by class 0 before the one-hot, which still refuses every other
+ * label out of [0, C). */
+static tf_value *lower_cross_entropy(lw *l, tf_value **in)
+{
+    const tf_node *n = l->n;
+    tf_value *x = in[0], *y = in[1];
+    int rank = x->type.rank;
+    const char *red = tf_node_str(n, "reduction");
+    tf_value *ls = softmax(l, x, -1, true, "log_probs");
+    tf_value *keep = op2(l, TF_OP_NE, "kept", y, num_of(l, (double)tf_node_int(n, "ignore_index"), y->type.dtype));
+    tf_value *sel[3] = {keep, y, num_of(l, 0, y->type.dtype)};
+    tf_value *label = op(l, TF_OP_WHERE, "label", 3, sel, NULL, 0);
+    tf_named_attr a[2] = {{"depth", tf_attr_int(x->type.dims[rank - 1].n)}, {"dtype", tf_attr_dtype(TF_DT_BOOL)}};
+    a[0].attr.u.i.sym = x->type.dims[rank - 1].sym;
+    tf_value *oh = op(l, TF_OP_ONE_HOT, "onehot", 1, &label, a, 2);
+    tf_value *w[3] = {oh, ls, num(l, 0)};
+    int64_t last = -1;
+    tf_value *pick = reduce(l, TF_OP_REDUCE_SUM, "picked", op(l, TF_OP_WHERE, "masked", 3, w, NULL, 0), &last, 1, false);
+    tf_value *z[3] = {keep, pick, num(l, 0)};
+    tf_value *kept = op(l, TF_OP_WHERE, "picked_kept", 3, z, NULL, 0);
+    if (!strcmp(red, "none")) return op1(l, TF_OP_NEG, NULL, kept);
+    tf_value *total = reduce(l, TF_OP_REDUCE_SUM, "total", kept, NULL, 0, false);
+    if (!strcmp(red, "sum")) return op1(l, TF_OP_NEG, NULL, total);
+    tf_named_attr f = {"to", tf_attr_dtype(total ? total->type.dtype : TF_DT_F32)};
+    tf_value *cnt = reduce(l, TF_OP_REDUCE_SUM, "count", op(l, TF_OP_CAST, "kept_n", 1, &keep, &f, 1), NULL, 0, false);
+    return op1(l, TF_OP_NEG, NULL, op2(l, TF_OP_DIV, "mean", total, cnt));
+}
+
 static tf_value *lower_node(lw *l, tf_value **in)
 {
     const tf_node *n = l->n;
@@ -235,7 +269,10 @@ static tf_value *lower_node(lw *l, tf_value **in)
         }
     case TF_OP_SILU: return op2(l, TF_OP_MUL, NULL, x, op1(l, TF_OP_SIGMOID, "sigmoid", x));
     case TF_OP_ATTENTION: return lower_attention(l, in);
-    case TF_OP_EMBEDDING: return op2(l, TF_OP_GATHER, NULL, in[0], in[1]);
+    case TF_OP_EMBEDDING: {
+        tf_named_attr a = {"padding_idx", tf_attr_int(tf_node_int(n, "padding_idx"))};
+        return op(l, TF_OP_GATHER, NULL, 2, in, &a, 1);
+    }
     case TF_OP_DROPOUT: {
         if (l->o->mode == TF_IR_INFER || tf_node_float(n, "p") == 0) return x;   /* identity */
         tf_named_attr a[2] = {{"p", tf_attr_float(tf_node_float(n, "p"))}, {"salt", tf_attr_int(tf_node_int(n, "salt"))}};
@@ -248,19 +285,7 @@ static tf_value *lower_node(lw *l, tf_value **in)
         return reduce(l, TF_OP_REDUCE_MEAN, NULL, x, axes, rank - 2, false);
     }
     case TF_OP_FLATTEN: return reshape(l, NULL, x, n->out->type.dims, 2);
-    case TF_OP_CROSS_ENTROPY: {
-        /* pick log p[label] with a select, not a product with a one-hot:
-         * -inf * 0 would turn an impossible class into NaN */
-        tf_value *ls = softmax(l, x, -1, true, "log_probs");
-        tf_named_attr a[2] = {{"depth", tf_attr_int(x->type.dims[rank - 1].n)}, {"dtype", tf_attr_dtype(TF_DT_BOOL)}};
-        a[0].attr.u.i.sym = x->type.dims[rank - 1].sym;
-        tf_value *oh = op(l, TF_OP_ONE_HOT, "onehot", 1, &in[1], a, 2);
-        tf_value *w[3] = {oh, ls, num(l, 0)};
-        int64_t last = -1;
-        tf_value *pick = reduce(l, TF_OP_REDUCE_SUM, "picked", op(l, TF_OP_WHERE, "masked", 3, w, NULL, 0), &last, 1, false);
-        tf_value *mean = reduce(l, TF_OP_REDUCE_MEAN, "mean", pick, NULL, 0, false);
-        return op1(l, TF_OP_NEG, NULL, mean);
-    }
+    case TF_OP_CROSS_ENTROPY: return lower_cross_entropy(l, in);
     case TF_OP_MSE_LOSS: {
         tf_value *d = op2(l, TF_OP_SUB, "diff", x, in[1]);
         return reduce(l, TF_OP_REDUCE_MEAN, NULL, op2(l, TF_OP_MUL, "sq", d, d), NULL, 0, false);

@@ -744,6 +744,21 @@ tf_status tf_program_io(const tf_program_t *p, tf_io_kind kind, size_t i, const 
     return TF_OK;
 }
 
+/* The value an index operand (one_hot's labels, gather's ids) reads: itself,
+ * or, for cross_entropy's lowering, y in where(ne(y, ignore), y, 0), whose
+ * one ignored label (*ignore, *has_ignore) is allowed beside [0, depth). */
+static const tf_value *index_source(const tf_value *v, bool *has_ignore, int64_t *ignore)
+{
+    *has_ignore = false;
+    const tf_node *w = v->kind == TF_VAL_NODE ? v->def : NULL;
+    if (!w || w->op != TF_OP_WHERE || w->in[2]->kind != TF_VAL_CONST || w->in[2]->cval != 0) return v;
+    const tf_node *ne = w->in[0]->kind == TF_VAL_NODE ? w->in[0]->def : NULL;
+    if (!ne || ne->op != TF_OP_NE || ne->in[0] != w->in[1] || ne->in[1]->kind != TF_VAL_CONST) return v;
+    *has_ignore = true;
+    *ignore = (int64_t)ne->in[1]->cval;
+    return w->in[1];
+}
+
 tf_status tf_program_input_bound(const tf_program_t *p, size_t i, int64_t *upper)
 {
     if (!p || !upper || i >= (size_t)p->inputs.n) return TF_ERR_INVALID_ARG;
@@ -752,7 +767,9 @@ tf_status tf_program_input_bound(const tf_program_t *p, size_t i, int64_t *upper
     for (int k = 0; k < p->m->nodes.n; k++) {
         const tf_node *n = p->m->nodes.items[k];
         int64_t b = 0;
-        if ((n->op == TF_OP_ONE_HOT) && n->in[0] == v) b = tf_node_int(n, "depth");
+        bool ign;
+        int64_t ii;
+        if (n->op == TF_OP_ONE_HOT && index_source(n->in[0], &ign, &ii) == v) b = tf_node_int(n, "depth");
         if ((n->op == TF_OP_GATHER || n->op == TF_OP_EMBEDDING) && n->in[0] == v) b = n->in[1]->type.dims[0].n;
         if (n->op == TF_OP_CROSS_ENTROPY && n->in[1] == v) b = n->in[0]->type.dims[n->in[0]->type.rank - 1].n;
         if (b && (!bound || b < bound)) bound = b;
@@ -894,7 +911,9 @@ static tf_status check_indices(tf_session_t *s)
     for (int k = 0; k < m->nodes.n; k++) {
         const tf_node *n = m->nodes.items[k];
         if (n->op != TF_OP_ONE_HOT && n->op != TF_OP_GATHER) continue;
-        const tf_value *v = n->in[0];
+        bool has_ignore;
+        int64_t ignore;
+        const tf_value *v = index_source(n->in[0], &has_ignore, &ignore);
         int i = 0;
         while (i < s->p->inputs.n && s->p->inputs.items[i] != v) i++;
         if (i == s->p->inputs.n || (v->type.dtype != TF_DT_I64 && v->type.dtype != TF_DT_I32)) continue;
@@ -902,7 +921,7 @@ static tf_status check_indices(tf_session_t *s)
         int64_t count = tf_type_numel(&v->type);
         for (int64_t j = 0; j < count; j++) {
             int64_t x = v->type.dtype == TF_DT_I64 ? ((const int64_t *)s->bound[i])[j] : ((const int32_t *)s->bound[i])[j];
-            if (x >= 0 && x < hi) continue;
+            if ((x >= 0 && x < hi) || (has_ignore && x == ignore)) continue;
             tf_diag d = {0};
             tf_diag_error(&d, TF_IR_ERR_RUNTIME, &n->loc, "%s: %s %lld at position %lld is out of range [0, %lld)",
                           tf_op_info_of(n->op)->name, n->op == TF_OP_ONE_HOT ? "label" : "id", (long long)x, (long long)j,

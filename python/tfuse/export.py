@@ -723,11 +723,10 @@ def _softmax(em, a):
 
 @_op("embedding")
 def _embedding(em, a):
-    if int(a.get("padding_idx", -1)) != -1 and em.train_mode:
-        em.fail(f"padding_idx={a['padding_idx']}: PyTorch gives that row no gradient, tfuse's embedding does")
     if a.get("scale_grad_by_freq"):
         em.fail("scale_grad_by_freq=True")
-    return em.emit("embedding", [em.val(a["indices"]), em.val(a["weight"])])
+    pad = int(a.get("padding_idx", -1))   # the row that gets no gradient; -1: none
+    return em.emit("embedding", [em.val(a["indices"]), em.val(a["weight"])], {"padding_idx": pad} if pad >= 0 else None)
 
 
 @_op("dropout", "native_dropout", "feature_dropout")
@@ -991,18 +990,18 @@ def _cross_entropy(em, a):
         em.fail("label_smoothing")
     if y.dtype not in ("i64", "i32"):
         em.fail("cross-entropy with class probabilities (tfuse takes integer labels)")
-    red = int(a.get("reduction", 1))
-    if red == 0:
-        em.fail("reduction='none' (tfuse's cross_entropy is the mean)")
+    red = int(a.get("reduction", 1))   # ATen's enum: 0 none, 1 mean, 2 sum
     if len(x.shape) > 2:   # classes on axis 1 -> last
         perm = [0] + list(range(2, len(x.shape))) + [1]
         x = em.emit("transpose", [x], {"perm": perm}, shape=tuple(x.shape[p] for p in perm), dtype=x.dtype,
                     name=em.node.name + ".t")
-    # labels equal to ignore_index (-100 by default) are out of range for tfuse: an error at run time, not ignored
-    r = em.emit("cross_entropy", [x, y], shape=(), dtype="f32",
-                name=em.node.name + (".mean" if red == 2 else ""))
-    if red == 2:
-        r = em.emit("mul", [r, _num(int(np.prod(y.shape)))], shape=(), dtype="f32")
+    attrs = {}
+    ii = int(a.get("ignore_index", -100))
+    if ii != -100:
+        attrs["ignore_index"] = ii
+    if red != 1:
+        attrs["reduction"] = "none" if red == 0 else "sum"
+    r = em.emit("cross_entropy", [x, y], attrs or None, shape=y.shape if red == 0 else (), dtype="f32")
     return em.cast(r, em.dt(em.meta_val().dtype))
 
 

@@ -231,16 +231,19 @@ static inline double tc_compare_elems(const tf_tensor_view *got, const tf_tensor
     return worst;
 }
 
-/* ||got - want|| / ||want|| (the absolute norm when want is 0). */
 /* ||got - want|| / max(||want||, floor * sqrt(n)): relative, but never finer
  * than `floor` per element (floor 1 and a tensor of elements below 1: the RMS
- * difference). */
+ * difference). An infinity both sides hold at the same place (an fp16 step
+ * whose scaled gradients overflowed: both skip it, and its accumulator holds
+ * the inf) counts as agreement and is left out of both norms; any other
+ * non-finite element makes the error infinite or NaN. */
 static inline double tc_rel_l2_floor(const tf_tensor_view *got, const tf_tensor_view *want, double floor)
 {
     int64_t n = tc_numel(want);
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
         double g = tf_elem_load((tf_dt)got->dtype, got->data, i), w = tf_elem_load((tf_dt)want->dtype, want->data, i);
+        if (g == w && isinf(w)) continue;
         num += (g - w) * (g - w);
         den += w * w;
     }

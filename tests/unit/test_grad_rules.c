@@ -171,6 +171,47 @@ static void rule(const char *name, const char *decls, const char *body, const ch
     rule_h(name, decls, body, yshape, positive, 1e-6, 1e-6);
 }
 
+/* gather(ids, a, padding_idx=P) (embedding's padding row): the gradient is
+ * the plain gather's with row P zeroed, though the ids use row P (so finite
+ * differences, which see the row's use, cannot be the reference). */
+static void padding_row(void)
+{
+    static const char *text[2] = {
+        "param a : f64[6, 4] = uniform()\ninput ids : i64[3, 5]\ninput r : f64[3, 5, 4]\ny = gather(ids, a)\n"
+        "l0 = mul(y, r)\nloss = reduce_sum(l0, axes=[])\noutput loss\n",
+        "param a : f64[6, 4] = uniform()\ninput ids : i64[3, 5]\ninput r : f64[3, 5, 4]\ny = gather(ids, a, padding_idx=2)\n"
+        "l0 = mul(y, r)\nloss = reduce_sum(l0, axes=[])\noutput loss\n"};
+    static const int64_t ids[15] = {2, 0, 5, 2, 1, 3, 2, 4, 4, 0, 2, 1, 5, 3, 2};
+    double grads[2][24];
+    tf_diag d = {0};
+    uint64_t s = g_seed ^ tf_rng_stream("padding_idx");
+    double r[60];
+    for (int k = 0; k < 60; k++) r[k] = 2 * test_rnd(&s) - 1;
+    for (int v = 0; v < 2; v++) {
+        tf_module *m = build("padding_idx", text[v], "lower,autodiff", true, NULL, 0);
+        tf_interp_ctx *ip = m ? tf_interp_create(m, TF_IR_TRAIN, g_seed) : NULL;
+        bool ok = ip && !tf_interp_init_state(ip, &d);
+        tf_tensor *ti = ok ? tf_interp_tensor(ip, tf_module_find_value(m, "ids"), &d) : NULL;
+        tf_tensor *tr = ok ? tf_interp_tensor(ip, tf_module_find_value(m, "r"), &d) : NULL;
+        if (ti && tr) {
+            for (int k = 0; k < 15; k++) ti->data[k] = (double)ids[k];
+            memcpy(tr->data, r, sizeof r);
+        }
+        ok = ti && tr && !tf_interp_run(ip, &d);
+        CHECK(ok, "padding_idx: %s", d.msg);
+        tf_tensor *g = ok ? tf_interp_tensor(ip, output(m, "grad.a"), &d) : NULL;
+        if (g) memcpy(grads[v], g->data, sizeof grads[v]);
+        tf_interp_free(ip);
+        tf_module_free(m);
+        if (!g) return;
+    }
+    for (int k = 0; k < 24; k++) {
+        bool pad_row = k / 4 == 2;
+        CHECK(pad_row ? grads[1][k] == 0 && grads[0][k] != 0 : grads[1][k] == grads[0][k],
+              "padding_idx: grad.a[%d] = %g, without padding_idx %g", k, grads[1][k], grads[0][k]);
+    }
+}
+
 #define P2(sa, sb) "param a : f64" sa " = uniform()\nparam b : f64" sb " = uniform()"
 
 int main(void)
@@ -243,6 +284,7 @@ int main(void)
     rule("slice", "param a : f64[3, 9] = uniform()", "y = slice(a, axis=1, start=-8, end=8, step=3)", "[3, 3]", false);
     rule("concat", P2("[3, 2]", "[3, 4]"), "y = concat(a, b, a, axis=1)", "[3, 8]", false);
     rule("gather", "param a : f64[6, 4] = uniform()\ninput ids : i64[3, 5]", "y = gather(ids, a)", "[3, 5, 4]", false);
+    padding_row();
     rule("shared use", P2("[3, 5]", "[5]"), "u = mul(a, a)\nv = add(u, a)\ny = mul(v, b)", "[3, 5]", false);
 
     /* whole models, in f64 with small dims */

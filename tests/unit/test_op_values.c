@@ -986,6 +986,24 @@ static void test_losses(void)
     op_case("cross_entropy rank3", "input z : f32[2, 3, 4]\ninput l : i64[2, 3]\ny = cross_entropy(z, l)\noutput y\n",
             TRAIN, ARGS(F32("z", lg, 2, 3, 4), I64("l", lab, 2, 3)), "y", TF_DTYPE_F32, SCALAR,
             (const double[]){tot / 6}, TOL);
+    /* ignore_index (PyTorch's -100 by default): an ignored row adds nothing and the mean counts the others;
+     * reduction="sum" adds the kept rows, "none" gives each row's loss (0 where ignored) */
+    static const int64_t labi[6] = {2, -100, 3, 1, -100, 0};
+    double rows[6], kept = 0, sum3 = 0;
+    for (int r = 0; r < 6; r++) {
+        double s = 0;
+        for (int j = 0; j < 4; j++) s += exp(lg[r * 4 + j]);
+        rows[r] = labi[r] == -100 ? 0.0 : log(s) - lg[r * 4 + labi[r]];
+        kept += rows[r];
+        if (lab[r] != 3) sum3 += log(s) - lg[r * 4 + lab[r]];
+    }
+    op_case("cross_entropy ignore_index", "input z : f32[6, 4]\ninput l : i64[6]\ny = cross_entropy(z, l)\noutput y\n",
+            TRAIN, ARGS(F32("z", lg, 6, 4), I64("l", labi, 6)), "y", TF_DTYPE_F32, SCALAR, (const double[]){kept / 4}, TOL);
+    op_case("cross_entropy sum", "input z : f32[6, 4]\ninput l : i64[6]\n"
+            "y = cross_entropy(z, l, ignore_index=3, reduction=\"sum\")\noutput y\n", INFER,
+            ARGS(F32("z", lg, 6, 4), I64("l", lab, 6)), "y", TF_DTYPE_F32, SCALAR, (const double[]){sum3}, TOL);
+    op_case("cross_entropy none", "input z : f32[6, 4]\ninput l : i64[6]\ny = cross_entropy(z, l, reduction=\"none\")\n"
+            "output y\n", INFER, ARGS(F32("z", lg, 6, 4), I64("l", labi, 6)), "y", TF_DTYPE_F32, DIMS(6), rows, TOL);
     /* bf16 logits: computed in f32, from the bf16 values (decoded here) */
     static const uint16_t zb[8] = {0x3F80, 0xC040, 0x3E00, 0x4010, 0xBF20, 0x3FC0, 0x0000, 0xC0A0};
     static const int64_t lb[2] = {3, 1};
