@@ -495,13 +495,14 @@ static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts,
         if (e->has_loss && !tf_session_output(e->s, "loss", &v)) loss_sum += tf_view_element(&v, 0) * (double)bi.samples;
         if (e->label && !tf_session_output(e->s, "logits", &v) && !tf_loader_view(L, e->label, &labels)) {
             for (int64_t r = 0; r < bi.samples * per_row; r++) {
-                int64_t best = 0;
+                int64_t want = (int64_t)tf_view_element(&labels, r), best = 0;
+                if (want < 0 || want >= classes) continue;   /* cross_entropy's ignore_index: not a prediction */
                 double bv = tf_view_element(&v, r * classes);
                 for (int64_t c = 1; c < classes; c++) {
                     double x = tf_view_element(&v, r * classes + c);
                     if (x > bv || (isnan(x) && !isnan(bv))) bv = x, best = c;
                 }
-                correct += best == (int64_t)tf_view_element(&labels, r);
+                correct += best == want;
                 counted++;
             }
         }

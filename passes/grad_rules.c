@@ -316,6 +316,32 @@ static tf_ir_status gr_conv2d(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     return st;
 }
 
+/* conv2d_grad_input is also the transposed convolution (PyTorch's
+ * conv_transpose2d): z = G(u, w) is linear in each operand, and its adjoint in
+ * u is the forward conv2d, in w the weight gradient with u as dy. */
+static tf_ir_status gr_conv2d_grad_input(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
+{
+    tf_named_attr a[8];
+    tf_ir_status st = TF_IR_OK;
+    if (gr_wants(g, n, 0)) {
+        int na = copy_attrs(g, n, TF_OP_CONV2D, a, NULL);
+        tf_value *in[2] = {dy, n->in[1]};
+        st = give(g, n, 0, gb(g, n, TF_OP_CONV2D, "du", in, 2, a, na));
+    }
+    if (!st && gr_wants(g, n, 1)) {
+        int na = copy_attrs(g, n, TF_OP_CONV2D_GRAD_WEIGHT, a, NULL);
+        for (int i = 0; i < na; i++)   /* the weight's shape, not the result's */
+            if (!strcmp(a[i].name, "shape")) na = i;
+        const tf_type *wt = &n->in[1]->type;
+        int64_t s[TF_MAX_RANK];
+        for (int i = 0; i < wt->rank; i++) s[i] = wt->dims[i].n;
+        a[na++] = (tf_named_attr){"shape", tf_attr_ints(gr_module(g), s, wt->rank)};
+        tf_value *in[2] = {dy, n->in[0]};
+        st = give(g, n, 1, gb(g, n, TF_OP_CONV2D_GRAD_WEIGHT, "dw", in, 2, a, na));
+    }
+    return st;
+}
+
 static tf_ir_status gr_maxpool2d(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
 {
     tf_named_attr a[8];

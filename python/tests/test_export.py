@@ -132,9 +132,35 @@ if torch is not None:
             sel = lsm[:, torch.tensor([0, 2, 3])]
             return sel.float(), F.mse_loss(a, torch.zeros_like(a)), (1 - ids.float()).sum()
 
-    class Cumsum(nn.Module):
+    class Cummax(nn.Module):
         def forward(self, x):
-            return x.cumsum(-1)   # tfuse has no cumsum: the export names this line
+            return x.cummax(-1).values   # tfuse has no cummax: the export names this line
+
+    class Decomposed(nn.Module):
+        """The ops tfuse.export writes as other ops: F.pad in every mode, the hard activations, ceil-mode and
+        uneven pooling, cumsum, 1-d, 'same' and transposed convolutions, an embedding's padding row."""
+
+        def __init__(self):
+            super().__init__()
+            self.ct = nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1)
+            self.c1 = nn.Conv1d(3, 5, 3, padding="same", dilation=2)
+            self.c2 = nn.Conv2d(3, 2, (2, 3), padding="same")
+            self.emb = nn.Embedding(7, 4, padding_idx=1)
+
+        def forward(self, x, ids):
+            p = F.pad(x, (1, 2, 0, 1)).sum() + F.pad(x, (1, 1, 2, 0), mode="reflect").mean()
+            p = p + F.pad(x, (1, 1, 1, 1), mode="replicate").pow(2).mean() + F.pad(x, (2, 0, 1, 1), mode="circular").sin().mean()
+            act = F.hardswish(x) + F.hardsigmoid(x) + F.relu6(x * 4) + F.leaky_relu(x) + F.elu(x) + F.mish(x)
+            mp = F.max_pool2d(x, 3, 2, ceil_mode=True)
+            ap = F.avg_pool2d(x, 3, 2, ceil_mode=True, count_include_pad=False).sum() + \
+                F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True).mean() + F.avg_pool2d(x, 2, padding=1,
+                                                                                      count_include_pad=False).sum()
+            return (p + ap, act, mp, F.adaptive_avg_pool2d(x, 3), ids.cumsum(1), self.c1(x[:, :, 0]), self.ct(x),
+                    self.c2(x), self.emb(ids))
+
+    def decomposed_loss(out, y):
+        return sum((o.float() * 0.1).sin().mean() for o in out) + F.cross_entropy(out[-1].reshape(-1, 4), y,
+                                                                                   ignore_index=2)
 
     def small_gpt2(dropout=0.0):
         cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=16,
@@ -178,6 +204,10 @@ class Forward(unittest.TestCase):
         torch.manual_seed(13)
         m = torch.randn(2, 1, 5, 5)   # a float mask input, added to the scores
         self.check_forward(ManyOps(), (torch.randn(2, 3, 8, 8), torch.randint(0, 11, (2, 5)), m))
+
+    def test_decomposed_ops(self):
+        torch.manual_seed(15)
+        self.check_forward(Decomposed(), (torch.randn(2, 3, 7, 7), torch.randint(0, 5, (2, 6))))
 
     def test_weight_through_t(self):
         class MM(nn.Module):
@@ -234,11 +264,11 @@ class Forward(unittest.TestCase):
 class Errors(unittest.TestCase):
     def test_unmapped_op_names_op_and_line(self):
         with self.assertRaises(tfuse.ExportError) as cm:
-            tfuse.export(Cumsum(), (torch.randn(2, 3),))
+            tfuse.export(Cummax(), (torch.randn(2, 3),))
         msg = str(cm.exception)
-        self.assertIn("aten.cumsum", msg)
+        self.assertIn("aten.cummax", msg)
         self.assertIn("test_export.py", msg)
-        self.assertIn("x.cumsum(-1)", msg)
+        self.assertIn("x.cummax(-1)", msg)
         self.assertIsInstance(cm.exception, tfuse.Error)
 
     def test_unmapped_argument(self):
@@ -323,6 +353,15 @@ class Train(unittest.TestCase):
             lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.5, total_steps=10, pct_start=0.3,
                                                           cycle_momentum=False), steps=4)
         self.assertIn("onecycle(max_lr=0.5, total_steps=10", ex.text)
+
+    def test_decomposed_ops_sgd(self):
+        torch.manual_seed(16)
+        y = torch.randint(0, 4, (12,))
+        y[3] = 2   # ignored: cross_entropy's ignore_index
+        ids = torch.randint(0, 5, (2, 6))
+        ids[0, 1] = 1   # the padding row: no gradient
+        _, sess = self.check_steps(Decomposed(), (torch.randn(2, 3, 7, 7), ids), (y,), decomposed_loss,
+                                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), steps=2)
 
     @unittest.skipIf(torchvision is None, "torchvision is not installed")
     def test_resnet18_sgd(self):

@@ -495,6 +495,52 @@ for _n, _t in {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp
     _OPS[_n] = _pointwise(_t)
 
 
+def _pw(em, op, operands, hint, like):
+    """One pointwise step of a decomposition, shaped and typed like `like`."""
+    return em.emit(op, operands, shape=like.shape, dtype=like.dtype, name=f"{em.node.name}.{hint}")
+
+
+@_op("hardswish", "hardsigmoid", "relu6")
+def _hard(em, a):
+    """hardsigmoid(x) = clamp(x / 6 + 1/2, 0, 1), hardswish(x) = x * clamp(x + 3, 0, 6) / 6, relu6 =
+    clamp(x, 0, 6): maximum/minimum give PyTorch's gradients away from the corners."""
+    x = em.cast(em.val(a["self"]), em.dt(em.meta_val().dtype))
+    name = _packet(em.node.target)
+    if name == "relu6":
+        return em.emit("minimum", [_pw(em, "maximum", [x, _num(0.0)], "lo", x), _num(6.0)])
+    if name == "hardsigmoid":
+        t = _pw(em, "add", [_pw(em, "mul", [x, _num(1 / 6)], "s", x), _num(0.5)], "t", x)
+        return em.emit("minimum", [_pw(em, "maximum", [t, _num(0.0)], "lo", x), _num(1.0)])
+    c = _pw(em, "minimum", [_pw(em, "maximum", [_pw(em, "add", [x, _num(3.0)], "t", x), _num(0.0)], "lo", x), _num(6.0)], "hi", x)
+    return em.emit("mul", [x, _pw(em, "mul", [c, _num(1 / 6)], "gate", x)])
+
+
+@_op("leaky_relu")
+def _leaky_relu(em, a):
+    x = em.val(a["self"])
+    slope = float(a.get("negative_slope", 0.01))
+    pos = em.emit("gt", [x, _num(0.0)], shape=x.shape, dtype="bool", name=em.node.name + ".pos")
+    return em.emit("where", [pos, x, _pw(em, "mul", [x, _num(slope)], "neg", x)])
+
+
+@_op("elu")
+def _elu(em, a):
+    x = em.val(a["self"])
+    alpha, scale, iscale = (float(a.get(k, 1.0)) for k in ("alpha", "scale", "input_scale"))
+    pos = em.emit("gt", [x, _num(0.0)], shape=x.shape, dtype="bool", name=em.node.name + ".pos")
+    xi = _pw(em, "mul", [x, _num(iscale)], "xi", x) if iscale != 1.0 else x
+    neg = _pw(em, "mul", [_pw(em, "sub", [_pw(em, "exp", [xi], "exp", x), _num(1.0)], "em1", x), _num(alpha * scale)],
+              "neg", x)
+    pos_v = _pw(em, "mul", [x, _num(scale)], "posv", x) if scale != 1.0 else x
+    return em.emit("where", [pos, pos_v, neg])
+
+
+@_op("mish")
+def _mish(em, a):
+    x = em.val(a["self"])
+    return em.emit("mul", [x, _pw(em, "tanh", [_pw(em, "softplus", [x], "sp", x)], "t", x)])
+
+
 @_op("gelu")
 def _gelu(em, a):
     approx = a.get("approximate") or "none"
@@ -541,7 +587,7 @@ def _logic(em, op, x, y):
     if not (isinstance(x, _Val) and isinstance(y, _Val)):
         em.fail("a logical op with a number")
     x, y = em.cast(x, "bool"), em.cast(y, "bool")
-    return em.emit("where", [x, y, "0"]) if op == "and" else em.emit("where", [x, "1", y])
+    return em.emit("where", [x, y, _num(0.0)]) if op == "and" else em.emit("where", [x, "1", y])
 
 
 for _n, _t in {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
@@ -612,7 +658,7 @@ def _not(em, a):
     v = em.val(a["self"])
     if v.dtype != "bool":
         em.fail("bitwise_not of an integer tensor")
-    return em.emit("eq", [v, "0"])
+    return em.emit("eq", [v, _num(0.0)])
 
 
 @_op("linear")
@@ -651,29 +697,67 @@ def _matmul(em, a):
     return em.emit("matmul", [x, y])
 
 
-@_op("conv2d", "convolution")
+@_op("conv1d", "conv2d", "convolution", "conv_transpose1d", "conv_transpose2d")
 def _conv(em, a):
+    """conv2d; a 1-d convolution as a 2-d one of height 1; a transposed
+    convolution as conv2d_grad_input (the gradient of a conv2d with respect to
+    its input is the transposed convolution)."""
     x, w, b = em.val(a["input"]), em.val(a["weight"]), a.get("bias")
-    if len(x.shape) != 4:
-        em.fail(f"a {len(x.shape) - 2}-d convolution (tfuse has conv2d)")
-    if a.get("transposed"):
-        em.fail("a transposed convolution")
+    name = _packet(em.node.target)
+    transposed = bool(a.get("transposed")) or name.startswith("conv_transpose")
+    rank = len(x.shape)
+    if rank not in (3, 4):
+        em.fail(f"a {rank - 2}-d convolution (tfuse has 1-d and 2-d convolutions)")
+    out = _shape(em.meta_val())
+    one_d = rank == 3
+    base = em.node.name
+    if one_d:
+        x = em.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
+        w = em.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]))
+    k = list(w.shape[2:])
+
+    def pair(key, dflt):
+        v = a.get(key)
+        v = [dflt] if v is None else [int(t) for t in v] if isinstance(v, (list, tuple)) else [int(v)]
+        v = v * (1 if one_d else 2) if len(v) == 1 else v
+        return [dflt] + v if one_d else v
+    stride, dil = pair("stride", 1), pair("dilation", 1)
     pad = a.get("padding")
-    if isinstance(pad, str):
-        em.fail(f"padding={pad!r}: give the padding as numbers")
+    if isinstance(pad, str):   # 'valid' or 'same' (stride 1): PyTorch puts an odd total's extra on the right
+        if pad == "valid":
+            pad = [0, 0]
+        else:
+            tot = [d * (kk - 1) for d, kk in zip(dil, k)]
+            if any(t % 2 for t in tot):
+                x = _pad_list(em, x, [tot[1] // 2, tot[1] - tot[1] // 2, tot[0] // 2, tot[0] - tot[0] // 2],
+                              "constant", 0.0, "same")
+                pad = [0, 0]
+            else:
+                pad = [t // 2 for t in tot]
+    else:
+        pad = pair("padding", 0)
+    groups = int(a.get("groups", 1))
     attrs = {}
-    for k, d in (("stride", 1), ("padding", 0), ("dilation", 1)):
-        v = [int(t) for t in a.get(k)]
-        if len(v) == 1:
-            v = v * 2
+    for key, v, d in (("stride", stride, 1), ("padding", pad, 0), ("dilation", dil, 1)):
         if any(t != d for t in v):
-            attrs[k] = v if v[0] != v[1] else [v[0]]
-    if any(int(t) for t in (a.get("output_padding") or [])):
-        em.fail("output_padding")
-    if int(a.get("groups", 1)) != 1:
-        attrs["groups"] = int(a["groups"])
-    ops = [x, w] + ([em.val(b)] if b is not None else [])
-    return em.emit("conv2d", ops, attrs)
+            attrs[key] = v if v[0] != v[1] else [v[0]]
+    if groups != 1:
+        attrs["groups"] = groups
+    if transposed:
+        shape = (out[0], out[1], 1, out[2]) if one_d else out
+        attrs["shape"] = list(shape)
+        r = em.emit("conv2d_grad_input", [x, w], attrs, shape=shape, dtype=x.dtype,
+                    name=base + (".t" if b is not None or one_d else ""))
+        if b is not None:
+            bv = em.reshape(em.val(b), (shape[1], 1, 1))
+            r = em.emit("add", [r, bv], shape=shape, dtype=x.dtype, name=base + (".b" if one_d else ""))
+    else:
+        if any(int(t) for t in (a.get("output_padding") or [])):
+            em.fail("output_padding without transposed=True")
+        ops = [x, w] + ([em.val(b)] if b is not None else [])
+        r = em.emit("conv2d", ops, attrs, shape=(out[0], out[1], 1, out[2]) if one_d else out, dtype=x.dtype,
+                    name=base + ".2d" if one_d else None)
+    return em.reshape(r, out) if one_d else r
 
 
 @_op("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm")
@@ -741,25 +825,126 @@ def _dropout(em, a):
     return em.emit("dropout", [v], {"p": p, "salt": em.dropouts})
 
 
+# ---- padding, ceil-mode and uneven pooling, cumsum: decompositions into
+# slices, concats and constants, whose gradients tfuse already has
+
+_TORCH_DT = {"f32": "float32", "f16": "float16", "f64": "float64", "i64": "int64", "i32": "int32", "bool": "bool"}
+
+
+def _fill(em, shape, value, dtype, hint):
+    """A tensor of one value: a one-element constant broadcast to `shape`."""
+    torch = em.torch
+    base = dtype if dtype in _TORCH_DT else "f32"   # bf16: an f32 constant, cast
+    c = em.const_val(torch.full((1,) * len(shape), value, dtype=getattr(torch, _TORCH_DT[base])))
+    c = em.cast(c, dtype)
+    return em.emit("broadcast", [c], {"shape": list(shape)}, shape=tuple(shape), dtype=dtype,
+                   name=f"{em.node.name}.{hint}")
+
+
+def _with(shape, axis, n):
+    s = list(shape)
+    s[axis] = n
+    return tuple(s)
+
+
+def _pad_axis(em, v, axis, lo, hi, mode, value, hint):
+    """v padded on one axis: lo before, hi after (negative: cropped), as
+    F.pad's constant, reflect, replicate and circular modes."""
+    n = v.shape[axis]
+    if lo < 0 or hi < 0:
+        v = _slice(em, v, axis, max(0, -lo), n - max(0, -hi), name=f"{em.node.name}.{hint}.crop")
+        lo, hi, n = max(lo, 0), max(hi, 0), v.shape[axis]
+    if lo == 0 and hi == 0:
+        return v
+    parts_lo, parts_hi = [], []
+    if mode == "constant":
+        if lo:
+            parts_lo = [_fill(em, _with(v.shape, axis, lo), value, v.dtype, f"{hint}.lo")]
+        if hi:
+            parts_hi = [_fill(em, _with(v.shape, axis, hi), value, v.dtype, f"{hint}.hi")]
+    elif mode == "replicate":
+        for k, (side, idx) in enumerate(((lo, 0), (hi, n - 1))):
+            if side:
+                edge = _slice(em, v, axis, idx, idx + 1, name=f"{em.node.name}.{hint}.edge{k}")
+                b = em.emit("broadcast", [edge], {"shape": list(_with(v.shape, axis, side))},
+                            shape=_with(v.shape, axis, side), dtype=v.dtype, name=f"{em.node.name}.{hint}.rep{k}")
+                (parts_lo if k == 0 else parts_hi).append(b)
+    elif mode == "circular":
+        if lo > n or hi > n:
+            em.fail(f"circular padding of {max(lo, hi)} on an axis of {n}")
+        if lo:
+            parts_lo = [_slice(em, v, axis, n - lo, n, name=f"{em.node.name}.{hint}.wrap0")]
+        if hi:
+            parts_hi = [_slice(em, v, axis, 0, hi, name=f"{em.node.name}.{hint}.wrap1")]
+    elif mode == "reflect":
+        if lo >= n or hi >= n:
+            em.fail(f"reflect padding of {max(lo, hi)} on an axis of {n} (PyTorch needs it below the size too)")
+        parts_lo = [_slice(em, v, axis, i, i + 1, name=f"{em.node.name}.{hint}.l{i}") for i in range(lo, 0, -1)]
+        parts_hi = [_slice(em, v, axis, n - 2 - j, n - 1 - j, name=f"{em.node.name}.{hint}.r{j}") for j in range(hi)]
+    else:
+        em.fail(f"padding mode {mode!r}")
+    return em.emit("concat", parts_lo + [v] + parts_hi, {"axis": axis}, shape=_with(v.shape, axis, n + lo + hi),
+                   dtype=v.dtype, name=f"{em.node.name}.{hint}")
+
+
+def _pad_list(em, v, pads, mode, value, hint="pad"):
+    """F.pad's list: (left, right) of the last axis, then of the one before, ..."""
+    r = len(v.shape)
+    if len(pads) % 2 or len(pads) // 2 > r:
+        em.fail(f"a padding list of {len(pads)} numbers for a rank-{r} tensor")
+    for i in range(len(pads) // 2):
+        v = _pad_axis(em, v, r - 1 - i, int(pads[2 * i]), int(pads[2 * i + 1]), mode, value, f"{hint}{i}")
+    return v
+
+
+@_op("pad", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d",
+     "replication_pad2d", "replication_pad3d", "_pad_circular")
+def _pad(em, a):
+    v = em.val(a.get("self", a.get("input")))
+    name = _packet(em.node.target)
+    mode = a.get("mode") or ("reflect" if name.startswith("reflection") else "replicate"
+                             if name.startswith("replication") else "circular" if name == "_pad_circular"
+                             else "constant")
+    value = a.get("value")
+    r = _pad_list(em, v, list(a.get("pad", a.get("padding"))), mode, 0.0 if value is None else float(value))
+    if r.shape != _shape(em.meta_val()):
+        em.fail(f"internal: padding gave {r.shape}, PyTorch {_shape(em.meta_val())}")
+    return r
+
+
+def _ceil_extra(n, k, s, p, d=1):
+    """How far ceil_mode's last window reaches past the padded input (PyTorch's
+    rule: that window must start inside the input or its left padding)."""
+    out = -(-(n + 2 * p - d * (k - 1) - 1) // s) + 1
+    if (out - 1) * s >= n + p:
+        out -= 1
+    return max(0, (out - 1) * s + d * (k - 1) + 1 - (n + 2 * p))
+
+
+def _two(v):
+    v = [int(t) for t in v]
+    return v * 2 if len(v) == 1 else v
+
+
 @_op("max_pool2d", "max_pool2d_with_indices")
 def _max_pool(em, a):
     x = em.val(a["self"])
-    k = [int(t) for t in a["kernel_size"]]
-    s = [int(t) for t in (a.get("stride") or k)]
-    p = [int(t) for t in (a.get("padding") or [0])]
-    d = [int(t) for t in (a.get("dilation") or [1])]
-    if any(t != 1 for t in d):
+    k = _two(a["kernel_size"])
+    s = _two(a.get("stride") or k)
+    p = _two(a.get("padding") or [0])
+    if any(t != 1 for t in _two(a.get("dilation") or [1])):
         em.fail("a dilated max pool")
-    if a.get("ceil_mode"):
-        em.fail("ceil_mode=True")
-    r = em.emit("maxpool2d", [x], _pool_attrs(k, s, p), shape=_shape(em.meta_val() if
-                em.node.target._overloadpacket.__name__ == "max_pool2d" else em.meta_val()[0]), dtype=x.dtype)
-    return [r, None] if em.node.target._overloadpacket.__name__.endswith("indices") else r
+    if a.get("ceil_mode"):   # the windows past the edge see -inf there, as PyTorch's do
+        eh, ew = _ceil_extra(x.shape[2], k[0], s[0], p[0]), _ceil_extra(x.shape[3], k[1], s[1], p[1])
+        x = _pad_list(em, x, [0, ew, 0, eh], "constant", float("-inf"), "ceil")
+    indices = _packet(em.node.target).endswith("indices")
+    r = em.emit("maxpool2d", [x], _pool_attrs(k, s, p), shape=_shape(em.meta_val()[0] if indices else em.meta_val()),
+                dtype=x.dtype)
+    return [r, None] if indices else r
 
 
 def _pool_attrs(k, s, p):
-    two = lambda v: v * 2 if len(v) == 1 else v   # noqa: E731
-    k, s, p = two(k), two(s), two(p)
+    k, s, p = _two(k), _two(s), _two(p)
     attrs = {"kernel": k if k[0] != k[1] else [k[0]]}
     if s != k:
         attrs["stride"] = s if s[0] != s[1] else [s[0]]
@@ -768,19 +953,40 @@ def _pool_attrs(k, s, p):
     return attrs
 
 
+def _avg_divisors(n, k, s, p, out, include_pad):
+    """PyTorch's avg_pool divisor of each output position along one axis: the
+    window clipped to the padded input, or to the input itself."""
+    ds = []
+    for i in range(out):
+        start = i * s - p
+        end = min(start + k, n + p)
+        ds.append(end - start if include_pad else min(end, n) - max(start, 0))
+    return ds
+
+
 @_op("avg_pool2d")
 def _avg_pool(em, a):
-    x = em.val(a["self"])
-    k = [int(t) for t in a["kernel_size"]]
-    s = [int(t) for t in (a.get("stride") or k)]
-    p = [int(t) for t in (a.get("padding") or [0])]
+    """tfuse's avgpool2d divides by the whole window, padding included; where
+    PyTorch divides by less (ceil_mode's clipped windows, count_include_pad=False)
+    or by divisor_override, the result is rescaled by a constant [OH, OW]."""
+    x0 = em.val(a["self"])
+    k, p = _two(a["kernel_size"]), _two(a.get("padding") or [0])
+    s = _two(a.get("stride") or k)
+    out = _shape(em.meta_val())
+    x = x0
     if a.get("ceil_mode"):
-        em.fail("ceil_mode=True")
-    if any(p) and not a.get("count_include_pad", True):
-        em.fail("count_include_pad=False with padding (tfuse's avgpool2d counts the padding)")
-    if a.get("divisor_override") is not None:
-        em.fail("divisor_override")
-    return em.emit("avgpool2d", [x], _pool_attrs(k, s, p))
+        eh, ew = _ceil_extra(x.shape[2], k[0], s[0], p[0]), _ceil_extra(x.shape[3], k[1], s[1], p[1])
+        x = _pad_list(em, x, [0, ew, 0, eh], "constant", 0.0, "ceil")
+    dov = a.get("divisor_override")
+    inc = bool(a.get("count_include_pad", True))
+    div = np.outer(_avg_divisors(x0.shape[2], k[0], s[0], p[0], out[2], inc),
+                   _avg_divisors(x0.shape[3], k[1], s[1], p[1], out[3], inc)).astype(np.float64)
+    scale = (k[0] * k[1]) / (np.full_like(div, float(dov)) if dov else div)
+    if np.all(scale == 1.0):
+        return em.emit("avgpool2d", [x], _pool_attrs(k, s, p), shape=out, dtype=x.dtype)
+    r = em.emit("avgpool2d", [x], _pool_attrs(k, s, p), shape=out, dtype=x.dtype, name=em.node.name + ".full")
+    c = em.cast(em.const_val(em.torch.tensor(scale, dtype=em.torch.float32), hint=em.node.name + ".scale"), x.dtype)
+    return em.emit("mul", [r, c])
 
 
 @_op("adaptive_avg_pool2d", "_adaptive_avg_pool2d")
@@ -791,9 +997,42 @@ def _adaptive_avg(em, a):
     if (oh, ow) == (1, 1):
         g = em.emit("global_avgpool", [x], shape=(N, C), dtype=x.dtype, name=em.node.name + ".g")
         return em.reshape(g, (N, C, 1, 1))
-    if H % oh or W % ow:
-        em.fail(f"adaptive pooling {H}x{W} -> {oh}x{ow}: the windows differ in size")
-    return em.emit("avgpool2d", [x], _pool_attrs([H // oh, W // ow], [H // oh, W // ow], [0]))
+    if H % oh == 0 and W % ow == 0:
+        return em.emit("avgpool2d", [x], _pool_attrs([H // oh, W // ow], [H // oh, W // ow], [0]))
+    # windows of different sizes (from floor(i n / o) to ceil((i + 1) n / o)): an averaging matrix per axis
+    torch = em.torch
+
+    def avg(n, o, hint):
+        m = torch.zeros(n, o, dtype=torch.float32)
+        for i in range(o):
+            s0, e0 = (i * n) // o, -(-((i + 1) * n) // o)
+            m[s0:e0, i] = 1.0 / (e0 - s0)
+        return em.cast(em.const_val(m, hint=f"{em.node.name}.{hint}"), x.dtype)
+    base = em.node.name
+    t = em.emit("matmul", [x, avg(W, ow, "avg_w")], shape=(N, C, H, ow), dtype=x.dtype, name=base + ".w")
+    t = em.emit("transpose", [t], {"perm": [0, 1, 3, 2]}, shape=(N, C, ow, H), dtype=x.dtype, name=base + ".wt")
+    t = em.emit("matmul", [t, avg(H, oh, "avg_h")], shape=(N, C, ow, oh), dtype=x.dtype, name=base + ".h")
+    return em.emit("transpose", [t], {"perm": [0, 1, 3, 2]})
+
+
+@_op("cumsum")
+def _cumsum(em, a):
+    """A scan in log2(n) steps, x plus x shifted by 1, 2, 4, ...: exact for
+    integers (RoBERTa's position ids), any dtype."""
+    out_dt = em.dt(em.meta_val().dtype)
+    v = em.cast(em.val(a["self"]), out_dt)
+    if not v.shape:
+        return v
+    ax = _axis(a["dim"], len(v.shape))
+    n, shift, i = v.shape[ax], 1, 0
+    while shift < n:
+        body = _slice(em, v, ax, 0, n - shift, name=f"{em.node.name}.b{i}")
+        head = _fill(em, _with(v.shape, ax, shift), 0, v.dtype, f"z{i}")
+        sh = em.emit("concat", [head, body], {"axis": ax}, shape=v.shape, dtype=v.dtype, name=f"{em.node.name}.s{i}")
+        last = shift * 2 >= n
+        v = em.emit("add", [v, sh], shape=v.shape, dtype=v.dtype, name=None if last else f"{em.node.name}.c{i}")
+        shift, i = shift * 2, i + 1
+    return v
 
 
 @_op("mean", "sum", "amax")

@@ -276,6 +276,10 @@ int main(void)
     rule("matmul batch axes", P2("[2, 1, 3, 4]", "[3, 4, 5]"), "y = matmul(a, b)", "[2, 3, 3, 5]", false);
     rule("conv2d", P2("[2, 4, 7, 6]", "[6, 2, 3, 3]"), "y = conv2d(a, b, stride=2, padding=1, dilation=[1, 2], groups=2)",
          "[2, 6, 4, 2]", false);
+    rule("conv2d_grad_input (transposed conv)", P2("[2, 4, 3, 3]", "[4, 3, 3, 3]"),
+         "y = conv2d_grad_input(a, b, stride=2, padding=1, shape=[2, 3, 6, 6])", "[2, 3, 6, 6]", false);
+    rule("conv2d_grad_input grouped", P2("[2, 4, 4, 3]", "[4, 1, 2, 3]"),
+         "y = conv2d_grad_input(a, b, stride=[2, 1], dilation=[1, 2], groups=2, shape=[2, 2, 8, 7])", "[2, 2, 8, 7]", false);
     rule("maxpool2d", "param a : f64[2, 3, 6, 5] = uniform()", "y = maxpool2d(a, kernel=3, stride=2, padding=1)", "[2, 3, 3, 3]", false);
     rule("avgpool2d", "param a : f64[2, 3, 6, 5] = uniform()", "y = avgpool2d(a, kernel=2, padding=1)", "[2, 3, 4, 3]", false);
     rule("reshape", "param a : f64[3, 4, 5] = uniform()", "y = reshape(a, shape=[4, 15])", "[4, 15]", false);
