@@ -236,6 +236,8 @@ typedef struct tf_value {
     int64_t offset;        /* memplan: byte offset in the arena; -1 = none (persistent, view, private) */
     struct tf_value *home; /* memplan: the param or buffer an update writes this value into in place
                             * (its storage is that state's; offset -1); NULL: none */
+    bool zero_grad;        /* a param whose gradient is exactly zero: bias_drop's dropped bias, which the
+                            * optimizer still sees (with a zero gradient, weight decay moves it, as in PyTorch) */
     tf_loc loc;
 } tf_value;
 

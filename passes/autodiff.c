@@ -328,6 +328,8 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     for (int i = 0; i < m->decls.n; i++) {
         tf_value *v = m->decls.items[i];
         if (v->kind != TF_VAL_PARAM || v->id < 0 || v->id >= g->nvals) continue;
+        if (!g->grad[v->id] && v->zero_grad)   /* bias_drop's: a zero gradient, still optimized */
+            g->grad[v->id] = ob(&p, "train.zero_grad", TF_OP_MUL, v, onum(&p, 0));
         if (!g->grad[v->id]) {
             tf_explain(g->o, "autodiff", &v->loc, "param %s does not affect the loss: no gradient, not updated", v->name);
             continue;

@@ -5,8 +5,10 @@
  * conv2d (channel axis 1) or of a linear with a [N, C] result feeding a
  * batchnorm is such a constant, also through ops that carry a per-channel
  * constant through unchanged (the shift rules below). The conv/linear loses
- * its bias operand; a bias param nothing else uses leaves the module, so it
- * is no longer trained, stored or updated. The running mean then tracks the
+ * its bias operand; a bias param nothing else reads stays in the module with
+ * an exactly zero gradient (zero_grad), so the optimizer treats it as
+ * PyTorch's does a bias whose gradient the batchnorm cancels: weight decay
+ * still shrinks it, Adam's moments stay zero, and the checkpoint keeps it. The running mean then tracks the
  * batch mean without the bias (it differs by the bias, which is what a model
  * without that bias would hold).
  *
@@ -95,15 +97,6 @@ static const char *a_user(const tf_module *m, const tf_value *v)
     return "an update";
 }
 
-static void remove_decl(tf_module *m, tf_value *v)
-{
-    int k = 0;
-    for (int i = 0; i < m->decls.n; i++)
-        if (m->decls.items[i] != v) m->decls.items[k++] = m->decls.items[i];
-    m->decls.n = k;
-    tf_module_remove_name(m, v);
-}
-
 /* ---- train mode: drop biases a batch mean cancels ---- */
 
 static void drop_bias(tf_module *m, const tf_options *o, tf_node *bn, int *uses)
@@ -149,11 +142,13 @@ static void drop_bias(tf_module *m, const tf_options *o, tf_node *bn, int *uses)
     }
     c->nin = 2;   /* same op, name, attributes and result type, no bias */
     bool gone = --uses[b->id] == 0;
-    if (gone) remove_decl(m, b);
+    if (gone) b->zero_grad = true;
     tf_explain(o, PASS, &c->loc, "dropped bias %s of %s %s: batchnorm %s normalizes with the batch mean, which cancels "
                "a per-channel constant%s%s%s; param %s %s%s", b->name, opname(c), v->name, bn->out->name,
                vlen ? " (passed through " : "", via, vlen ? " unchanged)" : "", b->name,
-               gone ? "removed" : "kept: still used by ", gone ? "" : a_user(m, b));
+               gone ? "read by nothing now: its gradient is zero, and it stays in the state for the optimizer "
+                      "(weight decay still moves it, as PyTorch's does)" : "kept: still used by ",
+               gone ? "" : a_user(m, b));
 }
 
 /* ---- infer mode: fold batchnorm into the conv2d/linear before it ---- */

@@ -815,7 +815,7 @@ def _embedding(em, a):
 
 @_op("dropout", "native_dropout", "feature_dropout")
 def _dropout(em, a):
-    v = em.val(a["input"])
+    v = em.val(a["input"] if "input" in a else a["self"])   # dropout_ (inplace=True) calls it self
     p = float(a["p"])
     if not a.get("train", True) or p == 0.0:
         return v
@@ -1414,7 +1414,13 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
             h = _OPS.get(name[:-1] if inplace else name)
             if h is None:
                 em.fail("tfuse has no mapping for this op")
-            res = h(em, em.bind(node))
+            try:
+                res = h(em, em.bind(node))
+            except ExportError:
+                raise
+            except Exception as e:   # noqa: BLE001 -- a mapping's own bug: still an ExportError naming the op and line
+                em.fail(f"tfuse.export's mapping of this op failed ({type(e).__name__}: {e}); this is a bug in "
+                        "tfuse, please report it with the model")
             em.check(node, res)
             em.env[node] = res
             if inplace and isinstance(node.args[0], torch.fx.Node):
@@ -1638,6 +1644,16 @@ def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None,
     torch.optim SGD, Adam or AdamW over the module's params; scheduler: a
     StepLR, CosineAnnealingLR or OneCycleLR of it: together the train block.
     """
+    try:
+        return _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name)
+    except ExportError:
+        raise
+    except Exception as e:   # noqa: BLE001 -- never a bare traceback from inside tfuse
+        raise ExportError(f"error: tfuse.export failed on {type(module).__name__} ({type(e).__name__}: {e}); this is "
+                          "a bug in tfuse, please report it with the model") from e
+
+
+def _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name):
     torch = _torch()
     nn = torch.nn
     if isinstance(example_inputs, dict):

@@ -1,0 +1,333 @@
+"""The model zoo: real architectures from torchvision, timm and transformers
+(tests/zoo/models.py), each exported with tfuse.export, compiled for the cpu
+target, run against PyTorch in float64, and trained against PyTorch in
+float64 (SGD with momentum, and AdamW).
+
+    .venv/bin/python tests/zoo/run.py                    # the whole zoo; writes tests/zoo/RESULTS.md
+    .venv/bin/python tests/zoo/run.py --subset ci        # what scripts/test.sh runs
+    .venv/bin/python tests/zoo/run.py --models resnet18,hf_bert --speed
+
+Each model runs in a child process of its own (a crash, a hang past
+--timeout or an uncaught Python error there is that model's failure, not the
+run's end). The verdict per model:
+
+  pass     every checked tensor within tolerance
+  refused  tfuse.export or tfuse.compile said no with a clear message (an
+           ExportError or a tfuse.Error): listed with the reason
+  WRONG    a number out of tolerance
+  CRASH    anything else: a Python traceback from inside tfuse, a signal,
+           a timeout
+
+The tolerance (the issue's, and python/tests/test_export.py's): with ref the
+float64 result and e32 PyTorch float32's own error against it, tfuse's error
+must be at most max(10 * e32, 1e-5), each error max|x - ref| / max(max|ref|,
+FLOOR) per tensor. FLOOR = 1e-3 judges a tensor that is exactly zero (a
+padding row's gradient, a bias PyTorch leaves at zero) absolutely, where a
+relative error would divide by zero.
+
+Exit status: 1 when a model gives WRONG or CRASH, or when a model expected
+to pass (not in models.EXPECTED_REFUSALS) is refused; 0 otherwise.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
+
+TOL_FACTOR, TOL_FLOOR, DENOM_FLOOR = 10.0, 1e-5, 1e-3
+
+
+def rel(x, ref):
+    import numpy as np
+    x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if x.shape != ref.shape:
+        return math.inf
+    if x.size == 0:
+        return 0.0
+    d = np.abs(x - ref)
+    same_inf = np.isinf(x) & np.isinf(ref) & (np.sign(x) == np.sign(ref))
+    d = np.where(same_inf, 0.0, d)
+    if np.isnan(d).any():
+        return math.inf
+    fin = np.abs(np.where(np.isfinite(ref), ref, 0.0))
+    return float(d.max() / max(fin.max(), DENOM_FLOOR))
+
+
+def call(m, args):
+    return m(**args) if isinstance(args, dict) else m(*args)
+
+
+# ---------------------------------------------------------------------------
+# One model, in a child process: prints one JSON line
+
+def _leaves(torch, out):
+    import torch.utils._pytree as pytree
+    return [t.detach().numpy() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _to64(torch, args):
+    f = (lambda t: t.double() if t.is_floating_point() else t)
+    return {k: f(v) for k, v in args.items()} if isinstance(args, dict) else tuple(f(t) for t in args)
+
+
+def _feed(ex, args, targets=()):
+    vals = list(args.values()) if isinstance(args, dict) else list(args)
+    vals += list(targets)
+    return dict(zip(ex.inputs, [t.numpy() for t in vals]))
+
+
+def _compare(pairs):
+    """pairs: (name, got, ref64, ref32) -> (worst error / tolerance, name, err, e32)."""
+    worst = (0.0, None, 0.0, 0.0)
+    for name, got, r64, r32 in pairs:
+        e, e32 = rel(got, r64), rel(r32, r64)
+        tol = max(TOL_FACTOR * e32, TOL_FLOOR)
+        ratio = e / tol if math.isfinite(e) else math.inf
+        if ratio >= worst[0] or worst[1] is None:
+            worst = (ratio, name, e, e32)
+    return worst
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _time_pair(f_tfuse, f_eager, reps, iters):
+    """Interleaved repetitions: per repetition the mean time of `iters`
+    calls of each; returns (median tfuse ms, median eager ms, median ratio,
+    (min ratio, max ratio))."""
+    f_tfuse(), f_eager()   # warm
+    ts, es, rs = [], [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            f_tfuse()
+        t1 = time.perf_counter()
+        for _ in range(iters):
+            f_eager()
+        t2 = time.perf_counter()
+        ts.append((t1 - t0) / iters * 1e3)
+        es.append((t2 - t1) / iters * 1e3)
+        rs.append(ts[-1] / es[-1])
+    return _median(ts), _median(es), _median(rs), (min(rs), max(rs))
+
+
+def run_one(name, speed, threads, steps):
+    import copy
+    import numpy as np
+    import torch
+    import tfuse
+    import models
+    torch.set_num_threads(threads)
+    spec = models.by_name(name)
+    res = {"name": name, "source": spec.source, "family": spec.family}
+    stage = "build"
+    try:
+        case = spec.build(0)
+        stage = "export"
+        model = case.model.eval()
+        ex = tfuse.export(model, case.inputs)
+        stage = "infer"
+        prog = tfuse.compile(ex, mode="infer", target="cpu", threads=threads)
+        sess = prog.session()
+        out = sess.run(**_feed(ex, case.inputs))
+        with torch.no_grad():
+            r32 = _leaves(torch, call(model, case.inputs))
+            r64 = _leaves(torch, call(copy.deepcopy(model).double(), _to64(torch, case.inputs)))
+        if len(out) != len(r64):
+            raise AssertionError(f"tfuse gives {len(out)} outputs, PyTorch {len(r64)}")
+        ratio, worst, e, e32 = _compare((n, g, a, b) for (n, g), b, a in zip(out.items(), r32, r64))
+        res["infer"] = {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
+        if speed:
+            feed = _feed(ex, case.inputs)
+            with torch.no_grad():
+                res["infer"]["ms"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), 5, 3)
+        del sess, prog
+        for opt_name, make_opt in (("sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9,
+                                                                       weight_decay=1e-4)),
+                                   ("adamw", lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3,
+                                                                         weight_decay=0.01))):
+            stage = "train-" + opt_name
+            case = spec.build(0)
+            model = case.model.train()
+            m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+            o32, o64 = make_opt(m32), make_opt(m64)
+            ex = tfuse.export(model, case.inputs, loss_fn=case.loss_fn, targets=case.targets,
+                              optimizer=make_opt(model))
+            stage = "train-" + opt_name
+            prog = tfuse.compile(ex, mode="train", target="cpu", threads=threads)
+            sess = prog.session()
+            feed = _feed(ex, case.inputs, case.targets)
+            losses = []
+            for _ in range(steps):
+                loss, _ = sess.train_step(**feed)
+                ls = []
+                for m, o, a, tg in ((m32, o32, case.inputs, case.targets),
+                                    (m64, o64, _to64(torch, case.inputs), _to64(torch, case.targets))):
+                    o.zero_grad()
+                    lv = case.loss_fn(call(m, a), *tg)
+                    lv.backward()
+                    o.step()
+                    ls.append(lv.item())
+                losses.append(("loss", np.float64(loss), np.float64(ls[1]), np.float64(ls[0])))
+            got = ex.to_torch(sess.state_dict())
+            sd32, sd64 = m32.state_dict(), m64.state_dict()
+            missing = sorted(set(sd64) - set(got))
+            if missing:
+                raise AssertionError(f"tfuse's state lacks {len(missing)} tensors, first {missing[0]}")
+            pairs = [(k, got[k].numpy(), sd64[k].numpy(), sd32[k].numpy()) for k in sd64
+                     if sd64[k].dtype.is_floating_point] + losses
+            ratio, worst, e, e32 = _compare(pairs)
+            res[opt_name] = {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
+            if speed and opt_name == "adamw":
+                mt = copy.deepcopy(model)
+                ot = make_opt(mt)
+
+                def eager_step():
+                    ot.zero_grad()
+                    case.loss_fn(call(mt, case.inputs), *case.targets).backward()
+                    ot.step()
+                res[opt_name]["ms"] = _time_pair(lambda: sess.train_step(**feed), eager_step, 5, 2)
+            del sess, prog
+        res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "sgd", "adamw")) else "WRONG"
+    except Exception as e:   # noqa: BLE001
+        msg = str(e).strip().splitlines()
+        first = msg[0] if msg else ""
+        if isinstance(e, (tfuse.ExportError, tfuse.Error)):
+            res["verdict"] = "refused"
+            res["reason"] = f"{stage}: {first}"
+            extra = [ln.strip() for ln in msg[1:3] if ln.strip()]
+            if extra:
+                res["reason"] += " (" + "; ".join(extra) + ")"
+        else:
+            import traceback
+            res["verdict"] = "CRASH"
+            res["reason"] = f"{stage}: {type(e).__name__}: {first}"
+            res["traceback"] = traceback.format_exc()
+        if any(k in res and not res[k]["ok"] for k in ("infer", "sgd", "adamw")):
+            res["verdict"] = "WRONG"
+    print("ZOO-RESULT " + json.dumps(res, default=float), flush=True)
+
+
+# ---------------------------------------------------------------------------
+# The table
+
+def fmt_err(r):
+    if not r:
+        return "—"
+    mark = "" if r["ok"] else f" **✗** `{r['tensor']}`"
+    return f"{r['err']:.1e} ({r['e32']:.1e}){mark}"
+
+
+def fmt_speed(r):
+    if not r or "ms" not in r:
+        return "—"
+    t, e, ratio, (lo, hi) = r["ms"]
+    return f"{ratio:.2f} ({lo:.2f}–{hi:.2f})"
+
+
+def table(results, speed):
+    head = "| model | source | family | export | infer err (torch fp32) | SGD step | AdamW step | verdict |"
+    sep = "|---|---|---|---|---|---|---|---|"
+    if speed:
+        head = head[:-len(" verdict |")] + " infer tfuse/eager | train tfuse/eager | verdict |"
+        sep += "---|---|"
+    rows = [head, sep]
+    for r in results:
+        exported = "no" if r.get("reason", "").startswith(("export", "build")) else "yes"
+        cells = [r["name"], r["source"], r["family"], exported, fmt_err(r.get("infer")), fmt_err(r.get("sgd")),
+                 fmt_err(r.get("adamw"))]
+        if speed:
+            cells += [fmt_speed(r.get("infer")), fmt_speed(r.get("adamw"))]
+        v = r["verdict"] + (f": {r['reason']}" if r.get("reason") else "")
+        cells.append(v.replace("|", "\\|"))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", help="comma-separated names (default: all)")
+    ap.add_argument("--subset", choices=["ci"], help="ci: the models scripts/test.sh runs")
+    ap.add_argument("--speed", action="store_true", help="also time tfuse against eager (5 interleaved reps)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1, help="training steps compared (default 1: a second step starts from params that differ by rounding, and a ReLU or max-pool decision that flips there moves a whole gradient term, in tfuse or in PyTorch float32 alike)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per model (default 600)")
+    ap.add_argument("--out", help="write the table (markdown) here")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.one:
+        run_one(a.one, a.speed, a.threads, a.steps)
+        return 0
+    import models
+    names = [s.name for s in models.ZOO]
+    if a.subset == "ci":
+        names = list(models.CI_SUBSET)
+    if a.models:
+        names = [n.strip() for n in a.models.split(",") if n.strip()]
+        unknown = [n for n in names if n not in {s.name for s in models.ZOO}]
+        if unknown:
+            print(f"error: no zoo model named {', '.join(unknown)} (tests/zoo/models.py lists them)", file=sys.stderr)
+            return 2
+    results, bad = [], []
+    t_all = time.time()
+    for n in names:
+        t0 = time.time()
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", n, "--threads", str(a.threads),
+               "--steps", str(a.steps)] + (["--speed"] if a.speed else [])
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("ZOO-RESULT ")), None)
+            if line is None:
+                tail = (p.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+                r = {"name": n, "source": models.by_name(n).source, "family": models.by_name(n).family,
+                     "verdict": "CRASH", "reason": f"exit {p.returncode}: {tail}"}
+            else:
+                r = json.loads(line[len("ZOO-RESULT "):])
+        except subprocess.TimeoutExpired:
+            r = {"name": n, "source": models.by_name(n).source, "family": models.by_name(n).family,
+                 "verdict": "CRASH", "reason": f"timeout after {a.timeout} s"}
+        r["seconds"] = round(time.time() - t0, 1)
+        results.append(r)
+        expected_refusal = n in models.EXPECTED_REFUSALS
+        failed = r["verdict"] in ("WRONG", "CRASH") or (r["verdict"] == "refused" and not expected_refusal)
+        if failed:
+            bad.append(n)
+        print(f"{n:28s} {r['verdict']:8s} {r['seconds']:6.1f} s  {r.get('reason', '')}", flush=True)
+        if r.get("traceback") and failed:
+            print(r["traceback"], file=sys.stderr)
+    passed = sum(r["verdict"] == "pass" for r in results)
+    summary = [f"{passed} of {len(results)} models infer and train within tolerance "
+               f"({time.time() - t_all:.0f} s, {a.threads} threads, {a.steps} training steps)."]
+    if a.speed:
+        gi = geomean([r["infer"]["ms"][2] for r in results if r.get("infer", {}).get("ms")])
+        gt = geomean([r["adamw"]["ms"][2] for r in results if r.get("adamw", {}).get("ms")])
+        summary.append(f"Geometric mean of tfuse/eager step time: inference {gi:.2f}, training (AdamW) {gt:.2f}.")
+    text = table(results, a.speed)
+    print("\n" + text + "\n\n" + "\n".join(summary))
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("<!-- written by tests/zoo/run.py; see tests/zoo/README.md -->\n")
+            f.write(" ".join(summary) + "\n\n" + text + "\n")
+    if bad:
+        print(f"\nzoo: {len(bad)} failed: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
