@@ -158,6 +158,24 @@ if torch is not None:
             return (p + ap, act, mp, F.adaptive_avg_pool2d(x, 3), ids.cumsum(1), self.c1(x[:, :, 0]), self.ct(x),
                     self.c2(x), self.emb(ids))
 
+    class Decomposed2(nn.Module):
+        """roll, group_norm, addcmul, F.normalize (a vector norm), einsum with one and two operands, zero_."""
+
+        def __init__(self):
+            super().__init__()
+            self.gn = nn.GroupNorm(2, 6)
+            self.w = nn.Parameter(torch.randn(5, 4))
+
+        def forward(self, x, q, k):
+            a = torch.roll(x, shifts=(1, -2), dims=(2, 3)) + torch.roll(x, 3)
+            c = torch.addcmul(x, a, self.gn(x), value=0.5)
+            n = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+            e = torch.einsum("bhid,bhjd->bhij", q, k) + torch.einsum("bhij->bhji", n)
+            z = x.clone()
+            z.zero_()
+            return (c + z, e, torch.einsum("bhid,dk->bhik", q, self.w), torch.linalg.vector_norm(x, ord=1, dim=(1, 2)),
+                    torch.einsum("bhid->b", q))
+
     def decomposed_loss(out, y):
         return sum((o.float() * 0.1).sin().mean() for o in out) + F.cross_entropy(out[-1].reshape(-1, 4), y,
                                                                                    ignore_index=2)
@@ -208,6 +226,10 @@ class Forward(unittest.TestCase):
     def test_decomposed_ops(self):
         torch.manual_seed(15)
         self.check_forward(Decomposed(), (torch.randn(2, 3, 7, 7), torch.randint(0, 5, (2, 6))))
+
+    def test_decomposed_ops_2(self):
+        torch.manual_seed(17)
+        self.check_forward(Decomposed2(), (torch.randn(2, 6, 4, 5), torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)))
 
     def test_weight_through_t(self):
         class MM(nn.Module):
@@ -362,6 +384,12 @@ class Train(unittest.TestCase):
         ids[0, 1] = 1   # the padding row: no gradient
         _, sess = self.check_steps(Decomposed(), (torch.randn(2, 3, 7, 7), ids), (y,), decomposed_loss,
                                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), steps=2)
+
+    def test_decomposed_ops_2_adamw(self):
+        torch.manual_seed(18)
+        self.check_steps(Decomposed2(), (torch.randn(2, 6, 4, 5), torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)), (),
+                         lambda out: sum((o * 0.3).tanh().mean() for o in out),
+                         lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2))
 
     @unittest.skipIf(torchvision is None, "torchvision is not installed")
     def test_resnet18_sgd(self):

@@ -1035,6 +1035,163 @@ def _cumsum(em, a):
     return v
 
 
+@_op("zero", "fill")
+def _zero_fill(em, a):
+    """zero_ / fill_ of a computed tensor: its shape filled with one number."""
+    value = 0.0 if _packet(em.node.target).startswith("zero") else a.get("value")
+    if not isinstance(value, (int, float, bool)):
+        em.fail("fill_ with a tensor value")
+    mv = em.meta_val()
+    return _fill(em, _shape(mv), value, em.dt(mv.dtype), "fill")
+
+
+@_op("roll")
+def _roll(em, a):
+    v = em.val(a["self"])
+    shifts, dims = list(a["shifts"]), list(a.get("dims") or [])
+    if not dims:   # flattened, rolled, shaped back
+        flat = em.reshape(v, (int(np.prod(v.shape)),))
+        return em.reshape(_roll_axis(em, flat, 0, int(shifts[0]), "r"), v.shape)
+    for i, (s, d) in enumerate(zip(shifts, dims)):
+        v = _roll_axis(em, v, _axis(d, len(v.shape)), int(s), f"r{i}")
+    return v
+
+
+def _roll_axis(em, v, ax, shift, hint):
+    n = v.shape[ax]
+    shift %= n
+    if shift == 0:
+        return v
+    tail = _slice(em, v, ax, n - shift, n, name=f"{em.node.name}.{hint}.tail")
+    head = _slice(em, v, ax, 0, n - shift, name=f"{em.node.name}.{hint}.head")
+    return em.emit("concat", [tail, head], {"axis": ax}, shape=v.shape, dtype=v.dtype, name=f"{em.node.name}.{hint}")
+
+
+@_op("addcmul", "addcdiv")
+def _addcmul(em, a):
+    out_dt = em.dt(em.meta_val().dtype)
+    s, t1, t2 = (em.cast(em.val(a[k]), out_dt) for k in ("self", "tensor1", "tensor2"))
+    op = "mul" if _packet(em.node.target) == "addcmul" else "div"
+    shape = _shape(em.meta_val())
+    p = em.emit(op, [t1, t2], shape=shape, dtype=out_dt, name=em.node.name + ".p")
+    value = a.get("value", 1)
+    if value != 1:
+        p = em.emit("mul", [p, _num(value)], shape=shape, dtype=out_dt, name=em.node.name + ".v")
+    return em.emit("add", [s, p])
+
+
+@_op("linalg_vector_norm", "norm")
+def _vector_norm(em, a):
+    x = em.val(a.get("self", a.get("input")))
+    order = a.get("ord", a.get("p", 2))
+    order = 2 if order is None else float(order)
+    dims = a.get("dim")
+    dims = [] if dims is None else list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    axes = [_axis(d, len(x.shape)) for d in dims] or list(range(len(x.shape)))
+    keep = bool(a.get("keepdim", False))
+    out = _shape(em.meta_val())
+    base = em.node.name
+    red = {"axes": [] if len(axes) == len(x.shape) else axes}
+    if keep:
+        red["keepdims"] = True
+    if order == 2:
+        s = em.emit("sum", [_pw(em, "mul", [x, x], "sq", x)], red, shape=out, dtype=x.dtype, name=base + ".ss")
+        return em.emit("sqrt", [s])
+    if order == 1:
+        return em.emit("sum", [_pw(em, "abs", [x], "abs", x)], red, shape=out, dtype=x.dtype)
+    if math.isinf(order) and order > 0:
+        return em.emit("max", [_pw(em, "abs", [x], "abs", x)], red, shape=out, dtype=x.dtype)
+    em.fail(f"a vector norm of order {order} (tfuse maps 1, 2 and inf)")
+
+
+@_op("group_norm", "native_group_norm")
+def _group_norm(em, a):
+    """Each sample's channels in G groups, normalized over a group's channels
+    and positions, then scaled and shifted per channel."""
+    x = em.val(a["input"])
+    G, eps = int(a.get("num_groups", a.get("group"))), float(a.get("eps", 1e-5))
+    N, C = x.shape[0], x.shape[1]
+    rest = int(np.prod(x.shape[2:])) if len(x.shape) > 2 else 1
+    base = em.node.name
+    xg = em.reshape(x, (N, G, (C // G) * rest))
+    g3 = (N, G, 1)
+    mu = em.emit("mean", [xg], {"axes": [2], "keepdims": True}, shape=g3, dtype=x.dtype, name=base + ".mean")
+    xc = em.emit("sub", [xg, mu], shape=xg.shape, dtype=x.dtype, name=base + ".centered")
+    var = em.emit("mean", [_pw(em, "mul", [xc, xc], "sq", xc)], {"axes": [2], "keepdims": True}, shape=g3,
+                  dtype=x.dtype, name=base + ".var")
+    inv = em.emit("rsqrt", [em.emit("add", [var, _num(eps)], shape=g3, dtype=x.dtype, name=base + ".var_eps")],
+                  shape=g3, dtype=x.dtype, name=base + ".inv_std")
+    y = em.reshape(em.emit("mul", [xc, inv], shape=xg.shape, dtype=x.dtype, name=base + ".normed"), x.shape)
+    cshape = (C,) + (1,) * (len(x.shape) - 2)
+    w, b = a.get("weight"), a.get("bias")
+    if w is not None:
+        y = em.emit("mul", [y, em.reshape(em.val(w), cshape)], shape=x.shape, dtype=x.dtype,
+                    name=base + (".scaled" if b is not None else ""))
+    if b is not None:
+        y = em.emit("add", [y, em.reshape(em.val(b), cshape)], shape=x.shape, dtype=x.dtype)
+    if _packet(em.node.target) == "native_group_norm":
+        return [y, None, None]
+    return y
+
+
+@_op("einsum")
+def _einsum(em, a):
+    """One or two operands, each letter once per operand (no diagonals):
+    letters of one operand missing from the output are summed first; the
+    rest is a batched matmul over [shared-kept, left-only, contracted] x
+    [shared-kept, contracted, right-only], transposed to the output's order."""
+    eq = a["equation"].replace(" ", "")
+    ops = [em.val(t) for t in a["tensors"]]
+    if "..." in eq or "->" not in eq:
+        em.fail(f"einsum {eq!r}: write it with '->' and without '...'")
+    lhs, out = eq.split("->")
+    ins = lhs.split(",")
+    if len(ins) != len(ops) or len(ops) > 2 or any(len(set(s)) != len(s) for s in ins + [out]):
+        em.fail(f"einsum {eq!r}: tfuse maps one or two operands, each letter once per operand")
+    dims = {}
+    for s, v in zip(ins, ops):
+        if len(s) != len(v.shape):
+            em.fail(f"einsum {eq!r}: '{s}' names {len(s)} axes of a rank-{len(v.shape)} operand")
+        for c, n in zip(s, v.shape):
+            if dims.setdefault(c, n) != n:
+                em.fail(f"einsum {eq!r}: axis '{c}' is {dims[c]} and {n}")
+    base = em.node.name
+
+    def sum_out(s, v, keep, hint):
+        drop = [i for i, c in enumerate(s) if c not in keep]
+        if not drop:
+            return s, v
+        s2 = "".join(c for c in s if c in keep)
+        return s2, em.emit("sum", [v], {"axes": drop}, shape=tuple(dims[c] for c in s2), dtype=v.dtype,
+                           name=f"{base}.{hint}")
+
+    def perm(s, v, order, hint):
+        p = [s.index(c) for c in order]
+        if p == list(range(len(s))):
+            return v
+        return em.emit("transpose", [v], {"perm": p}, shape=tuple(dims[c] for c in order), dtype=v.dtype,
+                       name=f"{base}.{hint}")
+    if len(ops) == 1:
+        s, v = sum_out(ins[0], ops[0], set(out), "sum")
+        return perm(s, v, out, "t") if s != out else em.reshape(v, _shape(em.meta_val()))
+    (sa, va), (sb, vb) = sum_out(ins[0], ops[0], set(out) | set(ins[1]), "sa"), \
+        sum_out(ins[1], ops[1], set(out) | set(ins[0]), "sb")
+    batch = [c for c in sa if c in sb and c in out]
+    contract = [c for c in sa if c in sb and c not in out]
+    fa = [c for c in sa if c not in sb]
+    fb = [c for c in sb if c not in sa]
+    size = lambda cs: int(np.prod([dims[c] for c in cs])) if cs else 1   # noqa: E731
+    va = em.reshape(perm(sa, va, batch + fa + contract, "ta"), tuple(dims[c] for c in batch) + (size(fa), size(contract)))
+    vb = em.reshape(perm(sb, vb, batch + contract + fb, "tb"), tuple(dims[c] for c in batch) + (size(contract), size(fb)))
+    mm_shape = tuple(dims[c] for c in batch) + (size(fa), size(fb))
+    r = em.emit("matmul", [va, vb], shape=mm_shape, dtype=va.dtype, name=base + ".mm")
+    got = batch + fa + fb
+    r = em.reshape(r, tuple(dims[c] for c in got))
+    if "".join(got) == out:
+        return r
+    return em.emit("transpose", [r], {"perm": [got.index(c) for c in out]})
+
+
 @_op("mean", "sum", "amax")
 def _reduce(em, a):
     x = em.val(a["self"])
