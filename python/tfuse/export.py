@@ -353,6 +353,10 @@ class _Emitter:
             return _num(a)
         self.fail(f"operand {a!r} is not a tensor or a number")
 
+    def val_of(self, x):
+        """val() of an fx node, a number, or a _Val already."""
+        return x if isinstance(x, _Val) else self.val(x)
+
     def is_const(self, a):
         fx = self.torch.fx
         if isinstance(a, fx.Node):
@@ -583,11 +587,13 @@ def _promote(dts):
 
 
 def _logic(em, op, x, y):
-    # bool and/or as where: and(x, y) = where(x, y, false); or(x, y) = where(x, true, y)
+    # bool and/or as where: and(x, y) = where(x, y, x); or(x, y) = where(x, x, y) (x is the false / true
+    # there, so no bool literal is needed); broadcast first, as where's operands take one shape
     if not (isinstance(x, _Val) and isinstance(y, _Val)):
         em.fail("a logical op with a number")
-    x, y = em.cast(x, "bool"), em.cast(y, "bool")
-    return em.emit("where", [x, y, _num(0.0)]) if op == "and" else em.emit("where", [x, "1", y])
+    shape = _shape(em.meta_val())
+    x, y = em.broadcast(em.cast(x, "bool"), shape), em.broadcast(em.cast(y, "bool"), shape)
+    return em.emit("where", [x, y, x]) if op == "and" else em.emit("where", [x, x, y])
 
 
 for _n, _t in {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
@@ -989,16 +995,26 @@ def _avg_pool(em, a):
     return em.emit("mul", [r, c])
 
 
-@_op("adaptive_avg_pool2d", "_adaptive_avg_pool2d")
+@_op("adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_avg_pool1d")
 def _adaptive_avg(em, a):
     x = em.val(a["self"])
-    N, C, H, W = x.shape
+    if _packet(em.node.target) == "adaptive_avg_pool1d":   # [N, C, L] as [N, C, 1, L]
+        lead = x.shape[:-1] if len(x.shape) == 3 else (1,) + x.shape[:-1]
+        x4 = em.reshape(x, lead + (1, x.shape[-1]))
+        r = _adaptive_avg_2d(em, x4, 1, int(a["output_size"][0]), em.node.name + ".2d")
+        return em.reshape(r, _shape(em.meta_val()))
     oh, ow = [int(t) for t in a["output_size"]] * (2 if len(a["output_size"]) == 1 else 1)
+    return _adaptive_avg_2d(em, x, oh, ow, None)
+
+
+def _adaptive_avg_2d(em, x, oh, ow, name):
+    N, C, H, W = x.shape
     if (oh, ow) == (1, 1):
         g = em.emit("global_avgpool", [x], shape=(N, C), dtype=x.dtype, name=em.node.name + ".g")
         return em.reshape(g, (N, C, 1, 1))
     if H % oh == 0 and W % ow == 0:
-        return em.emit("avgpool2d", [x], _pool_attrs([H // oh, W // ow], [H // oh, W // ow], [0]))
+        return em.emit("avgpool2d", [x], _pool_attrs([H // oh, W // ow], [H // oh, W // ow], [0]),
+                       shape=(N, C, oh, ow), dtype=x.dtype, name=name)
     # windows of different sizes (from floor(i n / o) to ceil((i + 1) n / o)): an averaging matrix per axis
     torch = em.torch
 
@@ -1012,7 +1028,7 @@ def _adaptive_avg(em, a):
     t = em.emit("matmul", [x, avg(W, ow, "avg_w")], shape=(N, C, H, ow), dtype=x.dtype, name=base + ".w")
     t = em.emit("transpose", [t], {"perm": [0, 1, 3, 2]}, shape=(N, C, ow, H), dtype=x.dtype, name=base + ".wt")
     t = em.emit("matmul", [t, avg(H, oh, "avg_h")], shape=(N, C, ow, oh), dtype=x.dtype, name=base + ".h")
-    return em.emit("transpose", [t], {"perm": [0, 1, 3, 2]})
+    return em.emit("transpose", [t], {"perm": [0, 1, 3, 2]}, shape=(N, C, oh, ow), dtype=x.dtype, name=name)
 
 
 @_op("cumsum")
@@ -1301,8 +1317,8 @@ def _index(em, a):
     v = em.val(a["self"])
     idx = list(a["indices"])
     used = [i for i, t in enumerate(idx) if t is not None]
-    if len(used) != 1:
-        em.fail("indexing with more than one index tensor")
+    if len(used) > 1:
+        return _index_many(em, v, idx, used)
     k = used[0]
     iv = em.val(idx[k])
     if iv.dtype == "bool":
@@ -1321,6 +1337,107 @@ def _index(em, a):
         r, ri = len(g.shape), len(iv.shape)
         perm = list(range(ri, ri + k)) + list(range(ri)) + list(range(ri + k, r))
         g = em.emit("transpose", [g], {"perm": perm}, shape=tuple(g.shape[p] for p in perm), dtype=g.dtype)
+    return em.reshape(g, _shape(em.meta_val()))
+
+
+def _flat_index(em, parts, shape, hint):
+    """sum_j idx_j * stride_j over index operands broadcast to `shape` (each
+    (index, size, stride): a torch tensor or a _Val), as an i64 tensor: a
+    constant when every index is one, else IR ops (negative indices count
+    from the end, as in PyTorch)."""
+    torch = em.torch
+    if all(not isinstance(i, _Val) for i, _, _ in parts):
+        flat = sum(((i.to(torch.int64) % n) * st).expand(shape) for i, n, st in parts)
+        return em.const_val(flat.contiguous(), hint=f"{em.node.name}.{hint}")
+    acc = None
+    for k, (i, n, st) in enumerate(parts):
+        iv = em.cast(em.val_of(i), "i64")
+        ishape = iv.shape if isinstance(iv, _Val) else ()
+        neg = em.emit("lt", [iv, "0"], shape=ishape, dtype="bool", name=f"{em.node.name}.{hint}.neg{k}")
+        iv = em.emit("where", [neg, em.emit("add", [iv, str(n)], shape=ishape, dtype="i64",
+                                                 name=f"{em.node.name}.{hint}.wrap{k}"), iv],
+                     shape=ishape, dtype="i64", name=f"{em.node.name}.{hint}.i{k}")
+        if st != 1:
+            iv = em.emit("mul", [iv, str(st)], shape=ishape, dtype="i64", name=f"{em.node.name}.{hint}.s{k}")
+        iv = em.broadcast(iv, shape)
+        acc = iv if acc is None else em.emit("add", [acc, iv], shape=tuple(shape), dtype="i64",
+                                             name=f"{em.node.name}.{hint}.sum{k}")
+    return acc
+
+
+def _index_many(em, v, idx, used):
+    """x[i, j, ...] with several index tensors (HF's mask building: a batch
+    arange against a position arange): the indexed axes brought to the front
+    and flattened, one gather with the combined flat index, and the result's
+    axes where PyTorch puts them (in place of adjacent indexed axes, else
+    first)."""
+    torch = em.torch
+    ops = []
+    for k in used:
+        t = idx[k]
+        if em.is_const(t):
+            c = em.const_of(t)
+            if c.dtype == torch.bool:
+                em.fail("indexing with a boolean mask among several indices")
+            ops.append(c)
+        else:
+            iv = em.val(t)
+            if iv.dtype == "bool":
+                em.fail("indexing with a boolean mask (the result's size depends on the data)")
+            ops.append(iv)
+    shapes = [tuple(o.shape) for o in ops]
+    B = tuple(torch.broadcast_shapes(*shapes))
+    rest = [i for i in range(len(v.shape)) if i not in used]
+    perm = used + rest
+    base = em.node.name
+    if perm != list(range(len(v.shape))):
+        v = em.emit("transpose", [v], {"perm": perm}, shape=tuple(v.shape[p] for p in perm), dtype=v.dtype,
+                    name=base + ".t")
+    usizes = [v.shape[i] for i in range(len(used))]
+    rsizes = list(v.shape[len(used):])
+    nu, nr = int(np.prod(usizes)), int(np.prod(rsizes)) if rsizes else 1
+    table = em.reshape(v, (nu, nr))
+    strides = [int(np.prod(usizes[j + 1:])) for j in range(len(used))]
+    flat = _flat_index(em, list(zip(ops, usizes, strides)), B, "flat")
+    g = em.emit("gather", [flat, table], shape=B + (nr,), dtype=v.dtype, name=base + ".g")
+    g = em.reshape(g, B + tuple(rsizes))
+    adjacent = used == list(range(used[0], used[-1] + 1))
+    if adjacent and used[0] > 0:   # the axes before the indexed ones come first again
+        nb, before = len(B), used[0]
+        p = list(range(nb, nb + before)) + list(range(nb)) + list(range(nb + before, len(g.shape)))
+        g = em.emit("transpose", [g], {"perm": p}, shape=tuple(g.shape[q] for q in p), dtype=g.dtype,
+                    name=base + ".back")
+    return em.reshape(g, _shape(em.meta_val()))
+
+
+@_op("gather")
+def _torch_gather(em, a):
+    """torch.gather(x, dim, index): out[..., j, ...] = x[..., index[..., j, ...], ...] along dim, one gather over
+    x flattened with the flat offsets of the other axes added (constants)."""
+    torch = em.torch
+    x = em.val(a["self"])
+    ax = _axis(a["dim"], len(x.shape))
+    ishape = tuple(int(s) for s in (em.const_of(a["index"]).shape if em.is_const(a["index"]) else
+                                    em.val(a["index"]).shape))
+    if len(ishape) != len(x.shape):
+        em.fail("gather with an index of another rank than its input")
+    strides = [int(np.prod(x.shape[k + 1:])) for k in range(len(x.shape))]
+    offs = torch.zeros(ishape, dtype=torch.int64)
+    for k in range(len(x.shape)):
+        if k != ax:
+            shp = [1] * len(ishape)
+            shp[k] = ishape[k]
+            offs = offs + torch.arange(ishape[k]).reshape(shp) * strides[k]
+    index = em.const_of(a["index"]) if em.is_const(a["index"]) else em.val(a["index"])
+    flat = _flat_index(em, [(index, x.shape[ax], strides[ax])], ishape, "flat")
+    if isinstance(flat, _Val) and not em.is_const(a["index"]):
+        flat = em.emit("add", [flat, em.const_val(offs, hint=em.node.name + ".offsets")], shape=ishape, dtype="i64",
+                       name=em.node.name + ".flat_all")
+    else:
+        flat = em.const_val((((em.const_of(a["index"]).to(torch.int64) % x.shape[ax]) * strides[ax]) + offs)
+                            .contiguous(), hint=em.node.name + ".flat_all")
+    table = em.reshape(x, (int(np.prod(x.shape)), 1))
+    g = em.emit("gather", [flat, table], shape=ishape + (1,), dtype=x.dtype, name=em.node.name + ".g")
     return em.reshape(g, _shape(em.meta_val()))
 
 

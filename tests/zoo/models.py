@@ -60,7 +60,7 @@ def by_name(name):
 
 # ---------------------------------------------------------------- vision
 
-BATCH, CLASSES = 2, 10
+BATCH, CLASSES = 4, 10
 
 
 def wake(model):
