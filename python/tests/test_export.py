@@ -176,6 +176,26 @@ if torch is not None:
             return (c + z, e, torch.einsum("bhid,dk->bhik", q, self.w), torch.linalg.vector_norm(x, ord=1, dim=(1, 2)),
                     torch.einsum("bhid->b", q))
 
+    class ViewWrites(nn.Module):
+        """In-place writes through views reach the base (T5's shift of its labels is this)."""
+
+        def forward(self, x, ids):
+            s = ids.new_zeros(ids.shape)
+            s[..., 1:] = ids[..., :-1].clone()
+            s[..., 0] = 7
+            s.masked_fill_(s == 3, 0)
+            y = x.clone()
+            y[:, 1] = x[:, 0] * 2                # select
+            y.transpose(1, 2)[:, 0, :] = -1.0   # a slice of a transpose
+            y.view(-1)[:3] = 5.0               # a slice of a reshape
+            return s, y
+
+    class SplitWrite(nn.Module):
+        def forward(self, x):
+            a, b = x.clone().chunk(2, dim=1)
+            a.zero_()   # writes into a chunk's view: refused, never silently lost
+            return a + b
+
     def decomposed_loss(out, y):
         return sum((o.float() * 0.1).sin().mean() for o in out) + F.cross_entropy(out[-1].reshape(-1, 4), y,
                                                                                    ignore_index=2)
@@ -230,6 +250,12 @@ class Forward(unittest.TestCase):
     def test_decomposed_ops_2(self):
         torch.manual_seed(17)
         self.check_forward(Decomposed2(), (torch.randn(2, 6, 4, 5), torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)))
+
+    def test_writes_through_views(self):
+        torch.manual_seed(19)
+        ids = torch.randint(0, 5, (2, 6))
+        ids[0, 2] = 3
+        self.check_forward(ViewWrites(), (torch.randn(2, 3, 4), ids))
 
     def test_weight_through_t(self):
         class MM(nn.Module):
@@ -292,6 +318,12 @@ class Errors(unittest.TestCase):
         self.assertIn("test_export.py", msg)
         self.assertIn("x.cummax(-1)", msg)
         self.assertIsInstance(cm.exception, tfuse.Error)
+
+    def test_write_through_split_refused(self):
+        with self.assertRaises(tfuse.ExportError) as cm:
+            tfuse.export(SplitWrite(), (torch.randn(2, 4),))
+        self.assertIn("in-place write through split", str(cm.exception))
+        self.assertIn("a.zero_()", str(cm.exception))
 
     def test_unmapped_argument(self):
         class Weighted(nn.Module):

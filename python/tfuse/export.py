@@ -268,6 +268,7 @@ class _Emitter:
         self.dropouts = 0
         self.transposed = set()   # param nodes stored [in, out]
         self.bn_buffers = set()   # running statistics batchnorm moves itself
+        self.views = {}           # fx node -> (its base node, view kind, the node): in-place writes reach the base
 
     # -- naming and emission
     def uniq(self, base):
@@ -290,6 +291,8 @@ class _Emitter:
             v = self.meta_val()
             shape = tuple(int(d) for d in v.shape) if shape is None else shape
             dtype = self.dt(v.dtype) if dtype is None else dtype
+        if any(isinstance(o, _Val) and o.name is None for o in operands):
+            self.fail(f"{op} of an empty tensor (tfuse has no tensors of size 0; only a concat drops them)")
         nm = self.uniq(name or (self.node.name if self.node is not None else op))
         args = [o.name if isinstance(o, _Val) else o for o in operands]
         for k, a in (attrs or {}).items():
@@ -377,8 +380,8 @@ class _Emitter:
 
     def reshape(self, v, shape):
         shape = tuple(int(s) for s in shape)
-        if v.shape == shape:
-            return v
+        if v.shape == shape or v.name is None:   # an empty tensor stays one
+            return v if v.shape == shape else _Val(None, shape, v.dtype)
         return self.emit("reshape", [v], {"shape": list(shape)}, shape=shape, dtype=v.dtype, name=v.name + ".r")
 
     def broadcast(self, v, shape):
@@ -1083,6 +1086,25 @@ def _roll_axis(em, v, ax, shift, hint):
     return em.emit("concat", [tail, head], {"axis": ax}, shape=v.shape, dtype=v.dtype, name=f"{em.node.name}.{hint}")
 
 
+@_op("baddbmm", "addbmm")
+def _baddbmm(em, a):
+    """beta * self + alpha * (batch1 @ batch2) (addbmm: the products summed over the batch)."""
+    s, b1, b2 = em.val(a["self"]), em.val(a["batch1"]), em.val(a["batch2"])
+    beta, alpha = a.get("beta", 1), a.get("alpha", 1)
+    base = em.node.name
+    mm_shape = b1.shape[:-1] + (b2.shape[-1],)
+    p = em.emit("matmul", [b1, b2], shape=mm_shape, dtype=b1.dtype, name=base + ".mm")
+    if _packet(em.node.target) == "addbmm":
+        p = em.emit("sum", [p], {"axes": [0]}, shape=mm_shape[1:], dtype=b1.dtype, name=base + ".sum")
+    if alpha != 1:
+        p = em.emit("mul", [p, _num(alpha)], shape=p.shape, dtype=p.dtype, name=base + ".alpha")
+    if beta == 0:   # PyTorch ignores self then, NaN included
+        return em.broadcast(p, _shape(em.meta_val()))
+    if beta != 1:
+        s = em.emit("mul", [s, _num(beta)], shape=s.shape, dtype=s.dtype, name=base + ".beta")
+    return em.emit("add", [s, p])
+
+
 @_op("addcmul", "addcdiv")
 def _addcmul(em, a):
     out_dt = em.dt(em.meta_val().dtype)
@@ -1269,8 +1291,8 @@ def _slice(em, v, axis, start, end, step=1, name=None):
     if start == 0 and end == n and step == 1:
         return v
     size = max(0, (end - start + step - 1) // step)
-    if size == 0:
-        em.fail("an empty slice")
+    if size == 0:   # only a concat may take it (Phi-3's rotary split with nothing left over); emit() refuses others
+        return _Val(None, _with(v.shape, axis, 0), v.dtype)
     shape = list(v.shape)
     shape[axis] = size
     attrs = {"axis": axis, "start": start, "end": end}
@@ -1526,6 +1548,70 @@ def _mse(em, a):
 
 
 # ---------------------------------------------------------------------------
+# In-place writes through views: x[..., 1:] = y is copy_(slice(x), y), and
+# x must change too (transformers' T5 shifts its labels right this way)
+
+_VIEWS = {"slice", "select", "narrow", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten",
+          "view_as", "alias", "transpose", "permute", "t", "swapaxes", "movedim", "expand", "expand_as", "as_strided",
+          "diagonal", "unfold", "view_as_real", "view_as_complex"}
+_SPLIT_VIEWS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split"}
+
+
+def _unview(em, base, kind, vnode, new):
+    """The base's new value after `new` was written into its view `vnode`."""
+    bv = em.val(base)
+    if not isinstance(bv, _Val):
+        em.fail("an in-place write into a view of a number")
+    new = em.cast(em.val_of(new), bv.dtype)
+    rank = len(bv.shape)
+    a = em.bind(vnode) if kind != "split" else None
+    hint = f"{em.node.name}.{vnode.name}"
+    if kind in ("slice", "narrow", "select"):
+        ax = _axis(a.get("dim", 0), rank)
+        n = bv.shape[ax]
+        if kind == "select":
+            start = int(a["index"]) % n
+            end, step = start + 1, 1
+        elif kind == "narrow":
+            start = int(a["start"]) % n
+            end, step = start + int(a["length"]), 1
+        else:
+            start, end, step = slice(a.get("start"), a.get("end"), int(a.get("step") or 1)).indices(n)
+        if step != 1:
+            em.fail("an in-place write through a strided slice")
+        region = _with(bv.shape, ax, end - start)
+        new = em.broadcast(em.reshape(new, region) if int(np.prod(new.shape or (1,))) == int(np.prod(region))
+                           else new, region)
+        parts = ([_slice(em, bv, ax, 0, start, name=f"{hint}.keep0")] if start > 0 else []) + [new] + \
+                ([_slice(em, bv, ax, end, n, name=f"{hint}.keep1")] if end < n else [])
+        return parts[0] if len(parts) == 1 else em.emit("concat", parts, {"axis": ax}, shape=bv.shape, dtype=bv.dtype,
+                                                         name=f"{hint}.written")
+    if kind in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as", "alias"):
+        return em.reshape(new, bv.shape)
+    if kind in ("transpose", "permute", "t", "swapaxes", "movedim"):
+        fwd = _perm_of(kind, a, rank)
+        inv = [fwd.index(i) for i in range(rank)]
+        return em.emit("transpose", [new], {"perm": inv}, shape=bv.shape, dtype=bv.dtype, name=f"{hint}.untransposed")
+    em.fail(f"an in-place write through {kind} (tfuse writes through slice, select, reshape and transpose views)")
+
+
+def _perm_of(kind, a, r):
+    if kind == "t":
+        return [1, 0] if r == 2 else list(range(r))
+    if kind == "permute":
+        return [_axis(d, r) for d in a["dims"]]
+    if kind == "movedim":
+        src, dst = _axis(a["source"], r), _axis(a["destination"], r)
+        perm = [i for i in range(r) if i != src]
+        perm.insert(dst, src)
+        return perm
+    d0, d1 = _axis(a.get("dim0", a.get("axis0")), r), _axis(a.get("dim1", a.get("axis1")), r)
+    perm = list(range(r))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return perm
+
+
+# ---------------------------------------------------------------------------
 # The walk
 
 _SHAPE_ONLY = {"new_ones", "new_zeros", "new_full", "new_empty", "ones_like", "zeros_like", "full_like",
@@ -1669,6 +1755,8 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
         elif node.op == "call_function":
             name = _packet(node.target)
             if node.target.__module__ == "_operator" and name == "getitem":
+                if _packet(node.args[0].target) in _SPLIT_VIEWS:
+                    em.views[node] = (node.args[0].args[0], "split", node)
                 src = em.env[node.args[0]]
                 if isinstance(src, tuple) and src[0] == "const":
                     em.env[node] = ("const", src[1][node.args[1]])
@@ -1677,6 +1765,8 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
                 continue
             if name in _NO_RESULT:
                 continue
+            if isinstance(node.args[0] if node.args else None, torch.fx.Node) and name.rstrip("_") in _VIEWS:
+                em.views[node] = (node.args[0], name.rstrip("_"), node)
             ins = node.all_input_nodes
             if name in _SHAPE_ONLY or (all(em.is_const(i) for i in ins) and name not in _RANDOM):
                 em.env[node] = ("const", _evaluate(torch, em, node))
@@ -1698,13 +1788,19 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
             em.check(node, res)
             em.env[node] = res
             if inplace and isinstance(node.args[0], torch.fx.Node):
-                target = node.args[0]
-                if target.op == "placeholder":   # state the model changes: a buffer's update
-                    spec = specs.get(target.name)
-                    if spec is None or spec.kind != InputKind.BUFFER or not isinstance(em.env.get(target), _Val):
-                        em.fail("an in-place change of an input or a param (tfuse models change only buffers)")
-                    updates[em.env[target].name] = res
-                em.env[target] = res
+                target, value = node.args[0], res
+                while True:   # the write reaches the view's base, and its base's, ...
+                    if target.op == "placeholder":   # state the model changes: a buffer's update
+                        spec = specs.get(target.name)
+                        if spec is None or spec.kind != InputKind.BUFFER or not isinstance(em.env.get(target), _Val):
+                            em.fail("an in-place change of an input or a param (tfuse models change only buffers)")
+                        updates[em.env[target].name] = value
+                    em.env[target] = value
+                    if target not in em.views:
+                        break
+                    base, kind, vnode = em.views[target]
+                    value = _unview(em, base, kind, vnode, value)
+                    target = base
         elif node.op == "output":
             outs = node.args[0]
             user = []
