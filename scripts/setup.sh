@@ -43,6 +43,12 @@ fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python3 -m venv --system-site-packages "$repo/.venv"
 "$repo/.venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e "$repo/python"
+# PyTorch, torchvision, timm and transformers in the venv, for tfuse.export's
+# tests and the model zoo (tests/zoo, scripts/test.sh's zoo stage): pinned, so
+# that a new release of any of them changes CI only when this line changes.
+# PyPI's torch wheel for Linux brings its CUDA libraries (about 5 GB in the
+# venv, some 80 s to install here); nothing of it needs a GPU.
+"$repo/.venv/bin/python" -m pip install --quiet torch==2.15.0 torchvision==0.29.2 timm==1.0.31 transformers==5.24.0
 # NVRTC, for tests/unit/test_cuda_codegen.c (it compiles every generated CUDA
 # kernel; no GPU needed). Machines with the CUDA toolkit have it. Elsewhere take
 # NVIDIA's wheels from PyPI (their apt repository is not reachable from CI):
@@ -53,4 +59,4 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.1[23] ' &&
   echo "no NVRTC on this machine: installing nvidia-cuda-nvrtc and nvidia-cuda-runtime (headers) from PyPI"
   pip_install 'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'
 fi
-echo "setup done: $(cmake --version | head -n1), $(FileCheck-14 --version | grep -m1 version | sed 's/^ *//'), numpy $(python3 -c 'import numpy; print(numpy.__version__)'), scikit-learn $(python3 -c 'import sklearn; print(sklearn.__version__)')"
+echo "setup done: $(cmake --version | head -n1), $(FileCheck-14 --version | grep -m1 version | sed 's/^ *//'), numpy $(python3 -c 'import numpy; print(numpy.__version__)'), scikit-learn $(python3 -c 'import sklearn; print(sklearn.__version__)'), torch $("$repo/.venv/bin/python" -c 'import torch; print(torch.__version__)')"

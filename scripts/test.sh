@@ -19,6 +19,20 @@ for variant in build build-asan build-nollvm; do
   cmake --build "$variant" -j "$jobs" >/dev/null
   ctest --test-dir "$variant" --output-on-failure -j "$jobs"
 done
+# PyTorch stage: tfuse.export's tests and the model zoo's CI subset
+# (tests/zoo/models.py CI_SUBSET: together they reach every op mapping a zoo
+# model uses; the whole zoo is `.venv/bin/python tests/zoo/run.py`), over the
+# plain build, with the venv's torch (scripts/setup.sh installs it).
+echo "== pytorch"
+py=.venv/bin/python
+if ! "$py" -c 'import torch, torchvision, timm, transformers' 2>/dev/null; then
+  echo "error: $py cannot import torch, torchvision, timm and transformers: run scripts/setup.sh first" >&2
+  exit 1
+fi
+export TFUSE_LIBRARY="$PWD/build/libtfuse.so" TFUSE_CLI="$PWD/build/tfuse"
+PYTHONPATH=python "$py" -m unittest python/tests/test_export.py
+"$py" tests/zoo/run.py --subset ci
+unset TFUSE_LIBRARY TFUSE_CLI
 # Fuzz stage: the libFuzzer targets (tests/fuzz) built with clang, each run
 # over its seed corpus and then for 20 s (about 2 minutes with the build);
 # a crash, leak, hang or sanitizer report fails CI. tests/fuzz/README.md has

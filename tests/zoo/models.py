@@ -370,8 +370,16 @@ assert len({s.name for s in ZOO}) == len(ZOO), "duplicate zoo names"
 
 # Models tfuse refuses on purpose, each with the reason (tests/zoo/README.md's table
 # gives the message): run.py counts their refusal as expected, not as a failure.
-EXPECTED_REFUSALS = {}
+EXPECTED_REFUSALS = {
+    "hf_electra": "its pre-training loss keeps the positions attention_mask marks (logits[active_loss]): a tensor "
+                  "whose size depends on the data, which a compiled step cannot have",
+    "hf_deberta_v2": "torch.export itself cannot trace it (a guard on a data-dependent size in its relative "
+                     "position code)",
+    "timm_efficientvit": "its attention runs under torch.autocast(enabled=False), a wrap_with_autocast region "
+                         "tfuse.export does not open yet",
+}
 
 # What scripts/test.sh runs: together they reach every op mapping of
 # tfuse.export that a zoo model uses, in a few minutes.
-CI_SUBSET = ["resnet18", "mobilenet_v3_small", "squeezenet1_0", "hf_bert", "hf_roberta", "hf_llama"]
+CI_SUBSET = ["resnet18", "mobilenet_v3_small", "squeezenet1_0", "swin", "maxvit", "timm_poolformer", "hf_bert",
+             "hf_roberta", "hf_t5", "hf_llama", "hf_bloom"]
