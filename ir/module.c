@@ -377,11 +377,18 @@ tf_ir_status tf_attr_check(const tf_attr_spec *spec, const tf_attr *a, const tf_
             return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "attribute '%s' must be in [%.17g, %.17g], found %lld",
                                  spec->name, spec->min, spec->max, (long long)a->u.i.v);
         break;
-    case TF_ATTR_FLOAT:
-        if (!isfinite(a->u.f) || !in_range(spec, a->u.f))
-            return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "attribute '%s' must be a finite number in [%g, %g], found %g",
-                                 spec->name, spec->min, spec->max, a->u.f);
+    case TF_ATTR_FLOAT: {
+        /* a range of [-inf, inf] takes the infinities too (const(value=-inf): a max pool's padding) */
+        bool any = spec->min == -INFINITY && spec->max == INFINITY;
+        if ((!isfinite(a->u.f) && !(any && isinf(a->u.f))) || !in_range(spec, a->u.f)) {
+            if (spec->min > spec->max)
+                return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "attribute '%s' must be a finite number, found %g",
+                                     spec->name, a->u.f);
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "attribute '%s' must be a %snumber in [%g, %g], found %g",
+                                 spec->name, any ? "" : "finite ", spec->min, spec->max, a->u.f);
+        }
         break;
+    }
     case TF_ATTR_INTS:
         if (a->u.ints.n > 64)
             return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "attribute '%s' has %d entries, at most 64", spec->name,

@@ -159,7 +159,7 @@ static const tf_attr_spec tf_attrs_slice_grad[] = {
  * draws from U(-b, b), b = gain*sqrt(3/fan_in), gain sqrt(2) (ReLU);
  * xavier_uniform b = gain*sqrt(6/(fan_in+fan_out)). */
 static const tf_attr_spec tf_attrs_init_const[] = {
-    {"value",     TF_ATTR_FLOAT, NULL,     NR, NULL},
+    {"value",     TF_ATTR_FLOAT, NULL,     -INFINITY, INFINITY, NULL},   /* inf and -inf too; not nan */
     {0},
 };
 static const tf_attr_spec tf_attrs_init_normal[] = {

@@ -344,6 +344,12 @@ static gval *emit(gen *g, int rank, const int64_t *sh, bool has_param, const cha
 /* A shape that broadcasts against sh (rank r): a suffix of it with some axes 1. */
 static int bcast_shape(gen *g, int r, const int64_t *sh, int64_t *out)
 {
+    if (r == 4 && rng_chance(&g->r, 0.25)) {   /* a per-channel [C, 1, 1] (a layer scale), or [1, C, 1, 1] */
+        int k = rng_chance(&g->r, 0.5) ? 3 : 4;
+        for (int i = 0; i < k; i++) out[i] = 1;
+        out[k - 3] = sh[1];
+        return k;
+    }
     int k = rng_int(&g->r, r + 1);
     if (k == 0 && r > 0) k = 1;
     for (int i = 0; i < k; i++) out[i] = rng_chance(&g->r, 0.4) ? 1 : sh[r - k + i];
@@ -582,6 +588,22 @@ static bool blk_pool(gen *g)
     bool mx = rng_chance(&g->r, 0.5);
     int64_t k = 1 + rng_int(&g->r, 3), p = rng_int(&g->r, (int)(k / 2) + 1), s = rng_chance(&g->r, 0.5) ? 0 : 1 + rng_int(&g->r, 2);
     int64_t es = s ? s : k;
+    if (rng_chance(&g->r, 0.25) && k > 1) {
+        /* a ceil_mode window as tfuse.export writes one: the input grown on
+         * the bottom and the right by a constant (-inf for
+         * a max pool, 0 for an average) before the pool */
+        int64_t e = 1 + rng_int(&g->r, (int)k - 1), rsh[4] = {c.sh[0], c.sh[1], e, c.sh[3]};
+        char fill[24], fill2[24];
+        const char *init = mx ? "const(value=-inf)" : "zeros()";
+        declare(g, "buffer", g->dt, 4, rsh, init, fill);
+        int64_t tall[4] = {c.sh[0], c.sh[1], c.sh[2] + e, c.sh[3]};
+        gval *t = emit(g, 4, tall, c.has_param, "concat(%s, %s, axis=2)", c.name, fill);
+        int64_t csh[4] = {c.sh[0], c.sh[1], tall[2], e};
+        declare(g, "buffer", g->dt, 4, csh, init, fill2);
+        int64_t wide[4] = {c.sh[0], c.sh[1], tall[2], c.sh[3] + e};
+        emit(g, 4, wide, c.has_param, "concat(%s, %s, axis=3)", t->name, fill2);
+        c = g->pool[g->cur];
+    }
     if (c.sh[2] + 2 * p < k || c.sh[3] + 2 * p < k) return false;
     int64_t sh[4] = {c.sh[0], c.sh[1], (c.sh[2] + 2 * p - k) / es + 1, (c.sh[3] + 2 * p - k) / es + 1};
     sbuf a = {0};
@@ -612,6 +634,16 @@ static bool blk_norm(gen *g)
         int64_t f = c.sh[c.rank - 1];
         declare(g, "param", g->dt, 1, &f, rng_chance(&g->r, 0.5) ? "ones()" : "uniform(low=0.5, high=1.5)", ga);
         declare(g, "param", g->dt, 1, &f, rng_chance(&g->r, 0.5) ? "zeros()" : "uniform()", be);
+        if (c.rank == 4 && rng_chance(&g->r, 0.6)) {   /* channels last around it, as ConvNeXt's LayerNorm2d */
+            int64_t cl[4] = {c.sh[0], c.sh[2], c.sh[3], c.sh[1]};
+            char g2[24], b2[24];
+            declare(g, "param", g->dt, 1, &cl[3], "uniform(low=0.5, high=1.5)", g2);
+            declare(g, "param", g->dt, 1, &cl[3], "uniform()", b2);
+            gval *t = emit(g, 4, cl, c.has_param, "transpose(%s, perm=[0, 2, 3, 1])", c.name);
+            gval *n = emit(g, 4, cl, true, "layernorm(%s, %s, %s)", t->name, g2, b2);
+            emit(g, 4, c.sh, true, "transpose(%s, perm=[0, 3, 1, 2])", n->name);
+            return true;
+        }
         emit(g, c.rank, c.sh, true, "layernorm(%s, %s, %s%s)", c.name, ga, be, rng_chance(&g->r, 0.3) ? ", eps=0.001" : "");
         return true;
     }
