@@ -158,6 +158,29 @@ def _time_pair(f_tfuse, f_eager, reps, iters):
     return _median(ts), _median(es), _median(rs), (min(rs), max(rs))
 
 
+def _where_time_goes(sess, step, calls=3):
+    """One line from tfuse's profile: the kinds of kernel (how: jit, gemm,
+    conv, conv_grad_weight, ...) by their share of the step, largest first,
+    and the single slowest kernel."""
+    sess.set_profiling(True)
+    for _ in range(calls):
+        step()
+    prof = sess.profile()
+    sess.set_profiling(False)
+    total = sum(k["total_ms"] for k in prof) or 1.0
+    by_how = {}
+    for k in prof:
+        h = k["how"].split(".")[0]
+        n, t = by_how.get(h, (0, 0.0))
+        by_how[h] = (n + 1, t + k["total_ms"])
+    kinds = sorted(by_how.items(), key=lambda kv: -kv[1][1])[:3]
+    top = max(prof, key=lambda k: k["total_ms"]) if prof else None
+    line = ", ".join(f"{h} {100 * t / total:.0f}% ({n} kernels)" for h, (n, t) in kinds)
+    if top:
+        line += f"; slowest {top['name']} ({top['how']}) {100 * top['total_ms'] / total:.0f}%"
+    return line
+
+
 def run_one(name, speed, threads, steps):
     import copy
     import numpy as np
@@ -190,6 +213,8 @@ def run_one(name, speed, threads, steps):
             feed = _feed(ex, case.inputs)
             with torch.no_grad():
                 res["infer"]["ms"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), 5, 3)
+            if res["infer"]["ms"][2] > 1:
+                res["infer"]["why"] = _where_time_goes(sess, lambda: sess.run(**feed))
         del sess, prog
         for opt_name, make_opt in (("sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9,
                                                                        weight_decay=1e-4)),
@@ -239,6 +264,8 @@ def run_one(name, speed, threads, steps):
                     case.loss_fn(call(mt, case.inputs), *case.targets).backward()
                     ot.step()
                 res[opt_name]["ms"] = _time_pair(lambda: sess.train_step(**feed), eager_step, 5, 2)
+                if res[opt_name]["ms"][2] > 1:
+                    res[opt_name]["why"] = _where_time_goes(sess, lambda: sess.train_step(**feed), 2)
             del sess, prog
         res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "sgd", "adamw")) else "WRONG"
     except Exception as e:   # noqa: BLE001
@@ -360,6 +387,11 @@ def main(argv=None):
         gt = geomean([r["adamw"]["ms"][2] for r in results if r.get("adamw", {}).get("ms")])
         summary.append(f"Geometric mean of tfuse/eager step time: inference {gi:.2f}, training (AdamW) {gt:.2f}.")
     text = table(results, a.speed)
+    slow = [f"- {r['name']} {kind}: tfuse's step goes to {r[key]['why']}" for r in results
+            for key, kind in (("infer", "inference"), ("adamw", "training")) if r.get(key, {}).get("why")]
+    if slow:
+        text += "\n\nWhere tfuse is slower than eager, its profile (kernel kinds by share of the step):\n\n" + \
+            "\n".join(slow)
     print("\n" + text + "\n\n" + "\n".join(summary))
     if a.out:
         with open(a.out, "w") as f:
