@@ -469,20 +469,7 @@ def _broadcast_tensors(em, a):
 def _permute(em, a):
     v = em.val(a["self"])
     r = len(v.shape)
-    name = em.node.target._overloadpacket.__name__
-    if name == "t":
-        perm = [1, 0] if r == 2 else list(range(r))
-    elif name == "permute":
-        perm = [_axis(d, r) for d in a["dims"]]
-    elif name == "movedim":
-        src, dst = _axis(a["source"], r), _axis(a["destination"], r)
-        perm = [i for i in range(r) if i != src]
-        perm.insert(dst, src)
-    else:
-        d0 = _axis(a.get("dim0", a.get("axis0")), r)
-        d1 = _axis(a.get("dim1", a.get("axis1")), r)
-        perm = list(range(r))
-        perm[d0], perm[d1] = perm[d1], perm[d0]
+    perm = _perm_of(_packet(em.node.target), a, r)
     if perm == list(range(r)):
         return v
     return em.emit("transpose", [v], {"perm": perm})
@@ -1596,6 +1583,7 @@ def _unview(em, base, kind, vnode, new):
 
 
 def _perm_of(kind, a, r):
+    """The axis order of t / transpose / swapaxes / permute / movedim."""
     if kind == "t":
         return [1, 0] if r == 2 else list(range(r))
     if kind == "permute":
