@@ -1,13 +1,15 @@
 """tfuse.export (python/tfuse/export.py): PyTorch modules through
 torch.export to tfuse, run, and trained one step, against PyTorch.
 
-Skipped where torch is not installed (ctest's python_api runs this file
-too); torchvision's and transformers' models are skipped without those
-packages. Nothing is downloaded: the models are built from configs with
-random weights. By hand, from the repository root, with a Python that has
-torch, torchvision and transformers (pip install torch torchvision transformers):
+scripts/test.sh runs it with the venv's torch, torchvision and
+transformers (scripts/setup.sh installs them); ctest's python_api runs it
+too and skips it where torch is not installed. Nothing is downloaded: the
+models are built from configs with random weights. By hand, from the
+repository root:
 
-    PYTHONPATH=python python -m unittest -v python/tests/test_export.py
+    PYTHONPATH=python .venv/bin/python -m unittest -v python/tests/test_export.py
+
+Real models, many of them, are tests/zoo's.
 
 Tolerance (bench/check_twins.py's rule, DESIGN's "tolerances by dtype"):
 the reference is PyTorch in float64; with e32 the float32 PyTorch error
