@@ -91,6 +91,7 @@ struct tf_dnnl_conv {
     tf_dnnl_dir dir;
     tf_conv_geom g;
     bool bias, relu, blocked;
+    bool plain16;             /* forward: src/dst asked for in nChw16c (conv_mds) */
     int64_t pieces;           /* groups of images */
     variant v[2];
     int nv;
@@ -145,9 +146,11 @@ static bool conv_mds(const tf_dnnl_conv *c, int64_t mb, bool any, dnnl_memory_de
      * of a max-pool window tie in float32 and send a whole gradient term
      * elsewhere (tests/zoo/README.md). The training step and inference of
      * bench/models/resnet.ir took the same time either way (5 interleaved
-     * runs: 0.99x and 0.94x). */
+     * runs: 0.99x and 0.94x). Where oneDNN has only its reference code for
+     * that layout (grouped convolutions: 150x slower), variant_make asks
+     * again with `any` (plain16 false). */
     dnnl_format_tag_t st = any ? dnnl_format_tag_any : dnnl_nchw, dt = st;
-    if (any && c->dir == TF_DNNL_FWD) {
+    if (any && c->dir == TF_DNNL_FWD && c->plain16) {
         if (g->C % 16 == 0) st = dnnl_nChw16c;
         if (g->O % 16 == 0) dt = dnnl_nChw16c;
     }
@@ -227,6 +230,15 @@ static bool variant_make(tf_dnnl_conv *c, variant *v, int64_t mb, char *why, siz
         good = conv_desc(c, TF_DNNL_FWD, mb, &fd, why, n) &&
                ok(dnnl_primitive_desc_create(&hint, &fd, NULL, engine(), NULL), "the forward hint", why, n);
     if (good) good = ok(dnnl_primitive_desc_create(&v->pd, &d, attr, engine(), hint), "the primitive descriptor", why, n);
+    const char *impl = "";
+    if (good && c->plain16 && dnnl_primitive_desc_query(v->pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+        impl && !strncmp(impl, "ref", 3)) {   /* no fast code for nChw16c here: oneDNN's own layout */
+        dnnl_primitive_desc_destroy(v->pd);
+        v->pd = NULL;
+        c->plain16 = false;
+        good = conv_desc(c, c->dir, mb, &d, why, n) &&
+               ok(dnnl_primitive_desc_create(&v->pd, &d, attr, engine(), hint), "the primitive descriptor", why, n);
+    }
     if (good) good = ok(dnnl_primitive_create(&v->prim, v->pd), "the primitive", why, n);
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
@@ -281,6 +293,7 @@ tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool b
         return NULL;
     }
     c->dir = dir, c->g = *g, c->bias = bias && dir == TF_DNNL_FWD, c->relu = relu && dir == TF_DNNL_FWD, c->blocked = blocked;
+    c->plain16 = dir == TF_DNNL_FWD;
     c->pieces = dir == TF_DNNL_BWD_WEIGHTS ? tf_conv_grad_weight_groups(g) : g->N < TF_DNNL_CONV_PIECES ? g->N : TF_DNNL_CONV_PIECES;
     c->threads = threads < 1 ? 1 : threads;
     /* primitives are made for one thread: oneDNN sizes its blocking by the

@@ -314,6 +314,31 @@ static void gemm_train_case(void)
     pair_free(&q);
 }
 
+/* The forward convolution asks oneDNN for nChw16c (its float32 sums are
+ * PyTorch's accuracy there, conv_dnnl.c), but never takes oneDNN's reference
+ * code for it: a grouped convolution such as ResNeXt's (128 channels in 32
+ * groups) has fast code only in oneDNN's own layout, and ran 150x slower. */
+static void no_reference_code(void)
+{
+    if (!tf_dnnl_available()) return;
+    static const struct { int c, o, groups; } cases[] = {{128, 128, 32}, {64, 128, 1}, {32, 32, 32}, {48, 96, 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tf_conv_geom g = {.N = 4, .C = cases[i].c, .H = 16, .W = 16, .O = cases[i].o, .KH = 3, .KW = 3, .Ho = 16, .Wo = 16,
+                          .G = cases[i].groups, .s = {1, 1}, .p = {1, 1}, .dl = {1, 1}};
+        g.Cg = g.C / g.G, g.Og = g.O / g.G;
+        char why[256] = "", how[512] = "";
+        tf_dnnl_conv *c = tf_dnnl_conv_create(TF_DNNL_FWD, &g, false, false, true, 1, why, sizeof why);
+        CHECK(c != NULL, "conv %d -> %d in %d groups: %s", cases[i].c, cases[i].o, cases[i].groups, why);
+        if (!c) continue;
+        tf_dnnl_conv_explain(c, how, sizeof how);
+        CHECK(!strstr(how, "ref:"), "conv %d -> %d in %d groups runs oneDNN's reference code: %s", cases[i].c, cases[i].o,
+              cases[i].groups, how);
+        if (cases[i].groups == 1)
+            CHECK(strstr(how, "abcd16b") != NULL, "conv %d -> %d: not in nChw16c: %s", cases[i].c, cases[i].o, how);
+        tf_dnnl_conv_free(c);
+    }
+}
+
 int main(void)
 {
     g_seed = test_seed();
@@ -332,5 +357,6 @@ int main(void)
     for (int openblas = 0; openblas < 2; openblas++)
         for (size_t i = 0; i < sizeof gemm_shapes / sizeof *gemm_shapes; i++) gemm_case(&gemm_shapes[i], openblas != 0);
     gemm_train_case();
+    no_reference_code();
     return check_report();
 }
