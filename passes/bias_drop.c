@@ -8,9 +8,9 @@
  * its bias operand; a bias param nothing else reads stays in the module with
  * an exactly zero gradient (zero_grad), so the optimizer treats it as
  * PyTorch's does a bias whose gradient the batchnorm cancels: weight decay
- * still shrinks it, Adam's moments stay zero, and the checkpoint keeps it. The running mean then tracks the
- * batch mean without the bias (it differs by the bias, which is what a model
- * without that bias would hold).
+ * still shrinks it, Adam's moments stay zero, and the checkpoint keeps it.
+ * The running mean then tracks the batch mean without the bias (it differs
+ * by the bias, which is what a model without that bias would hold).
  *
  * Infer mode: a batchnorm with running statistics is a per-channel affine
  * map y = x * scale + shift, so one right after a conv2d/linear folds into it:
