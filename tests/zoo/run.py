@@ -215,7 +215,7 @@ def run_one(name, speed, threads, steps):
                 res["infer"]["ms"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), 5, 3)
             if res["infer"]["ms"][2] > 1:
                 res["infer"]["why"] = _where_time_goes(sess, lambda: sess.run(**feed))
-        del sess, prog
+        sess = prog = None   # freed before the training runs
         for opt_name, make_opt in (("sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9,
                                                                        weight_decay=1e-4)),
                                    ("adamw", lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3,
@@ -266,7 +266,7 @@ def run_one(name, speed, threads, steps):
                 res[opt_name]["ms"] = _time_pair(lambda: sess.train_step(**feed), eager_step, 5, 2)
                 if res[opt_name]["ms"][2] > 1:
                     res[opt_name]["why"] = _where_time_goes(sess, lambda: sess.train_step(**feed), 2)
-            del sess, prog
+            sess = prog = None
         res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "sgd", "adamw")) else "WRONG"
     except Exception as e:   # noqa: BLE001
         msg = str(e).strip().splitlines()
