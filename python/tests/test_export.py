@@ -259,6 +259,27 @@ class Forward(unittest.TestCase):
         ids[0, 2] = 3
         self.check_forward(ViewWrites(), (torch.randn(2, 3, 4), ids))
 
+    def test_indexing_with_runtime_indices(self):
+        class Pick(nn.Module):
+            def forward(self, x, i, j, k):
+                return x[i, :, j] * 2, x[:, k]
+        torch.manual_seed(20)
+        x, i, j, k = torch.randn(4, 3, 5), torch.tensor([[0, 3], [-1, 2]]), torch.tensor([4, -5]), torch.tensor([2, -3])
+        ex, _ = self.check_forward(Pick(), (x, i, j, k))
+        # an index out of range stops the run, as in PyTorch, never reads a neighbouring row
+        sess = tfuse.compile(ex, mode="infer").session()
+        with self.assertRaises(tfuse.Error) as cm:
+            sess.run(x=x.numpy(), i=i.numpy(), j=np.array([5, 0]), k=k.numpy())
+        self.assertIn("out of range", str(cm.exception))
+
+    def test_index_out_of_range_refused(self):
+        class Bad(nn.Module):
+            def forward(self, x):
+                return x[:, torch.tensor([0, 5])]
+        with self.assertRaises(tfuse.ExportError) as cm:
+            tfuse.export(Bad(), (torch.randn(2, 3),))
+        self.assertIn("out of range", str(cm.exception))
+
     def test_weight_through_t(self):
         class MM(nn.Module):
             def __init__(self):

@@ -1323,63 +1323,49 @@ def _split(em, a):
 
 @_op("index")
 def _index(em, a):
-    v = em.val(a["self"])
     idx = list(a["indices"])
-    used = [i for i, t in enumerate(idx) if t is not None]
-    if len(used) > 1:
-        return _index_many(em, v, idx, used)
-    k = used[0]
-    iv = em.val(idx[k])
-    if iv.dtype == "bool":
-        em.fail("indexing with a boolean mask (the result's size depends on the data)")
-    if k != 0:
-        perm = [k] + [i for i in range(len(v.shape)) if i != k]
-        v = em.emit("transpose", [v], {"perm": perm}, shape=tuple(v.shape[p] for p in perm), dtype=v.dtype,
-                    name=em.node.name + ".t")
-    rest = v.shape[1:]
-    table = em.reshape(v, (v.shape[0], int(np.prod(rest)) if rest else 1))
-    g = em.emit("gather", [em.cast(iv, "i64"), table], shape=iv.shape + (table.shape[1],), dtype=v.dtype,
-                name=em.node.name + ".g")
-    g = em.reshape(g, iv.shape + rest)
-    if k != 0:
-        # the index's axes take the place of axis k (one index tensor: PyTorch keeps them there)
-        r, ri = len(g.shape), len(iv.shape)
-        perm = list(range(ri, ri + k)) + list(range(ri)) + list(range(ri + k, r))
-        g = em.emit("transpose", [g], {"perm": perm}, shape=tuple(g.shape[p] for p in perm), dtype=g.dtype)
-    return em.reshape(g, _shape(em.meta_val()))
+    return _index_many(em, em.val(a["self"]), idx, [i for i, t in enumerate(idx) if t is not None])
 
 
-def _flat_index(em, parts, shape, hint):
-    """sum_j idx_j * stride_j over index operands broadcast to `shape` (each
-    (index, size, stride): a torch tensor or a _Val), as an i64 tensor: a
-    constant when every index is one, else IR ops (negative indices count
-    from the end, as in PyTorch)."""
+def _flat_index(em, parts, shape, rows, hint):
+    """sum_j idx_j * stride_j over index operands broadcast to `shape`, an i64
+    tensor of row numbers into a table of `rows` rows. parts: (index, size,
+    stride), the index a torch tensor (known now) or a _Val. Negative indices
+    count from the end, as in PyTorch. One out of [-size, size) is refused
+    now when known, and otherwise sends the sum to `rows`, out of the table,
+    so that gather stops with its range error instead of reading a
+    neighbouring row."""
     torch = em.torch
-    if all(not isinstance(i, _Val) for i, _, _ in parts):
-        flat = sum(((i.to(torch.int64) % n) * st).expand(shape) for i, n, st in parts)
-        return em.const_val(flat.contiguous(), hint=f"{em.node.name}.{hint}")
+    known = [(i.to(torch.int64), n, st) for i, n, st in parts if not isinstance(i, _Val)]
+    for i, n, _ in known:
+        if i.numel() and (int(i.min()) < -n or int(i.max()) >= n):
+            em.fail(f"an index out of range for an axis of {n}: {int(i.min())} .. {int(i.max())}")
     acc = None
-    for k, (i, n, st) in enumerate(parts):
-        iv = em.cast(em.val_of(i), "i64")
-        ishape = iv.shape if isinstance(iv, _Val) else ()
-        neg = em.emit("lt", [iv, "0"], shape=ishape, dtype="bool", name=f"{em.node.name}.{hint}.neg{k}")
-        iv = em.emit("where", [neg, em.emit("add", [iv, str(n)], shape=ishape, dtype="i64",
-                                                 name=f"{em.node.name}.{hint}.wrap{k}"), iv],
-                     shape=ishape, dtype="i64", name=f"{em.node.name}.{hint}.i{k}")
+    if known:
+        c = sum(((i % n) * st).expand(shape) for i, n, st in known).contiguous()
+        acc = em.const_val(c, hint=f"{em.node.name}.{hint}")
+    for k, (iv, n, st) in enumerate(p for p in parts if isinstance(p[0], _Val)):
+        iv = em.cast(iv, "i64")
+        nm = f"{em.node.name}.{hint}.{k}"
+        neg = em.emit("lt", [iv, "0"], shape=iv.shape, dtype="bool", name=nm + ".neg")
+        iv = em.emit("where", [neg, em.emit("add", [iv, str(n)], shape=iv.shape, dtype="i64", name=nm + ".wrap"), iv],
+                     shape=iv.shape, dtype="i64", name=nm + ".i")
+        low = em.emit("lt", [iv, "0"], shape=iv.shape, dtype="bool", name=nm + ".low")
+        high = em.emit("ge", [iv, str(n)], shape=iv.shape, dtype="bool", name=nm + ".high")
+        bad = em.emit("where", [low, low, high], shape=iv.shape, dtype="bool", name=nm + ".bad")
         if st != 1:
-            iv = em.emit("mul", [iv, str(st)], shape=ishape, dtype="i64", name=f"{em.node.name}.{hint}.s{k}")
-        iv = em.broadcast(iv, shape)
-        acc = iv if acc is None else em.emit("add", [acc, iv], shape=tuple(shape), dtype="i64",
-                                             name=f"{em.node.name}.{hint}.sum{k}")
+            iv = em.emit("mul", [iv, str(st)], shape=iv.shape, dtype="i64", name=nm + ".s")
+        iv = em.broadcast(em.emit("where", [bad, str(rows), iv], shape=iv.shape, dtype="i64", name=nm + ".row"), shape)
+        acc = iv if acc is None else em.emit("add", [acc, iv], shape=tuple(shape), dtype="i64", name=nm + ".sum")
     return acc
 
 
 def _index_many(em, v, idx, used):
-    """x[i, j, ...] with several index tensors (HF's mask building: a batch
-    arange against a position arange): the indexed axes brought to the front
-    and flattened, one gather with the combined flat index, and the result's
-    axes where PyTorch puts them (in place of adjacent indexed axes, else
-    first)."""
+    """x[i, j, ...] with one or more index tensors (HF's mask building: a
+    batch arange against a position arange): the indexed axes brought to the
+    front and flattened, one gather with the combined flat index, and the
+    result's axes where PyTorch puts them (in place of adjacent indexed
+    axes, else first)."""
     torch = em.torch
     ops = []
     for k in used:
@@ -1387,7 +1373,7 @@ def _index_many(em, v, idx, used):
         if em.is_const(t):
             c = em.const_of(t)
             if c.dtype == torch.bool:
-                em.fail("indexing with a boolean mask among several indices")
+                em.fail("indexing with a boolean mask (the result's size depends on the data)")
             ops.append(c)
         else:
             iv = em.val(t)
@@ -1407,7 +1393,7 @@ def _index_many(em, v, idx, used):
     nu, nr = int(np.prod(usizes)), int(np.prod(rsizes)) if rsizes else 1
     table = em.reshape(v, (nu, nr))
     strides = [int(np.prod(usizes[j + 1:])) for j in range(len(used))]
-    flat = _flat_index(em, list(zip(ops, usizes, strides)), B, "flat")
+    flat = _flat_index(em, list(zip(ops, usizes, strides)), B, nu, "flat")
     g = em.emit("gather", [flat, table], shape=B + (nr,), dtype=v.dtype, name=base + ".g")
     g = em.reshape(g, B + tuple(rsizes))
     adjacent = used == list(range(used[0], used[-1] + 1))
@@ -1421,32 +1407,25 @@ def _index_many(em, v, idx, used):
 
 @_op("gather")
 def _torch_gather(em, a):
-    """torch.gather(x, dim, index): out[..., j, ...] = x[..., index[..., j, ...], ...] along dim, one gather over
-    x flattened with the flat offsets of the other axes added (constants)."""
+    """torch.gather(x, dim, index): out[..., j, ...] = x[..., index[..., j, ...], ...] along dim: one gather over x
+    flattened, the index's own position on every other axis an arange of the flat index."""
     torch = em.torch
     x = em.val(a["self"])
     ax = _axis(a["dim"], len(x.shape))
-    ishape = tuple(int(s) for s in (em.const_of(a["index"]).shape if em.is_const(a["index"]) else
-                                    em.val(a["index"]).shape))
+    index = em.const_of(a["index"]) if em.is_const(a["index"]) else em.val(a["index"])
+    ishape = tuple(int(s) for s in index.shape)
     if len(ishape) != len(x.shape):
         em.fail("gather with an index of another rank than its input")
     strides = [int(np.prod(x.shape[k + 1:])) for k in range(len(x.shape))]
-    offs = torch.zeros(ishape, dtype=torch.int64)
+    parts = [(index, x.shape[ax], strides[ax])]
     for k in range(len(x.shape)):
         if k != ax:
             shp = [1] * len(ishape)
             shp[k] = ishape[k]
-            offs = offs + torch.arange(ishape[k]).reshape(shp) * strides[k]
-    index = em.const_of(a["index"]) if em.is_const(a["index"]) else em.val(a["index"])
-    flat = _flat_index(em, [(index, x.shape[ax], strides[ax])], ishape, "flat")
-    if isinstance(flat, _Val) and not em.is_const(a["index"]):
-        flat = em.emit("add", [flat, em.const_val(offs, hint=em.node.name + ".offsets")], shape=ishape, dtype="i64",
-                       name=em.node.name + ".flat_all")
-    else:
-        flat = em.const_val((((em.const_of(a["index"]).to(torch.int64) % x.shape[ax]) * strides[ax]) + offs)
-                            .contiguous(), hint=em.node.name + ".flat_all")
-    table = em.reshape(x, (int(np.prod(x.shape)), 1))
-    g = em.emit("gather", [flat, table], shape=ishape + (1,), dtype=x.dtype, name=em.node.name + ".g")
+            parts.append((torch.arange(ishape[k]).reshape(shp), x.shape[k], strides[k]))
+    rows = int(np.prod(x.shape))
+    flat = _flat_index(em, parts, ishape, rows, "flat")
+    g = em.emit("gather", [flat, em.reshape(x, (rows, 1))], shape=ishape + (1,), dtype=x.dtype, name=em.node.name + ".g")
     return em.reshape(g, _shape(em.meta_val()))
 
 
