@@ -1552,8 +1552,11 @@ def _unview(em, base, kind, vnode, new):
                 ([_slice(em, bv, ax, end, n, name=f"{hint}.keep1")] if end < n else [])
         return parts[0] if len(parts) == 1 else em.emit("concat", parts, {"axis": ax}, shape=bv.shape, dtype=bv.dtype,
                                                          name=f"{hint}.written")
-    if kind in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as", "alias"):
+    if kind in ("view", "_unsafe_view", "unsqueeze", "squeeze", "view_as", "alias"):
         return em.reshape(new, bv.shape)
+    if kind in ("reshape", "flatten", "unflatten"):   # a view or a copy, by the memory layout PyTorch had
+        em.fail(f"an in-place write through {kind} (PyTorch's result depends on whether it copied; write through "
+                "view() instead)")
     if kind in ("transpose", "permute", "t", "swapaxes", "movedim"):
         fwd = _perm_of(kind, a, rank)
         inv = [fwd.index(i) for i in range(rank)]
