@@ -56,7 +56,9 @@ sys.path.insert(0, HERE)
 TOL_FACTOR, TOL_FLOOR, DENOM_FLOOR = 10.0, 1e-5, 1e-3
 
 
-def rel(x, ref):
+def rel(x, ref, keep=None):
+    """max|x - ref| / max(max|ref|, DENOM_FLOOR), the numerator over the
+    elements where keep is true (all when keep is None)."""
     import numpy as np
     x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if x.shape != ref.shape:
@@ -68,6 +70,8 @@ def rel(x, ref):
     d = np.where(same_inf, 0.0, d)
     if np.isnan(d).any():
         return math.inf
+    if keep is not None:
+        d = np.where(keep, d, 0.0)
     fin = np.abs(np.where(np.isfinite(ref), ref, 0.0))
     return float(d.max() / max(fin.max(), DENOM_FLOOR))
 
@@ -98,6 +102,16 @@ def _feed(ex, args, targets=()):
 PERTURBED = 4   # float32 results with inputs and weights moved by one rounding, beside PyTorch's own
 
 
+GRAD_LR = 2.0 ** 24   # the plain SGD step tfuse's gradient is read off (run_one)
+
+
+def _param_grads(torch, m):
+    """{state_dict key: gradient} of the model's parameters (a tied
+    parameter under each of its keys)."""
+    return {k: t.grad.detach().numpy().copy() for k, t in m.state_dict(keep_vars=True).items()
+            if isinstance(t, torch.nn.Parameter) and t.grad is not None}
+
+
 def _perturbed(torch, model, args, seed):
     """A copy of the model and inputs with every float multiplied by (1 + u),
     u uniform in [-2^-24, 2^-24]: the values a float32 rounding could have
@@ -120,16 +134,71 @@ def _perturbed(torch, model, args, seed):
 
 
 def _compare(pairs):
-    """pairs: (name, got, ref64, (ref32, ...)) -> (worst error / tolerance, name, err, e32), with e32 the largest
-    error of the float32 results."""
-    worst = (0.0, None, 0.0, 0.0)
-    for name, got, r64, r32s in pairs:
-        e, e32 = rel(got, r64), max(rel(r, r64) for r in r32s)
+    """pairs: (name, got, ref64, (ref32, ...)[, free, reach]) -> (worst error / tolerance, name, err, e32, flips),
+    with e32 the largest error of the float32 results (or given in their place, as a number).
+
+    free (a boolean array, or None) marks the elements an optimizer step
+    leaves open (_sign_free): they are left out of err and e32, each must
+    lie within reach of the float64 value, and flips counts, over all
+    pairs, the elements that moved more than reach / 2 from it (a sign
+    taken the other way): [tfuse's, each float32 run's...]."""
+    import numpy as np
+    worst, flips = (0.0, None, 0.0, 0.0), None
+    for name, got, r64, r32s, *rest in pairs:
+        free, reach = rest if rest else (None, 0.0)
+        keep = None if free is None else ~free
+        e = rel(got, r64, keep)
+        e32 = r32s if isinstance(r32s, float) else max(rel(r, r64, keep) for r in r32s)
         tol = max(TOL_FACTOR * e32, TOL_FLOOR)
         ratio = e / tol if math.isfinite(e) else math.inf
+        if free is not None:
+            n = [int((np.abs(np.asarray(x, np.float64) - r64) > reach / 2).sum()) for x in list(r32s)]
+            out = np.abs(np.asarray(got, np.float64) - r64)
+            n = [int((out > reach / 2).sum())] + n
+            flips = n if flips is None else [a + b for a, b in zip(flips, n)]
+            out = out[free]
+            slack = tol * max(float(np.abs(r64).max()), DENOM_FLOOR)   # the rounding of the stored result
+            if out.size and not (out <= reach + slack).all():   # NaN too
+                ratio, e = math.inf, float(np.nanmax(np.where(np.isnan(out), math.inf, out)))
         if ratio >= worst[0] or worst[1] is None:
             worst = (ratio, name, e, e32)
-    return worst
+    return worst + (flips,)
+
+
+def _adam_reach(opt, steps):
+    """How far apart two Adam/AdamW runs can put one element after `steps`
+    steps whatever their gradients: 2 * lr * sum over t of the largest
+    |m_hat / sqrt(v_hat)| at step t. With m and v sums of a_k g_k and
+    b_k g_k^2 (a_k = (1 - b1) b1^k, b_k = (1 - b2) b2^k), Cauchy-Schwarz
+    bounds |m| / sqrt(v) by sqrt(sum a_k^2 / b_k); the bias corrections
+    scale it by sqrt(1 - b2^t) / (1 - b1^t). At t = 1 the bound is 1 (the
+    first step is lr * g / |g|), and about 1 for later steps at the usual
+    betas. Weight decay (decoupled) is the same in both runs."""
+    g = opt.param_groups[0]
+    lr, (b1, b2) = g["lr"], g["betas"]
+    total = 0.0
+    for t in range(1, steps + 1):
+        s = sum(((1 - b1) * b1 ** k) ** 2 / ((1 - b2) * b2 ** k) for k in range(t))
+        total += math.sqrt(s) * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    return 2 * lr * total * (1 + 1e-6)
+
+
+def _sign_free(g64s, e32s):
+    """The elements of a parameter whose Adam step the gradient check leaves
+    open. Adam's first step moves each element by lr * g / (|g| + eps): the
+    sign of its gradient. The gradient check accepts an error up to
+    max(TOL_FACTOR * e32, TOL_FLOOR) of the tensor's scale (e32 PyTorch
+    float32's own error on that gradient), so an element whose float64
+    gradient is smaller than that may have either sign in a gradient the
+    check accepts; PyTorch float32's own runs flip such elements by the
+    thousand (tests/zoo/README.md). g64s: the float64 gradient at each
+    step; e32s: the float32 runs' error on it at each step."""
+    import numpy as np
+    free = np.zeros(np.shape(g64s[0]), dtype=bool)
+    for g64, e32 in zip(g64s, e32s):
+        scale = max(float(np.abs(g64).max()) if g64.size else 0.0, DENOM_FLOOR)
+        free |= np.abs(g64) <= max(TOL_FACTOR * e32, TOL_FLOOR) * scale
+    return free
 
 
 def _median(xs):
@@ -206,7 +275,7 @@ def run_one(name, speed, threads, steps):
             r64 = _leaves(torch, call(copy.deepcopy(model).double(), _to64(torch, case.inputs)))
         if len(out) != len(r64):
             raise AssertionError(f"tfuse gives {len(out)} outputs, PyTorch {len(r64)}")
-        ratio, worst, e, e32 = _compare((n, g, a, [r[i] for r in r32s])
+        ratio, worst, e, e32, _ = _compare((n, g, a, [r[i] for r in r32s])
                                         for i, ((n, g), a) in enumerate(zip(out.items(), r64)))
         res["infer"] = {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
         if speed:
@@ -216,6 +285,7 @@ def run_one(name, speed, threads, steps):
             if res["infer"]["ms"][2] > 1:
                 res["infer"]["why"] = _where_time_goes(sess, lambda: sess.run(**feed))
         sess = prog = None   # freed before the training runs
+        torch_grads = {}
         for opt_name, make_opt in (("sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9,
                                                                        weight_decay=1e-4)),
                                    ("adamw", lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3,
@@ -231,30 +301,55 @@ def run_one(name, speed, threads, steps):
             tf_losses = [np.float64(sess.train_step(**feed)[0]) for _ in range(steps)]
             got = ex.to_torch(sess.state_dict())
 
-            def torch_run(m, a, tg):   # one PyTorch run after another, so that a big model is held once at a time
+            def torch_run(m, a, tg, g64=None, e32=None):
+                """One PyTorch run (one after another, so that a big model is held once at a time): its state,
+                losses and, the float64 run's (g64 None), its gradient at each step; a float32 run's gradient
+                only raises e32[step][tensor], its error against g64 (held once: a VGG's are a gigabyte)."""
                 o = make_opt(m)
-                ls = []
-                for _ in range(steps):
+                ls, gs = [], []
+                for t in range(steps):
                     o.zero_grad()
                     lv = case.loss_fn(call(m, a), *tg)
                     lv.backward()
+                    if g64 is None:
+                        gs.append(_param_grads(torch, m))
+                    else:
+                        for k, g in _param_grads(torch, m).items():
+                            e32[t][k] = max(e32[t].get(k, 0.0), rel(g, g64[t][k]))
                     o.step()
                     ls.append(np.float64(lv.item()))
                 sd = {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
                 del m, o
-                return sd, ls
-            sd64, l64 = torch_run(copy.deepcopy(model).double(), _to64(torch, case.inputs), _to64(torch, case.targets))
-            runs = [torch_run(copy.deepcopy(model), case.inputs, case.targets)]
+                return sd, ls, gs
+            sd64, l64, g64 = torch_run(copy.deepcopy(model).double(), _to64(torch, case.inputs),
+                                       _to64(torch, case.targets))
+            e32g = [{} for _ in range(steps)]
+            runs = [torch_run(copy.deepcopy(model), case.inputs, case.targets, g64, e32g)]
             for k in range(PERTURBED):
-                runs.append(torch_run(*_perturbed(torch, model, case.inputs, k), case.targets))
+                runs.append(torch_run(*_perturbed(torch, model, case.inputs, k), case.targets, g64, e32g))
             missing = sorted(set(sd64) - set(got))
             if missing:
                 raise AssertionError(f"tfuse's state lacks {len(missing)} tensors, first {missing[0]}")
-            pairs = [(k, got[k].numpy(), sd64[k], [sd[k] for sd, _ in runs]) for k in sd64
-                     if np.issubdtype(sd64[k].dtype, np.floating)]
-            pairs += [("loss", tf_losses[i], l64[i], [ls[i] for _, ls in runs]) for i in range(steps)]
-            ratio, worst, e, e32 = _compare(pairs)
+            reach = _adam_reach(make_opt(copy.deepcopy(model)), steps) if opt_name == "adamw" else 0.0
+            pairs = []
+            for k in sd64:
+                if not np.issubdtype(sd64[k].dtype, np.floating):
+                    continue
+                free = None
+                if opt_name == "adamw" and k in g64[0]:
+                    free = _sign_free([g[k] for g in g64], [e[k] for e in e32g])
+                pairs.append((k, got[k].numpy(), sd64[k], [sd[k] for sd, _, _ in runs], free, reach))
+            pairs += [("loss", tf_losses[i], l64[i], [ls[i] for _, ls, _ in runs]) for i in range(steps)]
+            ratio, worst, e, e32, flips = _compare(pairs)
             res[opt_name] = {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
+            if opt_name == "adamw":
+                # The elements whose step went the other way: tfuse's count against PyTorch float32's own, with
+                # the tolerance's factor (both scale with the gradient's rounding error).
+                torch_flips = max(flips[1:])
+                res[opt_name]["flips"] = [flips[0], min(flips[1:]), torch_flips]
+                if flips[0] > TOL_FACTOR * max(torch_flips, 1):
+                    res[opt_name].update(ok=False, tensor=f"{flips[0]} steps the other way")
+                torch_grads = {"g64": g64[0], "e32": e32g[0]}
             if speed and opt_name == "adamw":
                 mt = copy.deepcopy(model)
                 ot = make_opt(mt)
@@ -266,8 +361,29 @@ def run_one(name, speed, threads, steps):
                 res[opt_name]["ms"] = _time_pair(lambda: sess.train_step(**feed), eager_step, 5, 2)
                 if res[opt_name]["ms"][2] > 1:
                     res[opt_name]["why"] = _where_time_goes(sess, lambda: sess.train_step(**feed), 2)
-            sess = prog = None
-        res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "sgd", "adamw")) else "WRONG"
+            sess = prog = runs = sd64 = g64 = got = pairs = None
+        # The gradient itself: tfuse's, read off one plain SGD step with lr 2^24 (exact to divide by, and large
+        # enough that p - lr * g keeps g's digits), against the float64 and float32 gradients of the AdamW runs'
+        # first step (the same model and batch).
+        stage = "train-grad"
+        case = spec.build(0)
+        model = case.model.train()
+        ex = tfuse.export(model, case.inputs, loss_fn=case.loss_fn, targets=case.targets,
+                          optimizer=torch.optim.SGD(model.parameters(), lr=GRAD_LR))
+        prog = tfuse.compile(ex, mode="train", target="cpu", threads=threads)
+        sess = prog.session()
+        before = {k: v.numpy().copy() for k, v in ex.to_torch(sess.state_dict()).items()}
+        sess.train_step(**_feed(ex, case.inputs, case.targets))
+        after = ex.to_torch(sess.state_dict())
+        g64 = torch_grads["g64"]
+        missing = sorted(set(g64) - set(after))
+        if missing:
+            raise AssertionError(f"tfuse's state lacks {len(missing)} params, first {missing[0]}")
+        ratio, worst, e, e32, _ = _compare((k, (before[k].astype(np.float64) - after[k].numpy()) / GRAD_LR, g64[k],
+                                            torch_grads["e32"][k]) for k in g64)
+        res["grad"] = {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
+        sess = prog = None
+        res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "grad", "sgd", "adamw")) else "WRONG"
     except Exception as e:   # noqa: BLE001
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else ""
@@ -282,7 +398,7 @@ def run_one(name, speed, threads, steps):
             res["verdict"] = "CRASH"
             res["reason"] = f"{stage}: {type(e).__name__}: {first}"
             res["traceback"] = traceback.format_exc()
-        if any(k in res and not res[k]["ok"] for k in ("infer", "sgd", "adamw")):
+        if any(k in res and not res[k]["ok"] for k in ("infer", "grad", "sgd", "adamw")):
             res["verdict"] = "WRONG"
     print("ZOO-RESULT " + json.dumps(res, default=float), flush=True)
 
@@ -294,7 +410,11 @@ def fmt_err(r):
     if not r:
         return "—"
     mark = "" if r["ok"] else f" **✗** `{r['tensor']}`"
-    return f"{r['err']:.1e} ({r['e32']:.1e}){mark}"
+    flips = ""
+    if "flips" in r:
+        t, lo, hi = r["flips"]
+        flips = f"; flips {t} ({lo}–{hi})" if hi > lo else f"; flips {t} ({hi})"
+    return f"{r['err']:.1e} ({r['e32']:.1e}){flips}{mark}"
 
 
 def fmt_speed(r):
@@ -305,15 +425,15 @@ def fmt_speed(r):
 
 
 def table(results, speed):
-    head = "| model | source | family | export | infer err (torch fp32) | SGD step | AdamW step | verdict |"
-    sep = "|---|---|---|---|---|---|---|---|"
+    head = "| model | source | family | export | infer err (torch fp32) | gradient | SGD step | AdamW step | verdict |"
+    sep = "|---|---|---|---|---|---|---|---|---|"
     if speed:
         head = head[:-len(" verdict |")] + " infer tfuse/eager | train tfuse/eager | verdict |"
         sep += "---|---|"
     rows = [head, sep]
     for r in results:
         exported = "no" if r.get("reason", "").startswith(("export", "build")) else "yes"
-        cells = [r["name"], r["source"], r["family"], exported, fmt_err(r.get("infer")), fmt_err(r.get("sgd")),
+        cells = [r["name"], r["source"], r["family"], exported, fmt_err(r.get("infer")), fmt_err(r.get("grad")), fmt_err(r.get("sgd")),
                  fmt_err(r.get("adamw"))]
         if speed:
             cells += [fmt_speed(r.get("infer")), fmt_speed(r.get("adamw"))]
