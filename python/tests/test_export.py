@@ -464,6 +464,90 @@ class Train(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class Dynamic(unittest.TestCase):
+    """dynamic_shapes: sizes exported as tfuse dims, compiled at other sizes."""
+
+    def check_at(self, model, ex, args, dims):
+        out = tfuse.compile(ex, mode="infer", dims=dims).session().run(**feed(ex, args))
+        with torch.no_grad():
+            ref32 = leaves(call(model, args))
+            ref64 = leaves(call(copy.deepcopy(model).double(), to64(args)))
+        for (name, got), r32, r64 in zip(out.items(), ref32, ref64):
+            self.assertEqual(got.shape, r64.shape, name)
+            e, e32 = rel(got, r64), rel(r32, r64)
+            self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR), f"{name} at {dims}: tfuse {e:.3g}, torch {e32:.3g}")
+
+    def test_mlp_any_batch(self):
+        torch.manual_seed(20)
+        model = MLP().eval()
+        ex = tfuse.export(model, (torch.randn(4, 12),), dynamic_shapes={"x": {0: torch.export.Dim("B", max=64)}})
+        self.assertEqual(ex.dims, {"B": 4})
+        self.assertIn("dim B = 4", ex.text)
+        self.assertIn("input  x : f32[B, 12]", ex.text)
+        for b in (2, 9):
+            self.check_at(model, ex, (torch.randn(b, 12),), {"B": b})
+
+    def test_train_at_another_batch_labels_follow(self):
+        torch.manual_seed(21)
+        model = MLP().train()
+        make_opt = (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+        ex = tfuse.export(model, (torch.randn(4, 12),), loss_fn=F.cross_entropy, targets=(torch.randint(0, 5, (4,)),),
+                          optimizer=make_opt(model), dynamic_shapes=({0: "N"},))
+        self.assertIn("input  target : i64[N]", ex.text)   # the labels follow the batch
+        x, y = torch.randn(7, 12), torch.randint(0, 5, (7,))
+        sess = tfuse.compile(ex, mode="train", dims={"N": 7}).session()
+        loss, _ = sess.train_step(x=x.numpy(), target=y.numpy())
+        got = ex.to_torch(sess.state_dict())
+        for m, a, t in ((m32 := copy.deepcopy(model), x, y), (m64 := copy.deepcopy(model).double(), x.double(), y)):
+            o = make_opt(m)
+            F.cross_entropy(m(a), t).backward()
+            o.step()
+        for k, r64 in m64.state_dict().items():
+            e, e32 = rel(got[k].numpy(), r64.numpy()), rel(m32.state_dict()[k].numpy(), r64.numpy())
+            self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR), f"{k}: tfuse {e:.3g}, torch {e32:.3g}")
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_gpt2_batch_and_length(self):
+        torch.manual_seed(22)
+        model = small_gpt2().eval()
+        ex = tfuse.export(model, {"input_ids": torch.randint(0, 97, (3, 10))},
+                          dynamic_shapes={"input_ids": {0: "B", 1: "T"}})
+        self.assertEqual(ex.dims, {"B": 3, "T": 10})
+        self.assertIn("iota(shape=[1, T]", ex.text)   # the position ids: a count, not a constant of 10
+        for b, t in ((2, 5), (5, 16)):
+            self.check_at(model, ex, {"input_ids": torch.randint(0, 97, (b, t))}, {"B": b, "T": t})
+
+    def test_refusals(self):
+        class Scale(nn.Module):
+            def forward(self, x):
+                return x * x.shape[0]
+
+        class Branch(nn.Module):
+            def forward(self, x):
+                return x.sum() if x.shape[0] > 4 else x.mean()
+
+        x = torch.randn(4, 3)
+        cases = [
+            (Scale(), {"x": {0: "B"}}, ["as an operand", "return x * x.shape[0]"]),
+            (Branch(), {"x": {0: "B"}}, ["is not the one at 4", "x.sum() if x.shape[0] > 4"]),
+            (Scale(), {"x": {0: torch.export.Dim.AUTO}}, ["needs a name"]),
+            (Scale(), {"y": {0: "B"}}, ["'y', which is not an argument", "those are: x"]),
+            (Scale(), {"x": {2: "B"}}, ["axis 2 is not an axis of a rank-2"]),
+            (Scale(), {"x": {0: "B", 1: "B"}}, ["dim B is 4 on one axis and 3 on axis 1"]),
+            (Scale(), {"x": {0: "x"}}, ["dim x has the name of a value"]),
+            (Scale(), ({0: "B"}, {0: "C"}), ["2 positional specs for 1 positional inputs"]),
+        ]
+        for model, spec, words in cases:
+            with self.assertRaises(tfuse.ExportError, msg=str(spec)) as cm:
+                tfuse.export(model, (x,), dynamic_shapes=spec)
+            for w in words:
+                self.assertIn(w, str(cm.exception))
+        with self.assertRaises(tfuse.ExportError) as cm:
+            tfuse.export(Scale(), (torch.randn(1, 3),), dynamic_shapes={"x": {0: "B"}})
+        self.assertIn("needs an example of 2 or more", str(cm.exception))
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class Checkpoints(unittest.TestCase):
     def test_state_both_ways_and_files(self):
         torch.manual_seed(10)
@@ -518,6 +602,18 @@ class Checkpoints(unittest.TestCase):
             s = tfuse.compile(out, mode="infer").session()
             s.load(os.path.join(d, "net.safetensors"))
             self.assertEqual(s.run(input_=np.ones((3, 4), np.float32))["output"].shape, (3, 2))
+            # a dynamic batch: f32[B=3,4] exports dim B, and the model compiles at another batch
+            r = subprocess.run([sys.executable, "-m", "tfuse.export", f"{src}:Net", "--input", "f32[B=3,4]",
+                                "-o", out], capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("dims B (example 3)", r.stdout)
+            s = tfuse.compile(out, mode="infer", dims={"B": 5}).session()
+            s.load(os.path.join(d, "net.safetensors"))
+            self.assertEqual(s.run(input_=np.ones((5, 4), np.float32))["output"].shape, (5, 2))
+            r = subprocess.run([sys.executable, "-m", "tfuse.export", f"{src}:Net", "--input", "f32[B=x,4]"],
+                               capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("f32[B=8,784] for a dynamic dim B", r.stderr)
 
 
 if __name__ == "__main__":

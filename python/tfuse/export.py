@@ -127,11 +127,14 @@ class Exported:
     .outputs (tfuse output names, in the order of the module's flattened
     outputs; "loss" first when exported with a loss_fn), .layout ({tfuse
     name: (torch state_dict name, transposed)}), .aliases ({torch name:
-    tfuse name} for tied weights: one tfuse param, several torch names)."""
+    tfuse name} for tied weights: one tfuse param, several torch names),
+    .dims ({dim name: the example's size} for the sizes exported as tfuse
+    dims through dynamic_shapes; tfuse.compile(..., dims={...}) sets them)."""
 
-    def __init__(self, text, params, inputs, outputs, layout, aliases, name):
+    def __init__(self, text, params, inputs, outputs, layout, aliases, name, dims=None):
         self.text, self.params, self.inputs, self.outputs = text, params, inputs, outputs
         self.layout, self.aliases, self.name = layout, aliases, name
+        self.dims = dict(dims or {})
 
     def save(self, path):
         """Writes PATH (the .ir) and the weights beside it, PATH with
@@ -178,8 +181,9 @@ class Exported:
         return out
 
     def __repr__(self):
+        dims = f", dims {self.dims}" if self.dims else ""
         return (f"<tfuse.Exported {self.name}: inputs {list(self.inputs)}, outputs {self.outputs}, "
-                f"{len(self.params)} tensors>")
+                f"{len(self.params)} tensors{dims}>")
 
 
 # ---------------------------------------------------------------------------
@@ -269,6 +273,7 @@ class _Emitter:
         self.transposed = set()   # param nodes stored [in, out]
         self.bn_buffers = set()   # running statistics batchnorm moves itself
         self.views = {}           # fx node -> (its base node, view kind, the node): in-place writes reach the base
+        self.origin = {}          # IR line -> the user's source line it came from (for _dynamic's messages)
 
     # -- naming and emission
     def uniq(self, base):
@@ -297,7 +302,9 @@ class _Emitter:
         args = [o.name if isinstance(o, _Val) else o for o in operands]
         for k, a in (attrs or {}).items():
             args.append(f"{k}={self._attr(a)}")
-        self.lines.append(f"{nm} = {op}({', '.join(args)})")
+        line = f"{nm} = {op}({', '.join(args)})"
+        self.lines.append(line)
+        self.origin[line] = _source_of(self.node)
         return _Val(nm, shape, dtype)
 
     @staticmethod
@@ -330,7 +337,9 @@ class _Emitter:
         name = self.uniq(f"const.{self.consts}" if hint == "const" else hint)
         self.consts += 1
         shape = tuple(t.shape)
-        self.decls.append(f"buffer {name} : {d}[{', '.join(str(s) for s in shape)}]")
+        decl = f"buffer {name} : {d}[{', '.join(str(s) for s in shape)}]"
+        self.decls.append(decl)
+        self.origin[decl] = _source_of(self.node)
         if d == "bf16":
             self.fail("a bf16 constant cannot be stored (NumPy has no bfloat16)")
         self.params[name] = t.cpu().numpy().astype(_NP_OF[d])
@@ -1340,10 +1349,26 @@ def _flat_index(em, parts, shape, rows, hint):
     for i, n, _ in known:
         if i.numel() and (int(i.min()) < -n or int(i.max()) >= n):
             em.fail(f"an index out of range for an axis of {n}: {int(i.min())} .. {int(i.max())}")
-    acc = None
-    if known:
-        c = sum(((i % n) * st).expand(shape) for i, n, st in known).contiguous()
-        acc = em.const_val(c, hint=f"{em.node.name}.{hint}")
+    acc, rest = None, []
+    for k, (i, n, st) in enumerate(known):
+        c = (i % n) * st
+        ax = _arange_axis(torch, c, st)
+        if ax is None:
+            rest.append(c)
+            continue
+        # an arange along one axis (a batch or position counter, as HF's masks index with): an iota, so that its
+        # length can be a dim (dynamic_shapes) rather than a constant of the example's size
+        cs = tuple(int(d) for d in c.shape)
+        iv = em.emit("iota", [], {"shape": list(cs), "axis": ax}, shape=cs, dtype="i64", name=f"{em.node.name}.{hint}.iota{k}")
+        if st != 1:
+            iv = em.emit("mul", [iv, str(st)], shape=cs, dtype="i64", name=iv.name + ".s")
+        iv = em.broadcast(iv, tuple(shape))
+        acc = iv if acc is None else em.emit("add", [acc, iv], shape=tuple(shape), dtype="i64", name=iv.name + ".sum")
+    if rest:
+        rs = tuple(torch.broadcast_shapes(*[r.shape for r in rest]))
+        c = em.broadcast(em.const_val(sum(r.expand(rs) for r in rest).contiguous(), hint=f"{em.node.name}.{hint}"),
+                         tuple(shape))
+        acc = c if acc is None else em.emit("add", [acc, c], shape=tuple(shape), dtype="i64", name=c.name + ".sum")
     for k, (iv, n, st) in enumerate(p for p in parts if isinstance(p[0], _Val)):
         iv = em.cast(iv, "i64")
         nm = f"{em.node.name}.{hint}.{k}"
@@ -1358,6 +1383,15 @@ def _flat_index(em, parts, shape, rows, hint):
         iv = em.broadcast(em.emit("where", [bad, str(rows), iv], shape=iv.shape, dtype="i64", name=nm + ".row"), shape)
         acc = iv if acc is None else em.emit("add", [acc, iv], shape=tuple(shape), dtype="i64", name=nm + ".sum")
     return acc
+
+
+def _arange_axis(torch, c, step):
+    """The axis along which c (an integer tensor) is arange(len) * step,
+    every other axis of size 1; None if it is not such a counter."""
+    big = [k for k, d in enumerate(c.shape) if d != 1]
+    if len(big) != 1 or c.shape[big[0]] < 2:
+        return None
+    return big[0] if torch.equal(c.reshape(-1), torch.arange(c.shape[big[0]], dtype=c.dtype) * step) else None
 
 
 def _index_many(em, v, idx, used):
@@ -1966,7 +2000,8 @@ def _input_names(forward, args, kwargs, extra=()):
     return out
 
 
-def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None, *, targets=(), name=None):
+def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None, *, targets=(), name=None,
+           dynamic_shapes=None):
     """A PyTorch module as a tfuse model: returns an Exported (.text, .params,
     .save(path)); tfuse.compile(exported, ...) compiles it and its sessions
     start from the module's weights.
@@ -1983,9 +2018,18 @@ def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None,
     as loss_fn's parameters (F.cross_entropy's "target"). optimizer: a
     torch.optim SGD, Adam or AdamW over the module's params; scheduler: a
     StepLR, CosineAnnealingLR or OneCycleLR of it: together the train block.
+
+    dynamic_shapes: sizes that become tfuse dims, so that one export
+    compiles at any size (tfuse.compile(exported, dims={"B": 64})), in
+    torch.export's form: {argument name: {axis: Dim("B")}} (or a list with
+    a Dim or None per axis; a tuple of those, one per positional input, in
+    place of the dict); a plain string names a dim as well as a Dim does.
+    The loss_fn's targets are arguments too; a target given no spec whose
+    first axis has the size of a dim declared on an input's first axis
+    follows that dim (labels follow the batch). See _dynamic.
     """
     try:
-        return _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name)
+        return _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name, dynamic_shapes)
     except ExportError:
         raise
     except Exception as e:   # noqa: BLE001 -- never a bare traceback from inside tfuse
@@ -1993,7 +2037,16 @@ def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None,
                           "a bug in tfuse, please report it with the model") from e
 
 
-def _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name):
+def _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name, dynamic_shapes):
+    targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
+    ex, em = _export_at(module, example_inputs, loss_fn, optimizer, scheduler, targets, name)
+    if dynamic_shapes is None:
+        return ex
+    return _dynamic(module, example_inputs, loss_fn, optimizer, scheduler, targets, name, dynamic_shapes, ex, em)
+
+
+def _export_at(module, example_inputs, loss_fn, optimizer, scheduler, targets, name):
+    """One export at the example's sizes: (Exported, the _Emitter)."""
     torch = _torch()
     nn = torch.nn
     if isinstance(example_inputs, dict):
@@ -2072,7 +2125,265 @@ def _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name
         text += "\ntrain {\n" + "\n".join(block) + "\n}\n"
     elif scheduler is not None:
         raise ExportError("error: a scheduler without its optimizer")
-    return Exported(text, em.params, dict(tensor_names), onames, em.layout, aliases, model_name)
+    return Exported(text, em.params, dict(tensor_names), onames, em.layout, aliases, model_name), em
+
+
+# ---------------------------------------------------------------------------
+# Dynamic sizes: dynamic_shapes -> tfuse dims
+#
+# tfuse's dims are names (`dim B = 4`, then f32[B, 16] and shape=[B, -1]),
+# not expressions, and the exporter works on concrete sizes. So a dynamic
+# size is found by difference: the model is exported once more per dim with
+# that size one larger (the example's rows repeated), and the two texts must
+# be the same but for numbers. A number that is the example's size in one
+# and the size + 1 in the other is the dim; one that moved otherwise (16 * B
+# in a reshape, 1/B as a factor) is a size derived from the dim, which a
+# reshape can infer (-1, once per reshape) and nothing else can hold: that is
+# refused, naming the user's line. A constant computed at export time with
+# the dim in its shape is kept when it is the same along that axis (a mask
+# of ones, a position row repeated per image: stored once, broadcast to B);
+# otherwise refused. The same structure at both sizes is what torch.export
+# checks with its guards: a model that branches on the size is refused too.
+
+_NUMTOK = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def _dim_name(torch, d, where):
+    from torch.export.dynamic_shapes import Dim
+    if isinstance(d, str):
+        nm = d
+    elif isinstance(d, Dim) and type(d).__name__ == "Dim":
+        nm = d.__name__
+    elif hasattr(d, "__name__") and "*" in str(d) or "+" in str(d):
+        raise ExportError(f"error: dynamic_shapes: {where} is {d}, a size derived from another dim; tfuse's dims are "
+                          "names, not expressions: give that axis a Dim of its own")
+    else:
+        raise ExportError(f"error: dynamic_shapes: {where} is {d!r}; tfuse needs a name for each dynamic size: "
+                          "Dim(\"B\") or the string \"B\" (Dim.AUTO and Dim.DYNAMIC have none)")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", nm or "") or nm in _KEYWORDS:
+        raise ExportError(f"error: dynamic_shapes: {where}: {nm!r} cannot name a tfuse dim (a name is "
+                          "[A-Za-z_][A-Za-z0-9_]* and not a keyword)")
+    lo, hi = getattr(d, "min", None), getattr(d, "max", None)
+    return nm, lo, hi
+
+
+def _dynamic_axes(torch, spec, module, example_inputs, loss_fn, targets):
+    """[(tensor, axis, dim name)] from dynamic_shapes, and {dim: size}."""
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), dict(example_inputs)
+    else:
+        args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+        kwargs = {}
+    names = _input_names(module.forward, args, kwargs)
+    if loss_fn is not None:
+        fn = loss_fn.forward if isinstance(loss_fn, torch.nn.Module) else loss_fn
+        try:
+            pn = [p for p in inspect.signature(fn).parameters][1:1 + len(targets)]
+        except (TypeError, ValueError):
+            pn = []
+        pn += [f"target{i}" for i in range(len(pn), len(targets))]
+        names.update(zip(pn, targets))
+    if isinstance(spec, dict):
+        items = list(spec.items())
+    elif isinstance(spec, (list, tuple)):
+        if isinstance(example_inputs, dict) or len(spec) > len(args):
+            raise ExportError(f"error: dynamic_shapes: {len(spec)} positional specs for "
+                              f"{0 if isinstance(example_inputs, dict) else len(args)} positional inputs "
+                              "(key them by argument name instead)")
+        pos = list(names)
+        items = [(pos[i], sp) for i, sp in enumerate(spec)]
+    else:
+        raise ExportError("error: dynamic_shapes must be a dict {argument name: {axis: Dim}} or a tuple with "
+                          f"one spec per positional input, not {type(spec).__name__}")
+    axes, sizes = [], {}
+
+    def add(t, ax, d, where):
+        nm, lo, hi = _dim_name(torch, d, where)
+        n = int(t.shape[ax])
+        if n < 2:
+            raise ExportError(f"error: dynamic_shapes: {where} has size {n} in the example; a dynamic size "
+                              "needs an example of 2 or more (size 1 broadcasts, as torch.export says too)")
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            raise ExportError(f"error: dynamic_shapes: {where} is {n} in the example, outside {nm}'s range "
+                              f"[{lo}, {hi}]")
+        if sizes.setdefault(nm, n) != n:
+            raise ExportError(f"error: dynamic_shapes: dim {nm} is {sizes[nm]} on one axis and {n} on {where}; "
+                              "one dim has one size")
+        axes.append((t, ax, nm))
+
+    for key, sp in items:
+        if key not in names:
+            raise ExportError(f"error: dynamic_shapes names '{key}', which is not an argument of the forward"
+                              f"{' or the loss_fn' if loss_fn is not None else ''} (those are: "
+                              f"{', '.join(names)})")
+        t = names[key]
+        if sp is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ExportError(f"error: dynamic_shapes gives '{key}' a spec, but it is not a tensor")
+        per = dict(sp) if isinstance(sp, dict) else dict(enumerate(sp)) if isinstance(sp, (list, tuple)) else None
+        if per is None:
+            raise ExportError(f"error: dynamic_shapes['{key}'] must be {{axis: Dim}} or a list with a Dim or None "
+                              f"per axis, not {type(sp).__name__}")
+        if isinstance(sp, (list, tuple)) and len(sp) != t.dim():
+            raise ExportError(f"error: dynamic_shapes['{key}'] lists {len(sp)} axes; '{key}' has {t.dim()}")
+        for ax, d in per.items():
+            if d is None:
+                continue
+            if not isinstance(ax, int) or not -t.dim() <= ax < t.dim():
+                raise ExportError(f"error: dynamic_shapes['{key}']: axis {ax!r} is not an axis of a rank-{t.dim()} "
+                                  "tensor")
+            add(t, ax % t.dim(), d, f"axis {ax % t.dim()} of '{key}'")
+    lead = {nm for t, ax, nm in axes if ax == 0}
+    given = {id(names[k]) for k, sp in items if k in names and sp is not None}
+    for t in targets:   # labels follow the batch
+        if isinstance(t, torch.Tensor) and id(t) not in given and t.dim() >= 1:
+            match = [nm for nm in lead if sizes[nm] == t.shape[0]]
+            if len(match) == 1:
+                axes.append((t, 0, match[0]))
+    return axes, sizes
+
+
+def _grown(torch, obj, axes, dim, n):
+    """obj (a tensor, or a tuple/dict of them) with every axis of `dim` at
+    size n + 1: the example's rows again, row 0 last."""
+    if isinstance(obj, dict):
+        return {k: _grown(torch, v, axes, dim, n) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return tuple(_grown(torch, v, axes, dim, n) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        for t, ax, nm in axes:
+            if t is obj and nm == dim:
+                idx = torch.arange(n + 1) % n
+                obj = torch.index_select(obj, ax, idx)
+    return obj
+
+
+def _dynamic(module, example_inputs, loss_fn, optimizer, scheduler, targets, name, spec, ex, em):
+    torch = _torch()
+    axes, sizes = _dynamic_axes(torch, spec, module, example_inputs, loss_fn, targets)
+    if not axes:
+        return ex
+    clash = sorted(set(sizes) & em.used)
+    if clash:
+        raise ExportError(f"error: dynamic_shapes: dim {clash[0]} has the name of a value of the model; "
+                          "name the dim otherwise")
+    if not isinstance(example_inputs, (dict, list, tuple)):
+        example_inputs = (example_inputs,)
+    lines0 = ex.text.split("\n")
+    split0 = [_NUMTOK.split(ln) for ln in lines0]
+    moved = {}   # (line, token) -> {dim: (number at the size, number at the size + 1)}
+    for dim, n in sizes.items():
+        try:
+            ex1, _ = _export_at(module, _grown(torch, example_inputs, axes, dim, n), loss_fn, optimizer, scheduler,
+                                _grown(torch, targets, axes, dim, n), name)
+        except ExportError as e:
+            raise ExportError(f"error: dim {dim} cannot be dynamic: at {dim} = {n + 1} (the example's rows "
+                              f"repeated) the export fails:\n{e}") from None
+        lines1 = ex1.text.split("\n")
+        if len(lines1) != len(lines0):
+            raise ExportError(f"error: dim {dim} cannot be dynamic: the model's graph at {dim} = {n + 1} is not "
+                              f"the one at {n} (it has {len(lines1)} lines, not {len(lines0)}): the model takes "
+                              "another path at another size")
+        for i, (l0, l1) in enumerate(zip(lines0, lines1)):
+            if l0 == l1:
+                continue
+            p0, p1 = split0[i], _NUMTOK.split(l1)
+            if len(p0) != len(p1) or any(a != b for a, b in zip(p0[0::2], p1[0::2])):
+                raise ExportError(f"error: dim {dim} cannot be dynamic: the model's graph at {dim} = {n + 1} is not "
+                                  f"the one at {n}:\n  {l0}\nbecomes\n  {l1}" + _from(em, l0))
+            for j in range(1, len(p0), 2):
+                if p0[j] != p1[j]:
+                    moved.setdefault((i, j), {})[dim] = (p0[j], p1[j])
+    new_params = dict(ex.params)
+    broadcasts, step_decls = [], {}
+    by_line = {}
+    for (i, j), how in moved.items():
+        by_line.setdefault(i, {})[j] = how
+    for i, toks in sorted(by_line.items()):
+        line, parts = lines0[i], split0[i]
+        derived = []
+        for j, how in toks.items():
+            (dim, (a, b)), = how.items() if len(how) == 1 else ((None, (None, None)),)
+            before = "".join(split0[i][:j])
+            where_ok = before.rfind("[") > before.rfind("]") or re.search(r"\w=$", before)
+            if dim is not None and a == str(sizes[dim]) and b == str(sizes[dim] + 1) and where_ok:
+                parts[j] = dim   # a size or an integer attribute: the dim itself
+            else:
+                derived.append(j)
+        word = line.split(" ", 1)[0]
+        if word in ("param", "buffer"):
+            if derived or word == "param":
+                raise ExportError(f"error: the size of a dim reaches the shape of {'a param' if word == 'param' else 'a constant'} "
+                                  f"other than as itself:\n  {line}" + _from(em, line))
+            bname = line.split()[1]
+            arr = new_params.pop(bname)
+            dtype, shape = re.fullmatch(r"buffer\s+\S+\s*:\s*(\w+)\[(.*)\]\s*", "".join(parts)).groups()
+            entries = [e.strip() for e in shape.split(",")]
+            keep, ramp = arr, None
+            for ax, e in enumerate(entries):
+                if e not in sizes:
+                    continue
+                first = np.take(keep, [0], axis=ax)
+                if not np.array_equal(keep, np.broadcast_to(first, keep.shape)):
+                    step = np.take(keep, [1], axis=ax) - first if arr.dtype != np.bool_ else None
+                    k = np.arange(keep.shape[ax]).reshape([-1 if a == ax else 1 for a in range(keep.ndim)])
+                    if ramp is not None or step is None or not np.array_equal(keep, first + k * step):
+                        raise ExportError(f"error: dim {e} cannot be dynamic: a constant computed at export time has "
+                                          f"it in its shape and is neither the same along it nor a count along it (it "
+                                          f"is made from the example's values, not its size):\n  {line}" +
+                                          _from(em, line))
+                    ramp = (ax, np.ascontiguousarray(step))   # first + k * step: an arange over the dim
+                keep = first
+            one = [("1" if e in sizes else e) for e in entries]
+            new_params[bname + ".one"] = np.ascontiguousarray(keep)
+            lines0[i] = f"buffer {bname}.one : {dtype}[{', '.join(one)}]"
+            if ramp is None:
+                broadcasts.append(f"{bname} = broadcast({bname}.one, shape=[{', '.join(entries)}])")
+                continue
+            ax, step = ramp
+            new_params[bname + ".step"] = step
+            step_decls[i] = f"buffer {bname}.step : {dtype}[{', '.join(one)}]"
+            broadcasts += [f"{bname}.k = iota(shape=[{', '.join(entries)}], axis={ax}, dtype={dtype})",
+                           f"{bname}.ks = mul({bname}.k, {bname}.step)",
+                           f"{bname} = add({bname}.one, {bname}.ks)"]
+            continue
+        if derived:
+            k = line.find("shape=[") if " = reshape(" in line else -1
+            starts = [len("".join(split0[i][:j])) for j in derived]
+            if k < 0 or not all(k < at < line.index("]", k) for at in starts):
+                j = derived[0]
+                (dim, (a, b)), *_ = toks[j].items()
+                if len(toks[j]) == 1 and (a, b) == (str(sizes[dim]), str(sizes[dim] + 1)):
+                    why = ("as an operand, and a dim stands only for a size or an integer attribute (compute from "
+                           "a tensor, not from its size, or leave this size static)")
+                else:
+                    why = (f"as {a} at {dim} = {sizes[dim]} and {b} at {dim} = {sizes[dim] + 1}: a number derived "
+                           "from the size, and tfuse's dims are names, not expressions (only a reshape can infer "
+                           "one size, as -1)")
+                raise ExportError(f"error: dim {dim} cannot be dynamic: its size reaches this op {why}:\n  {line}" +
+                                  _from(em, line))
+            k = line.index("shape=[")
+            lst = line[k:line.index("]", k)]
+            if len(derived) + lst.count("-1") > 1:
+                raise ExportError(f"error: a reshape has {len(derived) + lst.count('-1')} sizes derived from dynamic "
+                                  f"dims, and tfuse infers one (-1):\n  {line}" + _from(em, line))
+            for j in derived:
+                parts[j] = "-1"
+        lines0[i] = "".join(parts)
+    for i in sorted(step_decls, reverse=True):
+        lines0.insert(i + 1, step_decls[i])
+    if broadcasts:
+        first_op = next((i for i, ln in enumerate(lines0) if re.match(r"[A-Za-z_][\w.]* = ", ln)), len(lines0))
+        lines0[first_op:first_op] = broadcasts
+    decl = [f"dim {d} = {n}   # from dynamic_shapes: tfuse.compile(..., dims={{\"{d}\": N}}) sets it" for d, n in sizes.items()]
+    lines0[2:2] = decl
+    return Exported("\n".join(lines0), new_params, ex.inputs, ex.outputs, ex.layout, ex.aliases, ex.name, sizes)
+
+
+def _from(em, line):
+    src = em.origin.get(line)
+    return f"\n(from {src})" if src else ""
 
 
 # ---------------------------------------------------------------------------
@@ -2089,7 +2400,7 @@ sys.modules[__name__].__class__ = _CallableModule
 # ---------------------------------------------------------------------------
 # python -m tfuse.export FILE.py:NAME --input f32[8,784] ... -o model.ir
 
-_SPEC = re.compile(r"^(?:([A-Za-z_]\w*)=)?(f32|f16|f64|bf16|i64|i32|bool)\[([\d,\s]*)\]$")
+_SPEC = re.compile(r"^(?:([A-Za-z_]\w*)=)?(f32|f16|f64|bf16|i64|i32|bool)\[([\w=,\s]*)\]$")
 
 
 def main(argv=None):
@@ -2102,7 +2413,8 @@ def main(argv=None):
                                    "arguments) or a function returning a module")
     ap.add_argument("--input", action="append", default=[], metavar="[NAME=]DTYPE[SHAPE]",
                     help="an example input, e.g. f32[8,3,32,32] or input_ids=i64[2,16]: positional in order, "
-                         "or a keyword argument with NAME= (random values; only the shape and dtype matter)")
+                         "or a keyword argument with NAME= (random values; only the shape and dtype matter); a size "
+                         "written DIM=N, as in f32[B=8,784], is exported as the dynamic dim DIM (example size N)")
     ap.add_argument("-o", "--output", default=None, help="the .ir to write (default: NAME.ir); the weights go "
                                                          "beside it as .safetensors")
     ap.add_argument("--train", action="store_true", help="trace in training mode (default: module.eval())")
@@ -2122,14 +2434,17 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     model = getattr(mod, attr)()
     model.train(a.train)
-    args, kwargs = [], {}
+    args, kwargs, dyn = [], {}, []
     gen = torch.Generator().manual_seed(a.seed)
     for s in a.input:
         m = _SPEC.match(s.replace(" ", ""))
-        if not m:
-            ap.error(f"--input {s}: expected [NAME=]DTYPE[d0,d1,...], e.g. f32[8,784]")
-        name, dt, dims = m.groups()
-        shape = [int(d) for d in dims.split(",") if d]
+        dims = m.group(3).split(",") if m and m.group(3) else []
+        if not m or not all(re.fullmatch(r"(?:[A-Za-z_]\w*=)?\d+", d) for d in dims):
+            ap.error(f"--input {s}: expected [NAME=]DTYPE[d0,d1,...], e.g. f32[8,784] (or f32[B=8,784] for a "
+                     "dynamic dim B)")
+        name, dt, _ = m.groups()
+        shape = [int(d.rpartition("=")[2]) for d in dims]
+        dyn.append((name, {i: d.partition("=")[0] for i, d in enumerate(dims) if "=" in d}))
         tdt = {"f32": torch.float32, "f16": torch.float16, "f64": torch.float64, "bf16": torch.bfloat16,
                "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}[dt]
         t = torch.randn(shape, generator=gen).to(tdt) if tdt.is_floating_point else \
@@ -2140,15 +2455,19 @@ def main(argv=None):
             args.append(t)
     if args and kwargs:
         ap.error("give the inputs all by position or all by name")
+    spec = None
+    if any(d for _, d in dyn):
+        spec = {n: d for n, d in dyn} if kwargs else tuple(d or None for _, d in dyn)
     try:
-        ex = export(model, kwargs if kwargs else tuple(args))
+        ex = export(model, kwargs if kwargs else tuple(args), dynamic_shapes=spec)
     except Error as e:
         print(e, file=sys.stderr)
         return 1
     out = a.output or attr + ".ir"
     w = ex.save(out)
-    print(f"{out}: {len(ex.inputs)} inputs ({', '.join(ex.inputs.values())}), outputs {', '.join(ex.outputs)}; "
-          f"weights: {w}")
+    dims = f"; dims {', '.join(f'{k} (example {v})' for k, v in ex.dims.items())}" if ex.dims else ""
+    print(f"{out}: {len(ex.inputs)} inputs ({', '.join(ex.inputs.values())}), outputs {', '.join(ex.outputs)}"
+          f"{dims}; weights: {w}")
     return 0
 
 

@@ -250,6 +250,40 @@ def _where_time_goes(sess, step, calls=3):
     return line
 
 
+DYN_BATCH = 3   # the batch a dynamic-batch export is compiled at (the example's is models.BATCH)
+
+
+def _dynamic_batch(torch, tfuse, model, case, threads):
+    """The model exported with axis 0 of every input dynamic (dim B), compiled
+    at DYN_BATCH and run against PyTorch there: {"ok", "err", "e32"}, or
+    {"ok": True, "refused": why} when tfuse.export says it cannot."""
+    import copy
+    ins = case.inputs
+
+    def cut(v):
+        return v[:DYN_BATCH] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v
+    dyn = (lambda v: {0: "B"} if isinstance(v, torch.Tensor) and v.dim() >= 1 else None)
+    if isinstance(ins, dict):
+        spec, small = {k: dyn(v) for k, v in ins.items()}, {k: cut(v) for k, v in ins.items()}
+    else:
+        spec, small = tuple(dyn(v) for v in ins), tuple(cut(v) for v in ins)
+    try:
+        ex = tfuse.export(model, ins, dynamic_shapes=spec)
+    except tfuse.ExportError as e:
+        return {"ok": True, "refused": str(e).strip().splitlines()[0]}
+    out = tfuse.compile(ex, mode="infer", target="cpu", threads=threads, dims={"B": DYN_BATCH}).session().run(
+        **_feed(ex, small))
+    with torch.no_grad():
+        r32s = [_leaves(torch, call(model, small))] + \
+            [_leaves(torch, call(*_perturbed(torch, model, small, k))) for k in range(PERTURBED)]
+        r64 = _leaves(torch, call(copy.deepcopy(model).double(), _to64(torch, small)))
+    if len(out) != len(r64):
+        raise AssertionError(f"tfuse gives {len(out)} outputs at batch {DYN_BATCH}, PyTorch {len(r64)}")
+    ratio, worst, e, e32, _ = _compare((n, g, a, [r[i] for r in r32s])
+                                       for i, ((n, g), a) in enumerate(zip(out.items(), r64)))
+    return {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
+
+
 def run_one(name, speed, threads, steps):
     import copy
     import numpy as np
@@ -285,6 +319,8 @@ def run_one(name, speed, threads, steps):
             if res["infer"]["ms"][2] > 1:
                 res["infer"]["why"] = _where_time_goes(sess, lambda: sess.run(**feed))
         sess = prog = None   # freed before the training runs
+        stage = "dynamic"
+        res["dyn"] = _dynamic_batch(torch, tfuse, model, case, threads)
         torch_grads = {}
         for opt_name, make_opt in (("sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9,
                                                                        weight_decay=1e-4)),
@@ -383,7 +419,7 @@ def run_one(name, speed, threads, steps):
                                             torch_grads["e32"][k]) for k in g64)
         res["grad"] = {"ok": ratio <= 1.0, "err": e, "e32": e32, "tensor": worst}
         sess = prog = None
-        res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "grad", "sgd", "adamw")) else "WRONG"
+        res["verdict"] = "pass" if all(res[k]["ok"] for k in ("infer", "dyn", "grad", "sgd", "adamw")) else "WRONG"
     except Exception as e:   # noqa: BLE001
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else ""
@@ -398,7 +434,7 @@ def run_one(name, speed, threads, steps):
             res["verdict"] = "CRASH"
             res["reason"] = f"{stage}: {type(e).__name__}: {first}"
             res["traceback"] = traceback.format_exc()
-        if any(k in res and not res[k]["ok"] for k in ("infer", "grad", "sgd", "adamw")):
+        if any(k in res and not res[k]["ok"] for k in ("infer", "dyn", "grad", "sgd", "adamw")):
             res["verdict"] = "WRONG"
     print("ZOO-RESULT " + json.dumps(res, default=float), flush=True)
 
@@ -409,6 +445,8 @@ def run_one(name, speed, threads, steps):
 def fmt_err(r):
     if not r:
         return "—"
+    if "refused" in r:
+        return "refused (below)"
     mark = "" if r["ok"] else f" **✗** `{r['tensor']}`"
     flips = ""
     if "flips" in r:
@@ -425,15 +463,17 @@ def fmt_speed(r):
 
 
 def table(results, speed):
-    head = "| model | source | family | export | infer err (torch fp32) | gradient | SGD step | AdamW step | verdict |"
-    sep = "|---|---|---|---|---|---|---|---|---|"
+    head = ("| model | source | family | export | infer err (torch fp32) | dynamic batch, at 3 | gradient | SGD step | "
+            "AdamW step | verdict |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|"
     if speed:
         head = head[:-len(" verdict |")] + " infer tfuse/eager | train tfuse/eager | verdict |"
         sep += "---|---|"
     rows = [head, sep]
     for r in results:
         exported = "no" if r.get("reason", "").startswith(("export", "build")) else "yes"
-        cells = [r["name"], r["source"], r["family"], exported, fmt_err(r.get("infer")), fmt_err(r.get("grad")), fmt_err(r.get("sgd")),
+        cells = [r["name"], r["source"], r["family"], exported, fmt_err(r.get("infer")), fmt_err(r.get("dyn")), fmt_err(r.get("grad")),
+                 fmt_err(r.get("sgd")),
                  fmt_err(r.get("adamw"))]
         if speed:
             cells += [fmt_speed(r.get("infer")), fmt_speed(r.get("adamw"))]
@@ -500,8 +540,10 @@ def main(argv=None):
         if r.get("traceback") and failed:
             print(r["traceback"], file=sys.stderr)
     passed = sum(r["verdict"] == "pass" for r in results)
+    dyn_ok = sum(1 for r in results if r.get("dyn", {}).get("ok") and "refused" not in r["dyn"])
     summary = [f"{passed} of {len(results)} models infer and train within tolerance "
-               f"({time.time() - t_all:.0f} s, {a.threads} threads, {a.steps} training steps)."]
+               f"({time.time() - t_all:.0f} s, {a.threads} threads, {a.steps} training steps); "
+               f"{dyn_ok} also run at batch {DYN_BATCH} from one export with a dynamic batch."]
     if a.speed:
         gi = geomean([r["infer"]["ms"][2] for r in results if r.get("infer", {}).get("ms")])
         gt = geomean([r["adamw"]["ms"][2] for r in results if r.get("adamw", {}).get("ms")])
@@ -509,6 +551,9 @@ def main(argv=None):
     text = table(results, a.speed)
     slow = [f"- {r['name']} {kind}: tfuse's step goes to {r[key]['why']}" for r in results
             for key, kind in (("infer", "inference"), ("adamw", "training")) if r.get(key, {}).get("why")]
+    refused = [f"- {r['name']}: {r['dyn']['refused']}" for r in results if "refused" in r.get("dyn", {})]
+    if refused:
+        text += "\n\nWhere a dynamic batch is refused (tfuse.export's message):\n\n" + "\n".join(refused)
     if slow:
         text += "\n\nWhere tfuse is slower than eager, its profile (kernel kinds by share of the step):\n\n" + \
             "\n".join(slow)
