@@ -356,6 +356,30 @@ class Errors(unittest.TestCase):
             tfuse.export(Weighted(), (torch.randn(4, 3), torch.randint(0, 3, (4,))))
         self.assertIn("label_smoothing", str(cm.exception))
 
+    def test_autocast_regions(self):
+        class Mixed(nn.Module):
+            def __init__(self, enabled):
+                super().__init__()
+                self.fc, self.enabled = nn.Linear(6, 6), enabled
+
+            def forward(self, x):
+                h = self.fc(x)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.enabled):
+                    a = (h @ h.transpose(-1, -2)).softmax(-1) @ h   # timm's EfficientViT keeps this in float32
+                return a + h
+        torch.manual_seed(23)
+        x = torch.randn(2, 5, 6)
+        m = Mixed(False).eval()
+        ex = tfuse.export(m, (x,))   # a disabled region: its ops, inline
+        out = tfuse.compile(ex, mode="infer").session().run(x=x.numpy())["output"]
+        with torch.no_grad():
+            r64, r32 = copy.deepcopy(m).double()(x.double()).numpy(), m(x).numpy()
+        self.assertLessEqual(rel(out, r64), max(TOL_FACTOR * rel(r32, r64), TOL_FLOOR))
+        with self.assertRaises(tfuse.ExportError) as cm:
+            tfuse.export(Mixed(True).eval(), (x,))
+        self.assertIn("torch.autocast(\"cpu\", dtype=torch.bfloat16)", str(cm.exception))
+        self.assertIn("precision", str(cm.exception))
+
     def test_unsupported_optimizer(self):
         m = nn.Linear(3, 2)
         with self.assertRaises(tfuse.Error) as cm:

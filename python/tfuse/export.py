@@ -1707,6 +1707,85 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
     def tname(target):
         return target[len(strip_prefix):] if strip_prefix and target.startswith(strip_prefix) else target
 
+    def call(node):
+        name = _packet(node.target)
+        if name == "wrap_with_autocast":   # a torch.autocast region: its subgraph, inline
+            autocast(node)
+            return
+        if node.target.__module__ == "_operator" and name == "getitem":
+            if _packet(node.args[0].target) in _SPLIT_VIEWS:
+                em.views[node] = (node.args[0].args[0], "split", node)
+            src = em.env[node.args[0]]
+            if isinstance(src, tuple) and src[0] == "const":
+                em.env[node] = ("const", src[1][node.args[1]])
+            else:
+                em.env[node] = src[node.args[1]]
+            return
+        if name in _NO_RESULT:
+            return
+        if isinstance(node.args[0] if node.args else None, torch.fx.Node) and name.rstrip("_") in _VIEWS:
+            em.views[node] = (node.args[0], name.rstrip("_"), node)
+        ins = node.all_input_nodes
+        if name in _SHAPE_ONLY or (all(em.is_const(i) for i in ins) and name not in _RANDOM):
+            em.env[node] = ("const", _evaluate(torch, em, node))
+            return
+        if name in ("t", "transpose", "permute") and node.args[0] in em.transposed:
+            em.env[node] = ("tparam", node.args[0])   # read by addmm/mm as the [in, out] param
+            return
+        inplace = name.endswith("_") and not name.startswith("_") and name not in _OPS
+        h = _OPS.get(name[:-1] if inplace else name)
+        if h is None:
+            em.fail("tfuse has no mapping for this op")
+        try:
+            res = h(em, em.bind(node))
+        except ExportError:
+            raise
+        except Exception as e:   # noqa: BLE001 -- a mapping's own bug: still an ExportError naming the op and line
+            em.fail(f"tfuse.export's mapping of this op failed ({type(e).__name__}: {e}); this is a bug in "
+                    "tfuse, please report it with the model")
+        em.check(node, res)
+        em.env[node] = res
+        if inplace and isinstance(node.args[0], torch.fx.Node):
+            target, value = node.args[0], res
+            while True:   # the write reaches the view's base, and its base's, ...
+                if target.op == "placeholder":   # state the model changes: a buffer's update
+                    spec = specs.get(target.name)
+                    if spec is None or spec.kind != InputKind.BUFFER or not isinstance(em.env.get(target), _Val):
+                        em.fail("an in-place change of an input or a param (tfuse models change only buffers)")
+                    updates[em.env[target].name] = value
+                em.env[target] = value
+                if target not in em.views:
+                    break
+                base, kind, vnode = em.views[target]
+                value = _unview(em, base, kind, vnode, value)
+                target = base
+
+    def autocast(node):
+        """torch.autocast(device, dtype, enabled) around part of the forward:
+        torch.export keeps it as a subgraph. Disabled (timm's EfficientViT
+        keeps its attention in float32 so), or for another device than the
+        CPU the model was traced on, it changes nothing there: its ops are
+        the model's. Enabled on the CPU, it would compute in a narrower
+        dtype, which tfuse chooses itself: refused."""
+        device, dtype, enabled = node.args[:3]
+        if enabled and device == "cpu":
+            em.fail(f"code under torch.autocast(\"cpu\", dtype={dtype}): tfuse chooses its precision itself "
+                    "(tfuse.compile(..., precision=\"bf16\")); export the model without autocast")
+        sub = getattr(gm, node.args[4].target)
+        operands = list(node.args[5:])
+        for n in sub.graph.nodes:
+            em.node = n
+            if n.op == "placeholder":
+                o = operands.pop(0)
+                em.env[n] = em.env[o] if isinstance(o, torch.fx.Node) else ("const", o)
+            elif n.op == "call_function":
+                call(n)
+            elif n.op == "output":
+                em.env[node] = [em.env[x] if isinstance(x, torch.fx.Node) else ("const", x) for x in n.args[0]]
+            else:
+                em.fail(f"a {n.op} node inside a torch.autocast region")
+        em.node = node
+
     for node in gm.graph.nodes:
         em.node = node
         if node.op == "placeholder":
@@ -1757,54 +1836,7 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
                 continue
             em.fail(f"an input of kind {kind}")
         elif node.op == "call_function":
-            name = _packet(node.target)
-            if node.target.__module__ == "_operator" and name == "getitem":
-                if _packet(node.args[0].target) in _SPLIT_VIEWS:
-                    em.views[node] = (node.args[0].args[0], "split", node)
-                src = em.env[node.args[0]]
-                if isinstance(src, tuple) and src[0] == "const":
-                    em.env[node] = ("const", src[1][node.args[1]])
-                else:
-                    em.env[node] = src[node.args[1]]
-                continue
-            if name in _NO_RESULT:
-                continue
-            if isinstance(node.args[0] if node.args else None, torch.fx.Node) and name.rstrip("_") in _VIEWS:
-                em.views[node] = (node.args[0], name.rstrip("_"), node)
-            ins = node.all_input_nodes
-            if name in _SHAPE_ONLY or (all(em.is_const(i) for i in ins) and name not in _RANDOM):
-                em.env[node] = ("const", _evaluate(torch, em, node))
-                continue
-            if name in ("t", "transpose", "permute") and node.args[0] in em.transposed:
-                em.env[node] = ("tparam", node.args[0])   # read by addmm/mm as the [in, out] param
-                continue
-            inplace = name.endswith("_") and not name.startswith("_") and name not in _OPS
-            h = _OPS.get(name[:-1] if inplace else name)
-            if h is None:
-                em.fail("tfuse has no mapping for this op")
-            try:
-                res = h(em, em.bind(node))
-            except ExportError:
-                raise
-            except Exception as e:   # noqa: BLE001 -- a mapping's own bug: still an ExportError naming the op and line
-                em.fail(f"tfuse.export's mapping of this op failed ({type(e).__name__}: {e}); this is a bug in "
-                        "tfuse, please report it with the model")
-            em.check(node, res)
-            em.env[node] = res
-            if inplace and isinstance(node.args[0], torch.fx.Node):
-                target, value = node.args[0], res
-                while True:   # the write reaches the view's base, and its base's, ...
-                    if target.op == "placeholder":   # state the model changes: a buffer's update
-                        spec = specs.get(target.name)
-                        if spec is None or spec.kind != InputKind.BUFFER or not isinstance(em.env.get(target), _Val):
-                            em.fail("an in-place change of an input or a param (tfuse models change only buffers)")
-                        updates[em.env[target].name] = value
-                    em.env[target] = value
-                    if target not in em.views:
-                        break
-                    base, kind, vnode = em.views[target]
-                    value = _unview(em, base, kind, vnode, value)
-                    target = base
+            call(node)
         elif node.op == "output":
             outs = node.args[0]
             user = []

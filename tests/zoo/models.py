@@ -375,8 +375,6 @@ EXPECTED_REFUSALS = {
                   "whose size depends on the data, which a compiled step cannot have",
     "hf_deberta_v2": "torch.export itself cannot trace it (a guard on a data-dependent size in its relative "
                      "position code)",
-    "timm_efficientvit": "its attention runs under torch.autocast(enabled=False), a wrap_with_autocast region "
-                         "tfuse.export does not open yet",
 }
 
 # What scripts/test.sh runs: together they reach every op mapping of
