@@ -348,6 +348,35 @@ class Errors(unittest.TestCase):
         self.assertIn("in-place write through split", str(cm.exception))
         self.assertIn("a.zero_()", str(cm.exception))
 
+    def test_writes_through_views_read_later(self):
+        class Overlap(nn.Module):   # b views what a.zero_() writes, and is read after it
+            def forward(self, x):
+                y = x.clone()
+                a, b = y[:, :2], y[:, 1:]
+                a.zero_()
+                return b + 1
+
+        class FlatReadBase(nn.Module):   # reshape may have copied: whether r changes is PyTorch's layout's choice
+            def forward(self, x):
+                r = x.relu()
+                torch.flatten(r, 1).mul_(2)
+                return r + 1
+
+        class FlatDropout(nn.Module):   # EfficientNet's classifier: nothing reads the flattened map's base again
+            def forward(self, x):
+                y = torch.flatten(x.relu(), 1)
+                F.dropout(y, 0.5, False, True)
+                return y * 2
+        for m, shape, words in ((Overlap(), (2, 4), "another of its views reads later"),
+                                (FlatReadBase(), (2, 3, 1, 1), "in-place write through flatten")):
+            with self.assertRaises(tfuse.ExportError) as cm:
+                tfuse.export(m, (torch.randn(*shape),))
+            self.assertIn(words, str(cm.exception))
+        x = torch.randn(2, 3, 1, 1)
+        ex = tfuse.export(FlatDropout(), (x,))
+        out = tfuse.compile(ex, mode="infer").session().run(x=x.numpy())["output"]
+        np.testing.assert_array_equal(out, FlatDropout()(x).numpy())
+
     def test_unmapped_argument(self):
         class Weighted(nn.Module):
             def forward(self, x, y):

@@ -1757,8 +1757,31 @@ def _graph_to_ir(torch, ep, input_names, out_names, module_name, train_mode, str
                 if target not in em.views:
                     break
                 base, kind, vnode = em.views[target]
+                if any(b is base and v is not vnode and used_after(v, node) for v, (b, _, _) in em.views.items()):
+                    em.fail(f"an in-place write through {kind} into a tensor that another of its views reads later "
+                            "(tfuse computes views as values: write into the tensor itself, or clone() the view)")
+                if not read_later(base, node):
+                    break   # nothing reads the base again (a dropout_ on a flatten of a pooled map): nothing to carry
                 value = _unview(em, base, kind, vnode, value)
                 target = base
+
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def read_later(v, node):
+        """Whether anything reads v (or, v a view, what it views) after node:
+        a later user, or a placeholder's state. Unknown order (a subgraph's
+        node): yes."""
+        if v.op == "placeholder" or node not in order:
+            return True
+        if any(order.get(u, len(order)) > order[node] for u in v.users):
+            return True
+        return v in em.views and read_later(em.views[v][0], node)
+
+    def used_after(v, node):
+        """Whether v, or a view of v, is read after node."""
+        if node not in order or any(order.get(u, len(order)) > order[node] for u in v.users):
+            return True
+        return any(b is v and used_after(w, node) for w, (b, _, _) in em.views.items())
 
     def autocast(node):
         """torch.autocast(device, dtype, enabled) around part of the forward:
