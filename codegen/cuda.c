@@ -1425,18 +1425,10 @@ static void split_axis(const tf_value *v, int ax, int64_t *outer, int64_t *len, 
     *len = dim_of(v, ax);
 }
 
-static bool lib_op(int op)
-{
-    switch (op) {
-    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
-    case TF_OP_GATHER: case TF_OP_EMBEDDING: case TF_OP_SCATTER_ADD: case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
-        return true;
-    default:
-        return false;
-    }
-}
-
-static bool ids_op(int op) { return op == TF_OP_GATHER || op == TF_OP_EMBEDDING || op == TF_OP_SCATTER_ADD; }
+/* A library op whose CUDA C kernel this file writes (ops.def's EXEC: a
+ * kernel of its own), and one of them that reads row ids. */
+static bool lib_op(int op) { return tf_exec_own_kernel(tf_op_exec_of(op)); }
+static bool ids_op(int op) { return tf_exec_indexed(tf_op_exec_of(op)); }
 
 /* scatter_add accumulates with atomicAdd where the dtype has one. */
 static bool scatter_atomic(tf_dt t) { return t == TF_DT_F32 || t == TF_DT_F64; }
@@ -1451,8 +1443,8 @@ bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n)
     }
     const tf_node *nd = k->lib;
     const char *name = tf_op_info_of(nd->op)->name;
-    if (nd->op == TF_OP_MATMUL) {
-        snprintf(why, n, "kernel %s: matmul is a library call (cuBLASLt), not generated code", k->name);
+    if (tf_op_exec_of(nd->op) == TF_OPX_GEMM) {
+        snprintf(why, n, "kernel %s: %s is a library call (cuBLASLt), not generated code", k->name, name);
         return false;
     }
     if (!lib_op(nd->op)) {

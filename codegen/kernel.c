@@ -56,21 +56,18 @@ static int add_expr(kb *b, tf_kexpr e)
 
 bool tf_kernel_reduction_ok(int op)
 {
-    return op == TF_OP_REDUCE_SUM || op == TF_OP_REDUCE_MEAN || op == TF_OP_REDUCE_MAX;
+    return tf_op_exec_of(op) == TF_OPX_REDUCE;
 }
 
 static bool is_pointwise(const tf_node *n)
 {
-    tf_op_kind kind = tf_op_info_of(n->op)->kind;
-    return kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || kind == TF_OPK_GENERATOR || n->op == TF_OP_ONE_HOT || n->op == TF_OP_BROADCAST;
+    tf_op_exec x = tf_op_exec_of(n->op);
+    return tf_exec_elementwise(x) || x == TF_OPX_BCAST;
 }
 
-bool tf_kernel_op_is_expr(int op)
-{
-    tf_op_kind kind = tf_op_info_of(op)->kind;
-    return !tf_op_has(op, TF_OPF_LAYER) && op != TF_OP_IOTA &&
-           (kind == TF_OPK_POINTWISE || kind == TF_OPK_RNG || op == TF_OP_ONE_HOT);
-}
+static bool is_reduction(const tf_node *n) { return tf_op_exec_of(n->op) == TF_OPX_REDUCE; }
+
+bool tf_kernel_op_is_expr(int op) { return tf_op_exec_of(op) == TF_OPX_EXPR; }
 
 static unsigned reduce_mask(const tf_node *n)
 {
@@ -178,7 +175,7 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
     if (!tf_place_result(k->rank, k->dims, k->reduce_mask, &n->out->type, res.axis))
         return tf_diag_error(b->d, TF_IR_ERR_INTERNAL, &n->loc, "internal: %s's result '%s' does not fit kernel %s's index space",
                              tf_op_info_of(n->op)->name, n->out->name, k->name);
-    if (tf_op_info_of(n->op)->kind == TF_OPK_REDUCTION) {
+    if (is_reduction(n)) {
         int arg = operand(b, n, 0, &full, k->rank);
         if (arg < 0) return b->d->status;
         if (!grow((void **)&k->reds, k->nreds, &b->cap_reds, sizeof *k->reds))
@@ -194,7 +191,7 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
         b->place_of[n->out->id] = res;
         return TF_IR_OK;
     }
-    if (n->op == TF_OP_BROADCAST) {   /* its operand, read with zero strides along the axes it spreads over */
+    if (tf_op_exec_of(n->op) == TF_OPX_BCAST) {   /* its operand, read with zero strides along the axes it spreads over */
         int id = operand(b, n, 0, &res, n->out->type.rank);
         if (id < 0) return b->d->status;
         if (!remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
@@ -202,7 +199,7 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
         return TF_IR_OK;
     }
     tf_kexpr e = {.kind = TF_KX_OP, .op = n->op, .dtype = n->out->type.dtype, .reduced_domain = true, .node = n};
-    if (n->op == TF_OP_IOTA) {
+    if (tf_op_exec_of(n->op) == TF_OPX_INDEX) {   /* iota: the index along its axis */
         int ax = 0;
         tf_axis_norm(tf_node_int(n, "axis"), n->out->type.rank, &ax);
         if (res.axis[ax] < 0) {   /* along a size-1 axis: always 0 */
@@ -362,20 +359,21 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     tf_node **nodes = (tf_node **)m->nodes.items;
     const tf_node *n0 = nodes[lo];
     int region = n0->region;
-    if (hi - lo == 1 && n0->op == TF_OP_RESHAPE) {
+    tf_op_exec x0 = tf_op_exec_of(n0->op);
+    if (hi - lo == 1 && x0 == TF_OPX_VIEW) {
         tf_kernel *k = new_kernel(p, cap, n0, TF_K_VIEW, region);
         if (!k) return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory building kernels");
         k->lib = n0;
         set_space(k, &n0->out->type);
         return TF_IR_OK;
     }
-    if (hi - lo == 1 && (n0->op == TF_OP_TRANSPOSE || n0->op == TF_OP_BROADCAST || n0->op == TF_OP_SLICE))
+    if (hi - lo == 1 && (x0 == TF_OPX_COPY || x0 == TF_OPX_BCAST))
         return build_layout(p, cap, n0, d);
     /* a gemm region: its matmul/conv is a library call; the rest an epilogue */
     const tf_node *lib = NULL;
     for (int i = lo; i < hi; i++) {
         const tf_node *n = nodes[i];
-        if (!is_pointwise(n) && tf_op_info_of(n->op)->kind != TF_OPK_REDUCTION) {
+        if (!is_pointwise(n) && !is_reduction(n)) {
             if (lib) return tf_diag_error(d, TF_IR_ERR_INTERNAL, &n->loc, "internal: two library ops in one kernel");
             lib = n;
         }
@@ -387,7 +385,7 @@ static tf_ir_status build_unit(const tf_module *m, tf_kernel_plan *p, int *cap, 
     /* the index space: a reduction's input, else the (epilogue's) output */
     const tf_node *red = NULL;
     for (int i = lo; i < hi && !red; i++)
-        if (tf_op_info_of(nodes[i]->op)->kind == TF_OPK_REDUCTION) red = nodes[i];
+        if (is_reduction(nodes[i])) red = nodes[i];
     if (red) {
         k->kind = TF_K_REDUCTION;
         set_space(k, &red->in[0]->type);
@@ -458,10 +456,11 @@ char *tf_kernel_key(const tf_kernel *k)
     return s;
 }
 
-/* The value whose memory v uses: reshapes are views of their operand. */
+/* The value whose memory v uses: views are their operand's, and a value
+ * memplan placed in another's block is that one's. */
 static const tf_value *storage_root(const tf_value *v)
 {
-    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
+    v = tf_value_storage(v);
     return v->home ? v->home : v;
 }
 
@@ -515,7 +514,7 @@ int64_t tf_kernel_bytes(const tf_kernel *k)
 {
     if (k->kind == TF_K_VIEW) return 0;
     const tf_node *lib = k->lib;
-    bool gather = lib && tf_op_info_of(lib->op)->kind == TF_OPK_GATHER;
+    bool gather = lib && tf_exec_indexed(tf_op_exec_of(lib->op));
     int64_t bytes = 0;
     for (int b = 0; b < k->nbufs; b++) {
         const tf_value *v = k->bufs[b].value;

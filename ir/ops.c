@@ -50,7 +50,7 @@ static double sf_isfinite(double a, double b) { (void)b; return isfinite(a); }
 
 /* ---- prototypes: shape rules here, kernels in interp_kernels.c ---- */
 
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) \
+#define TF_OP(E, NAME, MIN, MAX, KIND, EXEC, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) \
     tf_ir_status sh_##SHAPE(tf_module *m, tf_node *n, tf_type *out, tf_diag *d); \
     tf_ir_status ik_##INTERP(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out);
 #include "ops.def"
@@ -59,8 +59,8 @@ static double sf_isfinite(double a, double b) { (void)b; return isfinite(a); }
 #define NATTRS(x) ((int)(sizeof tf_attrs_##x / sizeof tf_attrs_##x[0]) - 1)
 
 const tf_op_info tf_op_table[TF_OP_COUNT] = {
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) \
-    [TF_OP_##E] = {NAME, MIN, MAX, TF_OPK_##KIND, FLAGS, tf_attrs_##ATTRS, NATTRS(ATTRS), \
+#define TF_OP(E, NAME, MIN, MAX, KIND, EXEC, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) \
+    [TF_OP_##E] = {NAME, MIN, MAX, TF_OPK_##KIND, TF_OPX_##EXEC, FLAGS, tf_attrs_##ATTRS, NATTRS(ATTRS), \
                    sh_##SHAPE, ik_##INTERP, sf_##SCALAR, LOWER, TF_AMP_##AMP},
 #include "ops.def"
 #undef TF_OP
@@ -87,6 +87,28 @@ const tf_fn_info tf_schedule_fns[TF_SCHED_COUNT] = {
     [TF_SCHED_COSINE] = {"cosine", tf_attrs_sched_cosine, NATTRS(sched_cosine)},
     [TF_SCHED_ONECYCLE] = {"onecycle", tf_attrs_sched_onecycle, NATTRS(sched_onecycle)},
 };
+
+const char *tf_exec_name(tf_op_exec x)
+{
+    static const char *const names[TF_OPX_COUNT] = {
+        [TF_OPX_LAYER] = "layer", [TF_OPX_EXPR] = "expr", [TF_OPX_INDEX] = "index", [TF_OPX_REDUCE] = "reduce",
+        [TF_OPX_VIEW] = "view", [TF_OPX_BCAST] = "broadcast", [TF_OPX_COPY] = "copy", [TF_OPX_GEMM] = "gemm",
+        [TF_OPX_CONV] = "conv", [TF_OPX_POOL] = "pool", [TF_OPX_POOL_GRAD] = "pool_grad", [TF_OPX_GATHER] = "gather",
+        [TF_OPX_SCATTER] = "scatter_add", [TF_OPX_CONCAT] = "concat", [TF_OPX_SLICE_GRAD] = "slice_grad",
+    };
+    return x >= 0 && x < TF_OPX_COUNT ? names[x] : "?";
+}
+
+bool tf_node_is_view(const tf_node *n)
+{
+    return tf_op_exec_of(n->op) == TF_OPX_VIEW && n->in[0]->kind != TF_VAL_CONST;
+}
+
+const tf_value *tf_value_storage(const tf_value *v)
+{
+    while (v->kind == TF_VAL_NODE && tf_node_is_view(v->def)) v = v->def->in[0];
+    return v;
+}
 
 int tf_op_lookup(const char *name, size_t len)
 {

@@ -1,7 +1,9 @@
-/* ops.h — the op table's C face: enum, kinds, flags and per-op descriptors.
+/* ops.h — the op table's C face: enum, kinds, execution classes, flags and
+ * per-op descriptors.
  *
- * Everything here is an expansion of ops.def. Passes ask about properties
- * (tf_op_has(op, TF_OPF_LAYER), tf_op_info(op)->kind) rather than listing ops. */
+ * Everything here is an expansion of ops.def. Passes, code generators and
+ * backends ask about properties (tf_op_has(op, TF_OPF_LAYER),
+ * tf_op_info_of(op)->kind, tf_op_exec_of(op)) rather than listing ops. */
 #ifndef TF_IR_OPS_H
 #define TF_IR_OPS_H
 
@@ -18,6 +20,18 @@ typedef enum tf_op_kind {
     TF_OPK_POINTWISE, TF_OPK_REDUCTION, TF_OPK_MATMUL, TF_OPK_CONV, TF_OPK_POOL,
     TF_OPK_LAYOUT, TF_OPK_GATHER, TF_OPK_NORM, TF_OPK_LOSS, TF_OPK_RNG, TF_OPK_GENERATOR,
 } tf_op_kind;
+
+/* How a backend executes an op: ops.def's EXEC column, which says what each
+ * value means. Everything that sorts ops into classes (the fuser, the kernel
+ * builder, memplan, the code generators, the backends, `tfuse doctor`'s op
+ * table) asks these, so that an op of an existing class is added in ops.def
+ * and its own functions only. */
+typedef enum tf_op_exec {
+    TF_OPX_LAYER, TF_OPX_EXPR, TF_OPX_INDEX, TF_OPX_REDUCE, TF_OPX_VIEW, TF_OPX_BCAST, TF_OPX_COPY,
+    TF_OPX_GEMM, TF_OPX_CONV,
+    TF_OPX_POOL, TF_OPX_POOL_GRAD, TF_OPX_GATHER, TF_OPX_SCATTER, TF_OPX_CONCAT, TF_OPX_SLICE_GRAD,
+    TF_OPX_COUNT
+} tf_op_exec;
 
 enum {
     TF_OPF_LAYER       = 1 << 0,
@@ -53,6 +67,7 @@ typedef struct tf_op_info {
     const char *name;
     int min_in, max_in;
     tf_op_kind kind;
+    tf_op_exec exec;
     unsigned flags;
     const tf_attr_spec *attrs;
     int nattrs;
@@ -67,6 +82,25 @@ extern const tf_op_info tf_op_table[TF_OP_COUNT];
 
 static inline const tf_op_info *tf_op_info_of(int op) { return &tf_op_table[op]; }
 static inline bool tf_op_has(int op, unsigned flag) { return (tf_op_table[op].flags & flag) != 0; }
+static inline tf_op_exec tf_op_exec_of(int op) { return tf_op_table[op].exec; }
+/* The class's name, as profiles and `tfuse doctor` print it ("pool", "gemm"). */
+const char *tf_exec_name(tf_op_exec x);
+/* Computed elementwise in a generated kernel: from its expression or its index. */
+static inline bool tf_exec_elementwise(tf_op_exec x) { return x == TF_OPX_EXPR || x == TF_OPX_INDEX; }
+/* A library call (GEMM, convolution) or an op with a kernel of its own: not
+ * fused into generated kernels (kernel.c makes it a TF_K_LIBRARY kernel). */
+static inline bool tf_exec_library(tf_op_exec x) { return x >= TF_OPX_GEMM; }
+/* A library op whose kernel tfuse writes itself (pooling, gather, scatter,
+ * concat, slice_grad), rather than calling a BLAS or convolution library. */
+static inline bool tf_exec_own_kernel(tf_op_exec x) { return x >= TF_OPX_POOL; }
+/* A gather or scatter: reads row ids (checked against the table's rows). */
+static inline bool tf_exec_indexed(tf_op_exec x) { return x == TF_OPX_GATHER || x == TF_OPX_SCATTER; }
+/* Whether node n's result is a view of its operand's storage (a reshape of
+ * a computed value; a constant's reshape is folded into a constant). */
+bool tf_node_is_view(const tf_node *n);
+/* The value whose storage v's lives in: v itself, or through views the
+ * value they view. */
+const tf_value *tf_value_storage(const tf_value *v);
 /* -1 if no op has that name. */
 int tf_op_lookup(const char *name, size_t len);
 /* Index of attribute `name` in the op's schema, -1 if none. */

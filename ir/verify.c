@@ -1,6 +1,6 @@
 /* verify.c — type inference and the module verifier.
  *
- * Runs after parsing and (in debug builds) after every pass. It re-derives
+ * Runs after parsing and after every pass (passmgr.c). It re-derives
  * every node's type from its operands through the op table's shape rule, so a
  * pass that builds a wrong graph is caught where it did so. Numbers written
  * as operands take the dtype of the op's other operands (a float constant

@@ -425,3 +425,8 @@ tf_ir_status tf_fit_pipeline(tf_module *m, const char *list, const tf_options *o
     tf_module_free(orig);
     return st;
 }
+
+tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o)
+{
+    return tf_fit_pipeline(m, list, o, NULL);
+}

@@ -1,6 +1,6 @@
 /* fuse.c — group ops into regions that each run as one kernel.
  *
- * Four kinds of region (DESIGN.md, "fuse"):
+ * Four kinds of region (docs/design.md, the fuse pass):
  *   pointwise  a chain of pointwise ops over one shape (casts included: a
  *              cast inside a kernel costs nothing, so fp16/fp32 boundaries
  *              fall inside kernels rather than between them);
@@ -66,25 +66,23 @@ typedef struct fz {
 
 bool tf_fuse_folds_broadcast(const tf_node *n, bool keep_broadcasts)
 {
-    return n->op == TF_OP_BROADCAST && !keep_broadcasts && tf_type_numel(&n->in[0]->type) >= TF_FUSE_BROADCAST_MIN_ROWS;
+    return tf_op_exec_of(n->op) == TF_OPX_BCAST && !keep_broadcasts && tf_type_numel(&n->in[0]->type) >= TF_FUSE_BROADCAST_MIN_ROWS;
 }
 
 static int node_class(const fz *f, const tf_node *n)
 {
-    switch (tf_op_info_of(n->op)->kind) {
-    case TF_OPK_POINTWISE: case TF_OPK_RNG: case TF_OPK_GENERATOR: return C_PW;
-    case TF_OPK_REDUCTION: return C_RED;
-    case TF_OPK_MATMUL: case TF_OPK_CONV: return C_GEMM;
-    default: break;
-    }
-    if (n->op == TF_OP_ONE_HOT) return C_PW;     /* elementwise in its output */
+    switch (tf_op_exec_of(n->op)) {
+    case TF_OPX_EXPR: case TF_OPX_INDEX: return C_PW;   /* one_hot too: elementwise in its output */
+    case TF_OPX_REDUCE: return C_RED;
+    case TF_OPX_GEMM: case TF_OPX_CONV: return C_GEMM;
+    case TF_OPX_VIEW: return C_VIEW;
     /* a broadcast is a load with zero strides in the kernel that reads it,
      * not a tensor of copies (a reduction's gradient spread over the rows
      * it summed: cross-entropy's over [B, T, V] logits), where
      * tf_fuse_folds_broadcast says so */
-    if (tf_fuse_folds_broadcast(n, f->o->keep_broadcasts)) return C_PW;
-    if (n->op == TF_OP_RESHAPE) return C_VIEW;
-    return C_OTHER;
+    case TF_OPX_BCAST: return tf_fuse_folds_broadcast(n, f->o->keep_broadcasts) ? C_PW : C_OTHER;
+    default: return C_OTHER;
+    }
 }
 
 static int index_of(const tf_node *n) { return n->out->id; }   /* ids renumbered: decls first */

@@ -455,13 +455,13 @@ static const struct { const char *name, *why; } no_rule[] = {
 };
 
 static const tf_grad_fn rules[TF_OP_COUNT] = {
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) [TF_OP_##E] = gr_##GRAD,
+#define TF_OP(E, NAME, MIN, MAX, KIND, EXEC, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) [TF_OP_##E] = gr_##GRAD,
 #include "ops.def"
 #undef TF_OP
 };
 
 static const char *const rule_names[TF_OP_COUNT] = {
-#define TF_OP(E, NAME, MIN, MAX, KIND, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) [TF_OP_##E] = #GRAD,
+#define TF_OP(E, NAME, MIN, MAX, KIND, EXEC, FLAGS, ATTRS, SHAPE, INTERP, SCALAR, LOWER, AMP, GRAD) [TF_OP_##E] = #GRAD,
 #include "ops.def"
 #undef TF_OP
 };

@@ -162,13 +162,9 @@ static int64_t place_by_size(lifetime *b, int nb, lifetime *sorted, lifetime *pl
     return top;
 }
 
-/* The value whose memory v uses: itself, or what a reshape views (a reshape
- * of a number owns its memory). */
-static tf_value *root_of(tf_value *v)
-{
-    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
-    return v;
-}
+/* The value whose memory v uses: itself, or what a view views (a reshape
+ * of a number owns its memory): ops.c's tf_value_storage. */
+static tf_value *root_of(tf_value *v) { return (tf_value *)tf_value_storage(v); }
 
 /* A region's matmul or convolution (its one op that is not an expression:
  * kernel.c's build_unit makes it a library call): the library writes its
@@ -176,9 +172,10 @@ static tf_value *root_of(tf_value *v)
  * alive while its region's kernel runs. */
 static bool library_in_region(const tf_node *n)
 {
-    tf_op_kind k = tf_op_info_of(n->op)->kind;
-    return n->region && k != TF_OPK_POINTWISE && k != TF_OPK_REDUCTION && k != TF_OPK_RNG && k != TF_OPK_GENERATOR &&
-           n->op != TF_OP_ONE_HOT && !(n->op == TF_OP_RESHAPE && n->in[0]->kind != TF_VAL_CONST);
+    tf_op_exec x = tf_op_exec_of(n->op);
+    /* (a broadcast folded into the region is placed too, though its kernel
+     * reads its operand with zero strides instead: kept as it was) */
+    return n->region && !tf_exec_elementwise(x) && x != TF_OPX_REDUCE && !tf_node_is_view(n);
 }
 
 /* The nodes [*ks, *ke] of the kernel that computes node i, as
@@ -291,10 +288,10 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         n->out->offset = -1;
         n->out->home = NULL;
         if (n->region) region_end[n->region] = i;
-        if (n->region && tf_op_info_of(n->op)->kind == TF_OPK_REDUCTION && !region_space[n->region])
+        if (n->region && tf_op_exec_of(n->op) == TF_OPX_REDUCE && !region_space[n->region])
             region_space[n->region] = &n->in[0]->type;
         /* in memory: results outside regions and yields; not views */
-        bool view = n->op == TF_OP_RESHAPE && n->in[0]->kind != TF_VAL_CONST;
+        bool view = tf_node_is_view(n);
         mem[n->out->id] = !view && (!n->region || yielded[n->out->id]);
         for (int k = 0; k < n->nin; k++) {
             tf_value *v = n->in[k];

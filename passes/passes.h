@@ -52,7 +52,7 @@ typedef enum tf_ir_checkpoint { TF_IR_CHECKPOINT_NONE, TF_IR_CHECKPOINT_AUTO } t
 
 typedef tf_ir_status (*tf_pass_fn)(tf_module *m, const tf_options *o);
 
-enum { TF_PASSF_OPT = 1 << 0, TF_PASSF_CORE = 1 << 1, TF_PASSF_REGIONS = 1 << 2 };
+enum { TF_PASSF_OPT = 1 << 0, TF_PASSF_CORE = 1 << 1, TF_PASSF_REGIONS = 1 << 2, TF_PASSF_BACKWARD = 1 << 3 };
 
 typedef struct tf_pass_info {
     const char *name;

@@ -164,7 +164,7 @@ tf_ir_status tf_pipeline_run(tf_module *m, const tf_pipeline *pl, int from, int 
             tf_module_clear_regions(m);
         }
         m->plan.planned = false;   /* any pass may move values; memplan plans again */
-        if (strcmp(pi->name, "checkpoint")) m->backward_start = 0;   /* valid right after autodiff only */
+        if (!(pi->flags & TF_PASSF_BACKWARD)) m->backward_start = 0;   /* passes.def: only such a pass keeps it */
         if (pi->run(m, o)) return o->diag->status;
         if (tf_verify(m, o->diag)) return o->diag->status;   /* a pass that breaks the IR is caught here */
         if (o->dump_ir && (!strcmp(o->dump_ir, "all") || !strcmp(o->dump_ir, pi->name)) && dump(m, o, i + 1, pi->name))
@@ -173,7 +173,3 @@ tf_ir_status tf_pipeline_run(tf_module *m, const tf_pipeline *pl, int from, int 
     return TF_IR_OK;
 }
 
-tf_ir_status tf_run_pipeline(tf_module *m, const char *list, const tf_options *o)
-{
-    return tf_fit_pipeline(m, list, o, NULL);
-}

@@ -467,7 +467,7 @@ static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_
         const tf_node *n = p->m->nodes.items[i];
         if (n->op == TF_OP_CAST) casts++;
         if (n->region) kernels += n->region != cur;
-        else kernels += n->op != TF_OP_RESHAPE;
+        else kernels += tf_op_exec_of(n->op) != TF_OPX_VIEW;
         cur = n->region;
     }
     add_stat(p, "ops", p->m->nodes.n);

@@ -239,13 +239,12 @@ tf_status tf_program_plan(tf_context_t *ctx, const tf_program_t *p, const tf_ker
 tf_op_class tf_op_classify(tf_op op, tf_kernel *probe, tf_kexpr *x, tf_kreduce *r)
 {
     const tf_op_info *info = tf_op_info_of(op);
-    if (tf_op_has(op, TF_OPF_LAYER)) return TF_OPC_LAYER;
-    if (op == TF_OP_RESHAPE) return TF_OPC_VIEW;
-    bool layout = op == TF_OP_TRANSPOSE || op == TF_OP_BROADCAST || op == TF_OP_SLICE;
-    bool pointwise = info->kind == TF_OPK_POINTWISE || info->kind == TF_OPK_RNG || info->kind == TF_OPK_GENERATOR ||
-                     op == TF_OP_ONE_HOT;
-    bool reduction = info->kind == TF_OPK_REDUCTION;
-    if (!layout && !pointwise && !reduction) return TF_OPC_LIBRARY;
+    tf_op_exec ex = tf_op_exec_of(op);
+    if (ex == TF_OPX_LAYER) return TF_OPC_LAYER;
+    if (ex == TF_OPX_VIEW) return TF_OPC_VIEW;
+    bool layout = ex == TF_OPX_COPY || ex == TF_OPX_BCAST;
+    bool reduction = ex == TF_OPX_REDUCE;
+    if (tf_exec_library(ex)) return TF_OPC_LIBRARY;
     memset(probe, 0, sizeof *probe);
     snprintf(probe->name, sizeof probe->name, "%s", info->name);
     probe->kind = reduction ? TF_K_REDUCTION : TF_K_ELEMENTWISE;

@@ -633,12 +633,8 @@ static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
 
 static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype); }
 
-/* The value whose storage v uses: through reshapes (views). */
-static const tf_value *root_of(const tf_value *v)
-{
-    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
-    return v;
-}
+/* The value whose storage v uses: through views (ops.c). */
+static const tf_value *root_of(const tf_value *v) { return tf_value_storage(v); }
 
 /* Large blocks (the arena, params, optimizer moments) on transparent huge
  * pages where the kernel offers them on request (THP "madvise" mode, the
@@ -741,30 +737,34 @@ static tf_status place_values(tf_session_t *s, cpu *c)
 static bool is_float16(tf_dt t) { return t == TF_DT_F16 || t == TF_DT_BF16; }
 static bool gemm_dtype(tf_dt t) { return t == TF_DT_F32 || is_float16(t); }
 
+static bool ids_dtype(tf_dt t) { return t == TF_DT_I64 || t == TF_DT_I32; }
+
 static how library_how(const tf_node *n)
 {
-    if (n->op == TF_OP_GATHER && n->in[0]->kind != TF_VAL_CONST && n->in[1]->kind != TF_VAL_CONST &&
-        (n->in[0]->type.dtype == TF_DT_I64 || n->in[0]->type.dtype == TF_DT_I32))
-        return RUN_GATHER;
-    if (n->op == TF_OP_SCATTER_ADD && n->in[0]->kind != TF_VAL_CONST && n->in[1]->kind != TF_VAL_CONST &&
-        (n->in[0]->type.dtype == TF_DT_I64 || n->in[0]->type.dtype == TF_DT_I32) && n->out->type.dtype == TF_DT_F32 &&
-        n->in[1]->type.dtype == TF_DT_F32)
-        return RUN_SCATTER;
-    if (n->op == TF_OP_CONCAT || n->op == TF_OP_SLICE_GRAD) {   /* copies of any dtype */
+    tf_op_exec ex = tf_op_exec_of(n->op);
+    for (int q = 0; q < n->nin; q++)
+        if (n->in[q]->kind == TF_VAL_CONST) return RUN_FALLBACK;
+    switch (ex) {
+    case TF_OPX_GATHER: return ids_dtype(n->in[0]->type.dtype) ? RUN_GATHER : RUN_FALLBACK;
+    case TF_OPX_SCATTER:
+        return ids_dtype(n->in[0]->type.dtype) && n->out->type.dtype == TF_DT_F32 && n->in[1]->type.dtype == TF_DT_F32
+                   ? RUN_SCATTER : RUN_FALLBACK;
+    case TF_OPX_CONCAT: case TF_OPX_SLICE_GRAD:   /* copies of any dtype */
         for (int q = 0; q < n->nin; q++)
-            if (n->in[q]->kind == TF_VAL_CONST || n->in[q]->type.dtype != n->out->type.dtype) return RUN_FALLBACK;
-        return n->op == TF_OP_CONCAT ? RUN_CONCAT : RUN_SLICE_GRAD;
+            if (n->in[q]->type.dtype != n->out->type.dtype) return RUN_FALLBACK;
+        return ex == TF_OPX_CONCAT ? RUN_CONCAT : RUN_SLICE_GRAD;
+    default: break;
     }
     for (int q = 0; q < n->nin; q++)
-        if (n->in[q]->kind == TF_VAL_CONST || !gemm_dtype(n->in[q]->type.dtype)) return RUN_FALLBACK;
+        if (!gemm_dtype(n->in[q]->type.dtype)) return RUN_FALLBACK;
     if (!gemm_dtype(n->out->type.dtype)) return RUN_FALLBACK;
-    switch (n->op) {
-    case TF_OP_MATMUL: return RUN_MATMUL;
-    case TF_OP_CONV2D: return n->in[0]->type.rank == 4 ? RUN_CONV : RUN_FALLBACK;
-    case TF_OP_CONV2D_GRAD_INPUT: return RUN_CONV_GI;
-    case TF_OP_CONV2D_GRAD_WEIGHT: return RUN_CONV_GW;
-    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: return n->in[0]->type.rank == 4 ? RUN_POOL : RUN_FALLBACK;
-    case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD: return n->out->type.rank == 4 ? RUN_POOL_GRAD : RUN_FALLBACK;
+    switch (ex) {
+    case TF_OPX_GEMM: return RUN_MATMUL;
+    case TF_OPX_CONV:   /* conv2d's forward takes 2-d images only; its gradients exist only for those */
+        return n->op == TF_OP_CONV2D_GRAD_INPUT ? RUN_CONV_GI : n->op == TF_OP_CONV2D_GRAD_WEIGHT ? RUN_CONV_GW
+               : n->in[0]->type.rank == 4 ? RUN_CONV : RUN_FALLBACK;
+    case TF_OPX_POOL: return n->in[0]->type.rank == 4 ? RUN_POOL : RUN_FALLBACK;
+    case TF_OPX_POOL_GRAD: return n->out->type.rank == 4 ? RUN_POOL_GRAD : RUN_FALLBACK;
     default: return RUN_FALLBACK;
     }
 }
@@ -2043,24 +2043,24 @@ static const char *cpu_op_support(tf_op op, char *detail, size_t n)
                                          "compiled by LLVM into its kernel (fused with its neighbours)",
                                          "the interpreter's kernel on widened copies", detail, n, &library);
     if (!library) return how;
-    switch (op) {
-    case TF_OP_MATMUL:
+    switch (tf_op_exec_of(op)) {
+    case TF_OPX_GEMM:
         snprintf(detail, n, "GEMM through %s (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
         return "library";
-    case TF_OP_CONV2D: case TF_OP_CONV2D_GRAD_INPUT: case TF_OP_CONV2D_GRAD_WEIGHT:
+    case TF_OPX_CONV:
         if (tf_dnnl_available())
             snprintf(detail, n, "oneDNN's convolution primitives (2-d images in f32, f16, bf16; --cpu-conv=im2col: im2col + GEMM through %s)",
                      tf_cpu_blas_name());
         else
             snprintf(detail, n, "im2col + GEMM through %s (2-d images in f32, f16, bf16)", tf_cpu_blas_name());
         return "library";
-    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
+    case TF_OPX_POOL: case TF_OPX_POOL_GRAD:
         snprintf(detail, n, "the runtime's pooling loops (2-d images in f32, f16, bf16)");
         return "library";
-    case TF_OP_GATHER: case TF_OP_SCATTER_ADD:
+    case TF_OPX_GATHER: case TF_OPX_SCATTER:
         snprintf(detail, n, "rows copied or added on storage (i64/i32 ids)");
         return "library";
-    case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
+    case TF_OPX_CONCAT: case TF_OPX_SLICE_GRAD:
         snprintf(detail, n, "copies on storage (any dtype)");
         return "library";
     default:

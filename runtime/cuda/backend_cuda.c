@@ -299,12 +299,8 @@ static size_t value_bytes(const tf_value *v) { return (size_t)tf_type_numel(&v->
 static int64_t numel(const tf_value *v) { return tf_type_numel(&v->type); }
 static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
-/* The value whose storage v uses: through reshapes (views). */
-static const tf_value *root_of(const tf_value *v)
-{
-    while (v->kind == TF_VAL_NODE && v->def->op == TF_OP_RESHAPE && v->def->in[0]->kind != TF_VAL_CONST) v = v->def->in[0];
-    return v;
-}
+/* The value whose storage v uses: through views (ops.c). */
+static const tf_value *root_of(const tf_value *v) { return tf_value_storage(v); }
 
 static tf_cu_deviceptr dev_of(const cuda_session *c, const tf_value *v) { return v->kind == TF_VAL_CONST ? 0 : c->ptr[root_of(v)->id]; }
 
@@ -1389,7 +1385,7 @@ static bool plan_backward(tf_session_t *s, cuda_session *c)
 
 /* ---- convolutions through cuDNN ------------------------------------------------ */
 
-static bool is_conv(tf_op op) { return op == TF_OP_CONV2D || op == TF_OP_CONV2D_GRAD_INPUT || op == TF_OP_CONV2D_GRAD_WEIGHT; }
+static bool is_conv(tf_op op) { return tf_op_exec_of(op) == TF_OPX_CONV; }
 
 /* A conv kernel's x, w and y (dy for the gradients), one of them its result. */
 static tf_conv_dir conv_operands(const tf_node *n, const tf_value **x, const tf_value **w, const tf_value **y)
@@ -1637,18 +1633,7 @@ static tf_status fill_const(tf_session_t *s, cuda_session *c, const tf_value *ds
 /* ---- building the kernels ----------------------------------------------------------- */
 
 /* What runs a library op's generated kernel, in profiles (the cpu target's words). */
-static const char *lib_label(int op)
-{
-    switch (op) {
-    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: return "pool";
-    case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD: return "pool_grad";
-    case TF_OP_GATHER: case TF_OP_EMBEDDING: return "gather";
-    case TF_OP_SCATTER_ADD: return "scatter_add";
-    case TF_OP_CONCAT: return "concat";
-    case TF_OP_SLICE_GRAD: return "slice_grad";
-    default: return "library";
-    }
-}
+static const char *lib_label(int op) { return tf_exec_name(tf_op_exec_of(op)); }
 
 /* Whether tf_session_run has checked the ids of library op n against its
  * table before the step (check_indices in api.c: an input that a gather
@@ -1798,11 +1783,12 @@ static tf_status build_kernels(tf_session_t *s, cuda_session *c)
             continue;
         }
         if (gemm_done) continue;
-        if (k->lib->op == TF_OP_MATMUL && gemm_setup(c, gk, NULL, &oom_hit)) gk->how = RUN_GEMM;
-        else if (is_conv(k->lib->op) && conv_setup(c, gk, &oom_hit)) gk->how = RUN_CONV;
+        tf_op_exec ex = tf_op_exec_of(k->lib->op);
+        if (ex == TF_OPX_GEMM && gemm_setup(c, gk, NULL, &oom_hit)) gk->how = RUN_GEMM;
+        else if (ex == TF_OPX_CONV && conv_setup(c, gk, &oom_hit)) gk->how = RUN_CONV;
         else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the %s of kernel %s",
-                                            k->lib->op == TF_OP_MATMUL ? "GEMM" : "convolution", k->name);
-        else if (k->lib->op != TF_OP_MATMUL && !is_conv(k->lib->op) && lib_setup(s, c, gk, i, &jobs[njobs], &st)) {
+                                            ex == TF_OPX_GEMM ? "GEMM" : "convolution", k->name);
+        else if (tf_exec_own_kernel(ex) && lib_setup(s, c, gk, i, &jobs[njobs], &st)) {
             njobs++;
             gk->how = RUN_LIBKERNEL;
         } else if (!st) {
@@ -2755,7 +2741,7 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
                                          "CUDA C compiled by NVRTC into its kernel (fused with its neighbours)",
                                          "on the host, the interpreter's kernel", detail, n, &library);
     if (!library) return how;
-    if (op == TF_OP_MATMUL) {
+    if (tf_op_exec_of(op) == TF_OPX_GEMM) {
         snprintf(detail, n, "cuBLASLt (when it loads; else the interpreter's kernel on the host)");
         return "library";
     }
@@ -2764,16 +2750,14 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
                  "shape and type; else the interpreter's kernel on the host)");
         return "library";
     }
-    switch (op) {
-    case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
-    case TF_OP_GATHER: case TF_OP_SCATTER_ADD: case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
+    tf_op_exec ex = tf_op_exec_of(op);
+    if (tf_exec_own_kernel(ex)) {
         snprintf(detail, n, "its own CUDA C kernel, generated for the op (not fused) and compiled by NVRTC%s",
-                 op == TF_OP_SCATTER_ADD ? "; f32 and f64 add with atomicAdd, not bit-deterministic" : "");
+                 ex == TF_OPX_SCATTER ? "; f32 and f64 add with atomicAdd, not bit-deterministic" : "");
         return "jit";
-    default:
-        snprintf(detail, n, "%s has no GPU implementation in this build: the interpreter's kernel runs it on the host", name);
-        return "fallback";
     }
+    snprintf(detail, n, "%s has no GPU implementation in this build: the interpreter's kernel runs it on the host", name);
+    return "fallback";
 }
 
 /* What the cuda and cuda-emu targets share: all but how they start and what

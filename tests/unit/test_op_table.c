@@ -93,6 +93,16 @@ static void walk(void)
         CHECK(!layer || (!tf_grad_rule(op) && why && strstr(why, "layer")), "%s: a layer op has no gradient rule: %s",
               in->name, why ? why : "(rule)");
         reasons += why != NULL;
+        /* the EXEC column agrees with what the other columns say */
+        tf_op_exec ex = tf_op_exec_of(op);
+        CHECK(ex >= 0 && ex < TF_OPX_COUNT && strcmp(tf_exec_name(ex), "?"), "%s: EXEC %d is no class", in->name, (int)ex);
+        CHECK(layer == (ex == TF_OPX_LAYER), "%s: a layer op (flag LAYER) is exactly one whose EXEC is LAYER", in->name);
+        CHECK(layer || (in->lower != NULL) == (ex == TF_OPX_EXPR),
+              "%s: a core op computed from an expression (EXEC EXPR) is exactly one with a LOWER expression", in->name);
+        CHECK(ex != TF_OPX_REDUCE || in->kind == TF_OPK_REDUCTION, "%s: EXEC REDUCE but KIND is not REDUCTION", in->name);
+        CHECK(ex != TF_OPX_INDEX || in->max_in == 0, "%s: EXEC INDEX computes from the index alone: no operands", in->name);
+        CHECK(ex != TF_OPX_VIEW || in->max_in == 1, "%s: a view views one operand", in->name);
+        CHECK(!tf_exec_own_kernel(ex) || tf_exec_library(ex), "%s: a kernel of its own is a library kernel", in->name);
         if (in->lower) {
             const char *perr;
             const tf_sexpr *se = tf_scalar_lowering(op, &perr);
