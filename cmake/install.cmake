@@ -1,5 +1,5 @@
 # install.cmake — `cmake --install build --prefix P` installs libtfuse as a C
-# library is installed (README.md, "Embedding"):
+# library is installed (docs/c-api.md, "Embedding"):
 #
 #   P/lib/libtfuse.so.0.x.y (soname libtfuse.so.0) and its links
 #   P/lib/libtfuse.a             every object of libtfuse: the runtime and the

@@ -1,7 +1,7 @@
 /* embed.c — a host program that compiles and runs a model through the public
  * API only (tfuse.h), binding its own memory as inputs without copies.
  *
- * Built against an installed libtfuse (README.md, "Embedding"), from the
+ * Built against an installed libtfuse (docs/c-api.md, "Embedding"), from the
  * repository root:
  *
  *   cmake --install build --prefix "$HOME/.local"

@@ -1,5 +1,5 @@
-/* parser.c — recursive descent over lines; see parser.h and README's
- * "Text format" for the grammar:
+/* parser.c — recursive descent over lines; see parser.h and
+ * docs/ir.md (the text format) for the grammar:
  *
  *   module  := line*                      one statement per line
  *   line    := 'module' NAME

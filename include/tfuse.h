@@ -1,6 +1,6 @@
 /* tfuse.h — the public C API of libtfuse, the only header a host program includes.
  *
- * tfuse compiles a model written in its text format (see README.md) and runs
+ * tfuse compiles a model written in its text format (see docs/ir.md) and runs
  * it on a target: `interp` (the float64 reference interpreter), `cpu`
  * (LLVM JIT + OpenBLAS) or `cuda` (NVRTC + cuBLASLt/cuDNN). The objects:
  *

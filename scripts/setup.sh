@@ -39,7 +39,7 @@ fi
 # The Python package, editable, in the repository's own virtual environment
 # (.venv; Debian's Python refuses pip installs into itself, PEP 668), which
 # sees this Python's NumPy: after the build, `.venv/bin/python -c 'import
-# tfuse'` finds build/libtfuse.so (README.md, "From Python").
+# tfuse'` finds build/libtfuse.so (docs/python.md).
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python3 -m venv --system-site-packages "$repo/.venv"
 "$repo/.venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e "$repo/python"

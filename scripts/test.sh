@@ -33,6 +33,10 @@ export TFUSE_LIBRARY="$PWD/build/libtfuse.so" TFUSE_CLI="$PWD/build/tfuse"
 PYTHONPATH=python "$py" -m unittest python/tests/test_export.py
 "$py" tests/zoo/run.py --subset ci
 unset TFUSE_LIBRARY TFUSE_CLI
+# The README's own commands (scripts/check_readme.py): the build and the
+# example it shows, and its Python snippets, as a newcomer would run them.
+echo "== readme"
+python3 scripts/check_readme.py
 # Fuzz stage: the libFuzzer targets (tests/fuzz) built with clang, each run
 # over its seed corpus and then for 20 s (about 2 minutes with the build);
 # a crash, leak, hang or sanitizer report fails CI. tests/fuzz/README.md has

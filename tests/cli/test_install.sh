@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_install.sh — libtfuse installed as a C library is used the usual ways
-# (README "Embedding"; cmake/install.cmake): `cmake --install` into a
+# (docs/c-api.md "Embedding"; cmake/install.cmake): `cmake --install` into a
 # temporary prefix, which is then moved (the .pc and CMake files must find
 # it from where they lie); examples/embed.c built with pkg-config against
 # the shared library (its documented build line), with pkg-config --static
