@@ -1336,14 +1336,18 @@ def _index(em, a):
     return _index_many(em, em.val(a["self"]), idx, [i for i, t in enumerate(idx) if t is not None])
 
 
+_OUT_OF_ANY_TABLE = 2 ** 52   # past any table's rows (a tensor has at most 2^48 elements), plus any other part's
+
+
 def _flat_index(em, parts, shape, rows, hint):
     """sum_j idx_j * stride_j over index operands broadcast to `shape`, an i64
     tensor of row numbers into a table of `rows` rows. parts: (index, size,
     stride), the index a torch tensor (known now) or a _Val. Negative indices
     count from the end, as in PyTorch. One out of [-size, size) is refused
-    now when known, and otherwise sends the sum to `rows`, out of the table,
-    so that gather stops with its range error instead of reading a
-    neighbouring row."""
+    now when known, and otherwise sends the sum past any table
+    (_OUT_OF_ANY_TABLE, not `rows`: a number that does not move with a
+    dynamic dim), so that gather stops with its range error instead of
+    reading a neighbouring row."""
     torch = em.torch
     known = [(i.to(torch.int64), n, st) for i, n, st in parts if not isinstance(i, _Val)]
     for i, n, _ in known:
@@ -1380,7 +1384,8 @@ def _flat_index(em, parts, shape, rows, hint):
         bad = em.emit("where", [low, low, high], shape=iv.shape, dtype="bool", name=nm + ".bad")
         if st != 1:
             iv = em.emit("mul", [iv, str(st)], shape=iv.shape, dtype="i64", name=nm + ".s")
-        iv = em.broadcast(em.emit("where", [bad, str(rows), iv], shape=iv.shape, dtype="i64", name=nm + ".row"), shape)
+        iv = em.broadcast(em.emit("where", [bad, str(_OUT_OF_ANY_TABLE), iv], shape=iv.shape, dtype="i64", name=nm + ".row"),
+                          shape)
         acc = iv if acc is None else em.emit("add", [acc, iv], shape=tuple(shape), dtype="i64", name=nm + ".sum")
     return acc
 
