@@ -23,6 +23,14 @@ typedef struct train_args {
     const char *save, *resume, *log;
 } train_args;
 
+/* the target settings, in tfuse_settings.def's order */
+enum {
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) CLI_SETTING_##NAME,
+#include "tfuse_settings.def"
+#undef TF_SETTING
+    CLI_NSETTINGS
+};
+
 typedef struct args {
     const char *cmd, *file;
     tf_dim_override dims[MAX_ITEMS];
@@ -51,14 +59,9 @@ typedef struct args {
     kv inputs[MAX_ITEMS], outputs[MAX_ITEMS];
     size_t ninputs, noutputs;
     train_args train;
-    /* target settings (tf_compile_options; the environment gives their defaults) */
-    const char *llvm_pipeline;    /* --llvm-pipeline=PIPE */
-    bool no_tf32, cuda_sync, cuda_explain;   /* --no-tf32, --cuda-sync, --cuda-explain */
-    const char *cuda_fallback;    /* --cuda-fallback=all|none; NULL: not given */
-    const char *cuda_graphs;      /* --cuda-graphs=on|off; NULL: not given */
-    const char *cpu_conv;         /* --cpu-conv=onednn|im2col; NULL: not given */
-    const char *cpu_gemm;         /* --cpu-gemm=onednn|openblas; NULL: not given */
-    bool cpu_explain;             /* --cpu-explain */
+    /* target settings (include/tfuse_settings.def): the value each one's flag gave ("" for a flag that
+     * takes none), NULL where not given (the environment's default stands) */
+    const char *setting[CLI_NSETTINGS];
     uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
     unsigned short seen[40];  /* how often each flag of main.c's table was given */
 } args;

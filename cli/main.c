@@ -33,27 +33,6 @@
 
 #include "cli.h"
 
-#define SETTINGS_HELP                                                                                          \
-    "Target settings (compile, run, train, bench and doctor; each flag overrides the environment variable\n"    \
-    "that gives its default):\n"                                                                                \
-    "  --llvm-pipeline=PIPE   cpu: the LLVM pass pipeline, as opt -passes= takes it (TFUSE_LLVM_PIPELINE)\n"   \
-    "  --no-tf32              cuda: fp32 GEMMs in full fp32, not on TF32 tensor cores (TFUSE_NO_TF32=1)\n"     \
-    "  --cuda-sync            cuda: synchronize after every kernel, so a fault names its kernel (TFUSE_CUDA_SYNC=1)\n" \
-    "  --cuda-fallback=all|none  cuda: every kernel on the host, or not (TFUSE_CUDA_FALLBACK=all)\n"            \
-    "  --cuda-explain         cuda: print what compiled and what runs on the host, and why (TFUSE_CUDA_EXPLAIN=1)\n" \
-    "  --cuda-graphs=on|off   cuda: the step captured as one CUDA graph and replayed, or launched kernel by kernel\n" \
-    "                         (TFUSE_CUDA_GRAPHS=0: off; default on)\n" \
-    "  --cpu-conv=onednn|im2col  cpu: convolutions through oneDNN (the default where the build has it) or\n" \
-    "                         im2col + GEMM (TFUSE_CPU_CONV=im2col)\n" \
-    "  --cpu-gemm=onednn|openblas  cpu: an inference GEMM whose weights never change through oneDNN with the\n" \
-    "                         weights packed once (the default where the build has it), or every GEMM through\n" \
-    "                         OpenBLAS (TFUSE_CPU_GEMM=openblas)\n" \
-    "  --cpu-explain          cpu: print how each convolution and GEMM runs: oneDNN's implementation, or\n" \
-    "                         im2col/OpenBLAS and why\n" \
-    "                         (TFUSE_CPU_EXPLAIN=1)\n" \
-    "  --jit-cache-kernels=N  cpu: compiled kernels no session holds that stay cached (TFUSE_JIT_CACHE_KERNELS;\n" \
-    "                         default 2048)"
-
 static void usage_cmd(const char *cmd, FILE *f);
 
 int cli_usage_error(const char *cmd, const char *fmt, const char *arg)
@@ -130,7 +109,9 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_LLVM_PIPELINE, F_NO_TF32, F_CUDA_SYNC, F_CUDA_FALLBACK, F_CUDA_EXPLAIN, F_CUDA_GRAPHS, F_JIT_CACHE_KERNELS, F_CPU_CONV, F_CPU_GEMM, F_CPU_EXPLAIN, F_NO_PARAMS, NFLAGS
+    F_JIT_CACHE_KERNELS, F_NO_PARAMS,
+    F_SETTING0,   /* then one per target setting, in tfuse_settings.def's order */
+    NFLAGS = F_SETTING0 + CLI_NSETTINGS
 } flag_id;
 
 static const struct flag_info {
@@ -168,16 +149,22 @@ static const struct flag_info {
     [F_STATS]          = {"--stats",          C_COMPILE | C_RUN,           false, NULL},
     [F_NO_PARAMS]      = {"--no-params",      C_COMPILE,                   false, NULL},
     [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
-    [F_LLVM_PIPELINE]  = {"--llvm-pipeline",  C_SETTING,                   false, NULL},
-    [F_NO_TF32]        = {"--no-tf32",        C_SETTING,                   false, NULL},
-    [F_CUDA_SYNC]      = {"--cuda-sync",      C_SETTING,                   false, NULL},
-    [F_CUDA_FALLBACK]  = {"--cuda-fallback",  C_SETTING,                   false, NULL},
-    [F_CUDA_EXPLAIN]   = {"--cuda-explain",   C_SETTING,                   false, NULL},
-    [F_CUDA_GRAPHS]    = {"--cuda-graphs",    C_SETTING,                   false, NULL},
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
-    [F_CPU_CONV]       = {"--cpu-conv",       C_SETTING,                   false, NULL},
-    [F_CPU_GEMM]       = {"--cpu-gemm",       C_SETTING,                   false, NULL},
-    [F_CPU_EXPLAIN]    = {"--cpu-explain",    C_SETTING,                   false, NULL},
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) \
+    [F_SETTING0 + CLI_SETTING_##NAME] = {FLAG, C_SETTING, false, NULL},
+#include "tfuse_settings.def"
+#undef TF_SETTING
+};
+
+/* The target settings' rows as the command needs them (tfuse_settings.def). */
+static const struct setting_flag {
+    const char *flag, *on, *off, *env, *env_on, *target, *help;
+    bool is_str;
+} setting_flags[CLI_NSETTINGS] = {
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) \
+    [CLI_SETTING_##NAME] = {FLAG, ON, OFF, ENV, ENV_ON, #TARGET, HELP, sizeof #TYPE == sizeof "STR"},
+#include "tfuse_settings.def"
+#undef TF_SETTING
 };
 
 static const char *const cmd_names[] = {"print", "opt", "compile", "run", "train", "bench", "doctor"};
@@ -216,12 +203,77 @@ const char *cli_nonempty(const char *cmd, const char *flag, const char *v, int *
     return v;
 }
 
+/* A target setting's flag at argv[*i]: 0 when taken, 2 (printed) when
+ * malformed, -1 when argv[*i] is no setting's flag. */
+static int parse_setting(int argc, char **argv, int *i, args *a)
+{
+    const char *s = argv[*i], *v;
+    for (int k = 0; k < CLI_NSETTINGS; k++) {
+        const struct setting_flag *f = &setting_flags[k];
+        int r;
+        if (!f->is_str && !f->on[0]) {   /* a flag that takes no value: it sets the setting */
+            if (strcmp(s, f->flag)) continue;
+            v = "";
+        } else if (!(v = cli_flag_value(argc, argv, i, f->flag))) {
+            continue;
+        }
+        if ((r = note_flag(a, (flag_id)(F_SETTING0 + k)))) return r;
+        if (f->is_str) {
+            r = 0;
+            a->setting[k] = cli_nonempty(a->cmd, f->flag, v, &r);
+            return r;
+        }
+        if (f->on[0] && strcmp(v, f->on) && strcmp(v, f->off))
+            return cli_usage_errorf(a->cmd, "%s expects %s or %s, found '%s'", f->flag, f->off, f->on, v);
+        a->setting[k] = v;
+        return 0;
+    }
+    return -1;
+}
+
+/* The target settings' part of --help, from tfuse_settings.def. */
+static void settings_help(FILE *f)
+{
+    fputs("Target settings (compile, run, train, bench and doctor; each flag overrides the environment variable\n"
+          "that gives its default):\n", f);
+    for (int k = 0; k < CLI_NSETTINGS; k++) {
+        const struct setting_flag *s = &setting_flags[k];
+        char flag[96], env[96];
+        if (s->is_str) snprintf(flag, sizeof flag, "%s=%s", s->flag, s->on);
+        else if (s->on[0]) snprintf(flag, sizeof flag, "%s=%s|%s", s->flag, s->off, s->on);   /* the default first */
+        else snprintf(flag, sizeof flag, "%s", s->flag);
+        if (s->is_str) snprintf(env, sizeof env, "%s", s->env);
+        else snprintf(env, sizeof env, "%s=%s", s->env, s->env_on);
+        char text[1024];   /* "target: help (ENV)", wrapped at 110 columns under the flag's column */
+        snprintf(text, sizeof text, "%s: %s (%s)", s->target, s->help, env);
+        fprintf(f, "  %-24s", flag);
+        int col = 2 + (int)(strlen(flag) > 24 ? strlen(flag) : 24);
+        for (const char *w = text; *w;) {
+            size_t len = strcspn(w, " ");
+            if (col + 1 + (int)len > 110 && col > 27) {
+                fprintf(f, "\n%27s", "");
+                col = 27;
+            } else {
+                fputc(' ', f);
+                col++;
+            }
+            fprintf(f, "%.*s", (int)len, w);
+            col += (int)len;
+            w += len;
+            w += strspn(w, " ");
+        }
+        fputc('\n', f);
+    }
+    fputs("  --jit-cache-kernels=N    cpu: compiled kernels no session holds that stay cached (default 2048)\n"
+          "                           (TFUSE_JIT_CACHE_KERNELS)\n", f);
+}
+
 static int parse_args(int argc, char **argv, args *a)
 {
     const char *cmd = a->cmd;
     for (int i = 2; i < argc; i++) {
         const char *s = argv[i], *v;
-        int r = 0;
+        int r = 0, ps;
 #define NOTE(f) do { if ((r = note_flag(a, (f)))) return r; } while (0)
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) { a->help = true; continue; }
         if ((v = cli_flag_value(argc, argv, &i, "--dim"))) {
@@ -369,39 +421,8 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (!strcmp(s, "--random-inputs")) {
             NOTE(F_RANDOM_INPUTS);
             a->random_inputs = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--llvm-pipeline"))) {
-            NOTE(F_LLVM_PIPELINE);
-            a->llvm_pipeline = cli_nonempty(cmd, "--llvm-pipeline", v, &r);
-        } else if (!strcmp(s, "--no-tf32")) {
-            NOTE(F_NO_TF32);
-            a->no_tf32 = true;
-        } else if (!strcmp(s, "--cuda-sync")) {
-            NOTE(F_CUDA_SYNC);
-            a->cuda_sync = true;
-        } else if (!strcmp(s, "--cuda-explain")) {
-            NOTE(F_CUDA_EXPLAIN);
-            a->cuda_explain = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-graphs"))) {
-            NOTE(F_CUDA_GRAPHS);
-            if (strcmp(v, "on") && strcmp(v, "off")) return cli_usage_error(cmd, "--cuda-graphs expects on or off, found '%s'", v);
-            a->cuda_graphs = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--cpu-conv"))) {
-            NOTE(F_CPU_CONV);
-            if (strcmp(v, "onednn") && strcmp(v, "im2col")) return cli_usage_error(cmd, "--cpu-conv expects onednn or im2col, found '%s'", v);
-            a->cpu_conv = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--cpu-gemm"))) {
-            NOTE(F_CPU_GEMM);
-            if (strcmp(v, "onednn") && strcmp(v, "openblas"))
-                return cli_usage_error(cmd, "--cpu-gemm expects onednn or openblas, found '%s'", v);
-            a->cpu_gemm = v;
-        } else if (!strcmp(s, "--cpu-explain")) {
-            NOTE(F_CPU_EXPLAIN);
-            a->cpu_explain = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-fallback"))) {
-            NOTE(F_CUDA_FALLBACK);
-            if (strcmp(v, "all") && strcmp(v, "none"))
-                return cli_usage_error(cmd, "--cuda-fallback expects all or none, found '%s'", v);
-            a->cuda_fallback = v;
+        } else if ((ps = parse_setting(argc, argv, &i, a)) != -1) {
+            if (ps) return ps;
         } else if ((v = cli_flag_value(argc, argv, &i, "--jit-cache-kernels"))) {
             NOTE(F_JIT_CACHE_KERNELS);
             if (!cli_parse_u64(v, &a->jit_cache_kernels) || a->jit_cache_kernels > (1u << 20))
@@ -711,15 +732,14 @@ void cli_fill_options(const args *a, tf_compile_options *o, FILE *explain)
     o->dump_llvm = a->dump_llvm;
     o->threads = (int)a->threads;
     /* a flag overrides the environment's default */
-    if (a->llvm_pipeline) o->llvm_pipeline = a->llvm_pipeline;
-    if (a->no_tf32) o->no_tf32 = 1;
-    if (a->cuda_sync) o->cuda_sync = 1;
-    if (a->cuda_explain) o->cuda_explain = 1;
-    if (a->cuda_fallback) o->cuda_fallback_all = !strcmp(a->cuda_fallback, "all");
-    if (a->cuda_graphs) o->cuda_no_graphs = !strcmp(a->cuda_graphs, "off");
-    if (a->cpu_conv) o->cpu_conv_im2col = !strcmp(a->cpu_conv, "im2col");
-    if (a->cpu_gemm) o->cpu_gemm_openblas = !strcmp(a->cpu_gemm, "openblas");
-    if (a->cpu_explain) o->cpu_explain = 1;
+#define SET_BOOL(field, v, on) ((field) = !(on)[0] || !strcmp((v), (on)))
+#define SET_STR(field, v, on) ((field) = (v))
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) \
+    if (a->setting[CLI_SETTING_##NAME]) SET_##TYPE(o->NAME, a->setting[CLI_SETTING_##NAME], ON);
+#include "tfuse_settings.def"
+#undef TF_SETTING
+#undef SET_BOOL
+#undef SET_STR
 }
 
 static int cmd_opt(tf_context_t *ctx, const args *a)
@@ -1292,12 +1312,12 @@ static void usage_cmd(const char *cmd, FILE *f)
                 fprintf(f, "usage: tfuse %s %s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help);
                 return;
             }
-            fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help,
-                    !strcmp(cmd, "doctor") ? "It takes no flags but --help and the target settings below.\n\n" SETTINGS_HELP
+            fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s", cmd, commands[i].synopsis, commands[i].help,
+                    !strcmp(cmd, "doctor") ? "It takes no flags but --help and the target settings below.\n\n"
                     : "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
                       "A flag the command would ignore, or one that needs another (--memory-limit and --dim K=auto,\n"
-                      "--checkpoint=auto and --memory-budget, --dump-dir and --dump-ir), is an error (exit 2).\n\n"
-                      SETTINGS_HELP);
+                      "--checkpoint=auto and --memory-budget, --dump-dir and --dump-ir), is an error (exit 2).\n\n");
+            settings_help(f);
             return;
         }
 }

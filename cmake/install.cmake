@@ -5,7 +5,7 @@
 #   P/lib/libtfuse.a             every object of libtfuse: the runtime and the
 #                                internal libraries (ir, frontend, passes,
 #                                codegen, llvm, cuda runtime, cache), one archive
-#   P/include/tfuse.h
+#   P/include/tfuse.h, tfuse_settings.def (the settings table it includes)
 #   P/lib/pkgconfig/tfuse.pc     the shared library; its own dependencies in
 #                                Libs.private for `pkg-config --static`
 #   P/lib/cmake/tfuse/           find_package(tfuse): tfuse::tfuse (shared),
@@ -110,7 +110,8 @@ if(TFUSE_WITH_LLVM)   # beside libtfuse.so, where codegen/llvm_lazy.c looks for 
   install(TARGETS tfuse_llvm_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(TARGETS tfuse_archive ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(FILES ${CMAKE_SOURCE_DIR}/include/tfuse.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${CMAKE_SOURCE_DIR}/include/tfuse.h ${CMAKE_SOURCE_DIR}/include/tfuse_settings.def
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${CMAKE_BINARY_DIR}/install/tfuse.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 install(FILES ${CMAKE_BINARY_DIR}/install/tfuseConfig.cmake ${CMAKE_BINARY_DIR}/install/tfuseConfigVersion.cmake
         DESTINATION ${TFUSE_CMAKE_DIR})

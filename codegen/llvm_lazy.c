@@ -26,6 +26,7 @@
 
 #include "alloc.h"
 #include "llvm.h"
+#include "env.h"
 
 static const tf_llvm_api *_Atomic api;   /* atomic: tf_jit_unavailable reads it outside the once */
 static char api_error[2400];
@@ -34,7 +35,7 @@ static _Atomic bool opened;               /* open_module ran (api_error is writt
 
 static void find_module(void)
 {
-    const char *env = getenv("TFUSE_LLVM_MODULE");
+    const char *env = tf_env("TFUSE_LLVM_MODULE");
     Dl_info info;
     if (env && *env) {
         snprintf(module_path, sizeof module_path, "%s", env);

@@ -131,6 +131,11 @@ typedef void *(*tf_alloc_fn)(void *ud, void *ptr, size_t osize, size_t nsize);
 tf_status   tf_context_create_with_allocator(tf_alloc_fn fn, void *ud, tf_context_t **out);
 void        tf_context_free(tf_context_t *ctx);
 const char *tf_context_last_error(const tf_context_t *ctx);   /* "" if none */
+/* Where the targets write what they explain (the cpu_explain and
+ * cuda_explain settings) and their warnings, for sessions of this context:
+ * stderr by default (and for NULL). The library writes nothing to stderr
+ * but through this. */
+void        tf_context_set_diagnostics(tf_context_t *ctx, FILE *out);
 const char *tf_status_name(tf_status s);
 /* The library's version, "MAJOR.MINOR.PATCH": TFUSE_VERSION as libtfuse was
  * built. A program that loads libtfuse at run time (the Python package, over
@@ -259,36 +264,19 @@ typedef struct tf_compile_options {
                                      * peak without recomputation; 0 = none */
     int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
     const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */
-    /* Target settings: the program keeps them, and its sessions run by
-     * them. tf_compile_options_init takes each default from the environment
-     * variable named, when set (and only there: nothing reads the
-     * environment later); the CLI flag named sets it. tf_doctor_options
-     * shows each and where it came from. */
-    const char *llvm_pipeline;  /* cpu: the LLVM pass pipeline, as `opt -passes=` takes it ("default<O3>");
-                                 * NULL: tfuse's own. TFUSE_LLVM_PIPELINE=PIPE, --llvm-pipeline=PIPE */
-    int no_tf32;                /* cuda: fp32 GEMMs in full fp32 instead of on TF32 tensor cores.
-                                 * TFUSE_NO_TF32=1, --no-tf32 */
-    int cuda_sync;              /* cuda: synchronize after every kernel, so that an asynchronous fault
-                                 * names the kernel that caused it (slower). TFUSE_CUDA_SYNC=1, --cuda-sync */
-    int cuda_fallback_all;      /* cuda: run every kernel on the host (the interpreter's kernels): tells
-                                 * a code generation bug from a runtime one. TFUSE_CUDA_FALLBACK=all,
-                                 * --cuda-fallback=all (--cuda-fallback=none: off) */
-    int cuda_explain;           /* cuda: when a session starts, print to stderr what compiled, what came
-                                 * from the cache and which kernels run on the host and why.
-                                 * TFUSE_CUDA_EXPLAIN=1, --cuda-explain */
-    int cuda_no_graphs;         /* cuda: launch the step's kernels one by one instead of capturing the
-                                 * step as a CUDA graph on the first run and replaying it after.
-                                 * TFUSE_CUDA_GRAPHS=0, --cuda-graphs=off */
-    int cpu_conv_im2col;        /* cpu: every convolution and its gradients through im2col + GEMM, not
-                                 * oneDNN (where the build has it). TFUSE_CPU_CONV=im2col,
-                                 * --cpu-conv=im2col (--cpu-conv=onednn: off) */
-    int cpu_gemm_openblas;      /* cpu: every f32 GEMM through OpenBLAS, not an inference GEMM whose
-                                 * weights never change through oneDNN with the weights packed once
-                                 * (where the build has it). TFUSE_CPU_GEMM=openblas,
-                                 * --cpu-gemm=openblas (--cpu-gemm=onednn: off) */
-    int cpu_explain;            /* cpu: when a session starts, print to stderr how each convolution and
-                                 * GEMM runs (oneDNN's implementation, or im2col/OpenBLAS and why).
-                                 * TFUSE_CPU_EXPLAIN=1, --cpu-explain */
+    /* Target settings, one field per row of tfuse_settings.def (installed
+     * beside this header), which says what each does, its environment
+     * variable and its flag: the program keeps them, and its sessions run by
+     * them. tf_compile_options_init takes each default from its environment
+     * variable, when set (and only there: nothing reads the environment
+     * later); the CLI flag sets it. tf_doctor_options shows each and where
+     * it came from; tf_setting_info describes them. A BOOL is an int, 0 or
+     * 1; a STR a string, NULL for the target's own default. */
+#define TF_SETTING_CTYPE_BOOL int
+#define TF_SETTING_CTYPE_STR const char *
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) TF_SETTING_CTYPE_##TYPE NAME;
+#include "tfuse_settings.def"
+#undef TF_SETTING
     /* The outputs to compute, by name (`tfuse run --output NAME=FILE`);
      * NULL/0: all of them. The others are dropped before the passes, with
      * every op only they need, and an input that nothing kept reads is no
@@ -383,6 +371,18 @@ tf_status tf_doctor(tf_context_t *ctx, char **out);
  * and of the context's cache: "setting NAME: VALUE (FROM)", FROM being
  * "default", "env VAR=VALUE" or "option" (set by the caller: a CLI flag). */
 tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *o, char **out);
+
+/* The target settings (tfuse_settings.def's rows, in order), for bindings
+ * that build tf_compile_options or a command line from them: the field's
+ * name, its type ("bool" or "str"), the target that reads it, its
+ * environment variable and the value that sets it, its flag, the flag's
+ * values (on/off; "" for a flag without one; for a str its placeholder and
+ * the word for NULL) and one line of help. Static strings. */
+typedef struct tf_setting_desc {
+    const char *name, *type, *target, *env, *env_on, *flag, *on, *off, *help;
+} tf_setting_desc;
+size_t    tf_setting_count(void);
+tf_status tf_setting_info(size_t i, tf_setting_desc *out);   /* TF_ERR_INVALID_ARG past the last */
 
 /* How a target runs a core op of the IR (by its name in the text format):
  * *how is "interp" (the reference kernel), "jit" (generated code: fused

@@ -11,6 +11,7 @@
 #include "parser.h"
 #include "runtime.h"
 #include "tensorio.h"
+#include "env.h"
 
 _Static_assert((int)TIO_F32 == (int)TF_DT_F32 && (int)TIO_BOOL == (int)TF_DT_BOOL && (int)TIO_I32 == (int)TF_DT_I32,
                "tensorio and IR dtype codes agree");
@@ -135,34 +136,13 @@ tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out)
 
 /* ---- compiling ---- */
 
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && !strcmp(v, value);
-}
-
-/* The target settings' defaults: the environment, read here only. */
-static void settings_from_env(tf_compile_options *o)
-{
-    const char *pipe = getenv("TFUSE_LLVM_PIPELINE");
-    o->llvm_pipeline = pipe && *pipe ? pipe : NULL;
-    o->no_tf32 = env_is("TFUSE_NO_TF32", "1");
-    o->cuda_sync = env_is("TFUSE_CUDA_SYNC", "1");
-    o->cuda_fallback_all = env_is("TFUSE_CUDA_FALLBACK", "all");
-    o->cuda_explain = env_is("TFUSE_CUDA_EXPLAIN", "1");
-    o->cuda_no_graphs = env_is("TFUSE_CUDA_GRAPHS", "0");
-    o->cpu_conv_im2col = env_is("TFUSE_CPU_CONV", "im2col");
-    o->cpu_gemm_openblas = env_is("TFUSE_CPU_GEMM", "openblas");
-    o->cpu_explain = env_is("TFUSE_CPU_EXPLAIN", "1");
-}
-
 void tf_compile_options_init(tf_compile_options *o)
 {
     memset(o, 0, sizeof *o);
     o->mode = TF_MODE_TRAIN;
     o->target = tf_default_target();
     o->opt_level = 1;
-    settings_from_env(o);
+    tf_settings_from_env(o);   /* the target settings' defaults: the environment, read here only */
 }
 
 tf_target tf_default_target(void)
@@ -185,7 +165,7 @@ void tf_program_free(tf_program_t *p)
 {
     if (!p) return;
     if (p->has_plan) tf_kernels_free(&p->plan);
-    tf_free(p->settings.llvm_pipeline);
+    tf_settings_free(&p->settings);
     tf_free(p->model_text);
     tf_free(p->model_name);
     for (int i = 0; i < p->ndisabled; i++) tf_free(p->disabled[i]);
@@ -496,11 +476,7 @@ static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_
     }
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
-    p->settings = (tf_target_settings){.no_tf32 = opts->no_tf32 != 0, .cuda_sync = opts->cuda_sync != 0,
-                                       .cuda_fallback_all = opts->cuda_fallback_all != 0, .cuda_explain = opts->cuda_explain != 0,
-                                       .cuda_no_graphs = opts->cuda_no_graphs != 0, .cpu_conv_im2col = opts->cpu_conv_im2col != 0,
-                                       .cpu_gemm_openblas = opts->cpu_gemm_openblas != 0, .cpu_explain = opts->cpu_explain != 0};
-    if (opts->llvm_pipeline && !(p->settings.llvm_pipeline = tf_strdup(opts->llvm_pipeline))) {
+    if (!tf_settings_copy(&p->settings, opts)) {
         tf_program_free(p);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     }
@@ -600,40 +576,10 @@ tf_status tf_program_write_artifact_info(tf_context_t *ctx, const tf_program_t *
     return be->write_artifact(ctx, p, dir, arch, info);
 }
 
-/* Where a setting's value came from: the caller, the environment or neither. */
-static const char *setting_from(bool same_as_env, const char *var, const char *set_value, char *buf, size_t n)
-{
-    if (!same_as_env) return "option";
-    const char *v = getenv(var);
-    if (!v || !set_value || strcmp(v, set_value)) return "default";
-    snprintf(buf, n, "env %s=%s", var, v);
-    return buf;
-}
-
 static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_strbuf *t)
 {
-    tf_compile_options env;
-    memset(&env, 0, sizeof env);
-    settings_from_env(&env);
     char b[4200];
-    bool same = (!o->llvm_pipeline && !env.llvm_pipeline) ||
-                (o->llvm_pipeline && env.llvm_pipeline && !strcmp(o->llvm_pipeline, env.llvm_pipeline));
-    tf_strbuf_printf(t, "setting llvm_pipeline: %s (%s)\n", o->llvm_pipeline ? o->llvm_pipeline : "tfuse's own",
-                     setting_from(same, "TFUSE_LLVM_PIPELINE", env.llvm_pipeline, b, sizeof b));
-    const struct { const char *name, *var, *on, *off, *env_value; int v, e; } flags[] = {
-        {"no_tf32", "TFUSE_NO_TF32", "on", "off", "1", o->no_tf32 != 0, env.no_tf32},
-        {"cuda_sync", "TFUSE_CUDA_SYNC", "on", "off", "1", o->cuda_sync != 0, env.cuda_sync},
-        {"cuda_fallback", "TFUSE_CUDA_FALLBACK", "all", "none", "all", o->cuda_fallback_all != 0, env.cuda_fallback_all},
-        {"cuda_explain", "TFUSE_CUDA_EXPLAIN", "on", "off", "1", o->cuda_explain != 0, env.cuda_explain},
-        {"cuda_graphs", "TFUSE_CUDA_GRAPHS", "off", "on", "0", o->cuda_no_graphs != 0, env.cuda_no_graphs},
-        {"cpu_conv", "TFUSE_CPU_CONV", "im2col", "onednn", "im2col", o->cpu_conv_im2col != 0, env.cpu_conv_im2col},
-        {"cpu_gemm", "TFUSE_CPU_GEMM", "openblas", "onednn", "openblas", o->cpu_gemm_openblas != 0, env.cpu_gemm_openblas},
-        {"cpu_explain", "TFUSE_CPU_EXPLAIN", "on", "off", "1", o->cpu_explain != 0, env.cpu_explain},
-    };
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        tf_strbuf_printf(t, "setting %s: %s (%s)\n", flags[i].name, flags[i].v ? flags[i].on : flags[i].off,
-                         setting_from(flags[i].v == flags[i].e, flags[i].var, flags[i].e ? flags[i].env_value : NULL, b,
-                                      sizeof b));
+    tf_settings_doctor(o, t);
     tf_cache_info ci;
     tf_cache_t *c = tf_context_cache(ctx);
     if (c && !tf_cache_get_info(c, &ci)) {
@@ -641,7 +587,7 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
         if (!strcmp(from, "set")) from = "option";
         else if (!strcmp(from, "default")) from = "default";
         else {
-            snprintf(b, sizeof b, "env TFUSE_JIT_CACHE_KERNELS=%s", getenv("TFUSE_JIT_CACHE_KERNELS") ? getenv("TFUSE_JIT_CACHE_KERNELS") : "?");
+            snprintf(b, sizeof b, "env TFUSE_JIT_CACHE_KERNELS=%s", tf_env("TFUSE_JIT_CACHE_KERNELS") ? tf_env("TFUSE_JIT_CACHE_KERNELS") : "?");
             from = b;
         }
         tf_strbuf_printf(t, "setting jit_cache_kernels: %d (%s)\n", ci.limit, from);
@@ -652,9 +598,14 @@ static void doctor_settings(tf_context_t *ctx, const tf_compile_options *o, tf_s
     if (tf_cache_max(&max, &max_from, why, sizeof why))
         tf_strbuf_printf(t, "setting cache_max: %llu bytes (%s%s)\n", (unsigned long long)max,
                          !strcmp(max_from, "env") ? "env TFUSE_CACHE_MAX=" : "default",
-                         !strcmp(max_from, "env") ? getenv("TFUSE_CACHE_MAX") : "");
+                         !strcmp(max_from, "env") ? tf_env("TFUSE_CACHE_MAX") : "");
     else
         tf_strbuf_printf(t, "setting cache_max: invalid: %s\n", why);
+    for (size_t i = 0; i < tf_env_nvars; i++) {   /* tfuse's other environment variables, where set */
+        const char *v = tf_env(tf_env_vars[i].name);
+        if (v && !strncmp(tf_env_vars[i].name, "TFUSE_", 6))
+            tf_strbuf_printf(t, "env %s=%.1000s: %s\n", tf_env_vars[i].name, v, tf_env_vars[i].help);
+    }
 }
 
 tf_status tf_doctor(tf_context_t *ctx, char **out) { return tf_doctor_options(ctx, NULL, out); }

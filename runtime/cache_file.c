@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "env.h"
 
 uint64_t tf_fnv1a(uint64_t h, const void *p, size_t n)
 {
@@ -79,7 +80,7 @@ bool tf_make_dirs(const char *dir)
 
 bool tf_cache_root(char *out, size_t n)
 {
-    const char *env = getenv("TFUSE_CACHE_DIR"), *home = getenv("HOME");
+    const char *env = tf_env("TFUSE_CACHE_DIR"), *home = tf_env("HOME");
     if (env && *env) snprintf(out, n, "%.3900s", env);
     else if (home && *home) snprintf(out, n, "%.3900s/.cache/tfuse", home);
     else return false;
@@ -198,7 +199,7 @@ bool tf_cache_parse_size(const char *s, uint64_t *out)
 
 bool tf_cache_max(uint64_t *out, const char **from, char *why, size_t n)
 {
-    const char *e = getenv("TFUSE_CACHE_MAX");
+    const char *e = tf_env("TFUSE_CACHE_MAX");
     uint64_t v;
     *out = TF_CACHE_DEFAULT_MAX;
     if (from) *from = "default";

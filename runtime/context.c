@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "runtime.h"
+#include "env.h"
 
 _Static_assert((int)TF_DTYPE_F32 == (int)TF_DT_F32 && (int)TF_DTYPE_F16 == (int)TF_DT_F16 &&
                    (int)TF_DTYPE_BF16 == (int)TF_DT_BF16 && (int)TF_DTYPE_F64 == (int)TF_DT_F64 &&
@@ -48,6 +49,13 @@ tf_allocator tf_context_allocator(const tf_context_t *ctx) { return ctx ? ctx->a
 
 tf_cache_t *tf_context_cache(tf_context_t *ctx) { return ctx ? ctx->cache : NULL; }
 
+void tf_context_set_diagnostics(tf_context_t *ctx, FILE *out)
+{
+    if (ctx) ctx->diag = out;
+}
+
+FILE *tf_context_diag(const tf_context_t *ctx) { return ctx && ctx->diag ? ctx->diag : stderr; }
+
 tf_status tf_context_set_cache(tf_context_t *ctx, tf_cache_t *cache)
 {
     if (!ctx) return TF_ERR_INVALID_ARG;
@@ -69,7 +77,7 @@ tf_status tf_context_set_cache(tf_context_t *ctx, tf_cache_t *cache)
 
 static int env_cache_limit(const char **from)
 {
-    const char *e = getenv("TFUSE_JIT_CACHE_KERNELS");
+    const char *e = tf_env("TFUSE_JIT_CACHE_KERNELS");
     char *end = NULL;
     long v = e && *e ? strtol(e, &end, 10) : -1;
     if (!e || !*e || *end || v < 0) {
@@ -183,10 +191,11 @@ static const struct { const char *type, *field; size_t at; } g_layout[] = {
     F(tf_compile_options, ndisable_passes), F(tf_compile_options, precision), F(tf_compile_options, explain),
     F(tf_compile_options, memory_limit), F(tf_compile_options, dump_kernels), F(tf_compile_options, checkpoint),
     F(tf_compile_options, memory_budget), F(tf_compile_options, memory_budget_percent), F(tf_compile_options, threads),
-    F(tf_compile_options, dump_llvm), F(tf_compile_options, llvm_pipeline), F(tf_compile_options, no_tf32),
-    F(tf_compile_options, cuda_sync), F(tf_compile_options, cuda_fallback_all), F(tf_compile_options, cuda_explain),
-    F(tf_compile_options, cuda_no_graphs), F(tf_compile_options, cpu_conv_im2col), F(tf_compile_options, cpu_gemm_openblas),
-    F(tf_compile_options, cpu_explain), F(tf_compile_options, outputs), F(tf_compile_options, noutputs),
+    F(tf_compile_options, dump_llvm),
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) F(tf_compile_options, NAME),
+#include "../include/tfuse_settings.def"
+#undef TF_SETTING
+    F(tf_compile_options, outputs), F(tf_compile_options, noutputs),
     S(tf_session_info), F(tf_session_info, target), F(tf_session_info, threads), F(tf_session_info, kernels),
     F(tf_session_info, jit_compiled), F(tf_session_info, jit_cached), F(tf_session_info, fallbacks), F(tf_session_info, jit_disk),
     F(tf_session_info, jit_package), F(tf_session_info, jit_ms), F(tf_session_info, disk_hits), F(tf_session_info, disk_misses),

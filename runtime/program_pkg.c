@@ -47,6 +47,7 @@
 #include "package.h"
 #include "parser.h"
 #include "runtime.h"
+#include "env.h"
 
 static const char *mode_str(tf_mode m) { return m == TF_MODE_INFER ? "infer" : "train"; }
 
@@ -59,16 +60,6 @@ static const char *precision_str(tf_precision p)
 {
     return p == TF_PRECISION_FP16 ? "fp16" : p == TF_PRECISION_BF16 ? "bf16" : p == TF_PRECISION_FP32 ? "fp32" : "default";
 }
-
-/* The boolean target settings, by name, in a fixed order. */
-typedef struct setting { const char *name; size_t off; } setting;
-#define SETTING(f) {#f, offsetof(tf_compile_options, f)}
-static const setting settings[] = {
-    SETTING(no_tf32), SETTING(cuda_sync), SETTING(cuda_fallback_all), SETTING(cuda_explain),
-    SETTING(cuda_no_graphs), SETTING(cpu_conv_im2col), SETTING(cpu_gemm_openblas), SETTING(cpu_explain),
-};
-
-static int *setting_at(tf_compile_options *o, const setting *s) { return (int *)((char *)o + s->off); }
 
 static uint64_t final_ir_hash(tf_context_t *ctx, const tf_program_t *p, char **text, tf_status *st)
 {
@@ -86,7 +77,7 @@ static uint64_t final_ir_hash(tf_context_t *ctx, const tf_program_t *p, char **t
 static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_t seed, unsigned char **out, size_t *len)
 {
     *out = NULL, *len = 0;
-    const char *tmpdir = getenv("TMPDIR");
+    const char *tmpdir = tf_env("TMPDIR");
     char path[4200];
     snprintf(path, sizeof path, "%s/tfuse-state-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
     int fd = mkstemp(path);
@@ -236,9 +227,13 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
     for (int i = 0; i < p->nstats; i++)   /* the dim --dim NAME=auto chose: compile_module records it as a stat */
         for (int d = 0; d < p->m->ndims; d++)
             if (!strcmp(p->stats[i].name, p->m->dims[d].name)) tf_strbuf_printf(&m, "dim: %s=%" PRId64 "\n", p->stats[i].name, p->stats[i].value);
-    if (p->settings.llvm_pipeline) tf_strbuf_printf(&m, "llvm_pipeline: %s\n", p->settings.llvm_pipeline);
-    for (size_t i = 0; i < sizeof settings / sizeof *settings; i++)
-        tf_strbuf_printf(&m, "setting: %s=%d\n", settings[i].name, *setting_at((tf_compile_options *)&p->opts, &settings[i]));
+    for (size_t i = 0; i < tf_nsettings; i++) {   /* a string setting by its name, when set; then the others, in order */
+        const char *sv = tf_settings[i].is_str ? *(char *const *)((const char *)&p->settings + tf_settings[i].prog_off) : NULL;
+        if (sv) tf_strbuf_printf(&m, "%s: %s\n", tf_settings[i].d.name, sv);
+    }
+    for (size_t i = 0; i < tf_nsettings; i++)
+        if (!tf_settings[i].is_str)
+            tf_strbuf_printf(&m, "setting: %s=%d\n", tf_settings[i].d.name, *tf_setting_bool((tf_compile_options *)&p->opts, &tf_settings[i]));
     tf_strbuf_printf(&m, "final_ir_fnv: %016" PRIx64 "\nparams: %s\n", h, with_params ? "included" : "initializers");
     if (m.oom || !m.p) st = st ? st : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     if (!st) st = add(ctx, &pkg, "model.ir", p->model_text, strlen(p->model_text));
@@ -318,9 +313,11 @@ tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **ou
     const char *mt = man ? (const char *)man->data : "";
     tf_compile_options o;
     tf_compile_options_init(&o);
-    o.llvm_pipeline = NULL;   /* the package's settings, not this environment's: its manifest sets them all */
+    for (size_t i = 0; i < tf_nsettings; i++)   /* the package's settings, not this environment's: its manifest sets them all */
+        if (tf_settings[i].is_str) *tf_setting_str(&o, &tf_settings[i]) = NULL;
     tf_dim_override dim = {0};
-    char dim_name[256] = "", pipeline[1024] = "", *disabled[64];
+    char dim_name[256] = "", strs[4][1024], *disabled[64];
+    size_t nstr = 0;
     int ndisabled = 0;
     uint64_t want = 0;
     if (!man || !model) st = bad(ctx, path, "it lacks its manifest or its model");
@@ -344,14 +341,19 @@ tf_status tf_program_load(tf_context_t *ctx, const char *path, tf_program_t **ou
         ok = ok && field(mt, "memory_budget_percent", 0, v, sizeof v) && sscanf(v, "%lf", &o.memory_budget_percent) == 1;
         ok = ok && field(mt, "threads", 0, v, sizeof v) && sscanf(v, "%d", &o.threads) == 1;
         ok = ok && field(mt, "final_ir_fnv", 0, v, sizeof v) && sscanf(v, "%" SCNx64, &want) == 1;
-        for (size_t i = 0; ok && i < sizeof settings / sizeof *settings; i++) {
+        for (size_t i = 0, k = 0; ok && i < tf_nsettings; i++) {
+            const tf_setting_row *r = &tf_settings[i];
+            if (r->is_str) {
+                if (nstr == sizeof strs / sizeof *strs) ok = false;   /* more string settings than this reader holds */
+                else if (field(mt, r->d.name, 0, strs[nstr], sizeof strs[nstr])) *tf_setting_str(&o, r) = strs[nstr++];
+                continue;
+            }
             int val = 0;
-            size_t nl = strlen(settings[i].name);
-            ok = field(mt, "setting", (int)i, v, sizeof v) && !strncmp(v, settings[i].name, nl) && v[nl] == '=' &&
+            size_t nl = strlen(r->d.name);
+            ok = field(mt, "setting", (int)k++, v, sizeof v) && !strncmp(v, r->d.name, nl) && v[nl] == '=' &&
                  sscanf(v + nl + 1, "%d", &val) == 1;
-            *setting_at(&o, &settings[i]) = val;
+            *tf_setting_bool(&o, r) = val;
         }
-        if (ok && field(mt, "llvm_pipeline", 0, pipeline, sizeof pipeline)) o.llvm_pipeline = pipeline;
         for (; ok && ndisabled < 64 && field(mt, "disable_pass", ndisabled, v, sizeof v); ndisabled++)
             ok = (disabled[ndisabled] = tf_strdup(v)) != NULL;
         o.disable_passes = (const char *const *)disabled, o.ndisable_passes = (size_t)ndisabled;

@@ -9,6 +9,7 @@
 #define TF_RUNTIME_H
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdbool.h>
 
 #include "../include/tfuse.h"
@@ -37,18 +38,49 @@ struct tf_context {
     char err[6400];
     tf_allocator alloc;     /* every allocation of a call on this context (ir/alloc.h) */
     tf_cache_t *cache;      /* its own, or one attached with tf_context_set_cache */
+    FILE *diag;             /* the targets' explanations and warnings (tf_context_set_diagnostics); NULL: stderr */
 };
+
+/* Where the targets write their explanations (--cpu-explain,
+ * --cuda-explain) and warnings for this context: never straight to stderr. */
+FILE *tf_context_diag(const tf_context_t *ctx);
 
 /* The context's allocator, or the C library's for NULL. */
 tf_allocator tf_context_allocator(const tf_context_t *ctx);
 
-/* Settings of the targets, from tf_compile_options (the environment gives
- * their defaults in tf_compile_options_init); a program keeps a copy. */
+/* Settings of the targets (include/tfuse_settings.def), from
+ * tf_compile_options (the environment gives their defaults in
+ * tf_compile_options_init); a program keeps a copy: a BOOL as a bool, a STR
+ * as an owned string (NULL: the target's own default). */
+#define TF_SETTING_PTYPE_BOOL bool
+#define TF_SETTING_PTYPE_STR char *
 typedef struct tf_target_settings {
-    char *llvm_pipeline;    /* cpu: NULL = tfuse's own; owned */
-    bool no_tf32, cuda_sync, cuda_fallback_all, cuda_explain, cuda_no_graphs;
-    bool cpu_conv_im2col, cpu_gemm_openblas, cpu_explain;
+#define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) TF_SETTING_PTYPE_##TYPE NAME;
+#include "../include/tfuse_settings.def"
+#undef TF_SETTING
 } tf_target_settings;
+
+/* The settings table (settings.c): each row's description and where its
+ * value lives in tf_compile_options and in tf_target_settings. */
+typedef struct tf_setting_row {
+    tf_setting_desc d;
+    bool is_str;
+    size_t opt_off, prog_off;
+} tf_setting_row;
+extern const tf_setting_row tf_settings[];
+extern const size_t tf_nsettings;
+static inline int *tf_setting_bool(tf_compile_options *o, const tf_setting_row *r) { return (int *)((char *)o + r->opt_off); }
+static inline const char **tf_setting_str(tf_compile_options *o, const tf_setting_row *r)
+{
+    return (const char **)((char *)o + r->opt_off);
+}
+/* Each setting's default from its environment variable (the only read). */
+void tf_settings_from_env(tf_compile_options *o);
+/* The program's copy of o's settings; false when out of memory. */
+bool tf_settings_copy(tf_target_settings *dst, const tf_compile_options *o);
+void tf_settings_free(tf_target_settings *s);
+/* "setting NAME: VALUE (FROM)" for each, FROM "default", "env VAR=VALUE" or "option". */
+void tf_settings_doctor(const tf_compile_options *o, tf_strbuf *t);
 
 struct tf_model {
     tf_module *m;

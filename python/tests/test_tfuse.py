@@ -254,6 +254,17 @@ class Errors(unittest.TestCase):
         self.assertIn("/nonexistent/model.ir", str(e.exception))
         self.assertEqual(e.exception.status, "i/o error")
 
+    def test_settings_from_the_library(self):
+        # the library's settings table (include/tfuse_settings.def) drives compile()'s keywords and its struct
+        st = tfuse.settings()
+        self.assertEqual(st["no_tf32"]["flag"], "--no-tf32")
+        self.assertEqual(st["no_tf32"]["env"], "TFUSE_NO_TF32")
+        self.assertEqual(st["llvm_pipeline"]["type"], "str")
+        self.assertEqual(st["cpu_conv_im2col"]["target"], "cpu")
+        p = tfuse.compile(MLP, mode="infer", dims={"B": 2}, cpu_conv_im2col=True, llvm_pipeline="default<O1>")
+        self.assertEqual(p.session().run(x=np.ones((2, 784), np.float32), y=np.zeros(2, np.int64))["logits"].shape,
+                         (2, 10))
+
     def test_bad_arguments(self):
         with self.assertRaises(tfuse.Error):
             tfuse.compile(MLP, dims={"Q": 3})

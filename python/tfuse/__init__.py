@@ -52,13 +52,12 @@ from ._capi import byref
 
 __version__ = C.HEADER_VERSION
 __all__ = ["compile", "load", "export", "Exported", "Program", "Session", "Error", "TensorSpec", "Decision", "doctor", "default_target",
+           "settings",
            "library_path", "cache_info"]
 
 _BF16 = 2
 _NP = {0: np.dtype("<f4"), 1: np.dtype("<f2"), 3: np.dtype("<f8"), 4: np.dtype("<i8"), 5: np.dtype("<i4"),
        6: np.dtype("bool")}
-_SETTINGS = ("llvm_pipeline", "no_tf32", "cuda_sync", "cuda_fallback_all", "cuda_explain", "cuda_no_graphs",
-             "cpu_conv_im2col", "cpu_gemm_openblas", "cpu_explain")
 
 
 class Error(Exception):
@@ -148,6 +147,14 @@ def doctor():
         return C.take_string(out.value)
     finally:
         lib.tf_context_free(ctx)
+
+
+def settings():
+    """The target settings compile() takes, as the library declares them
+    (include/tfuse_settings.def): {name: {"type": "bool" or "str", "target",
+    "env", "env_on", "flag", "on", "off", "help"}}."""
+    _L()
+    return {k: dict(v) for k, v in C.SETTINGS.items()}
 
 
 def cache_info():
@@ -341,8 +348,9 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     dump_llvm (True) keep those dumps in Program.dumps, as {file name:
     text}; they are written to dump_dir (default: a temporary directory,
     removed). settings: the target settings of tf_compile_options
-    (llvm_pipeline, no_tf32, cuda_sync, cuda_fallback_all, cuda_explain,
-    cuda_no_graphs, cpu_conv_im2col, cpu_gemm_openblas, cpu_explain); unset
+    (include/tfuse_settings.def: llvm_pipeline, no_tf32, cuda_sync,
+    cuda_fallback_all, cuda_explain, cuda_no_graphs, cpu_conv_im2col,
+    cpu_gemm_openblas, cpu_explain; tfuse.settings() lists them); unset
     ones keep their defaults from the environment. outputs: compute only
     these outputs (names); inputs only the others read are then no inputs.
     """
@@ -355,9 +363,9 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
         prog._input_alias = {k: v for k, v in source.inputs.items() if k != v}
         return prog
     lib = _L()
-    unknown = sorted(set(settings) - set(_SETTINGS))
+    unknown = sorted(set(settings) - set(C.SETTINGS))
     if unknown:
-        raise TypeError(f"compile() got unknown options {unknown}; the target settings are {list(_SETTINGS)}")
+        raise TypeError(f"compile() got unknown options {unknown}; the target settings are {list(C.SETTINGS)}")
     if mode not in C.MODES:
         raise Error(f"error: mode '{mode}': expected 'train' or 'infer'", "invalid argument")
     keep = []   # what ctypes pointers point into, alive until compiling is done
@@ -394,10 +402,10 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
         o.outputs = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
         o.noutputs = len(outputs)
     for k, v in settings.items():
-        if k == "llvm_pipeline":
+        if C.SETTINGS[k]["type"] == "str":
             b = None if v is None else str(v).encode()
             keep.append(b)
-            o.llvm_pipeline = b
+            setattr(o, k, b)
         else:
             setattr(o, k, 1 if v else 0)
     dump_root = None

@@ -38,15 +38,42 @@ class DimOverride(ctypes.Structure):
 
 
 class CompileOptions(ctypes.Structure):
-    _fields_ = [
-        ("mode", c_int), ("target", c_int), ("dump_ir", c_char_p), ("dump_dir", c_char_p), ("opt_level", c_int),
-        ("disable_passes", POINTER(c_char_p)), ("ndisable_passes", c_size_t), ("precision", c_int),
-        ("explain", c_void_p), ("memory_limit", c_int64), ("dump_kernels", c_char_p), ("checkpoint", c_int),
-        ("memory_budget", c_int64), ("memory_budget_percent", c_double), ("threads", c_int), ("dump_llvm", c_char_p),
-        ("llvm_pipeline", c_char_p), ("no_tf32", c_int), ("cuda_sync", c_int), ("cuda_fallback_all", c_int),
-        ("cuda_explain", c_int), ("cuda_no_graphs", c_int), ("cpu_conv_im2col", c_int), ("cpu_gemm_openblas", c_int),
-        ("cpu_explain", c_int), ("outputs", POINTER(c_char_p)), ("noutputs", c_size_t),
-    ]
+    """tf_compile_options. Its target settings (a field each, between
+    dump_llvm and outputs) are the library's: load() lays them out from
+    tf_setting_info (include/tfuse_settings.def's rows), so a setting added
+    there needs nothing here."""
+
+
+_OPTIONS_BEFORE = [
+    ("mode", c_int), ("target", c_int), ("dump_ir", c_char_p), ("dump_dir", c_char_p), ("opt_level", c_int),
+    ("disable_passes", POINTER(c_char_p)), ("ndisable_passes", c_size_t), ("precision", c_int),
+    ("explain", c_void_p), ("memory_limit", c_int64), ("dump_kernels", c_char_p), ("checkpoint", c_int),
+    ("memory_budget", c_int64), ("memory_budget_percent", c_double), ("threads", c_int), ("dump_llvm", c_char_p),
+]
+_OPTIONS_AFTER = [("outputs", POINTER(c_char_p)), ("noutputs", c_size_t)]
+
+SETTINGS = {}   # {name: tf_setting_desc as a dict}, in the library's order, once load() has run
+
+
+class SettingDesc(ctypes.Structure):
+    _fields_ = [(f, c_char_p) for f in ("name", "type", "target", "env", "env_on", "flag", "on", "off", "help")]
+
+
+def _lay_out_options(lib):
+    """CompileOptions' fields, with the library's target settings."""
+    rows = []
+    for i in range(lib.tf_setting_count()):
+        d = SettingDesc()
+        if lib.tf_setting_info(i, byref(d)) != TF_OK:
+            raise LibraryNotFound(f"tfuse: tf_setting_info({i}) failed")
+        rows.append({f: getattr(d, f).decode() for f, _ in SettingDesc._fields_})
+    fields = _OPTIONS_BEFORE + [(r["name"], c_char_p if r["type"] == "str" else c_int) for r in rows] + _OPTIONS_AFTER
+    if "_fields_" in CompileOptions.__dict__:   # a second library in one process: it must agree
+        if [f for f, _ in CompileOptions._fields_] != [f for f, _ in fields]:
+            raise LibraryNotFound("tfuse: a second libtfuse with other target settings than the first")
+        return
+    CompileOptions._fields_ = fields
+    SETTINGS.update((r["name"], r) for r in rows)
 
 
 class SessionInfo(ctypes.Structure):
@@ -92,6 +119,8 @@ _MIRRORS = {"tf_compile_options": CompileOptions, "tf_session_info": SessionInfo
 _PROTOS = {
     "tf_version": (c_char_p, []),
     "tf_struct_layout": (c_size_t, [c_char_p, c_char_p]),
+    "tf_setting_count": (c_size_t, []),
+    "tf_setting_info": (c_int, [c_size_t, POINTER(SettingDesc)]),
     "tf_context_create": (c_int, [POINTER(c_void_p)]),
     "tf_context_free": (None, [c_void_p]),
     "tf_context_last_error": (c_char_p, [c_void_p]),
@@ -197,6 +226,7 @@ def load():
     version = lib.tf_version().decode()
     if version != HEADER_VERSION:
         raise LibraryNotFound(f"tfuse: {path} is libtfuse {version}; this package is written for {HEADER_VERSION}")
+    _lay_out_options(lib)
     for cname, mirror in _MIRRORS.items():   # the same version can still have grown a field
         theirs = [(None, lib.tf_struct_layout(cname.encode(), None))]
         theirs += [(f, lib.tf_struct_layout(cname.encode(), f.encode())) for f, _ in mirror._fields_]

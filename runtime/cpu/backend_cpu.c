@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -62,6 +63,7 @@
 #ifdef TFUSE_HAVE_LLVM
 #include "llvm.h"
 #include "objload.h"
+#include "env.h"
 #endif
 
 #ifdef TFUSE_HAVE_LLVM
@@ -779,7 +781,7 @@ static void conv_choose(tf_session_t *s, cpu *c, ckernel *ck);
  * that is no such number is an error, not a silent default. */
 static tf_status env_mib(tf_session_t *s, const char *name, double dflt, double *bytes)
 {
-    const char *e = getenv(name);
+    const char *e = tf_env(name);
     double v = dflt;
     if (e && *e) {
         char *end;
@@ -1763,11 +1765,11 @@ static void cpu_free(tf_session_t *s)
 }
 
 /* --cpu-explain: how each convolution runs. */
-static void explain_convs(const cpu *c)
+static void explain_convs(FILE *f, const cpu *c)
 {
     char lib[256], how[1024];
     tf_dnnl_describe(lib, sizeof lib);
-    fprintf(stderr, "cpu: %d threads; convolutions and packed GEMMs: %s\n", tf_pool_threads(c->pool), lib);
+    fprintf(f, "cpu: %d threads; convolutions and packed GEMMs: %s\n", tf_pool_threads(c->pool), lib);
     for (int i = 0; i < c->plan->nkernels; i++) {
         const ckernel *ck = &c->ks[i];
         if (ck->how == RUN_MATMUL || ck->how == RUN_MATMUL_BF16) {
@@ -1776,17 +1778,17 @@ static void explain_convs(const cpu *c)
             if (ck->dgemm) tf_dnnl_gemm_explain(ck->dgemm, how, sizeof how);
             else snprintf(how, sizeof how, "%s: %s", ck->how == RUN_MATMUL_BF16 ? "the bf16 GEMM" : tf_cpu_blas_name(),
                           ck->how == RUN_MATMUL_BF16 ? "bf16 operands" : ck->gemm_why);
-            fprintf(stderr, "cpu: kernel %s: matmul (%lld x %lld) through %s\n", ck->k->name, (long long)M, (long long)N, how);
+            fprintf(f, "cpu: kernel %s: matmul (%lld x %lld) through %s\n", ck->k->name, (long long)M, (long long)N, how);
             continue;
         }
         if (ck->how != RUN_CONV && ck->how != RUN_CONV_GI && ck->how != RUN_CONV_GW) continue;
         const char *op = tf_op_info_of(ck->k->lib->op)->name;
         if (!ck->dnnl) {
-            fprintf(stderr, "cpu: kernel %s: %s through im2col + GEMM (%s): %s\n", ck->k->name, op, tf_cpu_blas_name(), ck->conv_why);
+            fprintf(f, "cpu: kernel %s: %s through im2col + GEMM (%s): %s\n", ck->k->name, op, tf_cpu_blas_name(), ck->conv_why);
             continue;
         }
         tf_dnnl_conv_explain(ck->dnnl, how, sizeof how);
-        fprintf(stderr, "cpu: kernel %s: %s through %s%s%s%s\n", ck->k->name, op, how,
+        fprintf(f, "cpu: kernel %s: %s through %s%s%s%s\n", ck->k->name, op, how,
                 ck->epi_in_conv ? "; the region's epilogue is in the primitive (no epilogue kernel)" : "",
                 ck->conv_why[0] ? "; " : "", ck->conv_why);
     }
@@ -1851,7 +1853,13 @@ static tf_status cpu_create(tf_session_t *s)
         tf_pool_run(c->pool, (j.n + INIT_CHUNK - 1) / INIT_CHUNK, init_chunks, &j);
         s->init_elements += j.n;
     }
-    if (!st && s->p->settings.cpu_explain) explain_convs(c);
+    if (!st && tf_cpu_blas_warning()) {   /* once a process: GEMMs without OpenBLAS */
+        static atomic_flag said = ATOMIC_FLAG_INIT;
+        if (!atomic_flag_test_and_set(&said))
+            fprintf(tf_context_diag(s->ctx), "tfuse: warning: cpu GEMMs run through %s, many times slower than OpenBLAS\n",
+                    tf_cpu_blas_name());
+    }
+    if (!st && s->p->settings.cpu_explain) explain_convs(tf_context_diag(s->ctx), c);
     if (st) cpu_free(s);
     return st;
 }

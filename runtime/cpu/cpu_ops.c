@@ -7,6 +7,7 @@
 
 #include "cpu_ops.h"
 #include "lowp.h"
+#include "env.h"
 
 #ifdef TFUSE_HAVE_OPENBLAS
 #include <cblas.h>
@@ -32,6 +33,7 @@ typedef void (*sbgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRA
                           const uint16_t *, blasint, const uint16_t *, blasint, float, float *, blasint);
 static sbgemm_fn sbgemm;
 static char blas_name[320] = "OpenBLAS";
+static bool blas_missing;
 
 static void blas_init_once(void)
 {
@@ -42,7 +44,7 @@ static void blas_init_once(void)
         const char *e = dlerror();
         snprintf(blas_name, sizeof blas_name, "built-in loops (%s: %s)", h ? "OpenBLAS has no cblas_sgemm" : "cannot load " BLAS_SONAME,
                  e ? e : "?");
-        fprintf(stderr, "tfuse: warning: cpu GEMMs run through %s, many times slower than OpenBLAS\n", blas_name);
+        blas_missing = true;   /* each session's context is warned (backend_cpu.c), not stderr from here */
         return;
     }
     void (*threads)(int) = NULL;
@@ -58,6 +60,16 @@ void tf_cpu_blas_init(void)
 #ifdef TFUSE_HAVE_OPENBLAS
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, blas_init_once);
+#endif
+}
+
+bool tf_cpu_blas_warning(void)
+{
+#ifdef TFUSE_HAVE_OPENBLAS
+    tf_cpu_blas_init();
+    return blas_missing;
+#else
+    return false;   /* a build without OpenBLAS says so in doctor; its loops are the design, not a failure */
 #endif
 }
 
@@ -279,7 +291,7 @@ static tf_bf16_gemm_kind bf16_kind = TF_BF16_GEMM_NONE;
 
 static void bf16_pick(void)
 {
-    const char *e = getenv("TFUSE_CPU_BF16_GEMM");
+    const char *e = tf_env("TFUSE_CPU_BF16_GEMM");
     bool want_sb = !e || !*e || !strcmp(e, "sbgemm"), want_avx = !e || !*e || !strcmp(e, "avx512");
 #ifdef TFUSE_HAVE_OPENBLAS
     tf_cpu_blas_init();

@@ -29,6 +29,9 @@
 
 /* Set BLAS to one thread; call once before any GEMM. */
 void tf_cpu_blas_init(void);
+/* Whether this build has OpenBLAS but could not load it (GEMMs run through
+ * the built-in loops): the cpu backend warns each session's context. */
+bool tf_cpu_blas_warning(void);
 /* "OpenBLAS" or "built-in loops", for `tfuse doctor`-style reports. */
 const char *tf_cpu_blas_name(void);
 

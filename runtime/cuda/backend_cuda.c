@@ -2435,13 +2435,13 @@ static void open_cudnn(cuda_session *c)
 }
 
 /* --cuda-explain: the algorithm each convolution got, and from where. */
-static void explain_convs(const cuda_session *c)
+static void explain_convs(FILE *f, const cuda_session *c)
 {
     for (int i = 0; i < c->plan->nkernels; i++) {
         const gkernel *gk = &c->ks[i];
         if (gk->how != RUN_CONV) continue;
         const tf_conv *cv = gk->conv;
-        fprintf(stderr, "cuda: kernel %s: %s through cuDNN, %s algorithm %s (%d), %s, %s, %zu bytes of workspace, %s (%.3f ms)\n",
+        fprintf(f, "cuda: kernel %s: %s through cuDNN, %s algorithm %s (%d), %s, %s, %zu bytes of workspace, %s (%.3f ms)\n",
                 gk->k->name, tf_op_info_of(gk->k->lib->op)->name, tf_conv_dir_name(cv->dir), tf_conv_algo_name(cv->dir, cv->algo),
                 cv->algo, tf_conv_math_name(cv->math), cv->deterministic ? "deterministic" : "non-deterministic", cv->workspace,
                 cv->from_cache ? "from the algorithm cache" : "found by cudnnFind", cv->ms);
@@ -2450,15 +2450,15 @@ static void explain_convs(const cuda_session *c)
 
 /* --cuda-explain: the cuBLASLt algorithm each GEMM got: which of the
  * heuristic's candidates, its time, timed now or from the disk cache. */
-static void explain_gemms(const cuda_session *c)
+static void explain_gemms(FILE *f, const cuda_session *c)
 {
     char how[4600];
     for (int i = 0; i < c->plan->nkernels; i++) {
         if (c->ks[i].how == RUN_NOTHING && c->ks[i].preplanned)
-            fprintf(stderr, "cuda: kernel %s does not run: %s\n", c->ks[i].k->name, c->ks[i].why);
+            fprintf(f, "cuda: kernel %s does not run: %s\n", c->ks[i].k->name, c->ks[i].why);
         if (c->ks[i].how != RUN_GEMM) continue;
         tf_gemm_explain(&c->ks[i].mm->g, how, sizeof how);
-        fprintf(stderr, "cuda: kernel %s: cuBLASLt algorithm: %s\n", c->ks[i].k->name, how);
+        fprintf(f, "cuda: kernel %s: cuBLASLt algorithm: %s\n", c->ks[i].k->name, how);
     }
 }
 
@@ -2531,6 +2531,7 @@ static tf_status cuda_create(tf_session_t *s)
                      "kernel %.60s reads ids the step computes, checked on the host before the updates", c->ks[i].k->name);
     if (c->graph_why[0]) c->graphs = false;
     if (s->p->settings.cuda_explain) {   /* what runs where, and why not on the GPU */
+        FILE *f = tf_context_diag(s->ctx);
         char dnn[64];
         snprintf(dnn, sizeof dnn, "cuDNN %zu.%zu.%zu", c->libs.cudnn_version / 10000, c->libs.cudnn_version / 100 % 100,
                  c->libs.cudnn_version % 100);
@@ -2541,27 +2542,27 @@ static tf_status cuda_create(tf_session_t *s)
             launches += gk->lfn >= 0;
             launches += gk->how == RUN_GEMM ? (int)gk->mm->calls : gk->how == RUN_CONV;
         }
-        fprintf(stderr, "cuda: %s (%s), %d kernels, %d launches a step (generated kernels and library calls); code: %d compiled, "
+        fprintf(f, "cuda: %s (%s), %d kernels, %d launches a step (generated kernels and library calls); code: %d compiled, "
                 "%d from the cache (%.0f ms); GEMMs: %s; convolutions: %s\n", c->gpu, c->arch, tf_kernels_count(c->plan), launches,
                 c->jit.compiled, c->jit.cached, c->jit_ms, c->lt_ok ? "cuBLASLt" : c->lt_why, c->dnn_ok ? dnn : c->dnn_why);
-        explain_convs(c);
-        explain_gemms(c);
+        explain_convs(f, c);
+        explain_gemms(f, c);
         for (int i = 0; i < c->plan->nkernels; i++) {
             const gkernel *gk = &c->ks[i];
             if (gk->parts < 2 || gk->fn < 0) continue;
-            fprintf(stderr, "cuda: kernel %s: one multi-tensor launch of %d update chains (grid %u x %u), with", gk->k->name, gk->parts,
+            fprintf(f, "cuda: kernel %s: one multi-tensor launch of %d update chains (grid %u x %u), with", gk->k->name, gk->parts,
                     c->jit.fns[gk->fn].grid, c->jit.fns[gk->fn].block);
-            for (int q = 1; q < gk->parts; q++) fprintf(stderr, "%s %s", q > 1 ? "," : "", gk->k[q].name);
-            fprintf(stderr, "\n");
+            for (int q = 1; q < gk->parts; q++) fprintf(f, "%s %s", q > 1 ? "," : "", gk->k[q].name);
+            fprintf(f, "\n");
         }
         for (int i = 0; i < c->plan->nkernels; i++)
-            if (c->ks[i].how == RUN_GEMM) fprintf(stderr, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
+            if (c->ks[i].how == RUN_GEMM) fprintf(f, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
         for (int i = 0; i < c->plan->nkernels; i++)
             if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
-                fprintf(stderr, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
+                fprintf(f, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
                         c->ks[i].how == RUN_LIB_FALLBACK ? "its library op " : "", c->ks[i].why);
-        if (c->graphs) fprintf(stderr, "cuda: each step runs as one CUDA graph, captured on the first run\n");
-        else fprintf(stderr, "cuda: each step is launched kernel by kernel: %s\n", c->graph_why);
+        if (c->graphs) fprintf(f, "cuda: each step runs as one CUDA graph, captured on the first run\n");
+        else fprintf(f, "cuda: each step is launched kernel by kernel: %s\n", c->graph_why);
     }
     return TF_OK;
 }

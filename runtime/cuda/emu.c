@@ -68,6 +68,7 @@
 #include "alloc.h"
 #include "cache_file.h"
 #include "emu.h"
+#include "env.h"
 
 extern char **environ;
 
@@ -192,7 +193,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) { return tf_fnv1a(h, p,
 
 static size_t capacity(void)
 {
-    const char *v = getenv("TFUSE_EMU_MEMORY");
+    const char *v = tf_env("TFUSE_EMU_MEMORY");
     if (v && *v) return (size_t)strtoull(v, NULL, 10);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : (size_t)16 << 30;
@@ -376,7 +377,7 @@ static bool find_on_path(const char *name, char *out, size_t n)
         snprintf(out, n, "%s", name);
         return access(out, X_OK) == 0;
     }
-    const char *path = getenv("PATH");
+    const char *path = tf_env("PATH");
     if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
     while (*path) {
         const char *e = strchr(path, ':');
@@ -420,7 +421,7 @@ static void read_text(const char *path, char *out, size_t n)
 
 static void tool_init(void)
 {
-    const char *want = getenv("TFUSE_EMU_CXX");
+    const char *want = tf_env("TFUSE_EMU_CXX");
     static const char *const names[] = {"c++", "g++", "clang++"};
     bool found = false;
     if (want && *want && !find_on_path(want, g_cxx, sizeof g_cxx)) {   /* asked for by name: that one or none */
@@ -436,7 +437,7 @@ static void tool_init(void)
     }
     char dir[4096] = "(no $TFUSE_CACHE_DIR or $HOME)";
     bool made = tf_cache_subdir("cuda-emu", dir, sizeof dir);
-    if (!made && !getenv("TFUSE_CACHE_DIR") && (!getenv("HOME") || !*getenv("HOME"))) {   /* no home: a directory of this user's */
+    if (!made && !tf_env("TFUSE_CACHE_DIR") && (!tf_env("HOME") || !*tf_env("HOME"))) {   /* no home: a directory of this user's */
         snprintf(dir, sizeof dir, "/tmp/tfuse-cuda-emu-%ld", (long)getuid());
         made = tf_make_dirs(dir);
     }

@@ -18,6 +18,7 @@
 #include "cuda_libs.h"
 #include "emu.h"
 #include "alloc.h"
+#include "env.h"
 
 /* ---- what each library is ---- */
 
@@ -148,18 +149,18 @@ static int site_patterns(char (*pats)[PATH_MAX], int max)
     int n = 0;
     const char *v;
 #define PAT(...) do { if (n < max) snprintf(pats[n++], PATH_MAX, __VA_ARGS__); } while (0)
-    if ((v = getenv("VIRTUAL_ENV")) && *v) PAT("%s/lib/python3*/site-packages", v);
-    if ((v = getenv("CONDA_PREFIX")) && *v) PAT("%s/lib/python3*/site-packages", v);
-    const char *home = getenv("HOME");
+    if ((v = tf_env("VIRTUAL_ENV")) && *v) PAT("%s/lib/python3*/site-packages", v);
+    if ((v = tf_env("CONDA_PREFIX")) && *v) PAT("%s/lib/python3*/site-packages", v);
+    const char *home = tf_env("HOME");
     if (home && *home) PAT("%s/.local/lib/python3*/site-packages", home);
-    if ((v = getenv("PYENV_ROOT")) && *v) PAT("%s/versions/*/lib/python3*/site-packages", v);
+    if ((v = tf_env("PYENV_ROOT")) && *v) PAT("%s/versions/*/lib/python3*/site-packages", v);
     else if (home && *home) PAT("%s/.pyenv/versions/*/lib/python3*/site-packages", home);
     PAT("/usr/local/lib/python3*/site-packages");
     PAT("/usr/local/lib/python3*/dist-packages");
     PAT("/usr/lib/python3/dist-packages");
     PAT("/usr/lib/python3*/site-packages");
     /* beside each python on PATH: a venv's or a prefix install's bin/ */
-    const char *path = getenv("PATH");
+    const char *path = tf_env("PATH");
     while (path && *path && n < max) {
         const char *end = strchr(path, ':');
         size_t len = end ? (size_t)(end - path) : strlen(path);
@@ -256,13 +257,13 @@ static bool try_site(void *arg, const char *path) { return try_load(arg, path); 
 static const char *search_dirs(const tf_cuda_search *s)
 {
     if (s && s->mode != TF_CUDA_SEARCH_ENV) return s->dirs;
-    return getenv("TFUSE_CUDA_LIBS");
+    return tf_env("TFUSE_CUDA_LIBS");
 }
 
 static bool dirs_only(const tf_cuda_search *s)
 {
     if (s && s->mode != TF_CUDA_SEARCH_ENV) return s->mode == TF_CUDA_SEARCH_DIRS_ONLY;
-    const char *v = getenv("TFUSE_CUDA_LIBS_ONLY");
+    const char *v = tf_env("TFUSE_CUDA_LIBS_ONLY");
     return v && strcmp(v, "1") == 0;
 }
 

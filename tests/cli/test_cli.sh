@@ -251,7 +251,7 @@ if "$tfuse" doctor | grep -q "^target cpu: available"; then
     expect 0 "cpu: kernel k[0-9]+_matmul: matmul \(64 x 256\) through OpenBLAS: the step updates its weights \(w1\)" -- "$tfuse" bench "$ex/mlp.ir" --precision=fp32 --iters 1 --warmup 0 --target=cpu --cpu-explain
   fi
 fi
-expect 2 "--cuda-fallback expects all or none, found 'some'" -- "$tfuse" doctor --cuda-fallback=some
+expect 2 "--cuda-fallback expects none or all, found 'some'" -- "$tfuse" doctor --cuda-fallback=some
 expect 2 "'tfuse print' takes no --no-tf32" -- "$tfuse" print "$ex/mlp.ir" --no-tf32
 expect 0 "usage: tfuse doctor" -- "$tfuse" doctor --help
 

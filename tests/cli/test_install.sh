@@ -21,7 +21,7 @@ P=$tmp/prefix
 version=$(sed -n 's/^#define TFUSE_VERSION "\(.*\)"/\1/p' "$src/include/tfuse.h")
 libdir=lib
 [ -e "$P/lib/libtfuse.so.$version" ] || libdir=$(cd "$P" && dirname "$(find . -name "libtfuse.so.$version" | head -n1)" | sed 's|^\./||')
-for f in "$libdir/libtfuse.so.$version" "$libdir/libtfuse.so.0" "$libdir/libtfuse.so" "$libdir/libtfuse.a" include/tfuse.h \
+for f in "$libdir/libtfuse.so.$version" "$libdir/libtfuse.so.0" "$libdir/libtfuse.so" "$libdir/libtfuse.a" include/tfuse.h include/tfuse_settings.def \
          "$libdir/pkgconfig/tfuse.pc" "$libdir/cmake/tfuse/tfuseConfig.cmake" "$libdir/cmake/tfuse/tfuseConfigVersion.cmake" \
          bin/tfuse share/doc/tfuse/LICENSE; do
   if [ -e "$P/$f" ]; then ok; else bad "not installed: $f"; fi
