@@ -328,6 +328,165 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
     return add_update(p, w, next);
 }
 
+/* The params with a gradient, in declaration order, and their gradients. */
+typedef struct gradset {
+    tf_value *params[4096], *grads[4096];
+    int n;
+} gradset;
+
+static tf_ir_status collect_grads(opt *p, gradset *gs)
+{
+    tf_grad_ctx *g = p->g;
+    tf_module *m = g->m;
+    for (int i = 0; i < m->decls.n; i++) {
+        tf_value *v = m->decls.items[i];
+        if (v->kind != TF_VAL_PARAM || v->id < 0 || v->id >= g->nvals) continue;
+        if (!g->grad[v->id] && v->zero_grad)   /* bias_drop's: a zero gradient, still optimized */
+            g->grad[v->id] = ob(p, "train.zero_grad", TF_OP_MUL, v, onum(p, 0));
+        if (!g->grad[v->id]) {
+            tf_explain(g->o, "autodiff", &v->loc, "param %s does not affect the loss: no gradient, not updated", v->name);
+            continue;
+        }
+        if (gs->n == 4096) return tf_diag_error(g->d, TF_IR_ERR_LIMIT, &v->loc, "more than 4096 params");
+        gs->params[gs->n] = v;
+        gs->grads[gs->n++] = g->grad[v->id];
+    }
+    return TF_IR_OK;
+}
+
+/* The loss's own gradients (unscaled, before accumulation and clipping) as
+ * outputs grad.<param>, for checks (tf_options.grad_outputs). */
+static tf_ir_status grad_outputs(opt *p, const gradset *gs, tf_value *scale)
+{
+    tf_grad_ctx *g = p->g;
+    for (int i = 0; g->o->grad_outputs && i < gs->n; i++) {
+        char nm[512];
+        tf_value *gv = gs->grads[i];
+        if (scale) {
+            tf_value *inv = ob(p, "check.inv_scale", TF_OP_DIV, onum(p, 1), scale);
+            if (gv->type.dtype != TF_DT_F32) {
+                tf_named_attr ca = {"to", tf_attr_dtype(gv->type.dtype)};
+                inv = build(g, "check.inv_scale_cast", &p->loc, TF_OP_CAST, &inv, 1, &ca, 1);
+            }
+            snprintf(nm, sizeof nm, "%s.grad_check", gs->params[i]->name);
+            gv = ob(p, nm, TF_OP_MUL, gv, inv);
+        }
+        snprintf(nm, sizeof nm, "grad.%s", gs->params[i]->name);
+        if (!gv || tf_module_add_output(g->m, nm, gv, p->loc)) return g->d->status ? g->d->status : TF_IR_ERR_OOM;
+    }
+    return TF_IR_OK;
+}
+
+/* Gradient accumulation: micro-batch k of n writes (k = 0) or adds to
+ * acc.<param>; the optimizer's updates commit on the last one only
+ * (*commit, *is_last: that micro-batch's flag; NULL without accumulation). */
+static tf_ir_status accumulate(opt *p, const tf_train *tr, gradset *gs, tf_value **commit, tf_value **is_last)
+{
+    tf_grad_ctx *g = p->g;
+    tf_module *m = g->m;
+    int64_t nacc = tr->accumulate > 1 ? tr->accumulate : 1;
+    if (nacc <= 1) return TF_IR_OK;
+    tf_type scalar_i = {.dtype = TF_DT_I64, .rank = 0};
+    tf_value *micro = tf_module_add_decl(m, "train.micro", TF_VAL_BUFFER, &scalar_i, TF_INIT_ZEROS);
+    if (!micro) return decl_failed(m, g->d, &p->loc, "the micro-step counter", "train.micro");
+    tf_value *is_first = ob(p, "train.micro_first", TF_OP_EQ, micro, tf_const(m, 0, TF_DT_I64));
+    *is_last = ob(p, "train.micro_last", TF_OP_EQ, micro, tf_const(m, (double)(nacc - 1), TF_DT_I64));
+    for (int i = 0; i < gs->n && !g->failed; i++) {
+        char nm[512];
+        tf_value *acc = state(p, "acc", gs->params[i], gs->grads[i]->type.dtype);
+        snprintf(nm, sizeof nm, "%s.acc_next", gs->params[i]->name);
+        tf_value *sum = select3(p, nm, is_first, gs->grads[i], ob(p, "train.acc_add", TF_OP_ADD, acc, gs->grads[i]));
+        if (add_update(p, acc, sum)) return g->d->status;
+        snprintf(nm, sizeof nm, "%s.grad_mean", gs->params[i]->name);
+        gs->grads[i] = ob(p, nm, TF_OP_DIV, sum, onum(p, (double)nacc));
+    }
+    tf_value *wrap = select3(p, "train.micro_next", *is_last, tf_const(m, 0, TF_DT_I64),
+                             ob(p, "train.micro_inc", TF_OP_ADD, micro, tf_const(m, 1, TF_DT_I64)));
+    if (add_update(p, micro, wrap)) return g->d->status;
+    *commit = *is_last;
+    tf_explain(g->o, "autodiff", &p->loc, "accumulate %lld: micro-batches add into acc.<param>; the optimizer runs on the last",
+               (long long)nacc);
+    return TF_IR_OK;
+}
+
+/* fp16 loss scaling: unscale, check every gradient for inf/NaN (max|g|
+ * propagates NaN), skip the step when one is found, halve the scale;
+ * double it after 2000 clean steps. */
+static tf_ir_status loss_scaling(opt *p, gradset *gs, tf_value *scale, tf_value **commit, tf_value *is_last)
+{
+    tf_grad_ctx *g = p->g;
+    tf_module *m = g->m;
+    tf_named_attr to_f = {"to", tf_attr_dtype(TF_DT_F32)};
+    tf_value *inv = ob(p, "train.inv_scale", TF_OP_DIV, onum(p, 1), scale), *worst = NULL;
+    for (int i = 0; i < gs->n && !g->failed; i++) {
+        char nm[512];
+        tf_value *cf = inv;
+        if (gs->grads[i]->type.dtype != TF_DT_F32) {
+            tf_named_attr ca = {"to", tf_attr_dtype(gs->grads[i]->type.dtype)};
+            cf = build(g, "train.inv_scale_cast", &p->loc, TF_OP_CAST, &inv, 1, &ca, 1);
+        }
+        snprintf(nm, sizeof nm, "%s.grad_unscaled", gs->params[i]->name);
+        gs->grads[i] = ob(p, nm, TF_OP_MUL, gs->grads[i], cf);
+        tf_named_attr ra[2] = {{"axes", tf_attr_ints(m, NULL, 0)}, {"keepdims", tf_attr_bool(false)}};
+        tf_value *ab = ob(p, "train.grad_abs", TF_OP_ABS, gs->grads[i], NULL);
+        tf_value *mx = build(g, "train.grad_max", &p->loc, TF_OP_REDUCE_MAX, &ab, 1, ra, 2);
+        if (mx && mx->type.dtype != TF_DT_F32) mx = build(g, "train.grad_max_f32", &p->loc, TF_OP_CAST, &mx, 1, &to_f, 1);
+        worst = worst ? ob(p, "train.grad_worst", TF_OP_MAXIMUM, worst, mx) : mx;
+    }
+    tf_value *finite = ob(p, "train.grads_finite", TF_OP_ISFINITE, worst, NULL);
+    *commit = *commit ? select3(p, "train.commit", *commit, finite, *commit) : finite;
+    /* the scale moves only when a full step is checked */
+    tf_type scalar_i64 = {.dtype = TF_DT_I64, .rank = 0};
+    tf_value *good = tf_module_add_decl(m, "train.good_steps", TF_VAL_BUFFER, &scalar_i64, TF_INIT_ZEROS);
+    if (!good) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p->loc, "cannot add 'train.good_steps'");
+    tf_value *good1 = ob(p, "train.good_inc", TF_OP_ADD, good, tf_const(m, 1, TF_DT_I64));
+    tf_value *grow = ob(p, "train.scale_grow", TF_OP_EQ, good1, tf_const(m, 2000, TF_DT_I64));
+    tf_value *clean_scale = select3(p, "train.scale_clean", grow, ob(p, "train.scale_x2", TF_OP_MUL, scale, onum(p, 2)), scale);
+    tf_value *clean_good = select3(p, "train.good_clean", grow, tf_const(m, 0, TF_DT_I64), good1);
+    tf_value *new_scale = select3(p, "train.scale_next", finite, clean_scale, ob(p, "train.scale_half", TF_OP_MUL, scale, onum(p, 0.5)));
+    tf_value *new_good = select3(p, "train.good_next", finite, clean_good, tf_const(m, 0, TF_DT_I64));
+    if (is_last) {
+        new_scale = select3(p, "train.scale_commit", is_last, new_scale, scale);
+        new_good = select3(p, "train.good_commit", is_last, new_good, good);
+    }
+    if (add_update(p, scale, new_scale) || add_update(p, good, new_good)) return g->d->status;
+    if (tf_module_add_output(m, "loss_scale", scale, p->loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    tf_explain(g->o, "autodiff", &p->loc, "fp16 loss scaling: dynamic scale from 65536 (x2 after 2000 clean steps, "
+               "x0.5 and the step skipped on inf/NaN); output loss_scale");
+    return TF_IR_OK;
+}
+
+/* clip_grad_norm: every gradient scaled by min(1, max_norm / global norm). */
+static void clip_grads(opt *p, const tf_train *tr, gradset *gs)
+{
+    tf_grad_ctx *g = p->g;
+    tf_named_attr to_f = {"to", tf_attr_dtype(TF_DT_F32)};
+    tf_value *total = NULL;
+    for (int i = 0; i < gs->n; i++) {
+        char nm[512];
+        snprintf(nm, sizeof nm, "%s.grad_sq", gs->params[i]->name);
+        tf_value *sq = sumsq(p, nm, gs->grads[i]);
+        if (sq && sq->type.dtype != TF_DT_F32) sq = build(g, nm, &p->loc, TF_OP_CAST, &sq, 1, &to_f, 1);
+        total = total ? ob(p, "clip.total", TF_OP_ADD, total, sq) : sq;
+    }
+    tf_value *norm = ob(p, "clip.norm", TF_OP_SQRT, total, NULL);
+    tf_value *coef = ob(p, "clip.coef", TF_OP_MINIMUM,
+                        ob(p, "clip.ratio", TF_OP_DIV, onum(p, tr->clip_grad_norm), ob(p, "clip.norm_eps", TF_OP_ADD, norm, onum(p, 1e-6))),
+                        onum(p, 1));
+    for (int i = 0; i < gs->n && !g->failed; i++) {
+        char nm[512];
+        snprintf(nm, sizeof nm, "%s.grad_clipped", gs->params[i]->name);
+        tf_value *cf = coef;
+        if (gs->grads[i]->type.dtype != TF_DT_F32) {
+            tf_named_attr ca = {"to", tf_attr_dtype(gs->grads[i]->type.dtype)};
+            cf = build(g, "clip.coef_cast", &p->loc, TF_OP_CAST, &coef, 1, &ca, 1);
+        }
+        gs->grads[i] = ob(p, nm, TF_OP_MUL, gs->grads[i], cf);
+    }
+    tf_explain(g->o, "autodiff", &p->loc, "clip_grad_norm %g: every gradient scaled by min(1, %g / global norm)",
+               tr->clip_grad_norm, tr->clip_grad_norm);
+}
+
 static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
 {
     tf_module *m = g->m;
@@ -344,136 +503,20 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     if (tr->schedule.fn == TF_SCHED_ONECYCLE) base = tf_call_float(tf_schedule_fns, &tr->schedule, "max_lr");
     tf_value *lr = schedule(&p, tr, base, s);
     if (g->failed) return g->d->status;
-
-    /* gradients of the params, in declaration order */
-    int np = 0;
-    tf_value *params[4096], *grads[4096];
-    for (int i = 0; i < m->decls.n; i++) {
-        tf_value *v = m->decls.items[i];
-        if (v->kind != TF_VAL_PARAM || v->id < 0 || v->id >= g->nvals) continue;
-        if (!g->grad[v->id] && v->zero_grad)   /* bias_drop's: a zero gradient, still optimized */
-            g->grad[v->id] = ob(&p, "train.zero_grad", TF_OP_MUL, v, onum(&p, 0));
-        if (!g->grad[v->id]) {
-            tf_explain(g->o, "autodiff", &v->loc, "param %s does not affect the loss: no gradient, not updated", v->name);
-            continue;
-        }
-        if (np == 4096) return tf_diag_error(g->d, TF_IR_ERR_LIMIT, &v->loc, "more than 4096 params");
-        params[np] = v;
-        grads[np++] = g->grad[v->id];
-    }
-    /* the loss's own gradients (unscaled, before accumulation and
-     * clipping) as outputs, for checks */
-    for (int i = 0; g->o->grad_outputs && i < np; i++) {
-        char nm[512];
-        tf_value *gv = grads[i];
-        if (scale) {
-            tf_value *inv = ob(&p, "check.inv_scale", TF_OP_DIV, onum(&p, 1), scale);
-            if (gv->type.dtype != TF_DT_F32) {
-                tf_named_attr ca = {"to", tf_attr_dtype(gv->type.dtype)};
-                inv = build(g, "check.inv_scale_cast", &p.loc, TF_OP_CAST, &inv, 1, &ca, 1);
-            }
-            snprintf(nm, sizeof nm, "%s.grad_check", params[i]->name);
-            gv = ob(&p, nm, TF_OP_MUL, gv, inv);
-        }
-        snprintf(nm, sizeof nm, "grad.%s", params[i]->name);
-        if (!gv || tf_module_add_output(m, nm, gv, p.loc)) return g->d->status ? g->d->status : TF_IR_ERR_OOM;
-    }
-    /* gradient accumulation: micro-batch k of n writes (k = 0) or adds to
-     * acc.<param>; the optimizer's updates commit on the last one only */
-    tf_value *commit = NULL;   /* bool: apply this step's updates */
-    tf_value *micro = NULL, *is_last = NULL;
-    int64_t nacc = tr->accumulate > 1 ? tr->accumulate : 1;
-    if (nacc > 1) {
-        micro = tf_module_add_decl(m, "train.micro", TF_VAL_BUFFER, &scalar_i, TF_INIT_ZEROS);
-        if (!micro) return decl_failed(m, g->d, &p.loc, "the micro-step counter", "train.micro");
-        tf_value *is_first = ob(&p, "train.micro_first", TF_OP_EQ, micro, tf_const(m, 0, TF_DT_I64));
-        is_last = ob(&p, "train.micro_last", TF_OP_EQ, micro, tf_const(m, (double)(nacc - 1), TF_DT_I64));
-        for (int i = 0; i < np && !g->failed; i++) {
-            char nm[512];
-            tf_value *acc = state(&p, "acc", params[i], grads[i]->type.dtype);
-            snprintf(nm, sizeof nm, "%s.acc_next", params[i]->name);
-            tf_value *sum = select3(&p, nm, is_first, grads[i], ob(&p, "train.acc_add", TF_OP_ADD, acc, grads[i]));
-            if (add_update(&p, acc, sum)) return g->d->status;
-            snprintf(nm, sizeof nm, "%s.grad_mean", params[i]->name);
-            grads[i] = ob(&p, nm, TF_OP_DIV, sum, onum(&p, (double)nacc));
-        }
-        tf_value *wrap = select3(&p, "train.micro_next", is_last, tf_const(m, 0, TF_DT_I64),
-                                 ob(&p, "train.micro_inc", TF_OP_ADD, micro, tf_const(m, 1, TF_DT_I64)));
-        if (add_update(&p, micro, wrap)) return g->d->status;
-        commit = is_last;
-        tf_explain(g->o, "autodiff", &p.loc, "accumulate %lld: micro-batches add into acc.<param>; the optimizer runs on the last",
-                   (long long)nacc);
-    }
-    /* fp16 loss scaling: unscale, check every gradient for inf/NaN (max|g|
-     * propagates NaN), skip the step when one is found, halve the scale;
-     * double it after 2000 clean steps */
-    if (scale) {
-        tf_value *inv = ob(&p, "train.inv_scale", TF_OP_DIV, onum(&p, 1), scale), *worst = NULL;
-        for (int i = 0; i < np && !g->failed; i++) {
-            char nm[512];
-            tf_value *cf = inv;
-            if (grads[i]->type.dtype != TF_DT_F32) {
-                tf_named_attr ca = {"to", tf_attr_dtype(grads[i]->type.dtype)};
-                cf = build(g, "train.inv_scale_cast", &p.loc, TF_OP_CAST, &inv, 1, &ca, 1);
-            }
-            snprintf(nm, sizeof nm, "%s.grad_unscaled", params[i]->name);
-            grads[i] = ob(&p, nm, TF_OP_MUL, grads[i], cf);
-            tf_named_attr ra[2] = {{"axes", tf_attr_ints(m, NULL, 0)}, {"keepdims", tf_attr_bool(false)}};
-            tf_value *ab = ob(&p, "train.grad_abs", TF_OP_ABS, grads[i], NULL);
-            tf_value *mx = build(g, "train.grad_max", &p.loc, TF_OP_REDUCE_MAX, &ab, 1, ra, 2);
-            if (mx && mx->type.dtype != TF_DT_F32) mx = build(g, "train.grad_max_f32", &p.loc, TF_OP_CAST, &mx, 1, &to_f, 1);
-            worst = worst ? ob(&p, "train.grad_worst", TF_OP_MAXIMUM, worst, mx) : mx;
-        }
-        tf_value *finite = ob(&p, "train.grads_finite", TF_OP_ISFINITE, worst, NULL);
-        commit = commit ? select3(&p, "train.commit", commit, finite, commit) : finite;
-        /* the scale moves only when a full step is checked */
-        tf_type scalar_i64 = {.dtype = TF_DT_I64, .rank = 0};
-        tf_value *good = tf_module_add_decl(m, "train.good_steps", TF_VAL_BUFFER, &scalar_i64, TF_INIT_ZEROS);
-        if (!good) return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &p.loc, "cannot add 'train.good_steps'");
-        tf_value *good1 = ob(&p, "train.good_inc", TF_OP_ADD, good, tf_const(m, 1, TF_DT_I64));
-        tf_value *grow = ob(&p, "train.scale_grow", TF_OP_EQ, good1, tf_const(m, 2000, TF_DT_I64));
-        tf_value *clean_scale = select3(&p, "train.scale_clean", grow, ob(&p, "train.scale_x2", TF_OP_MUL, scale, onum(&p, 2)), scale);
-        tf_value *clean_good = select3(&p, "train.good_clean", grow, tf_const(m, 0, TF_DT_I64), good1);
-        tf_value *new_scale = select3(&p, "train.scale_next", finite, clean_scale, ob(&p, "train.scale_half", TF_OP_MUL, scale, onum(&p, 0.5)));
-        tf_value *new_good = select3(&p, "train.good_next", finite, clean_good, tf_const(m, 0, TF_DT_I64));
-        if (is_last) {
-            new_scale = select3(&p, "train.scale_commit", is_last, new_scale, scale);
-            new_good = select3(&p, "train.good_commit", is_last, new_good, good);
-        }
-        if (add_update(&p, scale, new_scale) || add_update(&p, good, new_good)) return g->d->status;
-        if (tf_module_add_output(m, "loss_scale", scale, p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
-        tf_explain(g->o, "autodiff", &p.loc, "fp16 loss scaling: dynamic scale from 65536 (x2 after 2000 clean steps, "
-                   "x0.5 and the step skipped on inf/NaN); output loss_scale");
-    }
+    gradset *gs = tf_calloc(1, sizeof *gs);
+    if (!gs) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    tf_value *commit = NULL, *is_last = NULL;   /* bool: apply this step's updates; the last micro-batch */
+    tf_ir_status st = collect_grads(&p, gs);
+    if (!st) st = grad_outputs(&p, gs, scale);
+    if (!st) st = accumulate(&p, tr, gs, &commit, &is_last);
+    if (!st && scale) st = loss_scaling(&p, gs, scale, &commit, is_last);
     int first_guarded = m->nupdates;
-    if (tr->has_clip) {
-        tf_value *total = NULL;
-        for (int i = 0; i < np; i++) {
-            char nm[512];
-            snprintf(nm, sizeof nm, "%s.grad_sq", params[i]->name);
-            tf_value *sq = sumsq(&p, nm, grads[i]);
-            if (sq && sq->type.dtype != TF_DT_F32) sq = build(g, nm, &p.loc, TF_OP_CAST, &sq, 1, &to_f, 1);
-            total = total ? ob(&p, "clip.total", TF_OP_ADD, total, sq) : sq;
-        }
-        tf_value *norm = ob(&p, "clip.norm", TF_OP_SQRT, total, NULL);
-        tf_value *coef = ob(&p, "clip.coef", TF_OP_MINIMUM,
-                            ob(&p, "clip.ratio", TF_OP_DIV, onum(&p, tr->clip_grad_norm), ob(&p, "clip.norm_eps", TF_OP_ADD, norm, onum(&p, 1e-6))),
-                            onum(&p, 1));
-        for (int i = 0; i < np && !g->failed; i++) {
-            char nm[512];
-            snprintf(nm, sizeof nm, "%s.grad_clipped", params[i]->name);
-            tf_value *cf = coef;
-            if (grads[i]->type.dtype != TF_DT_F32) {
-                tf_named_attr ca = {"to", tf_attr_dtype(grads[i]->type.dtype)};
-                cf = build(g, "clip.coef_cast", &p.loc, TF_OP_CAST, &coef, 1, &ca, 1);
-            }
-            grads[i] = ob(&p, nm, TF_OP_MUL, grads[i], cf);
-        }
-        tf_explain(g->o, "autodiff", &p.loc, "clip_grad_norm %g: every gradient scaled by min(1, %g / global norm)",
-                   tr->clip_grad_norm, tr->clip_grad_norm);
-    }
-    for (int i = 0; i < np; i++)
-        if (update_param(&p, tr, params[i], grads[i], lr, t, first)) return g->d->status;
+    if (!st && tr->has_clip) clip_grads(&p, tr, gs);
+    for (int i = 0; !st && i < gs->n; i++)
+        if (update_param(&p, tr, gs->params[i], gs->grads[i], lr, t, first)) st = g->d->status;
+    int np = gs->n;
+    tf_free(gs);
+    if (st) return st;
     tf_value *next = ob(&p, "train.step_next", TF_OP_ADD, step, tf_const(m, 1, TF_DT_I64));
     if (add_update(&p, step, next)) return g->d->status;
     /* a step that does not commit (inf/NaN under fp16, a micro-batch before

@@ -262,37 +262,46 @@ static int home_updates(tf_module *m, const tf_options *o, bool *mem)
     return homed;
 }
 
-tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
+/* pass_memplan's state, step by step (each step a function below). */
+typedef struct mp {
+    tf_module *m;
+    const tf_options *o;
+    int N, V;
+    int *last;                    /* value id -> the last node index that reads it (N: an output or update) */
+    bool *mem, *yielded;          /* value id -> in memory; yielded by its region */
+    int *region_end;              /* region -> its last node index */
+    const tf_type **region_space; /* region -> a reduction region's index space (its reductions' input), else NULL */
+    heap h;
+    int *dies, *next;             /* values by the op after which they die: dies[t] lists node indices via next */
+    int *blk;                     /* value id -> its first-fit block, -1 for none */
+    lifetime *life, *sorted, *placed;
+    block *busy;                  /* the blocks alive while a region runs */
+    int nb, reused, homed, peak_at;
+    int64_t persistent;
+} mp;
+
+static tf_ir_status mp_oom(mp *p) { return tf_diag_error(p->o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan"); }
+
+/* How long each value lives (last[]), which values are in memory, and the
+ * regions' extents. */
+static void mp_lifetimes(mp *p)
 {
-    tf_module_renumber(m);
-    int N = m->nodes.n, V = m->next_id;
-    int *last = tf_malloc((size_t)(V ? V : 1) * sizeof *last);
-    bool *mem = tf_calloc((size_t)(V ? V : 1), sizeof *mem), *yielded = tf_calloc((size_t)(V ? V : 1), sizeof *yielded);
-    int *region_end = tf_malloc((size_t)(m->nregions + 1) * sizeof *region_end);
-    /* per region: a reduction region's index space (its reductions' input type), else NULL */
-    const tf_type **region_space = tf_calloc((size_t)(m->nregions + 1), sizeof *region_space);
-    heap h = {0};
-    int *dies = NULL, *next = NULL, *blk = NULL;
-    lifetime *life = NULL, *sorted = NULL, *placed = NULL;
-    block *busy = NULL;   /* the blocks alive while a region runs, or while a block lives */
-    tf_ir_status st = TF_IR_OK;
-    if (!last || !mem || !yielded || !region_end || !region_space) {
-        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
-        goto done;
-    }
+    tf_module *m = p->m;
+    int N = p->N;
+    int *last = p->last;
     for (int r = 0; r < m->nregions; r++)
-        for (int k = 0; k < m->regions[r].nyields; k++) yielded[m->regions[r].yields[k]->id] = true;
-    for (int i = 0; i < V; i++) last[i] = -1;
+        for (int k = 0; k < m->regions[r].nyields; k++) p->yielded[m->regions[r].yields[k]->id] = true;
+    for (int i = 0; i < p->V; i++) last[i] = -1;
     for (int i = 0; i < N; i++) {
         tf_node *n = m->nodes.items[i];
         n->out->offset = -1;
         n->out->home = NULL;
-        if (n->region) region_end[n->region] = i;
-        if (n->region && tf_op_exec_of(n->op) == TF_OPX_REDUCE && !region_space[n->region])
-            region_space[n->region] = &n->in[0]->type;
+        if (n->region) p->region_end[n->region] = i;
+        if (n->region && tf_op_exec_of(n->op) == TF_OPX_REDUCE && !p->region_space[n->region])
+            p->region_space[n->region] = &n->in[0]->type;
         /* in memory: results outside regions and yields; not views */
         bool view = tf_node_is_view(n);
-        mem[n->out->id] = !view && (!n->region || yielded[n->out->id]);
+        p->mem[n->out->id] = !view && (!n->region || p->yielded[n->out->id]);
         for (int k = 0; k < n->nin; k++) {
             tf_value *v = n->in[k];
             if (v->kind == TF_VAL_CONST) continue;
@@ -310,8 +319,8 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
             tf_value *v = n->in[k];
             if (v->kind == TF_VAL_CONST) continue;
             tf_value *r = root_of(v);
-            if (!(r->kind == TF_VAL_NODE && r->def->region == n->region) && last[r->id] < region_end[n->region])
-                last[r->id] = region_end[n->region];
+            if (!(r->kind == TF_VAL_NODE && r->def->region == n->region) && last[r->id] < p->region_end[n->region])
+                last[r->id] = p->region_end[n->region];
         }
     }
     /* a backward matmul whose result ReLU's backward (a `where` in a fused
@@ -323,232 +332,266 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
     for (int i = 0; i < N; i++) {
         tf_node *n = m->nodes.items[i];
         if (!n->region || !n->backward || n->op != TF_OP_WHERE || m->regions[n->region - 1].kind == TF_REGION_MULTI) continue;
+        int end = p->region_end[n->region];
         for (int k = 0; k < n->nin; k++) {
-            tf_value *p = root_of(n->in[k]);
-            if (p->kind != TF_VAL_NODE || p->def->region == n->region || tf_op_info_of(p->def->op)->kind != TF_OPK_MATMUL)
+            tf_value *pv = root_of(n->in[k]);
+            if (pv->kind != TF_VAL_NODE || pv->def->region == n->region || tf_op_info_of(pv->def->op)->kind != TF_OPK_MATMUL)
                 continue;
-            for (int q = 0; q < p->def->nin; q++) {
-                tf_value *u = p->def->in[q];
-                if (u->kind != TF_VAL_CONST && last[root_of(u)->id] < region_end[n->region]) last[root_of(u)->id] = region_end[n->region];
+            for (int q = 0; q < pv->def->nin; q++) {
+                tf_value *u = pv->def->in[q];
+                if (u->kind != TF_VAL_CONST && last[root_of(u)->id] < end) last[root_of(u)->id] = end;
             }
         }
     }
-    int homed = home_updates(m, o, mem);
-    if (homed < 0) {
-        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
-        goto done;
-    }
-    int64_t persistent = 0;
-    for (int i = 0; i < m->decls.n; i++) {
-        tf_value *v = m->decls.items[i];
-        int64_t b = bytes_of(v);
-        if (b < 0) {
-            st = too_big(m, o, v);
-            goto done;
-        }
-        if (b > PLAN_LIMIT - persistent) {
-            st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &v->loc, "memplan: inputs, params and buffers need more than "
-                               "2^62 bytes (%lld): %lld before '%s' and %lld for it; make a dim smaller",
-                               (long long)PLAN_LIMIT, (long long)persistent, v->name, (long long)b);
-            goto done;
-        }
-        persistent += b;
-    }
+}
 
-    /* values by the op after which they die: dies[t] lists node indices */
-    dies = tf_malloc((size_t)(N + 1) * sizeof *dies);
-    next = tf_malloc((size_t)(N ? N : 1) * sizeof *next);
-    if (!dies || !next) {
-        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
-        goto done;
+/* The bytes of inputs, params and buffers, which live for the whole step. */
+static tf_ir_status mp_persistent(mp *p)
+{
+    for (int i = 0; i < p->m->decls.n; i++) {
+        tf_value *v = p->m->decls.items[i];
+        int64_t b = bytes_of(v);
+        if (b < 0) return too_big(p->m, p->o, v);
+        if (b > PLAN_LIMIT - p->persistent)
+            return tf_diag_error(p->o->diag, TF_IR_ERR_LIMIT, &v->loc, "memplan: inputs, params and buffers need more than "
+                                 "2^62 bytes (%lld): %lld before '%s' and %lld for it; make a dim smaller",
+                                 (long long)PLAN_LIMIT, (long long)p->persistent, v->name, (long long)b);
+        p->persistent += b;
     }
-    for (int t = 0; t <= N; t++) dies[t] = -1;
-    for (int i = 0; i < N; i++) {
+    return TF_IR_OK;
+}
+
+/* The value an elementwise node n may write in place over: an operand of
+ * its shape and size that dies here, in another kernel. In a reduction
+ * kernel, too, for a result over the whole index space: every emitter (and
+ * kernel_eval.c) finishes an outer index's reductions, every read of them,
+ * before its full-space stores, and each of those reads its operands at the
+ * element it writes (a batchnorm's input gradient over the gradient it is
+ * computed from). */
+static tf_value *mp_donor(const mp *p, const tf_node *n, int i)
+{
+    const tf_value *v = n->out;
+    const tf_region_kind rk = n->region ? p->m->regions[n->region - 1].kind : TF_REGION_POINTWISE;
+    bool elementwise = tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE &&
+                       (!n->region || rk == TF_REGION_POINTWISE ||
+                        (rk == TF_REGION_REDUCTION && p->region_space[n->region] &&
+                         tf_type_same_shape(&v->type, p->region_space[n->region])));
+    int end = n->region ? p->region_end[n->region] : i;
+    for (int k = 0; elementwise && !p->o->opt0 && k < n->nin; k++) {
+        tf_value *u = root_of(n->in[k]);
+        if (u->kind == TF_VAL_NODE && u->offset >= 0 && p->mem[u->id] && p->last[u->id] <= end && p->last[u->id] >= i &&
+            (!n->region || u->def->region != n->region) && tf_type_same_shape(&u->type, &v->type) &&
+            bytes_of(u) == bytes_of(v) && n->in[k] == u &&
+            /* a matmul's product read by a reduction kernel stays apart from what the kernel writes: the
+             * cuda target may run that kernel as the GEMM's epilogue (ReLU's backward with the bias
+             * gradient, DRELU_BGRAD), which writes its result beside the product, not over it */
+            !(rk == TF_REGION_REDUCTION && tf_op_info_of(u->def->op)->kind == TF_OPK_MATMUL))
+            return u;
+    }
+    return NULL;
+}
+
+/* First fit in op order: each value in memory gets a block when made (or
+ * its donor's), freed after its last reader. */
+static tf_ir_status mp_first_fit(mp *p)
+{
+    tf_module *m = p->m;
+    for (int t = 0; t <= p->N; t++) p->dies[t] = -1;
+    for (int i = 0; i < p->N; i++) {
         tf_value *v = ((tf_node *)m->nodes.items[i])->out;
-        if (last[v->id] < 0) last[v->id] = i;   /* unused result: lives at its op only */
-        next[i] = dies[last[v->id]];
-        dies[last[v->id]] = i;
+        if (p->last[v->id] < 0) p->last[v->id] = i;   /* unused result: lives at its op only */
+        p->next[i] = p->dies[p->last[v->id]];
+        p->dies[p->last[v->id]] = i;
     }
-    /* the blocks first-fit makes, for the second placement: per value id
-     * its block, -1 for none */
-    blk = tf_malloc((size_t)(V ? V : 1) * sizeof *blk);
-    life = tf_malloc((size_t)(N ? N : 1) * sizeof *life);
-    sorted = tf_malloc((size_t)(N ? N : 1) * sizeof *sorted);
-    placed = tf_malloc((size_t)(N ? N : 1) * sizeof *placed);
-    busy = tf_malloc((size_t)(N ? N : 1) * sizeof *busy);
-    if (!blk || !life || !sorted || !placed || !busy) {
-        st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
-        goto done;
-    }
-    for (int i = 0; i < V; i++) blk[i] = -1;
-    int reused = 0, peak_at = -1, nb = 0;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < p->V; i++) p->blk[i] = -1;
+    for (int i = 0; i < p->N; i++) {
         tf_node *n = m->nodes.items[i];
         tf_value *v = n->out;
         int64_t vbytes = bytes_of(v);
         /* free what died at the previous op */
-        for (int j = i ? dies[i - 1] : -1; j >= 0; j = next[j]) {
+        for (int j = i ? p->dies[i - 1] : -1; j >= 0; j = p->next[j]) {
             tf_value *w = ((tf_node *)m->nodes.items[j])->out;
-            if (mem[w->id] && w->offset >= 0 && !heap_free(&h, w->offset, bytes_of(w))) {
-                st = tf_diag_error(o->diag, TF_IR_ERR_OOM, NULL, "out of memory in memplan");
-                goto done;
-            }
+            if (p->mem[w->id] && w->offset >= 0 && !heap_free(&p->h, w->offset, bytes_of(w))) return mp_oom(p);
         }
-        if (!mem[v->id]) continue;
-        if (vbytes < 0) {
-            st = too_big(m, o, v);
-            goto done;
-        }
-        /* in place over an operand that dies here. In a reduction kernel,
-         * too, for a result over the whole index space: every emitter (and
-         * kernel_eval.c) finishes an outer index's reductions, every read of
-         * them, before its full-space stores, and each of those reads its
-         * operands at the element it writes (a batchnorm's input gradient
-         * over the gradient it is computed from) */
-        const tf_region_kind rk = n->region ? m->regions[n->region - 1].kind : TF_REGION_POINTWISE;
-        bool elementwise = tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE &&
-                           (!n->region || rk == TF_REGION_POINTWISE ||
-                            (rk == TF_REGION_REDUCTION && region_space[n->region] && tf_type_same_shape(&v->type, region_space[n->region])));
-        int end = n->region ? region_end[n->region] : i;
-        tf_value *donor = NULL;
-        for (int k = 0; elementwise && !o->opt0 && k < n->nin && !donor; k++) {
-            tf_value *u = root_of(n->in[k]);
-            if (u->kind == TF_VAL_NODE && u->offset >= 0 && mem[u->id] && last[u->id] <= end && last[u->id] >= i &&
-                (!n->region || u->def->region != n->region) && tf_type_same_shape(&u->type, &v->type) &&
-                bytes_of(u) == bytes_of(v) && n->in[k] == u &&
-                /* a matmul's product read by a reduction kernel stays apart from what the kernel writes: the
-                 * cuda target may run that kernel as the GEMM's epilogue (ReLU's backward with the bias
-                 * gradient, DRELU_BGRAD), which writes its result beside the product, not over it */
-                !(rk == TF_REGION_REDUCTION && tf_op_info_of(u->def->op)->kind == TF_OPK_MATMUL))
-                donor = u;
-        }
+        if (!p->mem[v->id]) continue;
+        if (vbytes < 0) return too_big(m, p->o, v);
+        tf_value *donor = mp_donor(p, n, i);
         if (donor) {
             v->offset = donor->offset;
-            blk[v->id] = blk[donor->id];
-            mem[donor->id] = false;   /* handed over: v frees it */
-            reused++;
-            tf_explain(o, "memplan", &n->loc, "%s writes in place over %s (%lld bytes): %s dies here", v->name,
+            p->blk[v->id] = p->blk[donor->id];
+            p->mem[donor->id] = false;   /* handed over: v frees it */
+            p->reused++;
+            tf_explain(p->o, "memplan", &n->loc, "%s writes in place over %s (%lld bytes): %s dies here", v->name,
                        donor->name, (long long)bytes_of(v), donor->name);
-        } else {
-            int64_t top = h.top;
-            if (!heap_alloc(&h, vbytes, &v->offset)) {
-                st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &n->loc, "memplan: the arena would pass 2^62 bytes "
-                                   "(%lld) placing '%s' (%lld bytes) at byte %lld; the step needs more memory than "
-                                   "any machine has: make a dim smaller", (long long)PLAN_LIMIT, v->name,
-                                   (long long)vbytes, (long long)v->offset);
-                v->offset = -1;
-                goto done;
-            }
-            if (h.top > top) peak_at = i;
-            blk[v->id] = nb;
-            life[nb] = (lifetime){align_up(vbytes ? vbytes : 1), 0, i, i, nb};
-            nb++;
+            continue;
         }
+        int64_t top = p->h.top;
+        if (!heap_alloc(&p->h, vbytes, &v->offset)) {
+            tf_ir_status st = tf_diag_error(p->o->diag, TF_IR_ERR_LIMIT, &n->loc, "memplan: the arena would pass 2^62 bytes "
+                                            "(%lld) placing '%s' (%lld bytes) at byte %lld; the step needs more memory than "
+                                            "any machine has: make a dim smaller", (long long)PLAN_LIMIT, v->name,
+                                            (long long)vbytes, (long long)v->offset);
+            v->offset = -1;
+            return st;
+        }
+        if (p->h.top > top) p->peak_at = i;
+        p->blk[v->id] = p->nb;
+        p->life[p->nb] = (lifetime){align_up(vbytes ? vbytes : 1), 0, i, i, p->nb};
+        p->nb++;
     }
-    for (int i = 0; i < N; i++) {   /* a block lives until the last value in it dies */
+    return TF_IR_OK;
+}
+
+/* The same blocks placed largest first, kept where that makes a smaller arena. */
+static void mp_largest_first(mp *p)
+{
+    tf_module *m = p->m;
+    for (int i = 0; i < p->N; i++) {   /* a block lives until the last value in it dies */
         const tf_value *v = ((tf_node *)m->nodes.items[i])->out;
-        if (blk[v->id] >= 0 && last[v->id] > life[blk[v->id]].end) life[blk[v->id]].end = last[v->id];
+        if (p->blk[v->id] >= 0 && p->last[v->id] > p->life[p->blk[v->id]].end) p->life[p->blk[v->id]].end = p->last[v->id];
     }
-    int64_t by_size_top = place_by_size(life, nb, sorted, placed);
-    if (by_size_top < h.top) {
-        tf_explain(o, "memplan", NULL, "largest-first placement: an arena of %lld bytes (first-fit in op order: %lld)",
-                   (long long)by_size_top, (long long)h.top);
-        for (int i = 0; i < N; i++) {
-            tf_value *v = ((tf_node *)m->nodes.items[i])->out;
-            if (blk[v->id] >= 0) v->offset = life[blk[v->id]].off;
+    int64_t by_size_top = place_by_size(p->life, p->nb, p->sorted, p->placed);
+    if (by_size_top >= p->h.top) return;
+    tf_explain(p->o, "memplan", NULL, "largest-first placement: an arena of %lld bytes (first-fit in op order: %lld)",
+               (long long)by_size_top, (long long)p->h.top);
+    for (int i = 0; i < p->N; i++) {
+        tf_value *v = ((tf_node *)m->nodes.items[i])->out;
+        if (p->blk[v->id] >= 0) v->offset = p->life[p->blk[v->id]].off;
+    }
+    p->h.top = by_size_top;
+    for (int b = 0; b < p->nb; b++)   /* the peak: where the block that ends the arena is made */
+        if (p->life[b].off + p->life[b].size == by_size_top) {
+            p->peak_at = p->life[b].start;
+            break;
         }
-        h.top = by_size_top;
-        for (int b = 0; b < nb; b++)   /* the peak: where the block that ends the arena is made */
-            if (life[b].off + life[b].size == by_size_top) {
-                peak_at = life[b].start;
-                break;
-            }
-    }
-    /* the regions' library results that no other kernel reads: placed
-     * last, each at the lowest offset free while its region runs (first
-     * fit over the blocks of the values alive then), so that the offsets of
-     * everything else are as without them */
+}
+
+/* The regions' library results that no other kernel reads: placed last,
+ * each at the lowest offset free while its region runs (first fit over the
+ * blocks of the values alive then), so that the offsets of everything else
+ * are as without them. */
+static tf_ir_status mp_region_libraries(mp *p)
+{
+    tf_module *m = p->m;
     int lib_placed = 0;
-    int64_t lib_bytes = 0, lib_top = h.top;
-    for (int i = 0; i < N; i++) {
+    int64_t lib_bytes = 0, lib_top = p->h.top;
+    for (int i = 0; i < p->N; i++) {
         tf_node *n = m->nodes.items[i];
         tf_value *v = n->out;
-        if (!library_in_region(n) || mem[v->id] || v->offset >= 0) continue;
+        if (!library_in_region(n) || p->mem[v->id] || v->offset >= 0) continue;
         int64_t size = bytes_of(v);
-        if (size < 0) {
-            st = too_big(m, o, v);
-            goto done;
-        }
+        if (size < 0) return too_big(m, p->o, v);
         size = align_up(size ? size : 1);
-        int nb = 0, end = region_end[n->region];
+        int nb = 0, end = p->region_end[n->region];
         for (int j = 0; j <= end; j++) {
             tf_value *w = ((tf_node *)m->nodes.items[j])->out;
-            if (w->offset >= 0 && w != v && (last[w->id] < j ? j : last[w->id]) >= i)
-                busy[nb++] = (block){w->offset, align_up(bytes_of(w) ? bytes_of(w) : 1)};
+            if (w->offset >= 0 && w != v && (p->last[w->id] < j ? j : p->last[w->id]) >= i)
+                p->busy[nb++] = (block){w->offset, align_up(bytes_of(w) ? bytes_of(w) : 1)};
         }
-        qsort(busy, (size_t)nb, sizeof *busy, by_offset);
+        qsort(p->busy, (size_t)nb, sizeof *p->busy, by_offset);
         int64_t at = 0;
-        for (int k = 0; k < nb && busy[k].off < at + size; k++)
-            if (busy[k].off + busy[k].size > at) at = busy[k].off + busy[k].size;
-        if (at > PLAN_LIMIT - size) {
-            st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, &n->loc, "memplan: the arena would pass 2^62 bytes (%lld) "
-                               "placing '%s' (%lld bytes)", (long long)PLAN_LIMIT, v->name, (long long)size);
-            goto done;
-        }
+        for (int k = 0; k < nb && p->busy[k].off < at + size; k++)
+            if (p->busy[k].off + p->busy[k].size > at) at = p->busy[k].off + p->busy[k].size;
+        if (at > PLAN_LIMIT - size)
+            return tf_diag_error(p->o->diag, TF_IR_ERR_LIMIT, &n->loc, "memplan: the arena would pass 2^62 bytes (%lld) "
+                                 "placing '%s' (%lld bytes)", (long long)PLAN_LIMIT, v->name, (long long)size);
         v->offset = at;
-        if (at + size > h.top) h.top = at + size;
+        if (at + size > p->h.top) p->h.top = at + size;
         lib_placed++;
         lib_bytes += size;
     }
     if (lib_placed)
-        tf_explain(o, "memplan", NULL, "%d matmul and convolution results that a fused epilogue reads from memory "
+        tf_explain(p->o, "memplan", NULL, "%d matmul and convolution results that a fused epilogue reads from memory "
                    "(%lld bytes) fit in the gaps of the arena, which they grow by %lld bytes", lib_placed,
-                   (long long)lib_bytes, (long long)(h.top - lib_top));
-    /* where the arena reached its size: the largest values alive there */
-    if (o->explain && peak_at >= 0) {
-        char list[768];
-        size_t k = 0;
-        list[0] = 0;
-        for (int round = 0; round < 6; round++) {   /* the six largest, by selection */
-            tf_value *best = NULL;
-            for (int j = 0; j <= peak_at; j++) {
-                tf_value *w = ((tf_node *)m->nodes.items[j])->out;
-                if (w->offset < 0 || last[w->id] < peak_at || strstr(list, w->name)) continue;
-                if (!best || bytes_of(w) > bytes_of(best)) best = w;
-            }
-            if (!best || k >= sizeof list) break;
-            k += (size_t)snprintf(list + k, sizeof list - k, "%s%s (%lld)", k ? ", " : "", best->name, (long long)bytes_of(best));
+                   (long long)lib_bytes, (long long)(p->h.top - lib_top));
+    return TF_IR_OK;
+}
+
+/* --explain: where the arena reached its size, and the largest values alive there. */
+static void mp_explain_peak(const mp *p)
+{
+    if (!p->o->explain || p->peak_at < 0) return;
+    char list[768];
+    size_t k = 0;
+    list[0] = 0;
+    for (int round = 0; round < 6; round++) {   /* the six largest, by selection */
+        tf_value *best = NULL;
+        for (int j = 0; j <= p->peak_at; j++) {
+            tf_value *w = ((tf_node *)p->m->nodes.items[j])->out;
+            if (w->offset < 0 || p->last[w->id] < p->peak_at || strstr(list, w->name)) continue;
+            if (!best || bytes_of(w) > bytes_of(best)) best = w;
         }
-        tf_explain(o, "memplan", &((tf_node *)m->nodes.items[peak_at])->loc, "the arena peaks at %s; largest live: %s",
-                   ((tf_node *)m->nodes.items[peak_at])->out->name, list);
+        if (!best || k >= sizeof list) break;
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%s (%lld)", k ? ", " : "", best->name, (long long)bytes_of(best));
     }
-    if (h.top > PLAN_LIMIT - persistent) {
+    const tf_node *at = p->m->nodes.items[p->peak_at];
+    tf_explain(p->o, "memplan", &at->loc, "the arena peaks at %s; largest live: %s", at->out->name, list);
+}
+
+static void mp_free(mp *p)
+{
+    tf_free(p->busy);
+    tf_free(p->blk);
+    tf_free(p->life);
+    tf_free(p->sorted);
+    tf_free(p->placed);
+    tf_free(p->h.free);
+    tf_free(p->dies);
+    tf_free(p->next);
+    tf_free(p->last);
+    tf_free(p->mem);
+    tf_free(p->yielded);
+    tf_free(p->region_end);
+    tf_free(p->region_space);
+}
+
+tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
+{
+    tf_module_renumber(m);
+    mp p = {.m = m, .o = o, .N = m->nodes.n, .V = m->next_id, .peak_at = -1};
+    size_t V1 = (size_t)(p.V ? p.V : 1), N1 = (size_t)(p.N ? p.N : 1);
+    p.last = tf_malloc(V1 * sizeof *p.last);
+    p.mem = tf_calloc(V1, sizeof *p.mem);
+    p.yielded = tf_calloc(V1, sizeof *p.yielded);
+    p.region_end = tf_malloc((size_t)(m->nregions + 1) * sizeof *p.region_end);
+    p.region_space = tf_calloc((size_t)(m->nregions + 1), sizeof *p.region_space);
+    p.dies = tf_malloc((size_t)(p.N + 1) * sizeof *p.dies);
+    p.next = tf_malloc(N1 * sizeof *p.next);
+    p.blk = tf_malloc(V1 * sizeof *p.blk);
+    p.life = tf_malloc(N1 * sizeof *p.life);
+    p.sorted = tf_malloc(N1 * sizeof *p.sorted);
+    p.placed = tf_malloc(N1 * sizeof *p.placed);
+    p.busy = tf_malloc(N1 * sizeof *p.busy);
+    tf_ir_status st = TF_IR_OK;
+    if (!p.last || !p.mem || !p.yielded || !p.region_end || !p.region_space || !p.dies || !p.next || !p.blk || !p.life ||
+        !p.sorted || !p.placed || !p.busy) {
+        st = mp_oom(&p);
+        goto done;
+    }
+    mp_lifetimes(&p);
+    if ((p.homed = home_updates(m, o, p.mem)) < 0) {
+        st = mp_oom(&p);
+        goto done;
+    }
+    if ((st = mp_persistent(&p)) || (st = mp_first_fit(&p))) goto done;
+    mp_largest_first(&p);
+    if ((st = mp_region_libraries(&p))) goto done;
+    mp_explain_peak(&p);
+    if (p.h.top > PLAN_LIMIT - p.persistent) {
         st = tf_diag_error(o->diag, TF_IR_ERR_LIMIT, NULL, "memplan: the peak, arena %lld + persistent %lld bytes, "
-                           "is more than 2^62 bytes (%lld): make a dim smaller", (long long)h.top,
-                           (long long)persistent, (long long)PLAN_LIMIT);
+                           "is more than 2^62 bytes (%lld): make a dim smaller", (long long)p.h.top,
+                           (long long)p.persistent, (long long)PLAN_LIMIT);
         goto done;
     }
     m->plan.planned = true;
-    m->plan.arena_bytes = h.top;
-    m->plan.persistent_bytes = persistent;
-    m->plan.reused = reused;
-    m->plan.updates_in_place = homed;
+    m->plan.arena_bytes = p.h.top;
+    m->plan.persistent_bytes = p.persistent;
+    m->plan.reused = p.reused;
+    m->plan.updates_in_place = p.homed;
     tf_explain(o, "memplan", NULL, "arena %lld bytes + persistent %lld bytes (inputs, params, buffers) = peak %lld bytes; "
-               "%d results in place, %d of %d updates in place", (long long)h.top, (long long)persistent,
-               (long long)(h.top + persistent), reused, homed, m->nupdates);
+               "%d results in place, %d of %d updates in place", (long long)p.h.top, (long long)p.persistent,
+               (long long)(p.h.top + p.persistent), p.reused, p.homed, m->nupdates);
 done:
-    tf_free(busy);
-    tf_free(blk);
-    tf_free(life);
-    tf_free(sorted);
-    tf_free(placed);
-    tf_free(h.free);
-    tf_free(dies);
-    tf_free(next);
-    tf_free(last);
-    tf_free(mem);
-    tf_free(yielded);
-    tf_free(region_end);
-    tf_free(region_space);
+    mp_free(&p);
     return st;
 }
