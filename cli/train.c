@@ -709,12 +709,23 @@ static int stop_early(void)
     return RC_INTERRUPTED;
 }
 
-static int train_run(tf_context_t *ctx, const args *a, trainer *T)
+/* What train_run decides before the first step. */
+typedef struct train_plan {
+    tf_target target;
+    bool has_lr, fp16;        /* the program outputs lr; it trains in fp16 (a loss scaler skips bad steps) */
+    const char *precision;
+    int workers;              /* the loader's threads */
+    int64_t N, B;             /* samples, batch size */
+    uint64_t per_epoch, total, seed, log_every;
+    cursor cur;               /* where the run starts: step, epoch, position */
+} train_plan;
+
+/* Everything that can be checked before compiling: data lists and files,
+ * the files to read and to write. */
+static int train_check(const args *a, trainer *T)
 {
     const train_args *t = &a->train;
     int rc;
-    /* everything that can be checked before compiling: data lists and files,
-     * the files to read and to write */
     if ((rc = dataset_parse("--data", t->data, t->ndata, &T->data))) return rc;
     if (t->neval_data) {
         T->have_ev = true;
@@ -726,10 +737,15 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         return rc;
     if (t->resume && cli_check_readable("--resume", t->resume)) return 1;
     if (a->params && cli_check_readable("--params", a->params)) return 1;
-    if ((rc = check_outputs(a))) return rc;
+    return check_outputs(a);
+}
 
-    tf_target target;
-    if (!(T->p = cli_load_program(ctx, a, TF_MODE_TRAIN, stdout, &target, NULL, &rc))) return rc;
+/* The program, its loss and train block, and the data: how many steps. */
+static int train_prepare(tf_context_t *ctx, const args *a, trainer *T, train_plan *P)
+{
+    const train_args *t = &a->train;
+    int rc;
+    if (!(T->p = cli_load_program(ctx, a, TF_MODE_TRAIN, stdout, &P->target, NULL, &rc))) return rc;
     /* the model again, for the evaluation program (a package holds it) */
     if (tf_program_model(ctx, T->p, &T->m)) return api_error(ctx, NULL);
     if (cli_interrupted()) return stop_early();
@@ -741,62 +757,126 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     if (numel(loss_shape, 0, loss_rank) != 1)   /* autodiff refuses these first, with the place */
         return errorf("%s: output 'loss' has %" PRId64 " elements; training needs a scalar loss", a->file,
                       numel(loss_shape, 0, loss_rank));
-    bool has_lr = has_output(T->p, "lr", NULL, NULL, NULL);
+    P->has_lr = has_output(T->p, "lr", NULL, NULL, NULL);
     tf_train_config cfg;
     if (tf_program_train_config(ctx, T->p, &cfg)) return api_error(ctx, NULL);
-    const char *precision = tf_precision_name(cfg.precision);
-    bool fp16 = cfg.precision == TF_PRECISION_FP16;
-    int workers = t->workers ? (int)t->workers : 2;
-    if ((rc = dataset_load(ctx, T->p, "--data", true, a->seed, workers, &T->data))) return rc;
-    const dataset *d = &T->data;
-    const int64_t N = tf_loader_samples(d->L), B = tf_loader_batch_size(d->L);
-    uint64_t per_epoch = tf_loader_epoch_batches(d->L);
-    if (t->epochs > ((uint64_t)1 << 62) / per_epoch)
+    P->precision = tf_precision_name(cfg.precision);
+    P->fp16 = cfg.precision == TF_PRECISION_FP16;
+    P->workers = t->workers ? (int)t->workers : 2;
+    if ((rc = dataset_load(ctx, T->p, "--data", true, a->seed, P->workers, &T->data))) return rc;
+    P->N = tf_loader_samples(T->data.L), P->B = tf_loader_batch_size(T->data.L);
+    P->per_epoch = tf_loader_epoch_batches(T->data.L);
+    if (t->epochs > ((uint64_t)1 << 62) / P->per_epoch)
         return errorf("--epochs %" PRIu64 " makes more than 2^62 steps", t->epochs);
-    uint64_t total = t->steps ? t->steps : (t->epochs ? t->epochs : 1) * per_epoch;
+    P->total = t->steps ? t->steps : (t->epochs ? t->epochs : 1) * P->per_epoch;
+    return 0;
+}
 
-    uint64_t seed = a->seed;
-    cursor cur = {0, 0, 0};
-    if (tf_session_create(ctx, T->p, target, seed, &T->s)) return api_error(ctx, NULL);
+/* The session (from --params or a --resume checkpoint, whose seed it
+ * keeps), the loader's position, the evaluator and the log. */
+static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan *P)
+{
+    const train_args *t = &a->train;
+    const dataset *d = &T->data;
+    int rc;
+    P->seed = a->seed;
+    P->cur = (cursor){0, 0, 0};
+    if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s)) return api_error(ctx, NULL);
     if (a->params && tf_session_load_state(T->s, a->params)) return api_error(ctx, "--params");
     if (a->params && tf_session_missing_params(T->s))
         fprintf(stderr, "tfuse: note: %s has no value for %s; they start from their initializers\n", a->params,
                 tf_session_missing_params(T->s));
     if (t->resume) {
         uint64_t ck_seed;
-        if ((rc = resume(ctx, T->s, t->resume, &cur, &ck_seed, d, false))) return rc;
-        if (ck_seed != seed) {
+        if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, false))) return rc;
+        if (ck_seed != P->seed) {
             if (a->seed_set)
                 return cli_usage_errorf("train", "--seed %" PRIu64 " differs from the seed %" PRIu64
-                                        " of %s: a resumed run keeps its seed", seed, ck_seed, t->resume);
-            seed = ck_seed;   /* dropout masks come from the session's seed: start over with the right one */
+                                        " of %s: a resumed run keeps its seed", P->seed, ck_seed, t->resume);
+            P->seed = ck_seed;   /* dropout masks come from the session's seed: start over with the right one */
             tf_session_free(T->s);
             T->s = NULL;
-            if (tf_session_create(ctx, T->p, target, seed, &T->s)) return api_error(ctx, NULL);
-            if ((rc = resume(ctx, T->s, t->resume, &cur, &ck_seed, d, true))) return rc;
+            if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s)) return api_error(ctx, NULL);
+            if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, true))) return rc;
         }
     }
-    if (tf_loader_set_position(d->L, &(tf_loader_position){cur.epoch, cur.pos, seed})) return api_error(ctx, "--resume");
-    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, target, workers, &T->ev))) return rc;
+    if (tf_loader_set_position(d->L, &(tf_loader_position){P->cur.epoch, P->cur.pos, P->seed})) return api_error(ctx, "--resume");
+    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, P->target, P->workers, &T->ev))) return rc;
     if (cli_interrupted()) return stop_early();
     /* from here on the run writes: the log first */
-    if (t->log && (rc = log_open(t->log, t->resume != NULL, cur.step, &T->log))) return rc;
-    uint64_t log_every = t->log_every ? t->log_every : 10;
-
-    printf("training %s: %" PRId64 " samples, batches of %" PRId64 ", %" PRIu64 " steps per epoch", a->file, N, B,
-           per_epoch);
-    if (N % B) printf(" (%" PRId64 " samples per epoch left out)", N % B);
-    if (cur.step) printf("; resuming at step %" PRIu64 " (epoch %" PRIu64 ")", cur.step, cur.epoch);
-    printf("; steps %" PRIu64 "/%" PRIu64 ", seed %" PRIu64 "\n", cur.step, total, seed);
+    if (t->log && (rc = log_open(t->log, t->resume != NULL, P->cur.step, &T->log))) return rc;
+    P->log_every = t->log_every ? t->log_every : 10;
+    printf("training %s: %" PRId64 " samples, batches of %" PRId64 ", %" PRIu64 " steps per epoch", a->file, P->N, P->B,
+           P->per_epoch);
+    if (P->N % P->B) printf(" (%" PRId64 " samples per epoch left out)", P->N % P->B);
+    if (P->cur.step) printf("; resuming at step %" PRIu64 " (epoch %" PRIu64 ")", P->cur.step, P->cur.epoch);
+    printf("; steps %" PRIu64 "/%" PRIu64 ", seed %" PRIu64 "\n", P->cur.step, P->total, P->seed);
     fflush(stdout);
+    return 0;
+}
 
-    progress pr = {.tty = isatty(fileno(stdout)), .total = total, .first = cur.step, .every = log_every,
-                   .batch = B, .t0 = now_s()};
-    double last = now_s(), loss = NAN, lr = NAN;
-    uint64_t epoch = cur.epoch, skipped = 0;
-    bool interrupted = false, saved = false;   /* saved: the state of cur.step is in t->save */
-    while (cur.step < total) {
-        if ((interrupted = cli_interrupted())) break;   /* between steps: the state is that of cur.step steps */
+/* One step's loss (and lr) after it ran: logged, shown, and a non-finite
+ * loss stops an fp32/bf16 run (a nonzero return) or counts as a step the
+ * fp16 loss scaler skipped. */
+static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, progress *pr, uint64_t epoch,
+                            double *last, uint64_t *skipped)
+{
+    /* Step N's loss is read here, before step N+1 is enqueued, although
+     * the cuda target's run is asynchronous: reading it after run N+1
+     * would change what happens. An output is valid only until the
+     * next run (tfuse.h), so step N's would be gone; a non-finite loss
+     * stops an fp32/bf16 run at step N, and --save-every, --eval-every
+     * and an interrupt read the state of step N, all of which need step
+     * N+1 not to have run. The host still overlaps the GPU while the
+     * step is enqueued and its inputs copied (a copy stream, two pinned
+     * slots), and the next batch is prepared by the loader's threads. */
+    tf_tensor_view v;
+    uint64_t step = P->cur.step;
+    if (tf_session_output(T->s, "loss", &v)) {
+        progress_clear(pr);
+        char where[64];
+        snprintf(where, sizeof where, "at step %" PRIu64, step);
+        return api_error(ctx, where);
+    }
+    double loss = tf_view_element(&v, 0), lr = NAN;
+    if (P->has_lr && !tf_session_output(T->s, "lr", &v)) lr = tf_view_element(&v, 0);
+    double tnow = now_s(), dt = tnow - *last;
+    *last = tnow;
+    if (T->log) {
+        char ls[32], lrs[32];
+        fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",%s,", step, epoch, num_str(ls, sizeof ls, "%.9g", loss));
+        if (P->has_lr) fputs(num_str(lrs, sizeof lrs, "%.9g", lr), T->log);
+        fprintf(T->log, ",%.1f\n", dt > 0 ? (double)P->B / dt : 0.0);
+        fflush(T->log);
+    }
+    if (!isfinite(loss)) {
+        progress_clear(pr);
+        if (!P->fp16)
+            return errorf("loss is %s at step %" PRIu64 " (in %s, where no loss scaler skips such a step); stopping",
+                          isnan(loss) ? "nan" : "inf", step, P->precision);
+        (*skipped)++;
+        printf("note: step %" PRIu64 ": loss is %s in fp16; the loss scaler skips the step and halves the scale\n",
+               step, isnan(loss) ? "nan" : "inf");
+    }
+    progress_show(pr, step, epoch, loss, lr, step == P->total);
+    return 0;
+}
+
+static int train_run(tf_context_t *ctx, const args *a, trainer *T)
+{
+    const train_args *t = &a->train;
+    train_plan P = {0};
+    int rc;
+    if ((rc = train_check(a, T)) || (rc = train_prepare(ctx, a, T, &P)) || (rc = train_start(ctx, a, T, &P))) return rc;
+    const dataset *d = &T->data;
+    cursor *cur = &P.cur;
+    progress pr = {.tty = isatty(fileno(stdout)), .total = P.total, .first = cur->step, .every = P.log_every,
+                   .batch = P.B, .t0 = now_s()};
+    double last = now_s();
+    uint64_t epoch = cur->epoch, skipped = 0;
+    bool interrupted = false, saved = false;   /* saved: the state of cur->step is in t->save */
+    while (cur->step < P.total) {
+        if ((interrupted = cli_interrupted())) break;   /* between steps: the state is that of cur->step steps */
         tf_batch_info bi;
         if (tf_loader_next(d->L, T->s, &bi)) {
             rc = api_error(ctx, "binding a batch");
@@ -806,58 +886,19 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if (tf_session_run(T->s)) {
             progress_clear(&pr);
             char where[64];
-            snprintf(where, sizeof where, "at step %" PRIu64, cur.step + 1);
+            snprintf(where, sizeof where, "at step %" PRIu64, cur->step + 1);
             rc = api_error(ctx, where);
             break;
         }
-        cur.step++;
-        cur.epoch = epoch = bi.epoch;
-        cur.pos = bi.next.offset;
-        /* Step N's loss is read here, before step N+1 is enqueued, although
-         * the cuda target's run is asynchronous: reading it after run N+1
-         * would change what happens. An output is valid only until the
-         * next run (tfuse.h), so step N's would be gone; a non-finite loss
-         * stops an fp32/bf16 run at step N, and --save-every, --eval-every
-         * and an interrupt read the state of step N, all of which need step
-         * N+1 not to have run. The host still overlaps the GPU while the
-         * step is enqueued and its inputs copied (a copy stream, two pinned
-         * slots), and the next batch is prepared by the loader's threads. */
-        tf_tensor_view v;
-        if (tf_session_output(T->s, "loss", &v)) {
-            progress_clear(&pr);
-            char where[64];
-            snprintf(where, sizeof where, "at step %" PRIu64, cur.step);
-            rc = api_error(ctx, where);
-            break;
-        }
-        loss = tf_view_element(&v, 0);
-        if (has_lr && !tf_session_output(T->s, "lr", &v)) lr = tf_view_element(&v, 0);
-        double tnow = now_s(), dt = tnow - last;
-        last = tnow;
-        if (T->log) {
-            char ls[32], lrs[32];
-            fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",%s,", cur.step, epoch, num_str(ls, sizeof ls, "%.9g", loss));
-            if (has_lr) fputs(num_str(lrs, sizeof lrs, "%.9g", lr), T->log);
-            fprintf(T->log, ",%.1f\n", dt > 0 ? (double)B / dt : 0.0);
-            fflush(T->log);
-        }
-        if (!isfinite(loss)) {
-            progress_clear(&pr);
-            if (!fp16) {
-                rc = errorf("loss is %s at step %" PRIu64 " (in %s, where no loss scaler skips such a step); stopping",
-                            isnan(loss) ? "nan" : "inf", cur.step, precision);
-                break;
-            }
-            skipped++;
-            printf("note: step %" PRIu64 ": loss is %s in fp16; the loss scaler skips the step and halves the scale\n",
-                   cur.step, isnan(loss) ? "nan" : "inf");
-        }
-        progress_show(&pr, cur.step, epoch, loss, lr, cur.step == total);
+        cur->step++;
+        cur->epoch = epoch = bi.epoch;
+        cur->pos = bi.next.offset;
+        if ((rc = train_after_step(ctx, T, &P, &pr, epoch, &last, &skipped))) break;
         double pause0 = now_s();
-        saved = t->save_every && cur.step % t->save_every == 0 && cur.step < total;
-        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, &cur, seed, d, a->file))) break;
-        if (t->eval_every && cur.step % t->eval_every == 0 && cur.step < total &&
-            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur.step, &pr))) {
+        saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
+        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) break;
+        if (t->eval_every && cur->step % t->eval_every == 0 && cur->step < P.total &&
+            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr))) {
             if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
             break;
         }
@@ -867,16 +908,16 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     }
     if (rc) return rc;
     progress_clear(&pr);
-    if (interrupted || cli_interrupted()) return stop_interrupted(ctx, a, T, &cur, pr.first, seed, saved);
-    if (pr.first >= total) printf("nothing to train: the checkpoint is at step %" PRIu64 " of %" PRIu64 "\n", cur.step, total);
+    if (interrupted || cli_interrupted()) return stop_interrupted(ctx, a, T, cur, pr.first, P.seed, saved);
+    if (pr.first >= P.total) printf("nothing to train: the checkpoint is at step %" PRIu64 " of %" PRIu64 "\n", cur->step, P.total);
     if (skipped) printf("%" PRIu64 " step(s) skipped for a non-finite loss\n", skipped);
     if (t->save) {
-        if ((rc = save_checkpoint(ctx, T->s, t->save, &cur, seed, d, a->file))) return rc;
-        printf("saved %s (step %" PRIu64 ")\n", t->save, cur.step);
+        if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) return rc;
+        printf("saved %s (step %" PRIu64 ")\n", t->save, cur->step);
     }
-    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur.step, &pr)) == RC_INTERRUPTED) {
+    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr)) == RC_INTERRUPTED) {
         fflush(stdout);
-        fprintf(stderr, "tfuse: interrupted during the evaluation after step %" PRIu64 "%s%s\n", cur.step,
+        fprintf(stderr, "tfuse: interrupted during the evaluation after step %" PRIu64 "%s%s\n", cur->step,
                 t->save ? ": training is done and the checkpoint written to " : "", t->save ? t->save : "");
     }
     return rc;
