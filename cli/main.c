@@ -268,168 +268,259 @@ static void settings_help(FILE *f)
           "                           (TFUSE_JIT_CACHE_KERNELS)\n", f);
 }
 
+/* ---- each flag's parser: its value (NULL for a flag that takes none) into a;
+ * 0, or 2 with the usage error printed */
+
+typedef int (*flag_parser)(args *a, const char *v);
+
+static int set_dim(args *a, const char *v)
+{
+    kv p;
+    uint64_t n;
+    if (a->ndims == MAX_ITEMS) return cli_usage_error(a->cmd, "too many --dim flags%s", "");
+    if (!split_kv(v, &p)) return cli_usage_error(a->cmd, "--dim expects NAME=VALUE, found '%s'", v);
+    for (size_t k = 0; k < a->ndims; k++)
+        if (!strcmp(a->dims[k].name, p.key)) {
+            int r = cli_usage_errorf(a->cmd, "--dim %s is given twice (which value was meant?)", p.key);
+            free((char *)p.key);
+            return r;
+        }
+    if (!strcmp(p.val, "auto")) {
+        a->dims[a->ndims++] = (tf_dim_override){p.key, TF_DIM_AUTO};
+        return 0;
+    }
+    if (!cli_parse_u64(p.val, &n) || n < 1 || n > ((uint64_t)1 << 40)) {
+        free((char *)p.key);
+        return cli_usage_error(a->cmd, "--dim value must be an integer in [1, 2^40] or auto, found '%s'", v);
+    }
+    a->dims[a->ndims++] = (tf_dim_override){p.key, (int64_t)n};
+    return 0;
+}
+
+static int set_seed(args *a, const char *v)
+{
+    if (!cli_parse_u64(v, &a->seed)) return cli_usage_error(a->cmd, "--seed expects a non-negative integer, found '%s'", v);
+    a->seed_set = true;
+    return 0;
+}
+
+static int set_mode(args *a, const char *v)
+{
+    if (!strcmp(v, "train")) a->mode = TF_MODE_TRAIN;
+    else if (!strcmp(v, "infer")) a->mode = TF_MODE_INFER;
+    else return cli_usage_error(a->cmd, "--mode expects train or infer, found '%s'", v);
+    a->mode_set = true;
+    return 0;
+}
+
+static int set_target(args *a, const char *v)
+{
+    if (!strcmp(v, "interp")) a->target = TF_TARGET_INTERP;
+    else if (!strcmp(v, "cpu")) a->target = TF_TARGET_CPU;
+    else if (!strcmp(v, "cuda")) a->target = TF_TARGET_CUDA;
+    else if (!strcmp(v, "cuda-emu")) a->target = TF_TARGET_CUDA_EMU;
+    else return cli_usage_error(a->cmd, "--target expects interp, cpu, cuda or cuda-emu, found '%s'", v);
+    return 0;
+}
+
+/* A flag whose value is a name or a path: not empty. */
+#define STRING_FLAG(fn, flag, field)                      \
+    static int fn(args *a, const char *v)                 \
+    {                                                     \
+        int r = 0;                                        \
+        a->field = cli_nonempty(a->cmd, flag, v, &r);     \
+        return r;                                         \
+    }
+STRING_FLAG(set_passes, "--passes", passes)
+STRING_FLAG(set_dump_ir, "--dump-ir", dump_ir)
+STRING_FLAG(set_dump_dir, "--dump-dir", dump_dir)
+STRING_FLAG(set_dump_kernels, "--dump-kernels", dump_kernels)
+STRING_FLAG(set_dump_llvm, "--dump-llvm", dump_llvm)
+STRING_FLAG(set_params, "--params", params)
+STRING_FLAG(set_out, "-o", out)
+#undef STRING_FLAG
+
+/* A flag that takes no value and sets a bool. */
+#define BARE_FLAG(fn, field)                  \
+    static int fn(args *a, const char *v)     \
+    {                                         \
+        (void)v;                              \
+        a->field = true;                      \
+        return 0;                             \
+    }
+BARE_FLAG(set_profile, profile)
+BARE_FLAG(set_o0, o0)
+BARE_FLAG(set_explain, explain)
+BARE_FLAG(set_stats, stats)
+BARE_FLAG(set_no_params, no_params)
+BARE_FLAG(set_random_inputs, random_inputs)
+#undef BARE_FLAG
+
+static int set_disable_pass(args *a, const char *v)
+{
+    int r = 0;
+    if (a->ndisabled == MAX_ITEMS) return cli_usage_error(a->cmd, "too many --disable-pass flags%s", "");
+    for (size_t k = 0; k < a->ndisabled; k++)
+        if (!strcmp(a->disabled[k], v)) return cli_usage_error(a->cmd, "--disable-pass=%s is given twice", v);
+    a->disabled[a->ndisabled++] = cli_nonempty(a->cmd, "--disable-pass", v, &r);
+    return r;
+}
+
+static int set_arch(args *a, const char *v)
+{
+    for (const char *e = v;; e += strcspn(e, ",") + 1) {   /* sm_80 or a list: sm_80,sm_90 */
+        size_t len = strcspn(e, ",");
+        if (len < 4 || strncmp(e, "sm_", 3) || strspn(e + 3, "0123456789a") != len - 3)
+            return cli_usage_error(a->cmd, "--arch expects GPU architectures such as sm_80 or sm_80,sm_90, found '%s'", v);
+        if (!e[len]) break;
+    }
+    a->arch = v;
+    return 0;
+}
+
+/* An integer flag in [lo, hi]. */
+static int set_u64(args *a, const char *flag, const char *v, uint64_t *out, uint64_t lo, uint64_t hi, const char *range)
+{
+    if (!cli_parse_u64(v, out) || *out < lo || *out > hi)
+        return cli_usage_errorf(a->cmd, "%s expects an integer in %s, found '%s'", flag, range, v);
+    return 0;
+}
+
+static int set_threads(args *a, const char *v) { return set_u64(a, "--threads", v, &a->threads, 1, 1024, "[1, 1024]"); }
+static int set_iters(args *a, const char *v) { return set_u64(a, "--iters", v, &a->iters, 1, 1000000, "[1, 1000000]"); }
+
+static int set_warmup(args *a, const char *v)
+{
+    a->warmup_set = true;
+    return set_u64(a, "--warmup", v, &a->warmup, 0, 1000000, "[0, 1000000]");
+}
+
+static int set_jit_cache_kernels(args *a, const char *v)
+{
+    return set_u64(a, "--jit-cache-kernels", v, &a->jit_cache_kernels, 0, 1u << 20, "[0, 1048576]");
+}
+
+static int set_checkpoint(args *a, const char *v)
+{
+    if (tf_checkpoint_parse(v, &a->checkpoint)) return cli_usage_error(a->cmd, "--checkpoint expects none or auto, found '%s'", v);
+    return 0;
+}
+
+static int set_memory_budget(args *a, const char *v)
+{
+    size_t len = strlen(v);
+    char *end = NULL;
+    if (len > 1 && v[len - 1] == '%') {   /* a percentage of the unconstrained planned peak */
+        a->memory_budget_percent = strtod(v, &end);
+        if (end != v + len - 1 || !(a->memory_budget_percent > 0 && a->memory_budget_percent <= 100))
+            return cli_usage_error(a->cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G) or a percentage "
+                                           "of the planned peak in (0, 100] (e.g. 50%%), found '%s'", v);
+    } else if (!parse_bytes(v, &a->memory_budget)) {
+        return cli_usage_error(a->cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G) or a percentage of "
+                                       "the planned peak (e.g. 50%%), found '%s'", v);
+    }
+    return 0;
+}
+
+static int set_memory_limit(args *a, const char *v)
+{
+    if (!parse_bytes(v, &a->memory_limit))
+        return cli_usage_error(a->cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
+    return 0;
+}
+
+static int set_precision(args *a, const char *v)
+{
+    if (tf_precision_parse(v, &a->precision) || a->precision == TF_PRECISION_DEFAULT)   /* "default": leave it out */
+        return cli_usage_error(a->cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
+    return 0;
+}
+
+/* --input NAME=FILE / --output NAME=FILE: no name read twice, no file written twice. */
+static int set_io(args *a, const char *v, bool in)
+{
+    kv *list = in ? a->inputs : a->outputs;
+    size_t *n = in ? &a->ninputs : &a->noutputs;
+    if (*n == MAX_ITEMS) return cli_usage_error(a->cmd, "too many --input/--output flags%s", "");
+    if (!split_kv(v, &list[*n])) return cli_usage_errorf(a->cmd, "%s expects NAME=FILE.npy, found '%s'", in ? "--input" : "--output", v);
+    kv *p = &list[(*n)++];
+    for (size_t k = 0; k + 1 < *n; k++) {
+        if (in && !strcmp(list[k].key, p->key))
+            return cli_usage_errorf(a->cmd, "--input %s is given twice (which file was meant?)", p->key);
+        if (!in && !strcmp(list[k].val, p->val))
+            return cli_usage_errorf(a->cmd, "--output %s and --output %s write the same file: one would be lost",
+                                    list[k].key, p->key);
+    }
+    return 0;
+}
+
+static int set_input(args *a, const char *v) { return set_io(a, v, true); }
+static int set_output(args *a, const char *v) { return set_io(a, v, false); }
+
+/* How each flag of flag_table is read: whether it takes a value (--flag=V
+ * or --flag V; -o takes the next argument only), its parser, and another
+ * spelling. The target settings' flags are parse_setting's. */
+static const struct flag_parse {
+    bool valued;
+    flag_parser set;
+    const char *alias;
+} flag_parse[F_SETTING0] = {
+    [F_DIM] = {true, set_dim, NULL},               [F_SEED] = {true, set_seed, NULL},
+    [F_MODE] = {true, set_mode, NULL},             [F_TARGET] = {true, set_target, NULL},
+    [F_PASSES] = {true, set_passes, NULL},         [F_DUMP_IR] = {true, set_dump_ir, NULL},
+    [F_DUMP_DIR] = {true, set_dump_dir, NULL},     [F_DISABLE_PASS] = {true, set_disable_pass, NULL},
+    [F_DUMP_KERNELS] = {true, set_dump_kernels, NULL}, [F_ARCH] = {true, set_arch, NULL},
+    [F_DUMP_LLVM] = {true, set_dump_llvm, NULL},   [F_THREADS] = {true, set_threads, NULL},
+    [F_ITERS] = {true, set_iters, NULL},           [F_WARMUP] = {true, set_warmup, NULL},
+    [F_PROFILE] = {false, set_profile, NULL},      [F_CHECKPOINT] = {true, set_checkpoint, NULL},
+    [F_MEMORY_BUDGET] = {true, set_memory_budget, NULL}, [F_MEMORY_LIMIT] = {true, set_memory_limit, NULL},
+    [F_PRECISION] = {true, set_precision, NULL},   [F_O0] = {false, set_o0, "-O0"},
+    [F_EXPLAIN] = {false, set_explain, NULL},      [F_PARAMS] = {true, set_params, NULL},
+    [F_INPUT] = {true, set_input, NULL},           [F_OUTPUT] = {true, set_output, NULL},
+    [F_OUT] = {true, set_out, NULL},               [F_STATS] = {false, set_stats, NULL},
+    [F_RANDOM_INPUTS] = {false, set_random_inputs, NULL}, [F_JIT_CACHE_KERNELS] = {true, set_jit_cache_kernels, NULL},
+    [F_NO_PARAMS] = {false, set_no_params, NULL},
+};
+
+/* The flag of flag_table at argv[*i] (its value in *v, *i past it), or -1. */
+static int match_flag(int argc, char **argv, int *i, const char **v)
+{
+    const char *s = argv[*i];
+    for (int f = 0; f < F_SETTING0; f++) {
+        const struct flag_parse *fp = &flag_parse[f];
+        const char *name = flag_table[f].name;
+        *v = NULL;
+        if (!fp->valued) {
+            if (!strcmp(s, name) || (fp->alias && !strcmp(s, fp->alias))) return f;
+        } else if (f == F_OUT) {   /* -o FILE only */
+            if (!strcmp(s, name) && *i + 1 < argc) {
+                *v = argv[++*i];
+                return f;
+            }
+        } else if ((*v = cli_flag_value(argc, argv, i, name))) {
+            return f;
+        }
+    }
+    return -1;
+}
+
+/* The command line as a loop over the flag table: each flag counted (a
+ * second of one that does not repeat is an error) and parsed by its row's
+ * parser; then the target settings, train's own flags and the model file. */
 static int parse_args(int argc, char **argv, args *a)
 {
     const char *cmd = a->cmd;
     for (int i = 2; i < argc; i++) {
         const char *s = argv[i], *v;
-        int r = 0, ps;
-#define NOTE(f) do { if ((r = note_flag(a, (f)))) return r; } while (0)
-        if (!strcmp(s, "--help") || !strcmp(s, "-h")) { a->help = true; continue; }
-        if ((v = cli_flag_value(argc, argv, &i, "--dim"))) {
-            kv p;
-            uint64_t n;
-            NOTE(F_DIM);
-            if (a->ndims == MAX_ITEMS) return cli_usage_error(cmd, "too many --dim flags%s", "");
-            if (!split_kv(v, &p)) return cli_usage_error(cmd, "--dim expects NAME=VALUE, found '%s'", v);
-            for (size_t k = 0; k < a->ndims; k++)
-                if (!strcmp(a->dims[k].name, p.key)) {
-                    r = cli_usage_errorf(cmd, "--dim %s is given twice (which value was meant?)", p.key);
-                    free((char *)p.key);
-                    return r;
-                }
-            if (!strcmp(p.val, "auto")) {
-                a->dims[a->ndims++] = (tf_dim_override){p.key, TF_DIM_AUTO};
-                continue;
-            }
-            if (!cli_parse_u64(p.val, &n) || n < 1 || n > ((uint64_t)1 << 40)) {
-                free((char *)p.key);
-                return cli_usage_error(cmd, "--dim value must be an integer in [1, 2^40] or auto, found '%s'", v);
-            }
-            a->dims[a->ndims++] = (tf_dim_override){p.key, (int64_t)n};
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
-            NOTE(F_SEED);
-            if (!cli_parse_u64(v, &a->seed)) return cli_usage_error(cmd, "--seed expects a non-negative integer, found '%s'", v);
-            a->seed_set = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--mode"))) {
-            NOTE(F_MODE);
-            if (!strcmp(v, "train")) a->mode = TF_MODE_TRAIN;
-            else if (!strcmp(v, "infer")) a->mode = TF_MODE_INFER;
-            else return cli_usage_error(cmd, "--mode expects train or infer, found '%s'", v);
-            a->mode_set = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
-            NOTE(F_TARGET);
-            if (!strcmp(v, "interp")) a->target = TF_TARGET_INTERP;
-            else if (!strcmp(v, "cpu")) a->target = TF_TARGET_CPU;
-            else if (!strcmp(v, "cuda")) a->target = TF_TARGET_CUDA;
-            else if (!strcmp(v, "cuda-emu")) a->target = TF_TARGET_CUDA_EMU;
-            else return cli_usage_error(cmd, "--target expects interp, cpu, cuda or cuda-emu, found '%s'", v);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--passes"))) {
-            NOTE(F_PASSES);
-            a->passes = cli_nonempty(cmd, "--passes", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-ir"))) {
-            NOTE(F_DUMP_IR);
-            a->dump_ir = cli_nonempty(cmd, "--dump-ir", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-dir"))) {
-            NOTE(F_DUMP_DIR);
-            a->dump_dir = cli_nonempty(cmd, "--dump-dir", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
-            NOTE(F_DISABLE_PASS);
-            if (a->ndisabled == MAX_ITEMS) return cli_usage_error(cmd, "too many --disable-pass flags%s", "");
-            for (size_t k = 0; k < a->ndisabled; k++)
-                if (!strcmp(a->disabled[k], v)) return cli_usage_error(cmd, "--disable-pass=%s is given twice", v);
-            a->disabled[a->ndisabled++] = cli_nonempty(cmd, "--disable-pass", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-kernels"))) {
-            NOTE(F_DUMP_KERNELS);
-            a->dump_kernels = cli_nonempty(cmd, "--dump-kernels", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--arch"))) {
-            NOTE(F_ARCH);
-            for (const char *e = v;; e += strcspn(e, ",") + 1) {   /* sm_80 or a list: sm_80,sm_90 */
-                size_t len = strcspn(e, ",");
-                if (len < 4 || strncmp(e, "sm_", 3) || strspn(e + 3, "0123456789a") != len - 3)
-                    return cli_usage_error(cmd, "--arch expects GPU architectures such as sm_80 or sm_80,sm_90, found '%s'", v);
-                if (!e[len]) break;
-            }
-            a->arch = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-llvm"))) {
-            NOTE(F_DUMP_LLVM);
-            a->dump_llvm = cli_nonempty(cmd, "--dump-llvm", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
-            NOTE(F_THREADS);
-            if (!cli_parse_u64(v, &a->threads) || a->threads < 1 || a->threads > 1024)
-                return cli_usage_error(cmd, "--threads expects an integer in [1, 1024], found '%s'", v);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--iters"))) {
-            NOTE(F_ITERS);
-            if (!cli_parse_u64(v, &a->iters) || a->iters < 1 || a->iters > 1000000)
-                return cli_usage_error(cmd, "--iters expects an integer in [1, 1000000], found '%s'", v);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--warmup"))) {
-            NOTE(F_WARMUP);
-            if (!cli_parse_u64(v, &a->warmup) || a->warmup > 1000000)
-                return cli_usage_error(cmd, "--warmup expects an integer in [0, 1000000], found '%s'", v);
-            a->warmup_set = true;
-        } else if (!strcmp(s, "--profile")) {
-            NOTE(F_PROFILE);
-            a->profile = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
-            NOTE(F_CHECKPOINT);
-            if (tf_checkpoint_parse(v, &a->checkpoint))
-                return cli_usage_error(cmd, "--checkpoint expects none or auto, found '%s'", v);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
-            NOTE(F_MEMORY_BUDGET);
-            size_t len = strlen(v);
-            char *end = NULL;
-            if (len > 1 && v[len - 1] == '%') {   /* a percentage of the unconstrained planned peak */
-                a->memory_budget_percent = strtod(v, &end);
-                if (end != v + len - 1 || !(a->memory_budget_percent > 0 && a->memory_budget_percent <= 100))
-                    return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G) or a percentage "
-                                                "of the planned peak in (0, 100] (e.g. 50%%), found '%s'", v);
-            } else if (!parse_bytes(v, &a->memory_budget))
-                return cli_usage_error(cmd, "--memory-budget expects bytes (e.g. 8000000, 512M, 16G) or a percentage of "
-                                            "the planned peak (e.g. 50%%), found '%s'", v);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-limit"))) {
-            NOTE(F_MEMORY_LIMIT);
-            if (!parse_bytes(v, &a->memory_limit))
-                return cli_usage_error(cmd, "--memory-limit expects bytes (e.g. 8000000, 512M, 16G), found '%s'", v);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--precision"))) {
-            NOTE(F_PRECISION);
-            if (tf_precision_parse(v, &a->precision) || a->precision == TF_PRECISION_DEFAULT)   /* "default": leave it out */
-                return cli_usage_error(cmd, "--precision expects fp32, fp16 or bf16, found '%s'", v);
-        } else if (!strcmp(s, "--O0") || !strcmp(s, "-O0")) {
-            NOTE(F_O0);
-            a->o0 = true;
-        } else if (!strcmp(s, "--explain")) {
-            NOTE(F_EXPLAIN);
-            a->explain = true;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--params"))) {
-            NOTE(F_PARAMS);
-            a->params = cli_nonempty(cmd, "--params", v, &r);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--input")) || (v = cli_flag_value(argc, argv, &i, "--output"))) {
-            bool in = !strncmp(s, "--input", 7);
-            kv *list = in ? a->inputs : a->outputs;
-            size_t *n = in ? &a->ninputs : &a->noutputs;
-            NOTE(in ? F_INPUT : F_OUTPUT);
-            if (*n == MAX_ITEMS) return cli_usage_error(cmd, "too many --input/--output flags%s", "");
-            if (!split_kv(v, &list[*n]))
-                return cli_usage_errorf(cmd, "%s expects NAME=FILE.npy, found '%s'", in ? "--input" : "--output", v);
-            kv *p = &list[(*n)++];
-            for (size_t k = 0; k + 1 < *n; k++) {
-                if (in && !strcmp(list[k].key, p->key))
-                    return cli_usage_errorf(cmd, "--input %s is given twice (which file was meant?)", p->key);
-                if (!in && !strcmp(list[k].val, p->val))
-                    return cli_usage_errorf(cmd, "--output %s and --output %s write the same file: one would be lost",
-                                            list[k].key, p->key);
-            }
-        } else if (!strcmp(s, "-o") && i + 1 < argc) {
-            NOTE(F_OUT);
-            a->out = cli_nonempty(cmd, "-o", argv[++i], &r);
-        } else if (!strcmp(s, "--stats")) {
-            NOTE(F_STATS);
-            a->stats = true;
-        } else if (!strcmp(s, "--no-params")) {
-            NOTE(F_NO_PARAMS);
-            a->no_params = true;
-        } else if (!strcmp(s, "--random-inputs")) {
-            NOTE(F_RANDOM_INPUTS);
-            a->random_inputs = true;
-        } else if ((ps = parse_setting(argc, argv, &i, a)) != -1) {
-            if (ps) return ps;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--jit-cache-kernels"))) {
-            NOTE(F_JIT_CACHE_KERNELS);
-            if (!cli_parse_u64(v, &a->jit_cache_kernels) || a->jit_cache_kernels > (1u << 20))
-                return cli_usage_error(cmd, "--jit-cache-kernels expects an integer in [0, 1048576], found '%s'", v);
+        int r, f;
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            a->help = true;
+        } else if ((f = match_flag(argc, argv, &i, &v)) >= 0) {
+            if ((r = note_flag(a, (flag_id)f)) || (r = flag_parse[f].set(a, v))) return r;
+        } else if ((r = parse_setting(argc, argv, &i, a)) != -1) {
+            if (r) return r;
         } else if (!strcmp(cmd, "train") && (r = train_parse_flag(argc, argv, &i, a))) {
             if (r != 1) return r;
-            r = 0;
         } else if (s[0] == '-' && s[1]) {
             return cli_usage_error(cmd, "unknown or incomplete option '%s'", s);
         } else if (!strcmp(cmd, "doctor")) {
@@ -439,8 +530,6 @@ static int parse_args(int argc, char **argv, args *a)
         } else {
             return cli_usage_error(cmd, "more than one model file given ('%s')", s);
         }
-        if (r) return r;
-#undef NOTE
     }
     if (!a->help && !a->file && strcmp(cmd, "doctor")) return cli_usage_error(cmd, "no model file given%s", "");
     return 0;
