@@ -5,7 +5,7 @@
  * Why: linking a cached or packaged object through ORC costs about 0.7 ms
  * per kernel (a materialization, a lookup and a memory manager each);
  * this loader does it in microseconds, and needs no LLVM loaded at all.
- * The cpu target (runtime/cpu/backend_cpu.c) links every object with it
+ * The cpu target (runtime/cpu/cpu_jit.c) links every object with it
  * and goes through ORC (tf_jit_load_object) only where it answers
  * TF_OBJ_UNSUPPORTED.
  *

@@ -13,7 +13,7 @@
  *
  * e.g. sigmoid is "1 / (1 + exp(-a))" and relu "max(a, 0)". Each code
  * generator implements every primitive once (codegen/llvm.c: `lower_llvm`,
- * codegen/cuda.c: `lower_cuda`), so a new pointwise op made of these
+ * codegen/cuda_expr.c: `lower_cuda`), so a new pointwise op made of these
  * primitives needs no edit in either; a new primitive is one entry in
  * scalar.c's table plus a case in each generator, and
  * tests/unit/test_op_table.c fails until both have it.

@@ -1,5 +1,5 @@
 /* cache_file.h — what tfuse's disk caches share: the cpu target's compiled
- * kernels (backend_cpu.c), the cuda target's cubins (cuda/jit.c), its
+ * kernels (cpu/cpu_objects.c), the cuda target's cubins (cuda/jit.c), its
  * cuBLASLt and cuDNN algorithm choices (cuda/blas.c, cuda/dnn.c) and
  * cuda-emu's compiled kernels (cuda/emu.c) all live under one directory,
  * $TFUSE_CACHE_DIR (default ~/.cache/tfuse), are named by an FNV-1a hash,

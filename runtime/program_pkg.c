@@ -19,7 +19,7 @@
  *                      two thirds of the state), which a session starts
  *                      at zero: the cpu target's storage is zero already,
  *                      the others run that initializer
- *   cpu/target, cpu/SYM.o   the cpu target's object code (backend_cpu.c)
+ *   cpu/target, cpu/SYM.o   the cpu target's object code (cpu/cpu_objects.c)
  *
  * Loading checks the container's checksums, the format and tfuse version,
  * then the target's code (cpu: built for this CPU and LLVM, else refused with

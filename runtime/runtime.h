@@ -28,7 +28,7 @@ struct tf_cache {
     const char *limit_from; /* "default", "env TFUSE_JIT_CACHE_KERNELS", "set" */
     int kernels, unused;    /* held, and of them held by no session */
     int64_t evicted;
-    void *cpu;              /* the cpu backend's JIT and its kernels (backend_cpu.c) */
+    void *cpu;              /* the cpu backend's JIT and its kernels (runtime/cpu/cpu_jit.c) */
 };
 /* A reference for a session (or context); tf_cache_release drops one. */
 void tf_cache_retain(tf_cache_t *c);

@@ -48,7 +48,7 @@ if "$tfuse" doctor | grep -q "^target cpu: available"; then
   m2=$(sed -n 's/^disk_cache_misses: //p' <<<"$out2") h2=$(sed -n 's/^disk_cache_hits: //p' <<<"$out2")
   if [ -n "$m1" ] && [ "$m1" -gt 0 ] && [ "$h1" = 0 ] && [ "$m2" = 0 ] && [ "$h2" = "$m1" ]; then ok
   else bad "run --stats: first $h1 hits, $m1 misses; second $h2 hits, $m2 misses"; fi
-  # the kernels, and the host's target id (backend_cpu.c's host_target: later processes need no LLVM to read it)
+  # the kernels, and the host's target id (cpu_jit.c's host_target: later processes need no LLVM to read it)
   stats=$("$tfuse" cache stats)
   if grep -qE "^cpu: $((m1 + 1)) entries, [1-9][0-9]* bytes" <<<"$stats"; then ok; else bad "cache stats after the runs: $stats"; fi
   if ls "$TFUSE_CACHE_DIR"/cpu/host-* >/dev/null 2>&1; then ok; else bad "no cpu/host-* record in $TFUSE_CACHE_DIR"; fi

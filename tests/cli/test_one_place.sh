@@ -16,7 +16,7 @@ if [ -n "$hits" ]; then
 fi
 # a case list of three or more ops on one line is an op class written out by hand
 hits=$(grep -rnE --include='*.c' 'case TF_OP_[A-Z0-9_]+: *case TF_OP_[A-Z0-9_]+: *case TF_OP_' "$src/passes/fuse.c" "$src/passes/memplan.c" \
-       "$src/codegen/kernel.c" "$src/runtime/context.c" "$src/runtime/cpu/backend_cpu.c" "$src/runtime/cuda/backend_cuda.c")
+       "$src/codegen/kernel.c" "$src/runtime/context.c" "$src/runtime/cpu" "$src/runtime/cuda")
 if [ -n "$hits" ]; then
   echo "FAILED: ops listed by hand where ops.def's EXEC column (tf_op_exec_of) answers:"
   echo "$hits"
