@@ -14,9 +14,10 @@
  * Library kernels: matmul (batched, transposed, broadcast), conv2d with its
  * two gradients, pooling and its gradients through cpu_ops.c (OpenBLAS GEMM,
  * im2col), in fp32 with f16/bf16 operands widened and results rounded to
- * their storage dtype; gather and scatter_add directly on storage. The rest
- * (concat, slice_grad, f64 GEMMs, an out-of-range id so that the error
- * names the op) run the interpreter's kernel on widened copies of their
+ * their storage dtype; gather, scatter_add, concat and slice_grad directly on
+ * storage (cpu_libops.c). The rest (f64 GEMMs, an operand that is a
+ * number, an out-of-range id so that the error names the op) run the
+ * interpreter's kernel on widened copies of their
  * operands — correct, and counted as `fallback` in the profile and in
  * `tfuse bench` so they are visible. Elementwise work splits over the pool along each kernel's split
  * axis.

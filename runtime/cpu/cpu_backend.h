@@ -68,7 +68,7 @@ typedef struct ckernel {
     bool epi_in_conv;      /* RUN_CONV: the primitive writes the region's epilogue (bias, ReLU): fn does not run */
     int epi_bias, epi_out; /* then: the bias's buffer and the stored result's (indices into k->bufs) */
     char conv_why[320];
-    tf_dnnl_gemm *dgemm;   /* RUN_MATMUL: oneDNN with the weights packed (gemm_choose), or NULL: OpenBLAS (gemm_why) */
+    tf_dnnl_gemm *dgemm;   /* RUN_MATMUL: oneDNN with the weights packed (cpu_gemm.c's planning), or NULL: OpenBLAS (gemm_why) */
     void *packed;          /* then: the packed weights, current as of write generation packed_gen */
     uint64_t packed_gen;
     char gemm_why[200];
