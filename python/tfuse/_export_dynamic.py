@@ -1,11 +1,10 @@
 """tfuse.export's dynamic_shapes: sizes exported as tfuse dims (export.py
 calls _dynamic after the export at the example's sizes)."""
-import inspect
 import re
 
 import numpy as np
 
-from ._export_emit import ExportError, _KEYWORDS, _input_names, _torch
+from ._export_emit import ExportError, _KEYWORDS, _input_names, _loss_arg_names, _torch
 
 # Dynamic sizes: dynamic_shapes -> tfuse dims
 #
@@ -54,13 +53,7 @@ def _dynamic_axes(torch, spec, module, example_inputs, loss_fn, targets):
         kwargs = {}
     names = _input_names(module.forward, args, kwargs)
     if loss_fn is not None:
-        fn = loss_fn.forward if isinstance(loss_fn, torch.nn.Module) else loss_fn
-        try:
-            pn = [p for p in inspect.signature(fn).parameters][1:1 + len(targets)]
-        except (TypeError, ValueError):
-            pn = []
-        pn += [f"target{i}" for i in range(len(pn), len(targets))]
-        names.update(zip(pn, targets))
+        names.update(zip(_loss_arg_names(torch, loss_fn, len(targets)), targets))
     if isinstance(spec, dict):
         items = list(spec.items())
     elif isinstance(spec, (list, tuple)):
@@ -215,7 +208,7 @@ class _DimRewrite:
         the numbers derived from a size become -1 in a reshape's shape, and
         are refused elsewhere."""
         sizes = self.sizes
-        line, parts = self.lines0[i], self.split0[i]
+        line, parts = self.lines0[i], list(self.split0[i])   # split0 keeps the example's text: positions are in it
         derived = []
         for j, how in toks.items():
             (dim, (a, b)), = how.items() if len(how) == 1 else ((None, (None, None)),)

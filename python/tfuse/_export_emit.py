@@ -123,6 +123,17 @@ def _packet(target):
     return getattr(target, "__name__", str(target))
 
 
+def _loss_arg_names(torch, loss_fn, n):
+    """The names of loss_fn's n target arguments (after the outputs): its
+    own parameters' names, target0, target1, ... where it has none."""
+    fn = loss_fn.forward if isinstance(loss_fn, torch.nn.Module) else loss_fn
+    try:
+        names = [p for p in inspect.signature(fn).parameters][1:1 + n]
+    except (TypeError, ValueError):
+        names = []
+    return names + [f"target{i}" for i in range(len(names), n)]
+
+
 def _input_names(forward, args, kwargs, extra=()):
     """{torch argument name: tfuse input name} for the tensors among args/kwargs."""
     try:

@@ -262,14 +262,14 @@ def _index(em, a):
 _OUT_OF_ANY_TABLE = 2 ** 52   # past any table's rows (a tensor has at most 2^48 elements), plus any other part's
 
 
-def _flat_index(em, parts, shape, rows, hint):
+def _flat_index(em, parts, shape, hint):
     """sum_j idx_j * stride_j over index operands broadcast to `shape`, an i64
-    tensor of row numbers into a table of `rows` rows. parts: (index, size,
+    tensor of row numbers into a table. parts: (index, size,
     stride), the index a torch tensor (known now) or a _Val. Negative indices
     count from the end, as in PyTorch. One out of [-size, size) is refused
     now when known, and otherwise sends the sum past any table
-    (_OUT_OF_ANY_TABLE, not `rows`: a number that does not move with a
-    dynamic dim), so that gather stops with its range error instead of
+    (_OUT_OF_ANY_TABLE, not the table's row count: a number that does not
+    move with a dynamic dim), so that gather stops with its range error instead of
     reading a neighbouring row."""
     torch = em.torch
     known = [(i.to(torch.int64), n, st) for i, n, st in parts if not isinstance(i, _Val)]
@@ -355,7 +355,7 @@ def _index_many(em, v, idx, used):
     nu, nr = int(np.prod(usizes)), int(np.prod(rsizes)) if rsizes else 1
     table = em.reshape(v, (nu, nr))
     strides = [int(np.prod(usizes[j + 1:])) for j in range(len(used))]
-    flat = _flat_index(em, list(zip(ops, usizes, strides)), B, nu, "flat")
+    flat = _flat_index(em, list(zip(ops, usizes, strides)), B, "flat")
     g = em.emit("gather", [flat, table], shape=B + (nr,), dtype=v.dtype, name=base + ".g")
     g = em.reshape(g, B + tuple(rsizes))
     adjacent = used == list(range(used[0], used[-1] + 1))
@@ -386,7 +386,7 @@ def _torch_gather(em, a):
             shp[k] = ishape[k]
             parts.append((torch.arange(ishape[k]).reshape(shp), x.shape[k], strides[k]))
     rows = int(np.prod(x.shape))
-    flat = _flat_index(em, parts, ishape, rows, "flat")
+    flat = _flat_index(em, parts, ishape, "flat")
     g = em.emit("gather", [flat, em.reshape(x, (rows, 1))], shape=ishape + (1,), dtype=x.dtype, name=em.node.name + ".g")
     return em.reshape(g, _shape(em.meta_val()))
 

@@ -35,7 +35,6 @@ checkpoint loads into the module and back.
 # in _export_ops.py (ops that compute) and _export_ops_layout.py (views,
 # slices, padding, indexing, in-place writes); _export_dynamic.py
 # dynamic_shapes.
-import inspect
 import os
 import re
 import struct
@@ -46,7 +45,7 @@ import numpy as np
 
 from . import Error
 from ._export_dynamic import _dynamic
-from ._export_emit import ExportError, _Emitter, _NP_OF, _Val, _input_names, _ir_name, _num, _packet, _torch
+from ._export_emit import ExportError, _Emitter, _NP_OF, _Val, _input_names, _loss_arg_names, _ir_name, _num, _packet, _torch
 from ._export_ops import _OPS   # the whole table: _export_ops imports _export_ops_layout
 from ._export_ops_layout import _SPLIT_VIEWS, _VIEWS, _unview
 
@@ -668,13 +667,7 @@ def _export_at(module, example_inputs, loss_fn, optimizer, scheduler, targets, n
     names = _input_names(module.forward, args, kwargs)
     mod, prefix = module, ""
     if loss_fn is not None:
-        fn = loss_fn.forward if isinstance(loss_fn, nn.Module) else loss_fn
-        try:
-            pnames = [p for p in inspect.signature(fn).parameters][1:1 + len(targets)]
-        except (TypeError, ValueError):
-            pnames = []
-        pnames += [f"target{i}" for i in range(len(pnames), len(targets))]
-        for p, t in zip(pnames, targets):
+        for p, t in zip(_loss_arg_names(torch, loss_fn, len(targets)), targets):
             if p in names:
                 raise ExportError(f"error: loss_fn's argument '{p}' has the name of one of the forward's")
             names[p] = t
