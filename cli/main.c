@@ -150,8 +150,11 @@ static const struct flag_info {
     [F_NO_PARAMS]      = {"--no-params",      C_COMPILE,                   false, NULL},
     [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
+#define C_SETTING_cpu C_SETTING
+#define C_SETTING_cuda C_SETTING
+#define C_SETTING_all (C_SETTING | C_OPT)   /* read by the passes: `tfuse opt` takes it too */
 #define TF_SETTING(NAME, TYPE, TARGET, ENV, ENV_ON, FLAG, ON, OFF, HELP) \
-    [F_SETTING0 + CLI_SETTING_##NAME] = {FLAG, C_SETTING, false, NULL},
+    [F_SETTING0 + CLI_SETTING_##NAME] = {FLAG, C_SETTING_##TARGET, false, NULL},
 #include "tfuse_settings.def"
 #undef TF_SETTING
 };

@@ -366,41 +366,6 @@ tf_ir_status ik_matmul(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *con
     return TF_IR_OK;
 }
 
-tf_ir_status ik_attention(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
-{
-    const tf_tensor *q = in[0], *k = in[1], *v = in[2];
-    bool causal = tf_node_bool(n, "causal");
-    int64_t BH = q->dims[0] * q->dims[1], T = q->dims[2], D = q->dims[3], S = k->dims[2], Dv = v->dims[3];
-    double scale = 1.0 / sqrt((double)D);
-    double *p = tf_malloc((size_t)(S > 0 ? S : 1) * sizeof *p);
-    if (!p) return oom(ip, n);
-    for (int64_t bh = 0; bh < BH; bh++) {
-        const double *qb = q->data + bh * T * D, *kb = k->data + bh * S * D, *vb = v->data + bh * S * Dv;
-        double *ob = out->data + bh * T * Dv;
-        for (int64_t i = 0; i < T; i++) {
-            int64_t nj = causal && i + 1 < S ? i + 1 : S;   /* keys 0..nj-1 are visible */
-            double mx = -INFINITY, sum = 0;
-            for (int64_t j = 0; j < nj; j++) {
-                double s = 0;
-                for (int64_t e = 0; e < D; e++) s += qb[i * D + e] * kb[j * D + e];
-                p[j] = s * scale;
-                if (p[j] > mx) mx = p[j];
-            }
-            for (int64_t j = 0; j < nj; j++) {
-                p[j] = exp(p[j] - mx);
-                sum += p[j];
-            }
-            for (int64_t e = 0; e < Dv; e++) {
-                double s = 0;
-                for (int64_t j = 0; j < nj; j++) s += p[j] * vb[j * Dv + e];
-                ob[i * Dv + e] = s / sum;
-            }
-        }
-    }
-    tf_free(p);
-    return TF_IR_OK;
-}
-
 /* ---- convolution and pooling ----------------------------------------------------------- */
 
 tf_ir_status ik_conv2d(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)

@@ -95,6 +95,7 @@ const char *tf_exec_name(tf_op_exec x)
         [TF_OPX_VIEW] = "view", [TF_OPX_BCAST] = "broadcast", [TF_OPX_COPY] = "copy", [TF_OPX_GEMM] = "gemm",
         [TF_OPX_CONV] = "conv", [TF_OPX_POOL] = "pool", [TF_OPX_POOL_GRAD] = "pool_grad", [TF_OPX_GATHER] = "gather",
         [TF_OPX_SCATTER] = "scatter_add", [TF_OPX_CONCAT] = "concat", [TF_OPX_SLICE_GRAD] = "slice_grad",
+        [TF_OPX_ATTENTION] = "attention",
     };
     return x >= 0 && x < TF_OPX_COUNT ? names[x] : "?";
 }
@@ -365,25 +366,6 @@ tf_ir_status sh_layernorm(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
         if ((st = need_vec(m, n, i, last, i == 1 ? "gamma" : "beta", d))) return st;
     }
     *out = *IN(0);
-    return TF_IR_OK;
-}
-
-tf_ir_status sh_attention(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
-{
-    tf_ir_status st;
-    char b1[256], b2[256], b3[256];
-    static const char *what[] = {"q [B, H, T, D]", "k [B, H, S, D]", "v [B, H, S, Dv]"};
-    for (int i = 0; i < 3; i++) {
-        if ((st = need_rank(m, n, i, 4, 4, what[i], d))) return st;
-        if (i && (st = need_dtype(m, n, i, IN(0)->dtype, what[i], d))) return st;
-    }
-    const tf_type *q = IN(0), *k = IN(1), *v = IN(2);
-    if (q->dims[0].n != k->dims[0].n || q->dims[1].n != k->dims[1].n || k->dims[0].n != v->dims[0].n ||
-        k->dims[1].n != v->dims[1].n || q->dims[3].n != k->dims[3].n || k->dims[2].n != v->dims[2].n)
-        return ERR("attention: shapes do not agree: q %s, k %s, v %s (expected q [B,H,T,D], k [B,H,S,D], v [B,H,S,Dv])",
-                   tstr(m, q, b1), tstr(m, k, b2), tstr(m, v, b3));
-    *out = *q;
-    out->dims[3] = v->dims[3];
     return TF_IR_OK;
 }
 

@@ -29,7 +29,7 @@ typedef enum tf_op_kind {
 typedef enum tf_op_exec {
     TF_OPX_LAYER, TF_OPX_EXPR, TF_OPX_INDEX, TF_OPX_REDUCE, TF_OPX_VIEW, TF_OPX_BCAST, TF_OPX_COPY,
     TF_OPX_GEMM, TF_OPX_CONV,
-    TF_OPX_POOL, TF_OPX_POOL_GRAD, TF_OPX_GATHER, TF_OPX_SCATTER, TF_OPX_CONCAT, TF_OPX_SLICE_GRAD,
+    TF_OPX_POOL, TF_OPX_POOL_GRAD, TF_OPX_GATHER, TF_OPX_SCATTER, TF_OPX_CONCAT, TF_OPX_SLICE_GRAD, TF_OPX_ATTENTION,
     TF_OPX_COUNT
 } tf_op_exec;
 
@@ -39,6 +39,7 @@ enum {
     TF_OPF_FLOATIN     = 1 << 2,
     TF_OPF_MODE        = 1 << 3,
     TF_OPF_COMMUTATIVE = 1 << 4,
+    TF_OPF_AMP_QKV     = 1 << 5,
 };
 
 typedef enum tf_amp_policy { TF_AMP_ALLOW, TF_AMP_DENY, TF_AMP_FOLLOW } tf_amp_policy;
@@ -101,6 +102,23 @@ bool tf_node_is_view(const tf_node *n);
 /* The value whose storage v's lives in: v itself, or through views the
  * value they view. */
 const tf_value *tf_value_storage(const tf_value *v);
+/* An attention op's geometry and attributes (attention, flash_attention,
+ * flash_attention_grad; ir/attention.c says what they compute): q [B, H,
+ * Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv]; query head h reads key/value
+ * head h / (H / Hk). */
+typedef struct tf_attn_geom {
+    int64_t B, H, Hk, Tq, Tk, D, Dv;
+    double scale;          /* resolved: attention's unset scale is 1/sqrt(D) */
+    double dropout;        /* p on the probabilities, in train mode; 0: none */
+    uint64_t salt;         /* dropout's stream */
+    bool causal;           /* key j visible to query i only when j <= i */
+    bool lse;              /* flash_attention: the result's last column is the row's log-sum-exp */
+    int mask;              /* the mask's operand index, or -1 */
+    bool mask_bool;        /* true: which keys are visible; false: added to the scores */
+    int64_t mstride[4];    /* the mask's element strides over [B, H, Tq, Tk], 0 where it broadcasts */
+} tf_attn_geom;
+void tf_attn_geom_of(const tf_node *n, tf_attn_geom *g);
+
 /* -1 if no op has that name. */
 int tf_op_lookup(const char *name, size_t len);
 /* Index of attribute `name` in the op's schema, -1 if none. */

@@ -36,8 +36,30 @@ static const tf_attr_spec tf_attrs_gelu[] = {
     {"approx",    TF_ATTR_STR,   "\"none\"", NR, "none|tanh"},
     {0},
 };
+/* attention: scale left unset is 1/sqrt(D); dropout is on the probabilities
+ * (train mode), drawn from the stream `salt` names, as dropout's. The fused
+ * ops carry the scale `lower` resolved; flash_attention's lse adds the
+ * per-row log-sum-exp as a last column (an f32 result) for the backward. */
 static const tf_attr_spec tf_attrs_attention[] = {
     {"causal",    TF_ATTR_BOOL,  "false",  NR, NULL},
+    {"scale",     TF_ATTR_FLOAT, "0",      -1e30, 1e30, NULL},
+    {"dropout",   TF_ATTR_FLOAT, "0",      0, 0.999, NULL},
+    {"salt",      TF_ATTR_INT,   "0",      0, 2147483647.0, NULL},
+    {0},
+};
+static const tf_attr_spec tf_attrs_flash_attention[] = {
+    {"causal",    TF_ATTR_BOOL,  "false",  NR, NULL},
+    {"scale",     TF_ATTR_FLOAT, NULL,     -1e30, 1e30, NULL},
+    {"dropout",   TF_ATTR_FLOAT, "0",      0, 0.999, NULL},
+    {"salt",      TF_ATTR_INT,   "0",      0, 2147483647.0, NULL},
+    {"lse",       TF_ATTR_BOOL,  "false",  NR, NULL},
+    {0},
+};
+static const tf_attr_spec tf_attrs_flash_attention_grad[] = {
+    {"causal",    TF_ATTR_BOOL,  "false",  NR, NULL},
+    {"scale",     TF_ATTR_FLOAT, NULL,     -1e30, 1e30, NULL},
+    {"dropout",   TF_ATTR_FLOAT, "0",      0, 0.999, NULL},
+    {"salt",      TF_ATTR_INT,   "0",      0, 2147483647.0, NULL},
     {0},
 };
 /* p < 1: dropping everything is not dropout. salt picks the random stream, so

@@ -125,7 +125,8 @@ static bool is_state(const tf_value *v)
 static tf_dt wanted(const amp *a, const tf_node *n, tf_amp_policy pol)
 {
     tf_dt want = TF_DT_COUNT, want_state = TF_DT_COUNT;
-    for (int k = 0; k < n->nin; k++) {
+    int nin = tf_op_has(n->op, TF_OPF_AMP_QKV) && n->nin > 3 ? 3 : n->nin;
+    for (int k = 0; k < nin; k++) {
         const tf_value *v = n->in[k];
         tf_dt t = v->type.dtype;
         if (v->kind == TF_VAL_CONST || width(t) == 0) continue;
@@ -162,7 +163,8 @@ static tf_ir_status rewrite_node(amp *a, tf_node *n)
     int inserted = a->ninserted;
     a->nnames = 0;
     a->names[0] = 0;
-    for (int k = 0; k < n->nin && want != TF_DT_COUNT; k++) {
+    int nin = tf_op_has(n->op, TF_OPF_AMP_QKV) && n->nin > 3 ? 3 : n->nin;   /* a mask, a saved result keep theirs */
+    for (int k = 0; k < nin && want != TF_DT_COUNT; k++) {
         tf_value *v = n->in[k];
         tf_dt t = v->type.dtype;
         if (v->kind == TF_VAL_CONST || width(t) == 0 || t == want) continue;

@@ -438,6 +438,54 @@ static tf_ir_status gr_gather(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     return give(g, n, 1, gb(g, n, TF_OP_SCATTER_ADD, "dtable", in, 2, a, 1));
 }
 
+/* One kernel gives dq, dk and dv, flattened one after another (ir/attention.c);
+ * each is sliced out, reshaped and cast back to its operand's dtype. A forward
+ * without the log-sum-exp column (a flash_attention written by hand) is run
+ * once more with it. */
+static tf_ir_status gr_flash_attention(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
+{
+    tf_attn_geom ag;
+    tf_attn_geom_of(n, &ag);
+    if (ag.mask >= 0 && gr_wants(g, n, ag.mask))
+        return tf_diag_error(gr_diag(g), TF_IR_ERR_VERIFY, &n->loc,
+                             "flash_attention gives its mask no gradient, and '%s' needs one (it depends on a param): "
+                             "write `attention`, which tfuse keeps decomposed when its mask is learned",
+                             n->in[ag.mask]->name);
+    tf_named_attr a[8];
+    int na = copy_attrs(g, n, TF_OP_FLASH_ATTENTION_GRAD, a, NULL);
+    tf_value *out = n->out;
+    if (!ag.lse) {
+        tf_named_attr b[8];
+        int nb = copy_attrs(g, n, TF_OP_FLASH_ATTENTION, b, NULL);
+        b[nb++] = (tf_named_attr){"lse", tf_attr_bool(true)};
+        if (!(out = gb(g, n, TF_OP_FLASH_ATTENTION, "with_lse", n->in, n->nin, b, nb))) return give(g, n, 0, NULL);
+    }
+    tf_value *in[6] = {n->in[0], n->in[1], n->in[2], out, dy, ag.mask >= 0 ? n->in[ag.mask] : NULL};
+    tf_value *r = gb(g, n, TF_OP_FLASH_ATTENTION_GRAD, "dqkv", in, ag.mask >= 0 ? 6 : 5, a, na);
+    if (!r) return give(g, n, 0, NULL);
+    int64_t off = 0;
+    static const char *hint[3] = {"dq", "dk", "dv"};
+    for (int k = 0; k < 3; k++) {
+        const tf_type *t = &n->in[k]->type;
+        int64_t len = tf_type_numel(t), s[TF_MAX_RANK];
+        if (gr_wants(g, n, k)) {
+            tf_named_attr sl[3] = {{"axis", tf_attr_int(0)}, {"start", tf_attr_int(off)}, {"end", tf_attr_int(off + len)}};
+            tf_value *c = gb(g, n, TF_OP_SLICE, hint[k], &r, 1, sl, 3);
+            for (int i = 0; i < t->rank; i++) s[i] = t->dims[i].n;
+            tf_named_attr sh = {"shape", tf_attr_ints(gr_module(g), s, t->rank)};
+            if (c) c = gb(g, n, TF_OP_RESHAPE, hint[k], &c, 1, &sh, 1);
+            if (c && t->dtype != r->type.dtype) {
+                tf_named_attr to = {"to", tf_attr_dtype(t->dtype)};
+                c = gb(g, n, TF_OP_CAST, hint[k], &c, 1, &to, 1);
+            }
+            tf_ir_status st = give(g, n, k, c);
+            if (st) return st;
+        }
+        off += len;
+    }
+    return TF_IR_OK;
+}
+
 /* The ops without a rule, and why (ops.def's GRAD column names none_<why>). */
 #define gr_none_layer NULL
 #define gr_none_bool NULL

@@ -157,29 +157,127 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
     return y;
 }
 
-static tf_value *lower_attention(lw *l, tf_value **in)
+/* Whether v is computed from a param (and so may need a gradient); a long
+ * search answers yes. */
+static bool from_param(const tf_value *v, int *budget)
+{
+    if (--*budget < 0 || v->kind == TF_VAL_PARAM) return true;
+    if (v->kind != TF_VAL_NODE) return false;
+    for (int k = 0; k < v->def->nin; k++)
+        if (from_param(v->def->in[k], budget)) return true;
+    return false;
+}
+
+/* Why this attention stays decomposed, or NULL: it becomes flash_attention. */
+static const char *attention_decomposed_why(lw *l, tf_value **in)
+{
+    if (l->o->attention_decomposed) return "--attention=decomposed";
+    int budget = 4096;
+    if (l->n->nin > 3 && l->o->mode == TF_IR_TRAIN && in[3]->type.dtype != TF_DT_BOOL && from_param(in[3], &budget))
+        return "its additive mask is computed from a param and needs a gradient, which the fused kernels do not give";
+    return NULL;
+}
+
+/* The fused form: flash_attention, in train mode with the log-sum-exp column
+ * the backward reads, O sliced out of it (and cast back from f32). */
+static tf_value *attention_fused(lw *l, tf_value **in, const tf_attn_geom *g)
+{
+    bool train = l->o->mode == TF_IR_TRAIN;
+    tf_named_attr a[5];
+    int na = 0;
+    a[na++] = (tf_named_attr){"scale", tf_attr_float(g->scale)};
+    if (g->causal) a[na++] = (tf_named_attr){"causal", tf_attr_bool(true)};
+    if (train && g->dropout > 0) {
+        a[na++] = (tf_named_attr){"dropout", tf_attr_float(g->dropout)};
+        a[na++] = (tf_named_attr){"salt", tf_attr_int((int64_t)g->salt)};
+    }
+    if (train) a[na++] = (tf_named_attr){"lse", tf_attr_bool(true)};
+    tf_value *r = op(l, TF_OP_FLASH_ATTENTION, train ? "flash" : NULL, l->n->nin, in, a, na);
+    if (!train || !r) return r;
+    tf_named_attr sl[3] = {{"axis", tf_attr_int(3)}, {"start", tf_attr_int(0)}, {"end", tf_attr_int(g->Dv)}};
+    bool narrow = in[0]->type.dtype != r->type.dtype;
+    tf_value *o = op(l, TF_OP_SLICE, narrow ? "out_wide" : NULL, 1, &r, sl, 3);
+    return cast_to(l, NULL, o, in[0]->type.dtype);
+}
+
+/* The decomposed form: matmul, scale, mask, softmax in fp32, dropout,
+ * matmul. Grouped-query heads share a key/value head by viewing q as
+ * [B, Hk, G*Tq, D] (views only). With a mask a row may see no key: its
+ * max is taken as 0 and its sum as 1, so it comes out 0 as the fused
+ * kernel's does (not NaN), and so does its gradient. */
+static tf_value *attention_decomposed(lw *l, tf_value **in, const tf_attn_geom *g)
 {
     tf_value *q = in[0], *k = in[1], *v = in[2];
+    const tf_type *qt = &q->type;
+    int64_t G = g->H / g->Hk;
+    tf_dim grouped[4] = {qt->dims[0], k->type.dims[1], {G * g->Tq, -1}, qt->dims[3]};
+    if (G > 1) q = reshape(l, "q_grouped", q, grouped, 4);
     tf_named_attr tb = {"transpose_b", tf_attr_bool(true)};
     tf_value *qk[2] = {q, k};
     tf_value *s = op(l, TF_OP_MATMUL, "scores", 2, qk, &tb, 1);
-    s = op2(l, TF_OP_MUL, "scaled", s, num(l, 1.0 / sqrt((double)q->type.dims[3].n)));
-    if (tf_node_bool(l->n, "causal")) {
-        int64_t shape[2] = {q->type.dims[2].n, k->type.dims[2].n};
+    tf_dim full[4] = {qt->dims[0], qt->dims[1], qt->dims[2], k->type.dims[2]};
+    if (G > 1) s = reshape(l, "scores_heads", s, full, 4);
+    s = cast_to(l, "scores_f32", s, TF_DT_F32);   /* the softmax runs in fp32 whatever the storage */
+    s = op2(l, TF_OP_MUL, "scaled", s, num(l, g->scale));
+    if (g->causal) {
+        int64_t shape[2] = {g->Tq, g->Tk};
         tf_named_attr rows[2] = {{"shape", tf_attr_ints(l->m, shape, 2)}, {"axis", tf_attr_int(0)}};
         tf_named_attr cols[2] = {{"shape", tf_attr_ints(l->m, shape, 2)}, {"axis", tf_attr_int(1)}};
         tf_value *ri = op(l, TF_OP_IOTA, "row", 0, NULL, rows, 2);
         tf_value *ci = op(l, TF_OP_IOTA, "col", 0, NULL, cols, 2);
-        tf_value *mask = op2(l, TF_OP_LE, "causal", ci, ri);
-        tf_value *w[3] = {mask, s, num(l, -INFINITY)};
+        tf_value *w[3] = {op2(l, TF_OP_LE, "causal", ci, ri), s, num(l, -INFINITY)};
         s = op(l, TF_OP_WHERE, "masked", 3, w, NULL, 0);
     }
-    /* the softmax runs in fp32 whatever the scores' storage */
-    tf_value *p = is_half(s) ? cast_to(l, "probs", softmax(l, cast_to(l, "scores_f32", s, TF_DT_F32), -1, false, "probs_f32"),
-                                       s->type.dtype)
-                             : softmax(l, s, -1, false, "probs");
+    tf_value *p;
+    int64_t last = -1;
+    if (g->mask >= 0) {
+        if (g->mask_bool) {
+            tf_value *w[3] = {in[3], s, num(l, -INFINITY)};
+            s = op(l, TF_OP_WHERE, "mask", 3, w, NULL, 0);
+        } else {
+            s = op2(l, TF_OP_ADD, "mask", s, cast_to(l, "mask_f32", in[3], TF_DT_F32));
+        }
+        tf_value *mx = reduce(l, TF_OP_REDUCE_MAX, "max", s, &last, 1, true);
+        tf_value *empty = op2(l, TF_OP_EQ, "empty", mx, num(l, -INFINITY));
+        tf_value *w[3] = {empty, num(l, 0), mx};
+        tf_value *e = op1(l, TF_OP_EXP, "exp", op2(l, TF_OP_SUB, "shifted", s, op(l, TF_OP_WHERE, "max_safe", 3, w, NULL, 0)));
+        tf_value *sum = reduce(l, TF_OP_REDUCE_SUM, "sum", e, &last, 1, true);
+        tf_value *z[3] = {empty, num(l, 1), sum};
+        p = op2(l, TF_OP_DIV, "probs_f32", e, op(l, TF_OP_WHERE, "sum_safe", 3, z, NULL, 0));
+    } else {
+        p = softmax(l, s, -1, false, "probs_f32");
+    }
+    if (l->o->mode == TF_IR_TRAIN && g->dropout > 0) {
+        tf_named_attr a[2] = {{"p", tf_attr_float(g->dropout)}, {"salt", tf_attr_int((int64_t)g->salt)}};
+        p = op2(l, TF_OP_MUL, "dropped", p, op(l, TF_OP_DROPOUT_MASK, "drop_mask", 1, &p, a, 2));
+    }
+    p = cast_to(l, "probs", p, v->type.dtype);
+    tf_dim pg[4] = {qt->dims[0], k->type.dims[1], {G * g->Tq, -1}, k->type.dims[2]};
+    if (G > 1) p = reshape(l, "probs_grouped", p, pg, 4);
     tf_value *pv[2] = {p, v};
-    return op(l, TF_OP_MATMUL, NULL, 2, pv, NULL, 0);
+    if (G == 1) return op(l, TF_OP_MATMUL, NULL, 2, pv, NULL, 0);
+    tf_dim od[4] = {qt->dims[0], qt->dims[1], qt->dims[2], v->type.dims[3]};
+    return reshape(l, NULL, op(l, TF_OP_MATMUL, "out_grouped", 2, pv, NULL, 0), od, 4);
+}
+
+static tf_value *lower_attention(lw *l, tf_value **in)
+{
+    tf_attn_geom g;
+    tf_attn_geom_of(l->n, &g);
+    const char *why = attention_decomposed_why(l, in);
+    char shape[160];
+    snprintf(shape, sizeof shape, "B=%lld H=%lld Hk=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld%s%s%s", (long long)g.B,
+             (long long)g.H, (long long)g.Hk, (long long)g.Tq, (long long)g.Tk, (long long)g.D, (long long)g.Dv,
+             g.causal ? ", causal" : "", g.mask < 0 ? "" : g.mask_bool ? ", bool mask" : ", additive mask",
+             g.dropout > 0 && l->o->mode == TF_IR_TRAIN ? ", dropout" : "");
+    if (why) {
+        tf_explain(l->o, "lower", &l->n->loc, "attention %s (%s): decomposed into matmul, softmax, matmul: %s", l->base,
+                   shape, why);
+        return attention_decomposed(l, in, &g);
+    }
+    tf_explain(l->o, "lower", &l->n->loc, "attention %s (%s): fused, one flash_attention kernel%s (no [Tq, Tk] tensor)",
+               l->base, shape, l->o->mode == TF_IR_TRAIN ? " and one flash_attention_grad in the backward pass" : "");
+    return attention_fused(l, in, &g);
 }
 
 /* -log p[label] per row, log p from a max-shifted log_softmax. The label is

@@ -43,6 +43,7 @@ typedef struct tf_options {
     int64_t memory_budget;  /* bytes the training step should plan within (checkpoint) */
     double memory_budget_pct;   /* or this percentage of its unconstrained planned peak (0: bytes) */
     const tf_recompute *recompute;   /* set by tf_fit_pipeline for the checkpoint pass; NULL otherwise */
+    bool attention_decomposed;   /* lower: attention as matmul, softmax, matmul (--attention=decomposed), not flash_attention */
     bool keep_broadcasts;   /* fuse: a broadcast is its own kernel (a tensor of copies), as tf_fit_pipeline's second
                              * try at a --memory-budget the fused plan misses: fusing one into its readers moves
                              * fewer bytes but can hold more values alive at once in the kernel it joins */

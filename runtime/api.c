@@ -197,6 +197,7 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
         return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: memory_budget_percent %g: expected a percentage in (0, 100]",
                             opts->memory_budget_percent);
     o->memory_budget_pct = opts->memory_budget > 0 ? 0 : opts->memory_budget_percent;
+    o->attention_decomposed = opts->attention_decomposed != 0;
     return TF_OK;
 }
 
