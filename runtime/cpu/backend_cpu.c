@@ -56,7 +56,7 @@
 
 /* the names of cpu_backend.h's `how`, in its order (the profile's) */
 static const char *how_names[] = {"jit", "view", "gemm", "gemm_bf16", "conv", "conv_grad_input", "conv_grad_weight", "pool", "pool_grad",
-                                  "gather", "scatter_add", "concat", "slice_grad", "fallback", "-"};
+                                  "gather", "scatter_add", "concat", "slice_grad", "attention", "fallback", "-"};
 
 static double now_ns(void)
 {
@@ -175,6 +175,7 @@ how tf_cpu_library_how(const tf_node *n)
     case TF_OPX_SCATTER:
         return ids_dtype(n->in[0]->type.dtype) && n->out->type.dtype == TF_DT_F32 && n->in[1]->type.dtype == TF_DT_F32
                    ? RUN_SCATTER : RUN_FALLBACK;
+    case TF_OPX_ATTENTION: return tf_cpu_attention_supported(n) ? RUN_ATTENTION : RUN_FALLBACK;
     case TF_OPX_CONCAT: case TF_OPX_SLICE_GRAD:   /* copies of any dtype */
         for (int q = 0; q < n->nin; q++)
             if (n->in[q]->type.dtype != n->out->type.dtype) return RUN_FALLBACK;
@@ -372,6 +373,10 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
         break;
     case RUN_CONCAT: case RUN_SLICE_GRAD:
         if (!tf_cpu_run_copy(c, k->lib)) return run_fallback(s, c, k);
+        break;
+    case RUN_ATTENTION:
+        if (!tf_cpu_run_attention(c, k->lib, s->p->mode == TF_IR_TRAIN))
+            return tf_set_error(s->ctx, TF_ERR_OOM, "error: kernel %s: out of memory for the attention kernel's tiles", k->name);
         break;
     case RUN_JIT: break;
     }

@@ -10,6 +10,8 @@
  *   cpu_libops.c   the other library kernels (conv2d, pooling, gather and
  *                  scatter_add, concat and slice_grad) and f16/bf16
  *                  conversion;
+ *   cpu_attention.c  flash_attention and its gradient over tiles (sgemm
+ *                  per tile, the online softmax between);
  *   cpu_explain.c  --cpu-explain, `tfuse doctor` and op support.
  * Almost all of it exists only in a build with LLVM (TFUSE_HAVE_LLVM). */
 #ifndef TF_RUNTIME_CPU_BACKEND_H
@@ -49,7 +51,7 @@ const char *tf_cpu_op_support(tf_op op, char *detail, size_t n);
 /* How a kernel runs (backend_cpu.c's how_names spell them in this order). */
 typedef enum how {
     RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_MATMUL_BF16, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_POOL, RUN_POOL_GRAD, RUN_GATHER, RUN_SCATTER,
-    RUN_CONCAT, RUN_SLICE_GRAD, RUN_FALLBACK, RUN_NOTHING
+    RUN_CONCAT, RUN_SLICE_GRAD, RUN_ATTENTION, RUN_FALLBACK, RUN_NOTHING
 } how;
 
 /* One kernel of the plan as a session runs it. */
@@ -190,6 +192,13 @@ tf_status tf_cpu_plan_packed_gemms(tf_session_t *s, cpu *c);
 bool tf_cpu_run_packed(cpu *c, ckernel *ck);
 /* Matmul node n through OpenBLAS, or the bf16 GEMM when bf16. */
 void tf_cpu_run_matmul(cpu *c, const tf_node *n, bool bf16);
+
+/* ---- attention (cpu_attention.c) ---- */
+
+/* Whether the attention kernels take node n (f32, f16, bf16 operands in memory); else the interpreter's. */
+bool tf_cpu_attention_supported(const tf_node *n);
+/* flash_attention or flash_attention_grad node n (train: dropout applies); false when out of memory. */
+bool tf_cpu_run_attention(cpu *c, const tf_node *n, bool train);
 
 /* ---- the other library kernels (cpu_libops.c) ---- */
 

@@ -30,6 +30,15 @@ void tf_cpu_explain(FILE *f, const cpu *c)
             fprintf(f, "cpu: kernel %s: matmul (%lld x %lld) through %s\n", ck->k->name, (long long)M, (long long)N, how);
             continue;
         }
+        if (ck->how == RUN_ATTENTION) {
+            tf_attn_geom g;
+            tf_attn_geom_of(ck->k->lib, &g);
+            fprintf(f, "cpu: kernel %s: %s (B=%lld H=%lld Hk=%lld Tq=%lld Tk=%lld D=%lld Dv=%lld) through the flash attention "
+                    "kernel: tiles of queries against tiles of keys, %s per tile, no [Tq, Tk] tensor\n", ck->k->name,
+                    tf_op_info_of(ck->k->lib->op)->name, (long long)g.B, (long long)g.H, (long long)g.Hk, (long long)g.Tq,
+                    (long long)g.Tk, (long long)g.D, (long long)g.Dv, tf_cpu_blas_name());
+            continue;
+        }
         if (ck->how != RUN_CONV && ck->how != RUN_CONV_GI && ck->how != RUN_CONV_GW) continue;
         const char *op = tf_op_info_of(ck->k->lib->op)->name;
         if (!ck->dnnl) {
@@ -89,6 +98,10 @@ const char *tf_cpu_op_support(tf_op op, char *detail, size_t n)
         return "library";
     case TF_OPX_CONCAT: case TF_OPX_SLICE_GRAD:
         snprintf(detail, n, "copies on storage (any dtype)");
+        return "library";
+    case TF_OPX_ATTENTION:
+        snprintf(detail, n, "the runtime's flash attention: tiles of queries and keys, a GEMM through %s per tile, the online "
+                 "softmax between (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
         return "library";
     default:
         snprintf(detail, n, "%s has no cpu implementation: the interpreter's kernel runs it on widened copies", name);

@@ -46,6 +46,11 @@ int64_t tf_cpu_gemm_pieces(void);
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
+/* The same in one piece on the calling thread: for a kernel that tiles and
+ * splits its own work (attention), each tile one BLAS call. */
+void tf_cpu_gemm_tile(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+                      int64_t ldb, float *C, int64_t ldc, bool accumulate);
+
 /* The same with bf16 operands (their storage bits) and an f32 C, where
  * tf_cpu_bf16_gemm_kind() is not NONE: products of bf16 values are exact in
  * f32, so it sums the numbers an sgemm on the widened operands sums; split
