@@ -661,6 +661,44 @@ static bool blk_norm(gen *g)
     return true;
 }
 
+/* attention on [B, H, T, D]: grouped-query heads (Hk of H), other key and
+ * value lengths and widths, a bool mask or an additive one (from an input,
+ * a buffer or, in train mode, a param: that one stays decomposed), causal,
+ * a scale, dropout in train mode */
+static bool blk_attention(gen *g)
+{
+    gval c = g->pool[g->cur];
+    if (c.rank != 4) return false;
+    static const int64_t SP[] = {1, 2, 3, 5, 7, 8, 13};
+    int64_t B = c.sh[0], H = c.sh[1], T = c.sh[2], D = c.sh[3];
+    int64_t Hk = rng_chance(&g->r, 0.5) ? H : rng_chance(&g->r, 0.5) || H % 2 ? 1 : H / 2;
+    int64_t Tk = rng_chance(&g->r, 0.5) ? T : pick(&g->r, SP, 7), Dv = rng_chance(&g->r, 0.5) ? D : pick(&g->r, SP, 7);
+    int64_t ksh[4] = {B, Hk, Tk, D}, vsh[4] = {B, Hk, Tk, Dv}, osh[4] = {B, H, T, Dv};
+    char k[24], v[24], m[24], mb[24];
+    const char *kind = g->train ? "param" : "input";
+    declare(g, kind, g->dt, 4, ksh, g->train ? "normal()" : NULL, k);
+    declare(g, kind, g->dt, 4, vsh, g->train ? "normal()" : NULL, v);
+    sbuf a = {0};
+    int mk = rng_int(&g->r, g->train ? 4 : 3);
+    if (mk) {   /* [B or 1, 1, T or 1, Tk] */
+        int64_t msh[4] = {rng_chance(&g->r, 0.5) ? B : 1, 1, rng_chance(&g->r, 0.5) ? T : 1, Tk};
+        if (mk == 1) {
+            declare(g, "input", "f32", 4, msh, NULL, mb);
+            gval *t = emit(g, 4, msh, false, "ge(%s, -0.8)", mb);
+            snprintf(m, sizeof m, "%s", t->name);
+        } else {
+            declare(g, mk == 2 ? "buffer" : "param", g->dt, 4, msh, "uniform()", m);
+        }
+        sb_printf(&a, ", %s", m);
+    }
+    if (rng_chance(&g->r, 0.5)) sb_printf(&a, ", causal=true");
+    if (rng_chance(&g->r, 0.3)) sb_printf(&a, ", scale=0.7");
+    if (g->train && rng_chance(&g->r, 0.3)) sb_printf(&a, ", dropout=0.25, salt=%d", 1 + rng_int(&g->r, 100));
+    emit(g, 4, osh, c.has_param || g->train, "attention(%s, %s, %s%s)", c.name, k, v, sb_str(&a));
+    free(a.s);
+    return true;
+}
+
 /* reshape / flatten / transpose / broadcast / slice / concat */
 static bool blk_layout(gen *g)
 {
@@ -908,7 +946,7 @@ static char *generate(uint64_t seed, int mode_pref /* 0 train, 1 infer, 2 either
     int nblocks = 1 + rng_int(&g.r, 6);
     for (int i = 0, tries = 0; i < nblocks && tries < 50; tries++) {
         bool ok;
-        switch (rng_int(&g.r, 11)) {
+        switch (rng_int(&g.r, 12)) {
         case 0: case 1: blk_pointwise(&g); ok = true; break;
         case 2: ok = blk_linear(&g); break;
         case 3: ok = blk_matmul(&g); break;
@@ -918,6 +956,7 @@ static char *generate(uint64_t seed, int mode_pref /* 0 train, 1 infer, 2 either
         case 7: ok = blk_layout(&g); break;
         case 8: ok = blk_reduce(&g); break;
         case 9: ok = blk_activation(&g); break;
+        case 10: ok = blk_attention(&g); break;
         default: ok = blk_cast(&g); break;
         }
         if (ok) { i++; maybe_switch(&g); }

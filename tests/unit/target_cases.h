@@ -85,6 +85,17 @@ static const target_case target_cases[] = {
      "e = mul(d, q)\ns = reduce_sum(e, axes=[1])\nloss = mse_loss(s, z)\noutput loss\n" TC_TRAIN_SGD, TF_MODE_TRAIN},
     {"attention", "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 5, 4]\ninput v : f32[2, 3, 5, 4]\n"
      "a = attention(q, k, v, causal=true)\nb = attention(q, k, v)\noutput a\noutput b\n", TF_MODE_INFER},
+    /* fused attention's cases: grouped-query (4 query heads on 2 and on 1 key/value heads), cross-attention
+     * (5 queries, 9 keys), a bool mask whose first row sees no key (its output is 0), an additive mask with
+     * causal and a scale, a head dim of 80 for the values; and odd T with head dims 256 and 16 */
+    {"attention: masks, groups, cross", "input q : f32[2, 4, 5, 16]\ninput k : f32[2, 2, 9, 16]\ninput v : f32[2, 2, 9, 80]\n"
+     "input bias : f32[1, 4, 5, 9]\ncol = iota(shape=[2, 1, 5, 9], axis=3)\nrow = iota(shape=[2, 1, 5, 9], axis=2)\n"
+     "keep = lt(col, row)\na = attention(q, k, v, keep)\nb = attention(q, k, v, bias, causal=true, scale=0.3)\n"
+     "k1 = slice(k, axis=1, start=0, end=1)\nv1 = slice(v, axis=1, start=0, end=1)\nc = attention(q, k1, v1)\n"
+     "output a\noutput b\noutput c\n", TF_MODE_INFER},
+    {"attention: odd T, head dims", "input q : f32[1, 2, 13, 256]\ninput k : f32[1, 2, 13, 256]\ninput v : f32[1, 2, 13, 16]\n"
+     "a = attention(q, k, v, causal=true)\nq2 = slice(q, axis=3, start=0, end=16)\nk2 = slice(k, axis=3, start=0, end=16)\n"
+     "b = attention(q2, k2, v)\noutput a\noutput b\n", TF_MODE_INFER},
     {"long rows and columns", "input x : f32[3, 5000]\ninput y : f32[3000, 7]\n"
      "a = softmax(x)\nb = reduce_sum(y, axes=[0])\nc = reduce_max(x, axes=[1])\n"
      "output a\noutput b\noutput c\n", TF_MODE_INFER},
@@ -115,6 +126,17 @@ static const target_case target_cases[] = {
      "q = linear(x, wq)\nv = linear(x, wv)\nq4 = reshape(q, shape=[2, 5, 2, 4])\nv4 = reshape(v, shape=[2, 5, 2, 4])\n"
      "qh = transpose(q4, perm=[0, 2, 1, 3])\nvh = transpose(v4, perm=[0, 2, 1, 3])\n"
      "a = attention(qh, qh, vh, causal=true)\ns = mul(a, a)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" TC_TRAIN_SGD,
+     TF_MODE_TRAIN},
+    /* the fused backward: 4 query heads on 2 key/value heads, a key-padding mask (the last two keys of the
+     * second sequence hidden, and a query row that sees none), dropout on the probabilities */
+    {"train attention: groups, mask, dropout", "input x : f32[2, 7, 8]\ninput z : f32[2, 4, 7, 2]\n"
+     "param wq : f32[8, 8] = uniform()\nparam wk : f32[8, 4] = uniform()\nparam wv : f32[8, 4] = uniform()\n"
+     "q = linear(x, wq)\nk = linear(x, wk)\nv = linear(x, wv)\nq4 = reshape(q, shape=[2, 7, 4, 2])\n"
+     "k4 = reshape(k, shape=[2, 7, 2, 2])\nv4 = reshape(v, shape=[2, 7, 2, 2])\nqh = transpose(q4, perm=[0, 2, 1, 3])\n"
+     "kh = transpose(k4, perm=[0, 2, 1, 3])\nvh = transpose(v4, perm=[0, 2, 1, 3])\n"
+     "col = iota(shape=[2, 1, 7, 7], axis=3)\nrow = iota(shape=[2, 1, 7, 7], axis=2)\nbat = iota(shape=[2, 1, 7, 7], axis=0)\n"
+     "lim = mul(bat, 2)\nvis = sub(7, lim)\nk1 = lt(col, vis)\nk2 = ne(row, 3)\nkeep = where(k2, k1, k2)\n"
+     "a = attention(qh, kh, vh, keep, dropout=0.3, salt=5)\nloss = mse_loss(a, z)\noutput loss\n" TC_TRAIN_SGD,
      TF_MODE_TRAIN},
     /* the library ops the cuda target generates a kernel for, at odd shapes: windows with padding,
      * strides 2x1, a 4x4 window at stride 3 (mostly padding), the gradients written directly, ids
