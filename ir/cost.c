@@ -12,9 +12,23 @@
 static double numel(const tf_type *t) { return (double)tf_type_numel(t); }
 
 /* matmul: 2 * |out| * K; a convolution and both its gradients: the forward's
- * multiply-adds, every forward output element over Cg x KH x KW. */
+ * multiply-adds, every forward output element over Cg x KH x KW; attention:
+ * its matmuls over the (query, key) pairs it does not skip. */
 static double heavy(const tf_node *n)
 {
+    if (n->op == TF_OP_FLASH_ATTENTION || n->op == TF_OP_FLASH_ATTENTION_GRAD || n->op == TF_OP_ATTENTION) {
+        /* per (batch, head): the visible (query, key) pairs times the dot products each takes: S and PV
+         * forward; S again, dP, dV, dQ and dK backward (a mask's hidden pairs are counted: not known here) */
+        tf_attn_geom g;
+        tf_attn_geom_of(n, &g);
+        double pairs = (double)g.Tq * (double)g.Tk;
+        if (g.causal) {
+            double full = g.Tq > g.Tk ? (double)(g.Tq - g.Tk) * (double)g.Tk : 0, tri = (double)(g.Tq < g.Tk ? g.Tq : g.Tk);
+            pairs = full + tri * (tri + 1) / 2;
+        }
+        double per = n->op == TF_OP_FLASH_ATTENTION_GRAD ? 3.0 * (double)g.D + 2.0 * (double)g.Dv : (double)(g.D + g.Dv);
+        return 2.0 * (double)g.B * (double)g.H * pairs * per;
+    }
     if (n->op == TF_OP_MATMUL) {
         if (n->nin != 2 || n->in[0]->type.rank < 2) return 0;
         const tf_type *a = &n->in[0]->type;
