@@ -13,7 +13,11 @@
  *   (every score -inf) is 0, not NaN, and so is its gradient. In train mode
  *   with dropout p, P_ij is kept with probability 1 - p and scaled by
  *   1/(1-p) (rounded to f32), drawn as dropout draws over the flat index of
- *   [B, H, Tq, Tk] with the stream of `salt`. O_i = sum_j P_ij v_j.
+ *   [B, H, Tq, Tk] with the stream of `salt`. O_i = sum_j P_ij v_j, where
+ *   for f16/bf16 storage each exp(s_ij - max) is rounded to that dtype
+ *   before it multiplies v (the sum that normalizes it is not), as the
+ *   decomposed form rounds its probabilities before their matmul and as
+ *   tensor-core kernels multiply them.
  * flash_attention: the same (scale given); lse=true makes the result f32
  *   (f64 for f64 operands) [B, H, Tq, Dv + 1], whose last column is the row's log-sum-exp
  *   max_j s_ij + log sum_j exp(s_ij - max) (-inf for an empty row).
@@ -191,6 +195,7 @@ static tf_ir_status forward(tf_interp_ctx *ip, const tf_node *n, const tf_tensor
     if (!s) return oom(ip, n);
     uint64_t stream = tf_dropout_stream(tf_interp_step(ip), g.salt);
     int64_t W = g.Dv + g.lse;
+    tf_dt half = in[0]->dtype == TF_DT_F16 || in[0]->dtype == TF_DT_BF16 ? in[0]->dtype : TF_DT_F64;
     for (int64_t b = 0; b < g.B; b++)
         for (int64_t h = 0; h < g.H; h++) {
             const double *vb = in[2]->data + (b * g.Hk + h / (g.H / g.Hk)) * g.Tk * g.Dv;
@@ -207,7 +212,7 @@ static tf_ir_status forward(tf_interp_ctx *ip, const tf_node *n, const tf_tensor
                 }
                 for (int64_t j = 0; j < g.Tk; j++) l += s[j] = exp(s[j] - mx);
                 for (int64_t j = 0; j < g.Tk; j++) {
-                    double p = s[j] / l * keep(&g, ip, stream, row + j);
+                    double p = tf_dtype_round(half, s[j]) / l * keep(&g, ip, stream, row + j);
                     if (p != 0)
                         for (int64_t e = 0; e < g.Dv; e++) o[e] += p * vb[j * g.Dv + e];
                 }

@@ -140,6 +140,7 @@ typedef struct attn_job {
     uint64_t seed, stream;
     float keep_scale;          /* (float)(1 / (1 - p)) */
     int64_t nqb;               /* forward: query blocks per head */
+    bool bf16;                 /* bf16 storage and a bf16 GEMM here: tiles multiply in bf16 (P rounded to bf16) */
     bool failed;               /* out of memory in some task */
 } attn_job;
 
@@ -217,14 +218,20 @@ static void forward_task(const attn_job *J, int64_t task, float *w)
     int64_t D = g->D, Dv = g->Dv, kend = g->causal && i0 + bq < g->Tk ? i0 + bq : g->Tk;
     float *qb = w, *kb = qb + ATT_BQ * D, *vb = kb + ATT_BK * D, *S = vb + ATT_BK * Dv, *acc = S + ATT_BQ * ATT_BK;
     float *m = acc + ATT_BQ * Dv, *l = m + ATT_BQ, *tmp = l + ATT_BQ;
-    const float *Q = rows_f32(J->dt, J->q, bh * g->Tq + i0, bq, D, qb);
+    uint16_t *pb = (uint16_t *)(tmp + g->Dv + 1);
+    const float *Q = J->bf16 ? NULL : rows_f32(J->dt, J->q, bh * g->Tq + i0, bq, D, qb);
+    const uint16_t *Qh = (const uint16_t *)J->q + (bh * g->Tq + i0) * D;
     for (int64_t r = 0; r < bq; r++) m[r] = -INFINITY, l[r] = 0;
     memset(acc, 0, (size_t)(bq * Dv) * sizeof *acc);
     for (int64_t j0 = 0; j0 < kend; j0 += ATT_BK) {
         int64_t bk = kend - j0 < ATT_BK ? kend - j0 : ATT_BK;
-        const float *K = rows_f32(J->dt, J->k, (b * g->Hk + hk) * g->Tk + j0, bk, D, kb);
-        const float *V = rows_f32(J->dt, J->v, (b * g->Hk + hk) * g->Tk + j0, bk, Dv, vb);
-        tf_cpu_gemm_tile(false, true, bq, bk, D, Q, D, K, D, S, ATT_BK, false);
+        int64_t kr = (b * g->Hk + hk) * g->Tk + j0;
+        const float *K = J->bf16 ? NULL : rows_f32(J->dt, J->k, kr, bk, D, kb);
+        const float *V = J->bf16 ? NULL : rows_f32(J->dt, J->v, kr, bk, Dv, vb);
+        if (J->bf16)
+            tf_cpu_gemm_tile_bf16(false, true, bq, bk, D, Qh, D, (const uint16_t *)J->k + kr * D, D, S, ATT_BK, false);
+        else
+            tf_cpu_gemm_tile(false, true, bq, bk, D, Q, D, K, D, S, ATT_BK, false);
         for (int64_t r = 0; r < bq; r++) {
             float *s = S + r * ATT_BK;
             prepare_row(J, b, h, i0 + r, j0, s, bk);
@@ -240,14 +247,20 @@ static void forward_task(const attn_job *J, int64_t task, float *w)
             m[r] = mn;
             if (J->drop) drop_row(J, bh * g->Tq + i0 + r, j0, s, bk);
         }
-        tf_cpu_gemm_tile(false, false, bq, Dv, bk, S, ATT_BK, V, Dv, acc, Dv, true);
+        if (J->bf16) {   /* P rounded to bf16, as the decomposed form's probabilities before their matmul */
+            for (int64_t r = 0; r < bq; r++) tf_cpu_f32_to_bf16(S + r * ATT_BK, pb + r * ATT_BK, bk);
+            tf_cpu_gemm_tile_bf16(false, false, bq, Dv, bk, pb, ATT_BK, (const uint16_t *)J->v + kr * Dv, Dv, acc, Dv, true);
+        } else {
+            tf_cpu_gemm_tile(false, false, bq, Dv, bk, S, ATT_BK, V, Dv, acc, Dv, true);
+        }
     }
     for (int64_t r = 0; r < bq; r++) store_row(J, bh * g->Tq + i0 + r, acc + r * Dv, l[r], m[r], tmp);
 }
 
 static int64_t forward_floats(const tf_attn_geom *g)
 {
-    return ATT_BQ * g->D + ATT_BK * (g->D + g->Dv) + ATT_BQ * ATT_BK + ATT_BQ * g->Dv + 2 * ATT_BQ + g->Dv + 1;
+    return ATT_BQ * g->D + ATT_BK * (g->D + g->Dv) + ATT_BQ * ATT_BK + ATT_BQ * g->Dv + 2 * ATT_BQ + g->Dv + 1 +
+           ATT_BQ * ATT_BK / 2 + 16;
 }
 
 static void forward_piece(void *arg, int64_t lo, int64_t hi)
@@ -377,6 +390,7 @@ bool tf_cpu_run_attention(cpu *c, const tf_node *n, bool train)
     J.drop = train && g->dropout > 0;
     J.stream = tf_dropout_stream(c->rt[1], g->salt);
     J.keep_scale = (float)(1.0 / (1.0 - g->dropout));
+    J.bf16 = J.dt == TF_DT_BF16 && tf_cpu_bf16_gemm_kind() != TF_BF16_GEMM_NONE;
     if (n->op == TF_OP_FLASH_ATTENTION) {
         J.ow = n->out->type.dims[3].n;
         J.nqb = (g->Tq + ATT_BQ - 1) / ATT_BQ;

@@ -236,6 +236,18 @@ void tf_cpu_gemm_tile(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const f
     gemm_rows(ta, tb, 0, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
 
+void tf_cpu_gemm_tile_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
+                           const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        return;
+    }
+    gemm_rows_bf16(ta, tb, 0, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
 void tf_cpu_gemm_bf16(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
                       const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate)
 {

@@ -66,6 +66,9 @@ typedef enum tf_bf16_gemm_kind {
  * transpose, accumulate) within f32 rounding of a float64 sum. */
 tf_bf16_gemm_kind tf_cpu_bf16_gemm_kind(void);
 const char *tf_cpu_bf16_gemm_name(void);
+/* One tile on the calling thread, as tf_cpu_gemm_tile (bf16 operands). */
+void tf_cpu_gemm_tile_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
+                           const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 void tf_cpu_gemm_bf16(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t lda,
                       const uint16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
