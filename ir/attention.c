@@ -29,7 +29,10 @@
  *   dV_j = sum_i P_ij Z_ij dO_i; dP_ij = Z_ij dO_i . v_j;
  *   dS_ij = P_ij (dP_ij - D_i); dQ_i = scale sum_j dS_ij k_j;
  *   dK_j = scale sum_i dS_ij q_i (key/value gradients summed over the query
- *   heads of a group). A float mask gets no gradient here: `lower` keeps an
+ *   heads of a group); for f16/bf16 storage P_ij Z_ij and dO are rounded to
+ *   that dtype in dV's sum (as in the forward's; dP, dS and D_i are not:
+ *   dS_ij = P_ij (dP_ij - D_i) cancels along the row, and rounding its
+ *   terms would make dq and dk noise). A float mask gets no gradient here: `lower` keeps an
  *   attention whose mask is learned decomposed. */
 #include <math.h>
 #include <stdlib.h>
@@ -242,6 +245,7 @@ tf_ir_status ik_flash_attention_grad(tf_interp_ctx *ip, const tf_node *n, const 
     uint64_t stream = tf_dropout_stream(tf_interp_step(ip), g.salt);
     int64_t nq = g.B * g.H * g.Tq * g.D, nk = g.B * g.Hk * g.Tk * g.D, Wo = g.Dv + 1, Wd = in[4]->dims[3];
     double *dq = out->data, *dk = dq + nq, *dv = dk + nk;
+    tf_dt half = in[0]->dtype == TF_DT_F16 || in[0]->dtype == TF_DT_BF16 ? in[0]->dtype : TF_DT_F64;
     memset(out->data, 0, (size_t)out->numel * sizeof *out->data);
     for (int64_t b = 0; b < g.B; b++)
         for (int64_t h = 0; h < g.H; h++) {
@@ -259,8 +263,10 @@ tf_ir_status ik_flash_attention_grad(tf_interp_ctx *ip, const tf_node *n, const 
                 for (int64_t j = 0; j < g.Tk; j++) {
                     if (s[j] == -INFINITY) continue;
                     double p = exp(s[j] - lse), z = keep(&g, ip, stream, qi * g.Tk + j), dp = 0;
+                    double pz = tf_dtype_round(half, p * z);
                     for (int64_t e = 0; e < g.Dv; e++) {
-                        dv[(kv + j) * g.Dv + e] += p * z * dy[e];
+                        double dye = tf_dtype_round(half, dy[e]);
+                        dv[(kv + j) * g.Dv + e] += pz * dye;
                         dp += dy[e] * vb[j * g.Dv + e];
                     }
                     double ds = p * (z * dp - Di) * g.scale;

@@ -18,9 +18,13 @@
  * rowsum(dO O) - dLSE computed once per row.
  *
  * Tasks split over the pool in fixed pieces and each writes only its own
- * rows, so the result does not depend on the thread count. Storage f16 and
- * bf16 is widened to f32 per tile (per head in the backward); the softmax
- * is f32 throughout. exp runs 16 lanes wide on AVX-512 (a degree-7
+ * rows, so the result does not depend on the thread count. f16 storage is
+ * widened to f32 per tile (per head in the backward); bf16, where the CPU
+ * has a bf16 GEMM (AVX512-BF16 or OpenBLAS's sbgemm), multiplies in bf16
+ * from storage where a sum does not cancel: Q K^T (exact products) and
+ * the products with P (P, and dO, rounded to bf16 for them, as
+ * ir/attention.c defines); dP, dQ and dK stay f32. The softmax is f32
+ * throughout. exp runs 16 lanes wide on AVX-512 (a degree-7
  * polynomial after reduction by ln 2, 2^n by vscalefps: within 2 ulp of
  * expf), else through expf. */
 #include <math.h>
@@ -285,6 +289,11 @@ static void backward_head(const attn_job *J, int64_t b, int64_t h, int64_t hk, f
     int64_t nq = g->B * g->H * Tq * D, nk = g->B * g->Hk * Tk * D;
     float *qw = w, *kw = qw + Tq * D, *vw = kw + Tk * D, *dow = vw + Tk * Dv, *Drow = dow + Tq * Dv, *P = Drow + Tq;
     float *PZ = P + ATT_BWD_BQ * ATT_BWD_BK, *dP = PZ + ATT_BWD_BQ * ATT_BWD_BK;
+    /* bf16: S = Q K^T and dV += (P Z)^T dO multiply in bf16 (P Z and dO rounded to bf16 for it); dP, dQ
+     * and dK stay f32: dS = P (dP - D) cancels along each row, and rounding its terms would not */
+    bool hb = J->bf16;
+    const uint16_t *Qh = (const uint16_t *)J->q + bh * Tq * D, *Kh = (const uint16_t *)J->k + kv * Tk * D;
+    uint16_t *dOb = (uint16_t *)(dP + ATT_BWD_BQ * ATT_BWD_BK), *Pb = dOb + Tq * Dv;
     const float *Q = rows_f32(J->dt, J->q, bh * Tq, Tq, D, qw);
     const float *K = rows_f32(J->dt, J->k, kv * Tk, Tk, D, kw);
     const float *V = rows_f32(J->dt, J->v, kv * Tk, Tk, Dv, vw);
@@ -303,6 +312,7 @@ static void backward_head(const attn_job *J, int64_t b, int64_t h, int64_t hk, f
         float d = 0;
         for (int64_t e = 0; e < Dv; e++) d += dO[i * ldo + e] * O[i * (Dv + 1) + e];
         Drow[i] = J->dw > Dv ? d - load(J->ddt, J->dout, (bh * Tq + i) * J->dw + Dv) : d;
+        if (hb) tf_cpu_f32_to_bf16(dO + i * ldo, dOb + i * Dv, Dv);
     }
     float *dQ = (float *)J->out + bh * Tq * D, *dK = (float *)J->out + nq + kv * Tk * D, *dV = (float *)J->out + nq + nk + kv * Tk * Dv;
     float sc = (float)g->scale;
@@ -310,7 +320,8 @@ static void backward_head(const attn_job *J, int64_t b, int64_t h, int64_t hk, f
         int64_t bk = Tk - j0 < ATT_BWD_BK ? Tk - j0 : ATT_BWD_BK;
         for (int64_t i0 = g->causal ? j0 / ATT_BWD_BQ * ATT_BWD_BQ : 0; i0 < Tq; i0 += ATT_BWD_BQ) {
             int64_t bq = Tq - i0 < ATT_BWD_BQ ? Tq - i0 : ATT_BWD_BQ;
-            tf_cpu_gemm_tile(false, true, bq, bk, D, Q + i0 * D, D, K + j0 * D, D, P, ATT_BWD_BK, false);
+            if (hb) tf_cpu_gemm_tile_bf16(false, true, bq, bk, D, Qh + i0 * D, D, Kh + j0 * D, D, P, ATT_BWD_BK, false);
+            else tf_cpu_gemm_tile(false, true, bq, bk, D, Q + i0 * D, D, K + j0 * D, D, P, ATT_BWD_BK, false);
             for (int64_t r = 0; r < bq; r++) {
                 float *p = P + r * ATT_BWD_BK, lse = O[(i0 + r) * (Dv + 1) + Dv];
                 prepare_row(J, b, h, i0 + r, j0, p, bk);
@@ -321,7 +332,12 @@ static void backward_head(const attn_job *J, int64_t b, int64_t h, int64_t hk, f
                 drop_row(J, bh * Tq + i0 + r, j0, PZ + r * ATT_BWD_BK, bk);
             }
             /* dV += (P Z)^T dO; dP = dO V^T; dS = P (Z dP - D) scale = (PZ dP - P D) scale */
-            tf_cpu_gemm_tile(true, false, bk, Dv, bq, J->drop ? PZ : P, ATT_BWD_BK, dO + i0 * ldo, ldo, dV + j0 * Dv, Dv, true);
+            if (hb) {
+                for (int64_t r = 0; r < bq; r++) tf_cpu_f32_to_bf16((J->drop ? PZ : P) + r * ATT_BWD_BK, Pb + r * ATT_BWD_BK, bk);
+                tf_cpu_gemm_tile_bf16(true, false, bk, Dv, bq, Pb, ATT_BWD_BK, dOb + i0 * Dv, Dv, dV + j0 * Dv, Dv, true);
+            } else {
+                tf_cpu_gemm_tile(true, false, bk, Dv, bq, J->drop ? PZ : P, ATT_BWD_BK, dO + i0 * ldo, ldo, dV + j0 * Dv, Dv, true);
+            }
             tf_cpu_gemm_tile(false, true, bq, bk, Dv, dO + i0 * ldo, ldo, V + j0 * Dv, Dv, dP, ATT_BWD_BK, false);
             for (int64_t r = 0; r < bq; r++) {
                 float *p = P + r * ATT_BWD_BK, *pz = J->drop ? PZ + r * ATT_BWD_BK : p, *dp = dP + r * ATT_BWD_BK, d = Drow[i0 + r];
@@ -336,7 +352,8 @@ static void backward_head(const attn_job *J, int64_t b, int64_t h, int64_t hk, f
 
 static int64_t backward_floats(const tf_attn_geom *g)
 {
-    return g->Tq * g->D + g->Tk * (g->D + g->Dv) + g->Tq * g->Dv + g->Tq + 3 * ATT_BWD_BQ * ATT_BWD_BK;
+    return g->Tq * g->D + g->Tk * (g->D + g->Dv) + g->Tq * g->Dv + g->Tq + 3 * ATT_BWD_BQ * ATT_BWD_BK +
+           (g->Tq * g->Dv + 1) / 2 + ATT_BWD_BQ * ATT_BWD_BK / 2 + 16;   /* and the bf16 dO and P Z */
 }
 
 static void backward_piece(void *arg, int64_t lo, int64_t hi)
