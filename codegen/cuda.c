@@ -267,7 +267,7 @@ const char cu_helpers_bf16[] =
     "__device__ __forceinline__ float tf_rb(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }\n";
 
 /* tf_rng_uniform and tf_dropout_stream (ir/), in 64-bit integers: the same bits */
-static const char helpers_rng[] =
+const char cu_helpers_rng[] =
     "__device__ __forceinline__ unsigned long long tf_mix64(unsigned long long z) {\n"
     "    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;\n"
     "    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;\n"
@@ -388,7 +388,7 @@ tf_ir_status tf_cuda_emit(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
     if (e.vec) tf_strbuf_printf(&src, "%s", cu_helpers_vec);
     if (e.f16) tf_strbuf_printf(&src, "%s", cu_helpers_f16);
     if (e.bf16) tf_strbuf_printf(&src, "%s", cu_helpers_bf16);
-    if (e.rng) tf_strbuf_printf(&src, "%s", helpers_rng);
+    if (e.rng) tf_strbuf_printf(&src, "%s", cu_helpers_rng);
     sb params = {0};
     cu_buffer_params(&params, k, e.written, "");
     if (g.scratch) tf_strbuf_printf(&params, "%svoid *__restrict__ tf_scratch", k->nbufs ? ", " : "");
@@ -534,7 +534,8 @@ static void dump_params(sb *s, const tf_kernel *k, const tf_cuda_kernel *ck, con
 
 char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel *ck)
 {
-    static const char *shapes[] = {"pointwise", "pointwise, 16-byte vectors", "row reduction", "column reduction"};
+    static const char *shapes[] = {"pointwise", "pointwise, 16-byte vectors", "row reduction", "column reduction",
+                                   "flash attention, a block per tile of rows"};
     sb s = {0};
     tf_strbuf_printf(&s, "// tfuse kernel %s", k->name);
     if (m && k->region > 0 && k->region <= m->nregions) tf_strbuf_printf(&s, " (region %s)", m->regions[k->region - 1].name);
@@ -543,6 +544,9 @@ char *tf_cuda_dump(const tf_module *m, const tf_kernel *k, const tf_cuda_kernel 
     for (int q = 1; q < ck->parts; q++) tf_strbuf_printf(&s, "%s%s", q == 1 ? ", in one multi-tensor launch with " : ", ", k[q].name);
     tf_strbuf_printf(&s, "\n// %s; entry %s; grid %u x block %u, %u bytes of dynamic shared memory; buffers %u-byte aligned\n",
         shapes[ck->shape], ck->name, ck->grid, ck->block, ck->smem, ck->align);
+    if (ck->name2[0])
+        tf_strbuf_printf(&s, "// then entry %s (same parameters); grid %u x block %u, %u bytes of dynamic shared memory\n", ck->name2,
+                         ck->grid2, ck->block2, ck->smem2);
     if (ck->parts > 1) {
         for (int q = 0; q < ck->parts; q++) {
             char prefix[16];

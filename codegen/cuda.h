@@ -118,6 +118,27 @@
  *   slice_grad       zeros, dy's elements at start + j * step (start as
  *                    Python slices it), as stored bits.
  *
+ * flash_attention and flash_attention_grad (codegen/cuda_attention.c) are
+ * tiled kernels rather than loops over the result (shape TF_CUDA_ATTENTION):
+ *
+ *   flash_attention       a block of 128 threads per (batch, head, tile of
+ *                         query rows): query, key and value tiles staged in
+ *                         shared memory, an online softmax in float (double
+ *                         for f64) over the key tiles, no [Tq, Tk] tensor;
+ *                         causal, bool or additive masks (broadcast),
+ *                         grouped-query heads, head dims 1 to 256, dropout
+ *                         in train mode with the interpreter's draw (then
+ *                         the {seed, step} parameter comes last, rng);
+ *   flash_attention_grad  two entry points, no atomics: the first a block
+ *                         per (batch, key/value head, key tile) recomputing
+ *                         P and dS for every query row of the group's heads
+ *                         and accumulating dK and dV, the second (name2) a
+ *                         block per (batch, head, query tile) accumulating
+ *                         dQ; both with smem bytes of shared memory.
+ *
+ * Their sums are in float (double for f64) in a fixed order, so not the
+ * interpreter's bits but deterministic from run to run.
+ *
  * An id out of [0, V) never reads or writes outside the table: gather
  * leaves that row zero, scatter_add skips it, and the kernel stores 1 + the
  * id's flat position in *tf_err (any one of them when there are several),
@@ -136,6 +157,7 @@ typedef enum tf_cuda_shape {
     TF_CUDA_POINTWISE_VEC, /* grid-stride loop over 16-byte vectors, scalar tail */
     TF_CUDA_ROW_REDUCE,    /* `group` threads (a multiple of 32) per outer index */
     TF_CUDA_COL_REDUCE,    /* a 32-wide tile of outer indices, `group` threads per column */
+    TF_CUDA_ATTENTION,     /* flash attention: a block per tile of query (or key) rows, looping over the others */
 } tf_cuda_shape;
 
 typedef struct tf_cuda_kernel {
@@ -151,10 +173,11 @@ typedef struct tf_cuda_kernel {
     unsigned group;        /* threads per outer index (reductions), else 0 */
     int nparams;           /* kernel->nbufs, plus 1 with rng */
     bool rng;              /* last parameter: const unsigned long long *rng -> {seed, step} on the device */
-    char name2[24];        /* "": one kernel; else a second entry point in src ("<name>_b", a split
-                            * reduction's full-space stores), launched right after the first with the
-                            * same parameters, grid2 blocks of block2 threads, no shared memory */
-    unsigned grid2, block2;
+    char name2[24];        /* "": one kernel; else a second entry point in src ("<name>_b": a split
+                            * reduction's full-space stores, flash_attention_grad's dQ), launched right
+                            * after the first with the same parameters, grid2 blocks of block2 threads
+                            * and smem2 bytes of dynamic shared memory */
+    unsigned grid2, block2, smem2;
     unsigned scratch;      /* > 0: a parameter after the buffers (before rng), void *tf_scratch, this many
                             * bytes of device memory zeroed once before the first launch (a split
                             * reduction's partials and counters; the kernel leaves it zeroed again) */
@@ -213,8 +236,12 @@ bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n);
 /* The library op's own kernel into *out (zeroed first), to launch before
  * the kernel's epilogue (tf_cuda_emit) if it has one. TF_IR_ERR_RUNTIME
  * with the reason when !tf_cuda_library_supports(k), TF_IR_ERR_OOM when out
- * of memory. */
+ * of memory. An op whose work depends on the program's mode (flash
+ * attention's dropout, drawn in train mode only, as the interpreter draws
+ * it) is emitted for `mode` by tf_cuda_emit_library_mode; for train mode
+ * by tf_cuda_emit_library (and so by tf_cuda_emit_plan). */
 tf_ir_status tf_cuda_emit_library(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d);
+tf_ir_status tf_cuda_emit_library_mode(const tf_kernel *k, tf_ir_mode mode, tf_cuda_kernel *out, tf_diag *d);
 
 /* Every kernel of a plan. kernels[i] belongs to p->kernels[i]; its src is
  * NULL where the kernel is not emitted (library ops without an epilogue,

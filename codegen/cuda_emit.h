@@ -13,7 +13,9 @@
  *                  strategy, no text), then the text from it;
  *   cuda_multi.c   multi-tensor launches (an optimizer's update chains);
  *   cuda_lib.c     library ops' own kernels (pooling and its gradients,
- *                  gather, scatter_add, concat, slice_grad).
+ *                  gather, scatter_add, concat, slice_grad);
+ *   cuda_attention.c  flash_attention and flash_attention_grad's tiled
+ *                  kernels (cuda_lib.c hands them over).
  *
  * Every name here is hidden: nothing outside libtfuse links to it. */
 #ifndef TF_CODEGEN_CUDA_EMIT_H
@@ -116,6 +118,8 @@ void cu_emit_reduction(em *e, geom *g);
 extern const char cu_placeholder[];
 /* tf_max, tf_min, tf_relu, tf_isfinite, the saturating conversions: every source has them. */
 extern const char cu_helpers_common[];
+/* tf_mix64, tf_dropout_key, tf_dropout_keep: the interpreter's dropout draw in 64-bit integers. */
+extern const char cu_helpers_rng[];
 /* tf_vec, the 16-byte vector (vectorized pointwise loops). */
 extern const char cu_helpers_vec[];
 /* tf_rh: a float rounded to f16. */
@@ -126,6 +130,13 @@ extern const char cu_helpers_bf16[];
 void cu_buffer_params(sb *params, const tf_kernel *k, const bool *written, const char *prefix);
 /* Hash src (n bytes), name out by it, put the name in place of the placeholder; out->src takes src. */
 void cu_name_source(tf_cuda_kernel *out, char *src, size_t n);
+
+/* ---- flash attention (cuda_attention.c) -------------------------------------- */
+
+/* Whether cu_emit_attention emits k's flash_attention(_grad); if not, why. */
+bool cu_attention_supports(const tf_kernel *k, char *why, size_t n);
+/* Its kernels into *out (zeroed first); dropout is drawn when train. */
+tf_ir_status cu_emit_attention(const tf_kernel *k, bool train, tf_cuda_kernel *out, tf_diag *d);
 
 #pragma GCC visibility pop
 

@@ -1,8 +1,9 @@
 /* cuda_lib.c — library ops' own kernels (tf_cuda_emit_library): pooling
  * and its gradients, gather (and embedding), scatter_add, concat and
  * slice_grad, each one grid-stride loop over its result written straight
- * from the op's attributes and shapes (no kernel IR expressions). What each
- * computes, against the interpreter, is in cuda.h. */
+ * from the op's attributes and shapes (no kernel IR expressions); the
+ * attention ops' tiled kernels are cuda_attention.c's. What each computes,
+ * against the interpreter, is in cuda.h. */
 #include "cuda_emit.h"
 
 #include <math.h>
@@ -165,6 +166,8 @@ bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n)
         }
         return true;
     }
+    case TF_OP_FLASH_ATTENTION: case TF_OP_FLASH_ATTENTION_GRAD:
+        return cu_attention_supports(k, why, n);
     default: {   /* slice_grad */
         const tf_value *dy = nd->in[0];
         int ax;
@@ -509,10 +512,16 @@ static void lib_slice_grad(lk *e)
 
 tf_ir_status tf_cuda_emit_library(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d)
 {
+    return tf_cuda_emit_library_mode(k, TF_IR_TRAIN, out, d);
+}
+
+tf_ir_status tf_cuda_emit_library_mode(const tf_kernel *k, tf_ir_mode mode, tf_cuda_kernel *out, tf_diag *d)
+{
     memset(out, 0, sizeof *out);
     char why[256];
     if (!tf_cuda_library_supports(k, why, sizeof why)) return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "cuda: %s", why);
     const tf_node *n = k->lib;
+    if (tf_op_exec_of(n->op) == TF_OPX_ATTENTION) return cu_emit_attention(k, mode == TF_IR_TRAIN, out, d);
     lk e = {.k = k, .n = n};
     /* parameters, and what the source needs */
     int64_t biggest = numel_of(n->out), work = numel_of(n->out);

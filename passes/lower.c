@@ -217,7 +217,8 @@ static tf_value *attention_decomposed(lw *l, tf_value **in, const tf_attn_geom *
     tf_value *s = op(l, TF_OP_MATMUL, "scores", 2, qk, &tb, 1);
     tf_dim full[4] = {qt->dims[0], qt->dims[1], qt->dims[2], k->type.dims[2]};
     if (G > 1) s = reshape(l, "scores_heads", s, full, 4);
-    s = cast_to(l, "scores_f32", s, TF_DT_F32);   /* the softmax runs in fp32 whatever the storage */
+    tf_dt sdt = is_half(s) ? TF_DT_F32 : s->type.dtype;   /* the softmax runs in fp32 (f64 for f64) whatever the storage */
+    s = cast_to(l, "scores_f32", s, sdt);
     s = op2(l, TF_OP_MUL, "scaled", s, num(l, g->scale));
     if (g->causal) {
         int64_t shape[2] = {g->Tq, g->Tk};
@@ -235,7 +236,7 @@ static tf_value *attention_decomposed(lw *l, tf_value **in, const tf_attn_geom *
             tf_value *w[3] = {in[3], s, num(l, -INFINITY)};
             s = op(l, TF_OP_WHERE, "mask", 3, w, NULL, 0);
         } else {
-            s = op2(l, TF_OP_ADD, "mask", s, cast_to(l, "mask_f32", in[3], TF_DT_F32));
+            s = op2(l, TF_OP_ADD, "mask", s, cast_to(l, "mask_f32", in[3], sdt));
         }
         tf_value *mx = reduce(l, TF_OP_REDUCE_MAX, "max", s, &last, 1, true);
         tf_value *empty = op2(l, TF_OP_EQ, "empty", mx, num(l, -INFINITY));

@@ -131,7 +131,9 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     tf_free(ks);
     tf_free(kidx);
     /* the manifest: the plan in launch order */
-    size_t cap = 256 + (size_t)plan->nkernels * 320, at = 0;
+    /* a kernel: at most three lines (a library op's and its epilogue's, flash_attention_grad's two, a kernel's and its
+     * second entry point's), each under 256 bytes */
+    size_t cap = 256 + (size_t)plan->nkernels * 768, at = 0;
     char *man = rc ? NULL : tf_malloc(cap);
     if (!rc && !man) {
         snprintf(err, n, "error: out of memory");
@@ -140,11 +142,14 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
     for (int i = 0; man && i < plan->nkernels; i++) {
         const tf_kernel *k = &plan->kernels[i];
         const tf_cuda_kernel *ck = &prog.kernels[i], *lib = &prog.library[i];
-        if (k->lib && k->kind != TF_K_VIEW && lib->src)
+        if (k->lib && k->kind != TF_K_VIEW && lib->src) {
             at += (size_t)snprintf(man + at, cap - at, "%s library %s cuda %s grid=%u block=%u smem=%u%s\n", k->name,
                                    tf_op_info_of(k->lib->op)->name, lib->name, lib->grid, lib->block, lib->smem,
                                    lib->clear_first ? " clear_first" : "");
-        else if (k->lib && k->kind != TF_K_VIEW)
+            if (lib->name2[0])   /* flash_attention_grad's second entry point, launched right after */
+                at += (size_t)snprintf(man + at, cap - at, "%s library %s cuda %s grid=%u block=%u smem=%u\n", k->name,
+                                       tf_op_info_of(k->lib->op)->name, lib->name2, lib->grid2, lib->block2, lib->smem2);
+        } else if (k->lib && k->kind != TF_K_VIEW)
             at += (size_t)snprintf(man + at, cap - at, "%s library %s\n", k->name, tf_op_info_of(k->lib->op)->name);
         if (k->kind == TF_K_VIEW) at += (size_t)snprintf(man + at, cap - at, "%s view\n", k->name);
         else if (ck->src && ck->parts > 1) {   /* a multi-tensor launch: its later parts run in it */
@@ -156,7 +161,8 @@ int tf_cuda_write_artifact(const tf_module *m, const tf_kernel_plan *plan, const
             at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u%s%.0u\n", k->name, ck->name, ck->grid,
                                    ck->block, ck->smem, ck->scratch ? " scratch=" : "", ck->scratch);
         if (k->kind != TF_K_VIEW && ck->src && ck->name2[0])
-            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=0\n", k->name, ck->name2, ck->grid2, ck->block2);
+            at += (size_t)snprintf(man + at, cap - at, "%s cuda %s grid=%u block=%u smem=%u\n", k->name, ck->name2, ck->grid2, ck->block2,
+                                   ck->smem2);
     }
     if (man) {
         snprintf(path, sizeof path, "%s/manifest.txt", dir);

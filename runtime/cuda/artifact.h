@@ -23,8 +23,10 @@
  * <name>_b ...", launched after it, from the same cubin), "<kernel>
  * library <op> cuda <name> grid=G block=B smem=S[ clear_first]" (a library
  * op's generated kernel; clear_first: its result is zeroed before the
- * launch), "<kernel> library <op>" (the runtime's cuBLASLt or host kernels)
- * or "<kernel> view"; a library op's line comes before its epilogue's.
+ * launch; flash_attention_grad's second entry point, launched right
+ * after, is a second such line, "<name>_b"), "<kernel> library <op>" (the
+ * runtime's cuBLASLt or host kernels) or "<kernel> view"; a library op's
+ * line comes before its epilogue's.
  * Identical kernels share one source, taken from the cubin disk cache
  * where it has them (cuda_jit.h; NVRTC compiles the rest, and they are
  * cached), so a second compile of a model compiles nothing. *ncubins:

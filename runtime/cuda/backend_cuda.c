@@ -46,10 +46,13 @@
  * NVRTC, cuBLASLt and cuDNN: the same code, every kernel run on the host.
  *
  * Library ops other than matmul and the convolutions (pooling and its
- * gradients, gather, scatter_add, concat, slice_grad) run their own
- * generated kernel (tf_cuda_emit_library, its own function and launch
- * parameters), then the region's epilogue if there is one; scatter_add in
- * f32/f64 into a result zeroed first. Their ids are guarded: a kernel that
+ * gradients, gather, scatter_add, concat, slice_grad, flash_attention and
+ * flash_attention_grad) run their own generated kernel
+ * (tf_cuda_emit_library_mode for the program's mode, its own function and
+ * launch parameters; flash_attention_grad's second entry point right after
+ * the first; {seed, step} last where flash attention draws dropout), then
+ * the region's epilogue if there is one; scatter_add in f32/f64 into a
+ * result zeroed first. Their ids are guarded: a kernel that
  * meets one out of range stores its position in an error word (one per
  * library kernel, after {seed, step}); where the API did not check the ids
  * before the step (they are computed, not an input a gather reads), the
@@ -265,6 +268,21 @@ static tf_status open_device(tf_session_t *s, cuda_session *c)
     return pick_arch(s, c);
 }
 
+/* --cuda-explain's lines for the attention ops' generated kernels. */
+static void explain_attention(FILE *f, const cuda_session *c)
+{
+    for (int i = 0; i < c->plan->nkernels; i++) {
+        const gkernel *gk = &c->ks[i];
+        if (gk->how != RUN_LIBKERNEL || gk->lfn < 0 || tf_op_exec_of(gk->k->lib->op) != TF_OPX_ATTENTION) continue;
+        const tf_cuda_jit_fn *fn = &c->jit.fns[gk->lfn];
+        fprintf(f, "cuda: kernel %s: %s runs as the generated flash-attention kernel%s: grid %u x %u, %u bytes of shared memory",
+                gk->k->name, tf_op_info_of(gk->k->lib->op)->name,
+                fn->function2 ? "s (dK and dV per key tile, then dQ per query tile)" : "", fn->grid, fn->block, fn->smem);
+        if (fn->function2) fprintf(f, "; then grid %u x %u, %u bytes", fn->grid2, fn->block2, fn->smem2);
+        fprintf(f, "\n");
+    }
+}
+
 /* --cuda-explain: what runs where, and why not on the GPU. */
 static void explain(tf_session_t *s, const cuda_session *c)
 {
@@ -276,7 +294,7 @@ static void explain(tf_session_t *s, const cuda_session *c)
     for (int i = 0; i < c->plan->nkernels; i++) {
         const gkernel *gk = &c->ks[i];
         if (gk->fn >= 0) launches += 1 + (c->jit.fns[gk->fn].function2 != NULL);
-        launches += gk->lfn >= 0;
+        if (gk->lfn >= 0) launches += 1 + (c->jit.fns[gk->lfn].function2 != NULL);
         launches += gk->how == RUN_GEMM ? (int)gk->mm->calls : gk->how == RUN_CONV;
     }
     fprintf(f, "cuda: %s (%s), %d kernels, %d launches a step (generated kernels and library calls); code: %d compiled, "
@@ -294,6 +312,7 @@ static void explain(tf_session_t *s, const cuda_session *c)
     }
     for (int i = 0; i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_GEMM) fprintf(f, "cuda: kernel %s: cuBLASLt epilogue %s\n", c->ks[i].k->name, c->ks[i].epi);
+    explain_attention(f, c);
     for (int i = 0; i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
             fprintf(f, "cuda: kernel %s runs %son the host: %s\n", c->ks[i].k->name,
@@ -529,6 +548,13 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
         return "library";
     }
     tf_op_exec ex = tf_op_exec_of(op);
+    if (ex == TF_OPX_ATTENTION) {
+        snprintf(detail, n, "the generated flash-attention kernel%s (CUDA C compiled by NVRTC): tiles of queries and keys in shared "
+                 "memory, an online softmax in fp32 (fp64 for f64), no [Tq, Tk] tensor, deterministic (no atomics); head dims up to "
+                 "256 (else the interpreter's kernel on the host)",
+                 op == TF_OP_FLASH_ATTENTION_GRAD ? "s (dK and dV a block per key tile, then dQ a block per query tile)" : "");
+        return "jit";
+    }
     if (tf_exec_own_kernel(ex)) {
         snprintf(detail, n, "its own CUDA C kernel, generated for the op (not fused) and compiled by NVRTC%s",
                  ex == TF_OPX_SCATTER ? "; f32 and f64 add with atomicAdd, not bit-deterministic" : "");

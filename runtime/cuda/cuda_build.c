@@ -47,7 +47,7 @@ static bool lib_setup(tf_session_t *s, cuda_session *c, gkernel *gk, int i, tf_c
     const tf_kernel *k = gk->k;
     if (!tf_cuda_library_supports(k, gk->why, sizeof gk->why)) return false;
     tf_diag d = {0};
-    if (tf_cuda_emit_library(k, &job->kernel, &d)) {
+    if (tf_cuda_emit_library_mode(k, s->p->mode, &job->kernel, &d)) {   /* the mode: flash attention's dropout */
         if (d.status != TF_IR_ERR_RUNTIME) *st = tf_from_diag(s->ctx, &d);
         else set_text(gk->why, sizeof gk->why, d.msg);
         return false;
@@ -238,14 +238,15 @@ static tf_status bind_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
     return TF_OK;
 }
 
-/* A library kernel's: the op's result, its operands that are not constants, the error word. */
+/* A library kernel's: the op's result, its operands that are not constants,
+ * the error word, {seed, step} (flash attention's dropout). */
 static tf_status bind_library(tf_session_t *s, cuda_session *c, gkernel *gk)
 {
     if (gk->lfn < 0) return TF_OK;
     const tf_node *n = gk->k->lib;
     const tf_cuda_jit_fn *f = &c->jit.fns[gk->lfn];
-    gk->ldptr = tf_calloc((size_t)n->nin + 2, sizeof *gk->ldptr);
-    gk->largs = tf_calloc((size_t)n->nin + 2, sizeof *gk->largs);
+    gk->ldptr = tf_calloc((size_t)n->nin + 3, sizeof *gk->ldptr);
+    gk->largs = tf_calloc((size_t)n->nin + 3, sizeof *gk->largs);
     if (!gk->ldptr || !gk->largs) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     int np = 0;
     for (int q = -1; q < n->nin; q++) {
@@ -261,6 +262,11 @@ static tf_status bind_library(tf_session_t *s, cuda_session *c, gkernel *gk)
     }
     if (gk->err_slot >= 0) {
         gk->ldptr[np] = c->err_dev + 8 * (tf_cu_deviceptr)gk->err_slot;
+        gk->largs[np] = &gk->ldptr[np];
+        np++;
+    }
+    if (f->rng) {
+        gk->ldptr[np] = c->rt_dev;
         gk->largs[np] = &gk->ldptr[np];
     }
     return TF_OK;

@@ -61,7 +61,7 @@ typedef struct tf_cuda_jit_fn {
     bool rng;                   /* takes the {seed, step} pointer last */
     unsigned scratch;           /* bytes of zeroed device scratch it takes after the buffers (0: none) */
     tf_cu_function function2;   /* NULL, or a second entry point launched right after with the same parameters */
-    unsigned grid2, block2;
+    unsigned grid2, block2, smem2;
 } tf_cuda_jit_fn;
 
 typedef struct tf_cuda_jit {

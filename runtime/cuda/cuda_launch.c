@@ -94,11 +94,12 @@ static tf_status launch_fn(tf_session_t *s, cuda_session *c, gkernel *gk, int fn
     if (tf_cuda_check(&c->libs, r, "cuLaunchKernel", __FILE__, __LINE__, c->err, sizeof c->err))
         return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: launching kernel %s (%s, grid %u, block %u, %u bytes of shared memory): %s",
                             gk->k->name, f->name, f->grid, f->block, f->smem, c->err);
-    if (f->function2) {   /* a split reduction's full-space stores */
-        r = c->libs.cu.LaunchKernel(f->function2, f->grid2, 1, 1, f->block2, 1, 1, 0, c->stream, args, NULL);
+    if (f->function2) {   /* a split reduction's full-space stores, flash_attention_grad's dQ */
+        r = c->libs.cu.LaunchKernel(f->function2, f->grid2, 1, 1, f->block2, 1, 1, f->smem2, c->stream, args, NULL);
         if (tf_cuda_check(&c->libs, r, "cuLaunchKernel", __FILE__, __LINE__, c->err, sizeof c->err))
-            return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: launching kernel %s (%s_b, grid %u, block %u): %s", gk->k->name,
-                                f->name, f->grid2, f->block2, c->err);
+            return tf_set_error(s->ctx, TF_ERR_RUNTIME,
+                                "error: cuda: launching kernel %s (%s_b, grid %u, block %u, %u bytes of shared memory): %s", gk->k->name,
+                                f->name, f->grid2, f->block2, f->smem2, c->err);
     }
     return TF_OK;
 }

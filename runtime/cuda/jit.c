@@ -584,6 +584,12 @@ static tf_cuda_status find_functions(tf_cuda_jit_fn *f, const tf_cuda_libs *l, c
         snprintf(err, n, "kernel %s needs %u bytes of shared memory: %s", k->name, f->smem, why);
         return TF_CUDA_ERR_DRIVER;
     }
+    if (f->function2 && f->smem2 > STATIC_SMEM_LIMIT &&
+        tf_cuda_check(l, l->cu.FuncSetAttribute(f->function2, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)f->smem2),
+                      "cuFuncSetAttribute", __FILE__, __LINE__, why, sizeof why)) {
+        snprintf(err, n, "kernel %s needs %u bytes of shared memory: %s", k->name2, f->smem2, why);
+        return TF_CUDA_ERR_DRIVER;
+    }
     return TF_CUDA_OK;
 }
 
@@ -671,6 +677,7 @@ tf_cuda_status tf_cuda_jit_build(tf_cuda_jit *j, const tf_cuda_libs *l, const ch
         f->scratch = k->scratch;
         f->grid2 = k->grid2 < 1 ? 1 : k->grid2 > MAX_GRID ? MAX_GRID : k->grid2;
         f->block2 = k->block2;
+        f->smem2 = k->smem2;
         j->nfns = u + 1;
         st = find_functions(f, l, k, err, n);
         j->compiled += !st && from == TF_CUBIN_COMPILED;

@@ -179,6 +179,7 @@ static bool lib_generated(int op)
     switch (op) {
     case TF_OP_MAXPOOL2D: case TF_OP_AVGPOOL2D: case TF_OP_MAXPOOL2D_GRAD: case TF_OP_AVGPOOL2D_GRAD:
     case TF_OP_GATHER: case TF_OP_EMBEDDING: case TF_OP_SCATTER_ADD: case TF_OP_CONCAT: case TF_OP_SLICE_GRAD:
+    case TF_OP_FLASH_ATTENTION: case TF_OP_FLASH_ATTENTION_GRAD:
         return true;
     default:
         return false;
@@ -217,12 +218,17 @@ static void check_library(const char *label, const tf_module *m, const tf_kernel
     for (int q = 0; q < n->nin; q++) operands += n->in[q]->kind != TF_VAL_CONST;
     bool ids = n->op == TF_OP_GATHER || n->op == TF_OP_EMBEDDING || n->op == TF_OP_SCATTER_ADD;
     tf_dt dt = n->out->type.dtype;
-    CHECK(lc->library && !lc->epilogue && !lc->rng && lc->shape == TF_CUDA_POINTWISE && lc->smem == 0 && lc->vec == 1,
+    bool attn = tf_op_exec_of(n->op) == TF_OPX_ATTENTION;   /* tiled: shared memory, dropout's {seed, step}, a second entry */
+    CHECK(lc->library && !lc->epilogue && lc->vec == 1 &&
+              (attn ? lc->shape == TF_CUDA_ATTENTION && lc->smem > 0 && lc->smem <= 48 * 1024 &&
+                          !lc->name2[0] == (n->op == TF_OP_FLASH_ATTENTION) && (!lc->name2[0] || lc->smem2 == lc->smem)
+                    : !lc->rng && lc->shape == TF_CUDA_POINTWISE && lc->smem == 0 && !lc->name2[0]),
           "%s: %s: a library kernel's flags", label, k->name);
     CHECK(lc->block >= 32 && lc->block <= 1024 && lc->block % 32 == 0 && lc->grid >= 1 && lc->grid <= 65536,
           "%s: %s: library geometry grid %u block %u", label, k->name, lc->grid, lc->block);
     CHECK(lc->align >= (unsigned)tf_dtype_bytes(dt) && lc->align <= 8, "%s: %s: align %u", label, k->name, lc->align);
-    CHECK(lc->nparams == 1 + operands + (ids ? 1 : 0) && lc->err == ids, "%s: %s: %d parameters", label, k->name, lc->nparams);
+    CHECK(lc->nparams == 1 + operands + (ids ? 1 : 0) + (lc->rng ? 1 : 0) && lc->err == ids, "%s: %s: %d parameters", label, k->name,
+          lc->nparams);
     CHECK(lc->clear_first == (n->op == TF_OP_SCATTER_ADD && (dt == TF_DT_F32 || dt == TF_DT_F64)), "%s: %s: clear_first", label, k->name);
     CHECK(!ids || strstr(lc->src, "unsigned long long *tf_err"), "%s: %s: the error word parameter", label, k->name);
     CHECK(!lc->clear_first || strstr(lc->src, "atomicAdd(") != NULL, "%s: %s: atomics into the cleared result", label, k->name);

@@ -1,0 +1,718 @@
+/* cuda_attention.c — flash_attention and flash_attention_grad as CUDA C
+ * kernels of their own (tf_cuda_emit_library hands them here). What they
+ * compute is ir/attention.c's; how:
+ *
+ *   forward   a block of 128 threads per (batch, head, tile of kBQ query
+ *             rows), looping over tiles of kBK keys: the query tile, the
+ *             key tile and the value tile staged in shared memory as the
+ *             math type, the [kBQ][kBK] scores computed there, an online
+ *             softmax per row (running max m, running sum l, the
+ *             accumulator rescaled by exp(m_old - m_new)) by kRG = 128 / kBQ
+ *             threads a row, and O's unnormalized sums in registers (a
+ *             thread holds kBQ * Dv / 128 of them). No [Tq, Tk] tensor in
+ *             memory. O = sums / l (0 for a row that sees no key), and with
+ *             lse the row's m + log l (-inf) in column Dv;
+ *   backward  two entry points launched one after the other, neither with
+ *             atomics: the first a block per (batch, key/value head, tile
+ *             of kBK keys) that walks every query tile of every query head
+ *             of the group, recomputes P_ij = exp(s_ij - lse_i) and
+ *             dS_ij = P_ij (Z_ij dO_i . v_j - D_i) scale, and accumulates
+ *             dV_j and dK_j in registers; the second (name2) a block per
+ *             (batch, head, query tile) that recomputes dS_ij over the key
+ *             tiles and accumulates dQ_i. D_i = dO_i . O_i - dlse_i is
+ *             recomputed per query tile from out and dout.
+ *
+ * The math type is float for f32, f16 and bf16 storage and double for f64.
+ * Dropout (train mode, p > 0) keeps P_ij with the interpreter's draw at the
+ * flat index ((b H + h) Tq + i) Tk + j and scales it by 1/(1-p) rounded to
+ * f32; the normalizer l is over the undropped probabilities. For f16 and
+ * bf16 storage each exp(s_ij - m) that multiplies v is rounded to the
+ * storage dtype (l sums them unrounded), as ir/attention.c does, and so
+ * are P_ij Z_ij and dO in dV's sum (not dP, dS or D_i); m is the
+ * running max, the row's max once a row's largest score is in an earlier
+ * or the same key tile (ir/attention.c rounds against the row's max: where
+ * a later tile raises it, the two differ by one 16-bit rounding of P_ij, as
+ * a tensor-core flash-attention kernel does). Tiles (query rows x keys, no
+ * larger than the sequences need): the first of 16x64, 8x64 .. 4x4 whose
+ * shared memory fits 48 KiB and whose accumulators stay within 64
+ * registers a thread, so head dims up to 256 in any dtype. Everything is
+ * scalar code (no tensor-core MMA): cuda-emu runs exactly what a GPU does. */
+#include "cuda_emit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+enum {
+    NT = 128,                  /* threads a block */
+    SMEM_MAX = 48 * 1024,      /* dynamic shared memory without cuFuncSetAttribute */
+    REGS_MAX = 64,             /* accumulators a thread holds */
+    HEAD_MAX = 256,            /* the largest head dim (D, Dv) */
+};
+
+/* An attention kernel being written. */
+typedef struct ak {
+    const tf_kernel *k;
+    const tf_node *n;
+    tf_attn_geom g;
+    sb s;
+    bool grad;                 /* flash_attention_grad */
+    bool drop;                 /* draws dropout: train mode and p > 0 */
+    bool f64;                  /* the math type is double */
+    tf_dt half;                /* q's dtype; f16, bf16: P (and in dV's sum dO) rounded to it (ir/attention.c) */
+    bool wide;                 /* 64-bit indices */
+    int bq, bk;                /* query rows and keys a tile */
+    unsigned smem;             /* bytes of dynamic shared memory */
+    int64_t wd;                /* grad: dout's row, Dv or Dv + 1 */
+    const char *real, *zero, *one, *expf, *logf, *fmax;   /* the math type and its spellings */
+} ak;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* f16 or bf16 storage: P, and dO in dV's sum, are rounded to it. */
+static bool lowp(const ak *a) { return a->half == TF_DT_F16 || a->half == TF_DT_BF16; }
+
+/* Shared memory (elements of the math type) of the kernels at tiles bq x bk. */
+static int64_t smem_elems(const ak *a, int64_t bq, int64_t bk)
+{
+    const tf_attn_geom *g = &a->g;
+    int64_t kv = bk * (g->D + 1) + bk * (g->Dv + 1);   /* staged keys and values, rows padded by one */
+    if (!a->grad) return bq * g->D + kv + bq * bk + 3 * bq;
+    return kv + bq * (g->D + g->Dv) + 2 * bq * bk + 2 * bq;
+}
+
+/* Accumulators a thread holds at tiles bq x bk. */
+static int64_t regs_of(const ak *a, int64_t bq, int64_t bk)
+{
+    const tf_attn_geom *g = &a->g;
+    if (!a->grad) return cdiv(bq * g->Dv, NT);
+    int64_t kv = cdiv(bk * g->D, NT) + cdiv(bk * g->Dv, NT), q = cdiv(bq * g->D, NT);
+    return kv > q ? kv : q;
+}
+
+/* The smallest power of two >= n, at least 4 and at most cap. */
+static int64_t pow2_fit(int64_t n, int64_t cap)
+{
+    int64_t p = 4;
+    while (p < n && p < cap) p *= 2;
+    return p;
+}
+
+/* The tiles: the first of the candidates (trimmed to the sequences) that fits; false when none does. Long key
+ * tiles first: fewer rescalings of the sums, and for f16/bf16 the probabilities that multiply v are rounded
+ * against a running max that is more often the row's own (ir/attention.c rounds them against the row's max). */
+static bool choose_tiles(ak *a)
+{
+    static const int cand[][2] = {{16, 64}, {8, 64}, {16, 32}, {8, 32}, {16, 16}, {8, 16}, {4, 16}, {8, 8}, {4, 8}, {4, 4}};
+    int64_t es = a->f64 ? 8 : 4;
+    for (size_t c = 0; c < sizeof cand / sizeof *cand; c++) {
+        int64_t bq = pow2_fit(a->g.Tq, cand[c][0]), bk = pow2_fit(a->g.Tk, cand[c][1]);
+        int64_t bytes = smem_elems(a, bq, bk) * es;
+        if (bytes <= SMEM_MAX && regs_of(a, bq, bk) <= REGS_MAX) {
+            a->bq = (int)bq, a->bk = (int)bk, a->smem = (unsigned)bytes;
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool attention_op(int op) { return op == TF_OP_FLASH_ATTENTION || op == TF_OP_FLASH_ATTENTION_GRAD; }
+
+/* The kernel's facts; false with the reason in why when it is not emitted. */
+static bool ak_init(ak *a, const tf_kernel *k, bool train, char *why, size_t n)
+{
+    memset(a, 0, sizeof *a);
+    a->k = k;
+    a->n = k->lib;
+    const tf_node *nd = a->n;
+    const char *name = tf_op_info_of(nd->op)->name;
+    tf_attn_geom_of(nd, &a->g);
+    const tf_attn_geom *g = &a->g;
+    a->grad = nd->op == TF_OP_FLASH_ATTENTION_GRAD;
+    a->drop = train && g->dropout > 0;
+    a->f64 = nd->in[0]->type.dtype == TF_DT_F64;
+    a->half = nd->in[0]->type.dtype;
+    a->wd = a->grad ? nd->in[4]->type.dims[3].n : 0;
+    if (g->D < 1 || g->D > HEAD_MAX || g->Dv < 1 || g->Dv > HEAD_MAX) {
+        snprintf(why, n, "kernel %s: %s with head dims D=%lld, Dv=%lld: the generated kernels take 1 to %d", k->name, name,
+                 (long long)g->D, (long long)g->Dv, HEAD_MAX);
+        return false;
+    }
+    if (g->B > INT32_MAX || g->H > INT32_MAX || g->Tq > INT32_MAX / 2 || g->Tk > INT32_MAX / 2) {   /* the kernels count in int */
+        snprintf(why, n, "kernel %s: %s: B=%lld, H=%lld, Tq=%lld, Tk=%lld pass the generated kernels' 32-bit counts", k->name, name,
+                 (long long)g->B, (long long)g->H, (long long)g->Tq, (long long)g->Tk);
+        return false;
+    }
+    if (!choose_tiles(a)) {   /* never at D, Dv <= 256: 4x4 tiles fit */
+        snprintf(why, n, "kernel %s: %s: no tile fits %d bytes of shared memory", k->name, name, SMEM_MAX);
+        return false;
+    }
+    int64_t biggest = tf_type_numel(&nd->out->type);
+    for (int q = 0; q < nd->nin; q++)
+        if (tf_type_numel(&nd->in[q]->type) > biggest) biggest = tf_type_numel(&nd->in[q]->type);
+    a->wide = biggest >= ((int64_t)1 << 30);
+    a->real = a->f64 ? "double" : "float";
+    a->zero = a->f64 ? "0.0" : "0.0f";
+    a->one = a->f64 ? "1.0" : "1.0f";
+    a->expf = a->f64 ? "exp" : "expf";
+    a->logf = a->f64 ? "log" : "logf";
+    a->fmax = a->f64 ? "fmax" : "fmaxf";
+    return true;
+}
+
+bool cu_attention_supports(const tf_kernel *k, char *why, size_t n)
+{
+    ak a;
+    return attention_op(k->lib->op) && ak_init(&a, k, true, why, n);
+}
+
+/* ---- the source: what both directions share ---- */
+
+/* The distinct storage dtypes the kernel loads (q's first). */
+static int loaded_dtypes(const ak *a, tf_dt *ts)
+{
+    int nt = 0;
+    for (int q = 0; q < a->n->nin; q++) {
+        tf_dt t = a->n->in[q]->type.dtype;
+        if (q == a->g.mask && a->g.mask_bool) continue;   /* read as bytes */
+        bool seen = false;
+        for (int i = 0; i < nt; i++) seen |= ts[i] == t;
+        if (!seen) ts[nt++] = t;
+    }
+    return nt;
+}
+
+/* The includes, the dropout draw, the problem and tile constants. */
+static void emit_head(ak *a)
+{
+    sb *s = &a->s;
+    const tf_attn_geom *g = &a->g;
+    tf_dt ts[8];
+    int nt = loaded_dtypes(a, ts);
+    bool f16 = a->n->out->type.dtype == TF_DT_F16, bf16 = a->n->out->type.dtype == TF_DT_BF16;
+    for (int i = 0; i < nt; i++) f16 |= ts[i] == TF_DT_F16, bf16 |= ts[i] == TF_DT_BF16;
+    tf_strbuf_printf(s, "// generated by tfuse (codegen/cuda_attention.c) for NVRTC: %s, %s\n", tf_op_info_of(a->n->op)->name,
+                     a->grad ? "two kernels (dK and dV a block per key tile, then dQ a block per query tile)"
+                             : "a block per tile of query rows, an online softmax over tiles of keys");
+    if (f16) tf_strbuf_printf(s, "#include <cuda_fp16.h>\n");
+    if (bf16) tf_strbuf_printf(s, "#include <cuda_bf16.h>\n");
+    tf_strbuf_printf(s, "\n%s", cu_helpers_common);
+    if (a->drop) tf_strbuf_printf(s, "%s", cu_helpers_rng);
+    tf_strbuf_printf(s, "\ntypedef %s tf_idx;\n", a->wide ? "long long" : "int");
+    cu_line(s, 0, "// q [B, H, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv]; query head h reads key/value head h / kG (ir/attention.c)");
+    cu_line(s, 0, "constexpr int kB = %lld, kH = %lld, kHk = %lld, kG = kH / kHk, kTq = %lld, kTk = %lld, kD = %lld, kDv = %lld;",
+            (long long)g->B, (long long)g->H, (long long)g->Hk, (long long)g->Tq, (long long)g->Tk, (long long)g->D, (long long)g->Dv);
+    cu_line(s, 0, "// tiles of kBQ query rows and kBK keys; kNT threads a block, kRG of them a query row where rows are reduced;");
+    cu_line(s, 0, "// staged keys and values are rows of kD + 1 and kDv + 1 (the padding spreads a column over the banks)");
+    cu_line(s, 0, "constexpr int kBQ = %d, kBK = %d, kNT = %d, kRG = kNT / kBQ, kKS = kD + 1, kVS = kDv + 1;", a->bq, a->bk, NT);
+    if (a->grad) cu_line(s, 0, "constexpr int kNQ = (kTq + kBQ - 1) / kBQ, kNK = (kTk + kBK - 1) / kBK;   // query tiles, key tiles");
+    else cu_line(s, 0, "constexpr int kNQ = (kTq + kBQ - 1) / kBQ;   // query tiles");
+    if (a->grad) {
+        cu_line(s, 0, "constexpr int kWd = %lld;   // dout's row: dO%s", (long long)a->wd, a->wd > g->Dv ? ", then the log-sum-exp's gradient" : "");
+        cu_line(s, 0, "// the result: dq [B, H, Tq, D], dk [B, Hk, Tk, D], dv [B, Hk, Tk, Dv], one after the other");
+        cu_line(s, 0, "constexpr tf_idx kOffK = %lld, kOffV = %lld;", (long long)(g->B * g->H * g->Tq * g->D),
+                (long long)(g->B * g->H * g->Tq * g->D + g->B * g->Hk * g->Tk * g->D));
+    } else {
+        cu_line(s, 0, "constexpr int kW = %lld;   // the result's row: O%s", (long long)(g->Dv + g->lse), g->lse ? ", then the log-sum-exp" : "");
+    }
+}
+
+/* tf_real (a stored element as the math type), tf_neg_inf, tf_stage, the row reductions. */
+static void emit_loads(ak *a)
+{
+    sb *s = &a->s;
+    const char *R = a->real;
+    tf_dt ts[8];
+    int nt = loaded_dtypes(a, ts);
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// a stored element as the math type");
+    for (int i = 0; i < nt; i++) {
+        const char *v = ts[i] == TF_DT_F16 ? "__half2float(x)" : ts[i] == TF_DT_BF16 ? "__bfloat162float(x)"
+                      : (ts[i] == TF_DT_F64) == a->f64 ? "x" : a->f64 ? "(double)x" : "(float)x";
+        cu_line(s, 0, "__device__ __forceinline__ %s tf_real(%s x) { return %s; }", R, cu_storage_type(ts[i]), v);
+    }
+    cu_line(s, 0, "__device__ __forceinline__ %s tf_neg_inf() { return -%s; }", R,
+            a->f64 ? "__longlong_as_double(0x7ff0000000000000LL)" : "__int_as_float(0x7f800000)");
+    if (lowp(a)) {
+        bool f16 = a->half == TF_DT_F16;
+        cu_line(s, 0, "// rounded to %s, the storage: the probabilities that multiply v%s (ir/attention.c)", tf_dtype_name(a->half),
+                a->grad ? ", and dO in dV's sum" : "");
+        cu_line(s, 0, "__device__ __forceinline__ float tf_round16(float x) { return %s(%s(x)); }", f16 ? "__half2float" : "__bfloat162float",
+                f16 ? "__float2half_rn" : "__float2bfloat16_rn");
+    }
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// a tile of `rows` rows of `len` elements into shared memory (a row every `stride`), as the math type, from");
+    cu_line(s, 0, "// src (a row every `pitch`); rows n and past are zero (a zero times a past-the-end probability stays 0)");
+    cu_line(s, 0, "template <typename T>");
+    cu_line(s, 0, "__device__ __forceinline__ void tf_stage(%s *dst, int stride, const T *src, int pitch, int len, int rows, int n)", R);
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "for (int x = threadIdx.x; x < rows * len; x += kNT) {");
+    cu_line(s, 2, "const int r = x / len, e = x - r * len;");
+    cu_line(s, 2, "dst[r * stride + e] = r < n ? tf_real(src[(tf_idx)r * pitch + e]) : %s;", a->zero);
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// over a row's kRG consecutive lanes of a warp, xor steps: every lane ends with the same bits");
+    for (int mx = 0; mx < 2; mx++) {
+        if (mx && a->grad) break;   /* the backward sums only */
+        cu_line(s, 0, "__device__ __forceinline__ %s tf_row_%s(%s v)", R, mx ? "max" : "sum", R);
+        cu_line(s, 0, "{");
+        cu_line(s, 0, "#pragma unroll");
+        if (mx) cu_line(s, 1, "for (int s = kRG / 2; s > 0; s >>= 1) v = %s(v, __shfl_xor_sync(0xffffffffu, v, s, kRG));", a->fmax);
+        else cu_line(s, 1, "for (int s = kRG / 2; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s, kRG);");
+        cu_line(s, 1, "return v;");
+        cu_line(s, 0, "}");
+    }
+}
+
+/* The mask's parameter in a helper's declaration and at its call sites (empty without a mask). */
+static const char *mask_decl(const ak *a, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (a->g.mask >= 0)
+        snprintf(buf, n, ", const %s *mask", a->g.mask_bool ? "unsigned char" : cu_storage_type(a->n->in[a->g.mask]->type.dtype));
+    return buf;
+}
+static int mask_param(const ak *a) { return a->g.mask + 1; }   /* b0 is the result: operand q is b(q + 1) */
+
+/* tf_score: s_ij or -inf; tf_keep: the dropout factor. */
+static void emit_score(ak *a)
+{
+    sb *s = &a->s;
+    const tf_attn_geom *g = &a->g;
+    const char *R = a->real;
+    char md[96], sc[64], at[256] = "";
+    cu_literal(a->f64 ? TF_DT_F64 : TF_DT_F32, a->f64 ? g->scale : (double)(float)g->scale, sc, sizeof sc);
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// s_ij = scale q_i . k_j%s of query i and key j (qi, kj: their staged rows); -inf where i does not see j%s",
+            g->mask >= 0 && !g->mask_bool ? " + mask_ij" : "",
+            g->causal && g->mask_bool ? " (j > i; the mask false)" : g->causal ? " (j > i)" : g->mask_bool ? " (the mask false)" : "");
+    cu_line(s, 0, "// and past the ends");
+    cu_line(s, 0, "__device__ __forceinline__ %s tf_score(const %s *qi, const %s *kj, tf_idx b, tf_idx h, int i, int j%s)", R, R, R,
+            mask_decl(a, md, sizeof md));
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "if (i >= kTq || j >= kTk%s) return tf_neg_inf();", g->causal ? " || j > i" : "");
+    if (g->mask >= 0) {   /* the mask's element (b, h, i, j), its broadcast axes left out */
+        static const char *ax[4] = {"b", "h", "(tf_idx)i", "(tf_idx)j"};
+        size_t len = 0;
+        for (int d = 0; d < 4; d++) {
+            if (!g->mstride[d]) continue;
+            if (g->mstride[d] == 1) len += (size_t)snprintf(at + len, sizeof at - len, "%s%s", len ? " + " : "", ax[d]);
+            else len += (size_t)snprintf(at + len, sizeof at - len, "%s%s * %lld", len ? " + " : "", ax[d], (long long)g->mstride[d]);
+        }
+        if (!len) snprintf(at, sizeof at, "0");
+        cu_line(s, 1, "const %s m = mask[%s];   // strides over [B, H, Tq, Tk]: %lld, %lld, %lld, %lld",
+                g->mask_bool ? "unsigned char" : cu_storage_type(a->n->in[g->mask]->type.dtype), at, (long long)g->mstride[0],
+                (long long)g->mstride[1], (long long)g->mstride[2], (long long)g->mstride[3]);
+        if (g->mask_bool) cu_line(s, 1, "if (!m) return tf_neg_inf();");
+    }
+    bool use_b = g->mask >= 0 && g->mstride[0], use_h = g->mask >= 0 && g->mstride[1];
+    if (!use_b || !use_h) cu_line(s, 1, "%s%s%s;   // the mask does not vary along them", use_b ? "" : "(void)b", use_b || use_h ? "" : ", ",
+                                  use_h ? "" : "(void)h");
+    cu_line(s, 1, "%s acc = %s;", R, a->zero);
+    cu_line(s, 1, "for (int e = 0; e < kD; e++) acc += qi[e] * kj[e];");
+    cu_line(s, 1, "return acc * %s%s;", sc, g->mask >= 0 && !g->mask_bool ? " + tf_real(m)" : "");
+    cu_line(s, 0, "}");
+    if (!a->drop) return;
+    char z[64];
+    cu_literal(a->f64 ? TF_DT_F64 : TF_DT_F32, (double)(float)(1.0 / (1.0 - g->dropout)), z, sizeof z);
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// dropout (p = %.9g): P_ij is kept with the interpreter's draw at ((b H + h) Tq + i) Tk + j, scaled by 1/(1-p) in f32",
+            g->dropout);
+    cu_line(s, 0, "__device__ __forceinline__ %s tf_keep(unsigned long long key, tf_idx bh, int i, int j)", R);
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "const unsigned long long at = ((unsigned long long)bh * kTq + (unsigned long long)i) * kTk + (unsigned long long)j;");
+    cu_line(s, 1, "return tf_dropout_keep(key, at, %lluULL) ? %s : %s;", (unsigned long long)tf_cuda_dropout_threshold(g->dropout), z,
+            a->zero);
+    cu_line(s, 0, "}");
+}
+
+/* The entry point's parameters: b0 the result, b<q+1> operand q, then {seed, step} when it draws dropout. */
+static void emit_params(ak *a, sb *s)
+{
+    const tf_kernel *k = a->k;
+    for (int p = 0; p <= a->n->nin; p++) {
+        const tf_value *v = p ? a->n->in[p - 1] : a->n->out;
+        bool disjoint = false;
+        for (int b = 0; b < k->nbufs; b++)
+            if (k->bufs[b].value == v) disjoint = k->bufs[b].disjoint;
+        tf_strbuf_printf(s, "%s%s%s *%sb%d", p ? ", " : "", p ? "const " : "", cu_storage_type(v->type.dtype),
+                         disjoint ? "__restrict__ " : "", p);
+    }
+    if (a->drop) tf_strbuf_printf(s, ", const unsigned long long *__restrict__ tf_rng");
+}
+
+/* An entry point's first line, its shared memory and the dropout key. */
+static void emit_entry(ak *a, const char *suffix)
+{
+    sb *s = &a->s;
+    tf_strbuf_printf(s, "\nextern \"C\" __global__ void __launch_bounds__(%d) %s%s(", NT, cu_placeholder, suffix);
+    emit_params(a, s);
+    tf_strbuf_printf(s, ")\n{\n");
+    cu_line(s, 1, "extern __shared__ __align__(16) unsigned char tf_smem[];");
+}
+
+static void emit_key(ak *a)
+{
+    if (a->drop)
+        cu_line(&a->s, 1, "const unsigned long long key = tf_dropout_key(tf_rng, %lluULL);   // dropout's stream at this step",
+                (unsigned long long)a->g.salt);
+}
+
+/* A value of the math type as the result's dtype. */
+static void store_as(const ak *a, const char *v, char *out, size_t n)
+{
+    switch (a->n->out->type.dtype) {
+    case TF_DT_F16: snprintf(out, n, "__float2half_rn(%s)", v); break;
+    case TF_DT_BF16: snprintf(out, n, "__float2bfloat16_rn(%s)", v); break;
+    default: snprintf(out, n, "%s", v); break;
+    }
+}
+
+/* ---- the forward kernel ---- */
+
+/* One key tile: stage it, score it, the online softmax, the accumulators. */
+static void emit_forward_tile(ak *a)
+{
+    sb *s = &a->s;
+    const char *R = a->real;
+    char mk[16] = "";
+    if (a->g.mask >= 0) snprintf(mk, sizeof mk, ", b%d", mask_param(a));
+    cu_line(s, 2, "for (int j0 = 0; j0 < nk; j0 += kBK) {");
+    cu_line(s, 3, "const int nj = tf_min(kBK, kTk - j0);   // keys j0 .. j0 + nj - 1");
+    cu_line(s, 3, "__syncthreads();   // the previous key tile is used up");
+    cu_line(s, 3, "tf_stage(ks, kKS, b2 + (kv * kTk + j0) * kD, kD, kD, kBK, nj);");
+    cu_line(s, 3, "tf_stage(vs, kVS, b3 + (kv * kTk + j0) * kDv, kDv, kDv, kBK, nj);");
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "for (int x = t; x < kBQ * kBK; x += kNT) {");
+    cu_line(s, 4, "const int i = x / kBK, j = x %% kBK;");
+    cu_line(s, 4, "ps[x] = tf_score(qs + i * kD, ks + j * kKS, b, h, i0 + i, j0 + j%s);", mk);
+    cu_line(s, 3, "}");
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "// the online softmax of row r: its new max, P_ij = exp(s_ij - max), the factor for its sums so far");
+    cu_line(s, 3, "%s mx = tf_neg_inf();", R);
+    cu_line(s, 3, "for (int j = l; j < kBK; j += kRG) mx = %s(mx, ps[r * kBK + j]);", a->fmax);
+    cu_line(s, 3, "mx = tf_row_max(mx);");
+    cu_line(s, 3, "const %s m0 = rm[r], m1 = %s(m0, mx);", R, a->fmax);
+    cu_line(s, 3, "%s sum = %s;", R, a->zero);
+    cu_line(s, 3, "for (int j = l; j < kBK; j += kRG) {");
+    cu_line(s, 4, "const %s p = m1 == tf_neg_inf() ? %s : %s(ps[r * kBK + j] - m1);   // a hidden key: exp(-inf) = 0", R, a->zero,
+            a->expf);
+    cu_line(s, 4, "sum += p;");
+    const char *pv = lowp(a) ? "tf_round16(p)" : "p";   /* l sums P unrounded */
+    if (a->drop) cu_line(s, 4, "ps[r * kBK + j] = %s * tf_keep(key, bh, i0 + r, j0 + j);   // l sums the undropped P", pv);
+    else cu_line(s, 4, "ps[r * kBK + j] = %s;", pv);
+    cu_line(s, 3, "}");
+    cu_line(s, 3, "sum = tf_row_sum(sum);");
+    cu_line(s, 3, "__syncwarp();   // every lane of the row has read rm[r]");
+    cu_line(s, 3, "if (l == 0) {");
+    cu_line(s, 4, "const %s f = m1 == tf_neg_inf() ? %s : %s(m0 - m1);", R, a->one, a->expf);
+    cu_line(s, 4, "ra[r] = f;");
+    cu_line(s, 4, "rl[r] = rl[r] * f + sum;");
+    cu_line(s, 4, "rm[r] = m1;");
+    cu_line(s, 3, "}");
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "// O_i = O_i f_i + sum_j P_ij v_j");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int x = 0; x < kR; x++) {");
+    cu_line(s, 4, "const int y = t + x * kNT, i = y / kDv, e = y %% kDv;");
+    cu_line(s, 4, "if (y >= kBQ * kDv) break;");
+    cu_line(s, 4, "%s o = acc[x] * ra[i];", R);
+    cu_line(s, 4, "for (int j = 0; j < kBK; j++) o += ps[i * kBK + j] * vs[j * kVS + e];");
+    cu_line(s, 4, "acc[x] = o;");
+    cu_line(s, 3, "}");
+    cu_line(s, 2, "}");
+}
+
+static void emit_forward(ak *a)
+{
+    sb *s = &a->s;
+    const char *R = a->real;
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "constexpr int kR = (kBQ * kDv + kNT - 1) / kNT;   // O's accumulators a thread holds");
+    emit_entry(a, "");
+    cu_line(s, 1, "%s *qs = (%s *)tf_smem;   // [kBQ][kD]: the block's query rows", R, R);
+    cu_line(s, 1, "%s *ks = qs + kBQ * kD;   // [kBK][kKS]: a tile of keys", R);
+    cu_line(s, 1, "%s *vs = ks + kBK * kKS;  // [kBK][kVS]: and of values", R);
+    cu_line(s, 1, "%s *ps = vs + kBK * kVS;  // [kBQ][kBK]: the scores, then P_ij%s", R, a->drop ? " Z_ij (Z: the dropout factor)" : "");
+    cu_line(s, 1, "%s *rm = ps + kBQ * kBK;  // [kBQ]: each row's running max", R);
+    cu_line(s, 1, "%s *rl = rm + kBQ;        // [kBQ]: each row's running sum of exp(s - max)", R);
+    cu_line(s, 1, "%s *ra = rl + kBQ;        // [kBQ]: the factor this key tile rescales each row's sums by", R);
+    cu_line(s, 1, "const int t = threadIdx.x, r = t / kRG, l = t %% kRG;   // in the softmax, thread t is lane l of row r");
+    emit_key(a);
+    cu_line(s, 1, "for (tf_idx w = blockIdx.x; w < (tf_idx)kB * kH * kNQ; w += gridDim.x) {   // (b, h, query tile)");
+    cu_line(s, 2, "const tf_idx bh = w / kNQ, b = bh / kH, h = bh %% kH, kv = b * kHk + h / kG;");
+    cu_line(s, 2, "const int i0 = (int)(w %% kNQ) * kBQ, nq = tf_min(kBQ, kTq - i0);   // query rows i0 .. i0 + nq - 1");
+    cu_line(s, 2, "__syncthreads();   // the previous rows are stored");
+    cu_line(s, 2, "tf_stage(qs, kD, b1 + (bh * kTq + i0) * kD, kD, kD, kBQ, nq);");
+    cu_line(s, 2, "if (t < kBQ) {");
+    cu_line(s, 3, "rm[t] = tf_neg_inf();");
+    cu_line(s, 3, "rl[t] = %s;", a->zero);
+    cu_line(s, 2, "}");
+    cu_line(s, 2, "%s acc[kR];   // O's unnormalized sums: element t + kNT x of the tile's [kBQ][kDv]", R);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kR; x++) acc[x] = %s;", a->zero);
+    if (a->g.causal) cu_line(s, 2, "const int nk = tf_min(kTk, i0 + kBQ);   // causal: no row of the tile sees a key past its last row");
+    else cu_line(s, 2, "const int nk = kTk;");
+    emit_forward_tile(a);
+    char st[128];
+    store_as(a, "v", st, sizeof st);
+    cu_line(s, 2, "// O_i = its sums / l_i, 0 for a row that sees no key%s", a->g.lse ? "; the log-sum-exp max + log l (-inf)" : "");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kR; x++) {");
+    cu_line(s, 3, "const int y = t + x * kNT, i = y / kDv, e = y %% kDv;");
+    cu_line(s, 3, "if (y >= kBQ * kDv || i >= nq) break;");
+    cu_line(s, 3, "const %s v = rl[i] > %s ? acc[x] / rl[i] : %s;", R, a->zero, a->zero);
+    cu_line(s, 3, "b0[(bh * kTq + i0 + i) * kW + e] = %s;", st);
+    cu_line(s, 2, "}");
+    if (a->g.lse)
+        cu_line(s, 2, "if (t < nq) b0[(bh * kTq + i0 + t) * kW + kDv] = rl[t] > %s ? rm[t] + %s(rl[t]) : tf_neg_inf();", a->zero, a->logf);
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+/* ---- the backward kernels ---- */
+
+/* tf_grad_rows: a query tile staged with its row statistics; tf_grad_tile: P Z and dS against a key tile. */
+static void emit_grad_helpers(ak *a)
+{
+    sb *s = &a->s;
+    const tf_attn_geom *g = &a->g;
+    const char *R = a->real;
+    const tf_node *n = a->n;
+    char md[96];
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// query rows i0 .. of head bh: q and dO staged, each row's log-sum-exp (out's last column) and");
+    cu_line(s, 0, "// D_i = dO_i . O_i%s; rows past the end: lse -inf (they see nothing)", a->wd > g->Dv ? " - dlse_i" : "");
+    cu_line(s, 0, "__device__ void tf_grad_rows(%s *qs, %s *dos, %s *rl, %s *rd, const %s *q, const %s *out, const %s *dout, tf_idx bh,"
+            " int i0)", R, R, R, R, cu_storage_type(n->in[0]->type.dtype), cu_storage_type(n->in[3]->type.dtype),
+            cu_storage_type(n->in[4]->type.dtype));
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "const int nq = tf_min(kBQ, kTq - i0), r = threadIdx.x / kRG, l = threadIdx.x %% kRG;");
+    cu_line(s, 1, "const tf_idx row = bh * kTq + i0;");
+    cu_line(s, 1, "__syncthreads();   // the previous rows are used up");
+    cu_line(s, 1, "tf_stage(qs, kD, q + row * kD, kD, kD, kBQ, nq);");
+    cu_line(s, 1, "tf_stage(dos, kDv, dout + row * kWd, kWd, kDv, kBQ, nq);");
+    cu_line(s, 1, "__syncthreads();");
+    cu_line(s, 1, "%s d = %s;", R, a->zero);
+    cu_line(s, 1, "if (r < nq)");
+    cu_line(s, 2, "for (int e = l; e < kDv; e += kRG) d += dos[r * kDv + e] * tf_real(out[(row + r) * (kDv + 1) + e]);");
+    cu_line(s, 1, "d = tf_row_sum(d);");
+    cu_line(s, 1, "if (l == 0) {");
+    cu_line(s, 2, "rl[r] = r < nq ? tf_real(out[(row + r) * (kDv + 1) + kDv]) : tf_neg_inf();");
+    if (a->wd > g->Dv) cu_line(s, 2, "rd[r] = r < nq ? d - tf_real(dout[(row + r) * kWd + kDv]) : %s;", a->zero);
+    else cu_line(s, 2, "rd[r] = d;");
+    cu_line(s, 1, "}");
+    cu_line(s, 1, "__syncthreads();");
+    cu_line(s, 0, "}");
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// the query tile (rows i0 ..) against the key tile (keys j0 ..): pz = P_ij%s%s, ds = dS_ij = P_ij (%sdO_i . v_j - D_i) scale,",
+            a->drop ? " Z_ij" : "", lowp(a) ? " (rounded)" : "", a->drop ? "Z_ij " : "");
+    cu_line(s, 0, "// [kBQ][kBK]; P_ij = exp(s_ij - lse_i), 0 where row i does not see key j");
+    cu_line(s, 0, "__device__ void tf_grad_tile(%s *pz, %s *ds, const %s *qs, const %s *dos, const %s *rl, const %s *rd, const %s *ks,",
+            R, R, R, R, R, R, R);
+    cu_line(s, 0, "                             const %s *vs, tf_idx b, tf_idx h, int i0, int j0%s%s)", R, mask_decl(a, md, sizeof md),
+            a->drop ? ", unsigned long long key" : "");
+    cu_line(s, 0, "{");
+    char sc[64];
+    cu_literal(a->f64 ? TF_DT_F64 : TF_DT_F32, a->f64 ? g->scale : (double)(float)g->scale, sc, sizeof sc);
+    cu_line(s, 1, "for (int x = threadIdx.x; x < kBQ * kBK; x += kNT) {");
+    cu_line(s, 2, "const int r = x / kBK, c = x %% kBK;");
+    cu_line(s, 2, "const %s sij = tf_score(qs + r * kD, ks + c * kKS, b, h, i0 + r, j0 + c%s);", R, g->mask >= 0 ? ", mask" : "");
+    cu_line(s, 2, "%s p = %s, d = %s;", R, a->zero, a->zero);
+    cu_line(s, 2, "if (sij != tf_neg_inf() && rl[r] != tf_neg_inf()) {");
+    cu_line(s, 3, "p = %s(sij - rl[r]);", a->expf);
+    cu_line(s, 3, "%s dp = %s;", R, a->zero);
+    cu_line(s, 3, "for (int e = 0; e < kDv; e++) dp += dos[r * kDv + e] * vs[c * kVS + e];");
+    if (a->drop) {
+        cu_line(s, 3, "const %s z = tf_keep(key, (tf_idx)b * kH + h, i0 + r, j0 + c);", R);
+        cu_line(s, 3, "d = p * (z * dp - rd[r]) * %s;", sc);
+        cu_line(s, 3, "p *= z;");
+    } else {
+        cu_line(s, 3, "d = p * (dp - rd[r]) * %s;", sc);
+    }
+    cu_line(s, 2, "}");
+    cu_line(s, 2, "pz[x] = %s;", lowp(a) ? "tf_round16(p)" : "p");
+    cu_line(s, 2, "ds[x] = d;");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+/* tf_grad_tile's last arguments: the mask, the dropout key. */
+static void grad_tile_tail(const ak *a, char *out, size_t n)
+{
+    char mk[16] = "";
+    if (a->g.mask >= 0) snprintf(mk, sizeof mk, ", b%d", mask_param(a));
+    snprintf(out, n, "%s%s", mk, a->drop ? ", key" : "");
+}
+
+/* Both backward kernels' shared memory. */
+static void emit_grad_smem(ak *a)
+{
+    sb *s = &a->s;
+    const char *R = a->real;
+    cu_line(s, 1, "%s *ks = (%s *)tf_smem;    // [kBK][kKS]: a tile of keys", R, R);
+    cu_line(s, 1, "%s *vs = ks + kBK * kKS;   // [kBK][kVS]: and of values", R);
+    cu_line(s, 1, "%s *qs = vs + kBK * kVS;   // [kBQ][kD]: a tile of query rows", R);
+    cu_line(s, 1, "%s *dos = qs + kBQ * kD;   // [kBQ][kDv]: and their dO", R);
+    cu_line(s, 1, "%s *pz = dos + kBQ * kDv;  // [kBQ][kBK]: P_ij%s", R, a->drop ? " Z_ij" : "");
+    cu_line(s, 1, "%s *ds = pz + kBQ * kBK;   // [kBQ][kBK]: dS_ij", R);
+    cu_line(s, 1, "%s *rl = ds + kBQ * kBK;   // [kBQ]: each row's log-sum-exp", R);
+    cu_line(s, 1, "%s *rd = rl + kBQ;         // [kBQ]: each row's D_i", R);
+    cu_line(s, 1, "const int t = threadIdx.x;");
+    emit_key(a);
+}
+
+/* acc[x] += sum over `over` of a[o][..] b[o][..] for this thread's elements of a [rows][len] accumulator. */
+static void emit_accumulate(ak *a, int depth, const char *acc, const char *nacc, const char *rows, const char *len, const char *over,
+                            const char *lhs, const char *rhs)
+{
+    sb *s = &a->s;
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth, "for (int x = 0; x < %s; x++) {", nacc);
+    cu_line(s, depth + 1, "const int y = t + x * kNT, u = y / %s, e = y %% %s;   // element (u, e)", len, len);
+    cu_line(s, depth + 1, "if (y >= %s * %s) break;", rows, len);
+    cu_line(s, depth + 1, "%s a = %s[x];", a->real, acc);
+    cu_line(s, depth + 1, "for (int o = 0; o < %s; o++) a += %s * %s;", over, lhs, rhs);
+    cu_line(s, depth + 1, "%s[x] = a;", acc);
+    cu_line(s, depth, "}");
+}
+
+/* The first kernel: dK and dV, a block per (b, key/value head, key tile). */
+static void emit_grad_kv(ak *a)
+{
+    sb *s = &a->s;
+    const char *R = a->real;
+    char tail[64];
+    grad_tile_tail(a, tail, sizeof tail);
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "constexpr int kRK = (kBK * kD + kNT - 1) / kNT, kRV = (kBK * kDv + kNT - 1) / kNT;   // dK's and dV's accumulators a thread holds");
+    emit_entry(a, "");
+    emit_grad_smem(a);
+    cu_line(s, 1, "for (tf_idx w = blockIdx.x; w < (tf_idx)kB * kHk * kNK; w += gridDim.x) {   // (b, key/value head, key tile)");
+    cu_line(s, 2, "const tf_idx kv = w / kNK, b = kv / kHk;");
+    cu_line(s, 2, "const int j0 = (int)(w %% kNK) * kBK, nj = tf_min(kBK, kTk - j0);   // keys j0 .. j0 + nj - 1");
+    cu_line(s, 2, "__syncthreads();   // the previous keys are used up");
+    cu_line(s, 2, "tf_stage(ks, kKS, b2 + (kv * kTk + j0) * kD, kD, kD, kBK, nj);");
+    cu_line(s, 2, "tf_stage(vs, kVS, b3 + (kv * kTk + j0) * kDv, kDv, kDv, kBK, nj);");
+    cu_line(s, 2, "%s dk[kRK], dv[kRV];   // elements t + kNT x of the tile's dK [kBK][kD] and dV [kBK][kDv]", R);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kRK; x++) dk[x] = %s;", a->zero);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kRV; x++) dv[x] = %s;", a->zero);
+    cu_line(s, 2, "for (tf_idx h = kv %% kHk * kG; h < (kv %% kHk + 1) * kG; h++) {   // the query heads that read this head");
+    if (a->g.causal)
+        cu_line(s, 3, "for (int i0 = j0 / kBQ * kBQ; i0 < kTq; i0 += kBQ) {   // causal: rows before j0 see none of these keys");
+    else cu_line(s, 3, "for (int i0 = 0; i0 < kTq; i0 += kBQ) {");
+    cu_line(s, 4, "tf_grad_rows(qs, dos, rl, rd, b1, b4, b5, b * kH + h, i0);");
+    cu_line(s, 4, "tf_grad_tile(pz, ds, qs, dos, rl, rd, ks, vs, b, h, i0, j0%s);", tail);
+    cu_line(s, 4, "__syncthreads();");
+    cu_line(s, 4, "// dV_j += sum_i P_ij%s dO_i%s; dK_j += sum_i dS_ij q_i", a->drop ? " Z_ij" : "", lowp(a) ? " (both rounded)" : "");
+    emit_accumulate(a, 4, "dv", "kRV", "kBK", "kDv", "kBQ", "pz[o * kBK + u]", lowp(a) ? "tf_round16(dos[o * kDv + e])" : "dos[o * kDv + e]");
+    emit_accumulate(a, 4, "dk", "kRK", "kBK", "kD", "kBQ", "ds[o * kBK + u]", "qs[o * kD + e]");
+    cu_line(s, 3, "}");
+    cu_line(s, 2, "}");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kRK; x++) {");
+    cu_line(s, 3, "const int y = t + x * kNT, j = y / kD, e = y %% kD;");
+    cu_line(s, 3, "if (y >= kBK * kD || j >= nj) break;");
+    cu_line(s, 3, "b0[kOffK + (kv * kTk + j0 + j) * kD + e] = dk[x];");
+    cu_line(s, 2, "}");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kRV; x++) {");
+    cu_line(s, 3, "const int y = t + x * kNT, j = y / kDv, e = y %% kDv;");
+    cu_line(s, 3, "if (y >= kBK * kDv || j >= nj) break;");
+    cu_line(s, 3, "b0[kOffV + (kv * kTk + j0 + j) * kDv + e] = dv[x];");
+    cu_line(s, 2, "}");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+/* The second kernel: dQ, a block per (b, h, query tile). */
+static void emit_grad_q(ak *a)
+{
+    sb *s = &a->s;
+    const char *R = a->real;
+    char tail[64];
+    grad_tile_tail(a, tail, sizeof tail);
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "constexpr int kRQ = (kBQ * kD + kNT - 1) / kNT;   // dQ's accumulators a thread holds");
+    emit_entry(a, "_b");
+    emit_grad_smem(a);
+    cu_line(s, 1, "for (tf_idx w = blockIdx.x; w < (tf_idx)kB * kH * kNQ; w += gridDim.x) {   // (b, h, query tile)");
+    cu_line(s, 2, "const tf_idx bh = w / kNQ, b = bh / kH, h = bh %% kH, kv = b * kHk + h / kG;");
+    cu_line(s, 2, "const int i0 = (int)(w %% kNQ) * kBQ, nq = tf_min(kBQ, kTq - i0);   // query rows i0 .. i0 + nq - 1");
+    cu_line(s, 2, "tf_grad_rows(qs, dos, rl, rd, b1, b4, b5, bh, i0);");
+    cu_line(s, 2, "%s dq[kRQ];   // elements t + kNT x of the tile's dQ [kBQ][kD]", R);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kRQ; x++) dq[x] = %s;", a->zero);
+    if (a->g.causal) cu_line(s, 2, "const int nk = tf_min(kTk, i0 + kBQ);   // causal: no row of the tile sees a key past its last row");
+    else cu_line(s, 2, "const int nk = kTk;");
+    cu_line(s, 2, "for (int j0 = 0; j0 < nk; j0 += kBK) {");
+    cu_line(s, 3, "const int nj = tf_min(kBK, kTk - j0);");
+    cu_line(s, 3, "__syncthreads();   // the previous key tile is used up");
+    cu_line(s, 3, "tf_stage(ks, kKS, b2 + (kv * kTk + j0) * kD, kD, kD, kBK, nj);");
+    cu_line(s, 3, "tf_stage(vs, kVS, b3 + (kv * kTk + j0) * kDv, kDv, kDv, kBK, nj);");
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "tf_grad_tile(pz, ds, qs, dos, rl, rd, ks, vs, b, h, i0, j0%s);", tail);
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "// dQ_i += sum_j dS_ij k_j");
+    emit_accumulate(a, 3, "dq", "kRQ", "kBQ", "kD", "kBK", "ds[u * kBK + o]", "ks[o * kKS + e]");
+    cu_line(s, 2, "}");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int x = 0; x < kRQ; x++) {");
+    cu_line(s, 3, "const int y = t + x * kNT, i = y / kD, e = y %% kD;");
+    cu_line(s, 3, "if (y >= kBQ * kD || i >= nq) break;");
+    cu_line(s, 3, "b0[(bh * kTq + i0 + i) * kD + e] = dq[x];");
+    cu_line(s, 2, "}");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+tf_ir_status cu_emit_attention(const tf_kernel *k, bool train, tf_cuda_kernel *out, tf_diag *d)
+{
+    memset(out, 0, sizeof *out);
+    ak a;
+    char why[256];
+    if (!attention_op(k->lib->op)) snprintf(why, sizeof why, "kernel %s: not an attention op", k->name);
+    if (!attention_op(k->lib->op) || !ak_init(&a, k, train, why, sizeof why))
+        return tf_diag_error(d, TF_IR_ERR_RUNTIME, NULL, "cuda: %s", why);
+    emit_head(&a);
+    emit_loads(&a);
+    emit_score(&a);
+    if (a.grad) {
+        emit_grad_helpers(&a);
+        emit_grad_kv(&a);
+        emit_grad_q(&a);
+    } else {
+        emit_forward(&a);
+    }
+    if (a.s.oom) {
+        tf_free(a.s.p);
+        return tf_diag_error(d, TF_IR_ERR_OOM, NULL, "out of memory emitting CUDA");
+    }
+    const tf_attn_geom *g = &a.g;
+    cu_name_source(out, a.s.p, a.s.n);
+    out->shape = TF_CUDA_ATTENTION;
+    out->block = NT;
+    out->smem = a.smem;
+    out->grid = cu_blocks_for(a.grad ? g->B * g->Hk * cdiv(g->Tk, a.bk) : g->B * g->H * cdiv(g->Tq, a.bq), 1);
+    if (a.grad) {
+        snprintf(out->name2, sizeof out->name2, "%.19s_b", out->name);
+        out->grid2 = cu_blocks_for(g->B * g->H * cdiv(g->Tq, a.bq), 1);
+        out->block2 = NT;
+        out->smem2 = a.smem;
+    }
+    unsigned align = 1;
+    for (int q = -1; q < k->lib->nin; q++) {
+        unsigned b = (unsigned)tf_dtype_bytes((q < 0 ? k->lib->out : k->lib->in[q])->type.dtype);
+        if (b > align) align = b;
+    }
+    out->align = align;
+    out->vec = 1;
+    out->nparams = 1 + k->lib->nin + (a.drop ? 1 : 0);
+    out->rng = a.drop;
+    out->library = true;
+    out->wide_index = a.wide;
+    return TF_IR_OK;
+}
