@@ -65,6 +65,7 @@ static void copy_state(tf_interp_ctx *dst, tf_module *dm, tf_interp_ctx *src, tf
 static double loss_of(tf_interp_ctx *ip, tf_module *m)
 {
     tf_diag d = {0};
+    tf_interp_set_step(ip, 0);   /* the gradient run's step: dropout draws the same mask every time */
     if (tf_interp_run(ip, &d)) {
         CHECK(0, "forward run: %s", d.msg);
         return NAN;
@@ -290,6 +291,22 @@ int main(void)
     rule("gather", "param a : f64[6, 4] = uniform()\ninput ids : i64[3, 5]", "y = gather(ids, a)", "[3, 5, 4]", false);
     padding_row();
     rule("shared use", P2("[3, 5]", "[5]"), "u = mul(a, a)\nv = add(u, a)\ny = mul(v, b)", "[3, 5]", false);
+    /* attention: the fused op's rule (flash_attention_grad) with grouped-query heads (4 on 2), cross-attention
+     * (5 queries, 7 keys), v narrower than q; causal with a scale; a bool mask whose first row sees no key;
+     * an additive mask; dropout (every run at step 0 draws one mask); flash_attention written without lse
+     * (the rule runs it again with it); and a learned mask, which keeps the attention decomposed */
+#define QKV "param a : f64[2, 4, 5, 6] = uniform()\nparam b : f64[2, 2, 7, 6] = uniform()\nparam c : f64[2, 2, 7, 3] = uniform()"
+#define KEEP "col = iota(shape=[2, 1, 5, 7], axis=3)\nrow = iota(shape=[2, 1, 5, 7], axis=2)\nm = lt(col, row)\n"
+    rule("attention causal", QKV, "y = attention(a, b, c, causal=true, scale=0.7)", "[2, 4, 5, 3]", false);
+    rule("attention bool mask", QKV, KEEP "y = attention(a, b, c, m)", "[2, 4, 5, 3]", false);
+    rule("attention additive mask", QKV "\ninput m : f64[1, 4, 5, 7]", "y = attention(a, b, c, m, causal=true)", "[2, 4, 5, 3]",
+         false);
+    rule("attention dropout", QKV, "y = attention(a, b, c, dropout=0.3, salt=3)", "[2, 4, 5, 3]", false);
+    rule("flash_attention without lse", QKV, "y = flash_attention(a, b, c, scale=0.4)", "[2, 4, 5, 3]", false);
+    rule("attention learned mask (decomposed)", QKV "\nparam m : f64[1, 4, 1, 7] = uniform()", "y = attention(a, b, c, m)",
+         "[2, 4, 5, 3]", false);
+#undef QKV
+#undef KEEP
 
     /* whole models, in f64 with small dims */
     static const struct { const char *file; tf_dim_set dims[6]; int nd; } models[] = {
