@@ -17,6 +17,7 @@ against it, tfuse's error must be at most max(10 * e32, 1e-5), each error
 measured as max|x - ref| / max|ref| per tensor.
 """
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -305,8 +306,10 @@ class Forward(unittest.TestCase):
     def test_hand_written_attention(self):
         torch.manual_seed(3)
         ex, _ = self.check_forward(HandAttention(), (torch.randn(2, 6, 16),))
-        self.assertIn("where(", ex.text)   # the mask applied to the scores, then softmax
-        self.assertIn("softmax(", ex.text)
+        # scores, the causal buffer's masked_fill, softmax, @ v: one attention, the mask recognised as causal
+        self.assertEqual(ex.text.count("= attention("), 1)
+        self.assertIn("causal=true", ex.text)
+        self.assertNotIn("softmax(", ex.text)
 
     def test_tuple_outputs(self):
         class Two(nn.Module):
@@ -329,6 +332,336 @@ class Forward(unittest.TestCase):
         self.assertEqual(list(out), ["logits"])
         self.assertIn("attention(", ex.text)   # HF's causal mask recognised as causal attention
         self.assertIn("causal=true", ex.text)
+
+
+if torch is not None:
+    class SDPA(nn.Module):
+        """F.scaled_dot_product_attention with the keyword arguments given (dropout_p in train mode only)."""
+
+        def __init__(self, **kw):
+            super().__init__()
+            self.kw = kw
+
+        def forward(self, q, k, v, mask=None):
+            kw = dict(self.kw, dropout_p=self.kw.get("dropout_p", 0.0) if self.training else 0.0)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+
+    class Hand(nn.Module):
+        """Attention written by hand, in one of the forms models use."""
+
+        def __init__(self, form, p=0.0):
+            super().__init__()
+            self.form, self.p = form, p
+            self.temperature = nn.Parameter(torch.linspace(0.5, 2.0, 4).view(4, 1, 1))   # per head
+
+        def forward(self, q, k, v, mask=None):
+            f, D = self.form, q.shape[-1]
+            if f == "gqa":            # repeat_interleave over the heads: grouped-query attention
+                G = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+            elif f == "repeat_kv":    # HF's repeat_kv
+                B, Hk, T, Dk = k.shape
+                G = q.shape[1] // Hk
+                k = k[:, :, None, :, :].expand(B, Hk, G, T, Dk).reshape(B, Hk * G, T, Dk)
+                v = v[:, :, None, :, :].expand(B, Hk, G, T, v.shape[-1]).reshape(B, Hk * G, T, v.shape[-1])
+            if f == "q_scaled":
+                s = (q * D ** -0.5) @ k.transpose(-2, -1)
+            elif f == "div":
+                s = (q @ k.transpose(-2, -1)) / math.sqrt(D) + mask
+            elif f == "einsum":
+                s = torch.einsum("bhid,bhjd->bhij", q, k) * 0.5
+            elif f == "temperature":   # a learned scale per head (EdgeNeXt's, Swin-V2's): put on q
+                s = (q @ k.transpose(-2, -1)) * self.temperature
+            elif f == "in_place":      # T5's: scores += bias, softmax(scores.float()).type_as(scores)
+                s = q @ k.transpose(-2, -1)
+                s /= math.sqrt(D)
+                s += mask
+                return F.softmax(s.float(), dim=-1).type_as(s) @ v
+            else:
+                s = q @ k.transpose(-2, -1) * D ** -0.5
+            if f == "masked_fill":
+                s = s.masked_fill(~mask, float("-inf"))
+            elif f == "finfo":        # HF's way: the dtype's most negative number, not -inf
+                s = s.masked_fill(mask == 0, torch.finfo(s.dtype).min)
+            elif f == "where":
+                s = torch.where(mask, s, float("-inf"))
+            elif f == "fill_1e4":     # a fill that does not swamp the scores: no mask, op by op
+                s = s.masked_fill(~mask, -1e4)
+            p = F.dropout(F.softmax(s, dim=-1), self.p, self.training)
+            return torch.einsum("bhij,bhjd->bhid", p, v) if f == "einsum" else p @ v
+
+    class Probs(nn.Module):
+        """The probabilities returned as well: they must exist, so op by op."""
+
+        def forward(self, q, k, v):
+            p = F.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+            return p @ v, p
+
+    class CausalAndPadding(nn.Module):
+        """A causal buffer and a padding mask of the keys, both on the scores: causal=true and the mask."""
+
+        def __init__(self, T=6):
+            super().__init__()
+            self.register_buffer("tri", torch.tril(torch.ones(T, T)).view(1, 1, T, T), persistent=False)
+
+        def forward(self, q, k, v, keep):
+            T = q.shape[-2]
+            s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+            s = s.masked_fill(self.tri[:, :, :T, :T] == 0, float("-inf"))
+            s = s + (1.0 - keep[:, None, None, :].to(s.dtype)) * torch.finfo(s.dtype).min
+            return F.softmax(s, dim=-1) @ v
+
+    class WithDropouts(nn.Module):
+        """A dropout before the attention's: each draws its own stream (salt)."""
+
+        def __init__(self, hand):
+            super().__init__()
+            self.fc, self.hand = nn.Linear(8, 8), hand
+
+        def forward(self, q, k, v):
+            q = F.dropout(self.fc(q), 0.2, self.training)
+            if self.hand:
+                p = F.dropout(F.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1), 0.1, self.training)
+                return p @ v
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class Attention(unittest.TestCase):
+    """Attention as one `attention` op: scaled_dot_product_attention with each of its arguments, attention
+    written by hand in the forms models use, HF's eager attention; each run fused (the default) and
+    decomposed (attention_decomposed=True) against PyTorch in float64."""
+
+    def check(self, model, args, n=1, softmax=0, nan_is_zero=False, f64=True):
+        """Exports model (in its mode), asserts n attention ops and `softmax` softmaxes in the IR, runs it both
+        ways in inference against the module in eval mode in float64: exported in float32, within the usual
+        tolerance; with f64, exported in float64 too, within 1e-10. nan_is_zero: where PyTorch gives NaN (a
+        softmax written by hand over a row whose every key is masked with -inf), tfuse's attention gives 0."""
+        ex = tfuse.export(model, args)
+        self.assertEqual(ex.text.count("= attention("), n, ex.text)
+        self.assertEqual(ex.text.count("= softmax("), softmax, ex.text)
+        m64 = copy.deepcopy(model).double()
+        ex64 = tfuse.export(m64, to64(args)) if f64 else None
+        model.eval()
+        m64.eval()
+        with torch.no_grad():
+            ref32 = leaves(call(model, args))
+            ref64 = leaves(call(m64, to64(args)))
+        for decomposed in (False, True):
+            for e_x, a, bound in ((ex, args, None), (ex64, to64(args), 1e-10)):
+                if e_x is None:
+                    continue
+                out = tfuse.compile(e_x, mode="infer", attention_decomposed=decomposed).session().run(**feed(e_x, a))
+                self.assertEqual(len(out), len(ref64))
+                for (name, got), r32, r64 in zip(out.items(), ref32, ref64):
+                    self.assertEqual(got.shape, r64.shape, name)
+                    nan = np.isnan(r64)
+                    if nan.any():
+                        self.assertTrue(nan_is_zero, f"{name}: PyTorch gives NaN")
+                        np.testing.assert_array_equal(got[nan], 0.0)
+                        got, r32, r64 = got[~nan], r32[~nan], r64[~nan]
+                    e, e32 = rel(got, r64), rel(r32, r64)
+                    tol = bound if bound is not None else max(TOL_FACTOR * e32, TOL_FLOOR)
+                    self.assertLessEqual(e, tol, f"{name} ({got.dtype}, decomposed={decomposed}): tfuse {e:.3g}, "
+                                                 f"torch fp32 {e32:.3g}")
+        return ex
+
+    @staticmethod
+    def qkv(seed, B=2, H=4, Hk=None, Tq=5, Tk=7, D=8, Dv=6):
+        torch.manual_seed(seed)
+        return torch.randn(B, H, Tq, D), torch.randn(B, Hk or H, Tk, D), torch.randn(B, Hk or H, Tk, Dv)
+
+    @staticmethod
+    def key_mask(seed, shape=(2, 1, 5, 7), empty_row=(1, 0, 3)):
+        """A bool mask (true: attend) with one query row that sees no key."""
+        torch.manual_seed(seed)
+        m = torch.rand(*shape) > 0.4
+        m[..., 0] = True
+        if empty_row is not None:
+            m[empty_row] = False
+        return m
+
+    def test_sdpa_bool_mask(self):
+        q, k, v = self.qkv(30)
+        m = self.key_mask(31)
+        ex = self.check(SDPA(), (q, k, v, m))
+        self.assertIn("attention(q, k, v, mask)", ex.text)
+        # the row that sees no key: 0 in PyTorch's scaled_dot_product_attention, and so in tfuse's (check's)
+        self.assertEqual(float(SDPA()(q, k, v, m)[1, :, 3].abs().max()), 0.0)
+
+    def test_empty_row_train_step(self):
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = nn.Linear(8, 24)
+
+            def forward(self, x, mask):
+                q, k, v = (t.view(2, 5, 2, 4).transpose(1, 2) for t in self.qkv(x).split(8, dim=-1))
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        torch.manual_seed(49)
+        model, x = Net(), torch.randn(2, 5, 8)
+        mask = self.key_mask(50, (2, 1, 5, 5), (0, 0, 2))
+        loss_fn = (lambda out: (out * torch.linspace(-1, 1, 4)).sum())
+        make_opt = (lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+        ex = tfuse.export(model, (x, mask), loss_fn=loss_fn, optimizer=make_opt(model))
+        m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+        for m, xx in ((m32, x), (m64, x.double())):
+            opt = make_opt(m)
+            loss_fn(m(xx, mask)).backward()   # the empty row: output 0 and no gradient, in PyTorch
+            opt.step()
+        for decomposed in (False, True):
+            sess = tfuse.compile(ex, mode="train", attention_decomposed=decomposed).session()
+            sess.train_step(x=x.numpy(), mask=mask.numpy())
+            got = ex.to_torch(sess.state_dict())
+            for k, r64 in m64.state_dict().items():
+                e, e32 = rel(got[k].numpy(), r64.numpy()), rel(m32.state_dict()[k].numpy(), r64.numpy())
+                self.assertLessEqual(e, max(TOL_FACTOR * e32, TOL_FLOOR),
+                                     f"{k} (decomposed={decomposed}): tfuse {e:.3g}, torch fp32 {e32:.3g}")
+
+    def test_sdpa_float_masks(self):
+        q, k, v = self.qkv(32)
+        for shape in ((5, 7), (1, 1, 7), (2, 4, 5, 7)):
+            with self.subTest(shape=shape):
+                m = torch.randn(*shape)
+                if len(shape) == 4:
+                    m[0, 1, 2] = float("-inf")   # an additive -inf row: 0 as well
+                ex = self.check(SDPA(), (q, k, v, m))
+                self.assertIn("attention(q, k, v, mask)", ex.text)
+
+    def test_sdpa_causal_and_scale(self):
+        for Tq, Tk, kw in ((5, 5, dict(is_causal=True)), (5, 7, dict(is_causal=True, scale=0.3)),
+                           (6, 4, dict(scale=2.0))):
+            with self.subTest(Tq=Tq, Tk=Tk, **kw):
+                ex = self.check(SDPA(**kw), self.qkv(33, Tq=Tq, Tk=Tk))
+                self.assertEqual("causal=true" in ex.text, bool(kw.get("is_causal")))
+                if "scale" in kw:
+                    self.assertIn(f"scale={kw['scale']:g}", ex.text)
+                else:
+                    self.assertNotIn("scale=", ex.text)   # the op's own default, 1/sqrt(D)
+
+    def test_sdpa_constant_causal_mask(self):
+        class Buf(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("tri", torch.ones(5, 5, dtype=torch.bool).tril(), persistent=False)
+
+            def forward(self, q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=self.tri)
+        ex = self.check(Buf(), self.qkv(34, Tk=5))
+        self.assertIn("attention(q, k, v, causal=true)", ex.text)
+
+    def test_causal_and_padding_mask(self):
+        q, k, v = self.qkv(35, Tq=6, Tk=6)
+        keep = torch.ones(2, 6, dtype=torch.bool)
+        keep[1, 4:] = False
+        ex = self.check(CausalAndPadding(), (q, k, v, keep))
+        line = next(ln for ln in ex.text.splitlines() if "= attention(" in ln)
+        self.assertIn("causal=true", line)
+        operands = [a for a in line.split("(", 1)[1].rstrip(")").split(", ") if "=" not in a]
+        self.assertEqual(len(operands), 4, line)   # q, k, v and the padding mask
+
+    def test_sdpa_gqa(self):
+        for Hk in (2, 1):
+            with self.subTest(Hk=Hk):
+                ex = self.check(SDPA(enable_gqa=True), self.qkv(36, Hk=Hk))
+                self.assertIn(f"input  k : f32[2, {Hk}, 7, 8]", ex.text)
+                self.assertIn("attention(q, k, v)", ex.text)
+
+    def test_sdpa_other_ranks(self):
+        torch.manual_seed(37)
+        q3, k3, v3 = torch.randn(6, 5, 8), torch.randn(6, 7, 8), torch.randn(6, 7, 4)
+        self.check(SDPA(), (q3, k3, v3, torch.randn(5, 7)))
+        q5, k5, v5 = torch.randn(2, 3, 4, 5, 8), torch.randn(2, 3, 4, 7, 8), torch.randn(2, 3, 4, 7, 4)
+        self.check(SDPA(), (q5, k5, v5, self.key_mask(38, (3, 1, 5, 7), None)))
+
+    def test_dropout_train_mode(self):
+        for hand in (False, True):
+            with self.subTest(hand=hand):
+                torch.manual_seed(39)
+                model = WithDropouts(hand).train()
+                q, k, v = self.qkv(40, H=2, Tq=4, Tk=4, D=8, Dv=8)
+                ex = self.check(model.train(), (q, k, v))   # the reference: eval mode, no dropout
+                self.assertIn("dropout(", ex.text)
+                self.assertIn("p=0.2, salt=1", ex.text)
+                self.assertIn("dropout=0.1, salt=2", ex.text)   # the attention's: the next stream
+                # a training step runs both ways with the attention's dropout
+                ex = tfuse.export(model.train(), (q, k, v), loss_fn=lambda out: out.pow(2).mean(),
+                                  optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+                for decomposed in (False, True):
+                    sess = tfuse.compile(ex, mode="train", attention_decomposed=decomposed).session()
+                    loss, _ = sess.train_step(q=q.numpy(), k=k.numpy(), v=v.numpy())
+                    self.assertTrue(np.isfinite(loss))
+
+    def test_hand_written_forms(self):
+        q, k, v = self.qkv(41)
+        cases = [("mul", None, False), ("q_scaled", None, False), ("einsum", None, False),
+                 ("temperature", None, False),
+                 ("div", torch.randn(2, 1, 5, 7), False), ("in_place", torch.randn(1, 4, 5, 7), False),
+                 ("masked_fill", self.key_mask(42), True),   # the row with no key: NaN in PyTorch, 0 in tfuse
+                 ("where", self.key_mask(43), True),
+                 ("finfo", self.key_mask(44), False)]        # finfo.min: the row is the mean of v in both
+        for form, m, nan in cases:
+            with self.subTest(form=form):
+                args = (q, k, v) if m is None else (q, k, v, m)
+                # in_place's softmax(s.float()) is float32 in PyTorch's float64 run too: float32 export only
+                ex = self.check(Hand(form), args, nan_is_zero=nan, f64=form != "in_place")
+                self.assertIn("attention(q.scaled, k, v" if form == "temperature" else "attention(q, k, v", ex.text)
+                self.assertNotIn("matmul(", ex.text)
+
+    def test_hand_written_gqa(self):
+        for form, Hk in (("gqa", 2), ("repeat_kv", 1), ("repeat_kv", 2)):
+            with self.subTest(form=form, Hk=Hk):
+                ex = self.check(Hand(form), self.qkv(45, Hk=Hk))
+                self.assertIn("attention(q, k, v, scale=", ex.text)   # k and v with their Hk heads
+
+    def test_hand_written_not_fused(self):
+        q, k, v = self.qkv(46)
+        self.check(Probs(), (q, k, v), n=0, softmax=1)   # the probabilities are an output
+        self.check(Hand("fill_1e4"), (q, k, v, self.key_mask(47, empty_row=None)), n=0, softmax=1)
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_hf_sdpa_attention(self):
+        torch.manual_seed(51)
+        cfg = transformers.LlamaConfig(attn_implementation="sdpa", vocab_size=97, hidden_size=32,
+                                       intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+        mask = torch.ones(2, 8, dtype=torch.long)
+        mask[1, 6:] = 0
+        ex = self.check(transformers.LlamaForCausalLM(cfg).eval(),
+                        {"input_ids": torch.randint(0, 97, (2, 8)), "attention_mask": mask}, n=2, f64=False)
+        defs = {ln.split(" = ")[0]: ln.split(" = ")[1] for ln in ex.text.splitlines() if " = " in ln}
+        for line in (ln for ln in ex.text.splitlines() if "= attention(" in ln):
+            # HF's causal mask and its padding: causal=true and a [B, 1, 1, T] mask; k and v as the model
+            # computes them, with their 2 heads (HF's repeat_kv before SDPA taken off)
+            self.assertIn("causal=true", line)
+            k, v = line.split("(", 1)[1].split(", ")[1:3]
+            for t in (k, v):
+                self.assertFalse(defs[t].startswith(("reshape(", "broadcast(")), defs[t])
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_hf_eager_attention(self):
+        configs = [
+            ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, n_embd=32, n_head=4, n_positions=16, use_cache=False)),
+            ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=4, num_key_value_heads=2,
+                                                     max_position_embeddings=32, use_cache=False)),
+            ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=4, num_key_value_heads=1,
+                                                     max_position_embeddings=32, use_cache=False)),
+            ("BertConfig", "BertModel", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                             intermediate_size=64, max_position_embeddings=32)),
+        ]
+        for cfg_name, model_name, kw in configs:
+            with self.subTest(model=model_name, **{k: v for k, v in kw.items() if k == "num_key_value_heads"}):
+                torch.manual_seed(48)
+                cfg = getattr(transformers, cfg_name)(attn_implementation="eager", vocab_size=97, **kw)
+                model = getattr(transformers, model_name)(cfg).eval()
+                mask = torch.ones(2, 8, dtype=torch.long)
+                mask[1, 6:] = 0   # padding
+                # (PyTorch's "float64" Llama keeps its softmax in float32: the float32 export is compared)
+                self.check(model, {"input_ids": torch.randint(0, 97, (2, 8)), "attention_mask": mask}, n=2,
+                           f64=False)
 
 
 @unittest.skipIf(torch is None, "torch is not installed")

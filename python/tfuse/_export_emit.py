@@ -175,6 +175,7 @@ class _Emitter:
         self.names_in = names_in
         self.train_mode = train_mode
         self.dropouts = 0
+        self.attention_kv = {}    # scaled_dot_product_attention node -> (k, v) with fewer heads (_export_attention)
         self.transposed = set()   # param nodes stored [in, out]
         self.bn_buffers = set()   # running statistics batchnorm moves itself
         self.views = {}           # fx node -> (its base node, view kind, the node): in-place writes reach the base

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ._export_emit import _OPS, _Val, _axis, _num, _op, _packet, _shape
+from ._export_attention import _Masks, and_terms, check_attention, emit_attention
 from ._export_ops_layout import _pad_list
 
 
@@ -98,6 +99,8 @@ def _binary(op, reverse=False):
             # compare in the promoted dtype of the operands
             dts = [v.dtype for v in (xv, yv) if isinstance(v, _Val)]
             common = _promote(dts)
+            if common == "bool" and len(dts) == 1:
+                common = "f32"   # a bool tensor and a number (mask == 0): the IR has no bool literal
             xv, yv = em.cast(xv, common), em.cast(yv, common)
         elif op in ("and", "or"):
             return _logic(em, op, xv, yv)
@@ -194,7 +197,7 @@ def _not(em, a):
     v = em.val(a["self"])
     if v.dtype != "bool":
         em.fail("bitwise_not of an integer tensor")
-    return em.emit("eq", [v, _num(0.0)])
+    return em.emit("eq", [em.cast(v, "f32"), _num(0.0)])   # (eq takes no bool literal: 0 is a number)
 
 
 # ---- linear layers, matmuls, convolution
@@ -673,55 +676,40 @@ def _var(em, a):
 
 @_op("scaled_dot_product_attention")
 def _sdpa(em, a):
-    q, k, v = em.val(a["query"]), em.val(a["key"]), em.val(a["value"])
-    if len(q.shape) != 4:
-        em.fail("attention on rank-%d tensors (tfuse's is [B, H, T, D])" % len(q.shape))
-    if a.get("enable_gqa"):
-        em.fail("enable_gqa=True")
-    D = q.shape[-1]
-    T, S = q.shape[2], k.shape[2]
-    scale = a.get("scale")
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    causal = bool(a.get("is_causal"))
+    """Every argument onto `attention` (_export_attention.py): attn_mask (bool: true attends; float: added to
+    the scores; any shape broadcasting to [..., L, S]; a constant equal to the causal mask becomes
+    causal=true, one of all true or all zeros goes), is_causal (a mask as well is allowed), scale (written
+    when given: the op's own default is 1/sqrt(E)), dropout_p (the next dropout salt), enable_gqa (k and v
+    with fewer heads, as they come). q of rank 3 or above 4: its leading axes but the last become B, the
+    last H; of rank 2, [1, 1, L, E]."""
+    key, value = em.attention_kv.get(em.node, (a["key"], a["value"]))   # HF's repeat_kv taken off
+    q, k, v = em.val(a["query"]), em.val(key), em.val(value)
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, _Val) or len(t.shape) < 2:
+            em.fail(f"scaled_dot_product_attention's {name} must be a tensor of rank >= 2 ([..., L, E])")
+    p = float(a.get("dropout_p") or 0.0)
+    why = check_attention(q.shape, k.shape, v.shape, p)
+    if why:
+        em.fail(why)
+    full = q.shape[:-2] + (q.shape[-2], k.shape[-2])
+    masks = _Masks(em, full, q.dtype, em.node.name)
+    masks.causal = bool(a.get("is_causal"))
     mask = a.get("attn_mask")
-    p = float(a.get("dropout_p", 0.0))
-    torch = em.torch
-    if mask is not None and em.is_const(mask):
-        m = em.const_of(mask)
-        tri = torch.ones(T, S, dtype=torch.bool).tril()
-        if m.dtype == torch.bool:
-            mb = m
-        else:
-            mb = m == 0 if bool(((m == 0) | (m == float("-inf")) | (m < -1e30)).all()) else None
-        if mb is not None:
-            mb = mb.expand(*mb.shape[:-2], T, S) if mb.dim() >= 2 else None
-        if mb is not None and bool((mb == tri).all()):
-            mask, causal = None, causal or True
-        elif mb is not None and bool(mb.all()):
-            mask = None
-    if mask is None and p == 0.0:
-        if abs(scale * math.sqrt(D) - 1.0) > 1e-12:
-            q = em.emit("mul", [q, _num(scale * math.sqrt(D))], shape=q.shape, dtype=q.dtype,
-                        name=em.node.name + ".qs")
-        return em.emit("attention", [q, k, v], {"causal": True} if causal else None)
-    # the attention written out: scores, mask, softmax, (dropout), values
-    base = em.node.name
-    s = em.emit("matmul", [q, k], {"transpose_b": True}, shape=q.shape[:-1] + (S,), dtype=q.dtype, name=base + ".s")
-    s = em.emit("mul", [s, _num(scale)], shape=s.shape, dtype=s.dtype, name=base + ".ss")
-    if causal:
-        em.fail("is_causal=True together with attn_mask")
     if mask is not None:
-        mv = em.val(mask)
-        if mv.dtype == "bool":
-            s = em.emit("where", [mv, s, "-inf"], shape=s.shape, dtype=s.dtype, name=base + ".m")
-        else:
-            s = em.emit("add", [s, em.cast(mv, s.dtype)], shape=s.shape, dtype=s.dtype, name=base + ".m")
-    pr = em.emit("softmax", [s], shape=s.shape, dtype=s.dtype, name=base + ".p")
-    if p > 0.0:
-        em.dropouts += 1
-        pr = em.emit("dropout", [pr], {"p": p, "salt": em.dropouts}, shape=s.shape, dtype=s.dtype,
-                     name=base + ".pd")
-    return em.emit("matmul", [pr, v])
+        torch = em.torch
+        shape = _shape(em.meta_val(mask))
+        if not masks.ok(shape):
+            em.fail(f"attn_mask {list(shape)} does not broadcast to the scores {list(full)}")
+        for m in and_terms(em, mask, full) or [mask]:   # HF's causal & padding: causal=true, the padding
+            if em.is_const(m):
+                t = em.const_of(m)
+                (masks.const_bool if t.dtype == torch.bool else masks.const_add)(t)
+            else:
+                mv = em.val(m)
+                (masks.bool_val if mv.dtype == "bool" else masks.add_val)(mv)
+    scale = a.get("scale")
+    return emit_attention(em, q, k, v, masks, None if scale is None else float(scale), p,
+                          out_dtype=em.dt(em.meta_val().dtype))
 
 
 @_op("cross_entropy_loss")

@@ -33,7 +33,9 @@ checkpoint loads into the module and back.
 # the graph, the train block, Exported, safetensors, the command line);
 # _export_emit.py the IR's values and names and the _Emitter; the op table
 # in _export_ops.py (ops that compute) and _export_ops_layout.py (views,
-# slices, padding, indexing, in-place writes); _export_dynamic.py
+# slices, padding, indexing, in-place writes); _export_attention.py the
+# attention op (scaled_dot_product_attention's mapping, and the pass before
+# the walk that finds attention written by hand); _export_dynamic.py
 # dynamic_shapes.
 import os
 import re
@@ -44,6 +46,7 @@ import sys
 import numpy as np
 
 from . import Error
+from ._export_attention import emit_plan, find_attention
 from ._export_dynamic import _dynamic
 from ._export_emit import ExportError, _Emitter, _NP_OF, _Val, _input_names, _loss_arg_names, _ir_name, _num, _packet, _torch
 from ._export_ops import _OPS   # the whole table: _export_ops imports _export_ops_layout
@@ -263,6 +266,8 @@ class _GraphWalk:
 
     def run(self):
         em = self.em
+        # hand-written attention: its nodes are put off, and the last one writes one attention op
+        self.attention, self.deferred = find_attention(em, self.gm.graph, _NO_RESULT | _SHAPE_ONLY)
         for node in self.gm.graph.nodes:
             em.node = node
             if node.op == "placeholder":
@@ -350,6 +355,20 @@ class _GraphWalk:
     # -- an op
     def call(self, node):
         em, torch = self.em, self.torch
+        if node in self.deferred:
+            return   # part of an attention: its last node decides
+        plan = self.attention.get(node)
+        if plan is not None:
+            res = emit_plan(em, plan)
+            if res is not None:
+                em.check(node, res)
+                em.env[node] = res
+                return
+            for n in plan.deferred:   # not expressible after all: the nodes put off, one by one
+                self.deferred.discard(n)
+                em.node = n
+                self.call(n)
+            em.node = node
         name = _packet(node.target)
         if name == "wrap_with_autocast":   # a torch.autocast region: its subgraph, inline
             self.autocast(node)
