@@ -162,7 +162,11 @@ def main():
             med_range([x / y for x, y in zip(f, s)]), med_range([x / y for x, y in zip(f, d)])))
     table = "\n".join(lines)
     cmdline = "bench/attention.py " + " ".join(sys.argv[1:])
-    machine = "%s, %d threads, %s" % (platform.processor() or platform.machine(), a.threads, platform.platform())
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    torch_version = parse(open(os.path.join(out, "fp32-infer.txt" if ("fp32", "infer") in rows else
+                                            "%s-%s.txt" % rows[0])).read()).get("torch", "?")
+    machine = "%s, %d threads, %s; tfuse %s (%s), torch %s" % (platform.processor() or platform.machine(), a.threads,
+                                                             platform.platform(), commit or "?", a.tfuse, torch_version)
     print(table)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("command: %s\nmachine: %s\ndims: %s, causal\n\n%s\n" % (cmdline, machine, dims, table))
