@@ -115,7 +115,9 @@ mkdir -p "$OUT"
 echo "== raw output: $OUT" >&2
 
 # ---- 1. the Python environment, 2. tfuse --------------------------------
-ensure_venv "$VENV" "$INSTALL" cpu numpy onnx onnxscript onnxruntime
+# ONNX's packages only where ORT is a peer (--peers without ort runs on a venv that lacks them)
+case " $PEERS " in *" ort "*) ensure_venv "$VENV" "$INSTALL" cpu numpy onnx onnxscript onnxruntime ;;
+                   *) ensure_venv "$VENV" "$INSTALL" cpu numpy ;; esac
 if [ -z "$TFUSE" ]; then
     # -U: let the LLVM emitter follow detection again if gpu.sh configured build-bench without it
     build_tfuse "$OUT" -UTFUSE_WITH_LLVM
@@ -198,8 +200,8 @@ TABLE="$("$PY" bench/report.py cpu "$OUT")"
     echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — CPU"
     echo
     machine_lines
-    echo "- peers: torch $("$PY" -c 'import torch; print(torch.__version__)')," \
-         "onnxruntime $("$PY" -c 'import onnxruntime; print(onnxruntime.__version__)')"
+    echo "- peers: torch $("$PY" -c 'import torch; print(torch.__version__)')" \
+         "$("$PY" -c 'import onnxruntime; print(", onnxruntime", onnxruntime.__version__)' 2>/dev/null)"
     echo "- command: \`$COMMAND\` ($REPS interleaved repetitions of $ITERS timed steps after $WARMUP warm-up; $PRECISION)"
     echo "- raw output: \`$OUT/\`"
     echo
