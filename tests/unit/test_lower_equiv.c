@@ -32,6 +32,13 @@ static const char *extra[] = {
     "input q : f32[2, 3, 5, 4]\ninput k : f32[2, 3, 6, 4]\ninput v : f32[2, 3, 6, 2]\n"
     "a = attention(q, k, v)\nc = attention(q, k, v, causal=true)\noutput a\noutput c\n",
 
+    /* attention's operands: grouped-query heads, a bool mask with a row that sees no key, an additive mask
+     * with causal and a scale, dropout (train mode); both lowerings (fused and decomposed) are checked */
+    "input q : f32[2, 4, 5, 4]\ninput k : f32[2, 2, 6, 4]\ninput v : f32[2, 2, 6, 3]\ninput bias : f32[1, 4, 1, 6]\n"
+    "col = iota(shape=[2, 1, 5, 6], axis=3)\nrow = iota(shape=[2, 1, 5, 6], axis=2)\nkeep = lt(col, row)\n"
+    "a = attention(q, k, v, keep)\nb = attention(q, k, v, bias, causal=true, scale=0.3)\n"
+    "c = attention(q, k, v, dropout=0.4, salt=7)\noutput a\noutput b\noutput c\n",
+
     "input x : f32[2, 4, 9, 7]\nparam w : f32[6, 2, 3, 3] = kaiming_uniform()\nparam b : f32[6] = normal(std=1.0)\n"
     "c = conv2d(x, w, b, stride=[2, 1], padding=[1, 2], dilation=2, groups=2)\nm = maxpool2d(c, kernel=[2, 3], stride=1, padding=1)\n"
     "a = avgpool2d(c, kernel=3, stride=2, padding=1)\ng = global_avgpool(m)\nf = flatten(a)\noutput g\noutput f\n",
@@ -99,7 +106,7 @@ static void compare(const char *what, const char *name, const tf_tensor *x, cons
     if (!bad) check_passed++;
 }
 
-static void run_pair(const char *label, const char *text, tf_ir_mode mode)
+static void run_pair(const char *label, const char *text, tf_ir_mode mode, bool decomposed)
 {
     tf_diag d = {0};
     tf_module *m;
@@ -108,7 +115,7 @@ static void run_pair(const char *label, const char *text, tf_ir_mode mode)
         return;
     }
     tf_module *low = tf_module_clone(m);
-    tf_options o = {.mode = mode, .diag = &d};
+    tf_options o = {.mode = mode, .diag = &d, .attention_decomposed = decomposed};
     CHECK(low != NULL, "clone");
     if (!low) { tf_module_free(m); return; }
     if (pass_lower(low, &o) || tf_verify(low, &d)) {
@@ -161,13 +168,17 @@ int main(void)
             char path[4096];
             char *text = test_read_example(examples[i], path, sizeof path);
             CHECK(text != NULL, "cannot read %s (set TFUSE_EXAMPLES)", path);
-            if (text) run_pair(path, text, (tf_ir_mode)mode);
+            if (text) run_pair(path, text, (tf_ir_mode)mode, false);
             free(text);
         }
         for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) {
             char label[32];
             snprintf(label, sizeof label, "extra%zu", i);
-            run_pair(label, extra[i], (tf_ir_mode)mode);
+            run_pair(label, extra[i], (tf_ir_mode)mode, false);
+            if (strstr(extra[i], "attention(")) {   /* the written-out form too */
+                snprintf(label, sizeof label, "extra%zu decomposed", i);
+                run_pair(label, extra[i], (tf_ir_mode)mode, true);
+            }
         }
     }
     return check_report();
