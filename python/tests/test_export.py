@@ -675,6 +675,19 @@ class Errors(unittest.TestCase):
         self.assertIn("x.cummax(-1)", msg)
         self.assertIsInstance(cm.exception, tfuse.Error)
 
+    def test_train_arguments_checked(self):
+        m = nn.Linear(3, 2)
+        x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+        cases = [({"loss_fn": F.cross_entropy, "targets": (y,), "optimizer": "adamw"}, "optimizer='adamw'"),
+                 ({"loss_fn": "cross_entropy", "targets": (y,)}, "loss_fn='cross_entropy'"),
+                 ({"loss_fn": F.cross_entropy, "targets": (y,), "optimizer": torch.optim.SGD(m.parameters(), lr=0.1),
+                   "scheduler": "cosine"}, "scheduler='cosine'")]
+        for kw, want in cases:
+            with self.assertRaises(tfuse.ExportError) as cm:
+                tfuse.export(m, (x,), **kw)
+            self.assertIn(want, str(cm.exception))
+            self.assertNotIn("a bug in tfuse", str(cm.exception))
+
     def test_write_through_split_refused(self):
         with self.assertRaises(tfuse.ExportError) as cm:
             tfuse.export(SplitWrite(), (torch.randn(2, 4),))

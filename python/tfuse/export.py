@@ -655,6 +655,7 @@ def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None,
     first axis has the size of a dim declared on an input's first axis
     follows that dim (labels follow the batch). How: _export_dynamic.py.
     """
+    _check_train_args(loss_fn, optimizer, scheduler)
     try:
         return _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name, dynamic_shapes)
     except ExportError:
@@ -662,6 +663,22 @@ def export(module, example_inputs, loss_fn=None, optimizer=None, scheduler=None,
     except Exception as e:   # noqa: BLE001 -- never a bare traceback from inside tfuse
         raise ExportError(f"error: tfuse.export failed on {type(module).__name__} ({type(e).__name__}: {e}); this is "
                           "a bug in tfuse, please report it with the model") from e
+
+
+def _check_train_args(loss_fn, optimizer, scheduler):
+    """The train block's arguments are what export takes, or a usage error that says what it wants."""
+    torch = _torch()
+    if loss_fn is not None and not callable(loss_fn):
+        raise ExportError(f"error: loss_fn={loss_fn!r}: expected a function (outputs, *targets) -> scalar loss, "
+                          "e.g. torch.nn.functional.cross_entropy")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ExportError(f"error: optimizer={optimizer!r}: expected a torch.optim optimizer over the module's params "
+                          "(SGD, Adam or AdamW), e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)")
+    sched_types = tuple(t for t in (getattr(torch.optim.lr_scheduler, n, None) for n in ("LRScheduler", "_LRScheduler"))
+                        if t is not None)
+    if scheduler is not None and not isinstance(scheduler, sched_types):
+        raise ExportError(f"error: scheduler={scheduler!r}: expected a torch.optim.lr_scheduler of the optimizer "
+                          "(StepLR, CosineAnnealingLR or OneCycleLR)")
 
 
 def _export(module, example_inputs, loss_fn, optimizer, scheduler, targets, name, dynamic_shapes):
