@@ -67,7 +67,7 @@ AVX512 static __m512 exp16(__m512 x)
 {
     const __m512 lo = _mm512_set1_ps(-87.33654f);
     __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);   /* exp underflows (and -inf): 0 */
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.37626f));
+    x = _mm512_min_ps(_mm512_set1_ps(88.37626f), x);   /* (a NaN, the second operand, stays NaN: exp(NaN) is NaN) */
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
@@ -86,8 +86,10 @@ AVX512 static float row_max_512(const float *s, int64_t n)
 {
     __m512 m = _mm512_set1_ps(-INFINITY);
     int64_t j = 0;
-    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
-    if (j < n) m = _mm512_mask_max_ps(m, (__mmask16)((1u << (n - j)) - 1), m, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - j)) - 1), s + j));
+    /* NaN scores are passed over, as row_max_c (and the interpreter) pass them: vmaxps returns its
+     * second operand, the running max, when either is NaN */
+    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + j), m);
+    if (j < n) m = _mm512_mask_max_ps(m, (__mmask16)((1u << (n - j)) - 1), _mm512_maskz_loadu_ps((__mmask16)((1u << (n - j)) - 1), s + j), m);
     return _mm512_reduce_max_ps(m);
 }
 

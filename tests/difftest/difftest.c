@@ -684,8 +684,8 @@ static bool blk_attention(gen *g)
         int64_t msh[4] = {rng_chance(&g->r, 0.5) ? B : 1, 1, rng_chance(&g->r, 0.5) ? T : 1, Tk};
         if (mk == 1) {
             declare(g, "input", "f32", 4, msh, NULL, mb);
-            gval *t = emit(g, 4, msh, false, "ge(%s, -0.8)", mb);
-            snprintf(m, sizeof m, "%s", t->name);
+            vname(g, m);   /* not in the pool: a bool that later blocks would take up as an operand */
+            sb_printf(&g->ops, "%s = ge(%s, -0.8)\n", m, mb);
         } else {
             declare(g, mk == 2 ? "buffer" : "param", g->dt, 4, msh, "uniform()", m);
         }
@@ -694,7 +694,10 @@ static bool blk_attention(gen *g)
     if (rng_chance(&g->r, 0.5)) sb_printf(&a, ", causal=true");
     if (rng_chance(&g->r, 0.3)) sb_printf(&a, ", scale=0.7");
     if (g->train && rng_chance(&g->r, 0.3)) sb_printf(&a, ", dropout=0.25, salt=%d", 1 + rng_int(&g->r, 100));
-    emit(g, 4, osh, c.has_param || g->train, "attention(%s, %s, %s%s)", c.name, k, v, sb_str(&a));
+    /* q through tanh: the chain may carry -inf (a ceil-mode pool's fill), and what an inf or NaN operand does
+     * through a masked pair is not pinned (docs/attention.md) */
+    gval *qt = emit(g, 4, c.sh, c.has_param, "tanh(%s)", c.name);
+    emit(g, 4, osh, c.has_param || g->train, "attention(%s, %s, %s%s)", qt->name, k, v, sb_str(&a));
     free(a.s);
     return true;
 }
