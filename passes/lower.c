@@ -157,14 +157,20 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
     return y;
 }
 
-/* Whether v is computed from a param (and so may need a gradient); a long
- * search answers yes. */
-static bool from_param(const tf_value *v, int *budget)
+/* Whether v is computed from a param (and so may need a gradient). seen
+ * marks the values of the module as numbered when the pass began (ids below
+ * nseen) that are searched already, so a DAG is walked once; values lower
+ * made (id -1) are few, and a search past the budget answers yes. */
+static bool from_param(const tf_value *v, unsigned char *seen, int nseen, int *budget)
 {
     if (--*budget < 0 || v->kind == TF_VAL_PARAM) return true;
     if (v->kind != TF_VAL_NODE) return false;
+    if (v->id >= 0 && v->id < nseen) {
+        if (seen[v->id]) return false;
+        seen[v->id] = 1;
+    }
     for (int k = 0; k < v->def->nin; k++)
-        if (from_param(v->def->in[k], budget)) return true;
+        if (from_param(v->def->in[k], seen, nseen, budget)) return true;
     return false;
 }
 
@@ -172,10 +178,13 @@ static bool from_param(const tf_value *v, int *budget)
 static const char *attention_decomposed_why(lw *l, tf_value **in)
 {
     if (l->o->attention_decomposed) return "--attention=decomposed";
-    int budget = 4096;
-    if (l->n->nin > 3 && l->o->mode == TF_IR_TRAIN && in[3]->type.dtype != TF_DT_BOOL && from_param(in[3], &budget))
-        return "its additive mask is computed from a param and needs a gradient, which the fused kernels do not give";
-    return NULL;
+    if (l->n->nin < 4 || l->o->mode != TF_IR_TRAIN || in[3]->type.dtype == TF_DT_BOOL) return NULL;
+    int budget = 1 << 20, nseen = l->m->next_id;
+    unsigned char *seen = tf_calloc((size_t)(nseen > 0 ? nseen : 1), 1);
+    bool learned = !seen || from_param(in[3], seen, nseen, &budget);   /* out of memory: the safe answer */
+    tf_free(seen);
+    return learned ? "its additive mask is computed from a param and needs a gradient, which the fused kernels do not give"
+                   : NULL;
 }
 
 /* The fused form: flash_attention, in train mode with the log-sum-exp column
