@@ -63,7 +63,7 @@ typedef struct args {
      * takes none), NULL where not given (the environment's default stands) */
     const char *setting[CLI_NSETTINGS];
     uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
-    unsigned short seen[40];  /* how often each flag of main.c's table was given */
+    unsigned short seen[48];  /* how often each flag of main.c's table was given */
 } args;
 
 /* main.c
@@ -110,6 +110,8 @@ int cli_check_readable(const char *flag, const char *path);
 void cli_signals_install(void);
 void cli_signals_graceful(const char *first_msg);
 bool cli_interrupted(void);
+/* "rank R: " in a data-parallel job (train.c), else "": what error messages say after "tfuse: " */
+extern char cli_rank_tag[32];
 void cli_write_begin(void);
 void cli_write_end(void);
 /* "--name=value" or "--name value": the value, or NULL if the flag differs. */

@@ -184,7 +184,7 @@ int cli_usage_errorf(const char *cmd, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     fflush(stdout);
-    fputs("tfuse: error: ", stderr);
+    fprintf(stderr, "tfuse: %serror: ", cli_rank_tag);
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n(see 'tfuse %s --help')\n", cmd ? cmd : "");
     va_end(ap);
@@ -621,14 +621,16 @@ static int check_flags(const args *a)
     return 0;
 }
 
-_Static_assert(NFLAGS <= 40, "args.seen has 40 counters");
+_Static_assert(NFLAGS <= 48, "args.seen has 48 counters");
+
+char cli_rank_tag[32];
 
 int cli_errorf(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     fflush(stdout);   /* keep the order of what a user sees */
-    fputs("tfuse: error: ", stderr);
+    fprintf(stderr, "tfuse: %serror: ", cli_rank_tag);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -639,9 +641,9 @@ int cli_report(tf_context_t *ctx, const char *context)
 {
     const char *msg = tf_context_last_error(ctx);
     fflush(stdout);
-    if (!strncmp(msg, "error: ", 7)) fprintf(stderr, "tfuse: %s", msg);
-    else if (strstr(msg, ": error: ")) fputs(msg, stderr);
-    else fprintf(stderr, "tfuse: error: %s", msg);
+    if (!strncmp(msg, "error: ", 7)) fprintf(stderr, "tfuse: %s%s", cli_rank_tag, msg);
+    else if (strstr(msg, ": error: ")) fprintf(stderr, "%s%s", cli_rank_tag, msg);
+    else fprintf(stderr, "tfuse: %serror: %s", cli_rank_tag, msg);
     if (context) fprintf(stderr, " (%s)", context);
     fputc('\n', stderr);
     return 1;

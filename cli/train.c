@@ -254,7 +254,7 @@ static int dataset_parse(const char *flag, const char *const *lists, size_t nlis
 /* Load the parsed arrays into a loader, which checks them against the
  * program's inputs (1 on a mismatch). */
 static int dataset_load(tf_context_t *ctx, const tf_program_t *p, const char *flag, bool shuffle, uint64_t seed,
-                        int workers, dataset *d)
+                        int workers, int rank, int ranks, dataset *d)
 {
     tf_loader_options o;
     tf_loader_options_init(&o);
@@ -262,6 +262,7 @@ static int dataset_load(tf_context_t *ctx, const tf_program_t *p, const char *fl
     o.shuffle = shuffle;
     o.seed = seed;
     o.workers = workers;
+    o.rank = rank, o.ranks = ranks;   /* data parallel: this rank's slice of each global batch */
     return tf_loader_create(ctx, p, d->src, d->n, &o, &d->L) ? api_error(ctx, NULL) : 0;
 }
 
@@ -421,7 +422,7 @@ static int evaluator_init(tf_context_t *ctx, const args *a, const tf_model_t *m,
     o.dump_ir = NULL;
     if (tf_program_compile(ctx, m, &o, &e->p)) return api_error(ctx, "compiling the model for evaluation");
     if (tf_session_create(ctx, e->p, target, a->seed, &e->s)) return api_error(ctx, NULL);
-    int rc = dataset_load(ctx, e->p, "--eval-data", false, 0, workers, &e->data);
+    int rc = dataset_load(ctx, e->p, "--eval-data", false, 0, workers, 0, 1, &e->data);
     if (rc) return rc;
     e->has_loss = has_output(e->p, "loss", NULL, NULL, NULL);
     if (has_output(e->p, "logits", &e->logits_dtype, &e->logits_rank, e->logits_shape) && e->logits_rank >= 2)
@@ -529,6 +530,11 @@ typedef struct trainer {
     evaluator ev;
     bool have_ev;
     FILE *log;
+    /* data parallel (mpirun): the job's communicator, or NULL for one process */
+    tf_comm_t *comm;
+    int rank, size;
+    bool stop_all;            /* a rank was interrupted: every rank stops after this step */
+    bool agreed;              /* the run ends by a decision every rank made alike: no need to abort the job */
 } trainer;
 
 /* Do two paths name one file? (The same text, or the same inode.) */
@@ -685,6 +691,7 @@ static int stop_interrupted(tf_context_t *ctx, const args *a, trainer *T, const 
 {
     const train_args *t = &a->train;
     fflush(stdout);
+    if (T->rank > 0) return RC_INTERRUPTED;   /* rank 0 writes the checkpoint and says so */
     if (cur->step == first) {
         fprintf(stderr, "tfuse: interrupted before step %" PRIu64 ": nothing trained in this run, no checkpoint written\n",
                 cur->step + 1);
@@ -763,13 +770,149 @@ static int train_prepare(tf_context_t *ctx, const args *a, trainer *T, train_pla
     P->precision = tf_precision_name(cfg.precision);
     P->fp16 = cfg.precision == TF_PRECISION_FP16;
     P->workers = t->workers ? (int)t->workers : 2;
-    if ((rc = dataset_load(ctx, T->p, "--data", true, a->seed, P->workers, &T->data))) return rc;
+    if ((rc = dataset_load(ctx, T->p, "--data", true, a->seed, P->workers, T->rank, T->size, &T->data))) return rc;
     P->N = tf_loader_samples(T->data.L), P->B = tf_loader_batch_size(T->data.L);
     P->per_epoch = tf_loader_epoch_batches(T->data.L);
     if (t->epochs > ((uint64_t)1 << 62) / P->per_epoch)
         return errorf("--epochs %" PRIu64 " makes more than 2^62 steps", t->epochs);
     P->total = t->steps ? t->steps : (t->epochs ? t->epochs : 1) * P->per_epoch;
     return 0;
+}
+
+/* ---- data parallel ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* What every rank must agree on before the first step: the same tfuse, the
+ * same model and training setup, the same data and the same starting point
+ * (ranks that differ would compute collectives of different sizes, or
+ * quietly train on different terms). */
+typedef struct job_facts {
+    char version[16];
+    uint64_t model;           /* the compiled model's text, its target and precision */
+    int64_t samples, batch;
+    uint64_t steps, seed, step, epoch;
+    int64_t pos;
+} job_facts;
+
+static int ranks_agree(tf_context_t *ctx, trainer *T, const train_plan *P)
+{
+    job_facts me = {0}, *all = calloc((size_t)T->size, sizeof *all);
+    if (!all) return errorf("out of memory");
+    snprintf(me.version, sizeof me.version, "%s", TFUSE_VERSION);
+    char *text = NULL;
+    if (tf_model_print(ctx, T->m, &text)) {
+        free(all);
+        return api_error(ctx, NULL);
+    }
+    me.model = fnv1a(0xcbf29ce484222325ull, text, strlen(text));
+    free(text);
+    me.model = fnv1a(me.model, &P->target, sizeof P->target);
+    me.model = fnv1a(me.model, P->precision, strlen(P->precision));
+    me.samples = P->N, me.batch = P->B, me.steps = P->total, me.seed = P->seed;
+    me.step = P->cur.step, me.epoch = P->cur.epoch, me.pos = P->cur.pos;
+    if (tf_comm_allgather(ctx, T->comm, &me, all, sizeof me)) {
+        free(all);
+        return api_error(ctx, "checking that the ranks agree");
+    }
+    int rc = 0;
+    for (int r = 1; r < T->size && !rc; r++) {
+        const job_facts *x = &all[0], *y = &all[r];
+        const char *what = strcmp(x->version, y->version) ? "the tfuse version" : x->model != y->model ? "the model (its text, target or precision)"
+                         : x->samples != y->samples ? "the number of samples" : x->batch != y->batch ? "the batch size"
+                         : x->steps != y->steps ? "the number of steps" : x->seed != y->seed ? "the seed"
+                         : x->step != y->step || x->epoch != y->epoch || x->pos != y->pos ? "the step to start from" : NULL;
+        if (what) {
+            T->agreed = true;   /* every rank sees the same table and stops alike */
+            rc = errorf("rank %d differs from rank 0 in %s (tfuse %s vs %s, batch %" PRId64 " vs %" PRId64 ", %" PRId64
+                        " vs %" PRId64 " samples, step %" PRIu64 " vs %" PRIu64 "): every rank must run the same command "
+                        "on the same files", r, what, y->version, x->version, y->batch, x->batch, y->samples, x->samples,
+                        y->step, x->step);
+        }
+    }
+    free(all);
+    return rc;
+}
+
+/* After a step: the ranks' losses (their mean is the step's loss, what one
+ * process with the global batch would report) and whether any rank was
+ * interrupted (then all stop after this step, at the same one). */
+static int ranks_after_step(tf_context_t *ctx, trainer *T, double *loss)
+{
+    struct { double loss; int64_t stop; } me = {*loss, cli_interrupted()}, *all = calloc((size_t)T->size, sizeof *all);
+    if (!all) return errorf("out of memory");
+    if (tf_comm_allgather(ctx, T->comm, &me, all, sizeof me)) {
+        free(all);
+        return api_error(ctx, "gathering the ranks' losses");
+    }
+    double sum = 0;
+    for (int r = 0; r < T->size; r++) {
+        sum += all[r].loss;
+        if (all[r].stop) T->stop_all = true;
+    }
+    *loss = sum / T->size;
+    free(all);
+    return 0;
+}
+
+/* Every rank's params and buffers, hashed and compared: data parallel
+ * training keeps them identical, bit for bit; a rank that drifted is named. */
+static int ranks_same_state(tf_context_t *ctx, trainer *T)
+{
+    uint64_t h = 0xcbf29ce484222325ull, *all = calloc((size_t)T->size, sizeof *all);
+    void *buf = NULL;
+    size_t cap = 0;
+    int rc = all ? 0 : errorf("out of memory");
+    for (int kind = TF_IO_PARAM; !rc && kind <= TF_IO_BUFFER; kind++)
+        for (size_t i = 0; !rc && i < tf_program_io_count(T->p, (tf_io_kind)kind); i++) {
+            const char *name;
+            tf_tensor_view v = {0};
+            if (tf_program_io(T->p, (tf_io_kind)kind, i, &name, NULL, NULL, NULL) || tf_session_get_state(T->s, name, &v, 0)) {
+                rc = api_error(ctx, NULL);
+                break;
+            }
+            size_t bytes = (size_t)tf_dtype_size(v.dtype);
+            for (int k = 0; k < v.rank; k++) bytes *= (size_t)v.shape[k];
+            if (bytes > cap) {
+                void *nb = realloc(buf, bytes);
+                if (!nb) {
+                    rc = errorf("out of memory");
+                    break;
+                }
+                buf = nb, cap = bytes;
+            }
+            v.data = buf;
+            if (tf_session_get_state(T->s, name, &v, cap)) rc = api_error(ctx, NULL);
+            h = fnv1a(fnv1a(h, name, strlen(name)), buf, bytes);
+        }
+    free(buf);
+    if (!rc && tf_comm_allgather(ctx, T->comm, &h, all, sizeof h)) rc = api_error(ctx, "comparing the ranks' params");
+    for (int r = 1; !rc && r < T->size; r++)
+        if (all[r] != all[0]) {
+            T->agreed = true;
+            rc = errorf("rank %d's params and buffers differ from rank 0's after training (hashes %016" PRIx64 " and %016" PRIx64
+                        "): the ranks drifted apart; this is a bug in tfuse", r, all[r], all[0]);
+        }
+    if (!rc) printf("params and buffers identical on all %d ranks (hash %016" PRIx64 ")\n", T->size, h);
+    free(all);
+    return rc;
+}
+
+/* Rank 0's summary: what the all-reduces moved and how much of their time
+ * the steps waited for (the rest overlapped the backward pass). */
+static void ranks_report(const trainer *T, uint64_t steps)
+{
+    tf_comm_totals c;
+    tf_comm_stats(T->comm, &c);
+    if (!steps) return;
+    double per = (double)steps;
+    printf("data parallel: %d ranks; per step %.3f MB averaged, all-reduce %.2f ms, of it waited for %.2f ms (%.0f%% "
+           "overlapped the backward pass)\n", c.size, (double)c.bytes_reduced / per / 1e6, c.comm_ms / per, c.wait_ms / per,
+           c.comm_ms > 0 ? 100.0 * fmax(0.0, 1.0 - c.wait_ms / c.comm_ms) : 0.0);
 }
 
 /* The session (from --params or a --resume checkpoint, whose seed it
@@ -781,7 +924,7 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
     int rc;
     P->seed = a->seed;
     P->cur = (cursor){0, 0, 0};
-    if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s)) return api_error(ctx, NULL);
+    if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s) || tf_session_set_comm(T->s, T->comm)) return api_error(ctx, NULL);
     if (a->params && tf_session_load_state(T->s, a->params)) return api_error(ctx, "--params");
     if (a->params && tf_session_missing_params(T->s))
         fprintf(stderr, "tfuse: note: %s has no value for %s; they start from their initializers\n", a->params,
@@ -796,19 +939,26 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
             P->seed = ck_seed;   /* dropout masks come from the session's seed: start over with the right one */
             tf_session_free(T->s);
             T->s = NULL;
-            if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s)) return api_error(ctx, NULL);
+            if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s) || tf_session_set_comm(T->s, T->comm))
+                return api_error(ctx, NULL);
             if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, true))) return rc;
         }
     }
     if (tf_loader_set_position(d->L, &(tf_loader_position){P->cur.epoch, P->cur.pos, P->seed})) return api_error(ctx, "--resume");
-    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, P->target, P->workers, &T->ev))) return rc;
+    if (T->have_ev && T->rank == 0 && (rc = evaluator_init(ctx, a, T->m, P->target, P->workers, &T->ev))) return rc;
+    if (T->size > 1 && (rc = ranks_agree(ctx, T, P))) return rc;
     if (cli_interrupted()) return stop_early();
-    /* from here on the run writes: the log first */
-    if (t->log && (rc = log_open(t->log, t->resume != NULL, P->cur.step, &T->log))) return rc;
+    /* from here on the run writes: the log first (rank 0's) */
+    if (t->log && T->rank == 0 && (rc = log_open(t->log, t->resume != NULL, P->cur.step, &T->log))) return rc;
     P->log_every = t->log_every ? t->log_every : 10;
-    printf("training %s: %" PRId64 " samples, batches of %" PRId64 ", %" PRIu64 " steps per epoch", a->file, P->N, P->B,
-           P->per_epoch);
-    if (P->N % P->B) printf(" (%" PRId64 " samples per epoch left out)", P->N % P->B);
+    int64_t G = P->B * T->size;   /* the global batch */
+    if (T->size > 1)
+        printf("training %s on %d ranks: %" PRId64 " samples, global batches of %" PRId64 " (%d x %" PRId64 "), %" PRIu64
+               " steps per epoch", a->file, T->size, P->N, G, T->size, P->B, P->per_epoch);
+    else
+        printf("training %s: %" PRId64 " samples, batches of %" PRId64 ", %" PRIu64 " steps per epoch", a->file, P->N, P->B,
+               P->per_epoch);
+    if (P->N % G) printf(" (%" PRId64 " samples per epoch left out)", P->N % G);
     if (P->cur.step) printf("; resuming at step %" PRIu64 " (epoch %" PRIu64 ")", P->cur.step, P->cur.epoch);
     printf("; steps %" PRIu64 "/%" PRIu64 ", seed %" PRIu64 "\n", P->cur.step, P->total, P->seed);
     fflush(stdout);
@@ -839,6 +989,8 @@ static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, 
         return api_error(ctx, where);
     }
     double loss = tf_view_element(&v, 0), lr = NAN;
+    int rc;
+    if (T->size > 1 && (rc = ranks_after_step(ctx, T, &loss))) return rc;
     if (P->has_lr && !tf_session_output(T->s, "lr", &v)) lr = tf_view_element(&v, 0);
     double tnow = now_s(), dt = tnow - *last;
     *last = tnow;
@@ -846,11 +998,12 @@ static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, 
         char ls[32], lrs[32];
         fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",%s,", step, epoch, num_str(ls, sizeof ls, "%.9g", loss));
         if (P->has_lr) fputs(num_str(lrs, sizeof lrs, "%.9g", lr), T->log);
-        fprintf(T->log, ",%.1f\n", dt > 0 ? (double)P->B / dt : 0.0);
+        fprintf(T->log, ",%.1f\n", dt > 0 ? (double)(P->B * T->size) / dt : 0.0);
         fflush(T->log);
     }
     if (!isfinite(loss)) {
         progress_clear(pr);
+        T->agreed = true;   /* the mean loss: every rank sees it */
         if (!P->fp16)
             return errorf("loss is %s at step %" PRIu64 " (in %s, where no loss scaler skips such a step); stopping",
                           isnan(loss) ? "nan" : "inf", step, P->precision);
@@ -870,19 +1023,21 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     if ((rc = train_check(a, T)) || (rc = train_prepare(ctx, a, T, &P)) || (rc = train_start(ctx, a, T, &P))) return rc;
     const dataset *d = &T->data;
     cursor *cur = &P.cur;
-    progress pr = {.tty = isatty(fileno(stdout)), .total = P.total, .first = cur->step, .every = P.log_every,
-                   .batch = P.B, .t0 = now_s()};
+    /* under mpirun rank 0's stdout is a pseudo-terminal whatever the launcher's is: progress in lines there */
+    progress pr = {.tty = T->size == 1 && isatty(fileno(stdout)), .total = P.total, .first = cur->step, .every = P.log_every,
+                   .batch = P.B * T->size, .t0 = now_s()};
     double last = now_s();
     uint64_t epoch = cur->epoch, skipped = 0;
     bool interrupted = false, saved = false;   /* saved: the state of cur->step is in t->save */
     while (cur->step < P.total) {
-        if ((interrupted = cli_interrupted())) break;   /* between steps: the state is that of cur->step steps */
+        /* between steps: the state is that of cur->step steps (data parallel: when any rank was interrupted) */
+        if ((interrupted = T->size > 1 ? T->stop_all : cli_interrupted())) break;
         tf_batch_info bi;
         if (tf_loader_next(d->L, T->s, &bi)) {
             rc = api_error(ctx, "binding a batch");
             break;
         }
-        if ((interrupted = cli_interrupted())) break;   /* while waiting for the batch: abandon the step */
+        if (T->size == 1 && (interrupted = cli_interrupted())) break;   /* while waiting for the batch: abandon the step */
         if (tf_session_run(T->s)) {
             progress_clear(&pr);
             char where[64];
@@ -896,8 +1051,8 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if ((rc = train_after_step(ctx, T, &P, &pr, epoch, &last, &skipped))) break;
         double pause0 = now_s();
         saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
-        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) break;
-        if (t->eval_every && cur->step % t->eval_every == 0 && cur->step < P.total &&
+        if (saved && T->rank == 0 && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) break;
+        if (t->eval_every && T->rank == 0 && cur->step % t->eval_every == 0 && cur->step < P.total &&
             (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr))) {
             if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
             break;
@@ -908,14 +1063,19 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     }
     if (rc) return rc;
     progress_clear(&pr);
+    if (interrupted) T->agreed = true;
     if (interrupted || cli_interrupted()) return stop_interrupted(ctx, a, T, cur, pr.first, P.seed, saved);
     if (pr.first >= P.total) printf("nothing to train: the checkpoint is at step %" PRIu64 " of %" PRIu64 "\n", cur->step, P.total);
     if (skipped) printf("%" PRIu64 " step(s) skipped for a non-finite loss\n", skipped);
-    if (t->save) {
+    if (T->size > 1) {
+        ranks_report(T, cur->step - pr.first);
+        if ((rc = ranks_same_state(ctx, T))) return rc;
+    }
+    if (t->save && T->rank == 0) {
         if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) return rc;
         printf("saved %s (step %" PRIu64 ")\n", t->save, cur->step);
     }
-    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr)) == RC_INTERRUPTED) {
+    if (T->have_ev && T->rank == 0 && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr)) == RC_INTERRUPTED) {
         fflush(stdout);
         fprintf(stderr, "tfuse: interrupted during the evaluation after step %" PRIu64 "%s%s\n", cur->step,
                 t->save ? ": training is done and the checkpoint written to " : "", t->save ? t->save : "");
@@ -923,10 +1083,37 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     return rc;
 }
 
-int cmd_train(tf_context_t *ctx, const args *a)
+/* Started by mpirun with several ranks: join the job (MPI), compile with
+ * data_parallel, and let rank 0 alone print progress. */
+static int join_job(tf_context_t *ctx, args *a, trainer *T)
 {
-    int rc = check_usage(a);
+    T->size = 1;
+    if (!tf_comm_launched(&T->rank, &T->size)) return 0;
+    const char *dp = a->setting[CLI_SETTING_data_parallel];
+    if (dp && strcmp(dp, "on"))
+        return cli_usage_errorf("train", "--data-parallel=%s with %d ranks (mpirun): each rank would train a model of its "
+                                "own; data parallel training averages the gradients of all of them", dp, T->size);
+    a->setting[CLI_SETTING_data_parallel] = "on";
+    snprintf(cli_rank_tag, sizeof cli_rank_tag, "rank %d: ", T->rank);
+    if (tf_comm_create_mpi(ctx, NULL, &T->comm)) return api_error(ctx, "joining the MPI job");
+    if (tf_comm_rank(T->comm) != T->rank || tf_comm_size(T->comm) != T->size)
+        return errorf("the launcher says rank %d of %d, and MPI says rank %d of %d", T->rank, T->size, tf_comm_rank(T->comm),
+                      tf_comm_size(T->comm));
+    if (T->rank > 0 && !freopen("/dev/null", "w", stdout)) return errorf("cannot quiet rank %d's output: %s", T->rank, strerror(errno));
+    return 0;
+}
+
+int cmd_train(tf_context_t *ctx, const args *a0)
+{
+    int rc = check_usage(a0);
     if (rc) return rc;
+    args job = *a0, *a = &job;
+    trainer T;
+    memset(&T, 0, sizeof T);
+    if ((rc = join_job(ctx, a, &T))) {
+        tf_comm_free(T.comm);
+        return rc;
+    }
     char msg[900];
     if (a->train.save)
         snprintf(msg, sizeof msg, "tfuse: interrupt: stopping after the current step, then writing the checkpoint "
@@ -934,8 +1121,6 @@ int cmd_train(tf_context_t *ctx, const args *a)
     else
         snprintf(msg, sizeof msg, "tfuse: interrupt: stopping after the current step (interrupt again to stop at once)");
     cli_signals_graceful(msg);
-    trainer T;
-    memset(&T, 0, sizeof T);
     rc = train_run(ctx, a, &T);
     if (T.log && fclose(T.log) != 0 && !rc) rc = errorf("--log %s: write failed: %s", a->train.log, strerror(errno));
     if (T.have_ev) evaluator_free(&T.ev);
@@ -943,5 +1128,12 @@ int cmd_train(tf_context_t *ctx, const args *a)
     tf_session_free(T.s);
     tf_program_free(T.p);
     tf_model_free(T.m);
+    /* a rank that fails alone would leave the others waiting in a collective: end the whole job */
+    if (T.comm && rc && rc != RC_INTERRUPTED && !T.agreed) {
+        fflush(stdout);
+        fflush(stderr);
+        tf_comm_abort(T.comm, rc);
+    }
+    tf_comm_free(T.comm);
     return rc;
 }

@@ -106,6 +106,11 @@ bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n)
         snprintf(why, n, "kernel %s: %s is a library call (cuBLASLt), not generated code", k->name, name);
         return false;
     }
+    if (tf_op_exec_of(nd->op) == TF_OPX_COMM) {
+        snprintf(why, n, "kernel %s: %s averages over the ranks through the host's communicator (MPI; NCCL is not "
+                 "yet wired in)", k->name, name);
+        return false;
+    }
     if (!lib_op(nd->op)) {
         snprintf(why, n, "kernel %s: %s has no generated CUDA kernel (a library call or the host's)", k->name, name);
         return false;

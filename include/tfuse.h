@@ -462,6 +462,57 @@ tf_status tf_session_load_state_meta(tf_session_t *s, const char *path, char **m
 tf_status tf_session_step(tf_session_t *s, uint64_t *step);
 tf_status tf_session_set_step(tf_session_t *s, uint64_t step);
 
+/* ---- data parallel (docs/distributed.md) ----
+ * A communicator joins the processes of one job, its ranks. A program
+ * compiled with tf_compile_options.data_parallel averages every gradient
+ * over the ranks inside the step (allreduce ops, in buckets, overlapping the
+ * backward pass), so each rank runs the same program on its own slice of the
+ * global batch and ends the step with the same params, bit for bit. MPI is
+ * opened with dlopen (Open MPI's libmpi.so.40): a machine without it runs
+ * everything else as before, and tf_comm_create_mpi says why it cannot.
+ *
+ *   tf_comm_t *comm; tf_comm_create_mpi(ctx, NULL, &comm);   // under mpirun: MPI_COMM_WORLD
+ *   o.data_parallel = 1; tf_program_compile(ctx, m, &o, &p);
+ *   tf_session_create(ctx, p, TF_TARGET_CPU, 42, &s);         // the same seed on every rank
+ *   tf_session_set_comm(s, comm);
+ *   ... each rank binds its own batch and runs ...
+ *   tf_session_free(s); tf_comm_free(comm);                    // after its sessions
+ *
+ * mpi_comm: the caller's MPI_Comm (Open MPI's handle, a pointer; tfuse
+ * duplicates it) or NULL for MPI_COMM_WORLD. MPI is initialized (at
+ * MPI_THREAD_SERIALIZED) unless the caller did it, and then finalized by
+ * tf_comm_free. A collective that does not complete within
+ * $TFUSE_COMM_TIMEOUT seconds (default 300) fails with a message naming the
+ * rank: a rank has died or hangs. tf_comm_create_self: a job of one rank. */
+typedef struct tf_comm tf_comm_t;
+/* Whether an MPI launcher (mpirun; srun and MPICH's mpiexec are detected
+ * and refused by tf_comm_create_mpi) started this process as one of more
+ * than one rank: nonzero, with *rank and *size from its environment (0 and 1
+ * when not). Reads the environment only; `tfuse train` joins the job then. */
+int       tf_comm_launched(int *rank, int *size);
+tf_status tf_comm_create_mpi(tf_context_t *ctx, void *mpi_comm, tf_comm_t **out);
+tf_status tf_comm_create_self(tf_context_t *ctx, tf_comm_t **out);
+void      tf_comm_free(tf_comm_t *c);
+int       tf_comm_rank(const tf_comm_t *c);   /* 0 for NULL */
+int       tf_comm_size(const tf_comm_t *c);   /* 1 for NULL */
+/* Every rank's `bytes` bytes at send, into recv (size * bytes, rank order). */
+tf_status tf_comm_allgather(tf_context_t *ctx, tf_comm_t *c, const void *send, void *recv, size_t bytes);
+/* root's bytes at buf into every rank's buf. */
+tf_status tf_comm_broadcast(tf_context_t *ctx, tf_comm_t *c, void *buf, size_t bytes, int root);
+/* End every rank of the job now, with exit status code (a rank that cannot go on). */
+void      tf_comm_abort(tf_comm_t *c, int code);
+/* What the communicator has done since it was made. */
+typedef struct tf_comm_totals {
+    int rank, size;
+    int64_t bytes_reduced;   /* bytes of values averaged (each rank's share counted once) */
+    double comm_ms;          /* time the collectives took, on the communication thread */
+    double wait_ms;          /* of the steps' time, what the sessions waited for them: comm_ms - wait_ms overlapped compute */
+} tf_comm_totals;
+void      tf_comm_stats(const tf_comm_t *c, tf_comm_totals *out);
+/* Run the session's allreduce ops over c's ranks (NULL: one rank, each
+ * allreduce is a copy). c must outlive the session's runs. */
+tf_status tf_session_set_comm(tf_session_t *s, tf_comm_t *c);
+
 /* How a session runs: its target, threads, kernels, and for the cpu target
  * how many kernels were JIT-compiled now and how many came from the
  * context's cache (tf_cache_t above; for cuda, the on-disk cubin cache), how
@@ -608,6 +659,9 @@ typedef struct tf_loader_options {
     int shuffle;             /* default 1 */
     uint64_t seed;           /* the shuffle's seed; default 0 */
     int workers;             /* threads gathering batches ahead, 1 to 64; default 2 */
+    int rank, ranks;         /* data parallel (shuffled only): each step's global batch is `ranks` consecutive
+                              * batches of the epoch's order, and this loader gives the rank-th; positions and
+                              * epochs count global batches. Default 0 of 1 */
 } tf_loader_options;
 /* Where the stream is: the next batch starts `offset` samples into epoch
  * `epoch`'s order, shuffled with `seed` (where that epoch has no batch left
@@ -627,7 +681,7 @@ tf_status tf_loader_create(tf_context_t *ctx, const tf_program_t *p, const tf_da
 void      tf_loader_free(tf_loader_t *l);
 int64_t   tf_loader_samples(const tf_loader_t *l);        /* N */
 int64_t   tf_loader_batch_size(const tf_loader_t *l);     /* B */
-uint64_t  tf_loader_epoch_batches(const tf_loader_t *l);  /* shuffled: floor(N / B); else ceil(N / B) */
+uint64_t  tf_loader_epoch_batches(const tf_loader_t *l);  /* shuffled: floor(N / (ranks B)); else ceil(N / B) */
 /* Wait for the next batch and, with s (may be NULL), bind its arrays to s's
  * inputs (tf_session_bind: no copy). The batch stays valid until the next
  * tf_loader_next, set_position or free; tf_loader_view gives its array for

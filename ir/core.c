@@ -1,4 +1,5 @@
 /* core.c — diagnostics, dtypes and shape helpers. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -325,4 +326,17 @@ void tf_elem_store(tf_dt t, void *base, int64_t i, double v)
     case TF_DT_BOOL: ((unsigned char *)base)[i] = v != 0; break;
     default: break;
     }
+}
+
+bool tf_parse_bytes(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : *end == 'T' ? 40 : 0;
+    if (shift) end++;
+    if (errno || *end || v == 0 || v > (1ull << (62 - shift))) return false;
+    *out = (int64_t)(v << shift);
+    return true;
 }

@@ -23,5 +23,9 @@ const tf_env_var tf_env_vars[] = {
     {"VIRTUAL_ENV", "runtime/cuda/loader.c", "a Python environment searched for pip's CUDA libraries"},
     {"CONDA_PREFIX", "runtime/cuda/loader.c", "a conda environment searched for CUDA libraries"},
     {"PYENV_ROOT", "runtime/cuda/loader.c", "pyenv's Pythons searched for pip's CUDA libraries"},
+    {"OMPI_COMM_WORLD_RANK", "runtime/comm_mpi.c", "this process's rank, set by Open MPI's mpirun"},
+    {"OMPI_COMM_WORLD_SIZE", "runtime/comm_mpi.c", "the job's ranks, set by Open MPI's mpirun"},
+    {"PMI_RANK", "runtime/comm_mpi.c", "this process's rank, set by MPICH's mpiexec or Slurm's srun: a launcher other than Open MPI's, named when MPI fails"},
+    {"PMI_SIZE", "runtime/comm_mpi.c", "the job's ranks, set by MPICH's mpiexec or Slurm's srun (see PMI_RANK)"},
 };
 const size_t tf_env_nvars = sizeof tf_env_vars / sizeof *tf_env_vars;

@@ -189,6 +189,19 @@ tf_ir_status ik_copy(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const
     return TF_IR_OK;
 }
 
+/* The mean over the ranks (the session's communicator); the driver rounds
+ * it to the dtype once. */
+tf_ir_status ik_allreduce(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
+{
+    tf_ir_status st = ik_copy(ip, n, in, out);
+    void *self;
+    tf_interp_mean_fn mean = tf_interp_comm(ip, &self);
+    char err[512];
+    if (!st && mean && mean(self, out->data, out->numel, err, sizeof err))
+        return tf_diag_error(DIAG, TF_IR_ERR_RUNTIME, &n->loc, "%s: %s", OPNAME, err);
+    return st;
+}
+
 tf_ir_status ik_cast(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
 {
     return ik_copy(ip, n, in, out);   /* the driver rounds to the target dtype */

@@ -387,6 +387,9 @@ tf_value *tf_build(tf_module *m, tf_diag *d, int op, tf_value **in, int nin,
 tf_value *tf_const(tf_module *m, double v, tf_dt dt);
 /* Attribute constructors for tf_build. */
 tf_attr tf_attr_int(int64_t v);
+/* A size in bytes as flags and settings write it: digits with an optional K,
+ * M, G or T (1024-based), at least 1 and at most 2^62. */
+bool tf_parse_bytes(const char *s, int64_t *out);
 tf_attr tf_attr_float(double v);
 tf_attr tf_attr_bool(bool v);
 tf_attr tf_attr_str(const char *s);

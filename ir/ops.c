@@ -95,7 +95,7 @@ const char *tf_exec_name(tf_op_exec x)
         [TF_OPX_VIEW] = "view", [TF_OPX_BCAST] = "broadcast", [TF_OPX_COPY] = "copy", [TF_OPX_GEMM] = "gemm",
         [TF_OPX_CONV] = "conv", [TF_OPX_POOL] = "pool", [TF_OPX_POOL_GRAD] = "pool_grad", [TF_OPX_GATHER] = "gather",
         [TF_OPX_SCATTER] = "scatter_add", [TF_OPX_CONCAT] = "concat", [TF_OPX_SLICE_GRAD] = "slice_grad",
-        [TF_OPX_ATTENTION] = "attention",
+        [TF_OPX_ATTENTION] = "attention", [TF_OPX_COMM] = "allreduce",
     };
     return x >= 0 && x < TF_OPX_COUNT ? names[x] : "?";
 }

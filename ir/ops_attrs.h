@@ -166,6 +166,13 @@ static const tf_attr_spec tf_attrs_pool_grad[] = {
     {"shape",     TF_ATTR_INTS,  NULL,     1, TF_MAX_DIM, NULL},
     {0},
 };
+/* allreduce: the bucket its operand is sent in (autodiff numbers them in the
+ * order the backward pass completes them); ops of one bucket travel as one
+ * message, so a bucket is a unit of overlap and of latency */
+static const tf_attr_spec tf_attrs_allreduce[] = {
+    {"bucket",    TF_ATTR_INT,   "0",      0, 1 << 20, NULL},
+    {0},
+};
 static const tf_attr_spec tf_attrs_slice_grad[] = {
     {"axis",      TF_ATTR_INT,   NULL,     -TF_MAX_RANK, TF_MAX_RANK - 1, NULL},
     {"start",     TF_ATTR_INT,   NULL,     -TF_MAX_DIM, TF_MAX_DIM, NULL},

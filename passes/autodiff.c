@@ -41,6 +41,7 @@ struct tf_grad_ctx {
     const tf_options *o;
     tf_diag *d;
     int nvals;             /* values that predate the pass (ids below this) */
+    int nfwd;              /* the forward ops (the first nfwd nodes) */
     bool *wants;           /* by id: depends on a param */
     tf_value **grad;       /* by id: accumulated gradient */
     bool failed;
@@ -377,6 +378,113 @@ static tf_ir_status grad_outputs(opt *p, const gradset *gs, tf_value *scale)
     return TF_IR_OK;
 }
 
+/* data_parallel: each gradient becomes its mean over the session's ranks
+ * (allreduce), and so does each float buffer the forward pass updates
+ * (batchnorm's running statistics: every rank keeps the same ones). The
+ * values travel in buckets of about o->allreduce_bucket bytes of one dtype,
+ * filled in the order the backward pass completes them, and each allreduce
+ * is placed right after the op that produces its operand: the runtime
+ * sends a bucket when its last member is ready and waits for it only where
+ * a reader needs it, so communication overlaps the rest of the backward
+ * pass. Before accumulation, loss scaling and clipping, which then see the
+ * global gradient (a rank's inf is every rank's: all skip the step). */
+typedef struct node_at { const tf_node *n; int at; } node_at;
+
+static int node_at_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const node_at *)a)->n, y = (uintptr_t)((const node_at *)b)->n;
+    return x < y ? -1 : x > y;
+}
+
+/* Where v's producer stands in m's nodes (-1: not a node's result). */
+static int position(const node_at *pos, int n, const tf_value *v)
+{
+    if (v->kind != TF_VAL_NODE || !v->def) return -1;
+    node_at key = {v->def, 0};
+    const node_at *f = bsearch(&key, pos, (size_t)n, sizeof *pos, node_at_cmp);
+    return f ? f->at : -1;
+}
+
+typedef struct dp_item { tf_value **slot; const char *name; int at, order; } dp_item;
+
+static int dp_item_cmp(const void *a, const void *b)
+{
+    const dp_item *x = a, *y = b;
+    return x->at != y->at ? (x->at < y->at ? -1 : 1) : (x->order > y->order) - (x->order < y->order);
+}
+
+static tf_ir_status data_parallel(opt *p, gradset *gs)
+{
+    tf_grad_ctx *g = p->g;
+    tf_module *m = g->m;
+    if (!g->o->data_parallel) return TF_IR_OK;
+    int N = m->nodes.n, nitems = 0;
+    node_at *pos = tf_malloc((size_t)(N ? N : 1) * sizeof *pos);
+    dp_item *items = tf_malloc((size_t)(gs->n + m->nupdates + 1) * sizeof *items);
+    if (!pos || !items) {
+        tf_free(pos), tf_free(items);
+        return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    }
+    for (int i = 0; i < N; i++) pos[i] = (node_at){m->nodes.items[i], i};
+    qsort(pos, (size_t)N, sizeof *pos, node_at_cmp);
+    /* what is averaged: node results only (a constant or a declared value is the same on every rank); a
+     * forward value's allreduce goes first in the backward pass, which keeps the forward ops together */
+    for (int i = 0; i < m->nupdates; i++) {
+        tf_update *u = &m->updates[i];
+        if (tf_dtype_is_float(u->buffer->type.dtype) && position(pos, N, u->value) >= 0)
+            items[nitems] = (dp_item){&u->value, u->buffer->name, g->nfwd - 1, nitems}, nitems++;
+    }
+    int nbuf = nitems;
+    for (int i = 0; i < gs->n; i++)
+        if (position(pos, N, gs->grads[i]) >= 0)
+            items[nitems] = (dp_item){&gs->grads[i], gs->params[i]->name, position(pos, N, gs->grads[i]), nitems}, nitems++;
+    qsort(items, (size_t)nitems, sizeof *items, dp_item_cmp);
+    /* buckets in completion order; a dtype change starts a new one */
+    int bucket = 0, nbuckets = 0;
+    int64_t fill = 0, total = 0;
+    tf_dt dt = TF_DT_F32;
+    for (int i = 0; i < nitems && !g->failed; i++) {
+        tf_value *v = *items[i].slot;
+        int64_t bytes = tf_type_numel(&v->type) * tf_dtype_bytes(v->type.dtype);
+        if (fill > 0 && (fill >= g->o->allreduce_bucket || v->type.dtype != dt)) bucket++, fill = 0;
+        dt = v->type.dtype;
+        fill += bytes;
+        total += bytes;
+        nbuckets = bucket + 1;
+        char nm[512];
+        snprintf(nm, sizeof nm, "%s.%s", items[i].name, items[i].order < nbuf ? "mean_ranks" : "grad_mean_ranks");
+        tf_named_attr a = {"bucket", tf_attr_int(bucket)};
+        *items[i].slot = build(g, nm, &p->loc, TF_OP_ALLREDUCE, &v, 1, &a, 1);
+    }
+    /* each allreduce right after its operand's producer (they were appended, in bucket order) */
+    if (!g->failed && m->nodes.n != N + nitems) {
+        tf_free(pos), tf_free(items);
+        return tf_diag_error(g->d, TF_IR_ERR_INTERNAL, &p->loc, "data_parallel: %d ops built for %d allreduces", m->nodes.n - N, nitems);
+    }
+    if (!g->failed && nitems > 0) {
+        tf_node **moved = tf_malloc((size_t)m->nodes.n * sizeof *moved);
+        if (!moved) {
+            tf_free(pos), tf_free(items);
+            return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+        }
+        int k = 0, j = 0;
+        for (int i = 0; i < N; i++) {
+            moved[k++] = m->nodes.items[i];
+            for (; j < nitems && items[j].at == i; j++) moved[k++] = m->nodes.items[N + j];
+        }
+        for (; j < nitems; j++) moved[k++] = m->nodes.items[N + j];
+        memcpy(m->nodes.items, moved, (size_t)m->nodes.n * sizeof *moved);
+        tf_free(moved);
+    }
+    tf_free(pos), tf_free(items);
+    if (g->failed) return g->d->status;
+    tf_explain(g->o, "autodiff", &p->loc,
+               "data_parallel: %d gradients and %d buffer updates (%lld bytes) averaged over the ranks in %d buckets of "
+               "about %lld bytes, in the order the backward pass completes them", nitems - nbuf, nbuf, (long long)total,
+               nbuckets, (long long)g->o->allreduce_bucket);
+    return TF_IR_OK;
+}
+
 /* Gradient accumulation: micro-batch k of n writes (k = 0) or adds to
  * acc.<param>; the optimizer's updates commit on the last one only
  * (*commit, *is_last: that micro-batch's flag; NULL without accumulation). */
@@ -508,6 +616,7 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     tf_value *commit = NULL, *is_last = NULL;   /* bool: apply this step's updates; the last micro-batch */
     tf_ir_status st = collect_grads(&p, gs);
     if (!st) st = grad_outputs(&p, gs, scale);
+    if (!st) st = data_parallel(&p, gs);
     if (!st) st = accumulate(&p, tr, gs, &commit, &is_last);
     if (!st && scale) st = loss_scaling(&p, gs, scale, &commit, is_last);
     int first_guarded = m->nupdates;
@@ -623,7 +732,7 @@ tf_ir_status pass_autodiff(tf_module *m, const tf_options *o)
         goto done;
     }
     for (int i = 0; i < m->decls.n; i++) g.wants[((tf_value *)m->decls.items[i])->id] = ((tf_value *)m->decls.items[i])->kind == TF_VAL_PARAM;
-    int nfwd = m->nodes.n;
+    int nfwd = g.nfwd = m->nodes.n;
     for (int i = 0; i < nfwd; i++) {
         tf_node *n = m->nodes.items[i];
         if (!tf_grad_rule(n->op)) continue;

@@ -125,7 +125,7 @@ static bool graph_build(tf_module *m, ck_graph *g)
         g->flops[i] = tf_node_flops(n);
         g->first_bwd[i] = N;
         tf_op_kind kd = tf_op_info_of(n->op)->kind;
-        g->recomputable[i] = i < bs && kd != TF_OPK_RNG && !tf_op_has(n->op, TF_OPF_LAYER) && !n->region;
+        g->recomputable[i] = i < bs && kd != TF_OPK_RNG && kd != TF_OPK_COMM && !tf_op_has(n->op, TF_OPF_LAYER) && !n->region;
         g->cheap[i] = kd == TF_OPK_LAYOUT || kd == TF_OPK_POINTWISE;
         /* a broadcast fuse folds into its readers' kernel is as a pointwise op there (the estimate
          * assumes the fused plan, not tf_fit_pipeline's second try) */

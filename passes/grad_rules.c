@@ -179,6 +179,16 @@ static tf_ir_status gr_cast(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
     return give(g, n, 0, gb(g, n, TF_OP_CAST, "dx", &dy, 1, &a, 1));
 }
 
+/* y = mean over ranks of x: every rank's x reaches every rank's y with
+ * weight 1/N, so x's gradient is the mean of the ranks' dy (the whole
+ * job's loss is the ranks' losses summed; data_parallel's mean of the
+ * gradients makes it their mean). The same bucket as the forward one. */
+static tf_ir_status gr_allreduce(tf_grad_ctx *g, const tf_node *n, tf_value *dy)
+{
+    tf_named_attr a = {"bucket", tf_attr_int(tf_node_int(n, "bucket"))};
+    return give(g, n, 0, gb(g, n, TF_OP_ALLREDUCE, "dx", &dy, 1, &a, 1));
+}
+
 /* dy of a reduction, with the reduced axes back as size 1. */
 static tf_value *keepdims_dy(tf_grad_ctx *g, const tf_node *n, tf_value *dy, unsigned *mask)
 {

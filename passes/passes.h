@@ -44,6 +44,8 @@ typedef struct tf_options {
     double memory_budget_pct;   /* or this percentage of its unconstrained planned peak (0: bytes) */
     const tf_recompute *recompute;   /* set by tf_fit_pipeline for the checkpoint pass; NULL otherwise */
     bool attention_decomposed;   /* lower: attention as matmul, softmax, matmul (--attention=decomposed), not flash_attention */
+    bool data_parallel;     /* autodiff: each gradient averaged over the session's ranks (allreduce), in buckets */
+    int64_t allreduce_bucket;   /* ... of about this many bytes */
     bool keep_broadcasts;   /* fuse: a broadcast is its own kernel (a tensor of copies), as tf_fit_pipeline's second
                              * try at a --memory-budget the fused plan misses: fusing one into its readers moves
                              * fewer bytes but can hold more values alive at once in the kernel it joins */

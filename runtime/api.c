@@ -198,6 +198,11 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
                             opts->memory_budget_percent);
     o->memory_budget_pct = opts->memory_budget > 0 ? 0 : opts->memory_budget_percent;
     o->attention_decomposed = opts->attention_decomposed != 0;
+    o->data_parallel = opts->data_parallel != 0;
+    o->allreduce_bucket = (int64_t)1 << 20;   /* docs/distributed.md: why 1 MiB */
+    if (opts->allreduce_bucket && !tf_parse_bytes(opts->allreduce_bucket, &o->allreduce_bucket))
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: allreduce_bucket '%s': expected a size in bytes such as 4M "
+                            "(digits, then K, M or G)", opts->allreduce_bucket);
     return TF_OK;
 }
 
@@ -1087,6 +1092,22 @@ tf_status tf_session_set_step(tf_session_t *s, uint64_t step)
 {
     if (!s) return TF_ERR_INVALID_ARG;
     s->be->step_set(s, step);
+    return TF_OK;
+}
+
+tf_status tf_session_set_comm(tf_session_t *s, tf_comm_t *c)
+{
+    if (!s) return TF_ERR_INVALID_ARG;
+    TF_ALLOC_SCOPE(tf_context_allocator(s->ctx));
+    bool averages = false;
+    for (int i = 0; i < s->p->m->nodes.n && !averages; i++)
+        averages = ((const tf_node *)s->p->m->nodes.items[i])->op == TF_OP_ALLREDUCE;
+    if (c && tf_comm_size(c) > 1 && s->p->mode == TF_IR_TRAIN && !averages)
+        return tf_set_error(s->ctx, TF_ERR_INVALID_ARG,
+                            "error: a job of %d ranks, and the program was compiled without data_parallel: its ranks would "
+                            "train %d separate models (compile with data_parallel, --data-parallel=on)",
+                            tf_comm_size(c), tf_comm_size(c));
+    s->comm = c;
     return TF_OK;
 }
 

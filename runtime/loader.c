@@ -54,6 +54,7 @@ struct tf_loader {
     column *col;
     size_t ncol;
     int64_t n, batch;        /* samples, B */
+    int rank, ranks;         /* this loader's batch of each global one (ranks batches) */
     bool shuffle;
     int workers;
     slot *slots;
@@ -76,6 +77,7 @@ void tf_loader_options_init(tf_loader_options *o)
     memset(o, 0, sizeof *o);
     o->shuffle = 1;
     o->workers = 2;
+    o->ranks = 1;
 }
 
 /* ---- the data order ---- */
@@ -108,13 +110,15 @@ static void cursor_take(tf_loader_t *L, slot *sl)
 {
     int64_t B = L->batch, n = L->n;
     if (L->shuffle) {
-        if (L->pos + B > n) {   /* the rest of this epoch's order is short of a batch */
+        int64_t G = B * L->ranks;   /* the global batch: this rank's is its rank-th B */
+        if (L->pos + G > n) {   /* the rest of this epoch's order is short of a (global) batch */
             L->epoch++;
             L->pos = 0;
             epoch_order(L->perm, n, L->seed, L->epoch);
         }
-        memcpy(sl->idx, L->perm + L->pos, (size_t)B * sizeof *sl->idx);
+        memcpy(sl->idx, L->perm + L->pos + (int64_t)L->rank * B, (size_t)B * sizeof *sl->idx);
         sl->real = B;
+        B = G;
     } else {
         if (L->pos >= n) {
             L->epoch++;
@@ -312,10 +316,14 @@ static tf_status load_arrays(tf_loader_t *L, const char *name)
         }
     }
     if (L->n == 0) return tf_set_error(L->ctx, TF_ERR_INVALID_ARG, "error: %s: the arrays hold no samples", name);
-    if (L->shuffle && L->n < L->batch)
+    if (L->shuffle && L->ranks == 1 && L->n < L->batch)
         return tf_set_error(L->ctx, TF_ERR_INVALID_ARG,
                             "error: %s has %" PRId64 " samples, fewer than one batch of %" PRId64
                             " (the inputs' first axis; pick a smaller one with --dim)", name, L->n, L->batch);
+    if (L->shuffle && L->ranks > 1 && L->n < L->batch * L->ranks)
+        return tf_set_error(L->ctx, TF_ERR_INVALID_ARG,
+                            "error: %s has %" PRId64 " samples, fewer than one global batch of %d ranks x %" PRId64
+                            " (the inputs' first axis; pick a smaller one with --dim)", name, L->n, L->ranks, L->batch);
     return TF_OK;
 }
 
@@ -371,6 +379,13 @@ tf_status tf_loader_create(tf_context_t *ctx, const tf_program_t *p, const tf_da
     }
     L->ctx = ctx;
     L->shuffle = opts->shuffle != 0;
+    L->rank = opts->rank, L->ranks = opts->ranks;
+    if (opts->ranks < 1 || opts->rank < 0 || opts->rank >= opts->ranks || (opts->ranks > 1 && !opts->shuffle)) {
+        tf_loader_free(L);
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, opts->ranks > 1 && !opts->shuffle
+                            ? "error: %s: rank %d of %d: data parallel loading is of shuffled data only"
+                            : "error: %s: rank %d of %d: expected 0 <= rank < ranks", name, opts->rank, opts->ranks);
+    }
     L->workers = opts->workers;
     L->seed = opts->seed;
     L->at.seed = opts->seed;
@@ -400,7 +415,7 @@ int64_t tf_loader_batch_size(const tf_loader_t *L) { return L ? L->batch : 0; }
 uint64_t tf_loader_epoch_batches(const tf_loader_t *L)
 {
     if (!L) return 0;
-    return (uint64_t)(L->shuffle ? L->n / L->batch : (L->n + L->batch - 1) / L->batch);
+    return (uint64_t)(L->shuffle ? L->n / (L->batch * L->ranks) : (L->n + L->batch - 1) / L->batch);
 }
 
 tf_status tf_loader_next(tf_loader_t *L, tf_session_t *s, tf_batch_info *info)

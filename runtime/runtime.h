@@ -131,6 +131,7 @@ struct tf_session {
     char *missing;          /* params the last load_state file lacked, ", "-separated; NULL if none */
     bool state_given;       /* the program's package gives every param and buffer right after session_create
                              * (api.c): a backend may skip the initializers */
+    tf_comm_t *comm;        /* tf_session_set_comm's: the ranks allreduce averages over; NULL: one rank */
     int64_t init_elements;  /* elements the cpu backend's initializers drew (zeros() draws none; 0 when
                              * state_given); what tests check a package's session by */
 };

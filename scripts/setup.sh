@@ -8,7 +8,9 @@
 # and scikit-learn (scripts/make_digits.py takes its bundled digits data set
 # for the training test; nothing is downloaded at run time), and clang with
 # libFuzzer (clang, libclang-rt-14-dev: its fuzzer runtime is only a
-# recommendation of clang's packages) for the tests/fuzz targets.
+# recommendation of clang's packages) for the tests/fuzz targets, and Open MPI
+# (openmpi-bin for mpirun, libopenmpi-dev; runtime/comm_mpi.c opens its
+# libmpi.so.40 at run time) for the tests/mpi jobs.
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
@@ -16,7 +18,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake llvm-14-tools llvm-14-dev libopenblas-dev libdnnl-dev python3 python3-pip python3-venv python3-numpy python3-sklearn \
-  clang libclang-rt-14-dev >/dev/null
+  clang libclang-rt-14-dev openmpi-bin libopenmpi-dev >/dev/null
 # pip into the python3 on PATH. Debian 12's own Python refuses (PEP 668,
 # "externally-managed-environment"): the second try installs for this user.
 pip_install() {

@@ -39,6 +39,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "comm.h"
 #include "cpu_backend.h"
 #include "cpu_ops.h"
 #include "interp.h"
@@ -56,7 +57,7 @@
 
 /* the names of cpu_backend.h's `how`, in its order (the profile's) */
 static const char *how_names[] = {"jit", "view", "gemm", "gemm_bf16", "conv", "conv_grad_input", "conv_grad_weight", "pool", "pool_grad",
-                                  "gather", "scatter_add", "concat", "slice_grad", "attention", "fallback", "-"};
+                                  "gather", "scatter_add", "concat", "slice_grad", "attention", "allreduce", "fallback", "-"};
 
 static double now_ns(void)
 {
@@ -176,6 +177,7 @@ how tf_cpu_library_how(const tf_node *n)
         return ids_dtype(n->in[0]->type.dtype) && n->out->type.dtype == TF_DT_F32 && n->in[1]->type.dtype == TF_DT_F32
                    ? RUN_SCATTER : RUN_FALLBACK;
     case TF_OPX_ATTENTION: return tf_cpu_attention_supported(n) ? RUN_ATTENTION : RUN_FALLBACK;
+    case TF_OPX_COMM: return n->in[0]->type.dtype == n->out->type.dtype ? RUN_ALLREDUCE : RUN_FALLBACK;
     case TF_OPX_CONCAT: case TF_OPX_SLICE_GRAD:   /* copies of any dtype */
         for (int q = 0; q < n->nin; q++)
             if (n->in[q]->type.dtype != n->out->type.dtype) return RUN_FALLBACK;
@@ -296,6 +298,7 @@ static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
     if (!c->ip && !(c->ip = tf_interp_create(s->p->m, s->p->mode, s->seed)))   /* its tensors: only what fallbacks touch */
         return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_interp_set_step(c->ip, c->rt[1]);
+    tf_interp_set_comm(c->ip, s->comm ? tf_comm_interp_mean : NULL, s->comm);
     for (int b = 0; b < k->nbufs; b++) {
         const tf_value *v = k->bufs[b].value;
         tf_tensor *t = tf_interp_tensor(c->ip, v, &d);
@@ -378,6 +381,7 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
         if (!tf_cpu_run_attention(c, k->lib, s->p->mode == TF_IR_TRAIN))
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: kernel %s: out of memory for the attention kernel's tiles", k->name);
         break;
+    case RUN_ALLREDUCE: return tf_cpu_run_allreduce(s, c, (int)(ck - c->ks));
     case RUN_JIT: break;
     }
     if (ck->fn) run_fn(c, ck);
@@ -398,13 +402,19 @@ static tf_status cpu_run(tf_session_t *s)
     for (int i = 0; i < c->plan->nkernels; i++) {
         ckernel *ck = &c->ks[i];
         double t0 = c->profile ? now_ns() : 0;
-        tf_status st = run_kernel(s, c, ck);
-        if (st) return st;
+        tf_status st = tf_cpu_comm_before(s, c, i);
+        if (!st) st = run_kernel(s, c, ck);
+        if (st) {
+            tf_cpu_comm_finish(s, c);   /* no bucket in flight once the step has returned */
+            return st;
+        }
         if (c->profile) {
             ck->ns += now_ns() - t0;
             ck->calls++;
         }
     }
+    tf_status cst = tf_cpu_comm_finish(s, c);
+    if (cst) return cst;
     /* updates: read every new value before writing any state */
     void **staged = tf_calloc((size_t)(m->nupdates ? m->nupdates : 1), sizeof *staged);
     if (!staged) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
@@ -448,6 +458,7 @@ static void cpu_free(tf_session_t *s)
         tf_dnnl_conv_free(c->ks[i].dnnl);
         tf_dnnl_gemm_free(c->ks[i].dgemm);
     }
+    tf_cpu_comm_free(c);
     tf_free_aligned(c->gemm_scratch);
     tf_cache_release(c->cache);
     tf_free(c->ks);

@@ -51,7 +51,7 @@ const char *tf_cpu_op_support(tf_op op, char *detail, size_t n);
 /* How a kernel runs (backend_cpu.c's how_names spell them in this order). */
 typedef enum how {
     RUN_JIT, RUN_VIEW, RUN_MATMUL, RUN_MATMUL_BF16, RUN_CONV, RUN_CONV_GI, RUN_CONV_GW, RUN_POOL, RUN_POOL_GRAD, RUN_GATHER, RUN_SCATTER,
-    RUN_CONCAT, RUN_SLICE_GRAD, RUN_ATTENTION, RUN_FALLBACK, RUN_NOTHING
+    RUN_CONCAT, RUN_SLICE_GRAD, RUN_ATTENTION, RUN_ALLREDUCE, RUN_FALLBACK, RUN_NOTHING
 } how;
 
 /* One kernel of the plan as a session runs it. */
@@ -105,6 +105,7 @@ typedef struct cpu {
     int jit_compiled, jit_cached, jit_disk, jit_package;
     double jit_ms;
     tf_cache_t *cache;     /* where its kernels are (the context's at the start), referenced */
+    struct cpu_comm *comm; /* the allreduce kernels' buckets for the session's communicator (cpu_comm.c), or NULL */
 } cpu;
 
 /* v's elements. */
@@ -129,6 +130,14 @@ float *tf_cpu_scratch(cpu *c, size_t floats);
 /* How a library kernel's node runs: one of the RUN_* library cases, or RUN_FALLBACK (backend_cpu.c). */
 how tf_cpu_library_how(const tf_node *n);
 
+/* ---- allreduce (cpu_comm.c) ---- */
+/* Plan kernel i, an allreduce: its operand into its bucket (sent when full), or a copy with one rank. */
+tf_status tf_cpu_run_allreduce(tf_session_t *s, cpu *c, int i);
+/* Before plan kernel i: wait for the buckets whose means it reads. */
+tf_status tf_cpu_comm_before(tf_session_t *s, cpu *c, int i);
+/* The step's end (or its failure): wait for every bucket sent. */
+tf_status tf_cpu_comm_finish(tf_session_t *s, cpu *c);
+void tf_cpu_comm_free(cpu *c);
 /* ---- the JIT cache (cpu_jit.c) ---- */
 
 /* What a session asks of the cache for one kernel, and what it got. */

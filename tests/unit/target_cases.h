@@ -138,6 +138,13 @@ static const target_case target_cases[] = {
      "lim = mul(bat, 2)\nvis = sub(7, lim)\nk1 = lt(col, vis)\nk2 = ne(row, 3)\nkeep = where(k2, k1, k2)\n"
      "a = attention(qh, kh, vh, keep, dropout=0.3, salt=5)\nloss = mse_loss(a, z)\noutput loss\n" TC_TRAIN_SGD,
      TF_MODE_TRAIN},
+    /* allreduce without a communicator: one rank, a copy; in a forward pass its gradient is an
+     * allreduce of its own (tests/mpi checks the ranks' means) */
+    {"allreduce, one rank", "input x : f32[3, 5]\ny = allreduce(x, bucket=2)\nz = mul(y, y)\nw = allreduce(z)\noutput w\n",
+     TF_MODE_INFER},
+    {"train allreduce in the forward pass", "input x : f32[4, 6]\nparam w : f32[6, 3] = uniform()\n"
+     "h = linear(x, w)\na = allreduce(h, bucket=1)\ns = tanh(a)\nloss = mean(s, axes=[0, 1])\noutput loss\n" TC_TRAIN_SGD,
+     TF_MODE_TRAIN},
     /* the library ops the cuda target generates a kernel for, at odd shapes: windows with padding,
      * strides 2x1, a 4x4 window at stride 3 (mostly padding), the gradients written directly, ids
      * repeated (20 ids, 11 rows), concat along a middle and the last axis with an operand twice,
