@@ -706,7 +706,8 @@ void cli_signals_install(void)
 
 void cli_signals_graceful(const char *first_msg)
 {
-    snprintf(sig_first_msg, sizeof sig_first_msg, "%s%s\n", isatty(STDERR_FILENO) ? "\n" : "", first_msg);
+    if (!*first_msg) sig_first_msg[0] = 0;   /* nothing to say (a data-parallel rank other than 0) */
+    else snprintf(sig_first_msg, sizeof sig_first_msg, "%s%s\n", isatty(STDERR_FILENO) ? "\n" : "", first_msg);
     sig_first_len = strlen(sig_first_msg);
     atomic_store(&sig_graceful, true);
 }

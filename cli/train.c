@@ -822,13 +822,14 @@ static int ranks_agree(tf_context_t *ctx, trainer *T, const train_plan *P)
     int rc = 0;
     for (int r = 1; r < T->size && !rc; r++) {
         const job_facts *x = &all[0], *y = &all[r];
-        const char *what = strcmp(x->version, y->version) ? "the tfuse version" : x->model != y->model ? "the model (its text, target or precision)"
-                         : x->samples != y->samples ? "the number of samples" : x->batch != y->batch ? "the batch size"
+        const char *what = strcmp(x->version, y->version) ? "the tfuse version" : x->batch != y->batch ? "the batch size"
+                         : x->model != y->model ? "the model (its text, target or precision)"
+                         : x->samples != y->samples ? "the number of samples"
                          : x->steps != y->steps ? "the number of steps" : x->seed != y->seed ? "the seed"
                          : x->step != y->step || x->epoch != y->epoch || x->pos != y->pos ? "the step to start from" : NULL;
         if (what) {
-            T->agreed = true;   /* every rank sees the same table and stops alike */
-            rc = errorf("rank %d differs from rank 0 in %s (tfuse %s vs %s, batch %" PRId64 " vs %" PRId64 ", %" PRId64
+            T->agreed = true;   /* every rank sees the same table and stops alike; rank 0 says why */
+            rc = T->rank ? 1 : errorf("rank %d differs from rank 0 in %s (tfuse %s vs %s, batch %" PRId64 " vs %" PRId64 ", %" PRId64
                         " vs %" PRId64 " samples, step %" PRIu64 " vs %" PRIu64 "): every rank must run the same command "
                         "on the same files", r, what, y->version, x->version, y->batch, x->batch, y->samples, x->samples,
                         y->step, x->step);
@@ -1120,7 +1121,7 @@ int cmd_train(tf_context_t *ctx, const args *a0)
                  "to %.600s (interrupt again to stop at once, without it)", a->train.save);
     else
         snprintf(msg, sizeof msg, "tfuse: interrupt: stopping after the current step (interrupt again to stop at once)");
-    cli_signals_graceful(msg);
+    cli_signals_graceful(T.rank ? "" : msg);   /* rank 0 speaks for the job */
     rc = train_run(ctx, a, &T);
     if (T.log && fclose(T.log) != 0 && !rc) rc = errorf("--log %s: write failed: %s", a->train.log, strerror(errno));
     if (T.have_ev) evaluator_free(&T.ev);

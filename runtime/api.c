@@ -9,6 +9,7 @@
 #include "interp.h"
 #include "kernel.h"
 #include "parser.h"
+#include "comm.h"
 #include "runtime.h"
 #include "tensorio.h"
 #include "env.h"
@@ -638,6 +639,11 @@ tf_status tf_doctor_options(tf_context_t *ctx, const tf_compile_options *opts, c
         const tf_backend *be = tf_backend_for(all[i]);
         if (be && be->doctor) be->doctor(&t);
     }
+    char mpi[600];   /* data parallel: the MPI library tf_comm_create_mpi would open */
+    tf_comm_mpi_doctor(mpi, sizeof mpi);
+    int rank, size;
+    tf_strbuf_printf(&t, "%s\n", mpi);
+    if (tf_comm_launched(&rank, &size)) tf_strbuf_printf(&t, "mpi: this process is rank %d of %d\n", rank, size);
     doctor_settings(ctx, opts, &t);
     *out = t.oom || !t.p ? NULL : tf_libc_copy(t.p, t.n + 1);   /* the caller free()s it */
     tf_free(t.p);

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# test_train.sh TFUSE MPIRUN REPO TMPDIR — `mpirun -np N tfuse train`:
+#   - N ranks with batch b end where one process with batch N*b does, within
+#     fp32 rounding (docs/distributed.md states the bound: 1e-5 of each
+#     tensor's largest element after 20 steps), for N = 2 and 3;
+#   - every rank ends with the same params and buffers, bit for bit (the
+#     command compares the ranks' hashes and says so), on the examples and a
+#     model with batch norm and dropout, in fp32, bf16 and fp16;
+#   - two runs write the same checkpoint, byte for byte, and k steps then
+#     --resume to n write the checkpoint n straight steps write;
+#   - ranks that disagree refuse to start and say in what; a killed rank and
+#     a hung rank end the job with a message, within the timeout; Ctrl-C on
+#     the launcher stops every rank at one step and rank 0 writes the
+#     checkpoint once.
+set -u
+tfuse=$1 mpirun=$2 repo=$3 tmp=$4
+rm -rf "$tmp"
+mkdir -p "$tmp"
+. "$repo/tests/cli/lib.sh"
+root=""
+[ "$(id -u)" = 0 ] && root=--allow-run-as-root
+mpi() { local np=$1; shift; "$mpirun" $root --oversubscribe -np "$np" "$@"; }
+cd "$tmp"
+
+python3 - <<'EOF'
+import numpy as np
+r = np.random.default_rng(7)
+np.save("x.npy", r.standard_normal((240, 64)).astype(np.float32))
+np.save("y.npy", r.integers(0, 10, 240).astype(np.int64))
+np.save("img.npy", r.standard_normal((96, 3, 32, 32)).astype(np.float32))
+np.save("lab.npy", r.integers(0, 10, 96).astype(np.int64))
+np.save("tok.npy", r.integers(0, 64, (48, 16)).astype(np.int64))
+np.save("tgt.npy", r.integers(0, 64, (48, 16)).astype(np.int64))
+EOF
+cat >cmp.py <<'EOF'
+# cmp.py A B BOUND: every tensor of two checkpoints within BOUND of its largest element
+import json, struct, sys, numpy as np
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == '__metadata__': continue
+        dt = {'F32': np.float32, 'I64': np.int64, 'F16': np.float16, 'BF16': np.uint16, 'F64': np.float64}[v['dtype']]
+        s, e = v['data_offsets']; out[k] = np.frombuffer(b[8 + n + s:8 + n + e], dtype=dt).reshape(v['shape'])
+    return out
+a, b, bound = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+assert a.keys() == b.keys(), (a.keys(), b.keys())
+worst = max(np.abs(a[k].astype(np.float64) - b[k]).max() / max(np.abs(a[k]).max(), 1e-30) for k in a)
+print(f"worst difference {worst:.3g} of a tensor's largest element (bound {bound:g})")
+sys.exit(0 if worst <= bound else 1)
+EOF
+D="--data x=x.npy,y=y.npy"
+mlp=$repo/examples/mlp.ir
+
+# one process with the global batch against N ranks (fp32: the rounding is the only difference)
+for n in 2 3; do
+  $tfuse train "$mlp" --precision=fp32 --dim F=64 --dim B=$((24 * n)) --steps 20 $D --save one$n.ckpt >one$n.out 2>&1 ||
+    bad "one process, B=$((24 * n)): $(cat one$n.out)"
+  if mpi $n "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=24 --steps 20 $D --save dp$n.ckpt >dp$n.out 2>&1 &&
+     grep -q "identical on all $n ranks" dp$n.out && grep -q "training .* on $n ranks: 240 samples, global batches of $((24 * n))" dp$n.out; then
+    ok
+  else
+    bad "$n ranks: $(cat dp$n.out)"
+  fi
+  if python3 cmp.py one$n.ckpt dp$n.ckpt 1e-5 >cmp$n.out; then ok; else bad "$n ranks against one process: $(cat cmp$n.out)"; fi
+done
+# the step is the global batch's: without data parallel averaging, the ranks' params would differ
+grep -q "per step .* MB averaged" dp2.out && ok || bad "no all-reduce figures: $(cat dp2.out)"
+
+# the same bits run to run, and through a resume
+mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save a.ckpt >/dev/null 2>&1 || bad "run a"
+mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save b.ckpt >/dev/null 2>&1 || bad "run b"
+mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 7 $D --save c.ckpt >/dev/null 2>&1 || bad "run c (7 steps)"
+mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --resume c.ckpt --save c.ckpt >c.out 2>&1 || bad "resume c: $(cat c.out)"
+if cmp -s a.ckpt b.ckpt; then ok; else bad "two runs of 2 ranks wrote different checkpoints"; fi
+if cmp -s a.ckpt c.ckpt; then ok; else bad "7 steps + --resume to 16 differ from 16 straight steps on 2 ranks"; fi
+
+# batch norm (per-rank statistics, averaged running statistics) and dropout, every precision
+cat >bn.ir <<'EOF'
+dim B = 8
+input  x : f32[B, 64]
+input  y : i64[B]
+param  w1 : f32[64, 32] = kaiming_uniform()
+param  g : f32[32] = ones()
+param  b : f32[32] = zeros()
+buffer rm : f32[32] = zeros()
+buffer rv : f32[32] = ones()
+param  w2 : f32[32, 10] = kaiming_uniform()
+h    = linear(x, w1)
+hb   = reshape(h, shape=[B, 32, 1, 1])
+n    = batchnorm(hb, g, b, rm, rv)
+r    = relu(n)
+f    = reshape(r, shape=[B, 32])
+d    = dropout(f, p=0.25)
+lg   = linear(d, w2)
+loss = cross_entropy(lg, y)
+output loss
+train {
+  optimizer = adam(lr=1e-3)
+}
+EOF
+for prec in fp32 bf16 fp16; do
+  if mpi 3 "$tfuse" train bn.ir --precision=$prec --steps 12 $D --save bn_$prec.ckpt >bn_$prec.out 2>&1 &&
+     grep -q "identical on all 3 ranks" bn_$prec.out; then ok; else bad "batch norm and dropout, $prec, 3 ranks: $(cat bn_$prec.out)"; fi
+done
+if mpi 2 "$tfuse" train "$repo/examples/cnn.ir" --dim N=8 --steps 6 --data images=img.npy,labels=lab.npy >cnn.out 2>&1 &&
+   grep -q "identical on all 2 ranks" cnn.out; then ok; else bad "cnn.ir on 2 ranks: $(cat cnn.out)"; fi
+if mpi 2 "$tfuse" train "$repo/examples/transformer.ir" --steps 4 --data tokens=tok.npy,targets=tgt.npy >tr.out 2>&1 &&
+   grep -q "identical on all 2 ranks" tr.out; then ok; else bad "transformer.ir on 2 ranks: $(cat tr.out)"; fi
+
+# ranks that disagree (an MPMD job: two command lines)
+out=$("$mpirun" $root --oversubscribe -np 1 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 3 $D : \
+      -np 1 "$tfuse" train "$mlp" --dim F=64 --dim B=12 --steps 3 $D 2>&1)
+if [ $? -ne 0 ] && grep -q "rank 1 differs from rank 0 in the batch size" <<<"$out"; then ok; else bad "disagreeing ranks: $out"; fi
+# each rank training its own model is refused
+expect 2 "each rank would train a model of its own" -- mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 3 $D --data-parallel=off
+
+# a rank killed: the launcher ends the job and names it
+start=$(date +%s)
+TFUSE_COMM_TIMEOUT=20 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 $D >kill.out 2>&1 &
+job=$!
+for _ in $(seq 50); do grep -q "^training" kill.out && break; sleep 0.2; done
+sleep 1
+victim=$(pgrep -f -n "tfuse train $mlp")
+kill -9 "$victim"
+wait $job
+rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "rank 1" kill.out; then ok; else bad "a killed rank: exit $rc after $took s: $(cat kill.out)"; fi
+
+# a rank that hangs (stopped): the other gives up at the timeout and ends the job
+start=$(date +%s)
+TFUSE_COMM_TIMEOUT=3 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 $D >hang.out 2>&1 &
+job=$!
+for _ in $(seq 50); do grep -q "^training" hang.out && break; sleep 0.2; done
+sleep 1
+victim=$(pgrep -f -n "tfuse train $mlp")
+kill -STOP "$victim"
+wait $job
+rc=$?
+kill -9 "$victim" 2>/dev/null
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "did not complete within 3 s: a rank has died or hangs" hang.out; then ok
+else bad "a hung rank: exit $rc after $took s: $(cat hang.out)"; fi
+
+# Ctrl-C on the launcher: every rank stops after one step, rank 0 writes the checkpoint, once
+rm -f int.ckpt
+"$mpirun" $root --oversubscribe -np 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 $D \
+  --save int.ckpt >int.out 2>&1 &
+job=$!   # mpirun itself, which passes the signal on to the ranks
+for _ in $(seq 50); do grep -q "^training" int.out && break; sleep 0.2; done
+sleep 1
+kill -INT $job
+wait $job
+if [ -s int.ckpt ] && [ "$(grep -c "checkpoint written to int.ckpt" int.out)" = 1 ] &&
+   [ "$(grep -c "interrupt: stopping after the current step" int.out)" = 1 ]; then ok; else bad "Ctrl-C: $(cat int.out)"; fi
+step=$(sed -n 's/.*interrupted at step \([0-9]*\).*/\1/p' int.out)
+if mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps $((step + 2)) $D --resume int.ckpt >res.out 2>&1 &&
+   grep -q "resuming at step $step" res.out; then ok; else bad "resume after Ctrl-C: $(cat res.out)"; fi
+
+echo "mpi train: $pass passed, $fail failed"
+[ "$fail" = 0 ]
