@@ -345,14 +345,17 @@ static int mpi_error(const mpi_impl *m, int code, const char *what, char *err, s
     return -1;
 }
 
-/* Wait for req: test, and sleep between tests from 20 us up to 1 ms, so
+/* Wait for req: test, and sleep between tests from 20 us up to 200 us, so
  * that ranks sharing few cores leave them to each other (Open MPI moves
- * data inside MPI_Test; it has no progress thread of its own here).
+ * data inside MPI_Test; it has no progress thread of its own here). A longer
+ * sleep delays each round of a collective (a 4 MB bucket takes several);
+ * spinning would take the cores the compute threads need.
  * deadline <= 0: none. 0, or -1 with err. */
 static int mpi_wait(mpi_impl *m, mpi_handle *req, const char *what, double timeout_s, double deadline, char *err,
                     size_t nerr)
 {
     long sleep_ns = 20000;
+    const long cap = 200000;
     for (;;) {
         int done = 0;
         pthread_mutex_lock(&mpi_mu);
@@ -372,7 +375,7 @@ static int mpi_wait(mpi_impl *m, mpi_handle *req, const char *what, double timeo
         }
         struct timespec t = {0, sleep_ns};
         nanosleep(&t, NULL);
-        if (sleep_ns < 1000000) sleep_ns = sleep_ns * 2 < 1000000 ? sleep_ns * 2 : 1000000;
+        if (sleep_ns < cap) sleep_ns = sleep_ns * 2 < cap ? sleep_ns * 2 : cap;
     }
 }
 
