@@ -280,8 +280,10 @@ static bool meta_u64(tf_context_t *ctx, const char *json, const char *key, uint6
 
 typedef struct cursor { uint64_t step, epoch; int64_t pos; } cursor;
 
+/* "batch" is the global batch (ranks x the batch dim): the data order depends on it alone, so a run
+ * resumes on another number of ranks with the same global batch exactly where it was. */
 static int save_checkpoint(tf_context_t *ctx, tf_session_t *s, const char *path, const cursor *cur, uint64_t seed,
-                           const dataset *d, const char *model)
+                           const dataset *d, int ranks, const char *model)
 {
     char name[256];
     size_t k = 0;
@@ -295,7 +297,7 @@ static int save_checkpoint(tf_context_t *ctx, tf_session_t *s, const char *path,
     snprintf(num[2], sizeof num[2], "%" PRId64, cur->pos);
     snprintf(num[3], sizeof num[3], "%" PRIu64, seed);
     snprintf(num[4], sizeof num[4], "%" PRId64, tf_loader_samples(d->L));
-    snprintf(num[5], sizeof num[5], "%" PRId64, tf_loader_batch_size(d->L));
+    snprintf(num[5], sizeof num[5], "%" PRId64, tf_loader_batch_size(d->L) * ranks);
     const char *const kv[][2] = {{"format", CKPT_FORMAT}, {"step", num[0]},    {"epoch", num[1]}, {"position", num[2]},
                                  {"seed", num[3]},        {"samples", num[4]}, {"batch", num[5]}, {"model", name}};
     char *meta = NULL;
@@ -655,7 +657,7 @@ static int log_open(const char *path, bool resuming, uint64_t step, FILE **out)
 
 /* Load the checkpoint into s; fill the cursor and the seed it was run with. */
 static int resume(tf_context_t *ctx, tf_session_t *s, const char *path, cursor *cur, uint64_t *seed,
-                  const dataset *d, bool quiet)
+                  const dataset *d, int ranks, bool quiet)
 {
     char *meta = NULL;
     if (tf_session_load_state_meta(s, path, &meta)) return api_error(ctx, "--resume");
@@ -673,7 +675,7 @@ static int resume(tf_context_t *ctx, tf_session_t *s, const char *path, cursor *
         rc = errorf("%s: malformed training metadata: %s", path, meta);
     if (!rc) {
         cur->pos = (int64_t)pos;
-        int64_t n = tf_loader_samples(d->L), b = tf_loader_batch_size(d->L);
+        int64_t n = tf_loader_samples(d->L), b = tf_loader_batch_size(d->L) * ranks;   /* the global batch */
         if (!quiet && (samples != (uint64_t)n || batch != (uint64_t)b))
             fprintf(stderr, "tfuse: note: %s was trained on %" PRIu64 " samples in batches of %" PRIu64
                     "; now %" PRId64 " in batches of %" PRId64 ": the data order is not the original run's\n",
@@ -701,7 +703,7 @@ static int stop_interrupted(tf_context_t *ctx, const args *a, trainer *T, const 
         fprintf(stderr, "tfuse: interrupted at step %" PRIu64 ": no checkpoint written (no --save given)\n", cur->step);
         return RC_INTERRUPTED;
     }
-    int rc = saved ? 0 : save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, a->file);   /* saved: by --save-every */
+    int rc = saved ? 0 : save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, T->size, a->file);   /* saved: by --save-every */
     if (rc) return rc;
     fprintf(stderr, "tfuse: interrupted at step %" PRIu64 ": checkpoint written to %s (continue with --resume %s)\n",
             cur->step, t->save, t->save);
@@ -932,7 +934,7 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
                 tf_session_missing_params(T->s));
     if (t->resume) {
         uint64_t ck_seed;
-        if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, false))) return rc;
+        if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, T->size, T->rank > 0))) return rc;
         if (ck_seed != P->seed) {
             if (a->seed_set)
                 return cli_usage_errorf("train", "--seed %" PRIu64 " differs from the seed %" PRIu64
@@ -942,7 +944,7 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
             T->s = NULL;
             if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s) || tf_session_set_comm(T->s, T->comm))
                 return api_error(ctx, NULL);
-            if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, true))) return rc;
+            if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, T->size, true))) return rc;
         }
     }
     if (tf_loader_set_position(d->L, &(tf_loader_position){P->cur.epoch, P->cur.pos, P->seed})) return api_error(ctx, "--resume");
@@ -1052,7 +1054,7 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if ((rc = train_after_step(ctx, T, &P, &pr, epoch, &last, &skipped))) break;
         double pause0 = now_s();
         saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
-        if (saved && T->rank == 0 && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) break;
+        if (saved && T->rank == 0 && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) break;
         if (t->eval_every && T->rank == 0 && cur->step % t->eval_every == 0 && cur->step < P.total &&
             (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr))) {
             if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
@@ -1073,7 +1075,7 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if ((rc = ranks_same_state(ctx, T))) return rc;
     }
     if (t->save && T->rank == 0) {
-        if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, a->file))) return rc;
+        if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) return rc;
         printf("saved %s (step %" PRIu64 ")\n", t->save, cur->step);
     }
     if (T->have_ev && T->rank == 0 && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr)) == RC_INTERRUPTED) {

@@ -74,6 +74,17 @@ mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --resume c.ckpt 
 if cmp -s a.ckpt b.ckpt; then ok; else bad "two runs of 2 ranks wrote different checkpoints"; fi
 if cmp -s a.ckpt c.ckpt; then ok; else bad "7 steps + --resume to 16 differ from 16 straight steps on 2 ranks"; fi
 
+# a checkpoint's data position is in global samples: resumed on 3 ranks of 16 (the same global batch of
+# 48), 2 ranks of 24 go on with the same data order, and no note says otherwise
+mpi 2 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=24 --steps 16 $D --save g2.ckpt >/dev/null 2>&1 || bad "run g2"
+mpi 2 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=24 --steps 9 $D --save g3.ckpt >/dev/null 2>&1 || bad "run g3 (9 steps)"
+if mpi 3 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 16 $D --resume g3.ckpt --save g3.ckpt >g3.out 2>&1 &&
+   ! grep -q "data order is not" g3.out && python3 cmp.py g2.ckpt g3.ckpt 1e-5 >>g3.out; then ok
+else bad "2 ranks resumed on 3 with the same global batch: $(cat g3.out)"; fi
+mpi 2 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 12 $D --resume g3.ckpt >g4.out 2>&1
+if grep -q "batches of 48; now 240 in batches of 32: the data order is not the original run's" g4.out; then ok
+else bad "a resume with another global batch: no note: $(cat g4.out)"; fi
+
 # batch norm (per-rank statistics, averaged running statistics) and dropout, every precision
 cat >bn.ir <<'EOF'
 dim B = 8
