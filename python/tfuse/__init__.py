@@ -51,7 +51,7 @@ from . import _capi as C
 from ._capi import byref
 
 __version__ = C.HEADER_VERSION
-__all__ = ["compile", "load", "export", "Exported", "Program", "Session", "Error", "TensorSpec", "Decision", "doctor", "default_target",
+__all__ = ["compile", "load", "export", "Exported", "Program", "Session", "Communicator", "Error", "TensorSpec", "Decision", "doctor", "default_target",
            "settings",
            "library_path", "cache_info"]
 
@@ -350,7 +350,8 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     removed). settings: the target settings of tf_compile_options
     (include/tfuse_settings.def: llvm_pipeline, no_tf32, cuda_sync,
     cuda_fallback_all, cuda_explain, cuda_no_graphs, cpu_conv_im2col,
-    cpu_gemm_openblas, cpu_explain, attention_decomposed;
+    cpu_gemm_openblas, cpu_explain, attention_decomposed, data_parallel,
+    allreduce_bucket;
     tfuse.settings() lists them); unset
     ones keep their defaults from the environment. outputs: compute only
     these outputs (names); inputs only the others read are then no inputs.
@@ -567,13 +568,80 @@ class Program:
         return {"objects": info.objects, "objects_cached": info.objects_cached, "has_params": bool(info.has_params),
                 "bytes": info.bytes}
 
-    def session(self, seed=0, target=None):
+    def session(self, seed=0, target=None, comm=None):
         """A Session of this program on its target (or another one); seed
-        drives initializers and dropout."""
-        return Session(self, seed=seed, target=target)
+        drives initializers and dropout; comm: a Communicator whose ranks
+        the program's allreduce ops average over (data_parallel)."""
+        return Session(self, seed=seed, target=target, comm=comm)
 
     def __repr__(self):
         return f"<tfuse.Program {self.mode} on {self.target}: inputs {list(self.inputs)}, outputs {list(self.outputs)}>"
+
+
+# ---- data parallel (docs/distributed.md) ----
+
+class Communicator:
+    """The ranks of a data-parallel job (tf_comm_t). Communicator.mpi()
+    joins the MPI job this process runs in (Open MPI's mpirun); mpi(comm)
+    takes an mpi4py communicator instead of MPI_COMM_WORLD (tfuse duplicates
+    it). Give it to program.session(comm=...) of a program compiled with
+    data_parallel=True: each rank binds its own batch, and the step averages
+    the gradients over the ranks. launched() says whether mpirun started this
+    process as one of several ranks: (rank, size), or None."""
+
+    def __init__(self, ptr, ctx):
+        self._lib, self._ctx, self._ptr = _L(), ctx, ptr
+
+    @staticmethod
+    def launched():
+        lib = _L()
+        r, n = ctypes.c_int(), ctypes.c_int()
+        return (r.value, n.value) if lib.tf_comm_launched(byref(r), byref(n)) else None
+
+    @classmethod
+    def mpi(cls, comm=None):
+        lib, ctx = _L(), _new_context()
+        handle = None
+        if comm is not None:   # mpi4py: the MPI_Comm value (Open MPI's is a pointer) at the object's handle address
+            from mpi4py import MPI
+            handle = ctypes.c_void_p.from_address(MPI._addressof(comm)).value
+        out = ctypes.c_void_p()
+        _check(ctx, lib.tf_comm_create_mpi(ctx, handle, byref(out)))
+        return cls(out.value, ctx)
+
+    @classmethod
+    def single(cls):
+        """A job of one rank (each allreduce is a copy)."""
+        lib, ctx = _L(), _new_context()
+        out = ctypes.c_void_p()
+        _check(ctx, lib.tf_comm_create_self(ctx, byref(out)))
+        return cls(out.value, ctx)
+
+    @property
+    def rank(self):
+        return self._lib.tf_comm_rank(self._ptr)
+
+    @property
+    def size(self):
+        return self._lib.tf_comm_size(self._ptr)
+
+    def close(self):
+        """Release the communicator (MPI is finalized if tfuse initialized it); after its sessions."""
+        if self._ptr:
+            self._lib.tf_comm_free(self._ptr)
+            self._ptr = None
+        if self._ctx:
+            self._lib.tf_context_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"<tfuse.Communicator rank {self.rank} of {self.size}>"
 
 
 # ---- sessions ----
@@ -582,9 +650,11 @@ class Session:
     """A program on a target with its state (tf_session_t). See the module's
     docstring for what run() promises about copies and lifetimes."""
 
-    def __init__(self, program, seed=0, target=None):
+    def __init__(self, program, seed=0, target=None, comm=None):
         if not isinstance(program, Program):
             raise TypeError("Session(program): a tfuse.Program, from tfuse.compile")
+        if comm is not None and not isinstance(comm, Communicator):
+            raise TypeError("Session(comm=...): a tfuse.Communicator (Communicator.mpi())")
         lib = _L()
         self.program = program
         self._lock = threading.Lock()
@@ -595,6 +665,9 @@ class Session:
         _check(h.ctx, lib.tf_session_create(h.ctx, program._h.ptr, t, int(seed), byref(s)))
         h.ptr = s.value
         self._h = h
+        if comm is not None:
+            _check(h.ctx, lib.tf_session_set_comm(h.ptr, comm._ptr))
+        self.comm = comm   # kept alive as long as the session
         self.target = C.TARGETS[t]
         self.seed = int(seed)
         self.missing_params = None
