@@ -168,9 +168,11 @@ static const tf_attr_spec tf_attrs_pool_grad[] = {
 };
 /* allreduce: the bucket its operand is sent in (autodiff numbers them in the
  * order the backward pass completes them); ops of one bucket travel as one
- * message, so a bucket is a unit of overlap and of latency */
+ * message, so a bucket is a unit of overlap and of latency. -1: alone and at
+ * once, for a value its readers need right away (synchronized batch norm's
+ * statistics in the forward pass) */
 static const tf_attr_spec tf_attrs_allreduce[] = {
-    {"bucket",    TF_ATTR_INT,   "0",      0, 1 << 20, NULL},
+    {"bucket",    TF_ATTR_INT,   "0",      -1, 1 << 20, NULL},
     {0},
 };
 static const tf_attr_spec tf_attrs_slice_grad[] = {

@@ -123,11 +123,20 @@ static tf_value *lower_batchnorm(lw *l, tf_value **in)
     }
     tf_value *gr = reshape(l, "gamma", g, bshape, rank), *br = reshape(l, "beta", b, bshape, rank);
     tf_value *mu = reduce(l, TF_OP_REDUCE_MEAN, "mean", x, axes, na, true);
+    /* synchronized (data parallel): every rank's batch has the same size, so the mean over the ranks of
+     * their means is the global batch's mean, and likewise for the mean squared distance from it; each
+     * averaged at once (bucket -1), since the next op reads it */
+    bool sync = l->o->sync_batchnorm && l->o->data_parallel;
+    tf_named_attr alone = {"bucket", tf_attr_int(-1)};
+    if (sync) mu = op(l, TF_OP_ALLREDUCE, "mean_ranks", 1, &mu, &alone, 1);
     tf_value *xc = op2(l, TF_OP_SUB, "centered", x, mu);
     tf_value *var = reduce(l, TF_OP_REDUCE_MEAN, "var", op2(l, TF_OP_MUL, "sq", xc, xc), axes, na, true);
+    if (sync) var = op(l, TF_OP_ALLREDUCE, "var_ranks", 1, &var, &alone, 1);
     tf_value *inv = op1(l, TF_OP_RSQRT, "inv_std", op2(l, TF_OP_ADD, "var_eps", var, num(l, eps)));
     tf_value *y = op2(l, TF_OP_ADD, NULL, op2(l, TF_OP_MUL, "scaled", op2(l, TF_OP_MUL, "normed", xc, inv), gr), br);
-    /* running statistics: PyTorch's update, unbiased variance */
+    /* running statistics: PyTorch's update, unbiased variance (synchronized: unbiased with the rank's
+     * count, cnt / (cnt - 1), where PyTorch's SyncBatchNorm takes the global batch's: the number of ranks is
+     * not known when compiling; the two differ by less than 1 / cnt) */
     double cnt = (double)(tf_type_numel(&x->type) / x->type.dims[1].n);
     double unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0;
     bool narrow = rm != bufs[0];   /* statistics in fp32, stored in the buffers' dtype */

@@ -200,6 +200,10 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
     o->memory_budget_pct = opts->memory_budget > 0 ? 0 : opts->memory_budget_percent;
     o->attention_decomposed = opts->attention_decomposed != 0;
     o->data_parallel = opts->data_parallel != 0;
+    o->sync_batchnorm = opts->sync_batchnorm != 0;
+    if (o->sync_batchnorm && !o->data_parallel)
+        return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: sync_batchnorm (--sync-batchnorm) averages batch norm's "
+                            "statistics over the ranks of a data-parallel step, and data_parallel is off");
     o->allreduce_bucket = (int64_t)1 << 20;   /* docs/distributed.md: why 1 MiB */
     if (opts->allreduce_bucket && !tf_parse_bytes(opts->allreduce_bucket, &o->allreduce_bucket))
         return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: allreduce_bucket '%s': expected a size in bytes such as 4M "

@@ -9,7 +9,9 @@
  * before it writes state. A plan in which a reader came before the last
  * member of the bucket it needs would wait for a bucket never sent: such a
  * plan runs each allreduce on its own, at once, and --cpu-explain says so.
- * With one rank (or no communicator) an allreduce copies. */
+ * An allreduce of bucket -1 (synchronized batch norm's statistics, which the
+ * next op reads) runs on its own, at once, always. With one rank (or no
+ * communicator) an allreduce copies. */
 #include <string.h>
 
 #include "comm.h"
@@ -74,7 +76,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     for (int v = 0; v < V; v++) of_value[v] = -1;
     for (int i = 0; i < K; i++) {
         const tf_node *n = P->kernels[i].lib;
-        cc->bucket_of[i] = c->ks[i].how == RUN_ALLREDUCE ? (int)tf_node_int(n, "bucket") : -1;
+        cc->bucket_of[i] = c->ks[i].how == RUN_ALLREDUCE ? (int)tf_node_int(n, "bucket") : -1;   /* -1: at once */
         if (cc->bucket_of[i] >= nb) nb = cc->bucket_of[i] + 1;
         if (cc->bucket_of[i] >= 0) of_value[n->out->id] = cc->bucket_of[i];
     }
@@ -152,7 +154,7 @@ tf_status tf_cpu_run_allreduce(tf_session_t *s, cpu *c, int i)
     tf_status st = prepare(s, c);
     if (st) return st;
     struct cpu_comm *cc = c->comm;
-    if (cc->at_once) {
+    if (cc->at_once || cc->bucket_of[i] < 0) {
         if (in != out) memmove(out, in, value_bytes(y));
         return tf_comm_mean(s->comm, y->type.dtype, out, numel(y)) ? comm_failed(s) : TF_OK;
     }
