@@ -9,6 +9,7 @@
  * adds a per-kernel table sorted by total time. Training steps update the
  * params as they go, as a real run would; the data stays the same batch. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -106,8 +107,15 @@ static void print_profile(tf_context_t *ctx, tf_session_t *s, const char *target
     free(ps);
 }
 
-int cmd_bench(tf_context_t *ctx, const args *a)
+int cmd_bench(tf_context_t *ctx, const args *a0)
 {
+    args job = *a0, *a = &job;   /* under mpirun: data_parallel on */
+    tf_comm_t *comm = NULL;
+    int rank = 0, size = 1, jrc = cli_join_job(ctx, a, &comm, &rank, &size);
+    if (jrc) {
+        tf_comm_free(comm);
+        return jrc;
+    }
     uint64_t iters = a->iters ? a->iters : 20, warmup = a->warmup_set ? a->warmup : 3;
     tf_session_t *s = NULL, *s2 = NULL;
     void *data[MAX_ITEMS] = {0};
@@ -120,7 +128,7 @@ int cmd_bench(tf_context_t *ctx, const args *a)
     if (!rc && a->mode == TF_MODE_TRAIN)
         rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : "bench's default --mode=train");
     t0 = now_ms();
-    if (!rc && tf_session_create(ctx, p, target, a->seed, &s)) rc = cli_fail(ctx);
+    if (!rc && (tf_session_create(ctx, p, target, a->seed, &s) || tf_session_set_comm(s, comm))) rc = cli_fail(ctx);
     double jit_ms = now_ms() - t0;
     t0 = now_ms();
     if (!rc && tf_session_create(ctx, p, target, a->seed, &s2)) rc = cli_fail(ctx);
@@ -147,6 +155,8 @@ int cmd_bench(tf_context_t *ctx, const args *a)
     for (uint64_t i = 0; !rc && i < warmup; i++)
         if (tf_session_run(s) || (first_output && tf_session_output(s, first_output, &ov))) rc = cli_fail(ctx);
     if (!rc && a->profile && tf_session_set_profiling(s, 1)) rc = cli_fail(ctx);
+    tf_comm_totals c0, c1;
+    tf_comm_stats(comm, &c0);
     for (uint64_t i = 0; !rc && i < iters; i++) {
         t0 = now_ms();
         if (tf_session_run(s) || (first_output && tf_session_output(s, first_output, &ov))) rc = cli_fail(ctx);
@@ -195,11 +205,26 @@ int cmd_bench(tf_context_t *ctx, const args *a)
         printf("step_ms_min: %.4f\n", times[0]);
         printf("step_ms_mean: %.4f\n", mean);
         printf("step_ms_p90: %.4f\n", times[(iters * 9) / 10 < iters ? (iters * 9) / 10 : iters - 1]);
+        if (comm) {   /* data parallel: what the timed steps averaged, and how much of it they waited for */
+            tf_comm_stats(comm, &c1);
+            double n = (double)iters, cm = (c1.comm_ms - c0.comm_ms) / n, wm = (c1.wait_ms - c0.wait_ms) / n;
+            printf("ranks: %d\n", size);
+            printf("allreduce_bytes_per_step: %.0f\n", (double)(c1.bytes_reduced - c0.bytes_reduced) / n);
+            printf("allreduce_ms_per_step: %.4f\n", cm);
+            printf("allreduce_wait_ms_per_step: %.4f\n", wm);
+            printf("allreduce_hidden_pct: %.1f\n", cm > 0 ? 100.0 * fmax(0.0, 1.0 - wm / cm) : 0.0);
+        }
         if (a->profile) print_profile(ctx, s, info.target, iters);
     }
     for (size_t i = 0; i < MAX_ITEMS; i++) free(data[i]);
     free(times);
     tf_session_free(s);
     tf_program_free(p);
+    if (comm && rc) {   /* a rank failing alone would leave the others in a collective */
+        fflush(stdout);
+        fflush(stderr);
+        tf_comm_abort(comm, rc);
+    }
+    tf_comm_free(comm);
     return rc;
 }

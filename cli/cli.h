@@ -112,6 +112,10 @@ void cli_signals_graceful(const char *first_msg);
 bool cli_interrupted(void);
 /* "rank R: " in a data-parallel job (train.c), else "": what error messages say after "tfuse: " */
 extern char cli_rank_tag[32];
+/* Started by an MPI launcher with several ranks (tf_comm_launched): join the job (*comm), turn on
+ * data_parallel for the compile, and send the output of ranks other than 0 to /dev/null; else *comm
+ * stays NULL and *size 1. 0, or the exit code of a message printed. */
+int cli_join_job(tf_context_t *ctx, args *a, tf_comm_t **comm, int *rank, int *size);
 void cli_write_begin(void);
 void cli_write_end(void);
 /* "--name=value" or "--name value": the value, or NULL if the flag differs. */

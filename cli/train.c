@@ -1086,26 +1086,6 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     return rc;
 }
 
-/* Started by mpirun with several ranks: join the job (MPI), compile with
- * data_parallel, and let rank 0 alone print progress. */
-static int join_job(tf_context_t *ctx, args *a, trainer *T)
-{
-    T->size = 1;
-    if (!tf_comm_launched(&T->rank, &T->size)) return 0;
-    const char *dp = a->setting[CLI_SETTING_data_parallel];
-    if (dp && strcmp(dp, "on"))
-        return cli_usage_errorf("train", "--data-parallel=%s with %d ranks (mpirun): each rank would train a model of its "
-                                "own; data parallel training averages the gradients of all of them", dp, T->size);
-    a->setting[CLI_SETTING_data_parallel] = "on";
-    snprintf(cli_rank_tag, sizeof cli_rank_tag, "rank %d: ", T->rank);
-    if (tf_comm_create_mpi(ctx, NULL, &T->comm)) return api_error(ctx, "joining the MPI job");
-    if (tf_comm_rank(T->comm) != T->rank || tf_comm_size(T->comm) != T->size)
-        return errorf("the launcher says rank %d of %d, and MPI says rank %d of %d", T->rank, T->size, tf_comm_rank(T->comm),
-                      tf_comm_size(T->comm));
-    if (T->rank > 0 && !freopen("/dev/null", "w", stdout)) return errorf("cannot quiet rank %d's output: %s", T->rank, strerror(errno));
-    return 0;
-}
-
 int cmd_train(tf_context_t *ctx, const args *a0)
 {
     int rc = check_usage(a0);
@@ -1113,7 +1093,7 @@ int cmd_train(tf_context_t *ctx, const args *a0)
     args job = *a0, *a = &job;
     trainer T;
     memset(&T, 0, sizeof T);
-    if ((rc = join_job(ctx, a, &T))) {
+    if ((rc = cli_join_job(ctx, a, &T.comm, &T.rank, &T.size))) {
         tf_comm_free(T.comm);
         return rc;
     }

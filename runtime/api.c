@@ -485,6 +485,20 @@ static tf_status finish_program(tf_context_t *ctx, tf_program_t *p, char *model_
         /* the step-time overhead, if time went as FLOPs: recomputed over the rest, in tenths of a percent */
         add_stat(p, "recompute_overhead_permille", all > rf ? (int64_t)(1000.0 * (double)rf / (double)(all - rf) + 0.5) : 0);
     }
+    int64_t ar_bytes = 0, ar_buckets = 0, ar_now = 0;   /* data parallel: what a step averages over the ranks */
+    for (int i = 0; i < p->m->nodes.n; i++) {
+        const tf_node *n = p->m->nodes.items[i];
+        if (n->op != TF_OP_ALLREDUCE) continue;
+        int64_t b = tf_node_int(n, "bucket");
+        ar_bytes += tf_type_numel(&n->out->type) * tf_dtype_bytes(n->out->type.dtype);
+        if (b < 0) ar_now++;
+        else if (b + 1 > ar_buckets) ar_buckets = b + 1;
+    }
+    if (ar_bytes) {
+        add_stat(p, "allreduce_bytes", ar_bytes);
+        add_stat(p, "allreduce_buckets", ar_buckets);
+        add_stat(p, "allreduce_at_once", ar_now);
+    }
     add_stat(p, "inputs", p->inputs.n);
     add_stat(p, "outputs", p->m->noutputs);
     if (!tf_settings_copy(&p->settings, opts)) {

@@ -93,7 +93,7 @@ struct tf_program {
     tf_module *m;           /* after every pass; owned */
     tf_ir_mode mode;
     tf_target target;
-    tf_stat_entry stats[24];   /* api.c adds at most 16: room to grow without dropping one */
+    tf_stat_entry stats[24];   /* api.c adds at most 19: room to grow without dropping one */
     int nstats;
     tf_vec inputs, params, buffers;   /* tf_value*, in declaration order */
     int threads;            /* tf_compile_options.threads */
