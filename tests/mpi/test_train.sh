@@ -66,6 +66,13 @@ done
 # the step is the global batch's: without data parallel averaging, the ranks' params would differ
 grep -q "per step .* MB averaged" dp2.out && ok || bad "no all-reduce figures: $(cat dp2.out)"
 
+# gradient accumulation (2 micro-batches) and clipping see the global gradient: 2 ranks of 12 against one
+# process of 24, each accumulating 2
+sed 's/accumulate = 1/accumulate = 2/' "$mlp" >acc.ir
+$tfuse train acc.ir --precision=fp32 --dim F=64 --dim B=24 --steps 12 $D --save acc1.ckpt >/dev/null 2>&1 || bad "accumulate, one process"
+if mpi 2 "$tfuse" train acc.ir --precision=fp32 --dim F=64 --dim B=12 --steps 12 $D --save acc2.ckpt >acc.out 2>&1 &&
+   python3 cmp.py acc1.ckpt acc2.ckpt 1e-5 >>acc.out; then ok; else bad "accumulate = 2 on 2 ranks: $(cat acc.out)"; fi
+
 # the same bits run to run, and through a resume
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save a.ckpt >/dev/null 2>&1 || bad "run a"
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save b.ckpt >/dev/null 2>&1 || bad "run b"
