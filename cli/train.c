@@ -1067,7 +1067,9 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     if (rc) return rc;
     progress_clear(&pr);
     if (interrupted) T->agreed = true;
-    if (interrupted || cli_interrupted()) return stop_interrupted(ctx, a, T, cur, pr.first, P.seed, saved);
+    /* data parallel: only what the ranks agreed on (an interrupt after the last step's exchange would
+     * send this rank away from the collectives below while the others wait in them) */
+    if (interrupted || (T->size == 1 && cli_interrupted())) return stop_interrupted(ctx, a, T, cur, pr.first, P.seed, saved);
     if (pr.first >= P.total) printf("nothing to train: the checkpoint is at step %" PRIu64 " of %" PRIu64 "\n", cur->step, P.total);
     if (skipped) printf("%" PRIu64 " step(s) skipped for a non-finite loss\n", skipped);
     if (T->size > 1) {

@@ -193,6 +193,7 @@ tf_status tf_cpu_comm_finish(tf_session_t *s, cpu *c)
     if (!cc || cc->at_once || cc->for_comm != s->comm) return TF_OK;
     tf_status st = wait_upto(s, c, cc->nbuckets);
     memset(cc->submitted, 0, (size_t)cc->nbuckets * sizeof *cc->submitted);
+    for (int b = 0; b < cc->nbuckets; b++) cc->buckets[b].filled = 0;   /* a step that failed half way packed some */
     return st;
 }
 
