@@ -461,8 +461,12 @@ static int copy_state(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *f
     return 0;
 }
 
+/* Data parallel (comm, size > 1): rank r evaluates batches r, r + size, ...
+ * and the ranks' sums are gathered, so that every rank takes part (none
+ * waits for another's whole evaluation in a collective with a timeout) and
+ * the evaluation takes 1/size of the time; rank 0 prints. */
 static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts, evaluator *e, uint64_t step,
-                    progress *pr)
+                    progress *pr, tf_comm_t *comm, int rank, int size)
 {
     int rc = copy_state(ctx, tp, ts, e);
     if (rc) return rc;
@@ -483,6 +487,7 @@ static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts,
             rc = api_error(ctx, "binding a batch");
             break;
         }
+        if (b % (uint64_t)size != (uint64_t)rank) continue;   /* another rank's batch */
         if (tf_session_run(e->s)) {
             rc = api_error(ctx, "evaluating");
             break;
@@ -509,6 +514,21 @@ static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts,
                 counted++;
             }
         }
+    }
+    if (size > 1 && (rc == 0 || rc == RC_INTERRUPTED)) {   /* the ranks' sums, and whether any was interrupted */
+        struct { double loss; int64_t correct, counted, stop; } me = {loss_sum, correct, counted, rc != 0},
+                                                               *all = calloc((size_t)size, sizeof *all);
+        if (!all) return errorf("out of memory");
+        if (tf_comm_allgather(ctx, comm, &me, all, sizeof me)) {
+            free(all);
+            return api_error(ctx, "gathering the evaluation");
+        }
+        loss_sum = 0, correct = counted = 0;
+        for (int r = 0; r < size; r++) {
+            loss_sum += all[r].loss, correct += all[r].correct, counted += all[r].counted;
+            if (all[r].stop) rc = RC_INTERRUPTED;
+        }
+        free(all);
     }
     if (rc) return rc;
     progress_clear(pr);
@@ -948,7 +968,7 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
         }
     }
     if (tf_loader_set_position(d->L, &(tf_loader_position){P->cur.epoch, P->cur.pos, P->seed})) return api_error(ctx, "--resume");
-    if (T->have_ev && T->rank == 0 && (rc = evaluator_init(ctx, a, T->m, P->target, P->workers, &T->ev))) return rc;
+    if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, P->target, P->workers, &T->ev))) return rc;
     if (T->size > 1 && (rc = ranks_agree(ctx, T, P))) return rc;
     if (cli_interrupted()) return stop_early();
     /* from here on the run writes: the log first (rank 0's) */
@@ -1055,8 +1075,8 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         double pause0 = now_s();
         saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
         if (saved && T->rank == 0 && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) break;
-        if (t->eval_every && T->rank == 0 && cur->step % t->eval_every == 0 && cur->step < P.total &&
-            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr))) {
+        if (t->eval_every && cur->step % t->eval_every == 0 && cur->step < P.total &&
+            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size))) {
             if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
             break;
         }
@@ -1080,7 +1100,8 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) return rc;
         printf("saved %s (step %" PRIu64 ")\n", t->save, cur->step);
     }
-    if (T->have_ev && T->rank == 0 && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr)) == RC_INTERRUPTED) {
+    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size)) == RC_INTERRUPTED &&
+        T->rank == 0) {
         fflush(stdout);
         fprintf(stderr, "tfuse: interrupted during the evaluation after step %" PRIu64 "%s%s\n", cur->step,
                 t->save ? ": training is done and the checkpoint written to " : "", t->save ? t->save : "");

@@ -73,6 +73,14 @@ $tfuse train acc.ir --precision=fp32 --dim F=64 --dim B=24 --steps 12 $D --save 
 if mpi 2 "$tfuse" train acc.ir --precision=fp32 --dim F=64 --dim B=12 --steps 12 $D --save acc2.ckpt >acc.out 2>&1 &&
    python3 cmp.py acc1.ckpt acc2.ckpt 1e-5 >>acc.out; then ok; else bad "accumulate = 2 on 2 ranks: $(cat acc.out)"; fi
 
+# --eval-data: the ranks share the batches and gather the sums; what one process says of the same params
+mpi 3 "$tfuse" train "$mlp" --dim F=64 --dim B=16 --steps 20 $D --eval-data x=x.npy,y=y.npy --eval-every 10 --save ev.ckpt \
+  >ev3.out 2>&1 || bad "eval on 3 ranks: $(cat ev3.out)"
+$tfuse train "$mlp" --dim F=64 --dim B=48 --steps 20 $D --eval-data x=x.npy,y=y.npy --resume ev.ckpt >ev1.out 2>&1
+if [ "$(grep -c '^eval after step' ev3.out)" = 2 ] && [ -n "$(grep '^eval after step 20' ev1.out)" ] &&
+   [ "$(grep '^eval after step 20' ev3.out)" = "$(grep '^eval after step 20' ev1.out)" ]; then ok
+else bad "eval on 3 ranks against one process: $(cat ev3.out ev1.out)"; fi
+
 # the same bits run to run, and through a resume
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save a.ckpt >/dev/null 2>&1 || bad "run a"
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save b.ckpt >/dev/null 2>&1 || bad "run b"
