@@ -55,7 +55,7 @@ static tf_program_t *compile(tf_context_t *ctx, const char *text, int64_t b, tf_
     tf_compile_options o;
     tf_compile_options_init(&o);
     o.mode = mode;
-    o.target = TF_TARGET_CPU;
+    o.target = tf_default_target();
     o.data_parallel = dp;
     o.allreduce_bucket = bucket;
     if (tf_model_parse_string(ctx, "dp", text, strlen(text), &dim, strstr(text, "[B") ? 1 : 0, &m) ||
@@ -108,7 +108,7 @@ static void the_op(tf_context_t *ctx, tf_comm_t *comm, int rank, int size)
         want[i] = (float)(sum / size);
         x[i] = (float)(0.1 * (i + 1) * (rank + 1) + 1.0 / (rank + 3));
     }
-    static const tf_target targets[] = {TF_TARGET_INTERP, TF_TARGET_CPU};
+    const tf_target targets[] = {TF_TARGET_INTERP, tf_default_target()};   /* cpu, or interp in a build without LLVM */
     for (int t = 0; p && t < 2; t++) {
         tf_session_t *s = NULL;
         int64_t shape[2] = {5, 7};
@@ -129,7 +129,7 @@ static void training(tf_context_t *ctx, tf_comm_t *comm, int rank, int size, con
 {
     tf_program_t *p = compile(ctx, model, B, TF_MODE_TRAIN, true, "128"), *one = compile(ctx, model, (int64_t)B * size, TF_MODE_TRAIN, false, NULL);
     tf_session_t *ref = NULL, *cpu = NULL, *whole = NULL;
-    if (!p || !one || tf_session_create(ctx, p, TF_TARGET_INTERP, 5, &ref) || tf_session_create(ctx, p, TF_TARGET_CPU, 5, &cpu) ||
+    if (!p || !one || tf_session_create(ctx, p, TF_TARGET_INTERP, 5, &ref) || tf_session_create(ctx, p, tf_default_target(), 5, &cpu) ||
         tf_session_create(ctx, one, TF_TARGET_INTERP, 5, &whole) || tf_session_set_comm(ref, comm) || tf_session_set_comm(cpu, comm)) {
         CHECK(0, "training sessions: %s", tf_context_last_error(ctx));
         goto out;
@@ -170,7 +170,7 @@ static void training(tf_context_t *ctx, tf_comm_t *comm, int rank, int size, con
     free(a), free(c), free(w);
     /* one process's program in a job of several ranks: refused, and why */
     tf_session_t *alone = NULL;
-    if (!tf_session_create(ctx, one, TF_TARGET_CPU, 5, &alone)) {
+    if (!tf_session_create(ctx, one, tf_default_target(), 5, &alone)) {
         tf_status st = tf_session_set_comm(alone, comm);
         CHECK(size == 1 ? st == TF_OK : st == TF_ERR_INVALID_ARG && strstr(tf_context_last_error(ctx), "without data_parallel"),
               "set_comm on a program without data_parallel: %d %s", (int)st, tf_context_last_error(ctx));
