@@ -262,7 +262,7 @@ typedef struct tf_compile_options {
     int64_t memory_budget;   /* bytes; 0 = none (see memory_budget_percent) */
     double memory_budget_percent;   /* with memory_budget 0: this percentage (0, 100] of the step's planned
                                      * peak without recomputation; 0 = none */
-    int threads;             /* cpu target: worker threads, the caller included; 0 = one per core */
+    int threads;             /* cpu target: worker threads, the caller included; 0 = one per CPU the process may run on (its affinity) */
     const char *dump_llvm;   /* a directory: kernels.ll, the optimized LLVM IR of every cpu kernel; NULL: none */
     /* Target settings, one field per row of tfuse_settings.def (installed
      * beside this header), which says what each does, its environment

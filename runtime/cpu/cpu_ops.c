@@ -147,8 +147,7 @@ static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
 
 static void gemm_pieces_once(void)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int64_t n = cpus > 0 ? 2 * (int64_t)cpus : GEMM_MAX_PIECES;
+    int64_t n = 2 * (int64_t)tf_cpu_count();   /* the CPUs this process may use */
     g_gemm_pieces = n < GEMM_MIN_PIECES ? GEMM_MIN_PIECES : n > GEMM_MAX_PIECES ? GEMM_MAX_PIECES : n;
 }
 

@@ -2,6 +2,7 @@
  * a run bumps a generation counter, and the last worker to finish wakes the
  * caller. Work per run is a kernel (tens of microseconds and up), so one
  * mutex round trip per piece costs little. */
+#include <sched.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -60,9 +61,16 @@ static void *work(void *arg)
     return NULL;
 }
 
+/* The CPUs this process may run on: its affinity mask (taskset, a
+ * container's cpuset, mpirun binding each rank to its cores), else every
+ * online CPU. */
 int tf_cpu_count(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
+#endif
     return n < 1 ? 1 : n > 256 ? 256 : (int)n;
 }
 
