@@ -81,6 +81,12 @@ if [ "$(grep -c '^eval after step' ev3.out)" = 2 ] && [ -n "$(grep '^eval after 
    [ "$(grep '^eval after step 20' ev3.out)" = "$(grep '^eval after step 20' ev1.out)" ]; then ok
 else bad "eval on 3 ranks against one process: $(cat ev3.out ev1.out)"; fi
 
+# the cuda target (on cuda-emu): each allreduce on the host, through the same communicator
+mpi 2 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=24 --steps 5 $D --save cpu5.ckpt >/dev/null 2>&1 || bad "cpu, 5 steps"
+if mpi 2 "$tfuse" train "$mlp" --target=cuda-emu --precision=fp32 --dim F=64 --dim B=24 --steps 5 $D --save emu5.ckpt >emu.out 2>&1 &&
+   grep -q "identical on all 2 ranks" emu.out && python3 cmp.py cpu5.ckpt emu5.ckpt 1e-4 >>emu.out; then ok
+else bad "cuda-emu on 2 ranks: $(cat emu.out)"; fi
+
 # the same bits run to run, and through a resume
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save a.ckpt >/dev/null 2>&1 || bad "run a"
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save b.ckpt >/dev/null 2>&1 || bad "run b"
