@@ -14,7 +14,10 @@
 # rank, 2 ranks, 1 rank, ...); each prints tfuse train's samples/s over the
 # run and, for 2 ranks, its all-reduce summary. The raw output goes to
 # OUT/raw.txt and a summary (median and range over the repetitions) to
-# OUT/summary.txt and stdout.
+# OUT/summary.txt and stdout. Then the bucket size (--allreduce-bucket
+# 256K, 1M, 4M, 32M; 2 ranks, batch 256), interleaved the same way: the
+# step time and the share of the all-reduce hidden, which is what the
+# default (1M) is chosen by.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tfuse=$here/../build/tfuse reps=5 steps=400 out=""
@@ -71,14 +74,34 @@ for b in 32 256; do
   done
 done
 
+buckets="256K 1M 4M 32M"
+n=$(( steps / 4 ))
+for r in $(seq "$reps"); do
+  for bk in $buckets; do
+    echo "== bucket $bk rep $r" >>"$raw"
+    "$mpirun" $root --oversubscribe -np 2 "$tfuse" train "$work/deep.ir" --dim B=256 --threads 1 --steps "$n" --log-every "$n" \
+      --data "x=$work/x.npy,y=$work/y.npy" --allreduce-bucket=$bk 2>&1 | grep -E "^step $n/|data parallel" >>"$raw"
+  done
+done
+
 python3 - "$raw" "$out/summary.txt" <<'EOF'
 import re, statistics as st, sys
 raw, summ = sys.argv[1], sys.argv[2]
 runs = {}   # batch -> lists
+sweep = {}  # bucket -> lists
 cur = None
+bk = None
 for line in open(raw):
+    m = re.match(r"== bucket (\S+) rep", line)
+    if m: bk = m.group(1); cur = None; sweep.setdefault(bk, {"sps": [], "hid": []}); continue
+    if bk is not None and cur is None:
+        m = re.search(r"samples/s ([0-9.]+)", line)
+        if m: sweep[bk]["sps"].append(float(m.group(1)))
+        m = re.search(r"\(([0-9]+)% overlapped", line)
+        if m: sweep[bk]["hid"].append(float(m.group(1)))
+        continue
     m = re.match(r"== batch (\d+) rep \d+: (\d) rank", line)
-    if m: B, cur = int(m.group(1)), int(m.group(2)); runs.setdefault(B, {"one": [], "two": [], "hid": [], "comm": [], "wait": []}); continue
+    if m: bk = None; B, cur = int(m.group(1)), int(m.group(2)); runs.setdefault(B, {"one": [], "two": [], "hid": [], "comm": [], "wait": []}); continue
     if cur is None: continue
     m = re.search(r"samples/s ([0-9.]+)", line)
     if m: runs[B]["one" if cur == 1 else "two"].append(float(m.group(1)))
@@ -94,6 +117,11 @@ for B, r in runs.items():
               f"  step, 2 ranks:  {f(t2)} ms",
               f"  weak scaling efficiency (1 rank's step time / 2 ranks'): {f(eff)}",
               f"  all-reduce per step (4.2 MB): {f(r['comm'])} ms, waited for {f(r['wait'])} ms; hidden behind the backward pass: {f(r['hid'])} %"]
+if sweep:
+    lines.append("bucket size, 2 ranks, batch 256 each:")
+    for k, r in sweep.items():
+        t = [512 / s * 1e3 for s in r["sps"]]
+        lines.append(f"  --allreduce-bucket={k}: step {f(t)} ms; hidden behind the backward pass {f(r['hid'])} %")
 open(summ, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
