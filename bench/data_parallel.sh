@@ -7,7 +7,7 @@
 # share of the all-reduce's time the backward pass hid. One thread per rank,
 # so that 2 ranks use the cores 1 rank with 2 threads would.
 #
-# The model: 4 linear layers of 512 (4.2 MB of gradients, 5 buckets at the
+# The model: 4 linear layers of 512 (4.2 MB of gradients, 4 buckets at the
 # default 1 MiB), fp32, sgd with momentum, at batch 32 per rank (little
 # compute per gradient byte: the exchange costs as much CPU as the step) and
 # 256 (8x the compute for the same bytes). Repetitions are interleaved (1
