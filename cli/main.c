@@ -625,27 +625,6 @@ _Static_assert(NFLAGS <= 48, "args.seen has 48 counters");
 
 char cli_rank_tag[32];
 
-/* cli.h; train.c and bench.c */
-int cli_join_job(tf_context_t *ctx, args *a, tf_comm_t **comm, int *rank, int *size)
-{
-    *size = 1;
-    *rank = 0;
-    if (!tf_comm_launched(rank, size)) return 0;
-    const char *dp = a->setting[CLI_SETTING_data_parallel];
-    if (dp && strcmp(dp, "on"))
-        return cli_usage_errorf(a->cmd, "--data-parallel=%s with %d ranks (mpirun): each rank would train a model of its "
-                                "own; data parallel training averages the gradients of all of them", dp, *size);
-    a->setting[CLI_SETTING_data_parallel] = "on";
-    snprintf(cli_rank_tag, sizeof cli_rank_tag, "rank %d: ", *rank);
-    if (tf_comm_create_mpi(ctx, NULL, comm)) return cli_report(ctx, "joining the MPI job");
-    if (tf_comm_rank(*comm) != *rank || tf_comm_size(*comm) != *size)
-        return cli_errorf("the launcher says rank %d of %d, and MPI says rank %d of %d", *rank, *size, tf_comm_rank(*comm),
-                          tf_comm_size(*comm));
-    if (*rank > 0 && !freopen("/dev/null", "w", stdout)) return cli_errorf("cannot quiet rank %d's output: %s", *rank, strerror(errno));
-    return 0;
-}
-
-
 int cli_errorf(const char *fmt, ...)
 {
     va_list ap;
