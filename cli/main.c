@@ -625,27 +625,46 @@ _Static_assert(NFLAGS <= 48, "args.seen has 48 counters");
 
 char cli_rank_tag[32];
 
+/* One message, written to stderr in one piece: the ranks of a data-parallel
+ * job share the launcher's stderr, and pieces written apart interleave. */
+static void say_line(const char *prefix, const char *fmt, va_list ap, const char *suffix)
+{
+    char line[8192];
+    int n = snprintf(line, sizeof line, "%s", prefix);
+    if (n >= 0 && n < (int)sizeof line) n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    if (n >= 0 && n < (int)sizeof line) snprintf(line + n, sizeof line - (size_t)n, "%s\n", suffix);
+    else memcpy(line + sizeof line - 2, "\n", 2);   /* cut short: still one line */
+    fflush(stdout);   /* keep the order of what a user sees */
+    fputs(line, stderr);
+}
+
 int cli_errorf(const char *fmt, ...)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "tfuse: %serror: ", cli_rank_tag);
+    va_list ap;
+    va_start(ap, fmt);
+    say_line(prefix, fmt, ap, "");
+    va_end(ap);
+    return 1;
+}
+
+static void report_line(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fflush(stdout);   /* keep the order of what a user sees */
-    fprintf(stderr, "tfuse: %serror: ", cli_rank_tag);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    say_line("", fmt, ap, "");
     va_end(ap);
-    return 1;
 }
 
 int cli_report(tf_context_t *ctx, const char *context)
 {
     const char *msg = tf_context_last_error(ctx);
-    fflush(stdout);
-    if (!strncmp(msg, "error: ", 7)) fprintf(stderr, "tfuse: %s%s", cli_rank_tag, msg);
-    else if (strstr(msg, ": error: ")) fprintf(stderr, "%s%s", cli_rank_tag, msg);
-    else fprintf(stderr, "tfuse: %serror: %s", cli_rank_tag, msg);
-    if (context) fprintf(stderr, " (%s)", context);
-    fputc('\n', stderr);
+    char ctx_part[512] = "";
+    if (context) snprintf(ctx_part, sizeof ctx_part, " (%s)", context);
+    if (!strncmp(msg, "error: ", 7)) report_line("tfuse: %s%s%s", cli_rank_tag, msg, ctx_part);
+    else if (strstr(msg, ": error: ")) report_line("%s%s%s", cli_rank_tag, msg, ctx_part);
+    else report_line("tfuse: %serror: %s%s", cli_rank_tag, msg, ctx_part);
     return 1;
 }
 
