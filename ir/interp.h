@@ -54,9 +54,10 @@ tf_diag *tf_interp_diag(tf_interp_ctx *ip);
 void tf_interp_set_diag(tf_interp_ctx *ip, tf_diag *d);
 tf_module *tf_interp_module(const tf_interp_ctx *ip);
 /* allreduce's collective (the runtime's communicator, runtime/comm.c): the
- * mean over ranks of n doubles in place, summed in rank order; 0, or -1 with
- * err filled. Without one (fn NULL) the job is one rank: allreduce copies. */
-typedef int (*tf_interp_mean_fn)(void *self, double *data, int64_t n, char *err, size_t nerr);
+ * mean over ranks of n values of dtype dt in place (held as doubles, each
+ * exact in dt), summed in rank order; 0, or -1 with err filled. Without one
+ * (fn NULL) the job is one rank: allreduce copies. */
+typedef int (*tf_interp_mean_fn)(void *self, tf_dt dt, double *data, int64_t n, char *err, size_t nerr);
 void tf_interp_set_comm(tf_interp_ctx *ip, tf_interp_mean_fn fn, void *self);
 tf_interp_mean_fn tf_interp_comm(const tf_interp_ctx *ip, void **self);
 /* Schedule `buffer := value` for the end of the current step (copied now). */

@@ -197,7 +197,7 @@ tf_ir_status ik_allreduce(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *
     void *self;
     tf_interp_mean_fn mean = tf_interp_comm(ip, &self);
     char err[512];
-    if (!st && mean && mean(self, out->data, out->numel, err, sizeof err))
+    if (!st && mean && mean(self, out->dtype, out->data, out->numel, err, sizeof err))
         return tf_diag_error(DIAG, TF_IR_ERR_RUNTIME, &n->loc, "%s: %s", OPNAME, err);
     return st;
 }

@@ -152,10 +152,19 @@ int tf_comm_mean(tf_comm_t *c, tf_dt dt, void *data, int64_t n)
     return st;
 }
 
-int tf_comm_interp_mean(void *self, double *data, int64_t n, char *err, size_t nerr)
+int tf_comm_interp_mean(void *self, tf_dt dt, double *data, int64_t n, char *err, size_t nerr)
 {
     tf_comm_t *c = self;
-    if (!tf_comm_mean(c, TF_DT_F64, data, n)) return 0;
+    void *v = n && dt != TF_DT_F64 ? tf_malloc((size_t)n * elem_bytes(dt)) : NULL;
+    if (n && dt != TF_DT_F64 && !v) {
+        snprintf(err, nerr, "out of memory for an all-reduce");
+        return -1;
+    }
+    for (int64_t i = 0; v && i < n; i++) tf_elem_store(dt, v, i, data[i]);
+    int st = tf_comm_mean(c, v ? dt : TF_DT_F64, v ? v : data, n);
+    for (int64_t i = 0; v && !st && i < n; i++) data[i] = tf_elem_load(dt, v, i);
+    tf_free(v);
+    if (!st) return 0;
     pthread_mutex_lock(&c->mu);
     snprintf(err, nerr, "%s", c->err);
     pthread_mutex_unlock(&c->mu);

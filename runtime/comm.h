@@ -100,8 +100,9 @@ int tf_comm_mean(tf_comm_t *c, tf_dt dt, void *data, int64_t n);
  * -1 with c->err. */
 int tf_comm_submit(tf_comm_t *c, tf_comm_bucket *b);
 /* allreduce's collective for the interpreter's kernel (tf_interp_mean_fn):
- * self is the tf_comm_t; the values are float64. */
-int tf_comm_interp_mean(void *self, double *data, int64_t n, char *err, size_t nerr);
+ * self is the tf_comm_t; the values travel in dt, as the targets' do (the
+ * same sum, the same rounding: the same bits). */
+int tf_comm_interp_mean(void *self, tf_dt dt, double *data, int64_t n, char *err, size_t nerr);
 /* Wait for b: its means written to its members' outputs. 0, or -1 with c->err. */
 int tf_comm_wait(tf_comm_t *c, tf_comm_bucket *b);
 /* Every rank's `bytes` bytes at send gathered into recv (size * bytes), on the calling thread. */
