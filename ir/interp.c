@@ -203,6 +203,7 @@ void tf_interp_free(tf_interp_ctx *ip)
 
 tf_ir_mode tf_interp_mode(const tf_interp_ctx *ip) { return ip->mode; }
 uint64_t tf_interp_seed(const tf_interp_ctx *ip) { return ip->seed; }
+void tf_interp_set_seed(tf_interp_ctx *ip, uint64_t seed) { ip->seed = seed; }
 uint64_t tf_interp_step(const tf_interp_ctx *ip) { return ip->step; }
 void tf_interp_set_step(tf_interp_ctx *ip, uint64_t step) { ip->step = step; }
 tf_diag *tf_interp_diag(tf_interp_ctx *ip) { return ip->d; }

@@ -48,6 +48,8 @@ uint64_t tf_interp_seed(const tf_interp_ctx *ip);
 uint64_t tf_interp_step(const tf_interp_ctx *ip);      /* 0 for the first run */
 /* Set the run counter (a resumed training run continues its dropout masks). */
 void tf_interp_set_step(tf_interp_ctx *ip, uint64_t step);
+/* The seed later draws use (dropout; initializers already ran with the first). */
+void tf_interp_set_seed(tf_interp_ctx *ip, uint64_t seed);
 tf_diag *tf_interp_diag(tf_interp_ctx *ip);
 /* Where the kernels report errors outside tf_interp_run (kernel_eval runs
  * them one at a time); NULL after. */

@@ -1132,6 +1132,13 @@ tf_status tf_session_set_comm(tf_session_t *s, tf_comm_t *c)
                             "train %d separate models (compile with data_parallel, --data-parallel=on)",
                             tf_comm_size(c), tf_comm_size(c));
     s->comm = c;
+    /* every rank draws its own dropout masks (the global batch's rows are not all masked alike); rank 0's
+     * are a single session's; the initial state stays the seed's, the same on every rank */
+    int rank = c && tf_comm_size(c) > 1 ? tf_comm_rank(c) : 0;
+    uint64_t z = s->seed + 0x9e3779b97f4a7c15ull * (uint64_t)rank;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    if (s->be->dropout_seed_set) s->be->dropout_seed_set(s, rank ? z ^ (z >> 31) : s->seed);
     return TF_OK;
 }
 

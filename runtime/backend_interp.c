@@ -73,6 +73,8 @@ static tf_status interp_state_write(tf_session_t *s, const tf_value *v, const vo
 static uint64_t interp_step_get(tf_session_t *s) { return tf_interp_step(s->impl); }
 static void interp_step_set(tf_session_t *s, uint64_t step) { tf_interp_set_step(s->impl, step); }
 
+static void interp_dropout_seed_set(tf_session_t *s, uint64_t seed) { tf_interp_set_seed(s->impl, seed); }
+
 static const char *interp_op_support(tf_op op, char *detail, size_t n)
 {
     snprintf(detail, n, "the float64 reference kernel of %s", tf_op_info_of(op)->name);
@@ -89,5 +91,6 @@ const tf_backend tf_backend_interp = {
     .state_write = interp_state_write,
     .step_get = interp_step_get,
     .step_set = interp_step_set,
+    .dropout_seed_set = interp_dropout_seed_set,
     .op_support = interp_op_support,
 };

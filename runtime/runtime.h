@@ -157,6 +157,9 @@ struct tf_backend {
      * so that a resumed run draws the masks the uninterrupted one would. */
     uint64_t (*step_get)(tf_session_t *s);
     void (*step_set)(tf_session_t *s, uint64_t step);
+    /* The seed dropout draws from from now on (initial state is drawn at
+     * session_create with s->seed and stays): a data-parallel rank's own. */
+    void (*dropout_seed_set)(tf_session_t *s, uint64_t seed);
     /* Optional (NULL: none): per-kernel profiles and the session's facts. */
     void (*set_profiling)(tf_session_t *s, bool on);
     size_t (*profile_count)(tf_session_t *s);

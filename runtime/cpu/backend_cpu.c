@@ -295,7 +295,7 @@ static void run_fn(cpu *c, ckernel *ck)
 static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
 {
     tf_diag d = {0};
-    if (!c->ip && !(c->ip = tf_interp_create(s->p->m, s->p->mode, s->seed)))   /* its tensors: only what fallbacks touch */
+    if (!c->ip && !(c->ip = tf_interp_create(s->p->m, s->p->mode, c->rt[0])))   /* its tensors: only what fallbacks touch */
         return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_interp_set_step(c->ip, c->rt[1]);
     tf_interp_set_comm(c->ip, s->comm ? tf_comm_interp_mean : NULL, s->comm);
@@ -444,6 +444,13 @@ static tf_status cpu_run(tf_session_t *s)
     }
     c->rt[1]++;
     return TF_OK;
+}
+
+static void cpu_dropout_seed_set(tf_session_t *s, uint64_t seed)
+{
+    cpu *c = s->impl;
+    c->rt[0] = seed;
+    if (c->ip) tf_interp_set_seed(c->ip, seed);
 }
 
 /* ---- the backend interface ------------------------------------------------ */
@@ -688,6 +695,7 @@ static tf_status cpu_state_read(tf_session_t *s, const tf_value *v, void *dst) {
 static tf_status cpu_state_write(tf_session_t *s, const tf_value *v, const void *src) { (void)s; (void)v; (void)src; return TF_ERR_UNAVAILABLE; }
 static uint64_t cpu_step_get(tf_session_t *s) { (void)s; return 0; }
 static void cpu_step_set(tf_session_t *s, uint64_t step) { (void)s; (void)step; }
+static void cpu_dropout_seed_set(tf_session_t *s, uint64_t seed) { (void)s; (void)seed; }
 static void cpu_set_profiling(tf_session_t *s, bool on) { (void)s; (void)on; }
 static size_t cpu_profile_count(tf_session_t *s) { (void)s; return 0; }
 static void cpu_profile_get(tf_session_t *s, size_t i, tf_kernel_profile *out) { (void)s; (void)i; (void)out; }
@@ -717,6 +725,7 @@ const tf_backend tf_backend_cpu = {
     .state_write = cpu_state_write,
     .step_get = cpu_step_get,
     .step_set = cpu_step_set,
+    .dropout_seed_set = cpu_dropout_seed_set,
     .set_profiling = cpu_set_profiling,
     .profile_count = cpu_profile_count,
     .profile_get = cpu_profile_get,

@@ -147,6 +147,12 @@ static tf_status cuda_state_write(tf_session_t *s, const tf_value *v, const void
 
 static uint64_t cuda_step_get(tf_session_t *s) { return ((cuda_session *)s->impl)->rt[1]; }
 static void cuda_step_set(tf_session_t *s, uint64_t step) { ((cuda_session *)s->impl)->rt[1] = step; }
+static void cuda_dropout_seed_set(tf_session_t *s, uint64_t seed)
+{
+    cuda_session *c = s->impl;
+    c->rt[0] = seed;   /* copied into place with the step's inputs */
+    if (c->ip) tf_interp_set_seed(c->ip, seed);
+}
 
 /* ---- creating and freeing -------------------------------------------------------------- */
 
@@ -569,7 +575,7 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
 #define CUDA_SESSION_OPS                                                                     \
     .session_create = cuda_create, .session_free = cuda_free, .run = tf_cuda_run, .wait = tf_cuda_wait, \
     .state_read = cuda_state_read, .state_write = cuda_state_write, .step_get = cuda_step_get, \
-    .step_set = cuda_step_set, .set_profiling = cuda_set_profiling,                          \
+    .step_set = cuda_step_set, .dropout_seed_set = cuda_dropout_seed_set, .set_profiling = cuda_set_profiling, \
     .profile_count = cuda_profile_count, .profile_get = cuda_profile_get, .info = cuda_info, \
     .copy_bandwidth = cuda_copy_bandwidth, \
     .op_support = cuda_op_support

@@ -181,6 +181,38 @@ out:
     tf_program_free(p), tf_program_free(one);
 }
 
+/* Dropout: every rank draws its own masks (the same input, different rows dropped), rank 0 those of a
+ * session without a communicator; the initial params are the seed's on every rank. */
+static void dropout_masks(tf_context_t *ctx, tf_comm_t *comm, int rank, int size)
+{
+    const char *text = "input x : f32[8, 16]\nparam w : f32[16] = uniform()\nd = dropout(x, p=0.5)\ny = mul(d, w)\n"
+                       "loss = mean(y, axes=[0, 1])\noutput loss\noutput d\ntrain {\n  optimizer = sgd(lr=0.1)\n  precision = fp32\n}\n";
+    tf_program_t *p = compile(ctx, text, 0, TF_MODE_TRAIN, true, NULL);
+    tf_session_t *s = NULL, *alone = NULL;
+    float x[128], w0[16], wr[16 * 16];
+    for (int i = 0; i < 128; i++) x[i] = 1.0f + (float)i;
+    int64_t shape[2] = {8, 16};
+    tf_tensor_view d, a, wv = {.data = w0};
+    if (!p || tf_session_create(ctx, p, tf_default_target(), 9, &s) || tf_session_create(ctx, p, tf_default_target(), 9, &alone) ||
+        tf_session_get_state(s, "w", &wv, sizeof w0) || tf_session_set_comm(s, comm) ||
+        tf_session_bind(s, "x", TF_DTYPE_F32, shape, 2, x) || tf_session_bind(alone, "x", TF_DTYPE_F32, shape, 2, x) ||
+        tf_session_run(s) || tf_session_run(alone) || tf_session_output(s, "d", &d) || tf_session_output(alone, "d", &a)) {
+        CHECK(0, "dropout sessions: %s", tf_context_last_error(ctx));
+    } else {
+        uint64_t h = 1469598103934665603ull, all[16] = {0};
+        for (int i = 0; i < 128; i++) h = (h ^ (((const float *)d.data)[i] != 0)) * 1099511628211ull;
+        CHECK(!tf_comm_allgather(ctx, comm, &h, all, sizeof h), "allgather: %s", tf_context_last_error(ctx));
+        CHECK(!tf_comm_allgather(ctx, comm, w0, wr, sizeof w0), "allgather: %s", tf_context_last_error(ctx));
+        for (int r = 1; r < size && r < 16; r++) {
+            CHECK(all[r] != all[0], "ranks 0 and %d dropped the same elements of the same input", r);
+            CHECK(!memcmp(wr + 16 * r, wr, sizeof w0), "rank %d's initial params differ from rank 0's", r);
+        }
+        CHECK(rank != 0 || !memcmp(d.data, a.data, sizeof x), "rank 0's dropout is not a single session's");
+    }
+    tf_session_free(s), tf_session_free(alone);
+    tf_program_free(p);
+}
+
 int main(void)
 {
     tf_context_t *ctx;
@@ -198,6 +230,7 @@ int main(void)
     the_op(ctx, comm, rank, size);
     training(ctx, comm, rank, size, model_bn, true);
     training(ctx, comm, rank, size, model_plain, false);
+    dropout_masks(ctx, comm, rank, size);
     tf_comm_totals t;
     tf_comm_stats(comm, &t);
     CHECK(t.bytes_reduced > 0 && t.comm_ms > 0, "totals: %lld bytes, %.3f ms", (long long)t.bytes_reduced, t.comm_ms);
