@@ -477,7 +477,8 @@ static void cuda_doctor(tf_strbuf *sb)
         return;
     }
     tf_cuda_libs libs;
-    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT | TF_CUDA_LIB_CUDNN, NULL, err, sizeof err);
+    tf_cuda_libs_load(&libs, TF_CUDA_LIB_NVRTC | TF_CUDA_LIB_DRIVER | TF_CUDA_LIB_CUBLASLT | TF_CUDA_LIB_CUDNN | TF_CUDA_LIB_NCCL, NULL,
+                      err, sizeof err);
     int at = tf_cuda_libs_describe(&libs, out, cap);
     if (at < 0 || (size_t)at >= cap) at = (int)strlen(out);
     tf_strbuf_printf(sb, "%s", out);

@@ -287,30 +287,41 @@ typedef struct tf_cudnn_api {
                                                  size_t workspace_bytes, const void *beta, tf_cudnn_filter dwd, void *dw);
 } tf_cudnn_api;
 
-enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1, TF_CUDA_LIB_CUBLASLT = 1 << 2, TF_CUDA_LIB_CUDNN = 1 << 3 };
+/* NCCL (data parallel's collectives between GPUs, docs/distributed.md): found and described
+ * by `tfuse doctor`; the cuda target does not call it yet (it averages on the host). */
+typedef struct tf_nccl_api {
+    int (*GetVersion)(int *version);              /* ncclResult_t; version: 10000 * major + 100 * minor + patch */
+} tf_nccl_api;
+
+enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1, TF_CUDA_LIB_CUBLASLT = 1 << 2, TF_CUDA_LIB_CUDNN = 1 << 3,
+       TF_CUDA_LIB_NCCL = 1 << 4 };
 
 typedef struct tf_cuda_libs {
     unsigned loaded;            /* TF_CUDA_LIB_* that loaded */
-    void *nvrtc_handle, *driver_handle, *cublaslt_handle, *cudnn_handle;
+    void *nvrtc_handle, *driver_handle, *cublaslt_handle, *cudnn_handle, *nccl_handle;
     void *builtins_handle;      /* libnvrtc-builtins beside libnvrtc, when not on the loader's path */
     char nvrtc_path[4096];      /* the file loaded, "" when not */
     char driver_path[4096];
     char cublaslt_path[4096];
     char cudnn_path[4096];
+    char nccl_path[4096];
     char include_dir[4096];     /* holds cuda_fp16.h and cuda_bf16.h; "" when none was found */
     int nvrtc_major, nvrtc_minor;
     int driver_version;         /* cuDriverGetVersion: 1000 * major + 10 * minor */
     size_t cublaslt_version;    /* cublasLtGetVersion: 10000 * major + 100 * minor + patch */
     size_t cudnn_version;       /* cudnnGetVersion: the same scheme */
+    int nccl_version;           /* ncclGetVersion: the same scheme */
     int archs[64], narchs;      /* the SM versions NVRTC compiles for (75, 80, ..., 90, ...) */
     char nvrtc_error[1024];     /* why NVRTC did not load, when asked for and not loaded */
     char driver_error[1024];
     char cublaslt_error[1024];
     char cudnn_error[1024];
+    char nccl_error[1024];
     tf_nvrtc_api nvrtc;
     tf_cu_api cu;
     tf_cublaslt_api lt;
     tf_cudnn_api dnn;
+    tf_nccl_api nccl;
 } tf_cuda_libs;
 
 /* Load the libraries in `which` (TF_CUDA_LIB_*), searching as s says (NULL:

@@ -84,6 +84,10 @@ static const sym dnn_syms[] = {
 };
 #undef DNN
 
+#define NCCL(f) {"nccl" #f, NULL, offsetof(tf_nccl_api, f)}
+static const sym nccl_syms[] = {NCCL(GetVersion)};
+#undef NCCL
+
 typedef struct libspec {
     const char *what;             /* for messages */
     const char *const *files;     /* names in order of preference */
@@ -123,6 +127,10 @@ static const libspec cublaslt_spec = {"cuBLASLt", cublaslt_files, toolkit_places
                                       (int)(sizeof lt_syms / sizeof *lt_syms)};
 static const libspec cudnn_spec = {"cuDNN", cudnn_files, cudnn_places, true, dnn_syms,
                                    (int)(sizeof dnn_syms / sizeof *dnn_syms)};
+/* NCCL 2: the toolkit's lib (CUDA 13 ships it there), Debian's libnccl2, pip's nvidia-nccl-cu* */
+static const char *const nccl_files[] = {"libnccl.so.2", NULL};
+static const libspec nccl_spec = {"NCCL", nccl_files, cudnn_places, true, nccl_syms,
+                                  (int)(sizeof nccl_syms / sizeof *nccl_syms)};
 
 /* ---- small text helpers ---- */
 
@@ -327,6 +335,9 @@ static bool find(finder *f, const tf_cuda_search *s, char *err, size_t n)
     else if (sp == &cudnn_spec)
         add(&t, "; install cuDNN 9 (NVIDIA's libcudnn9-cuda-12 or -13 package) or `pip install nvidia-cudnn-cu12`, or set "
                 "TFUSE_CUDA_LIBS to the directory holding libcudnn.so.9");
+    else if (sp == &nccl_spec)
+        add(&t, "; install NCCL 2 (the CUDA toolkit's, NVIDIA's libnccl2 package) or `pip install nvidia-nccl-cu12`, or set "
+                "TFUSE_CUDA_LIBS to the directory holding libnccl.so.2");
     else if (!only)
         add(&t, "; GPU targets need the NVIDIA driver (TFUSE_CUDA_LIBS may name the directory holding libcuda.so.1)");
     return false;
@@ -471,6 +482,19 @@ tf_cuda_status tf_cuda_libs_add(tf_cuda_libs *out, unsigned which, const tf_cuda
             if (!st) st = TF_CUDA_ERR_NOT_FOUND;
         }
     }
+    if (which & TF_CUDA_LIB_NCCL) {
+        finder f = {.spec = &nccl_spec, .api = &out->nccl};
+        if (find(&f, s, out->nccl_error, sizeof out->nccl_error)) {
+            out->loaded |= TF_CUDA_LIB_NCCL;
+            out->nccl_handle = f.handle;
+            snprintf(out->nccl_path, sizeof out->nccl_path, "%s", f.path);
+            if (out->nccl.GetVersion(&out->nccl_version)) out->nccl_version = 0;
+        } else {
+            memset(&out->nccl, 0, sizeof out->nccl);
+            add(&t, "%s%s", t.at ? "\n" : "", out->nccl_error);
+            if (!st) st = TF_CUDA_ERR_NOT_FOUND;
+        }
+    }
     return st;
 }
 
@@ -482,6 +506,7 @@ void tf_cuda_libs_free(tf_cuda_libs *l)
     if (l->driver_handle) dlclose(l->driver_handle);
     if (l->cublaslt_handle) dlclose(l->cublaslt_handle);
     if (l->cudnn_handle) dlclose(l->cudnn_handle);
+    if (l->nccl_handle) dlclose(l->nccl_handle);
     memset(l, 0, sizeof *l);
 }
 
@@ -511,6 +536,11 @@ int tf_cuda_libs_describe(const tf_cuda_libs *l, char *buf, size_t n)
             l->cudnn_path);
     else if (l->cudnn_error[0])
         add(&t, "cudnn: not loaded: %s\n", l->cudnn_error);
+    if (l->loaded & TF_CUDA_LIB_NCCL)
+        add(&t, "nccl: %d.%d.%d %s (found; data parallel on the cuda target averages on the host for now)\n",
+            l->nccl_version / 10000, l->nccl_version / 100 % 100, l->nccl_version % 100, l->nccl_path);
+    else if (l->nccl_error[0])
+        add(&t, "nccl: not loaded: %s\n", l->nccl_error);
     return (int)t.at;
 }
 

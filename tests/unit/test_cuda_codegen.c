@@ -603,6 +603,25 @@ static void loader_failures(const char *tmpdir)
     }
     tf_cuda_libs_free(&l);
 
+    /* NCCL likewise: missing from a directories-only search, said; searched everywhere, found with a
+     * version (CUDA 13's toolkit ships it) or missing with the places searched */
+    st = tf_cuda_libs_load(&l, TF_CUDA_LIB_NCCL, &only, err, sizeof err);
+    tf_cuda_libs_describe(&l, desc, sizeof desc);
+    CHECK(st == TF_CUDA_ERR_NOT_FOUND && strstr(err, "NCCL not found") && strstr(err, "libnccl.so.2") && strstr(err, tmpdir) &&
+              strstr(desc, "nccl: not loaded: NCCL not found"),
+          "NCCL missing: %s / %s", err, desc);
+    tf_cuda_libs_free(&l);
+    st = tf_cuda_libs_load(&l, TF_CUDA_LIB_NCCL, &all_places, err, sizeof err);
+    tf_cuda_libs_describe(&l, desc, sizeof desc);
+    if (st) {
+        CHECK(strstr(err, "NCCL not found") && strstr(err, "site-packages"), "NCCL not on this machine, and where it looked: %s", err);
+        printf("nccl: %s\n", l.nccl_error);
+    } else {
+        CHECK(l.nccl_version >= 20000 && strstr(desc, "nccl: ") && strstr(desc, l.nccl_path), "NCCL loaded with its version: %s", desc);
+        printf("nccl: %d from %s\n", l.nccl_version, l.nccl_path);
+    }
+    tf_cuda_libs_free(&l);
+
     /* the driver, searched everywhere: on a machine without one, say so */
     tf_cuda_search all = all_places;
     st = tf_cuda_libs_load(&l, TF_CUDA_LIB_DRIVER, &all, err, sizeof err);
