@@ -80,6 +80,8 @@ typedef struct mpi_api {
                       mpi_handle comm, mpi_handle *req);
     int (*Ibcast)(void *buf, int count, mpi_handle type, int root, mpi_handle comm, mpi_handle *req);
     int (*Test)(mpi_handle *req, int *flag, void *status);   /* status: MPI_STATUS_IGNORE, NULL */
+    int (*Isend)(const void *buf, int count, mpi_handle type, int dest, int tag, mpi_handle comm, mpi_handle *req);
+    int (*Irecv)(void *buf, int count, mpi_handle type, int source, int tag, mpi_handle comm, mpi_handle *req);
     int (*Abort)(mpi_handle comm, int code);
     /* predefined handles: the globals' addresses */
     mpi_handle comm_world, comm_null, byte, errors_return;
@@ -91,7 +93,7 @@ typedef struct sym { const char *name; size_t off; bool data; } sym;
 static const sym mpi_syms[] = {
     FN(Initialized), FN(Finalized), FN(Init_thread), FN(Query_thread), FN(Finalize), FN(Get_library_version),
     FN(Error_string), FN(Comm_dup), FN(Comm_free), FN(Comm_rank), FN(Comm_size), FN(Comm_set_errhandler),
-    FN(Ialltoall), FN(Iallgather), FN(Ibcast), FN(Test), FN(Abort),
+    FN(Ialltoall), FN(Iallgather), FN(Ibcast), FN(Test), FN(Isend), FN(Irecv), FN(Abort),
     GLOBAL(comm_world, "ompi_mpi_comm_world"), GLOBAL(comm_null, "ompi_mpi_comm_null"),
     GLOBAL(byte, "ompi_mpi_byte"), GLOBAL(errors_return, "ompi_mpi_errors_return"),
 };
@@ -324,6 +326,7 @@ typedef struct mpi_impl {
     mpi_api api;
     void *lib;                 /* libmpi.so.40's handle */
     mpi_handle comm;           /* tfuse's own duplicate of the caller's communicator */
+    mpi_handle side;           /* another duplicate: after a timeout, which ranks still answer (silent_ranks) */
     int rank, size;            /* in comm */
     bool owned;                /* tfuse initialized MPI for this driver: free finalizes (the last one) */
     const char *stuck;         /* the collective that timed out, leaving comm unusable; NULL when none */
@@ -343,6 +346,54 @@ static int mpi_error(const mpi_impl *m, int code, const char *what, char *err, s
     code_text(&m->api, code, text, sizeof text);
     snprintf(err, nerr, "rank %d: %s failed: %s", m->rank, what, text);
     return -1;
+}
+
+/* After a timeout: which ranks answer at all. Every rank that times out
+ * sends a byte to every other on the side communicator and listens for
+ * theirs, for SILENT_S seconds (the others time out within about that of
+ * each other): a rank that sends nothing is dead or hung, and is named; if
+ * every rank answers, they are alive and out of step (one took another
+ * collective). Appends "; ..." to err. The requests are left pending: the
+ * job is to be ended. Jobs of more than 256 ranks are not probed. */
+enum { SILENT_MAX = 256 };
+static const double SILENT_S = 3.0;
+
+static void silent_ranks(mpi_impl *m, char *err, size_t nerr)
+{
+    static unsigned char got[SILENT_MAX], one = 1;
+    mpi_handle sreq[SILENT_MAX], rreq[SILENT_MAX];
+    bool heard[SILENT_MAX] = {0};
+    if (m->size > SILENT_MAX || m->size < 2) return;
+    pthread_mutex_lock(&mpi_mu);
+    for (int r = 0; r < m->size; r++) {
+        if (r == m->rank) continue;
+        m->api.Isend(&one, 1, m->api.byte, r, 7, m->side, &sreq[r]);
+        if (m->api.Irecv(&got[r], 1, m->api.byte, r, 7, m->side, &rreq[r]) != MPI_OK) heard[r] = true;   /* no verdict */
+    }
+    pthread_mutex_unlock(&mpi_mu);
+    heard[m->rank] = true;
+    double deadline = now_s() + SILENT_S;
+    int missing = m->size - 1;
+    while (missing > 0 && now_s() < deadline) {
+        missing = 0;
+        pthread_mutex_lock(&mpi_mu);
+        for (int r = 0; r < m->size; r++) {
+            int done = 0;
+            if (!heard[r] && m->api.Test(&rreq[r], &done, NULL) == MPI_OK && done) heard[r] = true;
+            missing += !heard[r];
+        }
+        pthread_mutex_unlock(&mpi_mu);
+        struct timespec t = {0, 10000000};
+        if (missing) nanosleep(&t, NULL);
+    }
+    size_t at = strlen(err);
+    if (!missing) {
+        snprintf(err + at, nerr - at, "; every rank still answers, so they are out of step (one is in another collective)");
+        return;
+    }
+    at += (size_t)snprintf(err + at, nerr - at, "; %s not answering:", missing == 1 ? "the rank" : "the ranks");
+    for (int r = 0, k = 0; r < m->size && at < nerr; r++)
+        if (!heard[r]) at += (size_t)snprintf(err + at, nerr - at, "%s %d", k++ ? "," : "", r);
 }
 
 /* Wait for req: test, and sleep between tests from 20 us up to 200 us, so
@@ -371,6 +422,7 @@ static int mpi_wait(mpi_impl *m, mpi_handle *req, const char *what, double timeo
             m->stuck = what;
             snprintf(err, nerr, "rank %d: the %s did not complete within %g s: a rank has died or hangs", m->rank,
                      what, timeout_s);
+            silent_ranks(m, err, nerr);
             return -1;
         }
         struct timespec t = {0, sleep_ns};
@@ -467,6 +519,7 @@ static void mpi_free(void *impl)
      * answer: leave MPI as it is (the caller is to abort the job). */
     if (!m->stuck) {
         pthread_mutex_lock(&mpi_mu);
+        m->api.Comm_free(&m->side);
         m->api.Comm_free(&m->comm);
         pthread_mutex_unlock(&mpi_mu);
         if (m->owned) mpi_stop(&m->api);
@@ -497,6 +550,7 @@ static int join(mpi_impl *m, mpi_handle base, const char **what)
         if ((rc = m->api.Comm_set_errhandler(m->comm, m->api.errors_return)) != MPI_OK) *what = "MPI_Comm_set_errhandler";
         else if ((rc = m->api.Comm_rank(m->comm, &m->rank)) != MPI_OK) *what = "MPI_Comm_rank";
         else if ((rc = m->api.Comm_size(m->comm, &m->size)) != MPI_OK) *what = "MPI_Comm_size";
+        else if ((rc = m->api.Comm_dup(m->comm, &m->side)) != MPI_OK) *what = "MPI_Comm_dup";
         if (rc != MPI_OK) m->api.Comm_free(&m->comm);
     }
     pthread_mutex_unlock(&mpi_mu);
@@ -543,6 +597,7 @@ int tf_comm_mpi_open(void *mpi_comm, const tf_comm_driver **drv, void **impl, in
         snprintf(err, nerr, "Open MPI sees a job of %d rank%s where the launcher started %d%s", m->size,
                  m->size == 1 ? "" : "s", env_size, note);
         pthread_mutex_lock(&mpi_mu);
+        m->api.Comm_free(&m->side);
         m->api.Comm_free(&m->comm);
         pthread_mutex_unlock(&mpi_mu);
         goto fail;

@@ -175,7 +175,7 @@ took=$(( $(date +%s) - start ))
 if [ -n "$vrank" ] && [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "rank $vrank" kill.out; then ok
 else bad "a killed rank ($vrank, pid $victim): exit $rc after $took s: $(cat kill.out)"; fi
 
-# a rank that hangs (stopped): the other gives up at the timeout and ends the job
+# a rank that hangs (stopped): the other gives up at the timeout, names it, and ends the job
 start=$(date +%s)
 TFUSE_COMM_TIMEOUT=3 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 \
   --data "x=$PWD/x.npy,y=$PWD/y.npy" --log "$PWD/hang.out.csv" >hang.out 2>&1 &
@@ -183,12 +183,14 @@ job=$!
 for _ in $(seq 50); do grep -q "^training" hang.out && break; sleep 0.2; done
 sleep 1
 victim=$(ranks_of hang.out | tail -1)
+vrank=$(rank_of "$victim")
 kill -STOP "$victim"
 wait $job
 rc=$?
 kill -9 "$victim" 2>/dev/null
 took=$(( $(date +%s) - start ))
-if [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "did not complete within 3 s: a rank has died or hangs" hang.out; then ok
+if [ -n "$vrank" ] && [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "did not complete within 3 s: a rank has died or hangs" hang.out &&
+   grep -q "the rank not answering: $vrank" hang.out; then ok
 else bad "a hung rank: exit $rc after $took s: $(cat hang.out)"; fi
 
 # Ctrl-C on the launcher: every rank stops after one step, rank 0 writes the checkpoint, once
