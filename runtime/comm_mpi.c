@@ -450,32 +450,40 @@ static int usable(const mpi_impl *m, const char *what, size_t chunk, char *err, 
     return 0;
 }
 
+/* MPI_Ialltoall and MPI_Iallgather take the same arguments. */
+typedef int (*exchange_fn)(const void *send, int scount, mpi_handle stype, void *recv, int rcount, mpi_handle rtype,
+                           mpi_handle comm, mpi_handle *req);
+
+/* One exchange of chunk bytes per rank, started and waited for (what: "alltoall", "allgather"). */
+static int exchange(mpi_impl *m, exchange_fn start, const char *what, const void *send, void *recv, size_t chunk,
+                    double timeout_s, char *err, size_t nerr)
+{
+    if (usable(m, what, chunk, err, nerr)) return -1;
+    double deadline = deadline_of(timeout_s);
+    mpi_handle req = NULL;
+    pthread_mutex_lock(&mpi_mu);
+    int rc = start(send, (int)chunk, m->api.byte, recv, (int)chunk, m->api.byte, m->comm, &req);
+    pthread_mutex_unlock(&mpi_mu);
+    if (rc != MPI_OK) {
+        char call[32];
+        snprintf(call, sizeof call, "MPI_I%s", what);
+        return mpi_error(m, rc, call, err, nerr);
+    }
+    return mpi_wait(m, &req, what, timeout_s, deadline, err, nerr);
+}
+
 static int mpi_alltoall(void *impl, const void *send, void *recv, size_t chunk, double timeout_s, char *err,
                         size_t nerr)
 {
     mpi_impl *m = impl;
-    if (usable(m, "alltoall", chunk, err, nerr)) return -1;
-    double deadline = deadline_of(timeout_s);
-    mpi_handle req = NULL;
-    pthread_mutex_lock(&mpi_mu);
-    int rc = m->api.Ialltoall(send, (int)chunk, m->api.byte, recv, (int)chunk, m->api.byte, m->comm, &req);
-    pthread_mutex_unlock(&mpi_mu);
-    if (rc != MPI_OK) return mpi_error(m, rc, "MPI_Ialltoall", err, nerr);
-    return mpi_wait(m, &req, "alltoall", timeout_s, deadline, err, nerr);
+    return exchange(m, m->api.Ialltoall, "alltoall", send, recv, chunk, timeout_s, err, nerr);
 }
 
 static int mpi_allgather(void *impl, const void *send, void *recv, size_t chunk, double timeout_s, char *err,
                          size_t nerr)
 {
     mpi_impl *m = impl;
-    if (usable(m, "allgather", chunk, err, nerr)) return -1;
-    double deadline = deadline_of(timeout_s);
-    mpi_handle req = NULL;
-    pthread_mutex_lock(&mpi_mu);
-    int rc = m->api.Iallgather(send, (int)chunk, m->api.byte, recv, (int)chunk, m->api.byte, m->comm, &req);
-    pthread_mutex_unlock(&mpi_mu);
-    if (rc != MPI_OK) return mpi_error(m, rc, "MPI_Iallgather", err, nerr);
-    return mpi_wait(m, &req, "allgather", timeout_s, deadline, err, nerr);
+    return exchange(m, m->api.Iallgather, "allgather", send, recv, chunk, timeout_s, err, nerr);
 }
 
 /* In pieces of PIECE bytes, one after the other; the timeout is the whole's. */
