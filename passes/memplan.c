@@ -362,7 +362,9 @@ static tf_ir_status mp_persistent(mp *p)
 }
 
 /* The value an elementwise node n may write in place over: an operand of
- * its shape and size that dies here, in another kernel. In a reduction
+ * its shape and size that dies here, in another kernel. An allreduce too:
+ * every target reads its operand (into a bucket, or a host copy) before it
+ * writes the mean, so a gradient's mean takes the gradient's place. In a reduction
  * kernel, too, for a result over the whole index space: every emitter (and
  * kernel_eval.c) finishes an outer index's reductions, every read of them,
  * before its full-space stores, and each of those reads its operands at the
@@ -372,7 +374,7 @@ static tf_value *mp_donor(const mp *p, const tf_node *n, int i)
 {
     const tf_value *v = n->out;
     const tf_region_kind rk = n->region ? p->m->regions[n->region - 1].kind : TF_REGION_POINTWISE;
-    bool elementwise = tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE &&
+    bool elementwise = (tf_op_info_of(n->op)->kind == TF_OPK_POINTWISE || tf_op_info_of(n->op)->kind == TF_OPK_COMM) &&
                        (!n->region || rk == TF_REGION_POINTWISE ||
                         (rk == TF_REGION_REDUCTION && p->region_space[n->region] &&
                          tf_type_same_shape(&v->type, p->region_space[n->region])));
