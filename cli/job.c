@@ -17,6 +17,12 @@ int cli_join_job(tf_context_t *ctx, args *a, tf_comm_t **comm, int *rank, int *s
         return cli_usage_errorf(a->cmd, "--data-parallel=%s with %d ranks (mpirun): each rank would train a model of its "
                                 "own; data parallel training averages the gradients of all of them", dp, *size);
     a->setting[CLI_SETTING_data_parallel] = "on";
+    static char ranks[16];   /* --shard-optimizer=on: over this job's ranks */
+    const char *sh = a->setting[CLI_SETTING_shard_optimizer];
+    if (sh && !strcmp(sh, "on")) {
+        snprintf(ranks, sizeof ranks, "%d", *size);
+        a->setting[CLI_SETTING_shard_optimizer] = ranks;
+    }
     snprintf(cli_rank_tag, sizeof cli_rank_tag, "rank %d: ", *rank);
     if (tf_comm_create_mpi(ctx, NULL, comm)) return cli_report(ctx, "joining the MPI job");
     if (tf_comm_rank(*comm) != *rank || tf_comm_size(*comm) != *size)

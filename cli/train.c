@@ -564,6 +564,7 @@ typedef struct trainer {
     int rank, size;
     bool stop_all;            /* a rank was interrupted: every rank stops after this step */
     bool agreed;              /* the run ends by a decision every rank made alike: no need to abort the job */
+    bool sharded;             /* the optimizer state is sharded over the ranks (shard_optimizer) */
 } trainer;
 
 /* Do two paths name one file? (The same text, or the same inode.) */
@@ -720,7 +721,10 @@ static int stop_interrupted(tf_context_t *ctx, const args *a, trainer *T, const 
 {
     const train_args *t = &a->train;
     fflush(stdout);
-    if (T->rank > 0) return RC_INTERRUPTED;   /* rank 0 writes the checkpoint and says so */
+    if (T->rank > 0) {   /* rank 0 writes the checkpoint and says so; this rank takes part (sharded state is gathered) */
+        if (t->save && cur->step != first && !saved) save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, T->size, a->file);
+        return RC_INTERRUPTED;
+    }
     if (cur->step == first) {
         fprintf(stderr, "tfuse: interrupted before step %" PRIu64 ": nothing trained in this run, no checkpoint written\n",
                 cur->step + 1);
@@ -905,6 +909,7 @@ static int ranks_same_state(tf_context_t *ctx, trainer *T)
                 rc = api_error(ctx, NULL);
                 break;
             }
+            if (T->sharded && !strncmp(name, "opt.", 4)) continue;   /* each rank's own chunk of the optimizer state */
             size_t bytes = (size_t)tf_dtype_size(v.dtype);
             for (int k = 0; k < v.rank; k++) bytes *= (size_t)v.shape[k];
             if (bytes > cap) {
@@ -927,7 +932,8 @@ static int ranks_same_state(tf_context_t *ctx, trainer *T)
             rc = errorf("rank %d's params and buffers differ from rank 0's after training (hashes %016" PRIx64 " and %016" PRIx64
                         "): the ranks drifted apart; this is a bug in tfuse", r, all[r], all[0]);
         }
-    if (!rc) printf("params and buffers identical on all %d ranks (hash %016" PRIx64 ")\n", T->size, h);
+    if (!rc) printf("params and buffers identical on all %d ranks (hash %016" PRIx64 ")%s\n", T->size, h,
+                    T->sharded ? ", but for each rank's chunk of the optimizer state" : "");
     free(all);
     return rc;
 }
@@ -1081,7 +1087,8 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if ((rc = train_after_step(ctx, T, &P, &pr, epoch, &last, &skipped))) break;
         double pause0 = now_s();
         saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
-        if (saved && T->rank == 0 && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) break;
+        /* every rank saves (a collective when the optimizer state is sharded); the library writes on rank 0 */
+        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) break;
         if (t->eval_every && cur->step % t->eval_every == 0 && cur->step < P.total &&
             (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size))) {
             if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
@@ -1103,7 +1110,7 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         ranks_report(T, cur->step - pr.first);
         if ((rc = ranks_same_state(ctx, T))) return rc;
     }
-    if (t->save && T->rank == 0) {
+    if (t->save) {
         if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) return rc;
         printf("saved %s (step %" PRIu64 ")\n", t->save, cur->step);
     }
@@ -1123,7 +1130,10 @@ int cmd_train(tf_context_t *ctx, const args *a0)
     args job = *a0, *a = &job;
     trainer T;
     memset(&T, 0, sizeof T);
-    if ((rc = cli_join_job(ctx, a, &T.comm, &T.rank, &T.size))) {
+    rc = cli_join_job(ctx, a, &T.comm, &T.rank, &T.size);
+    const char *sh = a->setting[CLI_SETTING_shard_optimizer];
+    T.sharded = sh && strcmp(sh, "off") && strcmp(sh, "0");
+    if (rc) {
         tf_comm_free(T.comm);
         return rc;
     }

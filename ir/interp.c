@@ -15,8 +15,7 @@ struct tf_interp_ctx {
     int nvals;
     struct { const tf_value *buf; tf_tensor t; } *pending;
     int npending, cap_pending;
-    tf_interp_mean_fn mean;   /* allreduce's collective; NULL: one rank */
-    void *mean_self;
+    tf_interp_comm comm;      /* the session's ranks; comm.mean NULL: one rank */
 };
 
 /* ---- random numbers: splitmix64 over (seed, stream, index) ---- */
@@ -210,17 +209,12 @@ tf_diag *tf_interp_diag(tf_interp_ctx *ip) { return ip->d; }
 void tf_interp_set_diag(tf_interp_ctx *ip, tf_diag *d) { ip->d = d; }
 tf_module *tf_interp_module(const tf_interp_ctx *ip) { return ip->m; }
 
-void tf_interp_set_comm(tf_interp_ctx *ip, tf_interp_mean_fn fn, void *self)
+void tf_interp_set_comm(tf_interp_ctx *ip, const tf_interp_comm *c)
 {
-    ip->mean = fn;
-    ip->mean_self = self;
+    ip->comm = c ? *c : (tf_interp_comm){0};
 }
 
-tf_interp_mean_fn tf_interp_comm(const tf_interp_ctx *ip, void **self)
-{
-    *self = ip->mean_self;
-    return ip->mean;
-}
+const tf_interp_comm *tf_interp_comm_of(const tf_interp_ctx *ip) { return ip->comm.mean ? &ip->comm : NULL; }
 
 tf_tensor *tf_interp_tensor(tf_interp_ctx *ip, const tf_value *v, tf_diag *d)
 {

@@ -60,8 +60,19 @@ tf_module *tf_interp_module(const tf_interp_ctx *ip);
  * exact in dt), summed in rank order; 0, or -1 with err filled. Without one
  * (fn NULL) the job is one rank: allreduce copies. */
 typedef int (*tf_interp_mean_fn)(void *self, tf_dt dt, double *data, int64_t n, char *err, size_t nerr);
-void tf_interp_set_comm(tf_interp_ctx *ip, tf_interp_mean_fn fn, void *self);
-tf_interp_mean_fn tf_interp_comm(const tf_interp_ctx *ip, void **self);
+/* allgather's (shard_optimizer): every rank's n values of dtype dt, into out
+ * (size * n of them, in rank order); 0, or -1 with err filled. */
+typedef int (*tf_interp_gather_fn)(void *self, tf_dt dt, const double *data, int64_t n, double *out, char *err, size_t nerr);
+typedef struct tf_interp_comm {
+    void *self;
+    int rank, size;
+    tf_interp_mean_fn mean;
+    tf_interp_gather_fn gather;
+} tf_interp_comm;
+/* The session's ranks for allreduce, shard and allgather (copied); NULL: one rank. */
+void tf_interp_set_comm(tf_interp_ctx *ip, const tf_interp_comm *c);
+/* NULL when the job is one rank. */
+const tf_interp_comm *tf_interp_comm_of(const tf_interp_ctx *ip);
 /* Schedule `buffer := value` for the end of the current step (copied now). */
 tf_ir_status tf_interp_defer_update(tf_interp_ctx *ip, const tf_value *buffer, const tf_tensor *value);
 

@@ -194,12 +194,56 @@ tf_ir_status ik_copy(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const
 tf_ir_status ik_allreduce(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
 {
     tf_ir_status st = ik_copy(ip, n, in, out);
-    void *self;
-    tf_interp_mean_fn mean = tf_interp_comm(ip, &self);
+    const tf_interp_comm *c = tf_interp_comm_of(ip);
     char err[512];
-    if (!st && mean && mean(self, out->dtype, out->data, out->numel, err, sizeof err))
+    if (!st && c && c->mean(c->self, out->dtype, out->data, out->numel, err, sizeof err))
         return tf_diag_error(DIAG, TF_IR_ERR_RUNTIME, &n->loc, "%s: %s", OPNAME, err);
     return st;
+}
+
+/* shard and allgather need as many ranks as they were compiled for. */
+static tf_ir_status ranks_match(tf_interp_ctx *ip, const tf_node *n, int *rank)
+{
+    const tf_interp_comm *c = tf_interp_comm_of(ip);
+    int64_t want = tf_node_int(n, "ranks"), size = c ? c->size : 1;
+    *rank = c ? c->rank : 0;
+    if (size != want)
+        return tf_diag_error(DIAG, TF_IR_ERR_RUNTIME, &n->loc, "%s: compiled for %lld ranks (shard_optimizer), and the session's "
+                             "job has %lld (tf_session_set_comm)", OPNAME, (long long)want, (long long)size);
+    return TF_IR_OK;
+}
+
+tf_ir_status ik_shard(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
+{
+    int rank;
+    tf_ir_status st = ranks_match(ip, n, &rank);
+    for (int64_t i = 0; !st && i < out->numel; i++) {
+        int64_t at = (int64_t)rank * out->numel + i;
+        out->data[i] = at < in[0]->numel ? in[0]->data[at] : 0.0;
+    }
+    return st;
+}
+
+tf_ir_status ik_allgather(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)
+{
+    int rank;
+    tf_ir_status st = ranks_match(ip, n, &rank);
+    if (st) return st;
+    const tf_interp_comm *c = tf_interp_comm_of(ip);
+    if (!c) {   /* one rank: its chunk is the whole */
+        memcpy(out->data, in[0]->data, (size_t)out->numel * sizeof *out->data);
+        return TF_IR_OK;
+    }
+    double *all = tf_malloc((size_t)(in[0]->numel * c->size) * sizeof *all);
+    char err[512];
+    if (!all) return tf_diag_error(DIAG, TF_IR_ERR_OOM, &n->loc, "%s: out of memory", OPNAME);
+    if (c->gather(c->self, out->dtype, in[0]->data, in[0]->numel, all, err, sizeof err)) {
+        tf_free(all);
+        return tf_diag_error(DIAG, TF_IR_ERR_RUNTIME, &n->loc, "%s: %s", OPNAME, err);
+    }
+    memcpy(out->data, all, (size_t)out->numel * sizeof *out->data);
+    tf_free(all);
+    return TF_IR_OK;
 }
 
 tf_ir_status ik_cast(tf_interp_ctx *ip, const tf_node *n, const tf_tensor *const *in, tf_tensor *out)

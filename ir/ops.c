@@ -240,6 +240,34 @@ static tf_ir_status need_vec(tf_module *m, tf_node *n, int i, tf_dim dim, const 
     return ERR("%s: %s must have shape [%lld], found %s", OPNAME, what, (long long)dim.n, tstr(m, t, b));
 }
 
+tf_ir_status sh_shard(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    (void)m, (void)d;
+    int64_t r = tf_node_int(n, "ranks"), numel = tf_type_numel(IN(0));
+    *out = (tf_type){.dtype = IN(0)->dtype, .rank = 1};
+    out->dims[0] = (tf_dim){(numel + r - 1) / r, -1};
+    return TF_IR_OK;
+}
+
+tf_ir_status sh_allgather(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
+{
+    char b[256];
+    const tf_attr *a = tf_node_attr_named(n, "shape");
+    int64_t r = tf_node_int(n, "ranks"), numel = 1;
+    if (a->u.ints.n > TF_MAX_RANK) return ERR("allgather: shape has %d axes, at most %d", a->u.ints.n, TF_MAX_RANK);
+    *out = (tf_type){.dtype = IN(0)->dtype, .rank = a->u.ints.n};
+    for (int i = 0; i < a->u.ints.n; i++) {
+        out->dims[i] = (tf_dim){a->u.ints.v[i].v, a->u.ints.v[i].sym};
+        if (numel > TF_MAX_NUMEL / a->u.ints.v[i].v) return ERR("allgather: shape's element count overflows");
+        numel *= a->u.ints.v[i].v;
+    }
+    if (IN(0)->rank != 1 || IN(0)->dims[0].n != (numel + r - 1) / r)
+        return ERR("allgather: each of %lld ranks holds %lld of the %lld elements of shape, so the operand is [%lld], found %s",
+                   (long long)r, (long long)((numel + r - 1) / r), (long long)numel, (long long)((numel + r - 1) / r),
+                   tstr(m, IN(0), b));
+    return TF_IR_OK;
+}
+
 tf_ir_status sh_same(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
 {
     (void)m; (void)d;

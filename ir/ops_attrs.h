@@ -175,6 +175,18 @@ static const tf_attr_spec tf_attrs_allreduce[] = {
     {"bucket",    TF_ATTR_INT,   "0",      -1, 1 << 20, NULL},
     {0},
 };
+/* shard and allgather (ZeRO-1): the number of ranks the value is split over,
+ * rank r holding the flat elements [r c, (r + 1) c), c = ceil(n / ranks);
+ * allgather's shape is the whole value's */
+static const tf_attr_spec tf_attrs_shard[] = {
+    {"ranks",     TF_ATTR_INT,   NULL,     1, 65536, NULL},
+    {0},
+};
+static const tf_attr_spec tf_attrs_allgather[] = {
+    {"ranks",     TF_ATTR_INT,   NULL,     1, 65536, NULL},
+    {"shape",     TF_ATTR_INTS,  NULL,     1, TF_MAX_DIM, NULL},
+    {0},
+};
 static const tf_attr_spec tf_attrs_slice_grad[] = {
     {"axis",      TF_ATTR_INT,   NULL,     -TF_MAX_RANK, TF_MAX_RANK - 1, NULL},
     {"start",     TF_ATTR_INT,   NULL,     -TF_MAX_DIM, TF_MAX_DIM, NULL},

@@ -186,10 +186,12 @@ static tf_ir_status decl_failed(tf_module *m, tf_diag *d, const tf_loc *loc, con
     return tf_diag_error(d, TF_IR_ERR_VERIFY, loc, "cannot add %s '%s': the name is taken", what, name);
 }
 
-static tf_value *state(opt *p, const char *slot, const tf_value *like, tf_dt dt)
+/* The optimizer slot `slot` of param `of`: a buffer opt.<slot>.<of> shaped
+ * like `like` (the param, or its shard under shard_optimizer). */
+static tf_value *state(opt *p, const char *slot, const tf_value *of, const tf_value *like, tf_dt dt)
 {
     char name[512];
-    snprintf(name, sizeof name, "opt.%s.%s", slot, like->name);
+    snprintf(name, sizeof name, "opt.%s.%s", slot, of->name);
     tf_type t = like->type;
     t.dtype = dt;
     tf_value *v = tf_module_add_decl(p->g->m, name, TF_VAL_BUFFER, &t, TF_INIT_ZEROS);
@@ -264,14 +266,44 @@ static tf_value *sumsq(opt *p, const char *name, tf_value *x)
     return build(p->g, name, &p->loc, TF_OP_REDUCE_SUM, &sq, 1, ra, 2);
 }
 
-static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_value *gr, tf_value *lr, tf_value *t,
+/* shard_optimizer (ZeRO-1): this rank's chunk of x, and the whole of a
+ * param's shape from every rank's chunk. */
+static tf_value *shard_of(opt *p, const tf_value *param, tf_value *x, const char *what)
+{
+    char nm[512];
+    snprintf(nm, sizeof nm, "%s.%s", param->name, what);
+    tf_named_attr a = {"ranks", tf_attr_int(p->g->o->shard_ranks)};
+    return build(p->g, nm, &p->loc, TF_OP_SHARD, &x, 1, &a, 1);
+}
+
+static tf_value *gather_of(opt *p, const tf_value *param, tf_value *x)
+{
+    char nm[512];
+    int64_t v[TF_MAX_RANK] = {0};
+    for (int i = 0; i < param->type.rank; i++) v[i] = param->type.dims[i].n;
+    tf_named_attr a[2] = {{"ranks", tf_attr_int(p->g->o->shard_ranks)}, {"shape", tf_attr_ints(p->g->m, v, param->type.rank)}};
+    if (a[1].attr.kind == TF_ATTR_NONE) {
+        p->g->failed = true;
+        tf_diag_error(p->g->d, TF_IR_ERR_OOM, &p->loc, "out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < param->type.rank; i++) a[1].attr.u.ints.v[i].sym = param->type.dims[i].sym;
+    snprintf(nm, sizeof nm, "%s.gathered", param->name);
+    return build(p->g, nm, &p->loc, TF_OP_ALLGATHER, &x, 1, a, 2);
+}
+
+static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *param, tf_value *gr, tf_value *lr, tf_value *t,
                                  tf_value *first)
 {
     const tf_call *c = &tr->optimizer;
     int fn = c->fn < 0 ? TF_OPT_SGD : c->fn;
     double wd = c->fn < 0 ? 0 : tf_call_float(tf_optimizer_fns, c, "weight_decay");
     char nm[512];
-#define N(fmt) (snprintf(nm, sizeof nm, fmt, w->name), nm)
+    /* sharded: the update runs on this rank's chunk of the param and its gradient, with moments of that size */
+    bool sharded = p->g->o->shard_ranks > 0;
+    tf_value *w = sharded ? shard_of(p, param, param, "shard") : param;
+    if (sharded) gr = shard_of(p, param, gr, "grad_shard");
+#define N(fmt) (snprintf(nm, sizeof nm, fmt, param->name), nm)
     /* the update runs in f32, or f64 for f64 params; the step's scalars follow */
     tf_dt dt = w->type.dtype == TF_DT_F64 ? TF_DT_F64 : TF_DT_F32;
     tf_named_attr to = {"to", tf_attr_dtype(dt)};
@@ -288,7 +320,7 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
         if (wd) gr = ob(p, N("%s.g_wd"), TF_OP_ADD, gr, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
         tf_value *d = gr;
         if (mu) {
-            tf_value *buf = state(p, "momentum", w, dt);
+            tf_value *buf = state(p, "momentum", param, w, dt);
             tf_value *b = select3(p, N("%s.buf"), first, gr, ob(p, N("%s.buf_mix"), TF_OP_ADD, ob(p, N("%s.buf_mu"), TF_OP_MUL, buf, onum(p, mu)), gr));
             if (add_update(p, buf, b)) return p->g->d->status;
             d = nesterov ? ob(p, N("%s.nesterov"), TF_OP_ADD, gr, ob(p, N("%s.mu_b"), TF_OP_MUL, b, onum(p, mu))) : b;
@@ -301,7 +333,7 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
         if (fn == TF_OPT_ADAM && wd) gr = ob(p, N("%s.g_wd"), TF_OP_ADD, gr, ob(p, N("%s.wd"), TF_OP_MUL, w, onum(p, wd)));
         if (fn == TF_OPT_ADAMW && wd)
             wcur = ob(p, N("%s.decayed"), TF_OP_MUL, w, ob(p, N("%s.keep"), TF_OP_SUB, onum(p, 1), ob(p, N("%s.lrwd"), TF_OP_MUL, lr, onum(p, wd))));
-        tf_value *m = state(p, "m", w, dt), *v = state(p, "v", w, dt);
+        tf_value *m = state(p, "m", param, w, dt), *v = state(p, "v", param, w, dt);
         tf_value *mn = ob(p, N("%s.m_next"), TF_OP_ADD, ob(p, N("%s.m_keep"), TF_OP_MUL, m, onum(p, b1)), ob(p, N("%s.m_take"), TF_OP_MUL, gr, onum(p, 1 - b1)));
         tf_value *vn = ob(p, N("%s.v_next"), TF_OP_ADD, ob(p, N("%s.v_keep"), TF_OP_MUL, v, onum(p, b2)),
                           ob(p, N("%s.v_take"), TF_OP_MUL, ob(p, N("%s.g2"), TF_OP_MUL, gr, gr), onum(p, 1 - b2)));
@@ -321,12 +353,13 @@ static tf_ir_status update_param(opt *p, const tf_train *tr, tf_value *w, tf_val
         next = ob(p, N("%s.next"), TF_OP_SUB, wcur, ob(p, N("%s.step"), TF_OP_MUL, r, lr));
     }
 #undef N
-    if (next && next->type.dtype != w->type.dtype) {
-        tf_named_attr ca = {"to", tf_attr_dtype(w->type.dtype)};
-        snprintf(nm, sizeof nm, "%s.next_cast", w->name);
+    if (next && next->type.dtype != param->type.dtype) {
+        tf_named_attr ca = {"to", tf_attr_dtype(param->type.dtype)};
+        snprintf(nm, sizeof nm, "%s.next_cast", param->name);
         next = build(p->g, nm, &p->loc, TF_OP_CAST, &next, 1, &ca, 1);
     }
-    return add_update(p, w, next);
+    if (sharded && next) next = gather_of(p, param, next);   /* every rank's updated chunk: the whole param */
+    return add_update(p, param, next);
 }
 
 /* The params with a gradient, in declaration order, and their gradients. */
@@ -501,7 +534,7 @@ static tf_ir_status accumulate(opt *p, const tf_train *tr, gradset *gs, tf_value
     *is_last = ob(p, "train.micro_last", TF_OP_EQ, micro, tf_const(m, (double)(nacc - 1), TF_DT_I64));
     for (int i = 0; i < gs->n && !g->failed; i++) {
         char nm[512];
-        tf_value *acc = state(p, "acc", gs->params[i], gs->grads[i]->type.dtype);
+        tf_value *acc = state(p, "acc", gs->params[i], gs->params[i], gs->grads[i]->type.dtype);
         snprintf(nm, sizeof nm, "%s.acc_next", gs->params[i]->name);
         tf_value *sum = select3(p, nm, is_first, gs->grads[i], ob(p, "train.acc_add", TF_OP_ADD, acc, gs->grads[i]));
         if (add_update(p, acc, sum)) return g->d->status;
@@ -611,6 +644,10 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
     if (tr->schedule.fn == TF_SCHED_ONECYCLE) base = tf_call_float(tf_schedule_fns, &tr->schedule, "max_lr");
     tf_value *lr = schedule(&p, tr, base, s);
     if (g->failed) return g->d->status;
+    if (g->o->shard_ranks && tr->optimizer.fn == TF_OPT_LAMB)
+        return tf_diag_error(g->d, TF_IR_ERR_VERIFY, &tr->optimizer.loc, "lamb with shard_optimizer: its trust ratio needs the "
+                             "norms of whole params, and each rank updates a chunk of each; use adamw, adam or sgd, or leave "
+                             "the optimizer state unsharded");
     gradset *gs = tf_calloc(1, sizeof *gs);
     if (!gs) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
     tf_value *commit = NULL, *is_last = NULL;   /* bool: apply this step's updates; the last micro-batch */
@@ -637,6 +674,9 @@ static tf_ir_status optimizer(tf_grad_ctx *g, tf_value *loss, tf_value *scale)
         u->value = select3(&p, nm, commit, u->value, u->buffer);
     }
     if (tf_module_add_output(m, "lr", lr, p.loc)) return tf_diag_error(g->d, TF_IR_ERR_OOM, NULL, "out of memory");
+    if (g->o->shard_ranks)
+        tf_explain(g->o, "autodiff", &p.loc, "shard_optimizer: each of %d ranks updates 1/%d of every param (shard) and keeps the "
+                   "optimizer state of that chunk; the params are gathered back (allgather)", g->o->shard_ranks, g->o->shard_ranks);
     const char *oname = tr->optimizer.fn < 0 ? "sgd (no train block optimizer: lr=0.01)" : tf_optimizer_fns[tr->optimizer.fn].name;
     tf_explain(g->o, "autodiff", &p.loc, "%d params updated by %s, schedule %s; the learning rate is output lr", np, oname,
                tr->schedule.fn < 0 ? "constant" : tf_schedule_fns[tr->schedule.fn].name);

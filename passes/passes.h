@@ -47,6 +47,7 @@ typedef struct tf_options {
     bool data_parallel;     /* autodiff: each gradient averaged over the session's ranks (allreduce), in buckets */
     int64_t allreduce_bucket;   /* ... of about this many bytes */
     bool sync_batchnorm;    /* lower: with data_parallel, train-mode batchnorm's statistics averaged over the ranks */
+    int shard_ranks;        /* autodiff: with data_parallel, the optimizer state sharded over this many ranks (ZeRO-1); 0: not */
     bool keep_broadcasts;   /* fuse: a broadcast is its own kernel (a tensor of copies), as tf_fit_pipeline's second
                              * try at a --memory-budget the fused plan misses: fusing one into its readers moves
                              * fewer bytes but can hold more values alive at once in the kernel it joins */

@@ -201,6 +201,19 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
     o->attention_decomposed = opts->attention_decomposed != 0;
     o->data_parallel = opts->data_parallel != 0;
     o->sync_batchnorm = opts->sync_batchnorm != 0;
+    const char *sh = opts->shard_optimizer;
+    if (sh && strcmp(sh, "off") && strcmp(sh, "0")) {
+        char *end;
+        long n = strtol(sh, &end, 10);
+        if (end == sh || *end || n < 1 || n > 65536)
+            return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: shard_optimizer '%s': expected the number of ranks to "
+                                "shard the optimizer state over (1 to 65536), or off%s", sh,
+                                !strcmp(sh, "on") ? " ('on' is for tfuse train under mpirun, which knows the job's size)" : "");
+        if (!opts->data_parallel)
+            return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: shard_optimizer (--shard-optimizer) shards the optimizer "
+                                "state over the ranks of a data-parallel step, and data_parallel is off");
+        o->shard_ranks = (int)n;
+    }
     if (o->sync_batchnorm && !o->data_parallel)
         return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: sync_batchnorm (--sync-batchnorm) averages batch norm's "
                             "statistics over the ranks of a data-parallel step, and data_parallel is off");
@@ -991,6 +1004,41 @@ tf_status tf_session_set_state(tf_session_t *s, const char *name, const tf_tenso
     return st ? st : s->be->state_write(s, v, t->data);
 }
 
+/* shard_optimizer (ZeRO-1): the ranks a program shards its optimizer state
+ * over (its shard ops' `ranks`), 0 when it does not. */
+static int shard_ranks_of(const tf_program_t *p)
+{
+    for (int i = 0; i < p->m->nodes.n; i++) {
+        const tf_node *n = p->m->nodes.items[i];
+        if (n->op == TF_OP_SHARD) return (int)tf_node_int(n, "ranks");
+    }
+    return 0;
+}
+
+/* The param whose optimizer slot v is, when v holds only this rank's chunk
+ * of it (opt.<slot>.<param>, [ceil(n / ranks)] elements); else NULL. In a
+ * file such a slot has its param's shape: the chunks of every rank. */
+static const tf_value *sharded_slot(const tf_session_t *s, const tf_value *v, int ranks)
+{
+    if (!ranks || strncmp(v->name, "opt.", 4) || v->type.rank != 1) return NULL;
+    const char *dot = strchr(v->name + 4, '.');
+    for (int i = 0; dot && i < s->p->params.n; i++) {
+        const tf_value *w = s->p->params.items[i];
+        int64_t n = tf_type_numel(&w->type);
+        if (!strcmp(dot + 1, w->name) && v->type.dims[0].n == (n + ranks - 1) / ranks) return w;
+    }
+    return NULL;
+}
+
+/* A session of a sharded program in a job of another size cannot hold its chunks. */
+static tf_status shard_job(tf_session_t *s, int ranks, const char *what)
+{
+    int size = tf_comm_size(s->comm);
+    if (size == ranks) return TF_OK;
+    return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "%s: error: the program shards its optimizer state over %d ranks "
+                        "(shard_optimizer), and the session's job has %d (tf_session_set_comm)", what, ranks, size);
+}
+
 /* State that compiling in train mode adds (autodiff's optimizer slots
  * "opt.SLOT.PARAM", its step counter and loss scale "train.*"): a program
  * compiled for inference has none of it and skips it in a checkpoint. */
@@ -1004,6 +1052,7 @@ tf_status tf_session_load_state(tf_session_t *s, const char *path) { return tf_s
 static tf_status apply_state(tf_session_t *s, const tio_tensor *ts, size_t n, const char *path)
 {
     tf_status st = TF_OK;
+    int ranks = shard_ranks_of(s->p);
     /* check everything before writing anything: a bad file changes no state */
     for (size_t i = 0; i < n && !st; i++) {
         const tf_value *v = find_state(s, ts[i].name);
@@ -1020,12 +1069,34 @@ static tf_status apply_state(tf_session_t *s, const tio_tensor *ts, size_t n, co
         }
         tf_tensor_view tv = {.dtype = (tf_dtype)ts[i].dtype, .rank = ts[i].rank, .data = ts[i].data};
         memcpy(tv.shape, ts[i].shape, sizeof tv.shape);
-        st = check_view(s, v, &tv, path);
+        const tf_value *of = sharded_slot(s, v, ranks);   /* in the file: the whole param's shape */
+        if (of) {
+            tf_value whole = *v;
+            whole.type = of->type;
+            whole.type.dtype = v->type.dtype;
+            st = check_view(s, &whole, &tv, path);
+            if (!st) st = shard_job(s, ranks, path);
+        } else {
+            st = check_view(s, v, &tv, path);
+        }
     }
     if (!st) st = session_wait(s);
     for (size_t i = 0; i < n && !st; i++) {
         const tf_value *v = find_state(s, ts[i].name);
-        if (v) st = s->be->state_write(s, v, ts[i].data);
+        const tf_value *of = v ? sharded_slot(s, v, ranks) : NULL;
+        if (of) {   /* this rank's chunk, zeros past the end */
+            size_t es = (size_t)tf_dtype_bytes(v->type.dtype), c = (size_t)v->type.dims[0].n, all = (size_t)tf_type_numel(&of->type);
+            size_t from = (size_t)tf_comm_rank(s->comm) * c, have = from < all ? (all - from < c ? all - from : c) : 0;
+            unsigned char *chunk = tf_calloc(c ? c : 1, es);
+            if (!chunk) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+            else {
+                memcpy(chunk, (const unsigned char *)ts[i].data + from * es, have * es);
+                st = s->be->state_write(s, v, chunk);
+            }
+            tf_free(chunk);
+        } else if (v) {
+            st = s->be->state_write(s, v, ts[i].data);
+        }
     }
     /* remember which params the file left at their initial values */
     tf_free(s->missing);
@@ -1081,6 +1152,8 @@ tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char
     size_t total = (size_t)(s->p->params.n + s->p->buffers.n), n = 0;
     tf_status st = session_wait(s);
     if (st) return st;
+    int ranks = shard_ranks_of(s->p);
+    if (ranks && (st = shard_job(s, ranks, path))) return st;
     tio_tensor *ts = tf_calloc(total ? total : 1, sizeof *ts);
     if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (size_t j = 0; j < total && !st; j++) {
@@ -1092,12 +1165,31 @@ tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char
         ts[i].rank = v->type.rank;
         for (int k = 0; k < v->type.rank; k++) ts[i].shape[k] = v->type.dims[k].n;
         ts[i].nbytes = type_bytes(&v->type);
+        const tf_value *of = sharded_slot(s, v, ranks);
+        if (of) {   /* every rank's chunk, gathered: the slot in its param's shape (a collective: every rank saves) */
+            size_t es = (size_t)tf_dtype_bytes(v->type.dtype), c = (size_t)v->type.dims[0].n;
+            size_t mine_bytes = c * es, all_bytes = mine_bytes * (size_t)ranks;
+            void *mine = tf_malloc(mine_bytes > 0 ? mine_bytes : 1);
+            ts[i].rank = of->type.rank;
+            for (int k = 0; k < of->type.rank; k++) ts[i].shape[k] = of->type.dims[k].n;
+            ts[i].nbytes = (size_t)tf_type_numel(&of->type) * es;
+            ts[i].data = tf_malloc(all_bytes > 0 ? all_bytes : 1);
+            if (!mine || !ts[i].data) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+            if (!st) st = s->be->state_read(s, v, mine);
+            if (!st && !s->comm) memcpy(ts[i].data, mine, mine_bytes);   /* one rank: its chunk is the whole */
+            else if (!st && tf_comm_gather(s->comm, v->type.dtype, mine, (int64_t)c, ts[i].data))
+                st = tf_set_error(s->ctx, TF_ERR_RUNTIME, "%s: error: gathering %s: %s", path, v->name, s->comm->err);
+            tf_free(mine);
+            continue;
+        }
         if (!(ts[i].data = tf_malloc(ts[i].nbytes ? ts[i].nbytes : 1))) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
         else st = s->be->state_read(s, v, ts[i].data);
     }
+    /* a data-parallel job: rank 0 writes (every rank holds the same state, but for the chunks gathered above) */
+    bool write = tf_comm_rank(s->comm) == 0;
     char err[5120];
     tio_status ws;
-    if (!st && (ws = tio_safetensors_write(path, ts, n, metadata_json_object, err, sizeof err)))
+    if (!st && write && (ws = tio_safetensors_write(path, ts, n, metadata_json_object, err, sizeof err)))
         st = tf_set_error(s->ctx, metadata_json_object && ws == TIO_ERR_ARG ? TF_ERR_INVALID_ARG : ws == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_IO,
                           "%s", err);
     for (size_t i = 0; i < n; i++) tf_free(ts[i].data);

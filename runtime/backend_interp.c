@@ -41,7 +41,7 @@ static tf_status interp_run(tf_session_t *s)
         for (int64_t k = 0; k < t->numel; k++)
             t->data[k] = tf_dtype_round(v->type.dtype, tf_elem_load(v->type.dtype, s->bound[i], k));
     }
-    tf_interp_set_comm(ip, s->comm ? tf_comm_interp_mean : NULL, s->comm);
+    tf_comm_interp_attach(ip, s->comm);
     if (tf_interp_run(ip, &d)) return tf_from_diag(s->ctx, &d);
     for (int i = 0; i < p->m->noutputs; i++) {
         const tf_value *v = p->m->outputs[i].value;

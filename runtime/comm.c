@@ -94,18 +94,19 @@ static int fail(tf_comm_t *c, const char *msg)
 }
 
 /* Steps 1-3 on the calling thread; the means land in b->gather (elements
- * in order). */
+ * in order). A gather bucket (b->gather_only) is step 3 alone, of this
+ * rank's chunk at the start of pack. */
 static int mean_bucket(tf_comm_t *c, tf_comm_bucket *b)
 {
     char err[512] = "";
     size_t cb = (size_t)b->chunk * elem_bytes(b->dtype);
     double t0 = now_ns();
     pthread_mutex_lock(&c->call);
-    int st = c->drv->alltoall(c->impl, b->pack, b->gather, cb, c->timeout_s, err, sizeof err);
-    if (!st) {
-        reduce_chunk(c, b);
-        st = c->drv->allgather(c->impl, b->pack + (size_t)c->rank * cb, b->gather, cb, c->timeout_s, err, sizeof err);
-    }
+    int st = b->gather_only ? 0 : c->drv->alltoall(c->impl, b->pack, b->gather, cb, c->timeout_s, err, sizeof err);
+    if (!st && !b->gather_only) reduce_chunk(c, b);
+    if (!st)
+        st = c->drv->allgather(c->impl, b->pack + (b->gather_only ? 0 : (size_t)c->rank * cb), b->gather, cb, c->timeout_s, err,
+                               sizeof err);
     pthread_mutex_unlock(&c->call);
     pthread_mutex_lock(&c->mu);
     b->comm_ns += now_ns() - t0;
@@ -150,6 +151,54 @@ int tf_comm_mean(tf_comm_t *c, tf_dt dt, void *data, int64_t n)
     int st = tf_comm_submit(c, &b) || tf_comm_wait(c, &b) ? -1 : 0;
     tf_comm_bucket_free(&b);
     return st;
+}
+
+int tf_comm_gather(tf_comm_t *c, tf_dt dt, const void *data, int64_t n, void *out)
+{
+    if (c->size == 1 || n == 0) {
+        memcpy(out, data, (size_t)n * elem_bytes(dt));
+        return 0;
+    }
+    tf_comm_bucket b = {0};
+    if (tf_comm_bucket_init(c, &b, dt, n * c->size, 1)) {   /* chunk = n */
+        tf_comm_bucket_free(&b);
+        return fail(c, "out of memory for an all-gather");
+    }
+    b.gather_only = true;
+    memcpy(b.pack, data, (size_t)n * elem_bytes(dt));
+    b.members[0].out = out, b.members[0].at = 0, b.members[0].n = n * c->size;
+    int st = tf_comm_submit(c, &b) || tf_comm_wait(c, &b) ? -1 : 0;
+    tf_comm_bucket_free(&b);
+    return st;
+}
+
+static int interp_gather(void *self, tf_dt dt, const double *data, int64_t n, double *out, char *err, size_t nerr)
+{
+    tf_comm_t *c = self;
+    size_t es = elem_bytes(dt);
+    unsigned char *v = tf_malloc((size_t)(n ? n : 1) * es), *all = tf_malloc((size_t)(n ? n : 1) * (size_t)c->size * es);
+    int st = v && all ? 0 : -1;
+    if (st) snprintf(err, nerr, "out of memory for an all-gather");
+    for (int64_t i = 0; !st && i < n; i++) tf_elem_store(dt, v, i, data[i]);
+    if (!st && tf_comm_gather(c, dt, v, n, all)) {
+        pthread_mutex_lock(&c->mu);
+        snprintf(err, nerr, "%s", c->err);
+        pthread_mutex_unlock(&c->mu);
+        st = -1;
+    }
+    for (int64_t i = 0; !st && i < n * c->size; i++) out[i] = tf_elem_load(dt, all, i);
+    tf_free(v), tf_free(all);
+    return st;
+}
+
+void tf_comm_interp_attach(tf_interp_ctx *ip, tf_comm_t *c)
+{
+    if (!c || c->size == 1) {
+        tf_interp_set_comm(ip, NULL);
+        return;
+    }
+    tf_interp_comm ic = {c, c->rank, c->size, tf_comm_interp_mean, interp_gather};
+    tf_interp_set_comm(ip, &ic);
 }
 
 int tf_comm_interp_mean(void *self, tf_dt dt, double *data, int64_t n, char *err, size_t nerr)

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "../include/tfuse.h"
+#include "interp.h"
 #include "ops.h"
 
 /* A driver's collectives. Each returns 0, or -1 with err filled: a true,
@@ -67,6 +68,7 @@ typedef struct tf_comm_bucket {
     int nmembers, filled;  /* members, and of them packed this step */
     struct { void *out; int64_t at, n; } *members;   /* where each member's mean goes */
     int state;             /* 0 idle, 1 queued, 2 done, 3 failed */
+    bool gather_only;      /* an all-gather of this rank's chunk (pack's first chunk elements): no mean */
     double wait_ns, comm_ns;   /* this step: time the caller waited for it, and its collectives took */
 } tf_comm_bucket;
 
@@ -99,6 +101,11 @@ int tf_comm_mean(tf_comm_t *c, tf_dt dt, void *data, int64_t n);
 /* Submit bucket b (all members packed) to the communication thread. 0, or
  * -1 with c->err. */
 int tf_comm_submit(tf_comm_t *c, tf_comm_bucket *b);
+/* Every rank's n elements of dt at data into out (size * n, rank order),
+ * through the queue; 0, or -1 with c->err. */
+int tf_comm_gather(tf_comm_t *c, tf_dt dt, const void *data, int64_t n, void *out);
+/* Give an interpreter the session's ranks (NULL or one rank: none). */
+void tf_comm_interp_attach(tf_interp_ctx *ip, tf_comm_t *c);
 /* allreduce's collective for the interpreter's kernel (tf_interp_mean_fn):
  * self is the tf_comm_t; the values travel in dt, as the targets' do (the
  * same sum, the same rounding: the same bits). */

@@ -298,7 +298,7 @@ static tf_status run_fallback(tf_session_t *s, cpu *c, const tf_kernel *k)
     if (!c->ip && !(c->ip = tf_interp_create(s->p->m, s->p->mode, c->rt[0])))   /* its tensors: only what fallbacks touch */
         return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     tf_interp_set_step(c->ip, c->rt[1]);
-    tf_interp_set_comm(c->ip, s->comm ? tf_comm_interp_mean : NULL, s->comm);
+    tf_comm_interp_attach(c->ip, s->comm);
     for (int b = 0; b < k->nbufs; b++) {
         const tf_value *v = k->bufs[b].value;
         tf_tensor *t = tf_interp_tensor(c->ip, v, &d);

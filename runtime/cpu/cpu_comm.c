@@ -76,7 +76,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     for (int v = 0; v < V; v++) of_value[v] = -1;
     for (int i = 0; i < K; i++) {
         const tf_node *n = P->kernels[i].lib;
-        cc->bucket_of[i] = c->ks[i].how == RUN_ALLREDUCE ? (int)tf_node_int(n, "bucket") : -1;   /* -1: at once */
+        cc->bucket_of[i] = c->ks[i].how == RUN_ALLREDUCE && n->op == TF_OP_ALLREDUCE ? (int)tf_node_int(n, "bucket") : -1;
         if (cc->bucket_of[i] >= nb) nb = cc->bucket_of[i] + 1;
         if (cc->bucket_of[i] >= 0) of_value[n->out->id] = cc->bucket_of[i];
     }
@@ -142,9 +142,41 @@ static tf_status comm_failed(tf_session_t *s)
     return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: %s", s->comm->err[0] ? s->comm->err : "an all-reduce failed");
 }
 
+/* shard (this rank's chunk of the flat value, zeros past its end) and
+ * allgather (every rank's chunk, the whole value again): ZeRO-1's. */
+static tf_status run_shard_gather(tf_session_t *s, cpu *c, const tf_node *n)
+{
+    int rank = s->comm ? s->comm->rank : 0, size = s->comm ? s->comm->size : 1;
+    int64_t want = tf_node_int(n, "ranks");
+    if (size != want)
+        return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: %s: compiled for %lld ranks (shard_optimizer), and the session's "
+                            "job has %d (tf_session_set_comm)", tf_op_info_of(n->op)->name, (long long)want, size);
+    const tf_value *x = n->in[0], *y = n->out;
+    size_t es = (size_t)tf_dtype_bytes(y->type.dtype);
+    unsigned char *in = storage(c, x), *out = storage(c, y);
+    if (n->op == TF_OP_SHARD) {
+        int64_t from = (int64_t)rank * numel(y), have = numel(x) - from;
+        have = have < 0 ? 0 : have > numel(y) ? numel(y) : have;
+        if (have) memmove(out, in + (size_t)from * es, (size_t)have * es);
+        memset(out + (size_t)have * es, 0, (size_t)(numel(y) - have) * es);
+        return TF_OK;
+    }
+    if (size == 1) {
+        if (in != out) memmove(out, in, value_bytes(y));
+        return TF_OK;
+    }
+    unsigned char *all = tf_malloc((size_t)numel(x) * (size_t)size * es);
+    if (!all) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for an all-gather");
+    int st = tf_comm_gather(s->comm, y->type.dtype, in, numel(x), all);
+    if (!st) memcpy(out, all, value_bytes(y));
+    tf_free(all);
+    return st ? comm_failed(s) : TF_OK;
+}
+
 tf_status tf_cpu_run_allreduce(tf_session_t *s, cpu *c, int i)
 {
     const tf_node *n = c->plan->kernels[i].lib;
+    if (n->op != TF_OP_ALLREDUCE) return run_shard_gather(s, c, n);
     const tf_value *x = n->in[0], *y = n->out;
     void *in = storage(c, x), *out = storage(c, y);
     if (!s->comm || s->comm->size == 1) {

@@ -59,7 +59,7 @@ static tf_status run_fallback(tf_session_t *s, cuda_session *c, const tf_kernel 
     tf_diag d = {0};
     tf_status st = TF_OK;
     tf_interp_set_step(c->ip, c->rt[1]);
-    tf_interp_set_comm(c->ip, s->comm ? tf_comm_interp_mean : NULL, s->comm);
+    tf_comm_interp_attach(c->ip, s->comm);
     if (lib_only) {
         for (int q = 0; !st && q < k->lib->nin; q++)
             if (k->lib->in[q]->kind != TF_VAL_CONST) st = to_interp(s, c, k->lib->in[q]);

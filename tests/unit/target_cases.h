@@ -142,6 +142,10 @@ static const target_case target_cases[] = {
      * allreduce of its own (tests/mpi checks the ranks' means) */
     {"allreduce, one rank", "input x : f32[3, 5]\ny = allreduce(x, bucket=2)\nz = mul(y, y)\nw = allreduce(z)\noutput w\n",
      TF_MODE_INFER},
+    /* shard and allgather over one rank: the whole value, padded to nothing; tests/mpi checks them on 2
+     * and 3 ranks through shard_optimizer */
+    {"shard, allgather, one rank", "input x : f32[3, 5]\ns = shard(x, ranks=1)\nt = mul(s, 2.0)\n"
+     "g = allgather(t, ranks=1, shape=[3, 5])\noutput g\noutput s\n", TF_MODE_INFER},
     {"train allreduce in the forward pass", "input x : f32[4, 6]\nparam w : f32[6, 3] = uniform()\n"
      "h = linear(x, w)\na = allreduce(h, bucket=1)\ns = tanh(a)\nloss = mean(s, axes=[0, 1])\noutput loss\n" TC_TRAIN_SGD,
      TF_MODE_TRAIN},
