@@ -1153,7 +1153,6 @@ tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char
     tf_status st = session_wait(s);
     if (st) return st;
     int ranks = shard_ranks_of(s->p);
-    if (ranks && (st = shard_job(s, ranks, path))) return st;
     tio_tensor *ts = tf_calloc(total ? total : 1, sizeof *ts);
     if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (size_t j = 0; j < total && !st; j++) {
@@ -1166,6 +1165,7 @@ tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char
         for (int k = 0; k < v->type.rank; k++) ts[i].shape[k] = v->type.dims[k].n;
         ts[i].nbytes = type_bytes(&v->type);
         const tf_value *of = sharded_slot(s, v, ranks);
+        if (of && (st = shard_job(s, ranks, path))) break;
         if (of) {   /* every rank's chunk, gathered: the slot in its param's shape (a collective: every rank saves) */
             size_t es = (size_t)tf_dtype_bytes(v->type.dtype), c = (size_t)v->type.dims[0].n;
             size_t mine_bytes = c * es, all_bytes = mine_bytes * (size_t)ranks;
@@ -1223,6 +1223,10 @@ tf_status tf_session_set_comm(tf_session_t *s, tf_comm_t *c)
                             "error: a job of %d ranks, and the program was compiled without data_parallel: its ranks would "
                             "train %d separate models (compile with data_parallel, --data-parallel=on)",
                             tf_comm_size(c), tf_comm_size(c));
+    int ranks = shard_ranks_of(s->p);
+    if (ranks && tf_comm_size(c) != ranks)
+        return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the program shards its optimizer state over %d ranks "
+                            "(shard_optimizer), and this job has %d: compile it for %d", ranks, tf_comm_size(c), tf_comm_size(c));
     s->comm = c;
     /* every rank draws its own dropout masks (the global batch's rows are not all masked alike); rank 0's
      * are a single session's; the initial state stays the seed's, the same on every rank */

@@ -104,8 +104,11 @@ const char *tf_cpu_op_support(tf_op op, char *detail, size_t n)
                  "softmax between (f32, f16, bf16; f64 runs the interpreter's kernel)", tf_cpu_blas_name());
         return "library";
     case TF_OPX_COMM:
-        snprintf(detail, n, "the gradient's bucket sent over MPI on a thread of its own while the backward pass goes on "
-                 "(runtime/comm.c); a copy with one rank");
+        if (op == TF_OP_ALLREDUCE)
+            snprintf(detail, n, "the gradient's bucket sent over MPI on a thread of its own while the backward pass goes on "
+                     "(runtime/comm.c); a copy with one rank");
+        else
+            snprintf(detail, n, "%s: this rank's chunk of the value, or every rank's gathered over MPI (runtime/comm.c)", name);
         return "library";
     default:
         snprintf(detail, n, "%s has no cpu implementation: the interpreter's kernel runs it on widened copies", name);

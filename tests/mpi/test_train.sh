@@ -87,6 +87,32 @@ if mpi 2 "$tfuse" train "$mlp" --target=cuda-emu --precision=fp32 --dim F=64 --d
    grep -q "identical on all 2 ranks" emu.out && python3 cmp.py cpu5.ckpt emu5.ckpt 1e-4 >>emu.out; then ok
 else bad "cuda-emu on 2 ranks: $(cat emu.out)"; fi
 
+# ZeRO-1 (--shard-optimizer=on): each rank keeps its chunk of the optimizer state; the params, and the
+# checkpoint (the chunks gathered in the params' shapes), are byte for byte those of an unsharded run, on
+# 2 ranks and on 3 (chunks of unequal fill); a sharded checkpoint resumes sharded and unsharded alike
+for n in 2 3; do
+  mpi $n "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 8 $D --save u$n.ckpt >/dev/null 2>&1 || bad "unsharded, $n ranks"
+  if mpi $n "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 8 $D --shard-optimizer=on --save z$n.ckpt >z$n.out 2>&1 &&
+     grep -q "identical on all $n ranks.*but for each rank's chunk of the optimizer state" z$n.out && cmp -s u$n.ckpt z$n.ckpt; then ok
+  else bad "sharded against unsharded, $n ranks: $(cat z$n.out)"; fi
+done
+mpi 3 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 3 $D --shard-optimizer=on --save zr.ckpt >/dev/null 2>&1
+cp zr.ckpt zu.ckpt
+mpi 3 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 8 $D --shard-optimizer=on --resume zr.ckpt --save zr.ckpt >zr.out 2>&1
+mpi 3 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=16 --steps 8 $D --resume zu.ckpt --save zu.ckpt >zu.out 2>&1
+if cmp -s u3.ckpt zr.ckpt && cmp -s u3.ckpt zu.ckpt; then ok; else bad "a sharded checkpoint resumed: $(cat zr.out zu.out)"; fi
+# the planned peak per rank falls; lamb and a job of another size are refused, and so is 'on' outside mpirun
+peak() { "$tfuse" compile "$mlp" --dim F=64 --dim B=16 --data-parallel=on "$@" --stats -o "$PWD/peak.tfp" 2>&1 | sed -n 's/^peak_bytes: //p'; }
+p1=$(peak) p3=$(peak --shard-optimizer=3)
+if [ -n "$p1" ] && [ -n "$p3" ] && [ "$p3" -lt "$p1" ]; then ok; else bad "planned peak sharded over 3 ranks ($p3) is not under unsharded ($p1)"; fi
+sed 's/optimizer = adamw(lr=1e-3, weight_decay=0.01)/optimizer = lamb(lr=1e-3)/' "$mlp" >lamb.ir
+expect 1 "lamb with shard_optimizer" -- "$tfuse" compile lamb.ir --dim F=64 --data-parallel=on --shard-optimizer=2 -o "$PWD/l.tfp"
+expect 1 "'on' is for tfuse train under mpirun" -- "$tfuse" compile "$mlp" --data-parallel=on --shard-optimizer=on -o "$PWD/l.tfp"
+"$tfuse" compile "$mlp" --mode=train --dim F=64 --dim B=16 --data-parallel=on --shard-optimizer=2 -o "$PWD/sh2.tfp" >/dev/null 2>&1
+out=$("$mpirun" $root --oversubscribe -np 3 "$tfuse" train sh2.tfp --steps 2 $D 2>&1)
+if [ $? -ne 0 ] && grep -q "shards its optimizer state over 2 ranks (shard_optimizer), and this job has 3" <<<"$out"; then ok
+else bad "a program sharded for 2 ranks on 3: $out"; fi
+
 # the same bits run to run, and through a resume
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save a.ckpt >/dev/null 2>&1 || bad "run a"
 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 16 $D --save b.ckpt >/dev/null 2>&1 || bad "run b"
