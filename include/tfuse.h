@@ -512,7 +512,10 @@ void      tf_comm_stats(const tf_comm_t *c, tf_comm_totals *out);
 /* Run the session's allreduce ops over c's ranks (NULL: one rank, each
  * allreduce is a copy). c must outlive the session's runs. With several
  * ranks, each draws its dropout masks from the seed mixed with its rank
- * (rank 0: the seed's own); the initial state stays the seed's. */
+ * (rank 0: the seed's own); the initial state stays the seed's. A program
+ * compiled with shard_optimizer = "N" needs a job of N ranks; its sessions'
+ * save is then a collective (every rank calls it), and with several ranks
+ * tf_session_save_state* writes on rank 0 only. */
 tf_status tf_session_set_comm(tf_session_t *s, tf_comm_t *c);
 
 /* How a session runs: its target, threads, kernels, and for the cpu target
