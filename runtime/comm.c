@@ -109,7 +109,6 @@ static int mean_bucket(tf_comm_t *c, tf_comm_bucket *b)
                                sizeof err);
     pthread_mutex_unlock(&c->call);
     pthread_mutex_lock(&c->mu);
-    b->comm_ns += now_ns() - t0;
     c->comm_ns += now_ns() - t0;
     c->bytes_reduced += b->elems * (int64_t)elem_bytes(b->dtype);
     pthread_mutex_unlock(&c->mu);
@@ -293,7 +292,6 @@ int tf_comm_wait(tf_comm_t *c, tf_comm_bucket *b)
     int st = b->state == 2 ? 0 : -1;
     b->state = 0;
     double w = now_ns() - t0;
-    b->wait_ns += w;
     c->wait_ns += w;
     pthread_mutex_unlock(&c->mu);
     return st;

@@ -69,7 +69,6 @@ typedef struct tf_comm_bucket {
     struct { void *out; int64_t at, n; } *members;   /* where each member's mean goes */
     int state;             /* 0 idle, 1 queued, 2 done, 3 failed */
     bool gather_only;      /* an all-gather of this rank's chunk (pack's first chunk elements): no mean */
-    double wait_ns, comm_ns;   /* this step: time the caller waited for it, and its collectives took */
 } tf_comm_bucket;
 
 struct tf_comm {
@@ -86,7 +85,7 @@ struct tf_comm {
     int nqueue, capqueue, head;
     char err[512];         /* the first failure: every later wait returns it */
     /* totals since the session's start, for --stats and bench --profile */
-    int64_t bytes_reduced, steps;
+    int64_t bytes_reduced;
     double wait_ns, comm_ns;
 };
 

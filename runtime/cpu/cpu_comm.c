@@ -148,9 +148,12 @@ static tf_status run_shard_gather(tf_session_t *s, cpu *c, const tf_node *n)
 {
     int rank = s->comm ? s->comm->rank : 0, size = s->comm ? s->comm->size : 1;
     int64_t want = tf_node_int(n, "ranks");
-    if (size != want)
-        return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: %s: compiled for %lld ranks (shard_optimizer), and the session's "
-                            "job has %d (tf_session_set_comm)", tf_op_info_of(n->op)->name, (long long)want, size);
+    if (size != want) {   /* at the op's place, as the interpreter says it */
+        tf_diag d = {0};
+        tf_diag_error(&d, TF_IR_ERR_RUNTIME, &n->loc, "%s: compiled for %lld ranks (shard_optimizer), and the session's job "
+                      "has %d (tf_session_set_comm)", tf_op_info_of(n->op)->name, (long long)want, size);
+        return tf_from_diag(s->ctx, &d);
+    }
     const tf_value *x = n->in[0], *y = n->out;
     size_t es = (size_t)tf_dtype_bytes(y->type.dtype);
     unsigned char *in = storage(c, x), *out = storage(c, y);

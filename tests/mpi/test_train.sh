@@ -184,37 +184,32 @@ expect 2 "each rank would train a model of its own" -- mpi 2 "$tfuse" train "$ml
 # test running beside this one is never hit), and a rank's number from its environment
 rank_of() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p'; }
 ranks_of() { for p in $(pgrep -f -- "--log $PWD/$1.csv"); do [ -n "$(rank_of "$p")" ] && echo "$p"; done; }   # not mpirun
+# strike NAME TIMEOUT SIGNAL: a long 2-rank job (output NAME.out), sent SIGNAL to one rank once it trains;
+# sets job, victim, vrank, rc and took
+strike() {
+  local name=$1 timeout=$2 sig=$3 start
+  start=$(date +%s)
+  TFUSE_COMM_TIMEOUT=$timeout mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 \
+    --data "x=$PWD/x.npy,y=$PWD/y.npy" --log "$PWD/$name.out.csv" >"$name.out" 2>&1 &
+  job=$!
+  for _ in $(seq 50); do grep -q "^training" "$name.out" 2>/dev/null && break; sleep 0.2; done
+  sleep 1
+  victim=$(ranks_of "$name.out" | tail -1)
+  vrank=$(rank_of "$victim")
+  kill "-$sig" "$victim"
+  wait $job
+  rc=$?
+  kill -9 "$victim" 2>/dev/null
+  took=$(( $(date +%s) - start ))
+}
 
 # a rank killed: the launcher ends the job and names it
-start=$(date +%s)
-TFUSE_COMM_TIMEOUT=20 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 \
-  --data "x=$PWD/x.npy,y=$PWD/y.npy" --log "$PWD/kill.out.csv" >kill.out 2>&1 &
-job=$!
-for _ in $(seq 50); do grep -q "^training" kill.out && break; sleep 0.2; done
-sleep 1
-victim=$(ranks_of kill.out | tail -1)
-vrank=$(rank_of "$victim")
-kill -9 "$victim"
-wait $job
-rc=$?
-took=$(( $(date +%s) - start ))
+strike kill 20 KILL
 if [ -n "$vrank" ] && [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "rank $vrank" kill.out; then ok
 else bad "a killed rank ($vrank, pid $victim): exit $rc after $took s: $(cat kill.out)"; fi
 
 # a rank that hangs (stopped): the other gives up at the timeout, names it, and ends the job
-start=$(date +%s)
-TFUSE_COMM_TIMEOUT=3 mpi 2 "$tfuse" train "$mlp" --dim F=64 --dim B=24 --steps 300000 --log-every 300000 \
-  --data "x=$PWD/x.npy,y=$PWD/y.npy" --log "$PWD/hang.out.csv" >hang.out 2>&1 &
-job=$!
-for _ in $(seq 50); do grep -q "^training" hang.out && break; sleep 0.2; done
-sleep 1
-victim=$(ranks_of hang.out | tail -1)
-vrank=$(rank_of "$victim")
-kill -STOP "$victim"
-wait $job
-rc=$?
-kill -9 "$victim" 2>/dev/null
-took=$(( $(date +%s) - start ))
+strike hang 3 STOP
 if [ -n "$vrank" ] && [ $rc -ne 0 ] && [ $took -lt 40 ] && grep -q "did not complete within 3 s: a rank has died or hangs" hang.out &&
    grep -q "the rank not answering: $vrank" hang.out; then ok
 else bad "a hung rank: exit $rc after $took s: $(cat hang.out)"; fi

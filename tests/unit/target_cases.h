@@ -207,6 +207,26 @@ static inline bool tc_generated(int op, bool train, char *buf, size_t n, tf_mode
 
 /* Every written case, then every case tc_generated makes, to fn (label, text,
  * mode); returns how many were generated. */
+/* fp16 training cases: the loss scale starts at 65536, which overflows these
+ * small models' 16-bit gradients, so a first step would be skipped in both
+ * sessions (states unchanged, nothing compared). Both start from 64 instead;
+ * false when that cannot be set. */
+static inline bool tc_small_loss_scale(tf_session_t *a, tf_session_t *b)
+{
+    float scale = 64;
+    tf_tensor_view sv = {.data = &scale, .dtype = TF_DTYPE_F32, .rank = 0};
+    return !tf_session_set_state(a, "train.loss_scale", &sv) && !tf_session_set_state(b, "train.loss_scale", &sv);
+}
+
+/* A training session's step counter (-1 when it cannot be read): 1 after a
+ * first step that was taken. */
+static inline int64_t tc_train_step(tf_session_t *s)
+{
+    int64_t step = -1;
+    tf_tensor_view st = {.data = &step, .dtype = TF_DTYPE_I64, .rank = 0};
+    return tf_session_get_state(s, "train.step", &st, sizeof step) ? -1 : step;
+}
+
 static inline int tc_each_case(void (*fn)(const char *label, const char *text, tf_mode mode))
 {
     for (size_t i = 0; i < sizeof target_cases / sizeof *target_cases; i++)

@@ -191,23 +191,16 @@ static void op_case(const char *label, const char *text, tf_mode mode)
         char lab[256];
         snprintf(lab, sizeof lab, "%s [%s]", label, precisions[pi]);
         pair q;
-        /* fp16 training: the loss scale starts at 65536, which overflows these small models' 16-bit
-         * gradients, so the first step would be skipped in both (states unchanged, nothing compared);
-         * both sessions start from 64 instead, and the step must have been taken */
+        /* fp16 training: from a loss scale the first step does not overflow, which must be taken */
         bool made = pair_make(&q, lab, u, mode, mode == TF_MODE_TRAIN ? precisions[pi] : NULL, NULL, 0);
-        if (made && mode == TF_MODE_TRAIN && pi == 2) {
-            float scale = 64;
-            tf_tensor_view sv = {.data = &scale, .dtype = TF_DTYPE_F32, .rank = 0};
-            made = !tf_session_set_state(q.ref, "train.loss_scale", &sv) && !tf_session_set_state(q.cpu, "train.loss_scale", &sv);
+        bool fp16_train = mode == TF_MODE_TRAIN && pi == 2;
+        if (made && fp16_train) {
+            made = tc_small_loss_scale(q.ref, q.cpu);
             CHECK(made, "%s: set train.loss_scale: %s", lab, tf_context_last_error(q.ctx));
         }
         if (made && pair_step(&q, lab)) {
-            if (mode == TF_MODE_TRAIN && pi == 2) {
-                int64_t step = -1;
-                tf_tensor_view st = {.data = &step, .dtype = TF_DTYPE_I64, .rank = 0};
-                CHECK(!tf_session_get_state(q.ref, "train.step", &st, sizeof step) && step == 1,
-                      "%s: the fp16 step was skipped (train.step %lld): nothing to compare", lab, (long long)step);
-            }
+            CHECK(!fp16_train || tc_train_step(q.ref) == 1, "%s: the fp16 step was skipped (train.step %lld): nothing to compare",
+                  lab, (long long)tc_train_step(q.ref));
             tf_session_info info;
             tf_session_get_info(q.cpu, &info);   /* every kernel compiled or a library call: none left to the interpreter */
             CHECK(info.fallbacks == 0, "%s: %d kernels fell back to the interpreter", lab, info.fallbacks);
