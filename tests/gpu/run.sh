@@ -67,30 +67,9 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 echo "tests/gpu/run.sh $* — $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
 echo "results: $OUT"
 
-declare -a NAMES RESULTS TIMES
-FAILED=0
-# step NAME COMMAND...: run, time, record PASS/FAIL (exit 0 / not 0), or SKIP when it prints "SKIP:" and exits 0
-step() {
-    local name=$1
-    shift
-    echo
-    echo "=== $name: $*"
-    local t0 t1 rc log
-    log=$(mktemp)
-    t0=$(date +%s.%N)
-    "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-    t1=$(date +%s.%N)
-    local result=PASS
-    if [ "$rc" -ne 0 ]; then result="FAIL (exit $rc)"; FAILED=1
-    elif grep -q '^SKIP:' "$log"; then result="SKIP ($(sed -n 's/^SKIP: //p' "$log" | head -n 1))"
-    fi
-    rm -f "$log"
-    NAMES+=("$name")
-    RESULTS+=("$result")
-    TIMES+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')")
-    echo "=== $name: $result"
-}
+export B CACHE="$ROOT/$B/cubin-cache" TARGET=cuda ROOT
+# shellcheck source=tests/gpu/lib.sh
+. "$ROOT/tests/gpu/lib.sh"
 
 # ---- the GPU ----
 if [ $DRY -eq 0 ]; then
@@ -98,13 +77,8 @@ if [ $DRY -eq 0 ]; then
 fi
 
 # ---- build ----
-build() {
-    mkdir -p "$B"
-    cmake -S . -B "$B" -DTFUSE_WITH_LLVM=OFF -DCMAKE_BUILD_TYPE=Release >"$B/cmake.log" 2>&1 || { cat "$B/cmake.log"; return 1; }
-    # the CLI, the GPU test (tests/gpu/test_gpu.c), the no-driver test and the stand-in driver
-    cmake --build "$B" -j "$JOBS" --target tfuse_cli test_gpu test_cuda_nodriver fake_cuda || return 1
-}
-step build build
+# the CLI, the GPU test (tests/gpu/test_gpu.c), the no-driver test and the stand-in driver
+step build build_gpu tfuse_cli test_gpu test_cuda_nodriver fake_cuda
 if [ "${RESULTS[0]}" != PASS ]; then
     echo "the build failed: nothing else can run"
 else
@@ -125,7 +99,6 @@ else
         }
         step cli-nodriver cli_nodriver
     else
-        CACHE="$ROOT/$B/cubin-cache"
         rm -rf "$CACHE"
         step ops-tf32 env TFUSE_CACHE_DIR="$CACHE" "$B/tests/test_gpu"
         step ops-fp32 env TFUSE_CACHE_DIR="$CACHE" TFUSE_NO_TF32=1 "$B/tests/test_gpu"
@@ -150,56 +123,6 @@ else
         }
         step digits digits
 
-        # seeded random .npy data for an example's inputs (no numpy needed)
-        # train_example NAME DIMS MUST_FALL: 30 steps; the loss must be finite, and fall when MUST_FALL=1
-        # (the transformer warms its learning rate up over 200 steps and accumulates 4 micro-batches:
-        # 30 steps barely move it, and its curve is checked against the interpreter in test_gpu)
-        train_example() {
-            local name=$1 dims=$2 must_fall=$3 tmp=$B/train-$1 out first last
-            rm -rf "$tmp"
-            mkdir -p "$tmp"
-            local spec
-            spec=$(python3 - "$name" "$tmp" $dims <<'EOF'
-import struct, sys, random
-name, tmp, dims = sys.argv[1], sys.argv[2], dict(a.split("=") for a in sys.argv[3:])
-random.seed(0)
-# inputs of each example: (name, dtype, shape, integer upper bound)
-ex = {
-  "mlp": [("x", "f4", ["B", "F"], 0), ("y", "i8", ["B"], 10)],
-  "cnn": [("images", "f4", ["N", 3, 32, 32], 0), ("labels", "i8", ["N"], 10)],
-  "transformer": [("tokens", "i8", ["B", "T"], "V"), ("targets", "i8", ["B", "T"], "V")],
-}[name]
-defaults = {"mlp": {"B": 64, "F": 784}, "cnn": {"N": 8}, "transformer": {"B": 4, "T": 16, "V": 64}}[name]
-def val(d): return int(dims.get(d, defaults.get(d))) if isinstance(d, str) else d
-rows = 4 * val(ex[0][2][0])   # four batches
-parts = []
-for iname, dt, shape, hi in ex:
-    shp = [rows] + [val(d) for d in shape[1:]]
-    n = 1
-    for s in shp: n *= s
-    hdr = "{'descr': '<%s', 'fortran_order': False, 'shape': (%s), }" % (dt, ", ".join(map(str, shp)) + ("," if len(shp) == 1 else ""))
-    hdr += " " * (63 - (10 + len(hdr)) % 64) + "\n"
-    with open("%s/%s.npy" % (tmp, iname), "wb") as f:
-        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
-        if dt == "f4": f.write(struct.pack("<%df" % n, *[random.gauss(0, 1) for _ in range(n)]))
-        else: f.write(struct.pack("<%dq" % n, *[random.randrange(val(hi)) for _ in range(n)]))
-    parts.append("%s=%s/%s.npy" % (iname, tmp, iname))
-print(",".join(parts))
-EOF
-) || { echo "SKIP: python3 is needed to write the data"; return 0; }
-            local dflags="" kv
-            for kv in $dims; do dflags="$dflags --dim $kv"; done
-            out=$(TFUSE_CACHE_DIR="$CACHE" "$B/tfuse" train "examples/$name.ir" --target=cuda $dflags --steps 30 --log "$tmp/log.csv" \
-                --data "$spec" 2>&1) || { echo "$out"; return 1; }
-            echo "$out" | tail -n 5
-            read -r first last < <(awk -F, 'NR > 1 && NR <= 6 { a += $3 } NR > 26 { b += $3; n++ } END { printf "%f %f\n", a / 5, b / n }' "$tmp/log.csv")
-            echo "mean loss over steps 1-5: $first, over steps 26-30: $last"
-            if awk -F, 'NR > 1 && ($3 != $3 + 0 || $3 ~ /nan|inf/) { bad = 1 } END { exit !bad }' "$tmp/log.csv"; then
-                echo "FAILED: a loss that is not a finite number"; return 1
-            fi
-            [ "$must_fall" = 1 ] || return 0
-            awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' || { echo "FAILED: the loss did not fall"; return 1; }
-        }
         step train-mlp train_example mlp "" 1
         step train-cnn train_example cnn "" 1
         step train-transformer train_example transformer "" 0
@@ -208,26 +131,6 @@ EOF
             step "bench-$ex" env TFUSE_CACHE_DIR="$CACHE" TFUSE_CUDA_EXPLAIN=1 "$B/tfuse" bench "examples/$ex.ir" --mode=train --target=cuda --iters 20 --profile
         done
 
-        # sanitize TOOL: compute-sanitizer's TOOL on a short inference run and a two-step training run
-        # (the transformer: attention, layernorm, the multi-tensor AdamW launch, a CUDA graph replay)
-        sanitize() {
-            local tool=$1 cs
-            cs=$(command -v compute-sanitizer || true)
-            [ -z "$cs" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && cs=/usr/local/cuda/bin/compute-sanitizer
-            if [ -z "$cs" ]; then echo "SKIP: compute-sanitizer is not installed"; return 0; fi
-            # each run bounded (SANITIZE_TIMEOUT, default 150 s): a tool that slows a run past it fails the step
-            # with that reason rather than the whole script's time limit
-            local run rc
-            for run in "run examples/mlp.ir --target=cuda --random-inputs --dim B=8" \
-                       "bench examples/transformer.ir --mode=train --target=cuda --warmup 0 --iters 2" \
-                       "bench examples/cnn.ir --mode=train --target=cuda --warmup 0 --iters 2 --dim N=4"; do
-                # shellcheck disable=SC2086
-                TFUSE_CACHE_DIR="$CACHE" timeout "${SANITIZE_TIMEOUT:-150}" "$cs" --tool "$tool" --error-exitcode 9 "$B/tfuse" $run
-                rc=$?
-                [ $rc -eq 124 ] && echo "FAILED: $tool on tfuse $run ran past ${SANITIZE_TIMEOUT:-150} s"
-                [ $rc -eq 0 ] || return 1
-            done
-        }
         step memcheck sanitize memcheck
         step racecheck sanitize racecheck
         step synccheck sanitize synccheck
@@ -235,11 +138,6 @@ EOF
 fi
 
 # ---- summary ----
-{
-    echo
-    echo "| test | result | seconds |"
-    echo "| --- | --- | --- |"
-    for i in "${!NAMES[@]}"; do echo "| ${NAMES[$i]} | ${RESULTS[$i]} | ${TIMES[$i]} |"; done
-} | tee "$OUT/summary.md"
+{ echo; summary_table; } | tee "$OUT/summary.md"
 if [ $FAILED -eq 0 ]; then echo "all passed ($OUT)"; else echo "FAILURES above ($OUT)"; fi
 exit $FAILED

@@ -1130,6 +1130,17 @@ static void fake_convs(const char *fake_dir, const char *cache)
     dlclose(dnn);
 }
 
+/* section: run one part of the test and say how long it took and how many checks have failed */
+static void section(const char *name, void (*part)(void))
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    part();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("-- %s: %.1f s, %d op cases so far, %d failed checks so far\n", name,
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), g_cases, check_failed);
+}
+
 int main(int argc, char **argv)
 {
     const char *fake_dir = NULL;
@@ -1141,6 +1152,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* piped through tee and maybe killed at a deadline: lose no line */
     char cache[4096] = "";
     if (fake_dir) {
         g_fake = true;
@@ -1173,15 +1185,17 @@ int main(int argc, char **argv)
     printf("cuda target: %s%s; sessions %s\n", g_fake ? "fake driver, every kernel on the host" : g_emu ? "cuda-emu, every kernel run on the host" : "GPU",
            g_fake ? "" : g_tf32 ? ", TF32 GEMMs" : ", fp32 GEMMs (TFUSE_NO_TF32=1)",
            tf_backend_for(TF_TARGET_CUDA) ? "through tf_session_create" : "built by the test (api.c does not route TF_TARGET_CUDA yet)");
-    ops();
-    examples();
-    if (!g_fake) graphs();   /* the fake driver runs no kernel, and captures nothing */
-    if (!g_fake) epilogues();   /* nor has it a cuBLASLt */
-    if (!g_fake) backward_epilogues();
-    contract();
-    bad_ids();
-    if (!g_fake) async_steps();   /* the fake driver runs no kernel */
-    if (g_emu) async_fault();
+    /* each part's time and failures so far, as it ends: a run cut by a deadline
+       (tests/gpu/session.sh) still says how far it got */
+    section("ops", ops);
+    section("examples", examples);
+    if (!g_fake) section("graphs", graphs);   /* the fake driver runs no kernel, and captures nothing */
+    if (!g_fake) section("epilogues", epilogues);   /* nor has it a cuBLASLt */
+    if (!g_fake) section("backward epilogues", backward_epilogues);
+    section("contract", contract);
+    section("bad ids", bad_ids);
+    if (!g_fake) section("async steps", async_steps);   /* the fake driver runs no kernel */
+    if (g_emu) section("async fault", async_fault);
     if (g_fake) {
         fake_compiles(cache);
         fake_convs(fake_dir, cache);

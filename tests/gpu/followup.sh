@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tests/gpu/followup.sh — the second, shorter device call of a GPU session (issue 35), run only when
+# tests/gpu/session.sh left time: what the first call leaves out, most wanted first, each cut by
+# the --budget (default 240 s).
+#
+#   tests/gpu/followup.sh [--budget S] [--out DIR]
+#   tests/gpu/followup.sh --dry-run       anywhere: cuda-emu, no sanitizer, no ncu, CPU peers
+#
+# Parts, in order:
+#   build       build-gpu/ again (a fresh machine keeps nothing from the first call)
+#   ops-fp32    test_gpu with TFUSE_NO_TF32=1: the strict fp32 tolerances
+#   racecheck   compute-sanitizer --tool racecheck, then synccheck, on two training steps of the
+#   synccheck   transformer (attention's and the reductions' shared-memory tiles)
+#   ncu         the three slowest generated kernels of a GPT-2 small bf16 training step: every
+#               kernel's duration (ncu's gpu__time_duration, one step), then `ncu --set full` on
+#               the top three (clock control off: the card's clocks are left as found)
+#   max-autotune  bench/gpu.sh --peers compile-max on the MLP in bf16
+# Files: followup.log, summary.md, ncu.tgz (the reports, when ncu ran), bench.tgz.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+T0=$SECONDS
+DRY=0 BUDGET=240 DEST=${OUT:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1; shift ;;
+        --budget) BUDGET="$2"; shift 2
+                  [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 60 ] || { echo "followup.sh: --budget wants whole seconds, at least 60" >&2; exit 2; } ;;
+        --out) DEST="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "followup.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
+    esac
+done
+left() { echo $((BUDGET - (SECONDS - T0))); }
+upto() { local l; l=$(( $(left) - $1 )); [ "$l" -gt 0 ] && echo "$l" || echo 0; }
+min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
+
+TARGET=cuda
+[ $DRY -eq 1 ] && TARGET=cuda-emu
+DEST=${DEST:-bench/results/$(date -u +%Y-%m-%d-%H%M)-followup}
+mkdir -p "$DEST"
+DEST=$(cd "$DEST" && pwd)
+exec > >(tee -a "$DEST/followup.log") 2>&1
+echo "tests/gpu/followup.sh $* — $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?), budget $BUDGET s"
+
+B=build-gpu
+export B CACHE="$ROOT/$B/cubin-cache" TARGET ROOT TFUSE_EXAMPLES="$ROOT/examples" DRY DEST
+# shellcheck source=tests/gpu/lib.sh
+. "$ROOT/tests/gpu/lib.sh"
+
+STEP_LIMIT=$(min 150 "$(upto 30)")
+step build build_gpu tfuse_cli test_gpu
+if [ "${RESULTS[0]}" = PASS ]; then
+    EMU=()
+    [ $DRY -eq 1 ] && EMU=(--emu)
+    STEP_LIMIT=$(min 120 "$(upto 60)")
+    step ops-fp32 env TFUSE_CACHE_DIR="$CACHE" TFUSE_NO_TF32=1 "$B/tests/test_gpu" "${EMU[@]}"
+
+    check_tool() {
+        [ "$DRY" = 0 ] || { echo "SKIP: a dry run has no GPU to check"; return 0; }
+        SANITIZE_TIMEOUT=$2 sanitize "$1" "bench examples/transformer.ir --mode=train --target=cuda --warmup 0 --iters 2"
+    }
+    export -f check_tool
+    for tool in racecheck synccheck; do
+        L=$(min 90 "$(upto 30)"); STEP_LIMIT=$L; step "$tool" check_tool "$tool" $((L > 5 ? L - 5 : 0))
+    done
+
+    # ncu_top3: the three slowest generated kernels of one GPT-2 small bf16 training step
+    ncu_top3() {
+        [ "$DRY" = 0 ] || { echo "SKIP: a dry run has no GPU to profile"; return 0; }
+        local ncu
+        ncu=$(command -v ncu || true)
+        [ -n "$ncu" ] || { echo "SKIP: ncu is not installed"; return 0; }
+        local run=(bench bench/models/gpt2.ir --mode=train --target=cuda --precision=bf16 --warmup 1 --iters 1)
+        mkdir -p "$DEST/ncu"
+        # every kernel of the second step (the first one compiles and picks algorithms)
+        TFUSE_CACHE_DIR="$CACHE" TFUSE_CUDA_GRAPHS=0 "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
+            -k regex:'^tf_' "$B/tfuse" "${run[@]}" > "$DEST/ncu/durations.csv" 2> "$DEST/ncu/durations.err" || return 1
+        local top
+        top=$(python3 - "$DEST/ncu/durations.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+name, value = head.index("Kernel Name"), head.index("Metric Value")
+total = collections.Counter()
+for r in rows:
+    total[r[name]] += float(r[value].replace(",", ""))
+for k, ns in total.most_common(3):
+    print(k, ns)
+PY
+) || return 1
+        echo "$top"
+        local k ns
+        while read -r k ns; do
+            TFUSE_CACHE_DIR="$CACHE" TFUSE_CUDA_GRAPHS=0 "$ncu" --clock-control none --set full -k "$k" -c 1 \
+                "$B/tfuse" "${run[@]}" > "$DEST/ncu/$k.txt" 2>&1 || return 1
+        done <<<"$top"
+    }
+    export -f ncu_top3
+    STEP_LIMIT=$(min 150 "$(upto 40)"); step ncu ncu_top3
+
+    autotune() {
+        local deadline=$1 py=() dry=()
+        [ "$deadline" -ge 60 ] || { echo "SKIP: $deadline s left, bench/gpu.sh needs 60"; return 0; }
+        if [ "$DRY" = 1 ]; then
+            dry=(--dry-run)
+            [ -x "$ROOT/.venv/bin/python" ] && py=(--python "$ROOT/.venv/bin/python")
+        fi
+        bench/gpu.sh "${dry[@]}" "${py[@]}" --tfuse "$B/tfuse" --configs "mlp:bf16" --peers compile-max --no-cached \
+            --no-profile --no-ckpt --iters 30 --warmup 5 --deadline "$deadline" --no-record --no-install --out "$DEST/bench"
+    }
+    export -f autotune
+    D=$(upto 10); STEP_LIMIT=$((D + 20)); step max-autotune autotune "$D"
+fi
+
+{
+    echo "# tests/gpu/followup.sh — $(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - T0)) s of a $BUDGET s budget"
+    echo
+    summary_table
+    [ ! -f "$DEST/bench/table.md" ] || { echo; cat "$DEST/bench/table.md"; }
+} > "$DEST/summary.md"
+for d in ncu bench; do
+    [ ! -d "$DEST/$d" ] || { tar czf "$DEST/$d.tgz" -C "$DEST" "$d" && rm -rf "${DEST:?}/$d"; }
+done
+cat "$DEST/summary.md"
+if [ $FAILED -eq 0 ]; then echo "all passed ($DEST)"; else echo "FAILURES above ($DEST)"; fi
+exit $FAILED
