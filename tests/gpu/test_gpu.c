@@ -478,7 +478,13 @@ static void backward_epilogues(void)
         char lab[4200];
         snprintf(lab, sizeof lab, "%s backward epilogues [%s]", path, bf ? "bf16" : "fp32");
         pair q;
-        if (pair_make(&q, lab, text, TF_MODE_TRAIN, bf ? "bf16" : "fp32", dims, ex->nd)) {
+        /* on a GPU, --cuda-explain's lines for this session: each GEMM's epilogue, or why it has none (the first
+         * GPU run found no DRELU_BGRAD in fp32 and did not say why) */
+        bool explain = !g_emu && !g_fake && !bf;
+        if (explain) setenv("TFUSE_CUDA_EXPLAIN", "1", 1);
+        bool made = pair_make(&q, lab, text, TF_MODE_TRAIN, bf ? "bf16" : "fp32", dims, ex->nd);
+        if (explain) unsetenv("TFUSE_CUDA_EXPLAIN");
+        if (made) {
             tf_session_set_profiling(q.dev, 1);
             /* fp32: two steps (the second reads params the first updated through the epilogues' gradients), as the
              * other plans of examples() are checked; bf16: one, as its mixed-precision step is */
@@ -488,7 +494,8 @@ static void backward_epilogues(void)
             int drelu = count_how(q.dev, "in GEMM: DRELU_BGRAD") + count_how(q.dev, "GEMM moved: DRELU_BGRAD");
             if (!bf)
                 CHECK(bgrad == 1 && drelu == 1, "%s: b2's gradient in the weight-gradient GEMM (%d kernels replaced, want 1), ReLU's backward "
-                      "and b1's gradient in the dX GEMM (%d, want 1)", lab, bgrad, drelu);
+                      "and b1's gradient in the dX GEMM (%d, want 1)%s", lab, bgrad, drelu,
+                      explain ? "; the GEMMs' epilogues, and why not, in the cuda: lines above" : "");
             else
                 CHECK(bgrad == 0 && drelu == 0, "%s: no backward epilogue in bf16 (%d BGRAD, %d DRELU)", lab, bgrad, drelu);
         }
