@@ -950,6 +950,7 @@ tf_status tf_session_output(tf_session_t *s, const char *name, tf_tensor_view *o
     for (int i = 0; i < s->p->m->noutputs; i++)
         if (!strcmp(s->p->m->outputs[i].name, name)) {
             tf_status st = session_wait(s);
+            if (!st && s->be && s->be->output_fetch && s->impl) st = s->be->output_fetch(s, i);
             if (st) return st;
             fill_shape(&s->p->m->outputs[i].value->type, &out->dtype, &out->rank, out->shape);
             out->data = s->out[i];

@@ -150,6 +150,11 @@ struct tf_backend {
      * fill s->out[i] and the profiles, and return the error the step met on
      * the device. api.c calls it before anything that reads results. */
     tf_status (*wait)(tf_session_t *s);
+    /* Optional (NULL: wait filled every s->out[i]): fill s->out[i] with the
+     * output of the step wait returned for, where wait left it on the
+     * device (cuda: outputs over TF_CUDA_EAGER_OUTPUT_BYTES, copied only
+     * when read). api.c calls it after wait, before handing s->out[i] out. */
+    tf_status (*output_fetch)(tf_session_t *s, int i);
     /* Copy a param/buffer out of / into the session (storage dtype). */
     tf_status (*state_read)(tf_session_t *s, const tf_value *v, void *dst);
     tf_status (*state_write)(tf_session_t *s, const tf_value *v, const void *src);

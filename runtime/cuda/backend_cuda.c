@@ -139,6 +139,11 @@ static tf_status cuda_state_read(tf_session_t *s, const tf_value *v, void *dst)
 static tf_status cuda_state_write(tf_session_t *s, const tf_value *v, const void *src)
 {
     cuda_session *c = s->impl;
+    /* an output left on the device may be this param's memory (or share it): read before it changes */
+    for (int i = 0; i < s->p->m->noutputs; i++) {
+        tf_status st = tf_cuda_output_fetch(s, i);
+        if (st) return st;
+    }
     CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
     CU_DO(v->name, MemcpyHtoDAsync(c->ptr[v->id], src, value_bytes(v), c->stream));
     CU_DO(v->name, StreamSynchronize(c->stream));
@@ -205,6 +210,7 @@ static void cuda_free(tf_session_t *s)
     tf_free(c->upool);
     tf_free(c->in_at);
     tf_free(c->out_at);
+    tf_free(c->out_fresh);
     tf_free(c->host);
     tf_interp_free(c->ip);
     tf_cuda_libs_free(&c->libs);
@@ -574,7 +580,7 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
 /* What the cuda and cuda-emu targets share: all but how they start and what
  * doctor says (cuda-emu writes no cubin artifact: compile -o for it is the IR). */
 #define CUDA_SESSION_OPS                                                                     \
-    .session_create = cuda_create, .session_free = cuda_free, .run = tf_cuda_run, .wait = tf_cuda_wait, \
+    .session_create = cuda_create, .session_free = cuda_free, .run = tf_cuda_run, .wait = tf_cuda_wait, .output_fetch = tf_cuda_output_fetch, \
     .state_read = cuda_state_read, .state_write = cuda_state_write, .step_get = cuda_step_get, \
     .step_set = cuda_step_set, .dropout_seed_set = cuda_dropout_seed_set, .set_profiling = cuda_set_profiling, \
     .profile_count = cuda_profile_count, .profile_get = cuda_profile_get, .info = cuda_info, \

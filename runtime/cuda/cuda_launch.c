@@ -251,10 +251,13 @@ tf_status tf_cuda_wait(tf_session_t *s)
     c->pending = false;
     for (int i = 0; i < m->noutputs; i++) {
         const tf_value *v = m->outputs[i].value;
+        c->out_fresh[i] = true;
         if (v->kind == TF_VAL_CONST) {
             for (int64_t j = 0; j < numel(v); j++) tf_elem_store(v->type.dtype, s->out[i], j, tf_dtype_round(v->type.dtype, v->cval));
-        } else {
+        } else if (c->out_at[i] != SIZE_MAX) {
             memcpy(s->out[i], c->pinned + c->out_at[i], value_bytes(v));
+        } else {
+            c->out_fresh[i] = false;   /* tf_cuda_output_fetch copies it when it is read */
         }
     }
     if (c->pending_profile) {
@@ -266,6 +269,23 @@ tf_status tf_cuda_wait(tf_session_t *s)
             c->ks[i].calls++;
         }
     }
+    return TF_OK;
+}
+
+/* Output i of the last step into s->out[i], when tf_cuda_wait left it on
+ * the device (a large output: GPT-2's logits are 1.6 GB, which the first
+ * GPU run copied to the host every step, read or not). Its memory holds
+ * it until the next step is enqueued: nothing after the step writes it. */
+tf_status tf_cuda_output_fetch(tf_session_t *s, int i)
+{
+    cuda_session *c = s->impl;
+    if (c->out_fresh[i]) return TF_OK;
+    const tf_value *v = s->p->m->outputs[i].value;
+    CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    tf_cu_result r = c->libs.cu.MemcpyDtoH(s->out[i], dev_of(c, v), value_bytes(v));
+    if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoH", __FILE__, __LINE__, c->err, sizeof c->err))
+        return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying output '%s' to the host: %s", s->p->m->outputs[i].name, c->err);
+    c->out_fresh[i] = true;
     return TF_OK;
 }
 
@@ -342,7 +362,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
     }
     for (int i = 0; i < m->noutputs; i++) {
         const tf_value *v = m->outputs[i].value;
-        if (v->kind == TF_VAL_CONST) continue;
+        if (v->kind == TF_VAL_CONST || c->out_at[i] == SIZE_MAX) continue;
         tf_cu_result r = c->libs.cu.MemcpyDtoHAsync(c->pinned + c->out_at[i], dev_of(c, v), value_bytes(v), c->stream);
         if (tf_cuda_check(&c->libs, r, "cuMemcpyDtoHAsync", __FILE__, __LINE__, c->err, sizeof c->err))
             return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: cuda: copying output '%s' to the host: %s", m->outputs[i].name, c->err);

@@ -193,7 +193,9 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
     const tf_program_t *p = s->p;
     c->in_at = tf_calloc((size_t)(p->inputs.n ? p->inputs.n : 1), sizeof *c->in_at);
     c->out_at = tf_calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_at);
-    if (!c->in_at || !c->out_at) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    c->out_fresh = tf_calloc((size_t)(m->noutputs ? m->noutputs : 1), sizeof *c->out_fresh);
+    if (!c->in_at || !c->out_at || !c->out_fresh) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
+    for (int i = 0; i < m->noutputs; i++) c->out_fresh[i] = true;   /* no step yet: nothing to fetch */
     size_t in = 64;
     for (int i = 0; i < p->inputs.n; i++) {
         c->in_at[i] = in;
@@ -206,8 +208,13 @@ static tf_status allocate(tf_session_t *s, cuda_session *c, const layout *L)
         at += c->slot_bytes;
     }
     for (int i = 0; i < m->noutputs; i++) {
+        size_t b = value_bytes(m->outputs[i].value);
+        if (b > TF_CUDA_EAGER_OUTPUT_BYTES) {   /* copied when read, not every step */
+            c->out_at[i] = SIZE_MAX;
+            continue;
+        }
         c->out_at[i] = at;
-        at += (value_bytes(m->outputs[i].value) + 63) / 64 * 64;
+        at += (b + 63) / 64 * 64;
     }
     c->pinned_bytes = at;
     void *pin = NULL;

@@ -168,7 +168,11 @@ typedef struct cuda_session {
                                  * writes a param or buffer in place (memplan's home), else nkernels */
     /* host memory */
     unsigned char *pinned;      /* the error words, two input slots, then outputs */
-    size_t pinned_bytes, *in_at, *out_at;   /* in_at: an input's offset in a slot (and in in_dev) */
+    /* out_at: an output's offset in the pinned buffer, SIZE_MAX for one over
+     * TF_CUDA_EAGER_OUTPUT_BYTES, which stays on the device until read
+     * (out_fresh: s->out[i] holds the last step's) */
+    size_t pinned_bytes, *in_at, *out_at;
+    bool *out_fresh;   /* in_at: an input's offset in a slot (and in in_dev) */
     /* asynchronous steps: tf_cuda_run returns once the step is enqueued; tf_cuda_wait waits for it.
      * A slot holds {seed, step} then the inputs; the copy stream copies it into in_dev, the
      * compute stream moves in_dev's contents into place at the start of the step. */
@@ -317,5 +321,9 @@ void tf_cuda_plan_steps(tf_session_t *s, cuda_session *c);
 tf_status tf_cuda_run(tf_session_t *s);
 /* tf_backend.wait: the last step waited for, its outputs and profile read. */
 tf_status tf_cuda_wait(tf_session_t *s);
+/* Outputs up to this size ride back with the step (in its graph, to pinned
+ * memory); larger ones stay on the device until read (tf_cuda_output_fetch). */
+#define TF_CUDA_EAGER_OUTPUT_BYTES ((size_t)1 << 20)
+tf_status tf_cuda_output_fetch(tf_session_t *s, int i);
 
 #endif

@@ -938,6 +938,38 @@ static void bad_ids(void)
     pair_free(&q);
 }
 
+/* ---- outputs over TF_CUDA_EAGER_OUTPUT_BYTES: on the device until read -----------------
+ * y (640 x 512 f32, 1.25 MiB) is copied to the host only when asked for:
+ * after one step, after two more back to back (the last one's), and again
+ * after a param changed under it (the same bytes: nothing ran since). */
+static void large_outputs(void)
+{
+    static const char *const M = "input x : f32[640, 512]\nparam w : f32[512] = normal()\ny = mul(x, w)\ns = mul(y, y)\n"
+                                 "loss = mean(s, axes=[0, 1])\noutput loss\noutput y\n" TC_TRAIN_SGD;
+    for (int mode = 0; mode < 2; mode++) {
+        const char *lab = mode ? "large output [infer]" : "large output [train]";
+        pair q;
+        if (pair_make(&q, lab, M, mode ? TF_MODE_INFER : TF_MODE_TRAIN, "fp32", NULL, 0) && pair_step(&q, lab)) {
+            pair_compare(&q, lab, true, state_tol(), 0);
+            if (pair_step(&q, lab) && pair_step(&q, lab)) pair_compare(&q, "large output, the third of three steps", true, state_tol(), 0);
+            tf_tensor_view y;
+            static float before[640 * 512], w[512];
+            bool ok = !tf_session_output(q.dev, "y", &y);
+            CHECK(ok, "%s: output y: %s", lab, tf_context_last_error(q.ctx));
+            if (ok) {
+                memcpy(before, y.data, sizeof before);
+                for (int i = 0; i < 512; i++) w[i] = (float)i;
+                tf_tensor_view wv = {.dtype = TF_DTYPE_F32, .rank = 1, .shape = {512}, .data = w};
+                CHECK(!tf_session_set_state(q.dev, "w", &wv), "%s: set w: %s", lab, tf_context_last_error(q.ctx));
+                CHECK(!tf_session_output(q.dev, "y", &y) && !memcmp(before, y.data, sizeof before),
+                      "%s: y read after w changed is the last step's", lab);
+            }
+            g_cases++;
+        }
+        pair_free(&q);
+    }
+}
+
 /* ---- with the fake driver: compiling, the cache, launches ----------------------------- */
 
 static void fake_compiles(const char *cache)
@@ -1201,6 +1233,7 @@ int main(int argc, char **argv)
     if (!g_fake) section("backward epilogues", backward_epilogues);
     section("contract", contract);
     section("bad ids", bad_ids);
+    section("large outputs", large_outputs);
     if (!g_fake) section("async steps", async_steps);   /* the fake driver runs no kernel */
     if (g_emu) section("async fault", async_fault);
     if (g_fake) {
