@@ -22,7 +22,8 @@
 # cold and cached. The order is by passes, so that --deadline cuts the least
 # wanted: (1) tfuse and compile, (2) the cached runs and eager, (3) tfuse's
 # profile and checkpointed runs, (4) max-autotune. Step times are medians
-# of --iters (>= 50) steps timed with CUDA events after --warmup steps; peak
+# of --iters (>= 50) steps after --warmup steps (peers: CUDA events; tfuse
+# bench: the host clock until its first output can be read); peak
 # memory is torch.cuda.max_memory_allocated (tfuse: device_bytes, what
 # its session allocated). Where tfuse's cuda target does not work yet, its
 # cells say "n/a (reason)" and the peers are measured all the same.
@@ -149,7 +150,7 @@ report() {
         [ ! -f "$OUT/nvidia-smi-query.txt" ] || echo "- GPU (nvidia-smi): $(head -1 "$OUT/nvidia-smi-query.txt")"
         echo "- peers: torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" \
              "$("$PY" -c 'import triton; print("(triton " + triton.__version__ + ")")' 2>/dev/null || true)"
-        echo "- commands (medians of --iters timed steps after --warmup; CUDA events):"
+        echo "- commands (medians of --iters timed steps after --warmup; peers: CUDA events, tfuse: host clock to its first output):"
         # shellcheck disable=SC2016
         sed 's/^/  - `/; s/$/`/' "$OUT/commands.txt" 2>/dev/null || true
         echo "- raw output: \`$OUT/\`"

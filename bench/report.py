@@ -325,7 +325,9 @@ def gpu_table(runs, d=""):
                    f"| {ms(pr['compile-max'])} | {ratio(t, pr['eager'])} | {ratio(t, pr['compile'])} "
                    f"| {ratio(t, pr['compile-max'])} | {ratio(t, pr[best]) if best else '—'} | {mem} | {comp} |")
     out.append("")
-    out.append("Step times are medians (CUDA events) of the timed steps after warm-up; a ratio below 1 means tfuse is "
+    out.append("Step times are medians of the timed steps after warm-up (the peers: CUDA events around the step; tfuse: "
+               "the host's clock from tf_session_run until its first output, the loss, can be read, the step having "
+               "finished on the GPU); a ratio below 1 means tfuse is "
                "faster; the target is tfuse/best compile <= 0.8, against the faster of torch.compile's default and "
                "max-autotune. Peak memory: tfuse's device_bytes (what its session holds for its steps: arena, state, "
                "workspaces; its plan's peak_bytes where a run predates that line); PyTorch's "
