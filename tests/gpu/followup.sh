@@ -41,7 +41,7 @@ TARGET=cuda
 [ $DRY -eq 1 ] && TARGET=cuda-emu
 DEST=${DEST:-bench/results/$(date -u +%Y-%m-%d-%H%M)-followup}
 mkdir -p "$DEST"
-DEST=$(cd "$DEST" && pwd)
+DEST=$(cd "$DEST" && pwd) || exit 1
 exec > >(tee -a "$DEST/followup.log") 2>&1
 echo "tests/gpu/followup.sh $* — $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?), budget $BUDGET s"
 

@@ -67,7 +67,7 @@ else
 fi
 DEST=${DEST:-bench/results/$(date -u +%Y-%m-%d-%H%M)-${GPU:-unknown-gpu}-session}
 mkdir -p "$DEST"
-DEST=$(cd "$DEST" && pwd)
+DEST=$(cd "$DEST" && pwd) || exit 1
 exec > >(tee -a "$DEST/session.log") 2>&1
 echo "tests/gpu/session.sh $* — $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)$(git diff --quiet 2>/dev/null || echo ' (with local changes)'), budget $BUDGET s"
 
