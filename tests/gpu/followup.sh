@@ -20,7 +20,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 T0=$SECONDS
 DRY=0 BUDGET=240 DEST=${OUT:-}
 while [ $# -gt 0 ]; do
@@ -96,8 +96,8 @@ for k, ns in ours[:3]:   # --set full on the three slowest generated ones
 PY
 ) || return 1
         echo "$top"
-        local k ns
-        while read -r k ns; do
+        local k
+        while read -r k _; do
             TFUSE_CACHE_DIR="$CACHE" TFUSE_CUDA_GRAPHS=0 "$ncu" --clock-control none --set full -k "$k" -c 1 \
                 "$B/tfuse" "${run[@]}" > "$DEST/ncu/$k.txt" 2>&1 || return 1
         done <<<"$top"

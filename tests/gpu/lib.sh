@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/gpu/lib.sh — the steps that tests/gpu/run.sh and tests/gpu/session.sh share (sourced).
 #
 # The caller sets B (the build directory, holding tfuse and tests/), CACHE (the cubin cache),
@@ -5,6 +6,7 @@
 # (seconds, for the next step only; see step).
 
 declare -a NAMES=() RESULTS=() TIMES=()
+# shellcheck disable=SC2034   # FAILED is read by the scripts that source this file
 FAILED=0
 STEP_LIMIT=""
 

@@ -39,7 +39,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 T0=$SECONDS
 DRY=0 BUDGET=520 DEST=${OUT:-}
 while [ $# -gt 0 ]; do
