@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034   # NAMES, RESULTS, TIMES and FAILED are read by the scripts that source this file
 # tests/gpu/lib.sh — the steps that tests/gpu/run.sh and tests/gpu/session.sh share (sourced).
 #
 # The caller sets B (the build directory, holding tfuse and tests/), CACHE (the cubin cache),
@@ -6,7 +7,6 @@
 # (seconds, for the next step only; see step).
 
 declare -a NAMES=() RESULTS=() TIMES=()
-# shellcheck disable=SC2034   # FAILED is read by the scripts that source this file
 FAILED=0
 STEP_LIMIT=""
 

@@ -38,7 +38,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 DRY=0
 for a in "$@"; do
     case "$a" in
@@ -49,7 +49,6 @@ for a in "$@"; do
 done
 
 B=build-gpu
-JOBS=$(nproc 2>/dev/null || echo 4)
 STAMP=$(date +%Y-%m-%d-%H%M)
 if [ $DRY -eq 0 ]; then
     if ! command -v nvidia-smi >/dev/null 2>&1; then
