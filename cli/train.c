@@ -947,6 +947,11 @@ static void ranks_report(const trainer *T, uint64_t steps)
     tf_comm_stats(T->comm, &c);
     if (!steps) return;
     double per = (double)steps;
+    if (c.bytes_nccl && c.bytes_nccl == c.bytes_reduced) {   /* on the GPUs' own stream: the host times none of it */
+        printf("data parallel: %d ranks; per step %.3f MB averaged by NCCL on a stream of its own beside the backward pass "
+               "(`tfuse bench --profile` times the steps)\n", c.size, (double)c.bytes_reduced / per / 1e6);
+        return;
+    }
     printf("data parallel: %d ranks; per step %.3f MB averaged, all-reduce %.2f ms, of it waited for %.2f ms (%.0f%% "
            "overlapped the backward pass)\n", c.size, (double)c.bytes_reduced / per / 1e6, c.comm_ms / per, c.wait_ms / per,
            c.comm_ms > 0 ? 100.0 * fmax(0.0, 1.0 - c.wait_ms / c.comm_ms) : 0.0);

@@ -107,8 +107,8 @@ bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n)
         return false;
     }
     if (tf_op_exec_of(nd->op) == TF_OPX_COMM) {
-        snprintf(why, n, "kernel %s: %s averages over the ranks through the host's communicator (MPI; NCCL is not "
-                 "yet wired in)", k->name, name);
+        snprintf(why, n, "kernel %s: %s averages over the ranks in the runtime (NCCL, or the host's communicator), not in "
+                 "generated code", k->name, name);
         return false;
     }
     if (!lib_op(nd->op)) {

@@ -507,6 +507,7 @@ typedef struct tf_comm_totals {
     int64_t bytes_reduced;   /* bytes of values averaged (each rank's share counted once) */
     double comm_ms;          /* time the collectives took, on the communication thread */
     double wait_ms;          /* of the steps' time, what the sessions waited for them: comm_ms - wait_ms overlapped compute */
+    int64_t bytes_nccl;      /* of bytes_reduced, what NCCL averaged on the GPUs (the cuda target; not in comm_ms) */
 } tf_comm_totals;
 void      tf_comm_stats(const tf_comm_t *c, tf_comm_totals *out);
 /* Run the session's allreduce ops over c's ranks (NULL: one rank, each

@@ -381,6 +381,7 @@ void tf_comm_stats(const tf_comm_t *c, tf_comm_totals *out)
     pthread_mutex_lock(&m->mu);
     out->rank = c->rank, out->size = c->size;
     out->bytes_reduced = c->bytes_reduced;
+    out->bytes_nccl = c->bytes_nccl;
     out->comm_ms = c->comm_ns / 1e6;
     out->wait_ms = c->wait_ns / 1e6;
     pthread_mutex_unlock(&m->mu);

@@ -85,7 +85,7 @@ struct tf_comm {
     int nqueue, capqueue, head;
     char err[512];         /* the first failure: every later wait returns it */
     /* totals since the session's start, for --stats and bench --profile */
-    int64_t bytes_reduced;
+    int64_t bytes_reduced, bytes_nccl;   /* bytes_nccl: the cuda target's NCCL path counts its steps' */
     double wait_ns, comm_ns;
 };
 

@@ -185,6 +185,7 @@ static void cuda_free(tf_session_t *s)
     tf_free(c->ks);
     if (c->lt.handle) c->libs.lt.Destroy(c->lt.handle);
     if (driver && c->graph.exec) cu->GraphExecDestroy(c->graph.exec);
+    if (driver) tf_cuda_comm_free(c);
     if (c->dnn.handle) c->libs.dnn.Destroy(c->dnn.handle);
     if (driver) {
         for (int i = 0; c->ev && i < 2 * (c->plan->nkernels ? c->plan->nkernels : 1); i++)

@@ -112,6 +112,10 @@ static tf_status plan_library(tf_session_t *s, cuda_session *c, build *b, int i,
     tf_status st = TF_OK;
     bool oom_hit = false;
     tf_op_exec ex = tf_op_exec_of(k->lib->op);
+    if (ex == TF_OPX_COMM && k->lib->op == TF_OP_ALLREDUCE && !code && k->lib->in[0]->type.dtype == k->lib->out->type.dtype) {
+        gk->how = RUN_ALLREDUCE;   /* NCCL, a copy or the host: decided once the session has its communicator (cuda_comm.c) */
+        return TF_OK;
+    }
     if (ex == TF_OPX_GEMM && tf_cuda_gemm_setup(c, gk, NULL, &oom_hit)) gk->how = RUN_GEMM;
     else if (ex == TF_OPX_CONV && tf_cuda_conv_setup(c, gk, &oom_hit)) gk->how = RUN_CONV;
     else if (oom_hit) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory planning the %s of kernel %s",

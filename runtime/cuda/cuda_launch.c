@@ -168,6 +168,9 @@ static tf_status run_kernel(tf_session_t *s, cuda_session *c, gkernel *gk)
         return TF_OK;
     }
     case RUN_FALLBACK: return run_fallback(s, c, k, false);
+    case RUN_ALLREDUCE:
+        if (tf_cuda_comm_on_host(s, c)) return run_fallback(s, c, k, false);
+        return tf_cuda_run_allreduce(s, c, (int)(gk - c->ks));
     case RUN_LIB_FALLBACK: st = run_fallback(s, c, k, true); break;
     case RUN_GEMM: st = tf_cuda_run_gemm(s, c, gk); break;
     case RUN_LIBKERNEL: st = run_libkernel(s, c, gk); break;
@@ -246,7 +249,13 @@ tf_status tf_cuda_wait(tf_session_t *s)
     if (c->failed) return tf_set_error(s->ctx, c->failed, "%s", c->failed_msg);
     if (!c->pending) return TF_OK;
     CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
-    tf_cu_result r = c->libs.cu.EventSynchronize(c->done);
+    tf_cu_result r = tf_cuda_comm_sync(s, c, c->done);
+    if (r == TF_CUDA_COMM_FAILED) {   /* the job cannot go on: every later call says so */
+        c->failed = TF_ERR_RUNTIME;
+        c->pending = false;
+        snprintf(c->failed_msg, sizeof c->failed_msg, "error: %.2500s", c->err);
+        return tf_set_error(s->ctx, c->failed, "%s", c->failed_msg);
+    }
     if (r) return step_failed(s, c, r, "cuEventSynchronize");
     c->pending = false;
     for (int i = 0; i < m->noutputs; i++) {
@@ -327,7 +336,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i], c->stream);
             if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err)) return cu_fail(s, c, r, gk->k->name);
         }
-        if ((st = run_kernel(s, c, gk))) return st;
+        if ((st = tf_cuda_comm_before(s, c, i)) || (st = run_kernel(s, c, gk))) return st;
         if (c->profile) {
             tf_cu_result r = c->libs.cu.EventRecord(c->ev[2 * i + 1], c->stream);
             if (tf_cuda_check(&c->libs, r, "cuEventRecord", __FILE__, __LINE__, c->err, sizeof c->err)) return cu_fail(s, c, r, gk->k->name);
@@ -339,6 +348,7 @@ static tf_status enqueue_step(tf_session_t *s, cuda_session *c)
                                     "error: cuda: kernel %s (%s) failed: %s", gk->k->name, how_name(gk->how), c->err);
         }
     }
+    if ((st = tf_cuda_comm_finish(s, c))) return st;
     if (c->err_read && c->ids_check_at >= c->plan->nkernels && (st = check_ids(s, c))) return st;
     /* updates: every new value that is itself state is copied aside first */
     for (int i = 0; i < m->nupdates; i++) {
@@ -418,6 +428,7 @@ tf_status tf_cuda_run(tf_session_t *s)
     tf_status st;
     if (c->failed) return tf_set_error(s->ctx, c->failed, "%s", c->failed_msg);
     CU_DO("making the session's context current", CtxSetCurrent(c->ctx));
+    if ((st = tf_cuda_comm_prepare(s, c))) return st;   /* before any capture: the graph depends on it */
     /* a profiled step's events are read before they are recorded again */
     if (c->pending && c->pending_profile && (st = tf_cuda_wait(s))) return st;
     if (c->pending) {   /* the last step's failure, when the GPU has said it already */
@@ -453,6 +464,7 @@ tf_status tf_cuda_run(tf_session_t *s)
     c->pending = true;
     c->pending_profile = c->profile;
     c->rt[1]++;
+    tf_cuda_comm_count(s, c);
     return TF_OK;
 }
 
@@ -479,6 +491,9 @@ void tf_cuda_plan_steps(tf_session_t *s, cuda_session *c)
     for (int i = 0; !c->graph.why[0] && i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_FALLBACK || c->ks[i].how == RUN_LIB_FALLBACK)
             snprintf(c->graph.why, sizeof c->graph.why, "kernel %.60s runs on the host (%.120s)", c->ks[i].k->name, c->ks[i].why);
+        else if (c->ks[i].how == RUN_ALLREDUCE && tf_cuda_comm_on_host(s, c))
+            snprintf(c->graph.why, sizeof c->graph.why, "kernel %.60s averages on the host (%.100s)", c->ks[i].k->name,
+                     tf_cuda_comm_why(c));
     for (int i = 0; !c->graph.why[0] && i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_LIBKERNEL && c->ks[i].err_read)
             snprintf(c->graph.why, sizeof c->graph.why,

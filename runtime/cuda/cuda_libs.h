@@ -287,10 +287,23 @@ typedef struct tf_cudnn_api {
                                                  size_t workspace_bytes, const void *beta, tf_cudnn_filter dwd, void *dw);
 } tf_cudnn_api;
 
-/* NCCL (data parallel's collectives between GPUs, docs/distributed.md): found and described
- * by `tfuse doctor`; the cuda target does not call it yet (it averages on the host). */
+/* NCCL (data parallel's gradient means between GPUs, docs/distributed.md;
+ * cuda_comm.c). Values from nccl.h: ncclResult_t, ncclDataType_t,
+ * ncclRedOp_t; the unique id is 128 bytes, passed by value. */
+typedef struct { char internal[128]; } tf_nccl_unique_id;
+typedef struct tf_nccl_comm_s *tf_nccl_comm;
+enum { TF_NCCL_SUCCESS = 0, TF_NCCL_IN_PROGRESS = 7 };
+enum { TF_NCCL_FLOAT16 = 6, TF_NCCL_FLOAT32 = 7, TF_NCCL_FLOAT64 = 8, TF_NCCL_BFLOAT16 = 9 };
+enum { TF_NCCL_AVG = 4 };
 typedef struct tf_nccl_api {
     int (*GetVersion)(int *version);              /* ncclResult_t; version: 10000 * major + 100 * minor + patch */
+    int (*GetUniqueId)(tf_nccl_unique_id *id);
+    int (*CommInitRank)(tf_nccl_comm *comm, int nranks, tf_nccl_unique_id id, int rank);
+    int (*CommDestroy)(tf_nccl_comm comm);
+    int (*CommAbort)(tf_nccl_comm comm);
+    int (*CommGetAsyncError)(tf_nccl_comm comm, int *async_error);
+    const char *(*GetErrorString)(int result);
+    int (*AllReduce)(const void *send, void *recv, size_t count, int dtype, int op, tf_nccl_comm comm, tf_cu_stream stream);
 } tf_nccl_api;
 
 enum { TF_CUDA_LIB_NVRTC = 1 << 0, TF_CUDA_LIB_DRIVER = 1 << 1, TF_CUDA_LIB_CUBLASLT = 1 << 2, TF_CUDA_LIB_CUDNN = 1 << 3,

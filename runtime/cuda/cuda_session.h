@@ -43,6 +43,8 @@ enum {
     CU_EVENT_DEFAULT = 0,
     CU_EVENT_DISABLE_TIMING = 2,
     CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_UNKNOWN = 999,
+    TF_CUDA_COMM_FAILED = -1,   /* tf_cuda_comm_sync: NCCL failed or a rank hung; c->err says which */
 };
 
 enum { ALIGN = 256 };   /* every block of device memory starts on this */
@@ -59,12 +61,13 @@ typedef enum how {
     RUN_NOTHING,
     RUN_CONV,           /* cuDNN (conv2d and its gradients), then the region's epilogue if any */
     RUN_IN_MULTI,       /* a part of an earlier kernel's multi-tensor launch: runs in it */
+    RUN_ALLREDUCE,      /* data parallel's gradient mean: NCCL, a copy with one rank, else the host (cuda_comm.c) */
 } how;
 
 /* How a kernel runs, in profiles and --cuda-sync's messages. */
 static inline const char *how_name(how h)
 {
-    static const char *const names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-", "conv", "multi"};
+    static const char *const names[] = {"jit", "view", "gemm", "library", "fallback", "fallback", "-", "conv", "multi", "allreduce"};
     return names[h];
 }
 
@@ -205,6 +208,7 @@ typedef struct cuda_session {
     tf_cu_event *ev;            /* two per kernel while profiling */
     double jit_ms;
     int emu_hits, emu_compiled;   /* cuda-emu: host objects its start found in the disk cache, and compiled */
+    struct cuda_comm *comm;     /* the allreduce kernels' buckets and NCCL communicator (cuda_comm.c), NULL: none yet */
 } cuda_session;
 
 /* ---- helpers every part uses ------------------------------------------------- */
@@ -325,5 +329,31 @@ tf_status tf_cuda_wait(tf_session_t *s);
  * memory); larger ones stay on the device until read (tf_cuda_output_fetch). */
 #define TF_CUDA_EAGER_OUTPUT_BYTES ((size_t)1 << 20)
 tf_status tf_cuda_output_fetch(tf_session_t *s, int i);
+
+/* ---- cuda_comm.c: data parallel's gradient means ---- */
+/* For s->comm, before a step is enqueued or captured: NCCL's communicator
+ * and the buckets, once per communicator (a graph captured for another one
+ * is dropped, and tf_cuda_plan_steps decides again). */
+tf_status tf_cuda_comm_prepare(tf_session_t *s, cuda_session *c);
+/* Whether RUN_ALLREDUCE kernels run on the host (several ranks, no NCCL). */
+bool tf_cuda_comm_on_host(const tf_session_t *s, const cuda_session *c);
+/* RUN_ALLREDUCE kernel i, on the GPU: a copy with one rank, else its
+ * operand packed into its bucket, the bucket averaged by NCCL on the
+ * communication stream once its last member is in. */
+tf_status tf_cuda_run_allreduce(tf_session_t *s, cuda_session *c, int i);
+/* Before kernel i: the buckets whose means it reads, waited for and unpacked. */
+tf_status tf_cuda_comm_before(tf_session_t *s, cuda_session *c, int i);
+/* After the step's kernels, before its updates: every bucket unpacked. */
+tf_status tf_cuda_comm_finish(tf_session_t *s, cuda_session *c);
+/* Wait for event e on the host; with NCCL, polling, so that a rank that
+ * died or hangs ends the wait after TFUSE_COMM_TIMEOUT: TF_CUDA_COMM_FAILED,
+ * c->err the reason (NCCL's communicator aborted). */
+tf_cu_result tf_cuda_comm_sync(tf_session_t *s, cuda_session *c, tf_cu_event e);
+/* --cuda-explain's line, and the release. */
+void tf_cuda_comm_explain(FILE *f, const tf_session_t *s, const cuda_session *c);
+const char *tf_cuda_comm_why(const cuda_session *c);   /* why not NCCL, "" when it is */
+/* A step enqueued: its bytes averaged through NCCL into the communicator's totals. */
+void tf_cuda_comm_count(tf_session_t *s, const cuda_session *c);
+void tf_cuda_comm_free(cuda_session *c);
 
 #endif

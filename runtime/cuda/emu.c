@@ -276,6 +276,12 @@ void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which)
         snprintf(l->cublaslt_path, sizeof l->cublaslt_path, "%s", where);
         l->loaded |= TF_CUDA_LIB_CUBLASLT;
     }
+    if (which & TF_CUDA_LIB_NCCL) {
+        tf_cuda_emu_nccl_fill(&l->nccl);
+        l->nccl_version = 0;
+        snprintf(l->nccl_path, sizeof l->nccl_path, "%s", where);
+        l->loaded |= TF_CUDA_LIB_NCCL;
+    }
     if (which & TF_CUDA_LIB_CUDNN) {
         tf_cuda_emu_dnn_fill(&l->dnn);
         l->cudnn_version = l->dnn.GetVersion();

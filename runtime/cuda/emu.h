@@ -55,6 +55,12 @@ void tf_cuda_emu_load(tf_cuda_libs *l, unsigned which);
 typedef int (*tf_cuda_emu_work)(void *arg);
 int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, size_t arg_bytes);
 
+/* The NCCL stand-in (emu_nccl.c): its functions into api, and the
+ * communicator the next ncclCommInitRank on this thread averages through. */
+typedef int (*tf_emu_mean_fn)(void *self, tf_dt dt, void *data, int64_t n, char *err, size_t nerr);
+void tf_cuda_emu_nccl_fill(tf_nccl_api *api);
+void tf_cuda_emu_nccl_use(void *self, int rank, int size, tf_emu_mean_fn mean);
+
 /* The cuDNN stand-in's functions into api (emu_dnn.c). */
 void tf_cuda_emu_dnn_fill(tf_cudnn_api *api);
 

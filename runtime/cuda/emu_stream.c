@@ -47,6 +47,11 @@ typedef struct emu_graph {
 typedef struct emu_stream {
     bool capturing;
     emu_graph *graph;            /* being recorded */
+    /* a stream that joined another's capture by waiting for an event recorded in it (a fork), and
+     * must be waited for in turn (a join) by the end of the capture: its items recorded so far, and
+     * how many of them a capturing stream has waited for */
+    bool joined;
+    int cap_items, joined_upto;
     int error;                   /* a capture that went wrong */
     work *q;                     /* queued work, q[qhead..qn) not yet run */
     int qn, qcap, qhead;
@@ -60,6 +65,8 @@ typedef struct emu_stream {
  * once the stream has run that far), or a record inside a capture. */
 typedef struct emu_event {
     double ms;
+    emu_stream *by;              /* a record inside a capture: the stream, and its items recorded by then */
+    int by_items;
     emu_stream *st;              /* the stream of the last record while pending; NULL once that stream is gone */
     uint64_t seq;                /* the record's position in st */
     emu_graph *graph;            /* the capture the last record went into, NULL: none */
@@ -159,7 +166,7 @@ int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, siz
             work *w = tf_realloc(g->w, (size_t)cap * sizeof *w);
             if (w) g->w = w, g->cap = cap;
         }
-        if (g->n < g->cap) g->w[g->n++] = (work){fn, copy, arg_bytes};
+        if (g->n < g->cap) g->w[g->n++] = (work){fn, copy, arg_bytes}, st->cap_items++;
         else st->error = r = fail(OUT_OF_MEMORY, "out of host memory recording a graph");
     } else {
         if (st->qn == st->qcap) {
@@ -311,6 +318,8 @@ static tf_cu_result emu_event_record(tf_cu_event e, tf_cu_stream s)
     if (!r) {
         ev->graph = st && st->capturing ? st->graph : NULL;
         ev->st = st && !st->capturing ? st : NULL;
+        ev->by = st && st->capturing ? st : NULL;
+        ev->by_items = st ? st->cap_items : 0;
         ev->seq = ev->st ? st->enq : 0;
         ev->fault = 0;
     }
@@ -369,9 +378,12 @@ static int run_wait(void *argp)
 typedef struct fail_arg { int code; char msg[2048]; } fail_arg;
 static int run_fail(void *argp) { return fail(((fail_arg *)argp)->code, "%s", ((fail_arg *)argp)->msg); }
 
+static bool capture_live(const emu_graph *g);
+
 static tf_cu_result emu_stream_wait_event(tf_cu_stream s, tf_cu_event e, unsigned flags)
 {
     emu_stream *st = (emu_stream *)s;
+    bool forked = false;
     if (flags) return fail(INVALID_VALUE, "cuStreamWaitEvent: flags %u (cuda-emu takes 0)", flags);
     q_lock();
     emu_event *ev = live_event(e);
@@ -384,7 +396,16 @@ static tf_cu_result emu_stream_wait_event(tf_cu_stream s, tf_cu_event e, unsigne
         if (ev->graph != st->graph) {
             st->error = STREAM_CAPTURE_ISOLATION;
             r = fail(STREAM_CAPTURE_ISOLATION, "cuStreamWaitEvent: a capturing stream waits for an event recorded outside the capture");
+        } else if (ev->by && ev->by != st && ev->by->joined && ev->by->graph == st->graph && ev->by_items > ev->by->joined_upto) {
+            ev->by->joined_upto = ev->by_items;   /* a join: what the forked stream recorded so far is waited for */
         }
+    } else if (st && ev->graph && capture_live(ev->graph)) {
+        /* a fork: this stream joins the capture the event was recorded in, its work recorded there from now on */
+        st->capturing = st->joined = true;
+        st->graph = ev->graph;
+        st->cap_items = st->joined_upto = 0;
+        st->error = 0;
+        forked = true;
     } else if (ev->st && ev->st->done < ev->seq) {   /* pending: the wait runs it when this stream gets there */
         if (ev->st != st) {
             wait_arg w = {ev->st, ev->seq};
@@ -401,6 +422,11 @@ static tf_cu_result emu_stream_wait_event(tf_cu_stream s, tf_cu_event e, unsigne
         }
     }
     q_unlock();
+    if (forked) {
+        pthread_mutex_lock(&tf_emu_mu);
+        g_capturing++;
+        pthread_mutex_unlock(&tf_emu_mu);
+    }
     return r;
 }
 
@@ -418,6 +444,14 @@ static tf_cu_result emu_event_elapsed(float *ms, tf_cu_event a, tf_cu_event b)
 }
 
 /* ---- graphs: what a capture recorded, replayed in order ------------------------------ */
+
+/* Whether g is still being captured by the stream that began it (q held). */
+static bool capture_live(const emu_graph *g)
+{
+    for (int i = 0; i < g_nstreams; i++)
+        if (g_streams[i]->capturing && !g_streams[i]->joined && g_streams[i]->graph == g) return true;
+    return false;
+}
 
 static void graph_free(emu_graph *g)
 {
@@ -446,15 +480,32 @@ static tf_cu_result emu_end_capture(tf_cu_stream s, tf_cu_graph *out)
 {
     emu_stream *st = (emu_stream *)s;
     *out = NULL;
-    if (!st || !st->capturing) return fail(INVALID_VALUE, "cuStreamEndCapture: the stream is not capturing");
+    if (!st || !st->capturing || st->joined) return fail(INVALID_VALUE, "cuStreamEndCapture: the stream did not begin a capture");
     st->capturing = false;
-    pthread_mutex_lock(&tf_emu_mu);
-    g_capturing--;
-    pthread_mutex_unlock(&tf_emu_mu);
     emu_graph *g = st->graph;
     st->graph = NULL;
-    if (st->error) {
+    /* the streams that joined it leave it; each must have been waited for after its last recorded work */
+    bool unjoined = false;
+    int error = st->error, left = 1;
+    q_lock();
+    for (int i = 0; i < g_nstreams; i++) {
+        emu_stream *o = g_streams[i];
+        if (!o->joined || o->graph != g) continue;
+        unjoined |= o->joined_upto < o->cap_items;
+        if (o->error && !error) error = o->error;
+        o->capturing = o->joined = false;
+        o->graph = NULL;
+        left++;
+    }
+    q_unlock();
+    pthread_mutex_lock(&tf_emu_mu);
+    g_capturing -= left;
+    pthread_mutex_unlock(&tf_emu_mu);
+    if (error || unjoined) {
         graph_free(g);
+        if (unjoined)
+            return fail(STREAM_CAPTURE_UNJOINED, "cuStreamEndCapture: a stream that joined the capture was not waited for after its "
+                                                 "last work (cudaErrorStreamCaptureUnjoined)");
         return fail(STREAM_CAPTURE_INVALIDATED, "the capture was invalidated by a failed call inside it");
     }
     pthread_mutex_lock(&tf_emu_mu);

@@ -85,7 +85,8 @@ static const sym dnn_syms[] = {
 #undef DNN
 
 #define NCCL(f) {"nccl" #f, NULL, offsetof(tf_nccl_api, f)}
-static const sym nccl_syms[] = {NCCL(GetVersion)};
+static const sym nccl_syms[] = {NCCL(GetVersion), NCCL(GetUniqueId), NCCL(CommInitRank), NCCL(CommDestroy), NCCL(CommAbort),
+                                NCCL(CommGetAsyncError), NCCL(GetErrorString), NCCL(AllReduce)};
 #undef NCCL
 
 typedef struct libspec {
@@ -537,7 +538,7 @@ int tf_cuda_libs_describe(const tf_cuda_libs *l, char *buf, size_t n)
     else if (l->cudnn_error[0])
         add(&t, "cudnn: not loaded: %s\n", l->cudnn_error);
     if (l->loaded & TF_CUDA_LIB_NCCL)
-        add(&t, "nccl: %d.%d.%d %s (found; data parallel on the cuda target averages on the host for now)\n",
+        add(&t, "nccl: %d.%d.%d %s (data parallel's gradient means on the cuda target)\n",
             l->nccl_version / 10000, l->nccl_version / 100 % 100, l->nccl_version % 100, l->nccl_path);
     else if (l->nccl_error[0])
         add(&t, "nccl: not loaded: %s\n", l->nccl_error);

@@ -81,11 +81,26 @@ if [ "$(grep -c '^eval after step' ev3.out)" = 2 ] && [ -n "$(grep '^eval after 
    [ "$(grep '^eval after step 20' ev3.out)" = "$(grep '^eval after step 20' ev1.out)" ]; then ok
 else bad "eval on 3 ranks against one process: $(cat ev3.out ev1.out)"; fi
 
-# the cuda target (on cuda-emu): each allreduce on the host, through the same communicator
+# the cuda target (on cuda-emu): NCCL's path, in buckets on a stream of its own inside the step's CUDA
+# graph (the stand-in averages through the job's communicator, as the cpu target does), against the cpu
+# target; the host's path (TFUSE_CUDA_NCCL=0, outside any graph) gives the same bytes as NCCL's; synchronized
+# batch norm's statistics (each allreduce at once) on the cnn
 mpi 2 "$tfuse" train "$mlp" --precision=fp32 --dim F=64 --dim B=24 --steps 5 $D --save cpu5.ckpt >/dev/null 2>&1 || bad "cpu, 5 steps"
-if mpi 2 "$tfuse" train "$mlp" --target=cuda-emu --precision=fp32 --dim F=64 --dim B=24 --steps 5 $D --save emu5.ckpt >emu.out 2>&1 &&
-   grep -q "identical on all 2 ranks" emu.out && python3 cmp.py cpu5.ckpt emu5.ckpt 1e-4 >>emu.out; then ok
-else bad "cuda-emu on 2 ranks: $(cat emu.out)"; fi
+if TFUSE_CUDA_EXPLAIN=1 mpi 2 "$tfuse" train "$mlp" --target=cuda-emu --precision=fp32 --dim F=64 --dim B=24 --steps 5 $D \
+     --allreduce-bucket=1000 --save emu5.ckpt >emu.out 2>&1 && grep -q "identical on all 2 ranks" emu.out &&
+   grep -q "cuda: allreduce: NCCL (cuda-emu.*) over 2 ranks, rank 1; 3 buckets, 76840 bytes, on a stream of their own; each step one CUDA graph" emu.out &&
+   python3 cmp.py cpu5.ckpt emu5.ckpt 1e-4 >>emu.out; then ok
+else bad "cuda-emu's NCCL path on 2 ranks: $(cat emu.out)"; fi
+if TFUSE_CUDA_NCCL=0 TFUSE_CUDA_EXPLAIN=1 mpi 2 "$tfuse" train "$mlp" --target=cuda-emu --precision=fp32 --dim F=64 --dim B=24 --steps 5 $D \
+     --allreduce-bucket=1000 --save host5.ckpt >host.out 2>&1 &&
+   grep -q "cuda: allreduce: on the host, through the job's communicator (TFUSE_CUDA_NCCL=0)" host.out && cmp -s emu5.ckpt host5.ckpt; then ok
+else bad "cuda-emu's host path against its NCCL path: $(cat host.out)"; fi
+mpi 2 "$tfuse" train "$repo/examples/cnn.ir" --precision=fp32 --dim N=4 --steps 3 --data images=img.npy,labels=lab.npy --sync-batchnorm=on \
+  --save bn-cpu.ckpt >/dev/null 2>&1 || bad "cnn, synchronized batch norm, cpu"
+if mpi 2 "$tfuse" train "$repo/examples/cnn.ir" --target=cuda-emu --precision=fp32 --dim N=4 --steps 3 --data images=img.npy,labels=lab.npy \
+     --sync-batchnorm=on --save bn-emu.ckpt >bn.out 2>&1 && grep -q "identical on all 2 ranks" bn.out &&
+   python3 cmp.py bn-cpu.ckpt bn-emu.ckpt 1e-4 >>bn.out; then ok
+else bad "cuda-emu, synchronized batch norm on 2 ranks: $(cat bn.out)"; fi
 
 # ZeRO-1 (--shard-optimizer=on): each rank keeps its chunk of the optimizer state; the params, and the
 # checkpoint (the chunks gathered in the params' shapes), are byte for byte those of an unsharded run, on
