@@ -221,6 +221,46 @@ static void driver_checks(void)
     }
 }
 
+/* A stream that waits for an event recorded in a capture joins it (a fork: cuda_comm.c's NCCL stream);
+ * the capture ends well only once a capturing stream has waited for that stream's last work (a join),
+ * and its replay runs the two streams' work in the order they were given. */
+static void fork_join(void)
+{
+    const tf_cu_api *cu = &g_libs.cu;
+    tf_cu_stream a = NULL, b = NULL;
+    tf_cu_event e1 = NULL, e2 = NULL;
+    tf_cu_deviceptr d = 0;
+    CHECK(!cu->StreamCreate(&a, 1) && !cu->StreamCreate(&b, 1) && !cu->EventCreate(&e1, 2) && !cu->EventCreate(&e2, 2) &&
+          !cu->MemAlloc(&d, 8), "streams, events and memory");
+    unsigned char one = 1, two = 2, got[2] = {0, 0};
+    for (int joined = 0; joined < 2; joined++) {
+        tf_cu_graph g = NULL;
+        CHECK(!cu->StreamBeginCapture(a, 0), "begin a capture");
+        cu->MemsetD8Async(d, 0, 2, a);
+        CHECK(!cu->EventRecord(e1, a) && !cu->StreamWaitEvent(b, e1, 0), "b forks from a's capture");
+        cu->MemcpyHtoDAsync(d, &one, 1, b);   /* recorded into a's graph, not run */
+        if (joined) CHECK(!cu->EventRecord(e2, b) && !cu->StreamWaitEvent(a, e2, 0), "a waits for b: the join");
+        cu->MemcpyHtoDAsync(d + 1, &two, 1, a);
+        int r = cu->StreamEndCapture(a, &g);
+        const char *e = "";
+        cu->GetErrorString(r, &e);
+        if (!joined) {
+            CHECK(r != 0 && strstr(e, "was not waited for"), "a capture whose forked stream never rejoined fails: %s", e);
+        } else {
+            tf_cu_graph_exec x = NULL;
+            CHECK(!r && !cu->GraphInstantiate(&x, g, 0) && !cu->GraphLaunch(x, a) && !cu->StreamSynchronize(a) &&
+                      !cu->MemcpyDtoH(got, d, 2) && got[0] == 1 && got[1] == 2,
+                  "the joined capture replays both streams' work (%d %d): %s", got[0], got[1], e);
+            if (x) cu->GraphExecDestroy(x);
+        }
+        if (g) cu->GraphDestroy(g);
+        CHECK(!cu->StreamSynchronize(b), "b is an ordinary stream again after the capture ends");
+    }
+    cu->MemFree(d);
+    cu->EventDestroy(e1), cu->EventDestroy(e2);
+    cu->StreamDestroy(a), cu->StreamDestroy(b);
+}
+
 int main(void)
 {
     g_seed = test_seed();
@@ -246,6 +286,7 @@ int main(void)
     };
     check_mutants("row reduction", "input x : f32[5, 3000]\ns = reduce_sum(x, axes=[1])\noutput s\n", TF_K_REDUCTION, reduction, 3);
     driver_checks();
+    fork_join();
     tf_cuda_libs_free(&g_libs);
     CHECK(tf_cuda_emu_live() == 0, "nothing left allocated on cuda-emu (%d)", tf_cuda_emu_live());
     return check_report();
