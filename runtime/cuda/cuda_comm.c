@@ -16,8 +16,9 @@
  *
  * NCCL's communicator is made once per tfuse communicator: rank 0's
  * ncclGetUniqueId, broadcast over it (MPI), then ncclCommInitRank. Without
- * NCCL (not found, or tfuse's communicator of one rank) an allreduce is a
- * copy with one rank and runs on the host with several (the interpreter's
+ * NCCL (not found, TFUSE_CUDA_NCCL=0, or a job of one rank unless
+ * TFUSE_CUDA_NCCL=1) an allreduce is a copy with one rank and runs on the
+ * host with several (the interpreter's
  * kernel through the host communicator, outside any graph); --cuda-explain
  * says which and why. A plan that reads a mean before its bucket is
  * complete, or an allreduce of bucket -1 (synchronized batch norm), runs
@@ -237,7 +238,9 @@ tf_status tf_cuda_comm_prepare(tf_session_t *s, cuda_session *c)
     cc->for_comm = s->comm;
     cc->size = tf_comm_size(s->comm);
     tf_status st = TF_OK;
-    if (cc->size > 1) {
+    /* TFUSE_CUDA_NCCL=1: NCCL even for a job of one rank (mpirun -np 1), to measure what its calls cost */
+    const char *env = getenv("TFUSE_CUDA_NCCL");
+    if (cc->size > 1 || (s->comm && env && !strcmp(env, "1"))) {
         st = open_nccl(s, c, cc);
         if (!st && cc->nccl) st = plan_buckets(s, c, cc);
     } else {
@@ -275,7 +278,7 @@ tf_status tf_cuda_run_allreduce(tf_session_t *s, cuda_session *c, int i)
     const tf_value *x = n->in[0], *y = n->out;
     tf_cu_deviceptr in = dev_of(c, x), out = dev_of(c, y);
     struct cuda_comm *cc = c->comm;
-    if (tf_comm_size(s->comm) <= 1 || !cc || !cc->nccl) {   /* one rank: the mean is the value */
+    if (!cc || !cc->nccl) {   /* one rank: the mean is the value */
         if (in != out && out) CU_DO("an allreduce of one rank", MemcpyDtoDAsync(out, in, value_bytes(y), c->stream));
         return TF_OK;
     }

@@ -60,6 +60,8 @@ int tf_cuda_emu_submit(tf_cu_stream s, tf_cuda_emu_work fn, const void *arg, siz
 typedef int (*tf_emu_mean_fn)(void *self, tf_dt dt, void *data, int64_t n, char *err, size_t nerr);
 void tf_cuda_emu_nccl_fill(tf_nccl_api *api);
 void tf_cuda_emu_nccl_use(void *self, int rank, int size, tf_emu_mean_fn mean);
+/* The stand-in's all-reduces run so far in this process (a test's count). */
+long tf_cuda_emu_nccl_runs(void);
 
 /* The cuDNN stand-in's functions into api (emu_dnn.c). */
 void tf_cuda_emu_dnn_fill(tf_cudnn_api *api);

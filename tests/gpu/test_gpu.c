@@ -146,6 +146,8 @@ static void pair_free(pair *q)
     tf_context_free(q->ctx);
 }
 
+static bool g_data_parallel;   /* pair_make compiles with data_parallel */
+
 static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode, const char *precision,
                       const tf_dim_override *dims, size_t nd)
 {
@@ -158,6 +160,7 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
     if (precision) tf_precision_parse(precision, &o.precision);   /* NULL: the train block's */
     o.opt_level = g_opt;
     o.cuda_no_graphs = g_no_graphs;
+    o.data_parallel = g_data_parallel;
     o.disable_passes = g_disable;
     o.ndisable_passes = g_ndisable;
     if (tf_model_parse_string(q->ctx, label, text, strlen(text), dims, nd, &q->m) || tf_program_compile(q->ctx, q->m, &o, &q->p) ||
@@ -970,6 +973,90 @@ static void large_outputs(void)
     }
 }
 
+/* ---- data parallel's NCCL path with one rank ---------------------------------------------
+ * examples/mlp.ir compiled data parallel: a session without a communicator
+ * (each allreduce a copy) and one with a job of one rank whose allreduces
+ * go through NCCL all the same (TFUSE_CUDA_NCCL=1: packed into buckets,
+ * averaged on the communication stream inside the step's graph, unpacked):
+ * the mean of one rank is the value, so every output and state is the same
+ * bit for bit. On a GPU, what NCCL's calls cost a step. */
+static void nccl_one_rank(void)
+{
+    const test_example *ex = NULL;
+    for (size_t i = 0; i < TEST_NEXAMPLES; i++)
+        if (!strcmp(test_examples[i].file, "mlp.ir")) ex = &test_examples[i];
+    char path[4096];
+    char *text = ex ? test_read_example(ex->file, path, sizeof path) : NULL;
+    CHECK(text != NULL, "mlp.ir is among the examples");
+    if (!text) return;
+    tf_dim_override dims[3];
+    for (int j = 0; j < ex->nd; j++) dims[j] = (tf_dim_override){ex->dims[j].name, ex->dims[j].value};
+    pair a, b;
+    tf_comm_t *self = NULL;
+    g_data_parallel = true;
+    bool ok = pair_make(&a, "data parallel, no communicator", text, TF_MODE_TRAIN, "fp32", dims, ex->nd);
+    ok = pair_make(&b, "data parallel, one rank through NCCL", text, TF_MODE_TRAIN, "fp32", dims, ex->nd) && ok;
+    g_data_parallel = false;
+    ok = ok && !tf_comm_create_self(b.ctx, &self) && !tf_session_set_comm(b.dev, self);
+    CHECK(ok, "two data-parallel sessions, one with a job of one rank: %s", tf_context_last_error(b.ctx));
+    setenv("TFUSE_CUDA_NCCL", "1", 1);   /* read when the first step makes the communicator */
+    const int steps = 4, timed = g_emu ? 0 : 20;
+    long runs0 = tf_cuda_emu_nccl_runs();
+    double ms[2] = {0, 0};
+    for (int step = 0; ok && step < steps + timed; step++) {
+        for (int v = 0; ok && v < 2; v++) {
+            tf_session_t *s = v ? b.dev : a.dev;
+            struct timespec t0, t1;
+            tf_tensor_view l;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            ok = !tf_session_run(s) && !tf_session_output(s, "loss", &l);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (step >= steps) ms[v] += 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
+            CHECK(ok, "one rank through NCCL, step %d: %s", step, tf_context_last_error(v ? b.ctx : a.ctx));
+        }
+    }
+    unsetenv("TFUSE_CUDA_NCCL");
+    if (ok) {
+        int states = 0, sames = 0;
+        for (size_t j = 0; j < tf_program_io_count(a.p, TF_IO_PARAM); j++) {
+            const char *name;
+            tf_dtype dt;
+            int rank;
+            int64_t shape[8], n = 1;
+            tf_program_io(a.p, TF_IO_PARAM, j, &name, &dt, &rank, shape);
+            for (int q = 0; q < rank; q++) n *= shape[q];
+            size_t bytes = (size_t)n * (size_t)tf_dtype_size(dt);
+            tf_tensor_view x = {.data = malloc(bytes)}, y = {.data = malloc(bytes)};
+            if (!tf_session_get_state(a.dev, name, &x, bytes) && !tf_session_get_state(b.dev, name, &y, bytes)) {
+                states++;
+                sames += same_bytes(&x, &y);
+            }
+            free(x.data);
+            free(y.data);
+        }
+        tf_session_info info;
+        tf_session_get_info(b.dev, &info);
+        CHECK(states > 0 && sames == states, "one rank through NCCL: every param bit for bit the copy's (%d of %d)", sames, states);
+        CHECK(info.graph_replays == steps + timed && info.step_graph && !strcmp(info.step_graph, "graph"),
+              "one rank through NCCL: each step one graph, NCCL's calls in it (%s, %lld replays)", info.step_graph ? info.step_graph : "-",
+              (long long)info.graph_replays);
+        tf_comm_totals t;
+        tf_comm_stats(self, &t);
+        if (g_emu)
+            CHECK(tf_cuda_emu_nccl_runs() - runs0 >= steps, "one rank through NCCL: its allreduces ran in the stand-in NCCL (%ld times in %d "
+                  "steps), not as copies", tf_cuda_emu_nccl_runs() - runs0, steps);
+        else
+            CHECK(t.bytes_nccl > 0, "one rank through NCCL: its allreduces went through NCCL (%lld bytes), not copies", (long long)t.bytes_nccl);
+        if (timed) printf("data parallel, one rank: %.4f ms a step through NCCL, %.4f ms with copies (%d steps each; %lld bytes through NCCL)\n",
+                          ms[1] / timed, ms[0] / timed, timed, (long long)t.bytes_nccl);
+        g_cases++;
+    }
+    pair_free(&a);
+    pair_free(&b);
+    tf_comm_free(self);
+    free(text);
+}
+
 /* ---- with the fake driver: compiling, the cache, launches ----------------------------- */
 
 static void fake_compiles(const char *cache)
@@ -1234,6 +1321,7 @@ int main(int argc, char **argv)
     section("contract", contract);
     section("bad ids", bad_ids);
     section("large outputs", large_outputs);
+    if (!g_fake) section("nccl, one rank", nccl_one_rank);   /* the fake driver runs every kernel on the host */
     if (!g_fake) section("async steps", async_steps);   /* the fake driver runs no kernel */
     if (g_emu) section("async fault", async_fault);
     if (g_fake) {
