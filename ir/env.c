@@ -23,6 +23,7 @@ const tf_env_var tf_env_vars[] = {
     {"VIRTUAL_ENV", "runtime/cuda/loader.c", "a Python environment searched for pip's CUDA libraries"},
     {"CONDA_PREFIX", "runtime/cuda/loader.c", "a conda environment searched for CUDA libraries"},
     {"PYENV_ROOT", "runtime/cuda/loader.c", "pyenv's Pythons searched for pip's CUDA libraries"},
+    {"TFUSE_CUDA_NCCL", "runtime/cuda/cuda_comm.c", "0: data parallel's means on the host instead of through NCCL; 1: through NCCL even for a job of one rank"},
     {"TFUSE_COMM_TIMEOUT", "runtime/comm.c", "seconds a data-parallel collective may take before the rank gives up and ends the job (default 300)"},
     {"OMPI_COMM_WORLD_RANK", "runtime/comm_mpi.c", "this process's rank, set by Open MPI's mpirun"},
     {"OMPI_COMM_WORLD_SIZE", "runtime/comm_mpi.c", "the job's ranks, set by Open MPI's mpirun"},

@@ -29,6 +29,7 @@
 
 #include "comm.h"
 #include "cuda_session.h"
+#include "env.h"
 #include "emu.h"
 
 typedef struct cbucket {
@@ -113,7 +114,7 @@ static tf_status nccl_fail(tf_session_t *s, cuda_session *c, int r, const char *
 static tf_status open_nccl(tf_session_t *s, cuda_session *c, struct cuda_comm *cc)
 {
     char err[1200] = "";
-    if (getenv("TFUSE_CUDA_NCCL") && !strcmp(getenv("TFUSE_CUDA_NCCL"), "0"))
+    if (tf_env("TFUSE_CUDA_NCCL") && !strcmp(tf_env("TFUSE_CUDA_NCCL"), "0"))
         snprintf(cc->why, sizeof cc->why, "TFUSE_CUDA_NCCL=0");
     else if (tf_cuda_libs_add(&c->libs, TF_CUDA_LIB_NCCL, &c->search, err, sizeof err))
         snprintf(cc->why, sizeof cc->why, "NCCL was not found: %.300s", err);
@@ -239,7 +240,7 @@ tf_status tf_cuda_comm_prepare(tf_session_t *s, cuda_session *c)
     cc->size = tf_comm_size(s->comm);
     tf_status st = TF_OK;
     /* TFUSE_CUDA_NCCL=1: NCCL even for a job of one rank (mpirun -np 1), to measure what its calls cost */
-    const char *env = getenv("TFUSE_CUDA_NCCL");
+    const char *env = tf_env("TFUSE_CUDA_NCCL");
     if (cc->size > 1 || (s->comm && env && !strcmp(env, "1"))) {
         st = open_nccl(s, c, cc);
         if (!st && cc->nccl) st = plan_buckets(s, c, cc);
