@@ -138,6 +138,7 @@ void cli_print_session_stats(const tf_session_t *s);
 /* bench.c */
 extern const char bench_synopsis[], bench_help[];
 int cmd_bench(tf_context_t *ctx, const args *a);
+int cmd_import(int argc, char **argv);   /* import.c: tfuse import MODEL.onnx */
 
 /* train.c */
 extern const char train_synopsis[], train_help[];

@@ -1416,6 +1416,9 @@ static const struct {
      "  stats   the directory, each part's entries and bytes, the total and the bound\n"
      "  clear   remove the entries of every part, or of the one named, and say what went (files that\n"
      "          another process is writing stay)"},
+    {"import", "MODEL.onnx [-o MODEL.ir] [--dim NAME=N ...]",
+     "An ONNX model as tfuse's text and its initializers as safetensors beside it (docs/onnx.md);\n"
+     "`tfuse import --help` says more."},
 };
 
 static void usage_cmd(const char *cmd, FILE *f)
@@ -1467,6 +1470,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!strcmp(cmd, "cache")) return cmd_cache(argc, argv);
+    if (!strcmp(cmd, "import")) return cmd_import(argc, argv);
     args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);
     if (!rc && !a.help) rc = check_flags(&a);

@@ -234,6 +234,14 @@ tf_status tf_model_parse_string(tf_context_t *ctx, const char *name_for_errors,
                                 const char *text, size_t len,
                                 const tf_dim_override *dims, size_t ndims, tf_model_t **out);
 void      tf_model_free(tf_model_t *m);
+/* An ONNX model (docs/onnx.md) as tfuse's text: *ir_text (malloc'd, the
+ * caller free()s it), and its initializers' values written as safetensors
+ * at params_path (NULL: not written; nothing is written for a model with
+ * none). `dims` give its named dims (dim_param) values; each defaults to 1.
+ * TF_ERR_FORMAT for a malformed file, TF_ERR_UNSUPPORTED for a node tfuse
+ * cannot import (the message names the node, its op and the opset). */
+tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims,
+                         char **ir_text, const char *params_path);
 /* Canonical text of the model; *out is malloc'd, the caller free()s it. */
 tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out);
 /* Run a comma-separated list of passes on the model in place ("lower,cse"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh [--seconds N] [--build DIR] [--no-build] [TARGET...] — build the
 # libFuzzer targets (clang, -DTFUSE_FUZZ=ON, in DIR, default build-fuzz) and
-# run each TARGET (model, npy, safetensors; default all three), one after the
+# run each TARGET (model, npy, safetensors, onnx; default all four), one after the
 # other: first over its seed corpus, then N seconds of fuzzing (default 20).
 #
 # Seeds: tests/fuzz/corpus/TARGET (and, for model, examples/ and tests/ir/).
@@ -27,11 +27,11 @@ while [ $# -gt 0 ]; do
     --build) build=${2:?--build needs a directory}; shift 2 ;;
     --no-build) do_build=0; shift ;;
     -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    model|npy|safetensors) targets+=("$1"); shift ;;
-    *) echo "run.sh: unknown argument '$1' (targets: model npy safetensors)" >&2; exit 2 ;;
+    model|npy|safetensors|onnx) targets+=("$1"); shift ;;
+    *) echo "run.sh: unknown argument '$1' (targets: model npy safetensors onnx)" >&2; exit 2 ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(model npy safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(model npy safetensors onnx)
 if ! [[ $seconds =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "run.sh: --seconds must be a positive integer, got '$seconds'" >&2
   exit 2
@@ -72,6 +72,7 @@ for x in "${targets[@]}"; do
     # takes ~0.2 s natively, several seconds under the sanitizers on a busy
     # machine: a hang is what the timeout is for
     model) seeds+=(examples tests/ir); opts+=(-max_len=16384 -timeout=30 -dict="$build/tests/fuzz/model.dict") ;;
+    onnx) opts+=(-max_len=16384 -timeout=10) ;;
     *) opts+=(-max_len=4096 -timeout=10) ;;
   esac
   log=$build/fuzz-$x.log
@@ -87,7 +88,7 @@ for x in "${targets[@]}"; do
   if [ $rc -ne 0 ]; then
     failed=1
     echo "fuzz_$x FAILED (exit $rc); the report (from $log):"
-    awk '/^==[0-9]+==|runtime error|^fuzz_(model|npy|safetensors): /{on=1} on' "$log" | head -n 60
+    awk '/^==[0-9]+==|runtime error|^fuzz_(model|npy|safetensors|onnx): /{on=1} on' "$log" | head -n 60
     grep -a 'Test unit written' "$log" || true
   fi
 done

@@ -1,0 +1,1372 @@
+/* onnx_import.c — ONNX nodes as tfuse ops (onnx_import.h says what
+ * becomes what). Each ONNX value is an `ival`: a tfuse value, or a
+ * constant known at import time (an initializer, a Constant, a Shape of a
+ * static shape, what folding those gave), made a tfuse value only when an
+ * op reads it as an operand. Shapes are static: every dim has a value (a
+ * named dim's is the one given), as tfuse's types have. */
+#include "onnx_import.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sys/stat.h>
+
+#include "alloc.h"
+#include "ops.h"
+#include "runtime.h"
+
+enum { MAX_CONST = 1 << 20 };   /* elements of a constant folded at import */
+
+typedef struct ival {
+    tf_value *v;                 /* the tfuse value, once made */
+    tf_dt dt;
+    int rank;
+    int64_t shape[TF_MAX_RANK];
+    const tf_onnx_tensor *init;  /* an initializer, not yet read */
+    double *c;                   /* a constant's elements (row-major), NULL: not known */
+    bool stat;                   /* batch norm's running mean or variance: a buffer */
+} ival;
+
+typedef struct entry {
+    tf_onnx_str name;
+    ival x;
+} entry;
+
+typedef struct importer {
+    const tf_onnx_model *om;
+    const char *path;
+    char dir[4096];              /* external data's directory */
+    tf_module *m;
+    entry *env;
+    int nenv, capenv;
+    tio_tensor *params;
+    size_t nparams, capparams;
+    const tf_onnx_dim_value *dims;
+    int ndims;
+    int64_t opset;
+    const tf_onnx_node *node;    /* the node being imported, for messages */
+    int node_index;
+    char *err;
+    size_t nerr;
+    bool failed;
+    double **owned;              /* constants' arrays */
+    int nowned, capowned;
+} importer;
+
+/* ---- messages ---- */
+
+static int fail(importer *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(importer *im, const char *fmt, ...)
+{
+    if (im->failed) return -1;
+    im->failed = true;
+    int k;
+    if (im->node)
+        k = snprintf(im->err, im->nerr, "%s: node %d '%.*s' (%.*s, opset %lld): ", im->path, im->node_index + 1, (int)im->node->name.n,
+                     im->node->name.p, (int)im->node->op_type.n, im->node->op_type.p, (long long)im->opset);
+    else
+        k = snprintf(im->err, im->nerr, "%s: ", im->path);
+    if (k >= 0 && (size_t)k < im->nerr) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(im->err + k, im->nerr - (size_t)k, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static double *own(importer *im, int64_t n)
+{
+    if (n > MAX_CONST) {
+        fail(im, "a constant of %lld elements to fold at import (at most %d)", (long long)n, MAX_CONST);
+        return NULL;
+    }
+    if (im->nowned == im->capowned) {
+        int cap = im->capowned ? 2 * im->capowned : 64;
+        double **p = tf_realloc(im->owned, (size_t)cap * sizeof *p);
+        if (!p) {
+            fail(im, "out of memory");
+            return NULL;
+        }
+        im->owned = p, im->capowned = cap;
+    }
+    double *c = tf_calloc((size_t)(n ? n : 1), sizeof *c);
+    if (!c) fail(im, "out of memory");
+    else im->owned[im->nowned++] = c;
+    return c;
+}
+
+/* ---- names and values ---- */
+
+/* An ONNX name as a tfuse name: [A-Za-z_][A-Za-z0-9_.]*, other characters '_'. */
+static void sanitize(tf_onnx_str s, char *out, size_t n)
+{
+    size_t k = 0;
+    if (!s.n || !((s.p[0] >= 'A' && s.p[0] <= 'Z') || (s.p[0] >= 'a' && s.p[0] <= 'z') || s.p[0] == '_')) out[k++] = 'v';
+    for (size_t i = 0; i < s.n && k + 1 < n; i++) {
+        char ch = s.p[i];
+        bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.';
+        out[k++] = ok ? ch : '_';
+    }
+    out[k] = 0;
+    /* the statement keywords cannot name values */
+    static const char *const kw[] = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield"};
+    for (size_t i = 0; i < sizeof kw / sizeof *kw; i++)
+        if (!strcmp(out, kw[i]) && k + 2 < n) {
+            out[k] = '_', out[k + 1] = 0;
+            break;
+        }
+}
+
+static entry *find(importer *im, tf_onnx_str name)
+{
+    for (int i = im->nenv - 1; i >= 0; i--)
+        if (im->env[i].name.n == name.n && !memcmp(im->env[i].name.p, name.p, name.n)) return &im->env[i];
+    return NULL;
+}
+
+static ival *bind(importer *im, tf_onnx_str name, const ival *x)
+{
+    if (im->nenv == im->capenv) {
+        int cap = im->capenv ? 2 * im->capenv : 256;
+        entry *e = tf_realloc(im->env, (size_t)cap * sizeof *e);
+        if (!e) {
+            fail(im, "out of memory");
+            return NULL;
+        }
+        im->env = e, im->capenv = cap;
+    }
+    im->env[im->nenv] = (entry){name, *x};
+    return &im->env[im->nenv++].x;
+}
+
+static int64_t numel(const ival *x)
+{
+    int64_t n = 1;
+    for (int i = 0; i < x->rank; i++) n *= x->shape[i];
+    return n;
+}
+
+static bool dt_of_onnx(int32_t t, tf_dt *dt)
+{
+    switch (t) {
+    case TF_ONNX_FLOAT: *dt = TF_DT_F32; return true;
+    case TF_ONNX_DOUBLE: *dt = TF_DT_F64; return true;
+    case TF_ONNX_FLOAT16: *dt = TF_DT_F16; return true;
+    case TF_ONNX_BFLOAT16: *dt = TF_DT_BF16; return true;
+    case TF_ONNX_INT64: case TF_ONNX_UINT32: case TF_ONNX_UINT64: *dt = TF_DT_I64; return true;
+    case TF_ONNX_INT32: case TF_ONNX_INT16: case TF_ONNX_UINT16: case TF_ONNX_INT8: case TF_ONNX_UINT8: *dt = TF_DT_I32; return true;
+    case TF_ONNX_BOOL: *dt = TF_DT_BOOL; return true;
+    default: return false;
+    }
+}
+
+static bool is_float(tf_dt t) { return t == TF_DT_F32 || t == TF_DT_F64 || t == TF_DT_F16 || t == TF_DT_BF16; }
+
+/* ---- initializers' data ---- */
+
+/* The bytes of an external tensor's data: read from the file beside the model. */
+static unsigned char *read_external(importer *im, const tf_onnx_tensor *t, size_t want)
+{
+    char loc[1024];
+    if (t->location.n >= sizeof loc || memchr(t->location.p, 0, t->location.n)) {
+        fail(im, "tensor '%.*s': an external data location that is not a file name", (int)t->name.n, t->name.p);
+        return NULL;
+    }
+    memcpy(loc, t->location.p, t->location.n);
+    loc[t->location.n] = 0;
+    if (loc[0] == '/' || strstr(loc, "..")) {
+        fail(im, "tensor '%.*s': external data at '%s': a location must be a path under the model's directory", (int)t->name.n, t->name.p, loc);
+        return NULL;
+    }
+    char full[5200];
+    snprintf(full, sizeof full, "%s/%s", im->dir, loc);
+    FILE *f = fopen(full, "rb");
+    if (!f) {
+        fail(im, "tensor '%.*s': cannot open its external data %s: %s", (int)t->name.n, t->name.p, full, strerror(errno));
+        return NULL;
+    }
+    unsigned char *buf = NULL;
+    if (fseeko(f, 0, SEEK_END) == 0) {
+        off_t size = ftello(f);
+        if (size < 0 || t->offset > (int64_t)size || (int64_t)want > (int64_t)size - t->offset ||
+            (t->length >= 0 && (size_t)t->length != want))
+            fail(im, "tensor '%.*s': its external data in %s (%lld bytes at offset %lld, length %lld) does not hold its %zu bytes",
+                 (int)t->name.n, t->name.p, full, (long long)size, (long long)t->offset, (long long)t->length, want);
+        else if ((buf = tf_malloc(want ? want : 1)) && (fseeko(f, t->offset, SEEK_SET) || fread(buf, 1, want, f) != want)) {
+            fail(im, "tensor '%.*s': reading its external data from %s failed", (int)t->name.n, t->name.p, full);
+            tf_free(buf);
+            buf = NULL;
+        } else if (!buf) {
+            fail(im, "out of memory for tensor '%.*s'", (int)t->name.n, t->name.p);
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+/* Element i of initializer t (its ONNX type), as a double. */
+static double init_elem(const tf_onnx_tensor *t, const unsigned char *raw, int64_t i)
+{
+    if (raw) {
+        const unsigned char *p = raw + (size_t)i * (size_t)tf_onnx_type_bytes(t->data_type);
+        switch (t->data_type) {
+        case TF_ONNX_FLOAT: { float v; memcpy(&v, p, 4); return v; }
+        case TF_ONNX_DOUBLE: { double v; memcpy(&v, p, 8); return v; }
+        case TF_ONNX_FLOAT16: return tf_elem_load(TF_DT_F16, p, 0);
+        case TF_ONNX_BFLOAT16: return tf_elem_load(TF_DT_BF16, p, 0);
+        case TF_ONNX_INT64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
+        case TF_ONNX_UINT64: { uint64_t v; memcpy(&v, p, 8); return (double)v; }
+        case TF_ONNX_INT32: { int32_t v; memcpy(&v, p, 4); return v; }
+        case TF_ONNX_UINT32: { uint32_t v; memcpy(&v, p, 4); return v; }
+        case TF_ONNX_INT16: { int16_t v; memcpy(&v, p, 2); return v; }
+        case TF_ONNX_UINT16: { uint16_t v; memcpy(&v, p, 2); return v; }
+        case TF_ONNX_INT8: return (int8_t)p[0];
+        case TF_ONNX_UINT8: return p[0];
+        case TF_ONNX_BOOL: return p[0] != 0;
+        default: return NAN;
+        }
+    }
+    /* typed fields: float_data (4-byte floats), int32_data (int32, and the bits of 16-bit floats), int64_data,
+     * double_data, uint64_data */
+    if (t->val_bytes == 4) {
+        uint32_t bits = ((const uint32_t *)t->vals)[i];
+        if (t->data_type == TF_ONNX_FLOAT) { float v; memcpy(&v, &bits, 4); return v; }
+        uint16_t h = (uint16_t)bits;
+        if (t->data_type == TF_ONNX_FLOAT16) return tf_elem_load(TF_DT_F16, &h, 0);
+        if (t->data_type == TF_ONNX_BFLOAT16) return tf_elem_load(TF_DT_BF16, &h, 0);
+        return t->data_type == TF_ONNX_UINT32 ? (double)bits : (double)(int32_t)bits;
+    }
+    uint64_t bits = ((const uint64_t *)t->vals)[i];
+    if (t->data_type == TF_ONNX_DOUBLE) { double v; memcpy(&v, &bits, 8); return v; }
+    return t->data_type == TF_ONNX_UINT64 ? (double)bits : (double)(int64_t)bits;
+}
+
+/* The raw bytes of initializer t, or its typed field, checked against its shape; *raw NULL: the typed field. *owned: to free. */
+static int init_data(importer *im, const tf_onnx_tensor *t, const unsigned char **raw, unsigned char **owned, int64_t *n)
+{
+    *raw = NULL, *owned = NULL;
+    int64_t cnt = 1;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->dims[i] > ((int64_t)1 << 40) || (t->dims[i] && cnt > ((int64_t)1 << 48) / t->dims[i]))
+            return fail(im, "tensor '%.*s' is too large", (int)t->name.n, t->name.p);
+        cnt *= t->dims[i];
+    }
+    *n = cnt;
+    int eb = tf_onnx_type_bytes(t->data_type);
+    if (!eb) return fail(im, "tensor '%.*s' is of type %s, which tfuse does not read", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
+    size_t want = (size_t)cnt * (size_t)eb;
+    if (t->external) {
+        if (!(*owned = read_external(im, t, want))) return -1;
+        *raw = *owned;
+        return 0;
+    }
+    if (t->raw.p) {
+        if (t->raw.n != want)
+            return fail(im, "tensor '%.*s': raw_data holds %zu bytes, and %lld elements of %s need %zu", (int)t->name.n, t->name.p, t->raw.n,
+                        (long long)cnt, tf_onnx_type_name(t->data_type), want);
+        *raw = (const unsigned char *)t->raw.p;
+        return 0;
+    }
+    if (t->nvals != cnt)
+        return fail(im, "tensor '%.*s': its data has %lld elements, and its shape %lld", (int)t->name.n, t->name.p, (long long)t->nvals,
+                    (long long)cnt);
+    return 0;
+}
+
+/* A constant's elements (an initializer read now); NULL when it is not one (or too large). */
+static const double *const_of(importer *im, ival *x)
+{
+    if (x->c) return x->c;
+    if (!x->init) return NULL;
+    const unsigned char *raw;
+    unsigned char *owned;
+    int64_t n;
+    if (init_data(im, x->init, &raw, &owned, &n)) return NULL;
+    double *c = n <= MAX_CONST ? own(im, n) : NULL;
+    for (int64_t i = 0; c && i < n; i++) c[i] = tf_dtype_round(x->dt, init_elem(x->init, raw, i));
+    tf_free(owned);
+    return x->c = c;
+}
+
+static int add_param(importer *im, const char *name, tf_dt dt, const int64_t *shape, int rank, void *data, size_t bytes)
+{
+    if (im->nparams == im->capparams) {
+        size_t cap = im->capparams ? 2 * im->capparams : 64;
+        tio_tensor *p = tf_realloc(im->params, cap * sizeof *p);
+        if (!p) return fail(im, "out of memory");
+        im->params = p, im->capparams = cap;
+    }
+    tio_tensor *t = &im->params[im->nparams];
+    memset(t, 0, sizeof *t);
+    size_t len = strlen(name);
+    if (!(t->name = tf_malloc(len + 1))) return fail(im, "out of memory");
+    memcpy(t->name, name, len + 1);
+    t->dtype = (tio_dtype)dt;
+    t->rank = rank;
+    memcpy(t->shape, shape, (size_t)rank * sizeof *shape);
+    t->data = data;
+    t->nbytes = bytes;
+    im->nparams++;
+    return 0;
+}
+
+static tf_loc here(const importer *im) { return (tf_loc){im->path, im->node ? im->node_index + 1 : 0, im->node ? 1 : 0}; }
+
+/* x as a tfuse value: a number, or a param or buffer holding a constant. */
+static tf_value *val(importer *im, ival *x, const char *hint)
+{
+    if (x->v) return x->v;
+    if (!x->init && !x->c) {
+        fail(im, "an operand with no value");
+        return NULL;
+    }
+    int64_t n = numel(x);
+    if (n == 1 && const_of(im, x)) {   /* a number, reshaped to the constant's rank */
+        tf_value *v = tf_const(im->m, x->c[0], x->dt);
+        if (v && x->rank > 0) {
+            tf_diag d = {0};
+            tf_loc loc = here(im);
+            tf_named_attr a = {"shape", tf_attr_ints(im->m, x->shape, x->rank)};
+            tf_value *in[1] = {v};
+            if (!(v = tf_build(im->m, &d, TF_OP_RESHAPE, in, 1, &a, 1, hint, &loc))) {
+                fail(im, "%s", d.msg);
+                return NULL;
+            }
+        }
+        if (!v) fail(im, "out of memory");
+        return x->v = v;
+    }
+    /* a declared tensor, its values saved with the params */
+    char name[512];
+    tf_onnx_str h = {hint, strlen(hint)};
+    sanitize(h, name, sizeof name);
+    const char *nm = tf_module_unique_name(im->m, name);
+    tf_type ty = {x->dt, x->rank, {{0}}};
+    for (int i = 0; i < x->rank; i++) ty.dims[i] = (tf_dim){x->shape[i], -1};
+    bool trainable = is_float(x->dt) && !x->stat;
+    tf_value *v = nm ? tf_module_add_decl(im->m, nm, trainable ? TF_VAL_PARAM : TF_VAL_BUFFER, &ty, TF_INIT_ZEROS) : NULL;
+    if (!v) {
+        fail(im, "out of memory");
+        return NULL;
+    }
+    size_t es = (size_t)tf_dtype_bytes(x->dt), bytes = (size_t)n * es;
+    unsigned char *data = tf_malloc(bytes ? bytes : 1);   /* tio_tensor_free frees it */
+    if (!data) {
+        fail(im, "out of memory for %s (%zu bytes)", nm, bytes);
+        return NULL;
+    }
+    if (x->c) {
+        for (int64_t i = 0; i < n; i++) tf_elem_store(x->dt, data, i, x->c[i]);
+    } else {
+        const unsigned char *raw;
+        unsigned char *owned;
+        int64_t cnt;
+        if (init_data(im, x->init, &raw, &owned, &cnt)) {
+            tf_free(data);
+            return NULL;
+        }
+        if (raw && tf_onnx_type_bytes(x->init->data_type) == (int)es && (x->dt != TF_DT_I32 || x->init->data_type == TF_ONNX_INT32) &&
+            (x->dt != TF_DT_I64 || x->init->data_type == TF_ONNX_INT64))
+            memcpy(data, raw, bytes);   /* the same layout (little-endian, as tfuse's files are) */
+        else
+            for (int64_t i = 0; i < n; i++) tf_elem_store(x->dt, data, i, init_elem(x->init, raw, i));
+        tf_free(owned);
+    }
+    if (add_param(im, nm, x->dt, x->shape, x->rank, data, bytes)) {
+        tf_free(data);
+        return NULL;
+    }
+    return x->v = v;
+}
+
+/* ---- building ---- */
+
+static tf_value *op(importer *im, int o, tf_value **in, int nin, const tf_named_attr *a, int na)
+{
+    if (im->failed) return NULL;
+    for (int i = 0; i < nin; i++)
+        if (!in[i]) return NULL;
+    tf_diag d = {0};
+    tf_loc loc = here(im);
+    char hint[256] = "t";
+    if (im->node && im->node->nout) sanitize(im->node->out[0], hint, sizeof hint);
+    tf_value *v = tf_build(im->m, &d, o, in, nin, a, na, hint, &loc);
+    if (!v) fail(im, "%s", d.msg);
+    return v;
+}
+static tf_value *op1(importer *im, int o, tf_value *a) { return op(im, o, &a, 1, NULL, 0); }
+static tf_value *op2(importer *im, int o, tf_value *a, tf_value *b)
+{
+    tf_value *in[2] = {a, b};
+    return op(im, o, in, 2, NULL, 0);
+}
+static tf_value *num(importer *im, double v, tf_dt dt)
+{
+    tf_value *c = tf_const(im->m, v, dt);
+    if (!c) fail(im, "out of memory");
+    return c;
+}
+static tf_value *reshape(importer *im, tf_value *x, const int64_t *shape, int rank)
+{
+    tf_named_attr a = {"shape", tf_attr_ints(im->m, shape, rank)};
+    return op(im, TF_OP_RESHAPE, &x, 1, &a, 1);
+}
+
+/* The result of the node's output k: a tfuse value. */
+static int set_out(importer *im, int k, tf_value *v)
+{
+    if (!v) return -1;
+    if (k >= im->node->nout || !im->node->out[k].n) return 0;
+    ival x = {.v = v, .dt = v->type.dtype, .rank = v->type.rank};
+    for (int i = 0; i < x.rank; i++) x.shape[i] = v->type.dims[i].n;
+    return bind(im, im->node->out[k], &x) ? 0 : -1;
+}
+/* ... or a constant (c: numel elements, owned by the importer). */
+static int set_const(importer *im, int k, tf_dt dt, const int64_t *shape, int rank, double *c)
+{
+    if (!c) return -1;
+    if (k >= im->node->nout) return 0;
+    ival x = {.dt = dt, .rank = rank, .c = c};
+    memcpy(x.shape, shape, (size_t)rank * sizeof *shape);
+    return bind(im, im->node->out[k], &x) ? 0 : -1;
+}
+
+/* ---- the node's inputs and attributes ---- */
+
+static ival *input(importer *im, int i)
+{
+    const tf_onnx_node *n = im->node;
+    if (i >= n->nin || !n->in[i].n) return NULL;
+    entry *e = find(im, n->in[i]);
+    if (!e) {
+        fail(im, "input %d '%.*s' is defined by no earlier node, initializer or graph input", i, (int)n->in[i].n, n->in[i].p);
+        return NULL;
+    }
+    return &e->x;
+}
+static ival *need(importer *im, int i)
+{
+    ival *x = input(im, i);
+    if (!x && !im->failed) fail(im, "input %d is required", i);
+    return x;
+}
+static tf_value *in_val(importer *im, int i)
+{
+    ival *x = need(im, i);
+    if (!x) return NULL;
+    char hint[256];
+    sanitize(im->node->in[i], hint, sizeof hint);
+    return val(im, x, hint);
+}
+
+static const tf_onnx_attr *attr(const importer *im, const char *name)
+{
+    for (int i = 0; i < im->node->nattrs; i++)
+        if (tf_onnx_is(im->node->attrs[i].name, name)) return &im->node->attrs[i];
+    return NULL;
+}
+static int64_t attr_i(const importer *im, const char *name, int64_t dflt)
+{
+    const tf_onnx_attr *a = attr(im, name);
+    return a ? a->i : dflt;
+}
+static double attr_f(const importer *im, const char *name, double dflt)
+{
+    const tf_onnx_attr *a = attr(im, name);
+    return a ? a->f : dflt;
+}
+static bool attr_s(const importer *im, const char *name, const char *value)
+{
+    const tf_onnx_attr *a = attr(im, name);
+    return a && tf_onnx_is(a->s, value);
+}
+/* An INTS attribute, or input k as a constant (newer opsets moved them there); *n -1: neither given. */
+static int ints_of(importer *im, const char *aname, int k, int64_t *out, int *n, int cap)
+{
+    *n = -1;
+    const tf_onnx_attr *a = aname ? attr(im, aname) : NULL;
+    if (a) {
+        if (a->nints > cap) return fail(im, "attribute %s has %d values (at most %d)", aname, a->nints, cap);
+        memcpy(out, a->ints, (size_t)a->nints * sizeof *out);
+        *n = a->nints;
+        return 0;
+    }
+    ival *x = k >= 0 ? input(im, k) : NULL;
+    if (im->failed) return -1;
+    if (!x) return 0;
+    const double *c = const_of(im, x);
+    if (!c) return fail(im, "input %d must be known when the model is imported (a constant or initializer): tfuse's shapes are static", k);
+    int64_t cnt = numel(x);
+    if (cnt > cap) return fail(im, "input %d has %lld values (at most %d)", k, (long long)cnt, cap);
+    for (int64_t i = 0; i < cnt; i++) out[i] = (int64_t)c[i];
+    *n = (int)cnt;
+    return 0;
+}
+
+static int norm_axis(importer *im, int64_t axis, int rank, int64_t *out)
+{
+    if (axis < -rank || axis >= rank) return fail(im, "axis %lld is outside rank %d", (long long)axis, rank);
+    *out = axis < 0 ? axis + rank : axis;
+    return 0;
+}
+
+/* ---- ops ---- */
+
+typedef int (*import_fn)(importer *im, int arg);
+
+static int unary(importer *im, int o) { return set_out(im, 0, op1(im, o, in_val(im, 0))); }
+
+static int binary(importer *im, int o)
+{
+    ival *a = need(im, 0), *b = need(im, 1);
+    if (!a || !b) return -1;
+    if (o == TF_OP_DIV && !is_float(a->dt))
+        return fail(im, "integer Div truncates toward zero, and tfuse's div of integers is not that division");
+    return set_out(im, 0, op2(im, o, in_val(im, 0), in_val(im, 1)));
+}
+
+/* Max, Min, Sum: a chain; Mean: the sum over the count. */
+static int variadic(importer *im, int o)
+{
+    int n = im->node->nin;
+    if (n < 1) return fail(im, "no inputs");
+    bool mean = o < 0;
+    tf_value *acc = in_val(im, 0);
+    for (int i = 1; i < n && acc; i++) acc = op2(im, mean ? TF_OP_ADD : o, acc, in_val(im, i));
+    if (mean && acc && n > 1) acc = op2(im, TF_OP_DIV, acc, num(im, n, acc->type.dtype));
+    return set_out(im, 0, acc);
+}
+
+static int identity(importer *im, int arg)
+{
+    (void)arg;
+    ival *x = need(im, 0);
+    if (!x) return -1;
+    ival copy = *x;
+    if (im->node->nout > 1 && im->node->out[1].n) return fail(im, "Dropout's mask output is not produced (an inference graph needs none)");
+    return bind(im, im->node->out[0], &copy) ? 0 : -1;
+}
+
+static int reciprocal(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    return set_out(im, 0, x ? op2(im, TF_OP_DIV, num(im, 1, x->type.dtype), x) : NULL);
+}
+
+static int compare(importer *im, int o) { return set_out(im, 0, op2(im, o, in_val(im, 0), in_val(im, 1))); }
+
+static int where(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *in[3] = {in_val(im, 0), in_val(im, 1), in_val(im, 2)};
+    return set_out(im, 0, op(im, TF_OP_WHERE, in, 3, NULL, 0));
+}
+
+static int cast(importer *im, int arg)
+{
+    (void)arg;
+    tf_dt to;
+    if (!dt_of_onnx((int32_t)attr_i(im, "to", 0), &to))
+        return fail(im, "Cast to %s: tfuse has f32 f16 bf16 f64 i64 i32 bool", tf_onnx_type_name((int32_t)attr_i(im, "to", 0)));
+    ival *x = need(im, 0);
+    if (!x) return -1;
+    if (!x->v && const_of(im, x)) {   /* folded */
+        int64_t n = numel(x);
+        double *c = own(im, n);
+        for (int64_t i = 0; c && i < n; i++) c[i] = tf_dtype_round(to, to == TF_DT_BOOL ? x->c[i] != 0 : x->c[i]);
+        return set_const(im, 0, to, x->shape, x->rank, c);
+    }
+    tf_named_attr a = {"to", tf_attr_dtype(to)};
+    tf_value *v = in_val(im, 0);
+    return set_out(im, 0, v && v->type.dtype == to ? v : op(im, TF_OP_CAST, &v, 1, &a, 1));
+}
+
+/* LeakyRelu, Elu, Selu, HardSigmoid, HardSwish, Softsign, Clip, Gelu */
+enum { ACT_LEAKY, ACT_ELU, ACT_SELU, ACT_HARDSIGMOID, ACT_HARDSWISH, ACT_SOFTSIGN, ACT_CLIP, ACT_GELU };
+static int activation(importer *im, int kind)
+{
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    tf_dt dt = x->type.dtype;
+    tf_value *r = NULL;
+    switch (kind) {
+    case ACT_LEAKY: {
+        tf_value *pos = op2(im, TF_OP_GT, x, num(im, 0, dt)), *neg = op2(im, TF_OP_MUL, x, num(im, attr_f(im, "alpha", 0.01), dt));
+        tf_value *in[3] = {pos, x, neg};
+        r = op(im, TF_OP_WHERE, in, 3, NULL, 0);
+        break;
+    }
+    case ACT_ELU: case ACT_SELU: {
+        double alpha = attr_f(im, "alpha", kind == ACT_ELU ? 1.0 : 1.67326319217681884765625);
+        tf_value *pos = op2(im, TF_OP_GT, x, num(im, 0, dt));
+        tf_value *e = op2(im, TF_OP_MUL, op2(im, TF_OP_SUB, op1(im, TF_OP_EXP, x), num(im, 1, dt)), num(im, alpha, dt));
+        tf_value *in[3] = {pos, x, e};
+        r = op(im, TF_OP_WHERE, in, 3, NULL, 0);
+        if (kind == ACT_SELU) r = op2(im, TF_OP_MUL, r, num(im, attr_f(im, "gamma", 1.05070102214813232421875), dt));
+        break;
+    }
+    case ACT_HARDSIGMOID: case ACT_HARDSWISH: {
+        double alpha = kind == ACT_HARDSWISH ? 1.0 / 6 : attr_f(im, "alpha", 0.2), beta = kind == ACT_HARDSWISH ? 0.5 : attr_f(im, "beta", 0.5);
+        tf_value *t = op2(im, TF_OP_ADD, op2(im, TF_OP_MUL, x, num(im, alpha, dt)), num(im, beta, dt));
+        r = op2(im, TF_OP_MAXIMUM, op2(im, TF_OP_MINIMUM, t, num(im, 1, dt)), num(im, 0, dt));
+        if (kind == ACT_HARDSWISH) r = op2(im, TF_OP_MUL, x, r);
+        break;
+    }
+    case ACT_SOFTSIGN: r = op2(im, TF_OP_DIV, x, op2(im, TF_OP_ADD, op1(im, TF_OP_ABS, x), num(im, 1, dt))); break;
+    case ACT_CLIP: {
+        r = x;
+        ival *lo = input(im, 1), *hi = input(im, 2);
+        if (im->failed) return -1;
+        if (im->opset < 11) {
+            const tf_onnx_attr *a = attr(im, "min"), *b = attr(im, "max");
+            if (a) r = op2(im, TF_OP_MAXIMUM, r, num(im, a->f, dt));
+            if (b) r = op2(im, TF_OP_MINIMUM, r, num(im, b->f, dt));
+        } else {
+            if (lo) r = op2(im, TF_OP_MAXIMUM, r, val(im, lo, "clip_min"));
+            if (hi) r = op2(im, TF_OP_MINIMUM, r, val(im, hi, "clip_max"));
+        }
+        break;
+    }
+    case ACT_GELU: {
+        const char *approx = attr_s(im, "approximate", "tanh") ? "tanh" : "none";
+        if (attr(im, "approximate") && !attr_s(im, "approximate", "tanh") && !attr_s(im, "approximate", "none"))
+            return fail(im, "approximate must be \"none\" or \"tanh\"");
+        tf_named_attr a = {"approx", tf_attr_str(approx)};
+        r = op(im, TF_OP_GELU, &x, 1, &a, 1);
+        break;
+    }
+    }
+    return set_out(im, 0, r);
+}
+
+static int matmul(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *a = in_val(im, 0), *b = in_val(im, 1);
+    if (!a || !b) return -1;
+    int ra = a->type.rank, rb = b->type.rank;
+    /* 1-D operands as numpy does: a row (prepended 1) and a column (appended 1), removed after */
+    if (ra == 1) a = reshape(im, a, (int64_t[]){1, a->type.dims[0].n}, 2);
+    if (rb == 1) b = reshape(im, b, (int64_t[]){b->type.dims[0].n, 1}, 2);
+    tf_value *r = op2(im, TF_OP_MATMUL, a, b);
+    if (r && (ra == 1 || rb == 1)) {
+        int64_t shape[TF_MAX_RANK];
+        int k = 0;
+        for (int i = 0; i < r->type.rank; i++) {
+            if ((ra == 1 && i == r->type.rank - 2) || (rb == 1 && i == r->type.rank - 1)) continue;
+            shape[k++] = r->type.dims[i].n;
+        }
+        r = reshape(im, r, shape, k);
+    }
+    return set_out(im, 0, r);
+}
+
+static int gemm(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *a = in_val(im, 0), *b = in_val(im, 1);
+    if (!a || !b) return -1;
+    if (a->type.rank != 2 || b->type.rank != 2) return fail(im, "Gemm takes 2-D A and B");
+    tf_named_attr at[2] = {{"transpose_a", tf_attr_bool(attr_i(im, "transA", 0) != 0)}, {"transpose_b", tf_attr_bool(attr_i(im, "transB", 0) != 0)}};
+    tf_value *in[2] = {a, b};
+    tf_value *r = op(im, TF_OP_MATMUL, in, 2, at, 2);
+    double alpha = attr_f(im, "alpha", 1), beta = attr_f(im, "beta", 1);
+    if (r && alpha != 1) r = op2(im, TF_OP_MUL, r, num(im, alpha, r->type.dtype));
+    if (r && input(im, 2)) {
+        tf_value *c = in_val(im, 2);
+        if (c && beta != 1) c = op2(im, TF_OP_MUL, c, num(im, beta, c->type.dtype));
+        r = op2(im, TF_OP_ADD, r, c);
+    }
+    return set_out(im, 0, r);
+}
+
+/* Conv's and the pools' pads: symmetric, per spatial axis; auto_pad resolved. */
+static int pads2d(importer *im, const int64_t *in_hw, const int64_t *k, const int64_t *s, const int64_t *d, int64_t *pad)
+{
+    int64_t p[8] = {0};
+    int np;
+    if (ints_of(im, "pads", -1, p, &np, 8)) return -1;
+    bool same = attr_s(im, "auto_pad", "SAME_UPPER") || attr_s(im, "auto_pad", "SAME_LOWER");
+    if (same) {
+        for (int i = 0; i < 2; i++) {
+            int64_t out = (in_hw[i] + s[i] - 1) / s[i], need = (out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_hw[i];
+            if (need < 0) need = 0;
+            if (need % 2) return fail(im, "auto_pad SAME needs %lld padding rows on axis %d, unevenly split: tfuse pads symmetrically", (long long)need, i + 2);
+            pad[i] = need / 2;
+        }
+        return 0;
+    }
+    if (np > 0 && np != 4) return fail(im, "pads of %d values for a 2-D op (want 4)", np);
+    for (int i = 0; i < 2; i++) {
+        if (np > 0 && p[i] != p[i + 2])
+            return fail(im, "asymmetric pads [%lld, %lld, %lld, %lld]: tfuse pads each side alike", (long long)p[0], (long long)p[1],
+                        (long long)p[2], (long long)p[3]);
+        pad[i] = np > 0 ? p[i] : 0;
+    }
+    return 0;
+}
+
+static int conv(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0), *w = in_val(im, 1);
+    if (!x || !w) return -1;
+    if (x->type.rank != 4 || w->type.rank != 4) return fail(im, "Conv of rank %d: tfuse convolves 2-D images (NCHW)", x->type.rank);
+    int64_t k[2] = {w->type.dims[2].n, w->type.dims[3].n}, s[2] = {1, 1}, d[2] = {1, 1}, pad[2], hw[2] = {x->type.dims[2].n, x->type.dims[3].n};
+    int n;
+    int64_t tmp[8];
+    if (ints_of(im, "strides", -1, tmp, &n, 8)) return -1;
+    if (n == 2) s[0] = tmp[0], s[1] = tmp[1];
+    if (ints_of(im, "dilations", -1, tmp, &n, 8)) return -1;
+    if (n == 2) d[0] = tmp[0], d[1] = tmp[1];
+    if (pads2d(im, hw, k, s, d, pad)) return -1;
+    tf_named_attr a[4] = {{"stride", tf_attr_ints(im->m, s, 2)}, {"padding", tf_attr_ints(im->m, pad, 2)},
+                          {"dilation", tf_attr_ints(im->m, d, 2)}, {"groups", tf_attr_int(attr_i(im, "group", 1))}};
+    tf_value *in[3] = {x, w, NULL};
+    int nin = 2;
+    if (input(im, 2)) in[nin++] = in_val(im, 2);
+    return set_out(im, 0, op(im, TF_OP_CONV2D, in, nin, a, 4));
+}
+
+static int pool(importer *im, int o)
+{
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    if (x->type.rank != 4) return fail(im, "a pool over rank %d: tfuse pools 2-D images (NCHW)", x->type.rank);
+    int64_t k[8], s[8] = {1, 1}, d[2] = {1, 1}, pad[2], hw[2] = {x->type.dims[2].n, x->type.dims[3].n};
+    int nk, ns, nd;
+    if (ints_of(im, "kernel_shape", -1, k, &nk, 8) || ints_of(im, "strides", -1, s, &ns, 8) || ints_of(im, "dilations", -1, d, &nd, 8)) return -1;
+    if (nk != 2) return fail(im, "kernel_shape must give 2 sizes");
+    if (ns < 0) s[0] = s[1] = 1;
+    if (nd == 2 && (d[0] != 1 || d[1] != 1)) return fail(im, "dilated pooling is not in tfuse");
+    if (attr_i(im, "ceil_mode", 0)) return fail(im, "ceil_mode=1: tfuse's pools round the output size down");
+    if (pads2d(im, hw, k, s, (int64_t[]){1, 1}, pad)) return -1;
+    if (o == TF_OP_AVGPOOL2D && (pad[0] || pad[1]) && !attr_i(im, "count_include_pad", 0))
+        return fail(im, "count_include_pad=0 with padding: tfuse's avgpool2d divides by the whole window, padding included");
+    tf_named_attr a[3] = {{"kernel", tf_attr_ints(im->m, k, 2)}, {"stride", tf_attr_ints(im->m, s, 2)}, {"padding", tf_attr_ints(im->m, pad, 2)}};
+    return set_out(im, 0, op(im, o, &x, 1, a, 3));
+}
+
+static int global_pool(importer *im, int o)
+{
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int r = x->type.rank;
+    if (r < 3) return fail(im, "a global pool of rank %d", r);
+    int64_t axes[TF_MAX_RANK], shape[TF_MAX_RANK];
+    for (int i = 2; i < r; i++) axes[i - 2] = i;
+    tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, r - 2)}, {"keepdims", tf_attr_bool(true)}};
+    (void)shape;
+    return set_out(im, 0, op(im, o == TF_OP_REDUCE_MAX ? TF_OP_REDUCE_MAX : TF_OP_REDUCE_MEAN, &x, 1, a, 2));
+}
+
+/* Reshape's target: 0 copies the input's dim (unless allowzero), -1 is inferred by tfuse's reshape. */
+static int reshape_op(importer *im, int arg)
+{
+    (void)arg;
+    ival *x = need(im, 0);
+    int64_t shape[TF_MAX_RANK];
+    int n;
+    if (!x || ints_of(im, "shape", 1, shape, &n, TF_MAX_RANK)) return -1;
+    if (n < 0) return fail(im, "no target shape");
+    bool allowzero = attr_i(im, "allowzero", 0) != 0;
+    for (int i = 0; i < n; i++)
+        if (shape[i] == 0 && !allowzero) {
+            if (i >= x->rank) return fail(im, "shape[%d] = 0 copies a dim the input (rank %d) lacks", i, x->rank);
+            shape[i] = x->shape[i];
+        }
+    if (!x->v && const_of(im, x)) {   /* a constant stays one */
+        int64_t known = 1, at = -1;
+        for (int i = 0; i < n; i++) {
+            if (shape[i] == -1) at = i;
+            else known *= shape[i];
+        }
+        if (at >= 0 && known) shape[at] = numel(x) / known;
+        return set_const(im, 0, x->dt, shape, n, x->c);
+    }
+    tf_value *v = in_val(im, 0);
+    return set_out(im, 0, v ? reshape(im, v, shape, n) : NULL);
+}
+
+static int flatten(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int64_t axis = 0;
+    if (norm_axis(im, attr_i(im, "axis", 1), x->type.rank + 1, &axis)) return -1;
+    int64_t a = 1, b = 1;
+    for (int i = 0; i < x->type.rank; i++) *(i < axis ? &a : &b) *= x->type.dims[i].n;
+    return set_out(im, 0, reshape(im, x, (int64_t[]){a, b}, 2));
+}
+
+/* Squeeze and Unsqueeze as reshapes (their axes from the attribute, or input 1 from opset 13) */
+static int squeeze(importer *im, int unsq)
+{
+    ival *x = need(im, 0);
+    int64_t axes[TF_MAX_RANK];
+    int n;
+    if (!x || ints_of(im, "axes", 1, axes, &n, TF_MAX_RANK)) return -1;
+    int out_rank = unsq ? x->rank + (n > 0 ? n : 0) : x->rank;
+    bool mark[TF_MAX_RANK * 2] = {false};
+    if (unsq && n < 0) return fail(im, "Unsqueeze needs axes");
+    for (int i = 0; i < (n > 0 ? n : 0); i++) {
+        int64_t a = 0;
+        if (norm_axis(im, axes[i], out_rank, &a)) return -1;
+        mark[a] = true;
+    }
+    int64_t shape[TF_MAX_RANK * 2];
+    int k = 0, j = 0;
+    if (unsq) {
+        if (out_rank > TF_MAX_RANK) return fail(im, "a result of rank %d (tfuse's limit is %d)", out_rank, TF_MAX_RANK);
+        for (int i = 0; i < out_rank; i++) shape[k++] = mark[i] ? 1 : x->shape[j++];
+    } else {
+        for (int i = 0; i < x->rank; i++) {
+            bool drop = n > 0 ? mark[i] : x->shape[i] == 1;
+            if (drop && x->shape[i] != 1) return fail(im, "axis %d has size %lld, not 1", i, (long long)x->shape[i]);
+            if (!drop) shape[k++] = x->shape[i];
+        }
+    }
+    if (!x->v && const_of(im, x)) return set_const(im, 0, x->dt, shape, k, x->c);
+    tf_value *v = in_val(im, 0);
+    return set_out(im, 0, v ? reshape(im, v, shape, k) : NULL);
+}
+
+static int transpose(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int64_t perm[TF_MAX_RANK];
+    int n;
+    if (ints_of(im, "perm", -1, perm, &n, TF_MAX_RANK)) return -1;
+    if (n < 0)
+        for (n = 0; n < x->type.rank; n++) perm[n] = x->type.rank - 1 - n;
+    tf_named_attr a = {"perm", tf_attr_ints(im->m, perm, n)};
+    return set_out(im, 0, op(im, TF_OP_TRANSPOSE, &x, 1, &a, 1));
+}
+
+static int concat(importer *im, int arg)
+{
+    (void)arg;
+    int n = im->node->nin;
+    if (n < 1 || n > 64) return fail(im, "Concat of %d inputs (1 to 64)", n);
+    ival *first = need(im, 0);
+    if (!first) return -1;
+    int64_t axis = 0;
+    if (norm_axis(im, attr_i(im, "axis", 0), first->rank, &axis)) return -1;
+    bool consts = true;   /* shape arithmetic: fold */
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        ival *x = need(im, i);
+        if (!x) return -1;
+        consts = consts && !x->v && x->rank == 1 && const_of(im, x);
+        total += x->rank ? x->shape[x->rank - 1] : 1;
+    }
+    if (consts && first->rank == 1) {
+        double *c = own(im, total);
+        int64_t at = 0;
+        for (int i = 0; c && i < n; i++) {
+            ival *x = input(im, i);
+            memcpy(c + at, x->c, (size_t)x->shape[0] * sizeof *c);
+            at += x->shape[0];
+        }
+        return set_const(im, 0, first->dt, (int64_t[]){total}, 1, c);
+    }
+    tf_value *in[64];
+    for (int i = 0; i < n; i++) in[i] = in_val(im, i);
+    tf_named_attr a = {"axis", tf_attr_int(axis)};
+    return set_out(im, 0, op(im, TF_OP_CONCAT, in, n, &a, 1));
+}
+
+/* Softmax and LogSoftmax: before opset 13, the input is seen as 2-D at axis (default 1). */
+static int softmax(importer *im, int o)
+{
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int r = x->type.rank;
+    int64_t axis = 0;
+    if (norm_axis(im, attr_i(im, "axis", im->opset < 13 ? 1 : -1), r, &axis)) return -1;
+    if (im->opset >= 13 || axis == r - 1) {
+        tf_named_attr a = {"axis", tf_attr_int(axis)};
+        return set_out(im, 0, op(im, o, &x, 1, &a, 1));
+    }
+    int64_t a = 1, b = 1, shape[TF_MAX_RANK];
+    for (int i = 0; i < r; i++) *(i < axis ? &a : &b) *= x->type.dims[i].n, shape[i] = x->type.dims[i].n;
+    tf_named_attr at = {"axis", tf_attr_int(-1)};
+    tf_value *f = reshape(im, x, (int64_t[]){a, b}, 2);
+    return set_out(im, 0, reshape(im, op(im, o, &f, 1, &at, 1), shape, r));
+}
+
+/* ReduceSum/Mean/Max: axes from the attribute, or input 1 (ReduceSum from opset 13, the others from 18). */
+static int reduce(importer *im, int o)
+{
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int64_t axes[TF_MAX_RANK];
+    int n;
+    if (ints_of(im, "axes", 1, axes, &n, TF_MAX_RANK)) return -1;
+    if (n <= 0) {
+        if (attr_i(im, "noop_with_empty_axes", 0)) return set_out(im, 0, x);
+        n = 0;   /* every axis */
+    }
+    tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, n)}, {"keepdims", tf_attr_bool(attr_i(im, "keepdims", 1) != 0)}};
+    if (n == 0 && x->type.rank == 0) return set_out(im, 0, x);
+    return set_out(im, 0, op(im, o, &x, 1, a, 2));
+}
+
+static int batchnorm(importer *im, int arg)
+{
+    (void)arg;
+    if (attr_i(im, "training_mode", 0)) return fail(im, "training_mode=1: import an inference graph (tfuse trains batch norm itself)");
+    for (int i = 3; i < 5; i++) {
+        ival *s = need(im, i);
+        if (!s) return -1;
+        s->stat = true;
+    }
+    tf_value *in[5];
+    for (int i = 0; i < 5; i++) in[i] = in_val(im, i);
+    tf_named_attr a[2] = {{"eps", tf_attr_float(attr_f(im, "epsilon", 1e-5))}, {"momentum", tf_attr_float(1 - attr_f(im, "momentum", 0.9))}};
+    return set_out(im, 0, op(im, TF_OP_BATCHNORM, in, 5, a, 2));
+}
+
+static int layernorm(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int64_t axis = 0;
+    if (norm_axis(im, attr_i(im, "axis", -1), x->type.rank, &axis)) return -1;
+    if (axis != x->type.rank - 1) return fail(im, "axis %lld: tfuse's layernorm normalizes the last axis", (long long)axis);
+    tf_value *g = in_val(im, 1), *b = NULL;
+    if (input(im, 2)) b = in_val(im, 2);
+    else if (g) {   /* no bias: zeros */
+        ival z = {.dt = g->type.dtype, .rank = 1, .shape = {g->type.dims[0].n}};
+        z.c = own(im, z.shape[0]);
+        if (!z.c) return -1;
+        b = val(im, &z, "layernorm_zero_bias");
+    }
+    if (im->node->nout > 1 && (im->node->out[1].n || (im->node->nout > 2 && im->node->out[2].n)))
+        return fail(im, "LayerNormalization's Mean and InvStdDev outputs are not produced");
+    tf_value *in[3] = {x, g, b};
+    tf_named_attr a = {"eps", tf_attr_float(attr_f(im, "epsilon", 1e-5))};
+    return set_out(im, 0, op(im, TF_OP_LAYERNORM, in, 3, &a, 1));
+}
+
+static int shape_op(importer *im, int size)
+{
+    ival *x = need(im, 0);
+    if (!x) return -1;
+    if (size) {
+        double *c = own(im, 1);
+        if (c) c[0] = (double)numel(x);
+        return set_const(im, 0, TF_DT_I64, NULL, 0, c);
+    }
+    int64_t start = attr_i(im, "start", 0), end = attr_i(im, "end", x->rank);
+    if (start < 0) start += x->rank;
+    if (end < 0) end += x->rank;
+    start = start < 0 ? 0 : start > x->rank ? x->rank : start;
+    end = end < start ? start : end > x->rank ? x->rank : end;
+    double *c = own(im, end - start);
+    for (int64_t i = start; c && i < end; i++) c[i - start] = (double)x->shape[i];
+    return set_const(im, 0, TF_DT_I64, (int64_t[]){end - start}, 1, c);
+}
+
+static int constant(importer *im, int arg)
+{
+    (void)arg;
+    const tf_onnx_node *n = im->node;
+    if (n->nattrs != 1) return fail(im, "Constant takes exactly one value attribute");
+    const tf_onnx_attr *a = &n->attrs[0];
+    ival x = {0};
+    if (tf_onnx_is(a->name, "value") && a->t) {
+        if (!dt_of_onnx(a->t->data_type, &x.dt)) return fail(im, "a constant of type %s", tf_onnx_type_name(a->t->data_type));
+        x.rank = a->t->rank;
+        memcpy(x.shape, a->t->dims, (size_t)x.rank * sizeof *x.shape);
+        x.init = a->t;
+        if (numel(&x) <= MAX_CONST && !const_of(im, &x)) return -1;
+    } else if (tf_onnx_is(a->name, "value_float") || tf_onnx_is(a->name, "value_int")) {
+        x.dt = tf_onnx_is(a->name, "value_float") ? TF_DT_F32 : TF_DT_I64;
+        if (!(x.c = own(im, 1))) return -1;
+        x.c[0] = x.dt == TF_DT_F32 ? a->f : (double)a->i;
+    } else if (tf_onnx_is(a->name, "value_floats") || tf_onnx_is(a->name, "value_ints")) {
+        bool fl = tf_onnx_is(a->name, "value_floats");
+        x.dt = fl ? TF_DT_F32 : TF_DT_I64;
+        x.rank = 1;
+        x.shape[0] = fl ? a->nfloats : a->nints;
+        if (!(x.c = own(im, x.shape[0]))) return -1;
+        for (int64_t i = 0; i < x.shape[0]; i++) x.c[i] = fl ? a->floats[i] : (double)a->ints[i];
+    } else {
+        return fail(im, "Constant's %.*s attribute is not read (value, value_float(s), value_int(s) are)", (int)a->name.n, a->name.p);
+    }
+    return bind(im, n->out[0], &x) ? 0 : -1;
+}
+
+static int constant_of_shape(importer *im, int arg)
+{
+    (void)arg;
+    int64_t shape[TF_MAX_RANK];
+    int n;
+    if (ints_of(im, NULL, 0, shape, &n, TF_MAX_RANK)) return -1;
+    const tf_onnx_attr *a = attr(im, "value");
+    tf_dt dt = TF_DT_F32;
+    double v = 0;
+    if (a && a->t) {
+        ival t = {.init = a->t};
+        if (!dt_of_onnx(a->t->data_type, &t.dt)) return fail(im, "a value of type %s", tf_onnx_type_name(a->t->data_type));
+        dt = t.dt;
+        t.rank = a->t->rank;
+        memcpy(t.shape, a->t->dims, (size_t)t.rank * sizeof *t.shape);
+        const double *c = const_of(im, &t);
+        if (!c || numel(&t) != 1) return fail(im, "value must be one element");
+        v = c[0];
+    }
+    int64_t cnt = 1;
+    for (int i = 0; i < n; i++) cnt *= shape[i];
+    if (cnt <= 4096) {
+        double *c = own(im, cnt);
+        for (int64_t i = 0; c && i < cnt; i++) c[i] = v;
+        return set_const(im, 0, dt, shape, n, c);
+    }
+    tf_value *s = num(im, v, dt);
+    tf_named_attr at = {"shape", tf_attr_ints(im->m, shape, n)};
+    return set_out(im, 0, s ? op(im, TF_OP_BROADCAST, &s, 1, &at, 1) : NULL);
+}
+
+static int expand(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    int64_t shape[TF_MAX_RANK], out[TF_MAX_RANK];
+    int n;
+    if (!x || ints_of(im, NULL, 1, shape, &n, TF_MAX_RANK)) return -1;
+    int r = n > x->type.rank ? n : x->type.rank;
+    for (int i = 0; i < r; i++) {   /* numpy's broadcast of the two shapes */
+        int64_t a = i - (r - n) >= 0 ? shape[i - (r - n)] : 1, b = i - (r - x->type.rank) >= 0 ? x->type.dims[i - (r - x->type.rank)].n : 1;
+        if (a != b && a != 1 && b != 1) return fail(im, "shape %lld does not broadcast with the input's %lld at axis %d", (long long)a, (long long)b, i);
+        out[i] = a == 1 ? b : a;
+    }
+    tf_named_attr at = {"shape", tf_attr_ints(im->m, out, r)};
+    return set_out(im, 0, op(im, TF_OP_BROADCAST, &x, 1, &at, 1));
+}
+
+/* Gather: constants folded (shape arithmetic), else rows of a table (axis 0), as tfuse's gather. */
+static int gather(importer *im, int arg)
+{
+    (void)arg;
+    ival *data = need(im, 0), *idx = need(im, 1);
+    if (!data || !idx) return -1;
+    int64_t axis = 0;
+    if (norm_axis(im, attr_i(im, "axis", 0), data->rank, &axis)) return -1;
+    if (!data->v && !idx->v && const_of(im, data) && const_of(im, idx) && data->rank == 1 && numel(idx) <= 64) {
+        int64_t n = numel(idx);
+        double *c = own(im, n);
+        for (int64_t i = 0; c && i < n; i++) {
+            int64_t k = (int64_t)idx->c[i];
+            if (k < 0) k += data->shape[0];
+            if (k < 0 || k >= data->shape[0]) return fail(im, "index %lld is out of range [0, %lld)", (long long)idx->c[i], (long long)data->shape[0]);
+            c[i] = data->c[k];
+        }
+        return set_const(im, 0, data->dt, idx->shape, idx->rank, c);
+    }
+    if (axis != 0 || data->rank != 2)
+        return fail(im, "Gather on axis %lld of a rank-%d tensor: tfuse gathers rows of a 2-D table (axis 0)", (long long)axis, data->rank);
+    tf_value *in[2] = {in_val(im, 1), in_val(im, 0)};
+    return set_out(im, 0, op(im, TF_OP_GATHER, in, 2, NULL, 0));
+}
+
+/* Slice: starts/ends/axes/steps (attributes before opset 10, constant inputs after); one tfuse slice per axis. */
+static int slice(importer *im, int arg)
+{
+    (void)arg;
+    ival *x = need(im, 0);
+    if (!x) return -1;
+    int64_t st[TF_MAX_RANK], en[TF_MAX_RANK], ax[TF_MAX_RANK], sp[TF_MAX_RANK];
+    int ns, ne, na, np;
+    if (ints_of(im, im->opset < 10 ? "starts" : NULL, 1, st, &ns, TF_MAX_RANK) ||
+        ints_of(im, im->opset < 10 ? "ends" : NULL, 2, en, &ne, TF_MAX_RANK) ||
+        ints_of(im, im->opset < 10 ? "axes" : NULL, 3, ax, &na, TF_MAX_RANK) || ints_of(im, NULL, 4, sp, &np, TF_MAX_RANK))
+        return -1;
+    if (ns < 0 || ne != ns) return fail(im, "starts and ends must be given, as many of each");
+    tf_value *v = in_val(im, 0);
+    for (int i = 0; v && i < ns; i++) {
+        int64_t axis = 0;
+        if (norm_axis(im, na >= 0 ? ax[i] : i, x->rank, &axis)) return -1;
+        int64_t step = np >= 0 ? sp[i] : 1, dim = v->type.dims[axis].n;
+        if (step < 1) return fail(im, "a step of %lld: tfuse slices forward", (long long)step);
+        int64_t s = st[i] < 0 ? st[i] + dim : st[i], e = en[i] < 0 ? en[i] + dim : en[i];
+        s = s < 0 ? 0 : s > dim ? dim : s;
+        e = e < 0 ? 0 : e > dim ? dim : e;
+        if (s == 0 && e == dim && step == 1) continue;
+        if (e <= s) return fail(im, "an empty slice [%lld:%lld] of axis %lld", (long long)s, (long long)e, (long long)axis);
+        tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(s)}, {"end", tf_attr_int(e)}, {"step", tf_attr_int(step)}};
+        v = op(im, TF_OP_SLICE, &v, 1, a, 4);
+    }
+    return set_out(im, 0, v);
+}
+
+static int split(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int64_t axis = 0;
+    if (norm_axis(im, attr_i(im, "axis", 0), x->type.rank, &axis)) return -1;
+    int64_t sizes[64];
+    int n, nout = im->node->nout;
+    if (nout > 64) return fail(im, "Split into %d parts (at most 64)", nout);
+    if (ints_of(im, im->opset < 13 ? "split" : NULL, 1, sizes, &n, 64)) return -1;
+    int64_t dim = x->type.dims[axis].n;
+    if (n < 0) {   /* equal parts (the last smaller, from opset 18) */
+        int64_t part = (dim + nout - 1) / nout;
+        for (int i = 0; i < nout; i++) sizes[i] = i < nout - 1 ? part : dim - part * (nout - 1);
+        n = nout;
+    }
+    if (n != nout) return fail(im, "%d sizes for %d outputs", n, nout);
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] <= 0 || at + sizes[i] > dim) return fail(im, "part %d of size %lld does not fit axis %lld of size %lld", i, (long long)sizes[i], (long long)axis, (long long)dim);
+        tf_named_attr a[3] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(at)}, {"end", tf_attr_int(at + sizes[i])}};
+        if (set_out(im, i, op(im, TF_OP_SLICE, &x, 1, a, 3))) return -1;
+        at += sizes[i];
+    }
+    return 0;
+}
+
+typedef struct op_entry {
+    const char *name;
+    import_fn fn;
+    int arg;
+} op_entry;
+
+static const op_entry ops[] = {
+    {"Add", binary, TF_OP_ADD}, {"Sub", binary, TF_OP_SUB}, {"Mul", binary, TF_OP_MUL}, {"Div", binary, TF_OP_DIV},
+    {"Pow", binary, TF_OP_POW}, {"Max", variadic, TF_OP_MAXIMUM}, {"Min", variadic, TF_OP_MINIMUM}, {"Sum", variadic, TF_OP_ADD},
+    {"Mean", variadic, -1}, {"Equal", compare, TF_OP_EQ}, {"Less", compare, TF_OP_LT}, {"LessOrEqual", compare, TF_OP_LE},
+    {"Greater", compare, TF_OP_GT}, {"GreaterOrEqual", compare, TF_OP_GE}, {"Where", where, 0},
+    {"Neg", unary, TF_OP_NEG}, {"Abs", unary, TF_OP_ABS}, {"Exp", unary, TF_OP_EXP}, {"Log", unary, TF_OP_LOG},
+    {"Sqrt", unary, TF_OP_SQRT}, {"Tanh", unary, TF_OP_TANH}, {"Sigmoid", unary, TF_OP_SIGMOID}, {"Relu", unary, TF_OP_RELU},
+    {"Sin", unary, TF_OP_SIN}, {"Cos", unary, TF_OP_COS}, {"Erf", unary, TF_OP_ERF}, {"Softplus", unary, TF_OP_SOFTPLUS},
+    {"Reciprocal", reciprocal, 0}, {"Identity", identity, 0}, {"Dropout", identity, 0}, {"Cast", cast, 0},
+    {"LeakyRelu", activation, ACT_LEAKY}, {"Elu", activation, ACT_ELU}, {"Selu", activation, ACT_SELU},
+    {"HardSigmoid", activation, ACT_HARDSIGMOID}, {"HardSwish", activation, ACT_HARDSWISH}, {"Softsign", activation, ACT_SOFTSIGN},
+    {"Clip", activation, ACT_CLIP}, {"Gelu", activation, ACT_GELU},
+    {"MatMul", matmul, 0}, {"Gemm", gemm, 0}, {"Conv", conv, 0}, {"MaxPool", pool, TF_OP_MAXPOOL2D},
+    {"AveragePool", pool, TF_OP_AVGPOOL2D}, {"GlobalAveragePool", global_pool, TF_OP_REDUCE_MEAN},
+    {"GlobalMaxPool", global_pool, TF_OP_REDUCE_MAX}, {"Reshape", reshape_op, 0}, {"Flatten", flatten, 0},
+    {"Squeeze", squeeze, 0}, {"Unsqueeze", squeeze, 1}, {"Transpose", transpose, 0}, {"Concat", concat, 0},
+    {"Softmax", softmax, TF_OP_SOFTMAX}, {"LogSoftmax", softmax, TF_OP_LOG_SOFTMAX}, {"ReduceSum", reduce, TF_OP_REDUCE_SUM},
+    {"ReduceMean", reduce, TF_OP_REDUCE_MEAN}, {"ReduceMax", reduce, TF_OP_REDUCE_MAX}, {"BatchNormalization", batchnorm, 0},
+    {"LayerNormalization", layernorm, 0}, {"Shape", shape_op, 0}, {"Size", shape_op, 1}, {"Constant", constant, 0},
+    {"ConstantOfShape", constant_of_shape, 0}, {"Expand", expand, 0}, {"Gather", gather, 0}, {"Slice", slice, 0},
+    {"Split", split, 0},
+};
+
+/* ---- the graph ---- */
+
+static int64_t dim_value(const importer *im, const char *name)
+{
+    for (int i = 0; i < im->ndims; i++)
+        if (!strcmp(im->dims[i].name, name)) return im->dims[i].value;
+    return 1;
+}
+
+static int import_inputs(importer *im)
+{
+    const tf_onnx_graph *g = &im->om->graph;
+    for (int i = 0; i < g->ninits; i++) {
+        const tf_onnx_tensor *t = &g->inits[i];
+        ival x = {.init = t, .rank = t->rank};
+        if (!dt_of_onnx(t->data_type, &x.dt))
+            return fail(im, "initializer '%.*s' is of type %s, which tfuse does not have", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
+        memcpy(x.shape, t->dims, (size_t)t->rank * sizeof *x.shape);
+        if (!bind(im, t->name, &x)) return -1;
+    }
+    for (int i = 0; i < g->ninputs; i++) {
+        const tf_onnx_value *in = &g->inputs[i];
+        if (find(im, in->name)) continue;   /* an initializer listed as an input (IR version 3 and before) */
+        tf_dt dt;
+        if (!dt_of_onnx(in->elem_type, &dt))
+            return fail(im, "input '%.*s' is of type %s: tfuse's inputs are tensors of f32 f16 bf16 f64 i64 i32 bool", (int)in->name.n, in->name.p,
+                        tf_onnx_type_name(in->elem_type));
+        if (!in->has_shape) return fail(im, "input '%.*s' has no shape: tfuse needs each input's rank", (int)in->name.n, in->name.p);
+        char name[512];
+        sanitize(in->name, name, sizeof name);
+        tf_type ty = {dt, in->rank, {{0}}};
+        for (int k = 0; k < in->rank; k++) {
+            const tf_onnx_dim *d = &in->dims[k];
+            if (d->value >= 1) {
+                ty.dims[k] = (tf_dim){d->value, -1};
+                continue;
+            }
+            char dn[600];
+            if (d->param.n) sanitize(d->param, dn, sizeof dn);
+            else snprintf(dn, sizeof dn, "%s_d%d", name, k);   /* no size and no name: one of its own */
+            int sym = tf_module_find_dim(im->m, dn, strlen(dn));
+            if (sym < 0) {
+                tf_loc loc = {im->path, 0, 0};
+                if (tf_module_add_dim(im->m, dn, dim_value(im, dn), loc)) return fail(im, "out of memory");
+                sym = tf_module_find_dim(im->m, dn, strlen(dn));
+            }
+            ty.dims[k] = (tf_dim){im->m->dims[sym].value, sym};
+        }
+        tf_value *v = tf_module_add_decl(im->m, tf_module_unique_name(im->m, name), TF_VAL_INPUT, &ty, -1);
+        if (!v) return fail(im, "out of memory");
+        ival x = {.v = v, .dt = dt, .rank = in->rank};
+        for (int k = 0; k < in->rank; k++) x.shape[k] = ty.dims[k].n;
+        if (!bind(im, in->name, &x)) return -1;
+    }
+    return 0;
+}
+
+int tf_onnx_import_model(const tf_onnx_model *om, const char *path, const tf_onnx_dim_value *dims, int ndims, tf_onnx_imported *out,
+                         char *err, size_t nerr)
+{
+    memset(out, 0, sizeof *out);
+    importer im = {.om = om, .path = path, .dims = dims, .ndims = ndims, .err = err, .nerr = nerr};
+    if (nerr) err[0] = 0;
+    snprintf(im.dir, sizeof im.dir, "%s", path);
+    char *slash = strrchr(im.dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(im.dir, sizeof im.dir, ".");
+    im.opset = tf_onnx_opset_version(om);
+    if (!im.opset) fail(&im, "the model imports no opset of the default domain (ai.onnx)");
+    else if (im.opset < 7) fail(&im, "opset %lld: tfuse reads opsets 7 and later", (long long)im.opset);
+    /* other domains' opsets: an error only where a node uses one */
+    if (!im.failed && !(im.m = tf_module_create(path))) fail(&im, "out of memory");
+    if (!im.failed) import_inputs(&im);
+    const tf_onnx_graph *g = &om->graph;
+    for (int i = 0; !im.failed && i < g->nnodes; i++) {
+        im.node = &g->nodes[i];
+        im.node_index = i;
+        if (im.node->domain.n && !tf_onnx_is(im.node->domain, "ai.onnx")) {
+            fail(&im, "an op of domain '%.*s': tfuse reads the default domain's ops", (int)im.node->domain.n, im.node->domain.p);
+            break;
+        }
+        const op_entry *e = NULL;
+        for (size_t k = 0; k < sizeof ops / sizeof *ops && !e; k++)
+            if (tf_onnx_is(im.node->op_type, ops[k].name)) e = &ops[k];
+        if (!e) {
+            fail(&im, "tfuse has no import for this op (docs/onnx.md lists the ops it reads)");
+            break;
+        }
+        for (int a = 0; a < im.node->nattrs; a++)
+            if (im.node->attrs[a].has_graph) {
+                fail(&im, "attribute %.*s is a subgraph: control flow (If, Loop, Scan) is not imported", (int)im.node->attrs[a].name.n,
+                     im.node->attrs[a].name.p);
+                break;
+            }
+        if (!im.failed && e->fn(&im, e->arg) && !im.failed) fail(&im, "not imported");
+    }
+    im.node = NULL;
+    for (int i = 0; !im.failed && i < g->noutputs; i++) {
+        entry *e = find(&im, g->outputs[i].name);
+        if (!e) {
+            fail(&im, "graph output '%.*s' is computed by no node", (int)g->outputs[i].name.n, g->outputs[i].name.p);
+            break;
+        }
+        char name[512];
+        sanitize(g->outputs[i].name, name, sizeof name);
+        tf_value *v = val(&im, &e->x, name);
+        tf_loc loc = {path, 0, 0};
+        if (v && tf_module_add_output(im.m, name, v, loc)) fail(&im, "out of memory");
+    }
+    for (int i = 0; i < im.nowned; i++) tf_free(im.owned[i]);
+    tf_free(im.owned);
+    tf_free(im.env);
+    out->m = im.m;
+    out->params = im.params;
+    out->nparams = im.nparams;
+    if (im.failed) {
+        tf_onnx_import_free(out);
+        return -1;
+    }
+    tf_diag d = {0};
+    if (tf_verify(out->m, &d)) {
+        snprintf(err, nerr, "%s: the imported module does not verify: %s", path, d.msg);
+        tf_onnx_import_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+void tf_onnx_import_free(tf_onnx_imported *im)
+{
+    if (!im) return;
+    if (im->m) tf_module_free(im->m);
+    for (size_t i = 0; i < im->nparams; i++) tio_tensor_free(&im->params[i]);
+    tf_free(im->params);
+    memset(im, 0, sizeof *im);
+}
+
+/* ---- the public entry (include/tfuse.h) ---- */
+
+tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims, char **ir_text,
+                         const char *params_path)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!ctx || !onnx_path || !ir_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    *ir_text = NULL;
+    FILE *f = fopen(onnx_path, "rb");
+    if (!f) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot open: %s", onnx_path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: not a regular file", onnx_path);
+    }
+    /* protobuf's own limit: a message is under 2 GiB (larger models keep their weights in external data files) */
+    if ((uint64_t)st.st_size >= ((uint64_t)1 << 31)) {
+        fclose(f);
+        return tf_set_error(ctx, TF_ERR_LIMIT, "%s: error: %lld bytes: an ONNX file is under 2 GiB (protobuf's limit); a larger model "
+                            "keeps its weights in external data files", onnx_path, (long long)st.st_size);
+    }
+    size_t n = (size_t)st.st_size;
+    unsigned char *buf = tf_malloc(n ? n : 1);
+    if (!buf) {
+        fclose(f);
+        return tf_set_error(ctx, TF_ERR_OOM, "%s: error: out of memory reading the file", onnx_path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    bool bad = ferror(f) || got != n;
+    fclose(f);
+    if (bad) {
+        tf_free(buf);
+        return tf_set_error(ctx, TF_ERR_IO, "%s: error: read failed", onnx_path);
+    }
+    tf_onnx_model om;
+    char err[4096];
+    tf_status rc = TF_OK;
+    if (tf_onnx_read(buf, n, &om, err, sizeof err)) {
+        rc = tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: not a valid ONNX model: %s", onnx_path, err);
+    } else {
+        tf_onnx_dim_value *dv = ndims ? tf_calloc(ndims, sizeof *dv) : NULL;
+        for (size_t i = 0; dv && i < ndims; i++) dv[i] = (tf_onnx_dim_value){dims[i].name, dims[i].value};
+        tf_onnx_imported im;
+        if (ndims && !dv) rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        else if (tf_onnx_import_model(&om, onnx_path, dv, (int)ndims, &im, err, sizeof err))
+            rc = tf_set_error(ctx, TF_ERR_UNSUPPORTED, "%s", err);
+        else {
+            char *printed = tf_print_module(im.m), *text = printed ? tf_libc_copy(printed, strlen(printed) + 1) : NULL;   /* the caller's free() */
+            tf_free(printed);
+            if (!text) rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
+            char meta[128];
+            snprintf(meta, sizeof meta, "{\"format\":\"tfuse-onnx-import-1\"}");
+            if (!rc && params_path &&
+                tio_safetensors_write(params_path, im.params, im.nparams, meta, err, sizeof err))
+                rc = tf_set_error(ctx, TF_ERR_IO, "%s: error: %s", params_path, err);
+            if (!rc) *ir_text = text;
+            else free(text);
+            tf_onnx_import_free(&im);
+        }
+        tf_free(dv);
+    }
+    tf_onnx_free(&om);
+    tf_free(buf);
+    return rc;
+}
