@@ -285,6 +285,7 @@ static int read_tensor(reader *r, span b, tf_onnx_tensor *t)
             t->raw = str_of(r, f.body);
             break;
         case 4: case 5: case 7: case 10: case 11:
+            if (f.num != (uint32_t)typed) break;   /* an empty packed run of another typed field: nothing */
             if (take(r, &f, elem_wt[f.num], t->val_bytes, t->vals, &t->nvals, counts[f.num], "a tensor's data")) return -1;
             break;
         case 13: {   /* external_data: location, offset, length */

@@ -355,21 +355,20 @@ static tf_value *val(importer *im, ival *x, const char *hint)
         return NULL;
     }
     size_t es = (size_t)tf_dtype_bytes(x->dt), bytes = (size_t)n * es;
+    /* an initializer's data first: its shape is only a claim until the bytes that hold it are there */
+    const unsigned char *raw = NULL;
+    unsigned char *owned = NULL;
+    int64_t cnt;
+    if (!x->c && init_data(im, x->init, &raw, &owned, &cnt)) return NULL;
     unsigned char *data = tf_malloc(bytes ? bytes : 1);   /* tio_tensor_free frees it */
     if (!data) {
+        tf_free(owned);
         fail(im, "out of memory for %s (%zu bytes)", nm, bytes);
         return NULL;
     }
     if (x->c) {
         for (int64_t i = 0; i < n; i++) tf_elem_store(x->dt, data, i, x->c[i]);
     } else {
-        const unsigned char *raw;
-        unsigned char *owned;
-        int64_t cnt;
-        if (init_data(im, x->init, &raw, &owned, &cnt)) {
-            tf_free(data);
-            return NULL;
-        }
         if (raw && tf_onnx_type_bytes(x->init->data_type) == (int)es && (x->dt != TF_DT_I32 || x->init->data_type == TF_ONNX_INT32) &&
             (x->dt != TF_DT_I64 || x->init->data_type == TF_ONNX_INT64))
             memcpy(data, raw, bytes);   /* the same layout (little-endian, as tfuse's files are) */
@@ -393,8 +392,11 @@ static tf_value *op(importer *im, int o, tf_value **in, int nin, const tf_named_
         if (!in[i]) return NULL;
     tf_diag d = {0};
     tf_loc loc = here(im);
-    char hint[256] = "t";
-    if (im->node && im->node->nout) sanitize(im->node->out[0], hint, sizeof hint);
+    char hint[260] = "t";   /* the value the node's output names is renamed so when it is made (set_out) */
+    if (im->node && im->node->nout) {
+        sanitize(im->node->out[0], hint, sizeof hint - 4);
+        strcat(hint, "_");
+    }
     tf_value *v = tf_build(im->m, &d, o, in, nin, a, na, hint, &loc);
     if (!v) fail(im, "%s", d.msg);
     return v;
@@ -417,11 +419,20 @@ static tf_value *reshape(importer *im, tf_value *x, const int64_t *shape, int ra
     return op(im, TF_OP_RESHAPE, &x, 1, &a, 1);
 }
 
-/* The result of the node's output k: a tfuse value. */
+/* The result of the node's output k: a tfuse value, named as the output when that name is free. */
 static int set_out(importer *im, int k, tf_value *v)
 {
     if (!v) return -1;
     if (k >= im->node->nout || !im->node->out[k].n) return 0;
+    char want[512];
+    sanitize(im->node->out[k], want, sizeof want);
+    if (v->kind == TF_VAL_NODE && strcmp(v->name, want) && !tf_module_find_value(im->m, want)) {
+        const char *nm = tf_module_unique_name(im->m, want);
+        if (!nm) return fail(im, "out of memory");
+        tf_module_remove_name(im->m, v);
+        v->name = nm;
+        if (tf_module_add_name(im->m, v)) return fail(im, "out of memory");
+    }
     ival x = {.v = v, .dt = v->type.dtype, .rank = v->type.rank};
     for (int i = 0; i < x.rank; i++) x.shape[i] = v->type.dims[i].n;
     return bind(im, im->node->out[k], &x) ? 0 : -1;
@@ -432,7 +443,7 @@ static int set_const(importer *im, int k, tf_dt dt, const int64_t *shape, int ra
     if (!c) return -1;
     if (k >= im->node->nout) return 0;
     ival x = {.dt = dt, .rank = rank, .c = c};
-    memcpy(x.shape, shape, (size_t)rank * sizeof *shape);
+    if (rank) memcpy(x.shape, shape, (size_t)rank * sizeof *shape);
     return bind(im, im->node->out[k], &x) ? 0 : -1;
 }
 
@@ -492,7 +503,7 @@ static int ints_of(importer *im, const char *aname, int k, int64_t *out, int *n,
     const tf_onnx_attr *a = aname ? attr(im, aname) : NULL;
     if (a) {
         if (a->nints > cap) return fail(im, "attribute %s has %d values (at most %d)", aname, a->nints, cap);
-        memcpy(out, a->ints, (size_t)a->nints * sizeof *out);
+        if (a->nints) memcpy(out, a->ints, (size_t)a->nints * sizeof *out);
         *n = a->nints;
         return 0;
     }
@@ -503,7 +514,10 @@ static int ints_of(importer *im, const char *aname, int k, int64_t *out, int *n,
     if (!c) return fail(im, "input %d must be known when the model is imported (a constant or initializer): tfuse's shapes are static", k);
     int64_t cnt = numel(x);
     if (cnt > cap) return fail(im, "input %d has %lld values (at most %d)", k, (long long)cnt, cap);
-    for (int64_t i = 0; i < cnt; i++) out[i] = (int64_t)c[i];
+    for (int64_t i = 0; i < cnt; i++) {
+        if (!(fabs(c[i]) <= 4611686018427387904.0)) return fail(im, "input %d holds %g, not an integer tfuse takes", k, c[i]);
+        out[i] = (int64_t)c[i];
+    }
     *n = (int)cnt;
     return 0;
 }
@@ -784,10 +798,15 @@ static int reshape_op(importer *im, int arg)
     if (!x->v && const_of(im, x)) {   /* a constant stays one */
         int64_t known = 1, at = -1;
         for (int i = 0; i < n; i++) {
-            if (shape[i] == -1) at = i;
+            if (shape[i] == -1 && at < 0) at = i;
+            else if (shape[i] < 1 || shape[i] > MAX_CONST) return fail(im, "shape[%d] = %lld", i, (long long)shape[i]);
             else known *= shape[i];
+            if (known > MAX_CONST) return fail(im, "a reshape of a %lld-element constant to more elements", (long long)numel(x));
         }
-        if (at >= 0 && known) shape[at] = numel(x) / known;
+        if (at >= 0) shape[at] = numel(x) / known;
+        int64_t total = 1;
+        for (int i = 0; i < n; i++) total *= shape[i];
+        if (total != numel(x)) return fail(im, "a reshape of %lld elements to %lld", (long long)numel(x), (long long)total);
         return set_const(im, 0, x->dt, shape, n, x->c);
     }
     tf_value *v = in_val(im, 0);
@@ -1028,7 +1047,11 @@ static int constant_of_shape(importer *im, int arg)
         v = c[0];
     }
     int64_t cnt = 1;
-    for (int i = 0; i < n; i++) cnt *= shape[i];
+    for (int i = 0; i < n; i++) {
+        if (shape[i] < 1 || shape[i] > ((int64_t)1 << 40)) return fail(im, "shape[%d] = %lld: tfuse's sizes are positive", i, (long long)shape[i]);
+        if (cnt > ((int64_t)1 << 48) / shape[i]) return fail(im, "a shape of more than 2^48 elements");
+        cnt *= shape[i];
+    }
     if (cnt <= 4096) {
         double *c = own(im, cnt);
         for (int64_t i = 0; c && i < cnt; i++) c[i] = v;
@@ -1047,6 +1070,8 @@ static int expand(importer *im, int arg)
     int n;
     if (!x || ints_of(im, NULL, 1, shape, &n, TF_MAX_RANK)) return -1;
     int r = n > x->type.rank ? n : x->type.rank;
+    for (int i = 0; i < n; i++)
+        if (shape[i] < 1) return fail(im, "shape[%d] = %lld: tfuse's sizes are positive", i, (long long)shape[i]);
     for (int i = 0; i < r; i++) {   /* numpy's broadcast of the two shapes */
         int64_t a = i - (r - n) >= 0 ? shape[i - (r - n)] : 1, b = i - (r - x->type.rank) >= 0 ? x->type.dims[i - (r - x->type.rank)].n : 1;
         if (a != b && a != 1 && b != 1) return fail(im, "shape %lld does not broadcast with the input's %lld at axis %d", (long long)a, (long long)b, i);
@@ -1068,6 +1093,7 @@ static int gather(importer *im, int arg)
         int64_t n = numel(idx);
         double *c = own(im, n);
         for (int64_t i = 0; c && i < n; i++) {
+            if (!(fabs(idx->c[i]) <= 4611686018427387904.0)) return fail(im, "index %g is not an integer", idx->c[i]);
             int64_t k = (int64_t)idx->c[i];
             if (k < 0) k += data->shape[0];
             if (k < 0 || k >= data->shape[0]) return fail(im, "index %lld is out of range [0, %lld)", (long long)idx->c[i], (long long)data->shape[0]);

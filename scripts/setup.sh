@@ -51,6 +51,9 @@ python3 -m venv --system-site-packages "$repo/.venv"
 # PyPI's torch wheel for Linux brings its CUDA libraries (about 5 GB in the
 # venv, some 80 s to install here); nothing of it needs a GPU.
 "$repo/.venv/bin/python" -m pip install --quiet torch==2.15.0 torchvision==0.29.2 timm==1.0.31 transformers==5.24.0
+# ONNX and ONNX Runtime, for tfuse import's tests (tests/onnx) against the reference runtime: onnx 1.22.0 is
+# the last release whose wheel carries the backend node tests' data (onnx/backend/test/data/node).
+"$repo/.venv/bin/python" -m pip install --quiet onnx==1.22.0 onnxruntime==1.32.0
 # NVRTC, for tests/unit/test_cuda_codegen.c (it compiles every generated CUDA
 # kernel; no GPU needed). Machines with the CUDA toolkit have it. Elsewhere take
 # NVIDIA's wheels from PyPI (their apt repository is not reachable from CI):

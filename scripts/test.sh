@@ -25,13 +25,14 @@ done
 # plain build, with the venv's torch (scripts/setup.sh installs it).
 echo "== pytorch"
 py=.venv/bin/python
-if ! "$py" -c 'import torch, torchvision, timm, transformers' 2>/dev/null; then
-  echo "error: $py cannot import torch, torchvision, timm and transformers: run scripts/setup.sh first" >&2
+if ! "$py" -c 'import torch, torchvision, timm, transformers, onnx, onnxruntime' 2>/dev/null; then
+  echo "error: $py cannot import torch, torchvision, timm, transformers, onnx and onnxruntime: run scripts/setup.sh first" >&2
   exit 1
 fi
 export TFUSE_LIBRARY="$PWD/build/libtfuse.so" TFUSE_CLI="$PWD/build/tfuse"
 PYTHONPATH=python "$py" -m unittest python/tests/test_export.py
 "$py" tests/zoo/run.py --subset ci
+"$py" tests/onnx/test_onnx.py   # tfuse import against ONNX Runtime (docs/onnx.md)
 unset TFUSE_LIBRARY TFUSE_CLI
 # The README's own commands (scripts/check_readme.py): the build and the
 # example it shows, and its Python snippets, as a newcomer would run them.

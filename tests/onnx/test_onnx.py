@@ -1,0 +1,191 @@
+"""test_onnx.py — `tfuse import` against ONNX Runtime (docs/onnx.md).
+
+Each model of tests/onnx/models.py, and a small CNN PyTorch exports, is
+imported and run by `tfuse run` on the interp and cpu targets with fresh
+random inputs; every output must have ONNX Runtime's dtype and shape and
+its values within rtol 1e-3, atol 1e-5 (the backend node tests' bounds).
+Then what must fail does, with the message a user needs: a truncated file
+(the byte), an op tfuse lacks (the node, the op, the opset), asymmetric
+padding; and the reader takes repeated fields unpacked as well as packed
+(proto2 allows both; onnx's Python writes packed).
+
+    TFUSE_CLI=build/tfuse .venv/bin/python tests/onnx/test_onnx.py
+"""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import models  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+TFUSE = os.environ.get("TFUSE_CLI", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tfuse"))
+TARGETS = os.environ.get("TFUSE_ONNX_TARGETS", "interp cpu").split()
+NP = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.BOOL: np.bool_}
+
+
+def tfuse(*args, ok=True):
+    r = subprocess.run([TFUSE, *args], capture_output=True, text=True)
+    if ok and r.returncode != 0:
+        raise AssertionError(f"tfuse {' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return r
+
+
+class Imported(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        cls.rng = np.random.default_rng()   # fresh inputs every run
+
+    def check(self, name, m, dims=None):
+        path = os.path.join(self.dir, name + ".onnx")
+        onnx.save(m, path)
+        dims = dims or {}
+        feeds = {}
+        for i in m.graph.input:
+            shape = [d.dim_value if d.dim_value else dims[d.dim_param] for d in i.type.tensor_type.shape.dim]
+            dt = NP[i.type.tensor_type.elem_type]
+            feeds[i.name] = (self.rng.integers(0, 11, shape) if dt == np.int64 else self.rng.standard_normal(shape)).astype(dt)
+        want = ort.InferenceSession(path).run(None, feeds)
+        ir = os.path.join(self.dir, name + ".ir")
+        tfuse("import", path, "-o", ir, *[a for k, v in dims.items() for a in ("--dim", f"{k}={v}")])
+        args = []
+        for k, v in feeds.items():
+            np.save(os.path.join(self.dir, f"{name}.in.{k}.npy"), v)
+            args += ["--input", f"{k}={self.dir}/{name}.in.{k}.npy"]
+        for t in TARGETS:
+            outs = [os.path.join(self.dir, f"{name}.{t}.{o.name}.npy") for o in m.graph.output]
+            oargs = [a for o, f in zip(m.graph.output, outs) for a in ("--output", f"{o.name}={f}")]
+            tfuse("run", ir, f"--target={t}", "--params", ir[:-3] + ".safetensors", *args, *oargs)
+            for o, f, w in zip(m.graph.output, outs, want):
+                got = np.load(f)
+                with self.subTest(model=name, target=t, output=o.name):
+                    self.assertEqual(got.dtype, w.dtype)
+                    self.assertEqual(got.shape, w.shape)
+                    np.testing.assert_allclose(got, w, rtol=1e-3, atol=1e-5)
+
+    def test_models(self):
+        for name, m in models.all_models().items():
+            self.check(name, m, {"batch": 3} if name == "embed" else None)
+
+    def test_pytorch_cnn(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("no torch")
+        torch.manual_seed(int(self.rng.integers(1 << 30)))
+
+        class Net(torch.nn.Module):
+            def __init__(s):
+                super().__init__()
+                s.c1, s.bn = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+                s.c2, s.fc, s.ln = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.Linear(16, 10), torch.nn.LayerNorm(10)
+
+            def forward(s, x):
+                x = torch.nn.functional.max_pool2d(torch.relu(s.bn(s.c1(x))), 2)
+                x = torch.nn.functional.gelu(s.c2(x)).mean(dim=(2, 3))
+                return torch.softmax(s.ln(s.fc(x)).reshape(x.shape[0], -1), dim=-1)
+
+        net = Net().eval()
+        with torch.no_grad():   # running statistics that are not the identity
+            net.bn.running_mean.uniform_(-1, 1)
+            net.bn.running_var.uniform_(0.5, 2)
+        path = os.path.join(self.dir, "torch_cnn.onnx")
+        torch.onnx.export(net, (torch.randn(2, 3, 16, 16),), path, dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}})
+        self.check("torch_cnn", onnx.load(path), {"batch": 2})
+
+
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v:
+            return out
+
+
+def field(num, wt, payload):
+    key = varint(num << 3 | wt)
+    return key + (varint(len(payload)) + payload if wt == 2 else payload)
+
+
+class Reader(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, data):
+        p = os.path.join(self.dir, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        return p
+
+    def test_unpacked_repeated_fields(self):
+        """y = x + c, c's dims and float_data one key per element (proto2's unpacked form), against the packed model."""
+        c = np.random.default_rng().standard_normal(3).astype(np.float32)
+        m = models.model("unpacked", [helper.make_node("Add", ["x", "c"], ["y"])], [("x", TensorProto.FLOAT, [2, 3])],
+                         [("y", TensorProto.FLOAT, [2, 3])], [helper.make_tensor("c", TensorProto.FLOAT, [3], c.tolist())])
+        packed = self.write("packed.onnx", m.SerializeToString())
+        # the initializer again, by hand: dims (1) and float_data (4) unpacked
+        t = field(1, 0, varint(3)) + field(2, 0, varint(TensorProto.FLOAT)) + field(8, 2, b"c")
+        t += b"".join(field(4, 5, struct.pack("<f", v)) for v in c)
+        g = onnx.GraphProto()
+        g.CopyFrom(m.graph)
+        del g.initializer[:]
+        graph = g.SerializeToString() + field(5, 2, t)
+        mm = onnx.ModelProto()
+        mm.CopyFrom(m)
+        mm.ClearField("graph")
+        unpacked = self.write("unpacked.onnx", mm.SerializeToString() + field(7, 2, graph))
+        x = np.random.default_rng().standard_normal((2, 3)).astype(np.float32)
+        xin = os.path.join(self.dir, "x.npy")
+        np.save(xin, x)
+        got = []
+        for p in (packed, unpacked):
+            tfuse("import", p)
+            tfuse("run", p[:-5] + ".ir", "--params", p[:-5] + ".safetensors", "--input", f"x={xin}", "--output", f"y={p}.y.npy")
+            got.append(np.load(p + ".y.npy"))
+        np.testing.assert_array_equal(got[0], x + c)
+        np.testing.assert_array_equal(got[1], got[0])
+
+    def expect_error(self, path, *words, args=(), code=1):
+        r = tfuse("import", path, *args, ok=False)
+        self.assertEqual(r.returncode, code, r.stdout + r.stderr)
+        for w in words:
+            self.assertIn(w, r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_truncated(self):
+        m = models.all_models()["conv"].SerializeToString()
+        for cut in (1, 7, len(m) // 2, len(m) - 1):
+            self.expect_error(self.write("cut.onnx", m[:cut]), "cut.onnx: error: not a valid ONNX model: byte ")
+        self.expect_error(self.write("empty.onnx", b""), "no graph", "the file is empty")
+        self.expect_error(self.write("text.onnx", b"module m\ninput x : f32[2]\n"), "not a valid ONNX model")
+
+    def test_unsupported(self):
+        n = helper.make_node
+        m = models.model("nms", [n("Relu", ["x"], ["r"]), n("TopK", ["r", "k"], ["v", "i"], name="top")],
+                         [("x", TensorProto.FLOAT, [4])], [("v", TensorProto.FLOAT, [2])],
+                         [helper.make_tensor("k", TensorProto.INT64, [1], [2])])
+        self.expect_error(self.write("topk.onnx", m.SerializeToString()), "node 2 'top' (TopK, opset 17)", "no import for this op")
+        m = models.model("pads", [n("Conv", ["x", "w"], ["y"], pads=[0, 0, 1, 1], name="c")], [("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                         [("y", TensorProto.FLOAT, [1, 1, 4, 4])], [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 2, 2], [1.0] * 4)])
+        self.expect_error(self.write("pads.onnx", m.SerializeToString()), "(Conv, opset 17)", "asymmetric pads [0, 0, 1, 1]")
+        self.expect_error(self.write("ok.onnx", models.all_models()["conv"].SerializeToString()), "--dim wants NAME=N",
+                          args=("--dim", "x"), code=2)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
