@@ -125,7 +125,7 @@ static void sanitize(tf_onnx_str s, char *out, size_t n)
 static entry *find(importer *im, tf_onnx_str name)
 {
     for (int i = im->nenv - 1; i >= 0; i--)
-        if (im->env[i].name.n == name.n && !memcmp(im->env[i].name.p, name.p, name.n)) return &im->env[i];
+        if (im->env[i].name.n == name.n && (!name.n || !memcmp(im->env[i].name.p, name.p, name.n))) return &im->env[i];
     return NULL;
 }
 
@@ -144,11 +144,28 @@ static ival *bind(importer *im, tf_onnx_str name, const ival *x)
     return &im->env[im->nenv++].x;
 }
 
+/* Elements, saturating at 2^62 (shapes are checked where they enter, by check_dims: this only keeps a bad one from overflowing). */
 static int64_t numel(const ival *x)
 {
     int64_t n = 1;
-    for (int i = 0; i < x->rank; i++) n *= x->shape[i];
+    for (int i = 0; i < x->rank; i++) {
+        if (x->shape[i] < 0) return 0;
+        if (x->shape[i] && n > ((int64_t)1 << 62) / x->shape[i]) return (int64_t)1 << 62;
+        n *= x->shape[i];
+    }
     return n;
+}
+
+/* A tensor's dims as a file states them: each at most 2^40, together at most 2^48 elements. */
+static int check_dims(importer *im, tf_onnx_str name, const int64_t *dims, int rank)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0 || dims[i] > ((int64_t)1 << 40) || (dims[i] && n > ((int64_t)1 << 48) / dims[i]))
+            return fail(im, "tensor '%.*s' has a dim of %lld: too large", (int)name.n, name.p, (long long)dims[i]);
+        n *= dims[i];
+    }
+    return 0;
 }
 
 static bool dt_of_onnx(int32_t t, tf_dt *dt)
@@ -705,6 +722,9 @@ static int pads2d(importer *im, const int64_t *in_hw, const int64_t *k, const in
 {
     int64_t p[8] = {0};
     int np;
+    for (int i = 0; i < 2; i++)
+        if (k[i] < 1 || s[i] < 1 || d[i] < 1 || k[i] > (1 << 20) || s[i] > (1 << 20) || d[i] > (1 << 20))
+            return fail(im, "kernel %lld, stride %lld, dilation %lld: each must be from 1 to 2^20", (long long)k[i], (long long)s[i], (long long)d[i]);
     if (ints_of(im, "pads", -1, p, &np, 8)) return -1;
     bool same = attr_s(im, "auto_pad", "SAME_UPPER") || attr_s(im, "auto_pad", "SAME_LOWER");
     if (same) {
@@ -1008,6 +1028,7 @@ static int constant(importer *im, int arg)
         if (!dt_of_onnx(a->t->data_type, &x.dt)) return fail(im, "a constant of type %s", tf_onnx_type_name(a->t->data_type));
         x.rank = a->t->rank;
         memcpy(x.shape, a->t->dims, (size_t)x.rank * sizeof *x.shape);
+        if (check_dims(im, a->name, a->t->dims, a->t->rank)) return -1;
         x.init = a->t;
         if (numel(&x) <= MAX_CONST && !const_of(im, &x)) return -1;
     } else if (tf_onnx_is(a->name, "value_float") || tf_onnx_is(a->name, "value_int")) {
@@ -1033,6 +1054,7 @@ static int constant_of_shape(importer *im, int arg)
     int64_t shape[TF_MAX_RANK];
     int n;
     if (ints_of(im, NULL, 0, shape, &n, TF_MAX_RANK)) return -1;
+    if (n < 0) return fail(im, "no shape input");
     const tf_onnx_attr *a = attr(im, "value");
     tf_dt dt = TF_DT_F32;
     double v = 0;
@@ -1042,6 +1064,7 @@ static int constant_of_shape(importer *im, int arg)
         dt = t.dt;
         t.rank = a->t->rank;
         memcpy(t.shape, a->t->dims, (size_t)t.rank * sizeof *t.shape);
+        if (check_dims(im, a->name, a->t->dims, a->t->rank)) return -1;
         const double *c = const_of(im, &t);
         if (!c || numel(&t) != 1) return fail(im, "value must be one element");
         v = c[0];
@@ -1069,6 +1092,7 @@ static int expand(importer *im, int arg)
     int64_t shape[TF_MAX_RANK], out[TF_MAX_RANK];
     int n;
     if (!x || ints_of(im, NULL, 1, shape, &n, TF_MAX_RANK)) return -1;
+    if (n < 0) return fail(im, "no shape input");
     int r = n > x->type.rank ? n : x->type.rank;
     for (int i = 0; i < n; i++)
         if (shape[i] < 1) return fail(im, "shape[%d] = %lld: tfuse's sizes are positive", i, (long long)shape[i]);
@@ -1120,6 +1144,7 @@ static int slice(importer *im, int arg)
         ints_of(im, im->opset < 10 ? "axes" : NULL, 3, ax, &na, TF_MAX_RANK) || ints_of(im, NULL, 4, sp, &np, TF_MAX_RANK))
         return -1;
     if (ns < 0 || ne != ns) return fail(im, "starts and ends must be given, as many of each");
+    if ((na >= 0 && na != ns) || (np >= 0 && np != ns)) return fail(im, "axes and steps, where given, must be as many as starts");
     tf_value *v = in_val(im, 0);
     for (int i = 0; v && i < ns; i++) {
         int64_t axis = 0;
@@ -1212,7 +1237,7 @@ static int import_inputs(importer *im)
         if (!dt_of_onnx(t->data_type, &x.dt))
             return fail(im, "initializer '%.*s' is of type %s, which tfuse does not have", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
         memcpy(x.shape, t->dims, (size_t)t->rank * sizeof *x.shape);
-        if (!bind(im, t->name, &x)) return -1;
+        if (check_dims(im, t->name, t->dims, t->rank) || !bind(im, t->name, &x)) return -1;
     }
     for (int i = 0; i < g->ninputs; i++) {
         const tf_onnx_value *in = &g->inputs[i];
@@ -1242,6 +1267,9 @@ static int import_inputs(importer *im)
             }
             ty.dims[k] = (tf_dim){im->m->dims[sym].value, sym};
         }
+        int64_t dims[TF_MAX_RANK];
+        for (int k = 0; k < in->rank; k++) dims[k] = ty.dims[k].n;
+        if (check_dims(im, in->name, dims, in->rank)) return -1;
         tf_value *v = tf_module_add_decl(im->m, tf_module_unique_name(im->m, name), TF_VAL_INPUT, &ty, -1);
         if (!v) return fail(im, "out of memory");
         ival x = {.v = v, .dt = dt, .rank = in->rank};
@@ -1378,9 +1406,13 @@ tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_
         else if (tf_onnx_import_model(&om, onnx_path, dv, (int)ndims, &im, err, sizeof err))
             rc = tf_set_error(ctx, TF_ERR_UNSUPPORTED, "%s", err);
         else {
-            char *printed = tf_print_module(im.m), *text = printed ? tf_libc_copy(printed, strlen(printed) + 1) : NULL;   /* the caller's free() */
+            for (size_t i = 0; !rc && i < ndims; i++)
+                if (tf_module_find_dim(im.m, dims[i].name, strlen(dims[i].name)) < 0)
+                    rc = tf_set_error(ctx, TF_ERR_INVALID_ARG, "%s: error: --dim %s: the model has no dim of that name (its inputs' "
+                                      "dim_params, as tfuse names them, are its dims)", onnx_path, dims[i].name);
+            char *printed = rc ? NULL : tf_print_module(im.m), *text = printed ? tf_libc_copy(printed, strlen(printed) + 1) : NULL;   /* the caller's free() */
             tf_free(printed);
-            if (!text) rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
+            if (!text && !rc) rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
             char meta[128];
             snprintf(meta, sizeof meta, "{\"format\":\"tfuse-onnx-import-1\"}");
             if (!rc && params_path &&

@@ -185,6 +185,8 @@ class Reader(unittest.TestCase):
         self.expect_error(self.write("pads.onnx", m.SerializeToString()), "(Conv, opset 17)", "asymmetric pads [0, 0, 1, 1]")
         self.expect_error(self.write("ok.onnx", models.all_models()["conv"].SerializeToString()), "--dim wants NAME=N",
                           args=("--dim", "x"), code=2)
+        self.expect_error(self.write("ok.onnx", models.all_models()["embed"].SerializeToString()), "--dim batchsize: the model has no dim",
+                          args=("--dim", "batchsize=4"))
 
 
 if __name__ == "__main__":
