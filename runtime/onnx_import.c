@@ -1310,6 +1310,10 @@ int tf_onnx_import_model(const tf_onnx_model *om, const char *path, const tf_onn
             fail(&im, "tfuse has no import for this op (docs/onnx.md lists the ops it reads)");
             break;
         }
+        if (im.node->nout < 1 || !im.node->out[0].n) {
+            fail(&im, "a node whose first output has no name");
+            break;
+        }
         for (int a = 0; a < im.node->nattrs; a++)
             if (im.node->attrs[a].has_graph) {
                 fail(&im, "attribute %.*s is a subgraph: control flow (If, Loop, Scan) is not imported", (int)im.node->attrs[a].name.n,
