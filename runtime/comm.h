@@ -109,6 +109,22 @@ void tf_comm_interp_attach(tf_interp_ctx *ip, tf_comm_t *c);
  * self is the tf_comm_t; the values travel in dt, as the targets' do (the
  * same sum, the same rounding: the same bits). */
 int tf_comm_interp_mean(void *self, tf_dt dt, double *data, int64_t n, char *err, size_t nerr);
+/* ---- comm_plan.c: which bucket each allreduce kernel fills (the cpu and cuda targets' shared rules) ---- */
+struct tf_kernel_plan;
+typedef struct tf_comm_plan {
+    int nbuckets;
+    int *bucket_of;        /* per kernel: its bucket (an allreduce in one), else -1 */
+    int *member_of;        /* per kernel: its index among its bucket's members */
+    int *needs;            /* per kernel: the last bucket whose means it reads, else -1 */
+    int *members;          /* per bucket: members */
+    int64_t *elems;        /* per bucket: the members' elements together */
+    tf_dt *dt;             /* per bucket: its dtype */
+    bool at_once;          /* each allreduce on its own: a reader before its bucket is complete, or mixed dtypes */
+} tf_comm_plan;
+/* in_bucket[i]: kernel i is an allreduce the backend runs in its bucket;
+ * nvalues: the module's value ids. 0, or -1 out of memory (*cp freed). */
+int tf_comm_plan_make(const struct tf_kernel_plan *P, int nvalues, const bool *in_bucket, tf_comm_plan *cp);
+void tf_comm_plan_free(tf_comm_plan *cp);
 /* Wait for b: its means written to its members' outputs. 0, or -1 with c->err. */
 int tf_comm_wait(tf_comm_t *c, tf_comm_bucket *b);
 /* Every rank's `bytes` bytes at send gathered into recv (size * bytes), on the calling thread. */

@@ -21,31 +21,20 @@
 
 struct cpu_comm {
     const tf_comm_t *for_comm;   /* the communicator this plan was made for */
+    tf_comm_plan plan;     /* buckets, members and readers (comm_plan.c) */
     tf_comm_bucket *buckets;
-    int nbuckets;
-    int *bucket_of;        /* per plan kernel: its bucket (an allreduce), else -1 */
-    int *member_of;        /* per plan kernel: its index among its bucket's members */
-    int *needs;            /* per plan kernel: the last bucket whose means it reads, else -1 */
     int *submitted;        /* per bucket, this step: 1 sent, 2 waited for */
-    bool at_once;          /* each allreduce on its own (see above) */
 };
 
 void tf_cpu_comm_free(cpu *c)
 {
     struct cpu_comm *cc = c->comm;
     if (!cc) return;
-    for (int b = 0; b < cc->nbuckets; b++) tf_comm_bucket_free(&cc->buckets[b]);
-    tf_free(cc->buckets), tf_free(cc->bucket_of), tf_free(cc->member_of), tf_free(cc->needs), tf_free(cc->submitted);
+    for (int b = 0; cc->buckets && b < cc->plan.nbuckets; b++) tf_comm_bucket_free(&cc->buckets[b]);
+    tf_free(cc->buckets), tf_free(cc->submitted);
+    tf_comm_plan_free(&cc->plan);
     tf_free(cc);
     c->comm = NULL;
-}
-
-/* The bucket a value's storage gets its mean from, or -1. */
-static int mean_bucket_of(const struct cpu_comm *cc, const int *bucket_of_value, const tf_value *v)
-{
-    (void)cc;
-    const tf_value *r = root_of(v);
-    return r->kind == TF_VAL_NODE && r->id >= 0 ? bucket_of_value[r->id] : -1;
 }
 
 static tf_status oom(tf_session_t *s, cpu *c)
@@ -64,64 +53,25 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     struct cpu_comm *cc = c->comm = tf_calloc(1, sizeof *cc);
     if (!cc) return oom(s, c);
     cc->for_comm = s->comm;
-    int K = P->nkernels, V = m->next_id > 0 ? m->next_id : 1, nb = 0;
-    cc->bucket_of = tf_malloc((size_t)(K ? K : 1) * sizeof *cc->bucket_of);
-    cc->member_of = tf_calloc((size_t)(K ? K : 1), sizeof *cc->member_of);
-    cc->needs = tf_malloc((size_t)(K ? K : 1) * sizeof *cc->needs);
-    int *of_value = tf_malloc((size_t)V * sizeof *of_value);
-    if (!cc->bucket_of || !cc->member_of || !cc->needs || !of_value) {
-        tf_free(of_value);
-        return oom(s, c);
-    }
-    for (int v = 0; v < V; v++) of_value[v] = -1;
-    for (int i = 0; i < K; i++) {
-        const tf_node *n = P->kernels[i].lib;
-        cc->bucket_of[i] = c->ks[i].how == RUN_ALLREDUCE && n->op == TF_OP_ALLREDUCE ? (int)tf_node_int(n, "bucket") : -1;
-        if (cc->bucket_of[i] >= nb) nb = cc->bucket_of[i] + 1;
-        if (cc->bucket_of[i] >= 0) of_value[n->out->id] = cc->bucket_of[i];
-    }
-    cc->nbuckets = nb;
+    int K = P->nkernels;
+    bool *in_bucket = tf_malloc((size_t)(K ? K : 1) * sizeof *in_bucket);
+    if (!in_bucket) return oom(s, c);
+    for (int i = 0; i < K; i++) in_bucket[i] = c->ks[i].how == RUN_ALLREDUCE;
+    int st = tf_comm_plan_make(P, m->next_id, in_bucket, &cc->plan);
+    tf_free(in_bucket);
+    if (st) return oom(s, c);
+    const tf_comm_plan *cp = &cc->plan;
+    int nb = cp->nbuckets;
     cc->buckets = tf_calloc((size_t)(nb ? nb : 1), sizeof *cc->buckets);
     cc->submitted = tf_calloc((size_t)(nb ? nb : 1), sizeof *cc->submitted);
-    int64_t *elems = tf_calloc((size_t)(nb ? nb : 1), sizeof *elems);
-    int *members = tf_calloc((size_t)(nb ? nb : 1), sizeof *members), *last = tf_malloc((size_t)(nb ? nb : 1) * sizeof *last);
-    tf_dt *dt = tf_calloc((size_t)(nb ? nb : 1), sizeof *dt);
-    if (!cc->buckets || !cc->submitted || !elems || !members || !last || !dt) {
-        tf_free(of_value), tf_free(elems), tf_free(members), tf_free(last), tf_free(dt);
-        return oom(s, c);
-    }
-    for (int b = 0; b < nb; b++) last[b] = -1;
-    for (int i = 0; i < K; i++) {
-        int b = cc->bucket_of[i];
-        if (b < 0) continue;
-        const tf_value *out = P->kernels[i].lib->out;
-        if (members[b] && dt[b] != out->type.dtype) cc->at_once = true;   /* not autodiff's: one dtype per bucket */
-        dt[b] = out->type.dtype;
-        cc->member_of[i] = members[b]++;
-        elems[b] += numel(out);
-        last[b] = i;
-    }
-    /* who reads a mean: the last bucket it needs, which must have been sent by then */
-    for (int i = 0; i < K; i++) {
-        cc->needs[i] = -1;
-        const tf_kernel *k = &P->kernels[i];
-        for (int q = 0; q < k->nbufs; q++) {
-            int b = k->bufs[q].written ? -1 : mean_bucket_of(cc, of_value, k->bufs[q].value);
-            if (b < 0 || cc->bucket_of[i] >= 0) continue;
-            if (last[b] > i) cc->at_once = true;
-            if (b > cc->needs[i]) cc->needs[i] = b;
-        }
-    }
-    for (int b = 0; b < nb && !cc->at_once; b++) {
-        if (members[b] == 0) continue;
-        if (tf_comm_bucket_init(s->comm, &cc->buckets[b], dt[b], elems[b], members[b])) {
-            tf_free(of_value), tf_free(elems), tf_free(members), tf_free(last), tf_free(dt);
-            return oom(s, c);
-        }
+    if (!cc->buckets || !cc->submitted) return oom(s, c);
+    for (int b = 0; b < nb && !cp->at_once; b++) {
+        if (cp->members[b] == 0) continue;
+        if (tf_comm_bucket_init(s->comm, &cc->buckets[b], cp->dt[b], cp->elems[b], cp->members[b])) return oom(s, c);
         cc->buckets[b].nmembers = 0;   /* counted again as they are placed */
     }
-    for (int i = 0; i < K && !cc->at_once; i++) {
-        int b = cc->bucket_of[i];
+    for (int i = 0; i < K && !cp->at_once; i++) {
+        int b = cp->bucket_of[i];
         if (b < 0) continue;
         tf_comm_bucket *B = &cc->buckets[b];
         const tf_value *out = P->kernels[i].lib->out;
@@ -130,8 +80,7 @@ static tf_status prepare(tf_session_t *s, cpu *c)
         B->members[j].at = j ? B->members[j - 1].at + B->members[j - 1].n : 0;
         B->members[j].n = numel(out);
     }
-    tf_free(of_value), tf_free(elems), tf_free(members), tf_free(last), tf_free(dt);
-    if (cc->at_once)
+    if (cp->at_once)
         fprintf(tf_context_diag(s->ctx), "tfuse: cpu: the plan reads a gradient's mean before its bucket is complete: "
                                          "each allreduce runs on its own, at once (no overlap)\n");
     return TF_OK;
@@ -189,16 +138,16 @@ tf_status tf_cpu_run_allreduce(tf_session_t *s, cpu *c, int i)
     tf_status st = prepare(s, c);
     if (st) return st;
     struct cpu_comm *cc = c->comm;
-    if (cc->at_once || cc->bucket_of[i] < 0) {
+    if (cc->plan.at_once || cc->plan.bucket_of[i] < 0) {
         if (in != out) memmove(out, in, value_bytes(y));
         return tf_comm_mean(s->comm, y->type.dtype, out, numel(y)) ? comm_failed(s) : TF_OK;
     }
-    tf_comm_bucket *B = &cc->buckets[cc->bucket_of[i]];
-    const int j = cc->member_of[i];
+    tf_comm_bucket *B = &cc->buckets[cc->plan.bucket_of[i]];
+    const int j = cc->plan.member_of[i];
     memcpy(B->pack + (size_t)B->members[j].at * (size_t)tf_dtype_bytes(y->type.dtype), in, value_bytes(y));
     if (++B->filled < B->nmembers) return TF_OK;
     B->filled = 0;
-    cc->submitted[cc->bucket_of[i]] = 1;
+    cc->submitted[cc->plan.bucket_of[i]] = 1;
     return tf_comm_submit(s->comm, B) ? comm_failed(s) : TF_OK;
 }
 
@@ -207,7 +156,7 @@ static tf_status wait_upto(tf_session_t *s, cpu *c, int upto)
 {
     struct cpu_comm *cc = c->comm;
     tf_status st = TF_OK;
-    for (int b = 0; b < cc->nbuckets && b <= upto; b++)
+    for (int b = 0; b < cc->plan.nbuckets && b <= upto; b++)
         if (cc->submitted[b] == 1) {
             cc->submitted[b] = 2;
             if (tf_comm_wait(s->comm, &cc->buckets[b]) && !st) st = comm_failed(s);
@@ -218,17 +167,17 @@ static tf_status wait_upto(tf_session_t *s, cpu *c, int upto)
 tf_status tf_cpu_comm_before(tf_session_t *s, cpu *c, int i)
 {
     struct cpu_comm *cc = c->comm;
-    if (!cc || cc->at_once || cc->for_comm != s->comm || cc->needs[i] < 0) return TF_OK;
-    return wait_upto(s, c, cc->needs[i]);
+    if (!cc || cc->plan.at_once || cc->for_comm != s->comm || cc->plan.needs[i] < 0) return TF_OK;
+    return wait_upto(s, c, cc->plan.needs[i]);
 }
 
 tf_status tf_cpu_comm_finish(tf_session_t *s, cpu *c)
 {
     struct cpu_comm *cc = c->comm;
-    if (!cc || cc->at_once || cc->for_comm != s->comm) return TF_OK;
-    tf_status st = wait_upto(s, c, cc->nbuckets);
-    memset(cc->submitted, 0, (size_t)cc->nbuckets * sizeof *cc->submitted);
-    for (int b = 0; b < cc->nbuckets; b++) cc->buckets[b].filled = 0;   /* a step that failed half way packed some */
+    if (!cc || cc->plan.at_once || cc->for_comm != s->comm) return TF_OK;
+    tf_status st = wait_upto(s, c, cc->plan.nbuckets);
+    memset(cc->submitted, 0, (size_t)cc->plan.nbuckets * sizeof *cc->submitted);
+    for (int b = 0; b < cc->plan.nbuckets; b++) cc->buckets[b].filled = 0;   /* a step that failed half way packed some */
     return st;
 }
 

@@ -49,10 +49,10 @@ struct cuda_comm {
     char why[400];         /* why not: --cuda-explain */
     tf_nccl_comm nc;
     tf_cu_stream cs;       /* the communication stream */
+    tf_comm_plan plan;     /* buckets, members and readers (comm_plan.c, the cpu target's rules) */
     cbucket *b;
     int nbuckets;
-    int *bucket_of, *member_of, *needs;   /* per kernel, as cpu_comm.c's */
-    bool at_once;
+    bool at_once;          /* each allreduce on its own: the plan's reason, or a dtype NCCL does not average */
     tf_cu_event fork, join;   /* an allreduce on its own */
 };
 
@@ -83,7 +83,8 @@ void tf_cuda_comm_free(cuda_session *c)
     if (cc->join) cu->EventDestroy(cc->join);
     if (cc->nc) c->libs.nccl.CommDestroy(cc->nc);
     if (cc->cs) cu->StreamDestroy(cc->cs);
-    tf_free(cc->b), tf_free(cc->bucket_of), tf_free(cc->member_of), tf_free(cc->needs);
+    tf_free(cc->b);
+    tf_comm_plan_free(&cc->plan);
     tf_free(cc);
     c->comm = NULL;
 }
@@ -153,65 +154,39 @@ static tf_status open_nccl(tf_session_t *s, cuda_session *c, struct cuda_comm *c
     return TF_OK;
 }
 
-/* The buckets: which kernel fills which, who reads them (cpu_comm.c's rules). */
+/* The buckets (comm_plan.c's plan), each a device buffer and two events. */
 static tf_status plan_buckets(tf_session_t *s, cuda_session *c, struct cuda_comm *cc)
 {
     const tf_kernel_plan *P = c->plan;
-    const tf_module *m = s->p->m;
-    int K = P->nkernels, V = m->next_id > 0 ? m->next_id : 1, nb = 0;
-    cc->bucket_of = tf_malloc((size_t)(K ? K : 1) * sizeof *cc->bucket_of);
-    cc->member_of = tf_calloc((size_t)(K ? K : 1), sizeof *cc->member_of);
-    cc->needs = tf_malloc((size_t)(K ? K : 1) * sizeof *cc->needs);
-    int *of_value = tf_malloc((size_t)V * sizeof *of_value), *last = NULL;
-    if (!cc->bucket_of || !cc->member_of || !cc->needs || !of_value) goto oom;
-    for (int v = 0; v < V; v++) of_value[v] = -1;
-    for (int i = 0; i < K; i++) {
-        const tf_node *n = P->kernels[i].lib;
-        cc->bucket_of[i] = c->ks[i].how == RUN_ALLREDUCE && n->op == TF_OP_ALLREDUCE ? (int)tf_node_int(n, "bucket") : -1;
-        if (cc->bucket_of[i] >= nb) nb = cc->bucket_of[i] + 1;
-        if (cc->bucket_of[i] >= 0) of_value[n->out->id] = cc->bucket_of[i];
-    }
-    cc->nbuckets = nb;
-    cc->b = tf_calloc((size_t)(nb ? nb : 1), sizeof *cc->b);
-    last = tf_malloc((size_t)(nb ? nb : 1) * sizeof *last);
-    if (!cc->b || !last) goto oom;
-    for (int b = 0; b < nb; b++) last[b] = -1;
-    for (int i = 0; i < K; i++) {
-        int b = cc->bucket_of[i];
-        if (b < 0) continue;
-        const tf_value *out = P->kernels[i].lib->out;
-        if (cc->b[b].nmembers && cc->b[b].dt != out->type.dtype) cc->at_once = true;
-        if (nccl_type(out->type.dtype) < 0) cc->at_once = true;
-        cc->b[b].dt = out->type.dtype;
-        cc->member_of[i] = cc->b[b].nmembers++;
-        cc->b[b].elems += numel(out);
-        last[b] = i;
-    }
-    for (int i = 0; i < K; i++) {
-        cc->needs[i] = -1;
-        const tf_kernel *k = &P->kernels[i];
-        for (int q = 0; q < k->nbufs; q++) {
-            const tf_value *r = root_of(k->bufs[q].value);
-            int b = k->bufs[q].written || r->kind != TF_VAL_NODE || r->id < 0 ? -1 : of_value[r->id];
-            if (b < 0 || cc->bucket_of[i] >= 0) continue;
-            if (last[b] > i) cc->at_once = true;
-            if (b > cc->needs[i]) cc->needs[i] = b;
-        }
-    }
-    for (int b = 0; b < nb && !cc->at_once; b++) {
+    int K = P->nkernels;
+    bool *in_bucket = tf_malloc((size_t)(K ? K : 1) * sizeof *in_bucket);
+    if (!in_bucket) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for the all-reduce buckets");
+    for (int i = 0; i < K; i++) in_bucket[i] = c->ks[i].how == RUN_ALLREDUCE;
+    int st = tf_comm_plan_make(P, s->p->m->next_id, in_bucket, &cc->plan);
+    tf_free(in_bucket);
+    if (st) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for the all-reduce buckets");
+    const tf_comm_plan *cp = &cc->plan;
+    cc->nbuckets = cp->nbuckets;
+    cc->at_once = cp->at_once;
+    for (int b = 0; b < cp->nbuckets; b++)
+        if (cp->members[b] && nccl_type(cp->dt[b]) < 0) cc->at_once = true;
+    cc->b = tf_calloc((size_t)(cc->nbuckets ? cc->nbuckets : 1), sizeof *cc->b);
+    if (!cc->b) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for the all-reduce buckets");
+    for (int b = 0; b < cc->nbuckets && !cc->at_once; b++) {
         cbucket *B = &cc->b[b];
-        if (!B->nmembers) continue;
-        B->m = tf_calloc((size_t)B->nmembers, sizeof *B->m);
-        if (!B->m) goto oom;
+        if (!cp->members[b]) continue;
+        B->dt = cp->dt[b];
+        B->elems = cp->elems[b];
+        if (!(B->m = tf_calloc((size_t)cp->members[b], sizeof *B->m)))
+            return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for the all-reduce buckets");
         size_t bytes = (size_t)B->elems * (size_t)tf_dtype_bytes(B->dt);
         CU_DO("allocating an all-reduce bucket", MemAlloc(&B->buf, bytes ? bytes : 1));
         dev_count(c, (int64_t)bytes);
         CU_DO("creating the all-reduce events", EventCreate(&B->packed, CU_EVENT_DISABLE_TIMING));
         CU_DO("creating the all-reduce events", EventCreate(&B->done, CU_EVENT_DISABLE_TIMING));
-        B->nmembers = 0;
     }
     for (int i = 0; i < K && !cc->at_once; i++) {
-        int b = cc->bucket_of[i];
+        int b = cp->bucket_of[i];
         if (b < 0) continue;
         cbucket *B = &cc->b[b];
         const tf_value *out = P->kernels[i].lib->out;
@@ -220,11 +195,7 @@ static tf_status plan_buckets(tf_session_t *s, cuda_session *c, struct cuda_comm
         B->m[j].at = j ? B->m[j - 1].at + B->m[j - 1].n : 0;
         B->m[j].n = numel(out);
     }
-    tf_free(of_value), tf_free(last);
     return TF_OK;
-oom:
-    tf_free(of_value), tf_free(last);
-    return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for the all-reduce buckets");
 }
 
 tf_status tf_cuda_comm_prepare(tf_session_t *s, cuda_session *c)
@@ -284,7 +255,7 @@ tf_status tf_cuda_run_allreduce(tf_session_t *s, cuda_session *c, int i)
         return TF_OK;
     }
     tf_status st;
-    int b = cc->bucket_of[i];
+    int b = cc->plan.bucket_of[i];
     if (cc->at_once || b < 0) {   /* on its own: in place in its result, the compute stream waits */
         if (in != out) CU_DO("an allreduce's operand", MemcpyDtoDAsync(out, in, value_bytes(y), c->stream));
         if ((st = fork_to(s, c, cc->fork)) || (st = all_reduce(s, c, out, numel(y), y->type.dtype))) return st;
@@ -293,7 +264,7 @@ tf_status tf_cuda_run_allreduce(tf_session_t *s, cuda_session *c, int i)
         return TF_OK;
     }
     cbucket *B = &cc->b[b];
-    const int j = cc->member_of[i];
+    const int j = cc->plan.member_of[i];
     size_t es = (size_t)tf_dtype_bytes(B->dt);
     CU_DO("packing a gradient into its bucket", MemcpyDtoDAsync(B->buf + (tf_cu_deviceptr)((size_t)B->m[j].at * es), in, value_bytes(y),
                                                                  c->stream));
@@ -322,9 +293,9 @@ static tf_status unpack(tf_session_t *s, cuda_session *c, int b)
 tf_status tf_cuda_comm_before(tf_session_t *s, cuda_session *c, int i)
 {
     struct cuda_comm *cc = c->comm;
-    if (!cc || !cc->nccl || cc->at_once || cc->needs[i] < 0) return TF_OK;
+    if (!cc || !cc->nccl || cc->at_once || cc->plan.needs[i] < 0) return TF_OK;
     tf_status st;
-    for (int b = 0; b <= cc->needs[i]; b++)
+    for (int b = 0; b <= cc->plan.needs[i]; b++)
         if (cc->b[b].sent && (st = unpack(s, c, b))) return st;
     return TF_OK;
 }

@@ -21,21 +21,9 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT" || exit 1
-T0=$SECONDS
-DRY=0 BUDGET=240 DEST=${OUT:-}
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --dry-run) DRY=1; shift ;;
-        --budget) BUDGET="$2"; shift 2
-                  [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 60 ] || { echo "followup.sh: --budget wants whole seconds, at least 60" >&2; exit 2; } ;;
-        --out) DEST="$2"; shift 2 ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "followup.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
-    esac
-done
-left() { echo $((BUDGET - (SECONDS - T0))); }
-upto() { local l; l=$(( $(left) - $1 )); [ "$l" -gt 0 ] && echo "$l" || echo 0; }
-min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
+# shellcheck source=tests/gpu/lib.sh
+. "$ROOT/tests/gpu/lib.sh"
+deadline_args followup.sh 240 60 "$@"
 
 TARGET=cuda
 [ $DRY -eq 1 ] && TARGET=cuda-emu
@@ -47,9 +35,6 @@ echo "tests/gpu/followup.sh $* — $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git 
 
 B=build-gpu
 export B CACHE="$ROOT/$B/cubin-cache" TARGET ROOT TFUSE_EXAMPLES="$ROOT/examples" DRY DEST
-# shellcheck source=tests/gpu/lib.sh
-. "$ROOT/tests/gpu/lib.sh"
-
 STEP_LIMIT=$(min 150 "$(upto 30)")
 step build build_gpu tfuse_cli test_gpu
 if [ "${RESULTS[0]}" = PASS ]; then

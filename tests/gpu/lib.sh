@@ -7,6 +7,30 @@
 # (seconds, for the next step only; see step).
 
 declare -a NAMES=() RESULTS=() TIMES=()
+
+# deadline_args SCRIPT DEFAULT_BUDGET MIN_BUDGET ARGS...: session.sh's and followup.sh's flags, into DRY,
+# BUDGET and DEST (default $OUT, the device tool's folder); T0 is the start; left, upto and min below
+deadline_args() {
+    local me=$1
+    T0=$SECONDS DRY=0 BUDGET=$2 DEST=${OUT:-}
+    local least=$3
+    shift 3
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --dry-run) DRY=1; shift ;;
+            --budget) BUDGET="${2:-}"; shift 2 || shift
+                      [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge "$least" ] ||
+                          { echo "$me: --budget wants whole seconds, at least $least" >&2; exit 2; } ;;
+            --out) DEST="${2:-}"; shift 2 || shift ;;
+            -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+            *) echo "$me: unknown argument $1 (try --help)" >&2; exit 2 ;;
+        esac
+    done
+}
+# left: seconds to the deadline; upto N: seconds a step may take so that N are left after it
+left() { echo $((BUDGET - (SECONDS - T0))); }
+upto() { local l; l=$(( $(left) - $1 )); [ "$l" -gt 0 ] && echo "$l" || echo 0; }
+min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
 FAILED=0
 STEP_LIMIT=""
 

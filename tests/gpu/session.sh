@@ -40,22 +40,9 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT" || exit 1
-T0=$SECONDS
-DRY=0 BUDGET=520 DEST=${OUT:-}
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --dry-run) DRY=1; shift ;;
-        --budget) BUDGET="$2"; shift 2
-                  [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 120 ] || { echo "session.sh: --budget wants whole seconds, at least 120" >&2; exit 2; } ;;
-        --out) DEST="$2"; shift 2 ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "session.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
-    esac
-done
-# left: seconds to the deadline; upto N: seconds a step may take so that N are left after it
-left() { echo $((BUDGET - (SECONDS - T0))); }
-upto() { local l; l=$(( $(left) - $1 )); [ "$l" -gt 0 ] && echo "$l" || echo 0; }
-min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
+# shellcheck source=tests/gpu/lib.sh
+. "$ROOT/tests/gpu/lib.sh"
+deadline_args session.sh 520 120 "$@"
 
 if [ $DRY -eq 0 ]; then
     command -v nvidia-smi >/dev/null 2>&1 || { echo "session.sh: no nvidia-smi here: no NVIDIA driver (--dry-run rehearses without one)" >&2; exit 1; }
@@ -73,9 +60,6 @@ echo "tests/gpu/session.sh $* — $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname),
 
 B=build-gpu
 export B CACHE="$ROOT/$B/cubin-cache" TARGET ROOT TFUSE_EXAMPLES="$ROOT/examples"
-# shellcheck source=tests/gpu/lib.sh
-. "$ROOT/tests/gpu/lib.sh"
-
 # ---- the card ----
 if [ $DRY -eq 0 ]; then
     nvidia-smi | tee "$DEST/nvidia-smi.txt"
