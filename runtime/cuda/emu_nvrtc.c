@@ -413,7 +413,21 @@ static int compile_modules(emu_module **waiting, int n)
         }
         waiting[miss++] = m;
     }
-    if (!miss) return first_failure(waiting, n);
+    /* the same kernel twice (two modules of one source, loaded before either compiled): compiled once, in
+     * one batch, or the batch would define its symbols twice; the others load its object after */
+    int uniq = 0, ndup = 0;
+    emu_module **dups = miss ? tf_malloc((size_t)miss * sizeof *dups) : NULL;
+    for (int i = 0; i < miss; i++) {
+        bool seen = false;
+        for (int j = 0; j < uniq && !seen; j++) seen = !strcmp(waiting[j]->so, waiting[i]->so);
+        if (seen && dups) dups[ndup++] = waiting[i];
+        else waiting[uniq++] = waiting[i];
+    }
+    miss = uniq;
+    if (!miss) {
+        tf_free(dups);
+        return first_failure(waiting, n);
+    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int nb = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
     if (nb > miss) nb = miss;
@@ -453,7 +467,19 @@ static int compile_modules(emu_module **waiting, int n)
         tf_cache_added(bs[b].so, bytes);
     }
     tf_free(mods);
-    return first_failure(waiting, miss);
+    for (int i = 0; i < ndup; i++) {   /* the copies: the object their twin left (or its failure) */
+        emu_module *m = dups[i];
+        emu_module *twin = NULL;
+        for (int j = 0; j < miss && !twin; j++)
+            if (!strcmp(waiting[j]->so, m->so)) twin = waiting[j];
+        if (twin && twin->state == MOD_READY && load_so(m, m->so)) continue;
+        m->error = tf_strdup(twin && twin->error ? twin->error : "cuda-emu: its twin kernel did not compile");
+        m->state = MOD_FAILED;
+    }
+    int r = first_failure(waiting, miss);
+    if (!r && ndup) r = first_failure(dups, ndup);
+    tf_free(dups);
+    return r;
 }
 
 /* Every module compiled; the first failure's words. */
