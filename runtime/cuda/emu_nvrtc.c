@@ -392,6 +392,16 @@ static int compile_pending(void)
     return r;
 }
 
+/* Whether module m defines a kernel some module of batch b defines. */
+static bool shares_kernel(const batch *b, const emu_module *m)
+{
+    for (int i = 0; i < b->n; i++)
+        for (int j = 0; j < b->mods[i]->nfns; j++)
+            for (int k = 0; k < m->nfns; k++)
+                if (!strcmp(b->mods[i]->fns[j].name, m->fns[k].name)) return true;
+    return false;
+}
+
 /* Load waiting[0..n) from the cache or compile them (tf_emu_mu held). */
 static int compile_modules(emu_module **waiting, int n)
 {
@@ -431,21 +441,44 @@ static int compile_modules(emu_module **waiting, int n)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int nb = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
     if (nb > miss) nb = miss;
-    batch bs[16];
+    /* kernels dealt out in turn, so batches are alike in size; but two modules that define a kernel of the same
+     * name (the cuda target's modules may share kernels) never share a batch, whose one translation unit would
+     * define it twice (their kernels are extern "C") */
+    enum { MAX_BATCHES = 64 };
+    batch bs[MAX_BATCHES];
     memset(bs, 0, sizeof bs);
-    emu_module **mods = tf_calloc((size_t)miss, sizeof *mods);
-    if (!mods) {
+    int used = nb;
+    bool oom_batches = false;
+    for (int b = 0; b < used; b++) oom_batches |= !(bs[b].mods = tf_calloc((size_t)miss, sizeof *bs[b].mods));
+    for (int i = 0; i < miss && !oom_batches; i++) {
+        int pick = -1;
+        for (int t = 0; t < used && pick < 0; t++) {
+            int b = (i + t) % used;
+            if (!shares_kernel(&bs[b], waiting[i])) pick = b;
+        }
+        if (pick < 0 && used < MAX_BATCHES) {
+            pick = used++;
+            oom_batches |= !(bs[pick].mods = tf_calloc((size_t)miss, sizeof *bs[pick].mods));
+            if (oom_batches) break;
+        }
+        if (pick < 0) {
+            waiting[i]->state = MOD_FAILED;
+            waiting[i]->error = tf_strdup("cuda-emu: more than 64 modules to compile share a kernel");
+            continue;
+        }
+        bs[pick].mods[bs[pick].n++] = waiting[i];
+    }
+    if (oom_batches) {
+        for (int b = 0; b < used; b++) tf_free(bs[b].mods);
         for (int i = 0; i < miss; i++) waiting[i]->state = MOD_FAILED, waiting[i]->error = NULL;
+        tf_free(dups);
         return first_failure(waiting, miss);
     }
-    int at = 0;
-    for (int b = 0; b < nb; b++) {   /* kernels dealt out in turn, so batches are alike in size */
-        bs[b].mods = mods + at;
-        for (int i = b; i < miss; i += nb) mods[at++] = waiting[i];
-        bs[b].n = (int)(mods + at - bs[b].mods);
-        start_batch(&bs[b]);
-    }
-    for (int b = 0; b < nb; b++) finish_batch(&bs[b]);
+    nb = used;
+    for (int b = 0; b < nb; b++)
+        if (bs[b].n) start_batch(&bs[b]);
+    for (int b = 0; b < nb; b++)
+        if (bs[b].n) finish_batch(&bs[b]);
     for (int i = 0; i < miss; i++) {
         emu_module *m = waiting[i];
         if (m->state != MOD_COMPILING) continue;
@@ -466,7 +499,7 @@ static int compile_modules(emu_module **waiting, int n)
             if (lstat(bs[b].mods[i]->so, &st) == 0) bytes += (uint64_t)st.st_size;
         tf_cache_added(bs[b].so, bytes);
     }
-    tf_free(mods);
+    for (int b = 0; b < nb; b++) tf_free(bs[b].mods);
     for (int i = 0; i < ndup; i++) {   /* the copies: the object their twin left (or its failure) */
         emu_module *m = dups[i];
         emu_module *twin = NULL;

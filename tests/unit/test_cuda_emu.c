@@ -221,6 +221,48 @@ static void driver_checks(void)
     }
 }
 
+/* Modules that define a kernel of the same name (the cuda target's may share kernels), compiled in one go:
+ * three, the first and the third sharing tf_shared, so that two compile batches (a 2-core machine's) would
+ * deal them into one translation unit, which must not define tf_shared twice. Fresh sources each run (the
+ * seed in them), so the disk cache holds none of them. */
+static void shared_kernels(void)
+{
+    const char *names[3][2] = {{"tf_shared", "tf_one"}, {"tf_two", "tf_three"}, {"tf_shared", "tf_four"}};
+    tf_cu_module mods[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        char src[1024];
+        snprintf(src, sizeof src, "// seed %llu, module %d\n"
+                 "extern \"C\" __global__ void __launch_bounds__(32) %s(float *b0) { b0[threadIdx.x] = 1; }\n"
+                 "extern \"C\" __global__ void __launch_bounds__(32) %s(float *b0) { b0[threadIdx.x] = %d; }\n",
+                 (unsigned long long)g_seed, i, names[i][0], names[i][1], i + 2);
+        tf_nvrtc_prog prog;
+        size_t isz = 0;
+        g_libs.nvrtc.CreateProgram(&prog, src, names[i][0], 0, NULL, NULL);
+        g_libs.nvrtc.GetCUBINSize(prog, &isz);
+        char *image = malloc(isz);
+        g_libs.nvrtc.GetCUBIN(prog, image);
+        g_libs.nvrtc.DestroyProgram(&prog);
+        CHECK(!g_libs.cu.ModuleLoadData(&mods[i], image), "module %d loads", i);
+        free(image);
+    }
+    tf_cu_deviceptr dp = 0;
+    CHECK(!g_libs.cu.MemAlloc(&dp, 128), "memory");
+    for (int i = 0; i < 3; i++) {   /* the first launch compiles every pending module */
+        tf_cu_function fn = NULL;
+        void *args[1] = {&dp};
+        int rc = mods[i] ? g_libs.cu.ModuleGetFunction(&fn, mods[i], names[i][1]) : 1;
+        if (!rc) rc = g_libs.cu.LaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL);
+        float got[32] = {0};
+        if (!rc) rc = g_libs.cu.MemcpyDtoH(got, dp, sizeof got);
+        const char *e = "";
+        g_libs.cu.GetErrorString(rc, &e);
+        CHECK(!rc && got[31] == (float)(i + 2), "module %d's %s runs (%s)", i, names[i][1], rc ? e : "ok");
+    }
+    g_libs.cu.MemFree(dp);
+    for (int i = 0; i < 3; i++)
+        if (mods[i]) g_libs.cu.ModuleUnload(mods[i]);
+}
+
 /* A stream that waits for an event recorded in a capture joins it (a fork: cuda_comm.c's NCCL stream);
  * the capture ends well only once a capturing stream has waited for that stream's last work (a join),
  * and its replay runs the two streams' work in the order they were given. */
@@ -287,6 +329,7 @@ int main(void)
     check_mutants("row reduction", "input x : f32[5, 3000]\ns = reduce_sum(x, axes=[1])\noutput s\n", TF_K_REDUCTION, reduction, 3);
     driver_checks();
     fork_join();
+    shared_kernels();
     tf_cuda_libs_free(&g_libs);
     CHECK(tf_cuda_emu_live() == 0, "nothing left allocated on cuda-emu (%d)", tf_cuda_emu_live());
     return check_report();
