@@ -110,7 +110,7 @@ typedef struct field {
 static int next(reader *r, span *s, field *f)
 {
     f->at = s->at;
-    uint64_t key;
+    uint64_t key = 0;
     if (varint(r, s, &key)) return -1;
     f->num = (uint32_t)(key >> 3);
     f->wt = (int)(key & 7);
@@ -120,7 +120,7 @@ static int next(reader *r, span *s, field *f)
     case 1: return fixed(r, s, 8, &f->v);
     case 5: return fixed(r, s, 4, &f->v);
     case 2: {
-        uint64_t len;
+        uint64_t len = 0;
         if (varint(r, s, &len)) return -1;
         if (len > s->end - s->at)
             return fail(r, f->at, "field %u says %llu bytes follow, and its message has %zu left", f->num, (unsigned long long)len,
@@ -261,7 +261,7 @@ static int read_tensor(reader *r, span b, tf_onnx_tensor *t)
             if (f.wt == 2) {
                 span d = f.body;
                 while (d.at < d.end) {
-                    uint64_t v;
+                    uint64_t v = 0;
                     if (varint(r, &d, &v)) return -1;
                     if (ndims == TF_ONNX_MAX_RANK) return fail(r, f.at, "a tensor of more than %d dims", TF_ONNX_MAX_RANK);
                     t->dims[ndims++] = (int64_t)v;
