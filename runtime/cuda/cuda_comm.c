@@ -204,6 +204,7 @@ tf_status tf_cuda_comm_prepare(tf_session_t *s, cuda_session *c)
     bool any = false;
     for (int i = 0; i < c->plan->nkernels && !any; i++) any = c->ks[i].how == RUN_ALLREDUCE;
     if (!any && !c->comm) return TF_OK;
+    if (c->comm) c->libs.cu.StreamSynchronize(c->stream);   /* a step in flight may still use the old buckets and graph */
     tf_cuda_comm_free(c);
     struct cuda_comm *cc = c->comm = tf_calloc(1, sizeof *cc);
     if (!cc) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
