@@ -1,6 +1,7 @@
 """test_onnx.py — `tfuse import` against ONNX Runtime (docs/onnx.md).
 
-Each model of tests/onnx/models.py, and a small CNN PyTorch exports, is
+Each model of tests/onnx/models.py, a small CNN and torchvision's ResNet-18
+and MobileNetV2 that PyTorch exports, is
 imported and run by `tfuse run` on the interp and cpu targets with fresh
 random inputs; every output must have ONNX Runtime's dtype and shape and
 its values within rtol 1e-3, atol 1e-5 (the backend node tests' bounds).
@@ -102,6 +103,28 @@ class Imported(unittest.TestCase):
         torch.onnx.export(net, (torch.randn(2, 3, 16, 16),), path, dynamo=False, opset_version=17, input_names=["x"],
                           output_names=["y"], dynamic_axes={"x": {0: "batch"}})
         self.check("torch_cnn", onnx.load(path), {"batch": 2})
+
+    def test_torchvision(self):
+        """ResNet-18 and MobileNetV2 (depthwise convolutions, ReLU6 as Clip), exported by PyTorch at 64x64, with
+        batch norm statistics that are not the identity."""
+        try:
+            import torch
+            import torchvision
+        except ImportError:
+            self.skipTest("no torchvision")
+        torch.manual_seed(int(self.rng.integers(1 << 30)))
+        for name in ("resnet18", "mobilenet_v2"):
+            net = getattr(torchvision.models, name)(num_classes=10).eval()
+            with torch.no_grad():
+                for mod in net.modules():
+                    if isinstance(mod, torch.nn.BatchNorm2d):
+                        mod.running_mean.uniform_(-0.5, 0.5)
+                        mod.running_var.uniform_(0.5, 2)
+                        mod.weight.uniform_(0.5, 1.5)
+            path = os.path.join(self.dir, name + ".onnx")
+            torch.onnx.export(net, (torch.randn(2, 3, 64, 64),), path, dynamo=False, opset_version=17, input_names=["x"],
+                              output_names=["y"])
+            self.check(name, onnx.load(path))
 
 
 def varint(v):
