@@ -116,6 +116,7 @@ typedef struct tf_comm_plan {
     int *bucket_of;        /* per kernel: its bucket (an allreduce in one), else -1 */
     int *member_of;        /* per kernel: its index among its bucket's members */
     int *needs;            /* per kernel: the last bucket whose means it reads, else -1 */
+    int64_t *at;           /* per kernel in a bucket: its first element's offset in the bucket */
     int *members;          /* per bucket: members */
     int64_t *elems;        /* per bucket: the members' elements together */
     tf_dt *dt;             /* per bucket: its dtype */

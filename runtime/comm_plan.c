@@ -12,7 +12,8 @@
 
 void tf_comm_plan_free(tf_comm_plan *p)
 {
-    tf_free(p->bucket_of), tf_free(p->member_of), tf_free(p->needs), tf_free(p->members), tf_free(p->elems), tf_free(p->dt);
+    tf_free(p->bucket_of), tf_free(p->member_of), tf_free(p->needs), tf_free(p->at), tf_free(p->members), tf_free(p->elems),
+        tf_free(p->dt);
     *p = (tf_comm_plan){0};
 }
 
@@ -23,8 +24,9 @@ int tf_comm_plan_make(const struct tf_kernel_plan *P, int nvalues, const bool *i
     cp->bucket_of = tf_malloc((size_t)(K ? K : 1) * sizeof *cp->bucket_of);
     cp->member_of = tf_calloc((size_t)(K ? K : 1), sizeof *cp->member_of);
     cp->needs = tf_malloc((size_t)(K ? K : 1) * sizeof *cp->needs);
+    cp->at = tf_calloc((size_t)(K ? K : 1), sizeof *cp->at);
     int *of_value = tf_malloc((size_t)V * sizeof *of_value), *last = NULL;
-    if (!cp->bucket_of || !cp->member_of || !cp->needs || !of_value) goto oom;
+    if (!cp->bucket_of || !cp->member_of || !cp->needs || !cp->at || !of_value) goto oom;
     for (int v = 0; v < V; v++) of_value[v] = -1;
     for (int i = 0; i < K; i++) {
         const tf_node *n = P->kernels[i].lib;
@@ -47,6 +49,7 @@ int tf_comm_plan_make(const struct tf_kernel_plan *P, int nvalues, const bool *i
         if (cp->members[b] && cp->dt[b] != out->type.dtype) cp->at_once = true;   /* not autodiff's: one dtype per bucket */
         cp->dt[b] = out->type.dtype;
         cp->member_of[i] = cp->members[b]++;
+        cp->at[i] = cp->elems[b];
         cp->elems[b] += tf_type_numel(&out->type);
         last[b] = i;
     }

@@ -793,11 +793,10 @@ static int global_pool(importer *im, int o)
     if (!x) return -1;
     int r = x->type.rank;
     if (r < 3) return fail(im, "a global pool of rank %d", r);
-    int64_t axes[TF_MAX_RANK], shape[TF_MAX_RANK];
+    int64_t axes[TF_MAX_RANK];
     for (int i = 2; i < r; i++) axes[i - 2] = i;
     tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, r - 2)}, {"keepdims", tf_attr_bool(true)}};
-    (void)shape;
-    return set_out(im, 0, op(im, o == TF_OP_REDUCE_MAX ? TF_OP_REDUCE_MAX : TF_OP_REDUCE_MEAN, &x, 1, a, 2));
+    return set_out(im, 0, op(im, o, &x, 1, a, 2));
 }
 
 /* Reshape's target: 0 copies the input's dim (unless allowzero), -1 is inferred by tfuse's reshape. */

@@ -65,21 +65,15 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     cc->buckets = tf_calloc((size_t)(nb ? nb : 1), sizeof *cc->buckets);
     cc->submitted = tf_calloc((size_t)(nb ? nb : 1), sizeof *cc->submitted);
     if (!cc->buckets || !cc->submitted) return oom(s, c);
-    for (int b = 0; b < nb && !cp->at_once; b++) {
-        if (cp->members[b] == 0) continue;
-        if (tf_comm_bucket_init(s->comm, &cc->buckets[b], cp->dt[b], cp->elems[b], cp->members[b])) return oom(s, c);
-        cc->buckets[b].nmembers = 0;   /* counted again as they are placed */
-    }
-    for (int i = 0; i < K && !cp->at_once; i++) {
-        int b = cp->bucket_of[i];
-        if (b < 0) continue;
-        tf_comm_bucket *B = &cc->buckets[b];
-        const tf_value *out = P->kernels[i].lib->out;
-        int j = B->nmembers++;
-        B->members[j].out = storage(c, out);
-        B->members[j].at = j ? B->members[j - 1].at + B->members[j - 1].n : 0;
-        B->members[j].n = numel(out);
-    }
+    for (int b = 0; b < nb && !cp->at_once; b++)
+        if (cp->members[b] && tf_comm_bucket_init(s->comm, &cc->buckets[b], cp->dt[b], cp->elems[b], cp->members[b])) return oom(s, c);
+    for (int i = 0; i < K && !cp->at_once; i++)
+        if (cp->bucket_of[i] >= 0) {
+            const tf_value *out = P->kernels[i].lib->out;
+            cc->buckets[cp->bucket_of[i]].members[cp->member_of[i]].out = storage(c, out);
+            cc->buckets[cp->bucket_of[i]].members[cp->member_of[i]].at = cp->at[i];
+            cc->buckets[cp->bucket_of[i]].members[cp->member_of[i]].n = numel(out);
+        }
     if (cp->at_once)
         fprintf(tf_context_diag(s->ctx), "tfuse: cpu: the plan reads a gradient's mean before its bucket is complete: "
                                          "each allreduce runs on its own, at once (no overlap)\n");

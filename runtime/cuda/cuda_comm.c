@@ -37,7 +37,7 @@ typedef struct cbucket {
     int64_t elems;
     tf_dt dt;
     int nmembers, filled;
-    struct { tf_cu_deviceptr out; int64_t at, n; } *m;
+    struct member { tf_cu_deviceptr out; int64_t at, n; } *m;
     tf_cu_event packed, done;
     bool sent;             /* this step: submitted and not yet unpacked */
 } cbucket;
@@ -177,6 +177,7 @@ static tf_status plan_buckets(tf_session_t *s, cuda_session *c, struct cuda_comm
         if (!cp->members[b]) continue;
         B->dt = cp->dt[b];
         B->elems = cp->elems[b];
+        B->nmembers = cp->members[b];
         if (!(B->m = tf_calloc((size_t)cp->members[b], sizeof *B->m)))
             return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory for the all-reduce buckets");
         size_t bytes = (size_t)B->elems * (size_t)tf_dtype_bytes(B->dt);
@@ -185,16 +186,11 @@ static tf_status plan_buckets(tf_session_t *s, cuda_session *c, struct cuda_comm
         CU_DO("creating the all-reduce events", EventCreate(&B->packed, CU_EVENT_DISABLE_TIMING));
         CU_DO("creating the all-reduce events", EventCreate(&B->done, CU_EVENT_DISABLE_TIMING));
     }
-    for (int i = 0; i < K && !cc->at_once; i++) {
-        int b = cp->bucket_of[i];
-        if (b < 0) continue;
-        cbucket *B = &cc->b[b];
-        const tf_value *out = P->kernels[i].lib->out;
-        int j = B->nmembers++;
-        B->m[j].out = dev_of(c, out);
-        B->m[j].at = j ? B->m[j - 1].at + B->m[j - 1].n : 0;
-        B->m[j].n = numel(out);
-    }
+    for (int i = 0; i < K && !cc->at_once; i++)
+        if (cp->bucket_of[i] >= 0) {
+            const tf_value *out = P->kernels[i].lib->out;
+            cc->b[cp->bucket_of[i]].m[cp->member_of[i]] = (struct member){dev_of(c, out), cp->at[i], numel(out)};
+        }
     return TF_OK;
 }
 
