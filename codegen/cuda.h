@@ -243,6 +243,11 @@ bool tf_cuda_library_supports(const tf_kernel *k, char *why, size_t n);
 tf_ir_status tf_cuda_emit_library(const tf_kernel *k, tf_cuda_kernel *out, tf_diag *d);
 tf_ir_status tf_cuda_emit_library_mode(const tf_kernel *k, tf_ir_mode mode, tf_cuda_kernel *out, tf_diag *d);
 
+/* How a flash_attention(_grad) kernel's generated code computes (on tensor
+ * cores, or scalar and why), with its tiles, into buf; false when it has no
+ * generated kernel. */
+bool tf_cuda_attention_kind(const tf_kernel *k, char *buf, size_t n);
+
 /* Every kernel of a plan. kernels[i] belongs to p->kernels[i]; its src is
  * NULL where the kernel is not emitted (library ops without an epilogue,
  * views), and then why[i] says why. library[i] is the library op's own

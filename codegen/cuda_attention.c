@@ -48,6 +48,7 @@ enum {
     SMEM_MAX = 48 * 1024,      /* dynamic shared memory without cuFuncSetAttribute */
     REGS_MAX = 64,             /* accumulators a thread holds */
     HEAD_MAX = 256,            /* the largest head dim (D, Dv) */
+    MMA_HEAD_MAX = 128,        /* and on tensor cores */
 };
 
 /* An attention kernel being written. */
@@ -61,6 +62,8 @@ typedef struct ak {
     bool f64;                  /* the math type is double */
     tf_dt half;                /* q's dtype; f16, bf16: P (and in dV's sum dO) rounded to it (ir/attention.c) */
     bool wide;                 /* 64-bit indices */
+    bool mma;                  /* the forward on tensor cores (mma.sync m16n8k16): f16/bf16, head dims multiples of 16 to 128 */
+    char scalar_why[96];       /* why not, when !mma */
     int bq, bk;                /* query rows and keys a tile */
     unsigned smem;             /* bytes of dynamic shared memory */
     int64_t wd;                /* grad: dout's row, Dv or Dv + 1 */
@@ -116,6 +119,33 @@ static bool choose_tiles(ak *a)
     return false;
 }
 
+/* Whether the forward runs on tensor cores: 16-bit q, k and v (P multiplies v rounded to their dtype, as the op defines, so
+ * both products take 16-bit operands exactly), head dims that are whole k-steps of 16 and whose accumulators fit the
+ * registers (D/4 of q's fragments, Dv/2 of O's). If not, why into why. */
+static bool mma_fits(const ak *a, char *why, size_t n)
+{
+    const tf_attn_geom *g = &a->g;
+    const tf_node *nd = a->n;
+    if (a->grad) snprintf(why, n, "the backward's tiles are scalar");
+    else if (!lowp(a) || nd->in[1]->type.dtype != a->half || nd->in[2]->type.dtype != a->half)
+        snprintf(why, n, "%s storage: tensor cores take f16 and bf16", tf_dtype_name(nd->in[0]->type.dtype));
+    else if (g->D % 16 || g->Dv % 16 || g->D > MMA_HEAD_MAX || g->Dv > MMA_HEAD_MAX)
+        snprintf(why, n, "head dims D=%lld, Dv=%lld: the MMA kernel takes multiples of 16 up to %d", (long long)g->D, (long long)g->Dv,
+                 MMA_HEAD_MAX);
+    else return true;
+    return false;
+}
+
+/* The MMA forward's tiles: kBQ = 16 rows a warp, the longest key tile whose staged q, k and v fit. */
+static void choose_mma_tiles(ak *a)
+{
+    const tf_attn_geom *g = &a->g;
+    a->bq = 16 * (NT / 32);
+    for (a->bk = 64; a->bk > 16; a->bk /= 2)
+        if ((a->bq * (g->D + 8) + a->bk * (g->D + 8) + a->bk * (g->Dv + 8)) * 2 <= SMEM_MAX) break;
+    a->smem = (unsigned)((a->bq * (g->D + 8) + a->bk * (g->D + 8) + a->bk * (g->Dv + 8)) * 2);
+}
+
 static bool attention_op(int op) { return op == TF_OP_FLASH_ATTENTION || op == TF_OP_FLASH_ATTENTION_GRAD; }
 
 /* The kernel's facts; false with the reason in why when it is not emitted. */
@@ -143,7 +173,9 @@ static bool ak_init(ak *a, const tf_kernel *k, bool train, char *why, size_t n)
                  (long long)g->B, (long long)g->H, (long long)g->Tq, (long long)g->Tk);
         return false;
     }
-    if (!choose_tiles(a)) {   /* never at D, Dv <= 256: 4x4 tiles fit */
+    a->mma = mma_fits(a, a->scalar_why, sizeof a->scalar_why);
+    if (a->mma) choose_mma_tiles(a);
+    else if (!choose_tiles(a)) {   /* never at D, Dv <= 256: 4x4 tiles fit */
         snprintf(why, n, "kernel %s: %s: no tile fits %d bytes of shared memory", k->name, name, SMEM_MAX);
         return false;
     }
@@ -164,6 +196,19 @@ bool cu_attention_supports(const tf_kernel *k, char *why, size_t n)
 {
     ak a;
     return attention_op(k->lib->op) && ak_init(&a, k, true, why, n);
+}
+
+bool tf_cuda_attention_kind(const tf_kernel *k, char *buf, size_t n)
+{
+    ak a;
+    char why[256];
+    if (!k->lib || !attention_op(k->lib->op) || !ak_init(&a, k, true, why, sizeof why)) return false;
+    if (a.mma)
+        snprintf(buf, n, "on tensor cores (mma.sync m16n8k16, %s operands, f32 sums; elsewhere than sm_80+ the same fragments by "
+                 "shuffles), tiles of %d query rows and %d keys", tf_dtype_name(a.half), a.bq, a.bk);
+    else
+        snprintf(buf, n, "scalar in %s (not on tensor cores: %s), tiles of %d query rows and %d keys", a.real, a.scalar_why, a.bq, a.bk);
+    return true;
 }
 
 /* ---- the source: what both directions share ---- */
@@ -202,9 +247,15 @@ static void emit_head(ak *a)
     cu_line(s, 0, "// q [B, H, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv]; query head h reads key/value head h / kG (ir/attention.c)");
     cu_line(s, 0, "constexpr int kB = %lld, kH = %lld, kHk = %lld, kG = kH / kHk, kTq = %lld, kTk = %lld, kD = %lld, kDv = %lld;",
             (long long)g->B, (long long)g->H, (long long)g->Hk, (long long)g->Tq, (long long)g->Tk, (long long)g->D, (long long)g->Dv);
-    cu_line(s, 0, "// tiles of kBQ query rows and kBK keys; kNT threads a block, kRG of them a query row where rows are reduced;");
-    cu_line(s, 0, "// staged keys and values are rows of kD + 1 and kDv + 1 (the padding spreads a column over the banks)");
-    cu_line(s, 0, "constexpr int kBQ = %d, kBK = %d, kNT = %d, kRG = kNT / kBQ, kKS = kD + 1, kVS = kDv + 1;", a->bq, a->bk, NT);
+    if (a->mma) {
+        cu_line(s, 0, "// tiles of kBQ query rows (16 a warp) and kBK keys; kNT threads a block; staged rows of 16-bit elements padded");
+        cu_line(s, 0, "// by 8 (16 bytes: the rows' 32-bit words fall in different banks)");
+        cu_line(s, 0, "constexpr int kBQ = %d, kBK = %d, kNT = %d, kQS = kD + 8, kKS = kD + 8, kVS = kDv + 8;", a->bq, a->bk, NT);
+    } else {
+        cu_line(s, 0, "// tiles of kBQ query rows and kBK keys; kNT threads a block, kRG of them a query row where rows are reduced;");
+        cu_line(s, 0, "// staged keys and values are rows of kD + 1 and kDv + 1 (the padding spreads a column over the banks)");
+        cu_line(s, 0, "constexpr int kBQ = %d, kBK = %d, kNT = %d, kRG = kNT / kBQ, kKS = kD + 1, kVS = kDv + 1;", a->bq, a->bk, NT);
+    }
     if (a->grad) cu_line(s, 0, "constexpr int kNQ = (kTq + kBQ - 1) / kBQ, kNK = (kTk + kBK - 1) / kBK;   // query tiles, key tiles");
     else cu_line(s, 0, "constexpr int kNQ = (kTq + kBQ - 1) / kBQ;   // query tiles");
     if (a->grad) {
@@ -215,6 +266,84 @@ static void emit_head(ak *a)
     } else {
         cu_line(s, 0, "constexpr int kW = %lld;   // the result's row: O%s", (long long)(g->Dv + g->lse), g->lse ? ", then the log-sum-exp" : "");
     }
+}
+
+/* The MMA forward's helpers: 16-bit bits in and out, the staging of raw tiles, and tf_mma, one warp's
+ * D[16x8] += A[16x16] B[16x8] in f32 from 16-bit operands. Fragments are PTX's for mma.m16n8k16 (lane = 4 g + c):
+ * A's four 32-bit words hold (row, columns) (g, 2c..2c+1), (g+8, 2c..), (g, 8+2c..), (g+8, 8+2c..); B's two words
+ * (rows 2c..2c+1, column g), (rows 8+2c.., column g); C's four floats (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1); the
+ * lower half of a word is the element of the lower column or row. sm_80 and later run the instruction; elsewhere (an
+ * older GPU, cuda-emu) tf_mma computes the same sums from the same fragments exchanged by shuffles, so that cuda-emu
+ * checks every fragment's layout. */
+static void emit_mma_helpers(ak *a)
+{
+    sb *s = &a->s;
+    bool bf = a->half == TF_DT_BF16;
+    const char *st = cu_storage_type(a->half), *ty = bf ? "bf16" : "f16";
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// a 16-bit element's bits, and back; a float rounded to the storage's bits");
+    cu_line(s, 0, "__device__ __forceinline__ unsigned short tf_bits(%s x) { return %s(x); }", st, bf ? "__bfloat16_as_ushort" : "__half_as_ushort");
+    cu_line(s, 0, "__device__ __forceinline__ float tf_widen(unsigned short x) { return %s(%s(x)); }", bf ? "__bfloat162float" : "__half2float",
+            bf ? "__ushort_as_bfloat16" : "__ushort_as_half");
+    cu_line(s, 0, "__device__ __forceinline__ unsigned tf_pack(float lo, float hi)");
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "return (unsigned)tf_bits(%s(lo)) | (unsigned)tf_bits(%s(hi)) << 16;", bf ? "__float2bfloat16_rn" : "__float2half_rn",
+            bf ? "__float2bfloat16_rn" : "__float2half_rn");
+    cu_line(s, 0, "}");
+    cu_line(s, 0, "// two adjacent staged elements (the first at an even index) as one word");
+    cu_line(s, 0, "__device__ __forceinline__ unsigned tf_ld2(const unsigned short *p)");
+    cu_line(s, 0, "{");
+    cu_line(s, 0, "#ifdef __CUDA_ARCH__");
+    cu_line(s, 1, "return *(const unsigned *)p;");
+    cu_line(s, 0, "#else");
+    cu_line(s, 1, "return (unsigned)p[0] | (unsigned)p[1] << 16;");
+    cu_line(s, 0, "#endif");
+    cu_line(s, 0, "}");
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// `rows` rows of `len` elements into shared memory (a row every `stride`) as their bits, from src (a row every");
+    cu_line(s, 0, "// `pitch`); rows n and past are zero");
+    cu_line(s, 0, "__device__ __forceinline__ void tf_stage16(unsigned short *dst, int stride, const %s *src, int pitch, int len, int rows, int n)",
+            st);
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "for (int x = threadIdx.x; x < rows * len; x += kNT) {");
+    cu_line(s, 2, "const int r = x / len, e = x - r * len;");
+    cu_line(s, 2, "dst[r * stride + e] = r < n ? tf_bits(src[(tf_idx)r * pitch + e]) : (unsigned short)0;");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// d[0..3] += A B for the warp's fragments a[0..3], b[0..1] (every lane of the warp calls it)");
+    cu_line(s, 0, "__device__ __forceinline__ void tf_mma(float *d, const unsigned *a, const unsigned *b)");
+    cu_line(s, 0, "{");
+    cu_line(s, 0, "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800");
+    cu_line(s, 1, "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, {%%8, %%9}, \"", ty, ty);
+    cu_line(s, 1, "             \"{%%0, %%1, %%2, %%3};\"");
+    cu_line(s, 1, "             : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])");
+    cu_line(s, 1, "             : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));");
+    cu_line(s, 0, "#else");
+    cu_line(s, 1, "const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;");
+    cu_line(s, 1, "float ra[2][16], cb[2][16];   // A's rows g and g + 8; B's columns 2c and 2c + 1 (k = 0 .. 15)");
+    cu_line(s, 1, "for (int q = 0; q < 4; q++) {   // lane 4 g + q holds columns 2q, 2q + 1, 8 + 2q, 9 + 2q of A's rows g and g + 8");
+    cu_line(s, 2, "for (int w = 0; w < 4; w++) {");
+    cu_line(s, 3, "const unsigned x = __shfl_sync(0xffffffffu, a[w], 4 * g + q);");
+    cu_line(s, 3, "const int row = w & 1, col = (w >> 1) * 8 + 2 * q;");
+    cu_line(s, 3, "ra[row][col] = tf_widen((unsigned short)(x & 0xffffu));");
+    cu_line(s, 3, "ra[row][col + 1] = tf_widen((unsigned short)(x >> 16));");
+    cu_line(s, 2, "}");
+    cu_line(s, 2, "for (int n = 0; n < 2; n++)   // lane 4 (2c + n) + q holds rows 2q, 2q + 1, 8 + 2q, 9 + 2q of B's column 2c + n");
+    cu_line(s, 3, "for (int w = 0; w < 2; w++) {");
+    cu_line(s, 4, "const unsigned x = __shfl_sync(0xffffffffu, b[w], 4 * (2 * c + n) + q);");
+    cu_line(s, 4, "cb[n][w * 8 + 2 * q] = tf_widen((unsigned short)(x & 0xffffu));");
+    cu_line(s, 4, "cb[n][w * 8 + 2 * q + 1] = tf_widen((unsigned short)(x >> 16));");
+    cu_line(s, 3, "}");
+    cu_line(s, 1, "}");
+    cu_line(s, 1, "for (int r = 0; r < 2; r++)");
+    cu_line(s, 2, "for (int n = 0; n < 2; n++) {");
+    cu_line(s, 3, "float acc = d[2 * r + n];");
+    cu_line(s, 3, "for (int k = 0; k < 16; k++) acc += ra[r][k] * cb[n][k];");
+    cu_line(s, 3, "d[2 * r + n] = acc;");
+    cu_line(s, 2, "}");
+    cu_line(s, 0, "#endif");
+    cu_line(s, 0, "}");
 }
 
 /* tf_real (a stored element as the math type), tf_neg_inf, tf_stage, the row reductions. */
@@ -239,6 +368,10 @@ static void emit_loads(ak *a)
                 a->grad ? ", and dO in dV's sum" : "");
         cu_line(s, 0, "__device__ __forceinline__ float tf_round16(float x) { return %s(%s(x)); }", f16 ? "__half2float" : "__bfloat162float",
                 f16 ? "__float2half_rn" : "__float2bfloat16_rn");
+    }
+    if (a->mma) {
+        emit_mma_helpers(a);
+        return;
     }
     tf_strbuf_append(s, "\n", 1);
     cu_line(s, 0, "// a tile of `rows` rows of `len` elements into shared memory (a row every `stride`), as the math type, from");
@@ -287,9 +420,8 @@ static void emit_score(ak *a)
     cu_line(s, 0, "// s_ij = scale q_i . k_j%s of query i and key j (qi, kj: their staged rows); -inf where i does not see j%s",
             g->mask >= 0 && !g->mask_bool ? " + mask_ij" : "",
             g->causal && g->mask_bool ? " (j > i; the mask false)" : g->causal ? " (j > i)" : g->mask_bool ? " (the mask false)" : "");
-    cu_line(s, 0, "// and past the ends");
-    cu_line(s, 0, "__device__ __forceinline__ %s tf_score(const %s *qi, const %s *kj, tf_idx b, tf_idx h, int i, int j%s)", R, R, R,
-            mask_decl(a, md, sizeof md));
+    cu_line(s, 0, "// and past the ends; dot: q_i . k_j");
+    cu_line(s, 0, "__device__ __forceinline__ %s tf_score_of(%s dot, tf_idx b, tf_idx h, int i, int j%s)", R, R, mask_decl(a, md, sizeof md));
     cu_line(s, 0, "{");
     cu_line(s, 1, "if (i >= kTq || j >= kTk%s) return tf_neg_inf();", g->causal ? " || j > i" : "");
     if (g->mask >= 0) {   /* the mask's element (b, h, i, j), its broadcast axes left out */
@@ -309,10 +441,17 @@ static void emit_score(ak *a)
     bool use_b = g->mask >= 0 && g->mstride[0], use_h = g->mask >= 0 && g->mstride[1];
     if (!use_b || !use_h) cu_line(s, 1, "%s%s%s;   // the mask does not vary along them", use_b ? "" : "(void)b", use_b || use_h ? "" : ", ",
                                   use_h ? "" : "(void)h");
-    cu_line(s, 1, "%s acc = %s;", R, a->zero);
-    cu_line(s, 1, "for (int e = 0; e < kD; e++) acc += qi[e] * kj[e];");
-    cu_line(s, 1, "return acc * %s%s;", sc, g->mask >= 0 && !g->mask_bool ? " + tf_real(m)" : "");
+    cu_line(s, 1, "return dot * %s%s;", sc, g->mask >= 0 && !g->mask_bool ? " + tf_real(m)" : "");
     cu_line(s, 0, "}");
+    if (!a->mma) {   /* the scalar kernels' score from staged rows */
+        cu_line(s, 0, "__device__ __forceinline__ %s tf_score(const %s *qi, const %s *kj, tf_idx b, tf_idx h, int i, int j%s)", R, R, R,
+                mask_decl(a, md, sizeof md));
+        cu_line(s, 0, "{");
+        cu_line(s, 1, "%s acc = %s;", R, a->zero);
+        cu_line(s, 1, "for (int e = 0; e < kD; e++) acc += qi[e] * kj[e];");
+        cu_line(s, 1, "return tf_score_of(acc, b, h, i, j%s);", g->mask >= 0 ? ", mask" : "");
+        cu_line(s, 0, "}");
+    }
     if (!a->drop) return;
     char z[64];
     cu_literal(a->f64 ? TF_DT_F64 : TF_DT_F32, (double)(float)(1.0 / (1.0 - g->dropout)), z, sizeof z);
@@ -467,6 +606,140 @@ static void emit_forward(ak *a)
     cu_line(s, 2, "}");
     if (a->g.lse)
         cu_line(s, 2, "if (t < nq) b0[(bh * kTq + i0 + t) * kW + kDv] = rl[t] > %s ? rm[t] + %s(rl[t]) : tf_neg_inf();", a->zero, a->logf);
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+/* ---- the forward on tensor cores ---- */
+
+/* A block of 4 warps per (b, h, tile of 64 query rows), warp w the rows 16 w .. 16 w + 15: q's fragments in registers,
+ * S = q k^T for a key tile by MMA into C fragments, the online softmax on them (a row's 4 lanes meet by shuffles), P
+ * rounded to the storage dtype as the A fragments of P v (an S tile's C fragments of 8 keys are, two by two, the A
+ * fragments of 16 keys), O's sums in C fragments. Dropout keeps P_ij or zeroes it, and O takes the factor 1/(1-p) once
+ * at the end. */
+static void emit_forward_mma(ak *a)
+{
+    sb *s = &a->s;
+    const tf_attn_geom *g = &a->g;
+    char mk[16] = "", st[128];
+    if (g->mask >= 0) snprintf(mk, sizeof mk, ", b%d", mask_param(a));
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "constexpr int kNS = kBK / 8, kNO = kDv / 8, kKQ = kD / 16;   // a warp's C fragments of S and of O; q's k-steps");
+    emit_entry(a, "");
+    cu_line(s, 1, "unsigned short *qs = (unsigned short *)tf_smem;   // [kBQ][kQS]: the block's query rows");
+    cu_line(s, 1, "unsigned short *ks = qs + kBQ * kQS;   // [kBK][kKS]: a tile of keys");
+    cu_line(s, 1, "unsigned short *vs = ks + kBK * kKS;   // [kBK][kVS]: and of values");
+    cu_line(s, 1, "const int t = threadIdx.x, wq = (t >> 5) * 16, g = (t & 31) >> 2, c = t & 3;   // lane 4 g + c of the warp of rows wq ..");
+    emit_key(a);
+    cu_line(s, 1, "for (tf_idx w = blockIdx.x; w < (tf_idx)kB * kH * kNQ; w += gridDim.x) {   // (b, h, query tile)");
+    cu_line(s, 2, "const tf_idx bh = w / kNQ, b = bh / kH, h = bh %% kH, kv = b * kHk + h / kG;");
+    cu_line(s, 2, "const int i0 = (int)(w %% kNQ) * kBQ, nq = tf_min(kBQ, kTq - i0);   // query rows i0 .. i0 + nq - 1");
+    cu_line(s, 2, "const int r0 = i0 + wq + g, r1 = r0 + 8;   // this lane's two rows");
+    cu_line(s, 2, "__syncthreads();   // the previous rows' q is read");
+    cu_line(s, 2, "tf_stage16(qs, kQS, b1 + (bh * kTq + i0) * kD, kD, kD, kBQ, nq);");
+    cu_line(s, 2, "__syncthreads();");
+    cu_line(s, 2, "unsigned qa[kKQ][4];   // the warp's rows of q as A fragments");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int kk = 0; kk < kKQ; kk++)");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int x = 0; x < 4; x++) qa[kk][x] = tf_ld2(qs + (wq + g + (x & 1) * 8) * kQS + kk * 16 + (x >> 1) * 8 + 2 * c);");
+    cu_line(s, 2, "float o[kNO][4], m[2], l[2];   // O's sums; each row's running max and this lane's part of its sum");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int n = 0; n < kNO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;");
+    cu_line(s, 2, "m[0] = m[1] = tf_neg_inf();");
+    cu_line(s, 2, "l[0] = l[1] = 0.0f;");
+    if (g->causal) cu_line(s, 2, "const int nk = tf_min(kTk, i0 + kBQ);   // causal: no row of the tile sees a key past its last row");
+    else cu_line(s, 2, "const int nk = kTk;");
+    cu_line(s, 2, "for (int j0 = 0; j0 < nk; j0 += kBK) {");
+    cu_line(s, 3, "const int nj = tf_min(kBK, kTk - j0);   // keys j0 .. j0 + nj - 1");
+    cu_line(s, 3, "__syncthreads();   // the previous key tile is used up");
+    cu_line(s, 3, "tf_stage16(ks, kKS, b2 + (kv * kTk + j0) * kD, kD, kD, kBK, nj);");
+    cu_line(s, 3, "tf_stage16(vs, kVS, b3 + (kv * kTk + j0) * kDv, kDv, kDv, kBK, nj);");
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "if (wq >= nq%s) continue;   // the warp's rows are past the end%s", g->causal ? " || j0 > i0 + wq + 15" : "",
+            g->causal ? " or see none of these keys" : "");
+    cu_line(s, 3, "float sc[kNS][4];   // S: keys j0 + 8 n + 2 c (+1) of rows r0 and r1");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int n = 0; n < kNS; n++) {");
+    cu_line(s, 4, "sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 4, "for (int kk = 0; kk < kKQ; kk++) {");
+    cu_line(s, 5, "const unsigned short *kr = ks + (n * 8 + g) * kKS + kk * 16 + 2 * c;   // B = k^T: column n of B is key n's row");
+    cu_line(s, 5, "const unsigned kb[2] = {tf_ld2(kr), tf_ld2(kr + 8)};");
+    cu_line(s, 5, "tf_mma(sc[n], qa[kk], kb);");
+    cu_line(s, 4, "}");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 4, "for (int x = 0; x < 4; x++) sc[n][x] = tf_score_of(sc[n][x], b, h, x < 2 ? r0 : r1, j0 + n * 8 + 2 * c + (x & 1)%s);", mk);
+    cu_line(s, 3, "}");
+    cu_line(s, 3, "// the online softmax of rows r0, r1: the tile's max over the row's 4 lanes, P_ij = exp(s_ij - max), the factor");
+    cu_line(s, 3, "float f[2], mx[2] = {tf_neg_inf(), tf_neg_inf()};");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int n = 0; n < kNS; n++)");
+    cu_line(s, 4, "for (int x = 0; x < 4; x++) mx[x >> 1] = fmaxf(mx[x >> 1], sc[n][x]);");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int r = 0; r < 2; r++) {");
+    cu_line(s, 4, "mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));");
+    cu_line(s, 4, "mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));");
+    cu_line(s, 4, "const float m1 = fmaxf(m[r], mx[r]);");
+    cu_line(s, 4, "f[r] = m1 == tf_neg_inf() ? 1.0f : expf(m[r] - m1);");
+    cu_line(s, 4, "m[r] = m1;");
+    cu_line(s, 4, "l[r] *= f[r];");
+    cu_line(s, 3, "}");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int n = 0; n < kNS; n++)");
+    cu_line(s, 4, "for (int x = 0; x < 4; x++) {");
+    cu_line(s, 5, "const float p = m[x >> 1] == tf_neg_inf() ? 0.0f : expf(sc[n][x] - m[x >> 1]);   // a hidden key: exp(-inf) = 0");
+    cu_line(s, 5, "l[x >> 1] += p;   // l sums P unrounded%s", a->drop ? " and undropped" : "");
+    if (a->drop)
+        cu_line(s, 5, "sc[n][x] = tf_keep(key, bh, x < 2 ? r0 : r1, j0 + n * 8 + 2 * c + (x & 1)) != 0.0f ? p : 0.0f;");
+    else cu_line(s, 5, "sc[n][x] = p;");
+    cu_line(s, 4, "}");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int n = 0; n < kNO; n++) {");
+    cu_line(s, 4, "o[n][0] *= f[0], o[n][1] *= f[0];");
+    cu_line(s, 4, "o[n][2] *= f[1], o[n][3] *= f[1];");
+    cu_line(s, 3, "}");
+    cu_line(s, 3, "// O += P v, 16 keys a step: P's C fragments of keys 16 kk .. as an A fragment (rounded to %s)", tf_dtype_name(a->half));
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int kk = 0; kk < kBK / 16; kk++) {");
+    cu_line(s, 4, "const unsigned pa[4] = {tf_pack(sc[2 * kk][0], sc[2 * kk][1]), tf_pack(sc[2 * kk][2], sc[2 * kk][3]),");
+    cu_line(s, 4, "                        tf_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), tf_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};");
+    cu_line(s, 4, "const unsigned short *vr = vs + (kk * 16 + 2 * c) * kVS + g;   // B = v: rows 2c, 2c + 1 (+ 8) of column g");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 4, "for (int n = 0; n < kNO; n++) {");
+    cu_line(s, 5, "const unsigned short *e = vr + n * 8;");
+    cu_line(s, 5, "const unsigned vb[2] = {(unsigned)e[0] | (unsigned)e[kVS] << 16, (unsigned)e[8 * kVS] | (unsigned)e[9 * kVS] << 16};");
+    cu_line(s, 5, "tf_mma(o[n], pa, vb);");
+    cu_line(s, 4, "}");
+    cu_line(s, 3, "}");
+    cu_line(s, 2, "}");
+    cu_line(s, 2, "// O_i = its sums / l_i%s, 0 for a row that sees no key%s", a->drop ? " (times 1/(1-p))" : "",
+            g->lse ? "; the log-sum-exp max + log l (-inf)" : "");
+    char z[64] = "";
+    if (a->drop) {
+        cu_literal(TF_DT_F32, (double)(float)(1.0 / (1.0 - g->dropout)), z, sizeof z);
+        memmove(z + 3, z, strlen(z) + 1);
+        memcpy(z, " * ", 3);
+    }
+    store_as(a, "(l[r] > 0.0f ? o[n][2 * r + e] / l[r] : 0.0f)", st, sizeof st);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 2, "for (int r = 0; r < 2; r++) {");
+    cu_line(s, 3, "l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);");
+    cu_line(s, 3, "l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);");
+    cu_line(s, 3, "const int i = r ? r1 : r0;");
+    cu_line(s, 3, "if (i >= kTq) continue;");
+    if (a->drop) {
+        cu_line(s, 0, "#pragma unroll");
+        cu_line(s, 3, "for (int n = 0; n < kNO; n++) o[n][2 * r] = o[n][2 * r]%s, o[n][2 * r + 1] = o[n][2 * r + 1]%s;", z, z);
+    }
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int n = 0; n < kNO; n++)");
+    cu_line(s, 4, "for (int e = 0; e < 2; e++) b0[(bh * kTq + i) * kW + n * 8 + 2 * c + e] = %s;", st);
+    if (g->lse) {
+        store_as(a, "(l[r] > 0.0f ? m[r] + logf(l[r]) : tf_neg_inf())", st, sizeof st);
+        cu_line(s, 3, "if (c == 0) b0[(bh * kTq + i) * kW + kDv] = %s;", st);
+    }
+    cu_line(s, 2, "}");
     cu_line(s, 1, "}");
     cu_line(s, 0, "}");
 }
@@ -684,6 +957,8 @@ tf_ir_status cu_emit_attention(const tf_kernel *k, bool train, tf_cuda_kernel *o
         emit_grad_helpers(&a);
         emit_grad_kv(&a);
         emit_grad_q(&a);
+    } else if (a.mma) {
+        emit_forward_mma(&a);
     } else {
         emit_forward(&a);
     }

@@ -288,9 +288,11 @@ static void explain_attention(FILE *f, const cuda_session *c)
         const gkernel *gk = &c->ks[i];
         if (gk->how != RUN_LIBKERNEL || gk->lfn < 0 || tf_op_exec_of(gk->k->lib->op) != TF_OPX_ATTENTION) continue;
         const tf_cuda_jit_fn *fn = &c->jit.fns[gk->lfn];
-        fprintf(f, "cuda: kernel %s: %s runs as the generated flash-attention kernel%s: grid %u x %u, %u bytes of shared memory",
+        char kind[320] = "";
+        tf_cuda_attention_kind(gk->k, kind, sizeof kind);
+        fprintf(f, "cuda: kernel %s: %s runs as the generated flash-attention kernel%s, %s: grid %u x %u, %u bytes of shared memory",
                 gk->k->name, tf_op_info_of(gk->k->lib->op)->name,
-                fn->function2 ? "s (dK and dV per key tile, then dQ per query tile)" : "", fn->grid, fn->block, fn->smem);
+                fn->function2 ? "s (dK and dV per key tile, then dQ per query tile)" : "", kind, fn->grid, fn->block, fn->smem);
         if (fn->function2) fprintf(f, "; then grid %u x %u, %u bytes", fn->grid2, fn->block2, fn->smem2);
         fprintf(f, "\n");
     }

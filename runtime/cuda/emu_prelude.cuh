@@ -115,6 +115,10 @@ static inline float __bfloat162float(__nv_bfloat16 h) { return (float)tfemu_wide
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{tfemu_round16(f, 8, 7)}; }
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 static inline __nv_bfloat16 __double2bfloat16(double d) { return __nv_bfloat16{tfemu_round16(d, 8, 7)}; }
+static inline unsigned short __half_as_ushort(__half h) { return h.x; }
+static inline __half __ushort_as_half(unsigned short x) { return __half{x}; }
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x) { return __nv_bfloat16{x}; }
 
 // ---- the thread model -----------------------------------------------------------
 struct tfemu_dim3 { unsigned x, y, z; };
