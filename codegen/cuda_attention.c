@@ -35,8 +35,19 @@
  * a tensor-core flash-attention kernel does). Tiles (query rows x keys, no
  * larger than the sequences need): the first of 16x64, 8x64 .. 4x4 whose
  * shared memory fits 48 KiB and whose accumulators stay within 64
- * registers a thread, so head dims up to 256 in any dtype. Everything is
- * scalar code (no tensor-core MMA): cuda-emu runs exactly what a GPU does. */
+ * registers a thread, so head dims up to 256 in any dtype.
+ *
+ * On tensor cores (f16/bf16 q, k, v; head dims multiples of 16, up to 128
+ * forward and 64 backward, whose dO is in the same dtype): the same
+ * algorithm with a warp per 16 rows and mma.sync m16n8k16 (16-bit
+ * operands, f32 sums) for S = q k^T, P v, dP = dO v^T and dV = (P Z)^T dO,
+ * the softmax on the C fragments, and dQ = dS k, dK = dS^T q with dS in
+ * f32 split into two tf32 terms (mma.m16n8k8), so that every product the
+ * op defines in f32 stays within 2^-21 of it. Elsewhere than sm_80+ (an
+ * older GPU, cuda-emu) tf_mma and tf_mma8 compute the same sums from the
+ * same fragments exchanged by warp shuffles, so cuda-emu checks each
+ * fragment's layout. --cuda-explain names the kernel a node gets and why
+ * not the tensor-core one (tf_cuda_attention_kind). */
 #include "cuda_emit.h"
 
 #include <math.h>
@@ -49,6 +60,9 @@ enum {
     REGS_MAX = 64,             /* accumulators a thread holds */
     HEAD_MAX = 256,            /* the largest head dim (D, Dv) */
     MMA_HEAD_MAX = 128,        /* and on tensor cores */
+    MMA_GRAD_HEAD_MAX = 64,    /* the backward on tensor cores (its accumulators in registers) */
+    MMA_QT = 32,               /* the backward's first kernel: query rows a step */
+    MMA_KT = 64,               /* the second: keys a step */
 };
 
 /* An attention kernel being written. */
@@ -126,20 +140,31 @@ static bool mma_fits(const ak *a, char *why, size_t n)
 {
     const tf_attn_geom *g = &a->g;
     const tf_node *nd = a->n;
-    if (a->grad) snprintf(why, n, "the backward's tiles are scalar");
-    else if (!lowp(a) || nd->in[1]->type.dtype != a->half || nd->in[2]->type.dtype != a->half)
+    int most = a->grad ? MMA_GRAD_HEAD_MAX : MMA_HEAD_MAX;
+    if (!lowp(a) || nd->in[1]->type.dtype != a->half || nd->in[2]->type.dtype != a->half)
         snprintf(why, n, "%s storage: tensor cores take f16 and bf16", tf_dtype_name(nd->in[0]->type.dtype));
-    else if (g->D % 16 || g->Dv % 16 || g->D > MMA_HEAD_MAX || g->Dv > MMA_HEAD_MAX)
-        snprintf(why, n, "head dims D=%lld, Dv=%lld: the MMA kernel takes multiples of 16 up to %d", (long long)g->D, (long long)g->Dv,
-                 MMA_HEAD_MAX);
+    else if (a->grad && nd->in[4]->type.dtype != a->half)
+        snprintf(why, n, "dO in %s, not %s: dP = dO v^T is a sum in f32 of dO unrounded", tf_dtype_name(nd->in[4]->type.dtype),
+                 tf_dtype_name(a->half));
+    else if (g->D % 16 || g->Dv % 16 || g->D > most || g->Dv > most)
+        snprintf(why, n, "head dims D=%lld, Dv=%lld: the MMA kernel%s takes multiples of 16 up to %d", (long long)g->D, (long long)g->Dv,
+                 a->grad ? "s of the backward" : "", most);
     else return true;
     return false;
 }
 
-/* The MMA forward's tiles: kBQ = 16 rows a warp, the longest key tile whose staged q, k and v fit. */
+/* The MMA kernels' tiles. Forward: kBQ = 16 rows a warp, the longest key tile whose staged q, k and v fit. Backward:
+ * kBK = 16 keys a warp in the first kernel (against query tiles of kQT), kBQ = 16 rows a warp in the second (against key
+ * tiles of kKT); both kernels take the larger shared memory. */
 static void choose_mma_tiles(ak *a)
 {
     const tf_attn_geom *g = &a->g;
+    if (a->grad) {
+        a->bq = a->bk = 16 * (NT / 32);
+        int64_t one = (a->bk + MMA_QT) * (g->D + 8 + g->Dv + 8) * 2 + MMA_QT * 8, two = (a->bq + MMA_KT) * (g->D + 8 + g->Dv + 8) * 2 + a->bq * 8;
+        a->smem = (unsigned)(one > two ? one : two);
+        return;
+    }
     a->bq = 16 * (NT / 32);
     for (a->bk = 64; a->bk > 16; a->bk /= 2)
         if ((a->bq * (g->D + 8) + a->bk * (g->D + 8) + a->bk * (g->Dv + 8)) * 2 <= SMEM_MAX) break;
@@ -251,6 +276,9 @@ static void emit_head(ak *a)
         cu_line(s, 0, "// tiles of kBQ query rows (16 a warp) and kBK keys; kNT threads a block; staged rows of 16-bit elements padded");
         cu_line(s, 0, "// by 8 (16 bytes: the rows' 32-bit words fall in different banks)");
         cu_line(s, 0, "constexpr int kBQ = %d, kBK = %d, kNT = %d, kQS = kD + 8, kKS = kD + 8, kVS = kDv + 8;", a->bq, a->bk, NT);
+        if (a->grad)
+            cu_line(s, 0, "constexpr int kQT = %d, kKT = %d, kOS = kDv + 8;   // the first kernel's query rows a step, the second's keys; dO's rows",
+                    MMA_QT, MMA_KT);
     } else {
         cu_line(s, 0, "// tiles of kBQ query rows and kBK keys; kNT threads a block, kRG of them a query row where rows are reduced;");
         cu_line(s, 0, "// staged keys and values are rows of kD + 1 and kDv + 1 (the padding spreads a column over the banks)");
@@ -268,7 +296,9 @@ static void emit_head(ak *a)
     }
 }
 
-/* The MMA forward's helpers: 16-bit bits in and out, the staging of raw tiles, and tf_mma, one warp's
+static void emit_tf32_helpers(ak *a);
+
+/* The MMA kernels' helpers: 16-bit bits in and out, the staging of raw tiles, and tf_mma, one warp's
  * D[16x8] += A[16x16] B[16x8] in f32 from 16-bit operands. Fragments are PTX's for mma.m16n8k16 (lane = 4 g + c):
  * A's four 32-bit words hold (row, columns) (g, 2c..2c+1), (g+8, 2c..), (g, 8+2c..), (g+8, 8+2c..); B's two words
  * (rows 2c..2c+1, column g), (rows 8+2c.., column g); C's four floats (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1); the
@@ -340,6 +370,65 @@ static void emit_mma_helpers(ak *a)
     cu_line(s, 2, "for (int n = 0; n < 2; n++) {");
     cu_line(s, 3, "float acc = d[2 * r + n];");
     cu_line(s, 3, "for (int k = 0; k < 16; k++) acc += ra[r][k] * cb[n][k];");
+    cu_line(s, 3, "d[2 * r + n] = acc;");
+    cu_line(s, 2, "}");
+    cu_line(s, 0, "#endif");
+    cu_line(s, 0, "}");
+    if (a->grad) emit_tf32_helpers(a);
+}
+
+/* The backward's dQ += dS k and dK += dS^T q keep dS in f32, as the op defines: each dS is split into two tf32 numbers
+ * (hi, the nearest, ties away; lo, the nearest to what is left: together within 2^-21 of it, f32's range) and each
+ * multiplies k or q (16-bit numbers, exact in tf32) on tensor cores: mma.m16n8k8 with tf32 operands, whose fragments are
+ * A (g, c), (g+8, c), (g, c+4), (g+8, c+4); B (row c, column g), (row c+4, column g); C as above. A sum's order is free,
+ * so a C fragment of dS (columns 2c, 2c+1) is an A fragment whose columns c and c+4 stand for 2c and 2c+1, and B takes
+ * the same rows. */
+static void emit_tf32_helpers(ak *a)
+{
+    sb *s = &a->s;
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// x to the nearest tf32 number (ties away from zero), as f32 bits");
+    cu_line(s, 0, "__device__ __forceinline__ unsigned tf_tf32(float x)");
+    cu_line(s, 0, "{");
+    cu_line(s, 0, "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800");
+    cu_line(s, 1, "unsigned u;");
+    cu_line(s, 1, "asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(u) : \"f\"(x));");
+    cu_line(s, 1, "return u;");
+    cu_line(s, 0, "#else");
+    cu_line(s, 1, "const unsigned u = __float_as_uint(x);");
+    cu_line(s, 1, "return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;");
+    cu_line(s, 0, "#endif");
+    cu_line(s, 0, "}");
+    cu_line(s, 0, "// a C fragment of f32 as two tf32 A fragments, hi and lo (columns c, c + 4 for 2c, 2c + 1)");
+    cu_line(s, 0, "__device__ __forceinline__ void tf_split(const float *cf, unsigned *hi, unsigned *lo)");
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "const float x[4] = {cf[0], cf[2], cf[1], cf[3]};");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 1, "for (int i = 0; i < 4; i++) {");
+    cu_line(s, 2, "hi[i] = tf_tf32(x[i]);");
+    cu_line(s, 2, "lo[i] = tf_tf32(x[i] - __uint_as_float(hi[i]));");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+    cu_line(s, 0, "// d[0..3] += A B, tf32 A[16x8] and B[8x8], f32 sums");
+    cu_line(s, 0, "__device__ __forceinline__ void tf_mma8(float *d, const unsigned *a, const unsigned *b)");
+    cu_line(s, 0, "{");
+    cu_line(s, 0, "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800");
+    cu_line(s, 1, "asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, {%%8, %%9}, \"");
+    cu_line(s, 1, "             \"{%%0, %%1, %%2, %%3};\"");
+    cu_line(s, 1, "             : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])");
+    cu_line(s, 1, "             : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));");
+    cu_line(s, 0, "#else");
+    cu_line(s, 1, "const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;");
+    cu_line(s, 1, "float ra[2][8], cb[2][8];   // A's rows g and g + 8; B's columns 2c and 2c + 1 (k = 0 .. 7)");
+    cu_line(s, 1, "for (int q = 0; q < 4; q++) {   // lane 4 g + q holds columns q and q + 4 of A's rows g and g + 8");
+    cu_line(s, 2, "for (int w = 0; w < 4; w++) ra[w & 1][q + (w >> 1) * 4] = __uint_as_float(__shfl_sync(0xffffffffu, a[w], 4 * g + q));");
+    cu_line(s, 2, "for (int n = 0; n < 2; n++)   // lane 4 (2c + n) + q holds rows q and q + 4 of B's column 2c + n");
+    cu_line(s, 3, "for (int w = 0; w < 2; w++) cb[n][q + w * 4] = __uint_as_float(__shfl_sync(0xffffffffu, b[w], 4 * (2 * c + n) + q));");
+    cu_line(s, 1, "}");
+    cu_line(s, 1, "for (int r = 0; r < 2; r++)");
+    cu_line(s, 2, "for (int n = 0; n < 2; n++) {");
+    cu_line(s, 3, "float acc = d[2 * r + n];");
+    cu_line(s, 3, "for (int k = 0; k < 8; k++) acc += ra[r][k] * cb[n][k];");
     cu_line(s, 3, "d[2 * r + n] = acc;");
     cu_line(s, 2, "}");
     cu_line(s, 0, "#endif");
@@ -744,6 +833,272 @@ static void emit_forward_mma(ak *a)
     cu_line(s, 0, "}");
 }
 
+/* ---- the backward on tensor cores ---- */
+
+/* tf_mma_rows: a tile's row statistics; the backward's helpers beyond the forward's. */
+static void emit_grad_mma_rows(ak *a)
+{
+    sb *s = &a->s;
+    const tf_node *n = a->n;
+    tf_strbuf_append(s, "\n", 1);
+    cu_line(s, 0, "// rows i0 .. i0 + kRows - 1 of head bh: each row's log-sum-exp (out's last column) into rl, D_i = dO_i . O_i%s into rd;",
+            a->wd > a->g.Dv ? " - dlse_i" : "");
+    cu_line(s, 0, "// rows past the end: -inf and 0 (they see nothing)");
+    cu_line(s, 0, "template <int kRows>");
+    cu_line(s, 0, "__device__ __forceinline__ void tf_mma_rows(float *rl, float *rd, const %s *out, const %s *dout, tf_idx bh, int i0)",
+            cu_storage_type(n->in[3]->type.dtype), cu_storage_type(n->in[4]->type.dtype));
+    cu_line(s, 0, "{");
+    cu_line(s, 1, "constexpr int kG8 = kNT / kRows;   // threads a row");
+    cu_line(s, 1, "const int r = threadIdx.x / kG8, l = threadIdx.x %% kG8, i = i0 + r;");
+    cu_line(s, 1, "const tf_idx row = bh * kTq + i;");
+    cu_line(s, 1, "float d = 0.0f;");
+    cu_line(s, 1, "if (i < kTq)");
+    cu_line(s, 2, "for (int e = l; e < kDv; e += kG8) d += tf_real(dout[row * kWd + e]) * tf_real(out[row * (kDv + 1) + e]);");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 1, "for (int s = kG8 / 2; s > 0; s >>= 1) d += __shfl_xor_sync(0xffffffffu, d, s, kG8);");
+    cu_line(s, 1, "if (l == 0) {");
+    cu_line(s, 2, "rl[r] = i < kTq ? tf_real(out[row * (kDv + 1) + kDv]) : tf_neg_inf();");
+    if (a->wd > a->g.Dv) cu_line(s, 2, "rd[r] = i < kTq ? d - tf_real(dout[row * kWd + kDv]) : 0.0f;");
+    else cu_line(s, 2, "rd[r] = d;");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+/* P_ij (times Z_ij) and dS_ij from a score's dot, the row's log-sum-exp and D_i, the dP_ij in `dp`: the lines that set
+ * `p` and `ds` (declared by the caller, 0 where row i does not see key j). */
+static void emit_grad_mma_element(ak *a, int depth, const char *dot, const char *i, const char *j, const char *lse, const char *dd,
+                                  const char *dp)
+{
+    sb *s = &a->s;
+    char sc[64], mk[16] = "";
+    cu_literal(TF_DT_F32, (double)(float)a->g.scale, sc, sizeof sc);
+    if (a->g.mask >= 0) snprintf(mk, sizeof mk, ", b%d", mask_param(a));
+    cu_line(s, depth, "const float sij = tf_score_of(%s, b, h, %s, %s%s);", dot, i, j, mk);
+    cu_line(s, depth, "if (sij != tf_neg_inf() && %s != tf_neg_inf()) {", lse);
+    cu_line(s, depth + 1, "p = expf(sij - %s);", lse);
+    if (a->drop) {
+        cu_line(s, depth + 1, "const float z = tf_keep(key, bh, %s, %s);", i, j);
+        cu_line(s, depth + 1, "ds = p * (z * %s - %s) * %s;", dp, dd, sc);
+        cu_line(s, depth + 1, "p *= z;");
+    } else {
+        cu_line(s, depth + 1, "ds = p * (%s - %s) * %s;", dp, dd, sc);
+    }
+    cu_line(s, depth, "}");
+}
+
+/* A warp's A fragments of 16 rows (from `row0` of a staged tile) over `len` columns into `name`. */
+static void emit_frags(ak *a, int depth, const char *name, const char *tile, const char *stride, const char *len)
+{
+    sb *s = &a->s;
+    cu_line(s, depth, "unsigned %s[%s / 16][4];", name, len);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth, "for (int kk = 0; kk < %s / 16; kk++)", len);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth + 1, "for (int x = 0; x < 4; x++) %s[kk][x] = tf_ld2(%s + (x & 1) * 8 * %s + kk * 16 + (x >> 1) * 8 + 2 * c);", name, tile,
+            stride);
+}
+
+/* acc[n] += (dS's C fragments cf[..]: 8 columns each, `cols` of them) times a staged tile's rows (the same 8 a step)
+ * by tf32 MMA, dS split in two. */
+static void emit_ds_times(ak *a, int depth, const char *acc, const char *cf, const char *cols, const char *tile, const char *stride,
+                          const char *len)
+{
+    sb *s = &a->s;
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth, "for (int n = 0; n < %s / 8; n++) {", cols);
+    cu_line(s, depth + 1, "unsigned hi[4], lo[4];");
+    cu_line(s, depth + 1, "tf_split(%s[n], hi, lo);", cf);
+    cu_line(s, depth + 1, "const unsigned short *tr = %s + (n * 8 + 2 * c) * %s + g;   // B: rows 2c, 2c + 1 (as c, c + 4) of column g", tile,
+            stride);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth + 1, "for (int e = 0; e < %s / 8; e++) {", len);
+    cu_line(s, depth + 2, "const unsigned tb[2] = {__float_as_uint(tf_widen(tr[e * 8])), __float_as_uint(tf_widen(tr[e * 8 + %s]))};", stride);
+    cu_line(s, depth + 2, "tf_mma8(%s[e], hi, tb);", acc);
+    cu_line(s, depth + 2, "tf_mma8(%s[e], lo, tb);", acc);
+    cu_line(s, depth + 1, "}");
+    cu_line(s, depth, "}");
+}
+
+/* A warp's C fragments acc[len / 8][4] zeroed. */
+static void emit_zero(ak *a, int depth, const char *acc, const char *len)
+{
+    cu_line(&a->s, depth, "float %s[%s / 8][4];", acc, len);
+    cu_line(&a->s, 0, "#pragma unroll");
+    cu_line(&a->s, depth, "for (int n = 0; n < %s / 8; n++) %s[n][0] = %s[n][1] = %s[n][2] = %s[n][3] = 0.0f;", len, acc, acc, acc, acc);
+}
+
+/* c[n] += the warp's A fragments fa (over `len` columns, k-steps of 16) times B, whose column n is row n of a staged
+ * tile: one C fragment per 8 rows of the tile, `rows` of them. */
+static void emit_rows_product(ak *a, int depth, const char *c, const char *fa, const char *tile, const char *stride, const char *len)
+{
+    sb *s = &a->s;
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth, "for (int kk = 0; kk < %s / 16; kk++) {", len);
+    cu_line(s, depth + 1, "const unsigned short *tr = %s + (n * 8 + g) * %s + kk * 16 + 2 * c;", tile, stride);
+    cu_line(s, depth + 1, "const unsigned tb[2] = {tf_ld2(tr), tf_ld2(tr + 8)};");
+    cu_line(s, depth + 1, "tf_mma(%s[n], %s[kk], tb);", c, fa);
+    cu_line(s, depth, "}");
+}
+
+/* A warp's C fragments acc[len / 8][4] of rows r0 (and r0 + 8, both below `limit`) stored at b0[off + row * len + column]. */
+static void emit_store_frags(ak *a, int depth, const char *acc, const char *off, const char *r0, const char *limit, const char *len)
+{
+    sb *s = &a->s;
+    char st[128], v[64];
+    snprintf(v, sizeof v, "%s[n][2 * r + e]", acc);
+    store_as(a, v, st, sizeof st);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth, "for (int r = 0; r < 2; r++) {");
+    cu_line(s, depth + 1, "const int i = %s + 8 * r;", r0);
+    cu_line(s, depth + 1, "if (i >= %s) continue;", limit);
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, depth + 1, "for (int n = 0; n < %s / 8; n++)", len);
+    cu_line(s, depth + 2, "for (int e = 0; e < 2; e++) b0[%s + (tf_idx)i * %s + n * 8 + 2 * c + e] = %s;", off, len, st);
+    cu_line(s, depth, "}");
+}
+
+/* The first kernel: a block per (b, key/value head, 64 keys), warp w the keys 16 w .. 16 w + 15, walking query tiles of
+ * kQT rows of every query head of the group: S^T = k q^T and dP^T = v dO^T by MMA (k's and v's rows of the warp as A
+ * fragments), P^T and dS^T on the C fragments, dV += (P Z)^T dO (rounded, as the op defines) and dK += dS^T q (dS in
+ * f32, split in two tf32 terms). */
+static void emit_grad_mma_kv(ak *a)
+{
+    sb *s = &a->s;
+    tf_strbuf_append(s, "\n", 1);
+    emit_entry(a, "");
+    cu_line(s, 1, "unsigned short *ks = (unsigned short *)tf_smem;   // [kBK][kKS]: the block's keys");
+    cu_line(s, 1, "unsigned short *vs = ks + kBK * kKS;   // [kBK][kVS]: and values");
+    cu_line(s, 1, "unsigned short *qs = vs + kBK * kVS;   // [kQT][kQS]: a tile of query rows");
+    cu_line(s, 1, "unsigned short *dos = qs + kQT * kQS;  // [kQT][kOS]: and their dO");
+    cu_line(s, 1, "float *rl = (float *)(dos + kQT * kOS);   // [kQT]: each row's log-sum-exp");
+    cu_line(s, 1, "float *rd = rl + kQT;                     // [kQT]: each row's D_i");
+    cu_line(s, 1, "const int t = threadIdx.x, wk = (t >> 5) * 16, g = (t & 31) >> 2, c = t & 3;   // lane 4 g + c of the warp of keys wk ..");
+    emit_key(a);
+    cu_line(s, 1, "for (tf_idx w = blockIdx.x; w < (tf_idx)kB * kHk * kNK; w += gridDim.x) {   // (b, key/value head, key tile)");
+    cu_line(s, 2, "const tf_idx kv = w / kNK, b = kv / kHk;");
+    cu_line(s, 2, "const int j0 = (int)(w %% kNK) * kBK, nj = tf_min(kBK, kTk - j0);   // keys j0 .. j0 + nj - 1");
+    cu_line(s, 2, "const int jr = j0 + wk + g;   // this lane's keys: jr and jr + 8");
+    cu_line(s, 2, "__syncthreads();   // the previous keys are used up");
+    cu_line(s, 2, "tf_stage16(ks, kKS, b2 + (kv * kTk + j0) * kD, kD, kD, kBK, nj);");
+    cu_line(s, 2, "tf_stage16(vs, kVS, b3 + (kv * kTk + j0) * kDv, kDv, kDv, kBK, nj);");
+    cu_line(s, 2, "__syncthreads();");
+    emit_frags(a, 2, "ka", "ks + (wk + g) * kKS", "kKS", "kD");
+    emit_frags(a, 2, "va", "vs + (wk + g) * kVS", "kVS", "kDv");
+    emit_zero(a, 2, "dk", "kD");
+    emit_zero(a, 2, "dv", "kDv");
+    cu_line(s, 2, "for (tf_idx h = kv %% kHk * kG; h < (kv %% kHk + 1) * kG; h++) {   // the query heads that read this head");
+    cu_line(s, 3, "const tf_idx bh = b * kH + h;");
+    if (a->g.causal)
+        cu_line(s, 3, "for (int i0 = j0 / kQT * kQT; i0 < kTq; i0 += kQT) {   // causal: rows before j0 see none of these keys");
+    else cu_line(s, 3, "for (int i0 = 0; i0 < kTq; i0 += kQT) {");
+    cu_line(s, 4, "const int nq = tf_min(kQT, kTq - i0);");
+    cu_line(s, 4, "__syncthreads();   // the previous rows are used up");
+    cu_line(s, 4, "tf_stage16(qs, kQS, b1 + (bh * kTq + i0) * kD, kD, kD, kQT, nq);");
+    cu_line(s, 4, "tf_stage16(dos, kOS, b5 + (bh * kTq + i0) * kWd, kWd, kDv, kQT, nq);");
+    cu_line(s, 4, "tf_mma_rows<kQT>(rl, rd, b4, b5, bh, i0);");
+    cu_line(s, 4, "__syncthreads();");
+    cu_line(s, 4, "if (wk >= nj%s) continue;   // the warp's keys are past the end%s", a->g.causal ? " || i0 + kQT - 1 < j0 + wk" : "",
+            a->g.causal ? ", or after every row of the tile" : "");
+    cu_line(s, 4, "float st[kQT / 8][4], dp[kQT / 8][4];   // S^T and dP^T, then (P Z)^T and dS^T: keys jr (+8), rows i0 + 8 n + 2c (+1)");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 4, "for (int n = 0; n < kQT / 8; n++) {");
+    cu_line(s, 5, "st[n][0] = st[n][1] = st[n][2] = st[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;");
+    emit_rows_product(a, 5, "st", "ka", "qs", "kQS", "kD");
+    emit_rows_product(a, 5, "dp", "va", "dos", "kOS", "kDv");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 5, "for (int x = 0; x < 4; x++) {");
+    cu_line(s, 6, "const int j = jr + (x >> 1) * 8, i = i0 + n * 8 + 2 * c + (x & 1);");
+    cu_line(s, 6, "float p = 0.0f, ds = 0.0f;");
+    emit_grad_mma_element(a, 6, "st[n][x]", "i", "j", "rl[i - i0]", "rd[i - i0]", "dp[n][x]");
+    cu_line(s, 6, "st[n][x] = p;");
+    cu_line(s, 6, "dp[n][x] = ds;");
+    cu_line(s, 5, "}");
+    cu_line(s, 4, "}");
+    cu_line(s, 4, "// dV_j += sum_i P_ij%s dO_i, both rounded to %s: (P Z)^T's C fragments, two by two, as A fragments",
+            a->drop ? " Z_ij" : "", tf_dtype_name(a->half));
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 4, "for (int kk = 0; kk < kQT / 16; kk++) {");
+    cu_line(s, 5, "const unsigned pa[4] = {tf_pack(st[2 * kk][0], st[2 * kk][1]), tf_pack(st[2 * kk][2], st[2 * kk][3]),");
+    cu_line(s, 5, "                        tf_pack(st[2 * kk + 1][0], st[2 * kk + 1][1]), tf_pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};");
+    cu_line(s, 5, "const unsigned short *orow = dos + (kk * 16 + 2 * c) * kOS + g;   // B = dO: rows 2c, 2c + 1 (+ 8) of column g");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 5, "for (int e = 0; e < kDv / 8; e++) {");
+    cu_line(s, 6, "const unsigned short *x = orow + e * 8;");
+    cu_line(s, 6, "const unsigned ob[2] = {(unsigned)x[0] | (unsigned)x[kOS] << 16, (unsigned)x[8 * kOS] | (unsigned)x[9 * kOS] << 16};");
+    cu_line(s, 6, "tf_mma(dv[e], pa, ob);");
+    cu_line(s, 5, "}");
+    cu_line(s, 4, "}");
+    cu_line(s, 4, "// dK_j += sum_i dS_ij q_i");
+    emit_ds_times(a, 4, "dk", "dp", "kQT", "qs", "kQS", "kD");
+    cu_line(s, 3, "}");
+    cu_line(s, 2, "}");
+    emit_store_frags(a, 2, "dk", "kOffK + (kv * kTk) * kD", "jr", "kTk", "kD");
+    emit_store_frags(a, 2, "dv", "kOffV + (kv * kTk) * kDv", "jr", "kTk", "kDv");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
+/* The second kernel: dQ, a block per (b, h, 64 query rows), warp w the rows 16 w ..: S = q k^T and dP = dO v^T by MMA
+ * (q's and dO's rows as A fragments), dS on the C fragments, dQ += dS k (dS split in two tf32 terms). */
+static void emit_grad_mma_q(ak *a)
+{
+    sb *s = &a->s;
+    tf_strbuf_append(s, "\n", 1);
+    emit_entry(a, "_b");
+    cu_line(s, 1, "unsigned short *qs = (unsigned short *)tf_smem;   // [kBQ][kQS]: the block's query rows");
+    cu_line(s, 1, "unsigned short *dos = qs + kBQ * kQS;  // [kBQ][kOS]: and their dO");
+    cu_line(s, 1, "unsigned short *ks = dos + kBQ * kOS;  // [kKT][kKS]: a tile of keys");
+    cu_line(s, 1, "unsigned short *vs = ks + kKT * kKS;   // [kKT][kVS]: and values");
+    cu_line(s, 1, "float *rl = (float *)(vs + kKT * kVS);   // [kBQ]: each row's log-sum-exp");
+    cu_line(s, 1, "float *rd = rl + kBQ;                    // [kBQ]: each row's D_i");
+    cu_line(s, 1, "const int t = threadIdx.x, wq = (t >> 5) * 16, g = (t & 31) >> 2, c = t & 3;   // lane 4 g + c of the warp of rows wq ..");
+    emit_key(a);
+    cu_line(s, 1, "for (tf_idx w = blockIdx.x; w < (tf_idx)kB * kH * kNQ; w += gridDim.x) {   // (b, h, query tile)");
+    cu_line(s, 2, "const tf_idx bh = w / kNQ, b = bh / kH, h = bh %% kH, kv = b * kHk + h / kG;");
+    cu_line(s, 2, "const int i0 = (int)(w %% kNQ) * kBQ, nq = tf_min(kBQ, kTq - i0);   // query rows i0 .. i0 + nq - 1");
+    cu_line(s, 2, "const int r0 = i0 + wq + g;   // this lane's rows: r0 and r0 + 8");
+    cu_line(s, 2, "__syncthreads();   // the previous rows are used up");
+    cu_line(s, 2, "tf_stage16(qs, kQS, b1 + (bh * kTq + i0) * kD, kD, kD, kBQ, nq);");
+    cu_line(s, 2, "tf_stage16(dos, kOS, b5 + (bh * kTq + i0) * kWd, kWd, kDv, kBQ, nq);");
+    cu_line(s, 2, "tf_mma_rows<kBQ>(rl, rd, b4, b5, bh, i0);");
+    cu_line(s, 2, "__syncthreads();");
+    emit_frags(a, 2, "qa", "qs + (wq + g) * kQS", "kQS", "kD");
+    emit_frags(a, 2, "oa", "dos + (wq + g) * kOS", "kOS", "kDv");
+    cu_line(s, 2, "const float lse[2] = {rl[wq + g], rl[wq + g + 8]}, dd[2] = {rd[wq + g], rd[wq + g + 8]};");
+    emit_zero(a, 2, "dq", "kD");
+    if (a->g.causal) cu_line(s, 2, "const int nk = tf_min(kTk, i0 + kBQ);   // causal: no row of the tile sees a key past its last row");
+    else cu_line(s, 2, "const int nk = kTk;");
+    cu_line(s, 2, "for (int j0 = 0; j0 < nk; j0 += kKT) {");
+    cu_line(s, 3, "const int nj = tf_min(kKT, kTk - j0);");
+    cu_line(s, 3, "__syncthreads();   // the previous key tile is used up");
+    cu_line(s, 3, "tf_stage16(ks, kKS, b2 + (kv * kTk + j0) * kD, kD, kD, kKT, nj);");
+    cu_line(s, 3, "tf_stage16(vs, kVS, b3 + (kv * kTk + j0) * kDv, kDv, kDv, kKT, nj);");
+    cu_line(s, 3, "__syncthreads();");
+    cu_line(s, 3, "if (wq >= nq%s) continue;   // the warp's rows are past the end%s", a->g.causal ? " || j0 > i0 + wq + 15" : "",
+            a->g.causal ? " or see none of these keys" : "");
+    cu_line(s, 3, "float sc[kKT / 8][4], dp[kKT / 8][4];   // S and dP, then dS: rows r0 (+8), keys j0 + 8 n + 2c (+1)");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 3, "for (int n = 0; n < kKT / 8; n++) {");
+    cu_line(s, 4, "sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;");
+    emit_rows_product(a, 4, "sc", "qa", "ks", "kKS", "kD");
+    emit_rows_product(a, 4, "dp", "oa", "vs", "kVS", "kDv");
+    cu_line(s, 0, "#pragma unroll");
+    cu_line(s, 4, "for (int x = 0; x < 4; x++) {");
+    cu_line(s, 5, "const int i = r0 + (x >> 1) * 8, j = j0 + n * 8 + 2 * c + (x & 1);");
+    cu_line(s, 5, "float p = 0.0f, ds = 0.0f;");
+    emit_grad_mma_element(a, 5, "sc[n][x]", "i", "j", "lse[x >> 1]", "dd[x >> 1]", "dp[n][x]");
+    cu_line(s, 5, "(void)p;");
+    cu_line(s, 5, "dp[n][x] = ds;");
+    cu_line(s, 4, "}");
+    cu_line(s, 3, "}");
+    cu_line(s, 3, "// dQ_i += sum_j dS_ij k_j");
+    emit_ds_times(a, 3, "dq", "dp", "kKT", "ks", "kKS", "kD");
+    cu_line(s, 2, "}");
+    emit_store_frags(a, 2, "dq", "(bh * kTq) * kD", "r0", "kTq", "kD");
+    cu_line(s, 1, "}");
+    cu_line(s, 0, "}");
+}
+
 /* ---- the backward kernels ---- */
 
 /* tf_grad_rows: a query tile staged with its row statistics; tf_grad_tile: P Z and dS against a key tile. */
@@ -953,7 +1308,11 @@ tf_ir_status cu_emit_attention(const tf_kernel *k, bool train, tf_cuda_kernel *o
     emit_head(&a);
     emit_loads(&a);
     emit_score(&a);
-    if (a.grad) {
+    if (a.grad && a.mma) {
+        emit_grad_mma_rows(&a);
+        emit_grad_mma_kv(&a);
+        emit_grad_mma_q(&a);
+    } else if (a.grad) {
         emit_grad_helpers(&a);
         emit_grad_kv(&a);
         emit_grad_q(&a);

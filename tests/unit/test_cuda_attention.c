@@ -52,8 +52,10 @@ typedef struct acase {
     const char *precision;   /* NULL: the model's */
     double tol;
     bool lowp;               /* 16-bit storage: held to tol in relative L2, no element past 4 x its bound */
-    bool mma;                /* the forward is the tensor-core kernel (mma.sync), else the scalar one */
+    int mma;                 /* which kernels run on tensor cores (mma.sync), the others scalar: MMA_FWD, MMA_BWD */
 } acase;
+
+enum { MMA_FWD = 1, MMA_BWD = 2 };
 
 #define SGD "train {\n  optimizer = sgd(lr=1.0)\n}\n"
 
@@ -64,70 +66,91 @@ static const acase g_cases[] = {
      "input q : f32[2, 4, 67, 16]\ninput k : f32[2, 2, 67, 16]\ninput v : f32[2, 2, 67, 16]\n"
      "a = attention(q, k, v, causal=true)\nb = flash_attention(q, k, v, scale=0.3)\n"
      "c = flash_attention(q, k, v, scale=0.25, causal=true, dropout=0.3, salt=3)\noutput a\noutput b\noutput c\n",
-     TF_MODE_INFER, NULL, 1e-4, false, false},
+     TF_MODE_INFER, NULL, 1e-4, false, 0},
     /* cross attention, one key/value head, key padding with a batch that sees nothing; lse's -inf */
     {"f32 cross mqa key padding Tq=7 Tk=19 D=80",
      "input q : f32[2, 4, 7, 80]\ninput k : f32[2, 1, 19, 80]\ninput v : f32[2, 1, 19, 80]\ninput keep : bool[2, 1, 1, 19]\n"
      "a = attention(q, k, v, keep)\nf = flash_attention(q, k, v, keep, scale=0.125, lse=true)\noutput a\noutput f\n",
-     TF_MODE_INFER, NULL, 1e-4, false, false},
+     TF_MODE_INFER, NULL, 1e-4, false, 0},
     /* an additive mask over heads and positions, broadcast over the batch, with causal; the widest head dim */
     {"bf16 additive mask causal D=256",
      "input q : bf16[2, 2, 13, 256]\ninput k : bf16[2, 2, 13, 256]\ninput v : bf16[2, 2, 13, 256]\ninput bias : f32[1, 2, 13, 13]\n"
      "a = attention(q, k, v, bias, causal=true)\noutput a\n",
-     TF_MODE_INFER, NULL, 1.0 / 64, true, false},
+     TF_MODE_INFER, NULL, 1.0 / 64, true, 0},
     /* f16 storage, bool mask and causal together, Dv != D, over two key tiles */
     {"f16 bool mask causal T=67 D=16 Dv=24",
      "input q : f16[2, 4, 67, 16]\ninput k : f16[2, 4, 67, 16]\ninput v : f16[2, 4, 67, 24]\ninput keep : bool[2, 1, 1, 67]\n"
      "a = attention(q, k, v, keep, causal=true)\noutput a\n",
-     TF_MODE_INFER, NULL, 1.0 / 512, true, false},
+     TF_MODE_INFER, NULL, 1.0 / 512, true, 0},
     {"f64 causal T=9 D=16",
      "input q : f64[1, 2, 9, 16]\ninput k : f64[1, 2, 9, 16]\ninput v : f64[1, 2, 9, 16]\n"
      "a = flash_attention(q, k, v, scale=0.25, causal=true)\noutput a\n",
-     TF_MODE_INFER, NULL, 1e-9, false, false},
+     TF_MODE_INFER, NULL, 1e-9, false, 0},
     /* the tensor-core forward: grouped-query heads, causal, 67 rows (two query tiles of 64, key tiles of 64), the
      * log-sum-exp */
     {"bf16 mma gqa causal lse T=67 D=64",
      "input q : bf16[2, 4, 67, 64]\ninput k : bf16[2, 2, 67, 64]\ninput v : bf16[2, 2, 67, 64]\n"
      "a = attention(q, k, v, causal=true)\nf = flash_attention(q, k, v, scale=0.125, causal=true, lse=true)\noutput a\noutput f\n",
-     TF_MODE_INFER, NULL, 1.0 / 64, true, true},
+     TF_MODE_INFER, NULL, 1.0 / 64, true, MMA_FWD},
     /* cross attention with key padding (a batch that sees nothing), Dv != D, one key/value head */
     {"f16 mma cross mqa key padding Tq=7 Tk=19 D=32 Dv=48",
      "input q : f16[2, 4, 7, 32]\ninput k : f16[2, 1, 19, 32]\ninput v : f16[2, 1, 19, 48]\ninput keep : bool[2, 1, 1, 19]\n"
      "a = attention(q, k, v, keep)\nf = flash_attention(q, k, v, keep, scale=0.2, lse=true)\noutput a\noutput f\n",
-     TF_MODE_INFER, NULL, 1.0 / 512, true, true},
+     TF_MODE_INFER, NULL, 1.0 / 512, true, MMA_FWD},
     /* head dim 128 (key tiles of 32: three of them), an additive mask with -inf entries over heads and positions */
     {"bf16 mma additive mask T=70 D=128",
      "input q : bf16[1, 2, 70, 128]\ninput k : bf16[1, 2, 70, 128]\ninput v : bf16[1, 2, 70, 128]\ninput bias : f32[1, 2, 70, 70]\n"
      "a = attention(q, k, v, bias)\noutput a\n",
-     TF_MODE_INFER, NULL, 1.0 / 64, true, true},
+     TF_MODE_INFER, NULL, 1.0 / 64, true, MMA_FWD},
     /* training: the forward with its log-sum-exp, then flash_attention_grad */
     {"train f32 gqa causal dropout T=67 D=16",
      "input w : f32[2, 4, 67, 16]\nparam q : f32[2, 4, 67, 16] = normal()\nparam k : f32[2, 2, 67, 16] = normal()\n"
      "param v : f32[2, 2, 67, 16] = normal()\na = attention(q, k, v, causal=true, dropout=0.3, salt=5)\n"
      "s = mul(a, w)\nloss = sum(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
-     TF_MODE_TRAIN, NULL, 1e-4, false, false},
+     TF_MODE_TRAIN, NULL, 1e-4, false, 0},
     {"train f32 cross mqa key padding Tq=7 Tk=19 D=80",
      "input w : f32[2, 4, 7, 80]\ninput keep : bool[2, 1, 1, 19]\nparam q : f32[2, 4, 7, 80] = normal()\n"
      "param k : f32[2, 1, 19, 80] = normal()\nparam v : f32[2, 1, 19, 80] = normal()\na = attention(q, k, v, keep)\n"
      "s = mul(a, w)\nloss = sum(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
-     TF_MODE_TRAIN, NULL, 1e-4, false, false},
+     TF_MODE_TRAIN, NULL, 1e-4, false, 0},
     {"train bf16 additive mask causal D=256",
      "input w : f32[2, 2, 13, 256]\ninput bias : f32[1, 2, 13, 13]\nparam q : f32[2, 2, 13, 256] = normal()\n"
      "param k : f32[2, 2, 13, 256] = normal()\nparam v : f32[2, 2, 13, 256] = normal()\n"
      "a = attention(q, k, v, bias, causal=true)\ns = mul(a, w)\nloss = sum(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
-     TF_MODE_TRAIN, "bf16", 1.0 / 64, true, false},
+     TF_MODE_TRAIN, "bf16", 1.0 / 64, true, 0},
     /* a mean, so that dO (the loss scale, 65536, times w / 1664) fits f16 */
     {"train f16 gqa causal dropout T=13 D=16",
      "input w : f32[2, 4, 13, 16]\nparam q : f32[2, 4, 13, 16] = normal()\nparam k : f32[2, 1, 13, 16] = normal()\n"
      "param v : f32[2, 1, 13, 16] = normal()\na = attention(q, k, v, causal=true, dropout=0.3, salt=9)\n"
      "s = mul(a, w)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
-     TF_MODE_TRAIN, "fp16", 1.0 / 512, true, true},
-    /* the tensor-core forward with dropout, under the scalar backward */
+     TF_MODE_TRAIN, "fp16", 1.0 / 512, true, MMA_FWD},
+    /* both directions on tensor cores: dO in bf16 (a matmul reads the attention), grouped-query heads, causal, dropout,
+     * two key tiles and three query tiles of the backward's first kernel */
+    {"train bf16 mma both gqa causal dropout T=67 D=32",
+     "input w : f32[2, 4, 67, 16]\nparam q : f32[2, 4, 67, 32] = normal()\nparam k : f32[2, 2, 67, 32] = normal()\n"
+     "param v : f32[2, 2, 67, 32] = normal()\nparam p : f32[32, 16] = normal()\n"
+     "a = attention(q, k, v, causal=true, dropout=0.3, salt=5)\no = matmul(a, p)\n"
+     "s = mul(o, w)\nloss = sum(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
+     TF_MODE_TRAIN, "bf16", 1.0 / 64, true, MMA_FWD | MMA_BWD},
+    /* cross attention with key padding (a batch that sees nothing: no gradient), Dv != D, f16 (a mean, so that dO fits) */
+    {"train f16 mma both cross mqa key padding Tq=7 Tk=19 D=16 Dv=32",
+     "input w : f32[2, 4, 7, 16]\ninput keep : bool[2, 1, 1, 19]\nparam q : f32[2, 4, 7, 16] = normal()\n"
+     "param k : f32[2, 1, 19, 16] = normal()\nparam v : f32[2, 1, 19, 32] = normal()\nparam p : f32[32, 16] = normal()\n"
+     "a = attention(q, k, v, keep)\no = matmul(a, p)\ns = mul(o, w)\nloss = mean(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
+     TF_MODE_TRAIN, "fp16", 1.0 / 512, true, MMA_FWD | MMA_BWD},
+    /* an additive mask with -inf entries broadcast over the batch, head dim 64, 70 rows (3 query tiles of the first
+     * kernel, 2 key tiles) */
+    {"train bf16 mma both additive mask T=70 D=64",
+     "input w : f32[2, 2, 70, 16]\ninput bias : f32[1, 2, 70, 70]\nparam q : f32[2, 2, 70, 64] = normal()\n"
+     "param k : f32[2, 2, 70, 64] = normal()\nparam v : f32[2, 2, 70, 64] = normal()\nparam p : f32[64, 16] = normal()\n"
+     "a = attention(q, k, v, bias)\no = matmul(a, p)\ns = mul(o, w)\nloss = sum(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
+     TF_MODE_TRAIN, "bf16", 1.0 / 64, true, MMA_FWD | MMA_BWD},
+    /* the tensor-core forward with dropout, under the scalar backward (dO in f32) */
     {"train bf16 mma gqa causal dropout T=67 D=32",
      "input w : f32[2, 4, 67, 32]\nparam q : f32[2, 4, 67, 32] = normal()\nparam k : f32[2, 2, 67, 32] = normal()\n"
      "param v : f32[2, 2, 67, 32] = normal()\na = attention(q, k, v, causal=true, dropout=0.3, salt=5)\n"
      "s = mul(a, w)\nloss = sum(s, axes=[0, 1, 2, 3])\noutput loss\n" SGD,
-     TF_MODE_TRAIN, "bf16", 1.0 / 64, true, true},
+     TF_MODE_TRAIN, "bf16", 1.0 / 64, true, MMA_FWD},
 };
 
 /* ---- comparing ---- */
@@ -350,7 +373,7 @@ static void check_plan(run *r, const acase *c, tf_cuda_kernel *srcs, int *nsrc, 
         bool drop = tf_node_float(k->lib, "dropout") > 0 && c->mode == TF_MODE_TRAIN;
         CHECK(ck.rng == drop && !strstr(ck.src, "atomic"), "%s: %s: rng %d, no atomics", c->label, k->name, ck.rng);
         bool mma = strstr(ck.src, "mma.sync.aligned.m16n8k16") != NULL;
-        CHECK(mma == (c->mma && !grad), "%s: %s: %s kernel", c->label, k->name, mma ? "a tensor-core" : "a scalar");
+        CHECK(mma == !!(c->mma & (grad ? MMA_BWD : MMA_FWD)), "%s: %s: %s kernel", c->label, k->name, mma ? "a tensor-core" : "a scalar");
         bool seen = false;
         for (int j = 0; j < *nsrc && !seen; j++) seen = !strcmp(srcs[j].name, ck.name);
         if (!seen && *nsrc < cap) srcs[(*nsrc)++] = ck;
