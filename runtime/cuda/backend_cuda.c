@@ -566,7 +566,8 @@ static const char *cuda_op_support(tf_op op, char *detail, size_t n)
     tf_op_exec ex = tf_op_exec_of(op);
     if (ex == TF_OPX_ATTENTION) {
         snprintf(detail, n, "the generated flash-attention kernel%s (CUDA C compiled by NVRTC): tiles of queries and keys in shared "
-                 "memory, an online softmax in fp32 (fp64 for f64), no [Tq, Tk] tensor, deterministic (no atomics); head dims up to "
+                 "memory, an online softmax in fp32 (fp64 for f64), no [Tq, Tk] tensor, deterministic (no atomics); on tensor cores "
+                 "for f16/bf16 with head dims that are multiples of 16 (to 128 forward, 64 backward), else scalar; head dims up to "
                  "256 (else the interpreter's kernel on the host)",
                  op == TF_OP_FLASH_ATTENTION_GRAD ? "s (dK and dV a block per key tile, then dQ a block per query tile)" : "");
         return "jit";

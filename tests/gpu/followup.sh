@@ -8,6 +8,9 @@
 #
 # Parts, in order:
 #   build       build-gpu/ again (a fresh machine keeps nothing from the first call)
+#   attention   bench/attention.py --target cuda: the flash-attention kernels alone at GPT-2 small's
+#               shape (B=8 H=12 T=1024 D=64, causal, bf16), inference and a training step, against
+#               PyTorch's SDPA and cuDNN's, 3 repetitions (issue 30: >= 0.6 of cuDNN's TFLOP/s)
 #   ops-fp32    test_gpu with TFUSE_NO_TF32=1: the strict fp32 tolerances
 #   racecheck   compute-sanitizer --tool racecheck, then synccheck, on two training steps of the
 #   synccheck   transformer (attention's and the reductions' shared-memory tiles)
@@ -40,6 +43,17 @@ step build build_gpu tfuse_cli test_gpu
 if [ "${RESULTS[0]}" = PASS ]; then
     EMU=()
     [ $DRY -eq 1 ] && EMU=(--emu)
+    attention_bench() {
+        local py=python3 args=(--target cuda --tools fused sdpa cudnn)
+        if [ "$DRY" = 1 ]; then
+            [ -x "$ROOT/.venv/bin/python" ] && py="$ROOT/.venv/bin/python"
+            args=(--target cuda-emu --tools fused sdpa --iters 2 --warmup 1)
+        fi
+        TFUSE_CACHE_DIR="$CACHE" "$py" bench/attention.py "${args[@]}" --precisions bf16 --reps 3 --tfuse "$B/tfuse" \
+            --python "$py" --out "$DEST/bench/attention"
+    }
+    export -f attention_bench
+    STEP_LIMIT=$(min 100 "$(upto 40)"); step attention attention_bench
     STEP_LIMIT=$(min 120 "$(upto 60)")
     step ops-fp32 env TFUSE_CACHE_DIR="$CACHE" TFUSE_NO_TF32=1 "$B/tests/test_gpu" "${EMU[@]}"
 
@@ -108,6 +122,7 @@ fi
     echo "# tests/gpu/followup.sh — $(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - T0)) s of a $BUDGET s budget"
     echo
     summary_table
+    [ ! -f "$DEST/bench/attention/table.md" ] || { echo; cat "$DEST/bench/attention/table.md"; }
     [ ! -f "$DEST/bench/table.md" ] || { echo; cat "$DEST/bench/table.md"; }
 } > "$DEST/summary.md"
 for d in ncu bench; do
