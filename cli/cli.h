@@ -41,6 +41,7 @@ typedef struct args {
     bool mode_set;
     tf_target target;
     const char *passes, *dump_ir, *dump_dir, *out, *params;
+    const char *loss, *optimizer; /* --loss, --optimizer: added to a model that has none (tf_model_add_loss) */
     tf_precision precision;   /* --precision; TF_PRECISION_DEFAULT: not given */
     bool stats, random_inputs, help, explain, o0;
     bool no_params;           /* compile: the package without initial params */
@@ -131,6 +132,8 @@ int cli_fail(tf_context_t *ctx);   /* cli_report(ctx, NULL) */
 /* Train mode minimizes the output named 'loss': a program without one is an
  * error ("FILE: error: ..."; returns 1), `how` naming what asked for train
  * mode. */
+/* Whether path names an ONNX model (by its extension, as the library decides). */
+bool cli_is_onnx(const char *path);
 int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how);
 /* run --stats: the session's target, kernels and disk cache hits and misses, as key: value lines */
 void cli_print_session_stats(const tf_session_t *s);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,7 +112,7 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_JIT_CACHE_KERNELS, F_NO_PARAMS,
+    F_JIT_CACHE_KERNELS, F_NO_PARAMS, F_LOSS, F_OPTIMIZER,
     F_SETTING0,   /* then one per target setting, in tfuse_settings.def's order */
     NFLAGS = F_SETTING0 + CLI_NSETTINGS
 } flag_id;
@@ -152,6 +153,8 @@ static const struct flag_info {
     [F_NO_PARAMS]      = {"--no-params",      C_COMPILE,                   false, NULL},
     [F_RANDOM_INPUTS]  = {"--random-inputs",  C_RUN,                       false, NULL},
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
+    [F_LOSS]           = {"--loss",           C_COMPILE | C_TRAIN | C_BENCH, false, "it makes a model trainable, and run is inference"},
+    [F_OPTIMIZER]      = {"--optimizer",      C_COMPILE | C_TRAIN | C_BENCH, false, "it is the training step's, and run is inference"},
 #define C_SETTING_cpu C_SETTING
 #define C_SETTING_cuda C_SETTING
 #define C_SETTING_all (C_SETTING | C_OPT)   /* read by the passes: `tfuse opt` takes it too */
@@ -343,6 +346,8 @@ STRING_FLAG(set_dump_kernels, "--dump-kernels", dump_kernels)
 STRING_FLAG(set_dump_llvm, "--dump-llvm", dump_llvm)
 STRING_FLAG(set_params, "--params", params)
 STRING_FLAG(set_out, "-o", out)
+STRING_FLAG(set_loss, "--loss", loss)
+STRING_FLAG(set_optimizer, "--optimizer", optimizer)
 #undef STRING_FLAG
 
 /* A flag that takes no value and sets a bool. */
@@ -484,7 +489,8 @@ static const struct flag_parse {
     [F_INPUT] = {true, set_input, NULL},           [F_OUTPUT] = {true, set_output, NULL},
     [F_OUT] = {true, set_out, NULL},               [F_STATS] = {false, set_stats, NULL},
     [F_RANDOM_INPUTS] = {false, set_random_inputs, NULL}, [F_JIT_CACHE_KERNELS] = {true, set_jit_cache_kernels, NULL},
-    [F_NO_PARAMS] = {false, set_no_params, NULL},
+    [F_NO_PARAMS] = {false, set_no_params, NULL},  [F_LOSS] = {true, set_loss, NULL},
+    [F_OPTIMIZER] = {true, set_optimizer, NULL},
 };
 
 /* The flag of flag_table at argv[*i] (its value in *v, *i past it), or -1. */
@@ -916,13 +922,16 @@ tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, F
         const char *wanted[MAX_ITEMS];   /* run --output NAME=FILE: compute those outputs alone */
         for (size_t i = 0; mode == TF_MODE_INFER && i < a->noutputs; i++) wanted[i] = a->outputs[i].key;
         if (mode == TF_MODE_INFER && a->noutputs) o.outputs = wanted, o.noutputs = a->noutputs;
-        if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m) || tf_program_compile(ctx, m, &o, &p)) *rc = fail(ctx);
+        if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m) ||
+            ((a->loss || a->optimizer) && tf_model_add_loss(ctx, m, a->loss, a->optimizer)) || tf_program_compile(ctx, m, &o, &p))
+            *rc = fail(ctx);
         tf_model_free(m);
         if (compile_ms) *compile_ms = wall_ms() - t0;
         return p;
     }
     /* a package: what shaped it is fixed; a flag that would change it is a mistake */
-    const char *changes = a->ndims ? "--dim" : a->seen[F_CHECKPOINT] ? "--checkpoint" : a->seen[F_MEMORY_BUDGET] ? "--memory-budget"
+    const char *changes = a->ndims ? "--dim" : a->loss ? "--loss" : a->optimizer ? "--optimizer" : a->seen[F_CHECKPOINT] ? "--checkpoint"
+                        : a->seen[F_MEMORY_BUDGET] ? "--memory-budget"
                         : a->seen[F_DISABLE_PASS] ? "--disable-pass" : a->o0 ? "--O0" : a->seen[F_MEMORY_LIMIT] ? "--memory-limit" : NULL;
     if (changes) {
         *rc = cli_usage_errorf(a->cmd, "%s is a compiled package: %s changes what it holds; give it to `tfuse compile` with the "
@@ -993,9 +1002,16 @@ int cli_check_train_loss(const tf_program_t *p, const char *file, const char *ho
         if (!strcmp(name, "loss")) return 0;
     }
     fflush(stdout);
-    fprintf(stderr, "%s: error: %s needs an output named 'loss' to minimize, and the model has none: "
-            "add 'output loss' (or 'output loss = VALUE')\n", file, how);
+    fprintf(stderr, "%s: error: %s needs an output named 'loss' to minimize, and the model has none: %s\n", file, how,
+            cli_is_onnx(file) ? "give one with --loss \"cross_entropy(OUTPUT, LABELS)\" or --loss \"mse_loss(OUTPUT, TARGET)\""
+                              : "add 'output loss' (or 'output loss = VALUE'), or give one with --loss");
     return 1;
+}
+
+bool cli_is_onnx(const char *path)
+{
+    size_t n = path ? strlen(path) : 0;
+    return n > 5 && !strcasecmp(path + n - 5, ".onnx");
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -1395,6 +1411,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "import")) return cmd_import(argc, argv);
     args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);
+    if (!rc && !a.mode_set && cli_is_onnx(a.file) && !a.loss) a.mode = TF_MODE_INFER;   /* an ONNX model infers, unless given a loss */
     if (!rc && !a.help) rc = check_flags(&a);
     if (rc || a.help) {
         if (a.help) usage_cmd(cmd, stdout);

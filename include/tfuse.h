@@ -242,6 +242,15 @@ void      tf_model_free(tf_model_t *m);
  * cannot import (the message names the node, its op and the opset). */
 tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims,
                          char **ir_text, const char *params_path);
+/* Give a model that has no loss one, so that it can be trained (an ONNX
+ * inference model above all; docs/onnx.md): loss is
+ * "cross_entropy(OUTPUT, LABELS)" (LABELS a new i64 input shaped like the
+ * value OUTPUT without its last axis) or "mse_loss(OUTPUT, TARGET)" (TARGET
+ * a new input of OUTPUT's type); the model gets `output loss`. optimizer
+ * ("adamw(lr=1e-3)"; NULL: the train block's, else sgd(lr=0.01)) is the
+ * train block's optimizer, for a model whose block names none. Either may
+ * be NULL. The model is checked again; its initial values stay. */
+tf_status tf_model_add_loss(tf_context_t *ctx, tf_model_t *m, const char *loss, const char *optimizer);
 /* Canonical text of the model; *out is malloc'd, the caller free()s it. */
 tf_status tf_model_print(tf_context_t *ctx, const tf_model_t *m, char **out);
 /* Run a comma-separated list of passes on the model in place ("lower,cse"),

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "cache_file.h"
@@ -53,8 +54,31 @@ static tf_status parse_into(tf_context_t *ctx, const char *name, const char *tex
     }
     mo->m = m;
     mo->auto_dim = auto_dim;
+    mo->init = NULL;
     *out = mo;
     return TF_OK;
+}
+
+tf_init_state *tf_init_state_retain(tf_init_state *s)
+{
+    if (s) __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+    return s;
+}
+
+void tf_init_state_release(tf_init_state *s)
+{
+    if (!s || __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL)) return;
+    for (size_t i = 0; i < s->n; i++) tio_tensor_free(&s->ts[i]);
+    tf_free(s->ts);
+    tf_free(s->source);
+    tf_free(s);
+}
+
+/* Whether path names an ONNX model (by its extension: protobuf has no magic number). */
+static bool onnx_path(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 5 && !strcasecmp(path + n - 5, ".onnx");
 }
 
 tf_status tf_model_parse_string(tf_context_t *ctx, const char *name, const char *text, size_t len,
@@ -72,6 +96,7 @@ tf_status tf_model_parse_file(tf_context_t *ctx, const char *path, const tf_dim_
     TF_ALLOC_SCOPE(tf_context_allocator(ctx));
     if (!ctx || !path || !out) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *out = NULL;
+    if (onnx_path(path)) return tf_onnx_load_model(ctx, path, dims, ndims, out);
     FILE *f = fopen(path, "rb");
     if (!f) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -107,6 +132,7 @@ void tf_model_free(tf_model_t *m)
 {
     if (!m) return;
     tf_module_free(m->m);
+    tf_init_state_release(m->init);
     tf_free(m);
 }
 
@@ -173,6 +199,7 @@ void tf_program_free(tf_program_t *p)
     tf_free(p->disabled);
     if (p->pkg) tf_pkg_free(p->pkg);
     tf_free(p->pkg);
+    tf_init_state_release(p->init);
     tf_module_free(p->m);
     tf_free(p->inputs.items);
     tf_free(p->params.items);
@@ -429,7 +456,9 @@ tf_status tf_program_compile(tf_context_t *ctx, const tf_model_t *model, const t
         tf_free(model_text);
         return st;
     }
-    return finish_program(ctx, p, model_text, opts, model->auto_dim >= 0 ? model->m->dims[model->auto_dim].name : NULL, chosen, out);
+    st = finish_program(ctx, p, model_text, opts, model->auto_dim >= 0 ? model->m->dims[model->auto_dim].name : NULL, chosen, out);
+    if (!st) (*out)->init = tf_init_state_retain(model->init);
+    return st;
 }
 
 /* The rest of a program once its module is final (by the passes, or read
@@ -808,25 +837,43 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
         tf_session_free(s);
         return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory allocating outputs");
     }
-    /* a package's initial state replaces the initializers': read (and checked) first, so that the backend can skip them */
+    /* a package's initial state, or the model's (an ONNX model's initializers), replaces the initializers': read (and
+     * checked) first, so that the backend can skip them */
     const tf_pkg_section *init = p->pkg ? tf_pkg_find(p->pkg, "state.safetensors") : NULL;
     tio_tensor *ts = NULL;
     size_t nts = 0;
-    if (init) {
+    bool given = init || p->init;
+    const char *from = init ? "package state.safetensors" : p->init ? p->init->source : NULL;
+    if (given) {
         char err[5120];
-        /* views into the package's section: apply_state copies each tensor once, straight into the session's storage */
-        tio_status ts_st = tio_safetensors_view_mem("package state.safetensors", init->data, init->len, &ts, &nts, err, sizeof err);
-        tf_status st = ts_st ? tf_set_error(ctx, ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err) : TF_OK;
+        tf_status st = TF_OK;
+        if (init) {   /* views into the package's section: apply_state copies each tensor once, straight into the session's storage */
+            tio_status ts_st = tio_safetensors_view_mem("package state.safetensors", init->data, init->len, &ts, &nts, err, sizeof err);
+            st = ts_st ? tf_set_error(ctx, ts_st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err) : TF_OK;
+        } else if (!(ts = tf_malloc((p->init->n ? p->init->n : 1) * sizeof *ts))) {
+            st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+        } else {   /* the model's tensors that are still params or buffers after the passes (a folded one is not) */
+            for (size_t k = 0; k < p->init->n; k++)
+                for (int i = 0; i < p->params.n + p->buffers.n; i++) {
+                    const tf_value *v = i < p->params.n ? p->params.items[i] : p->buffers.items[i - p->params.n];
+                    if (!strcmp(p->init->ts[k].name, v->name)) {
+                        ts[nts++] = p->init->ts[k];
+                        break;
+                    }
+                }
+        }
         for (int i = 0; !st && i < p->params.n + p->buffers.n; i++) {   /* every param and buffer, or the initializers run */
             const tf_value *v = i < p->params.n ? p->params.items[i] : p->buffers.items[i - p->params.n];
             bool found = false;
             for (size_t k = 0; k < nts && !found; k++) found = !strcmp(ts[k].name, v->name);
             if (!found && !tf_interp_init_is_zero(v))   /* zeros() are left out: a session starts them at zero */
-                st = tf_set_error(ctx, TF_ERR_FORMAT, "error: the package's initial state has no '%s': compile the model again",
-                                  v->name);
+                st = init ? tf_set_error(ctx, TF_ERR_FORMAT, "error: the package's initial state has no '%s': compile the model again",
+                                         v->name)
+                          : tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: the model's initial values have no '%s'", from, v->name);
         }
         if (st) {
-            tio_views_free(ts, nts);
+            if (init) tio_views_free(ts, nts);
+            else tf_free(ts);
             tf_session_free(s);
             return st;
         }
@@ -834,14 +881,16 @@ tf_status tf_session_create(tf_context_t *ctx, const tf_program_t *p, tf_target 
     }
     tf_status st = be->session_create(s);
     if (st) {
-        tio_views_free(ts, nts);
+        if (init) tio_views_free(ts, nts);
+        else tf_free(ts);
         s->be = NULL;   /* nothing to free in the backend */
         tf_session_free(s);
         return st;
     }
-    if (init) {
-        st = apply_state(s, ts, nts, "package state.safetensors");
-        tio_views_free(ts, nts);
+    if (given) {
+        st = apply_state(s, ts, nts, from);
+        if (init) tio_views_free(ts, nts);
+        else tf_free(ts);
         if (st) {
             tf_session_free(s);
             return st;

@@ -17,6 +17,7 @@
 
 #include "alloc.h"
 #include "ops.h"
+#include "onnx_fold.h"
 #include "runtime.h"
 
 enum { MAX_CONST = 1 << 20 };   /* elements of a constant folded at import */
@@ -599,6 +600,34 @@ static int where(importer *im, int arg)
     return set_out(im, 0, op(im, TF_OP_WHERE, in, 3, NULL, 0));
 }
 
+/* Not, And, Or, Xor on bools; IsNaN and IsInf: comparisons and where. */
+enum { LOGIC_NOT, LOGIC_AND, LOGIC_OR, LOGIC_XOR, LOGIC_ISNAN, LOGIC_ISINF };
+static int logic(importer *im, int kind)
+{
+    tf_value *a = in_val(im, 0), *b = kind >= LOGIC_AND && kind <= LOGIC_XOR ? in_val(im, 1) : NULL;
+    if (!a || ((kind >= LOGIC_AND && kind <= LOGIC_XOR) && !b)) return -1;
+    if (kind <= LOGIC_XOR && (a->type.dtype != TF_DT_BOOL || (b && b->type.dtype != TF_DT_BOOL)))
+        return fail(im, "inputs must be bool");
+    /* tfuse's literals are numbers: false is a comparison that fails, x != x for a finite x */
+    tf_value *r = NULL;
+    switch (kind) {
+    case LOGIC_NOT: r = op2(im, TF_OP_EQ, a, op2(im, TF_OP_NE, a, a)); break;
+    case LOGIC_AND: r = op(im, TF_OP_WHERE, (tf_value *[]){a, b, a}, 3, NULL, 0); break;
+    case LOGIC_OR: r = op(im, TF_OP_WHERE, (tf_value *[]){a, a, b}, 3, NULL, 0); break;
+    case LOGIC_XOR: r = op2(im, TF_OP_NE, a, b); break;
+    case LOGIC_ISNAN: r = op2(im, TF_OP_NE, a, a); break;
+    default: {   /* infinite: not finite and not NaN, of the signs asked for */
+        tf_value *fin = op1(im, TF_OP_ISFINITE, a), *no = op2(im, TF_OP_NE, fin, fin);
+        tf_value *inf = op(im, TF_OP_WHERE, (tf_value *[]){fin, no, op2(im, TF_OP_EQ, a, a)}, 3, NULL, 0);
+        tf_value *zero = num(im, 0, a->type.dtype);
+        if (!attr_i(im, "detect_negative", 1)) inf = op(im, TF_OP_WHERE, (tf_value *[]){inf, op2(im, TF_OP_GT, a, zero), inf}, 3, NULL, 0);
+        if (!attr_i(im, "detect_positive", 1)) inf = op(im, TF_OP_WHERE, (tf_value *[]){inf, op2(im, TF_OP_LT, a, zero), inf}, 3, NULL, 0);
+        r = inf;
+    }
+    }
+    return set_out(im, 0, r);
+}
+
 static int cast(importer *im, int arg)
 {
     (void)arg;
@@ -1124,8 +1153,28 @@ static int gather(importer *im, int arg)
         }
         return set_const(im, 0, data->dt, idx->shape, idx->rank, c);
     }
+    if ((axis != 0 || data->rank != 2) && !idx->v && const_of(im, idx) && numel(idx) <= 64 && data->rank - 1 + idx->rank <= TF_MAX_RANK) {
+        /* known indices on any axis: a slice per index, concatenated, reshaped to data[:axis] + indices + data[axis+1:] */
+        tf_value *x = in_val(im, 0), *parts[64];
+        int64_t n = numel(idx), dim = data->shape[axis], shape[TF_MAX_RANK];
+        for (int64_t i = 0; x && i < n; i++) {
+            int64_t k = (int64_t)idx->c[i];
+            if (k < -dim || k >= dim) return fail(im, "index %lld is out of range [%lld, %lld)", (long long)k, (long long)-dim, (long long)dim);
+            if (k < 0) k += dim;
+            tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(k)}, {"end", tf_attr_int(k + 1)}, {"step", tf_attr_int(1)}};
+            parts[i] = dim == 1 ? x : op(im, TF_OP_SLICE, &x, 1, a, 4);
+        }
+        tf_named_attr ca = {"axis", tf_attr_int(axis)};
+        tf_value *v = n == 1 ? parts[0] : op(im, TF_OP_CONCAT, parts, (int)n, &ca, 1);
+        int r = 0;
+        for (int a = 0; a < axis; a++) shape[r++] = data->shape[a];
+        for (int a = 0; a < idx->rank; a++) shape[r++] = idx->shape[a];
+        for (int a = (int)axis + 1; a < data->rank; a++) shape[r++] = data->shape[a];
+        return set_out(im, 0, v ? reshape(im, v, shape, r) : NULL);
+    }
     if (axis != 0 || data->rank != 2)
-        return fail(im, "Gather on axis %lld of a rank-%d tensor: tfuse gathers rows of a 2-D table (axis 0)", (long long)axis, data->rank);
+        return fail(im, "Gather on axis %lld of a rank-%d tensor with indices the model computes: tfuse gathers rows of a 2-D table "
+                    "(axis 0)", (long long)axis, data->rank);
     tf_value *in[2] = {in_val(im, 1), in_val(im, 0)};
     return set_out(im, 0, op(im, TF_OP_GATHER, in, 2, NULL, 0));
 }
@@ -1215,8 +1264,56 @@ static const op_entry ops[] = {
     {"ReduceMean", reduce, TF_OP_REDUCE_MEAN}, {"ReduceMax", reduce, TF_OP_REDUCE_MAX}, {"BatchNormalization", batchnorm, 0},
     {"LayerNormalization", layernorm, 0}, {"Shape", shape_op, 0}, {"Size", shape_op, 1}, {"Constant", constant, 0},
     {"ConstantOfShape", constant_of_shape, 0}, {"Expand", expand, 0}, {"Gather", gather, 0}, {"Slice", slice, 0},
-    {"Split", split, 0},
+    {"Split", split, 0}, {"Not", logic, LOGIC_NOT}, {"And", logic, LOGIC_AND}, {"Or", logic, LOGIC_OR}, {"Xor", logic, LOGIC_XOR},
+    {"IsNaN", logic, LOGIC_ISNAN}, {"IsInf", logic, LOGIC_ISINF},
 };
+
+/* ---- constants: a node whose inputs are all known is evaluated here (onnx_fold.c) ---- */
+
+static double *fold_alloc(void *ctx, int64_t n) { return own(ctx, n); }
+
+/* 1: the node's outputs are constants now; 0: it is imported as ops; -1: failed. Float initializers are params, not
+ * constants: a node that reads one is the model's computation. */
+static int fold_node(importer *im)
+{
+    const tf_onnx_node *n = im->node;
+    if (n->nin < 1 || n->nin > 8) return 0;
+    tf_onnx_cval in[8];
+    for (int i = 0; i < n->nin; i++) {
+        memset(&in[i], 0, sizeof in[i]);
+        ival *x = input(im, i);
+        if (im->failed) return -1;
+        if (!x) continue;   /* an optional input left out */
+        if (x->v || (x->init && is_float(x->dt))) return 0;
+        const double *c = const_of(im, x);
+        if (!c) return im->failed ? -1 : 0;
+        in[i] = (tf_onnx_cval){x->dt, x->rank, {0}, c};
+        memcpy(in[i].shape, x->shape, (size_t)x->rank * sizeof *x->shape);
+    }
+    tf_onnx_cval out[4];
+    int nout = 0;
+    char why[512];
+    int r = tf_onnx_fold(n, im->opset, in, n->nin, out, &nout, fold_alloc, im, why, sizeof why);
+    if (r < 0) return im->failed ? -1 : fail(im, "%s", why);
+    for (int k = 0; r > 0 && k < nout; k++)
+        if (set_const(im, k, out[k].dt, out[k].shape, out[k].rank, (double *)out[k].c)) return -1;
+    return r;
+}
+
+/* Ops imported only when their inputs are constants (they have no tfuse op of their own). */
+static int not_constant(importer *im, int arg)
+{
+    (void)arg;
+    return fail(im, "imported only when its inputs are known at import (constants), and an input here is computed by the model");
+}
+static const op_entry fold_only = {"", not_constant, 0};
+static bool folds_only(const tf_onnx_node *n)
+{
+    static const char *const names[] = {"Range", "GatherElements", "Mod", "Floor", "Ceil", "Sign"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (tf_onnx_is(n->op_type, names[i])) return true;
+    return false;
+}
 
 /* ---- the graph ---- */
 
@@ -1305,6 +1402,7 @@ int tf_onnx_import_model(const tf_onnx_model *om, const char *path, const tf_onn
         const op_entry *e = NULL;
         for (size_t k = 0; k < sizeof ops / sizeof *ops && !e; k++)
             if (tf_onnx_is(im.node->op_type, ops[k].name)) e = &ops[k];
+        if (!e && folds_only(im.node)) e = &fold_only;
         if (!e) {
             fail(&im, "tfuse has no import for this op (docs/onnx.md lists the ops it reads)");
             break;
@@ -1319,7 +1417,10 @@ int tf_onnx_import_model(const tf_onnx_model *om, const char *path, const tf_onn
                      im.node->attrs[a].name.p);
                 break;
             }
-        if (!im.failed && e->fn(&im, e->arg) && !im.failed) fail(&im, "not imported");
+        if (im.failed) break;
+        int folded = fold_node(&im);
+        if (folded < 0) break;
+        if (!folded && e->fn(&im, e->arg) && !im.failed) fail(&im, "not imported");
     }
     im.node = NULL;
     for (int i = 0; !im.failed && i < g->noutputs; i++) {
@@ -1364,11 +1465,11 @@ void tf_onnx_import_free(tf_onnx_imported *im)
 
 /* ---- the public entry (include/tfuse.h) ---- */
 
-tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims, char **ir_text,
-                         const char *params_path)
+/* The model at onnx_path as text (*ir_text, malloc'd) and its params' values: into the safetensors file params_path
+ * when given, else moved into *init when given. */
+static tf_status import_file(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims, char **ir_text,
+                             const char *params_path, tf_init_state **init)
 {
-    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
-    if (!ctx || !onnx_path || !ir_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
     *ir_text = NULL;
     FILE *f = fopen(onnx_path, "rb");
     if (!f) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot open: %s", onnx_path, strerror(errno));
@@ -1421,6 +1522,19 @@ tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_
             if (!rc && params_path &&
                 tio_safetensors_write(params_path, im.params, im.nparams, meta, err, sizeof err))
                 rc = tf_set_error(ctx, TF_ERR_IO, "%s: error: %s", params_path, err);
+            if (!rc && init) {   /* the tensors move: the import's list keeps none */
+                tf_init_state *is = tf_calloc(1, sizeof *is);
+                char *src = is ? tf_malloc(strlen(onnx_path) + 1) : NULL;
+                if (!src) {
+                    tf_free(is);
+                    rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+                } else {
+                    memcpy(src, onnx_path, strlen(onnx_path) + 1);
+                    *is = (tf_init_state){1, src, im.params, im.nparams};
+                    im.params = NULL, im.nparams = 0;
+                    *init = is;
+                }
+            }
             if (!rc) *ir_text = text;
             else free(text);
             tf_onnx_import_free(&im);
@@ -1430,4 +1544,25 @@ tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_
     tf_onnx_free(&om);
     tf_free(buf);
     return rc;
+}
+
+tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims, char **ir_text,
+                         const char *params_path)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    if (!ctx || !onnx_path || !ir_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
+    return import_file(ctx, onnx_path, dims, ndims, ir_text, params_path, NULL);
+}
+
+tf_status tf_onnx_load_model(tf_context_t *ctx, const char *path, const tf_dim_override *dims, size_t ndims, tf_model_t **out)
+{
+    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
+    char *text = NULL;
+    tf_init_state *init = NULL;
+    tf_status st = import_file(ctx, path, dims, ndims, &text, NULL, &init);
+    if (!st) st = tf_model_parse_string(ctx, path, text, strlen(text), dims, ndims, out);
+    if (!st) (*out)->init = init;
+    else tf_init_state_release(init);
+    free(text);
+    return st;
 }

@@ -422,7 +422,9 @@ tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t 
             if (!strcmp(p->stats[i].name, p->m->dims[d].name)) dim = (tf_dim_override){p->stats[i].name, p->stats[i].value};
     char name[300];
     snprintf(name, sizeof name, "%s(model)", p->m->name ? p->m->name : "program");
-    return tf_model_parse_string(ctx, name, p->model_text, strlen(p->model_text), dim.name ? &dim : NULL, dim.name ? 1 : 0, out);
+    tf_status st = tf_model_parse_string(ctx, name, p->model_text, strlen(p->model_text), dim.name ? &dim : NULL, dim.name ? 1 : 0, out);
+    if (!st) (*out)->init = tf_init_state_retain(p->init);
+    return st;
 }
 
 tf_status tf_program_set_threads(tf_program_t *p, int threads)

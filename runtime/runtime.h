@@ -17,6 +17,7 @@
 #include "ops.h"
 #include "passes.h"
 #include "package.h"
+#include "tensorio.h"
 
 /* A compiled-kernel cache (include/tfuse.h): shared by the contexts that
  * hold it and the sessions that started with it; mu guards everything
@@ -82,10 +83,28 @@ void tf_settings_free(tf_target_settings *s);
 /* "setting NAME: VALUE (FROM)" for each, FROM "default", "env VAR=VALUE" or "option". */
 void tf_settings_doctor(const tf_compile_options *o, tf_strbuf *t);
 
+/* Initial values for a model's params and buffers that come with it (an
+ * ONNX model's initializers): shared by the model and the programs compiled
+ * from it, and applied when a session starts in place of the initializers
+ * (as a package's state is). */
+typedef struct tf_init_state {
+    int refs;
+    char *source;           /* where they came from, for messages: "model.onnx" */
+    tio_tensor *ts;         /* owned */
+    size_t n;
+} tf_init_state;
+tf_init_state *tf_init_state_retain(tf_init_state *s);
+void tf_init_state_release(tf_init_state *s);
+
 struct tf_model {
     tf_module *m;
     int auto_dim;           /* index of a --dim NAME=auto, or -1 */
+    tf_init_state *init;    /* NULL: the initializers */
 };
+
+/* An ONNX model (runtime/onnx_import.c) as a model whose init holds its
+ * initializers. */
+tf_status tf_onnx_load_model(tf_context_t *ctx, const char *path, const tf_dim_override *dims, size_t ndims, tf_model_t **out);
 
 typedef struct tf_stat_entry { const char *name; int64_t value; } tf_stat_entry;
 
@@ -115,6 +134,7 @@ struct tf_program {
     /* A program loaded from a package: its sections (the backend links the
      * package's object code instead of compiling) and its initial state; owned. */
     tf_pkg *pkg;
+    tf_init_state *init;         /* the model's initial state (not a package's), shared */
     bool from_final;             /* its module was read back from the package's final IR: no pass ran */
 };
 

@@ -329,10 +329,12 @@ def _read_tree(root):
 
 def compile(source, mode="train", target=None, precision=None, dims=None, *, name=None, opt_level=1,
             disable_passes=(), checkpoint=None, memory_budget=0, memory_limit=0, threads=0, explain=False,
-            dump_ir=None, dump_kernels=False, dump_llvm=False, dump_dir=None, outputs=None, **settings):
+            dump_ir=None, dump_kernels=False, dump_llvm=False, dump_dir=None, outputs=None, loss=None, optimizer=None,
+            **settings):
     """Parse, verify and compile a model; returns a Program.
 
-    source: a path (str or os.PathLike) to a .ir file, the model's text
+    source: a path (str or os.PathLike) to a .ir file or an .onnx model
+    (docs/onnx.md: its sessions start from its initializers), the model's text
     (a str with a newline in it, or bytes; `name` names it in messages,
     default "<string>"), or a tfuse.Exported (tfuse.export's result), whose
     sessions start from the exported weights and whose run() takes the
@@ -355,12 +357,17 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     tfuse.settings() lists them); unset
     ones keep their defaults from the environment. outputs: compute only
     these outputs (names); inputs only the others read are then no inputs.
+    loss: "cross_entropy(OUTPUT, LABELS)" or "mse_loss(OUTPUT, TARGET)" gives
+    a model without a loss one (LABELS or TARGET a new input), to train an
+    ONNX model; optimizer ("adamw(lr=1e-3)") its training step's optimizer
+    when the model names none (tf_model_add_loss).
     """
     if hasattr(source, "text") and hasattr(source, "params") and hasattr(source, "layout"):   # an Exported
         prog = compile(source.text, mode, target, precision, dims, name=name or source.name, opt_level=opt_level,
                        disable_passes=disable_passes, checkpoint=checkpoint, memory_budget=memory_budget,
                        memory_limit=memory_limit, threads=threads, explain=explain, dump_ir=dump_ir,
-                       dump_kernels=dump_kernels, dump_llvm=dump_llvm, dump_dir=dump_dir, **settings)
+                       dump_kernels=dump_kernels, dump_llvm=dump_llvm, dump_dir=dump_dir, loss=loss, optimizer=optimizer,
+                       **settings)
         prog._initial_state = source.params
         prog._input_alias = {k: v for k, v in source.inputs.items() if k != v}
         return prog
@@ -440,6 +447,12 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     else:
         st = lib.tf_model_parse_file(ctx, os.fsencode(os.fspath(source)), dim_arr, len(dim_list), byref(model))
     _check(ctx, st)
+    if loss is not None or optimizer is not None:
+        st = lib.tf_model_add_loss(ctx, model, None if loss is None else str(loss).encode(),
+                                   None if optimizer is None else str(optimizer).encode())
+        if st != C.TF_OK:
+            lib.tf_model_free(model)
+        _check(ctx, st)
 
     explain_buf, explain_len, stream = ctypes.c_void_p(), ctypes.c_size_t(), None
     if explain:

@@ -137,6 +137,7 @@ _PROTOS = {
     "tf_model_parse_string": (c_int, [c_void_p, c_char_p, c_char_p, c_size_t, POINTER(DimOverride), c_size_t,
                                       POINTER(c_void_p)]),
     "tf_model_free": (None, [c_void_p]),
+    "tf_model_add_loss": (c_int, [c_void_p, c_void_p, c_char_p, c_char_p]),
     "tf_compile_options_init": (None, [POINTER(CompileOptions)]),
     "tf_program_compile": (c_int, [c_void_p, c_void_p, POINTER(CompileOptions), POINTER(c_void_p)]),
     "tf_program_free": (None, [c_void_p]),
