@@ -1225,6 +1225,11 @@ static int cmd_run(tf_context_t *ctx, args *a)
                 tf_session_missing_params(s));
     for (size_t i = 0; !rc && i < a->ninputs; i++) {
         tf_tensor_view v;
+        if (tf_program_input_unread(p, a->inputs[i].key)) {   /* declared, and nothing asked for reads it */
+            fprintf(stderr, "tfuse: note: --input %s: the outputs asked for do not read input '%s'; its data is not needed\n",
+                    a->inputs[i].key, a->inputs[i].key);
+            continue;
+        }
         if (tf_array_load_npy(ctx, a->inputs[i].val, &arrays[i])) { rc = fail(ctx); break; }
         tf_array_view(arrays[i], &v);
         if (tf_session_bind(s, a->inputs[i].key, v.dtype, v.shape, v.rank, v.data)) {
@@ -1369,7 +1374,10 @@ static void usage_cmd(const char *cmd, FILE *f)
             }
             fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s", cmd, commands[i].synopsis, commands[i].help,
                     !strcmp(cmd, "doctor") ? "It takes no flags but --help and the target settings below.\n\n"
-                    : "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
+                    : "FILE is a model (.ir), a package (.tfp) or an ONNX model (.onnx, docs/onnx.md). compile, train and bench\n"
+                      "take --loss \"cross_entropy(OUTPUT, LABELS)\" or --loss \"mse_loss(OUTPUT, TARGET)\" (a new input) and\n"
+                      "--optimizer \"adamw(lr=1e-3)\" for a model that has none: how an ONNX model is fine-tuned.\n"
+                      "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
                       "A flag the command would ignore, or one that needs another (--memory-limit and --dim K=auto,\n"
                       "--checkpoint=auto and --memory-budget, --dump-dir and --dump-ir), is an error (exit 2).\n\n");
             settings_help(f);

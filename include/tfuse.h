@@ -420,6 +420,10 @@ size_t    tf_program_io_count(const tf_program_t *p, tf_io_kind kind);
 tf_status tf_program_io(const tf_program_t *p, tf_io_kind kind, size_t i,
                         const char **name, tf_dtype *dtype, int *rank, int64_t shape[8]);
 
+/* 1 when the model declares input `name` and the program does not read it
+ * (nothing the outputs asked for depends on it: Shape(x) of a static x, an
+ * output left out); tf_session_bind accepts data for it and ignores it. */
+int tf_program_input_unread(const tf_program_t *p, const char *name);
 /* For an integer input used as class labels or embedding ids: the exclusive
  * upper bound of its valid values (*upper = 0 when no use constrains it). */
 tf_status tf_program_input_bound(const tf_program_t *p, size_t i, int64_t *upper);

@@ -941,6 +941,7 @@ tf_status tf_session_bind(tf_session_t *s, const char *input, tf_dtype dtype, co
         s->bound[i] = data;
         return TF_OK;
     }
+    if (tf_program_input_unread(s->p, input)) return TF_OK;   /* declared, and not needed for the outputs: ignored */
     return tf_set_error(s->ctx, TF_ERR_INVALID_ARG, "error: the model has no input named '%s'", input);
 }
 
@@ -1195,6 +1196,14 @@ tf_status tf_session_save_state_meta(tf_session_t *s, const char *path, const ch
     return tf_session_save_state_ex(s, path, metadata_json_object, false);
 }
 
+/* Whether the model's initial values (an ONNX model's) hold one for name: then zeros() is not its value. */
+static bool init_has(const tf_program_t *p, const char *name)
+{
+    for (size_t k = 0; p->init && k < p->init->n; k++)
+        if (!strcmp(p->init->ts[k].name, name)) return true;
+    return false;
+}
+
 tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char *metadata_json_object, bool skip_zero_init)
 {
     TF_ALLOC_SCOPE(tf_context_allocator(s ? s->ctx : NULL));
@@ -1207,7 +1216,7 @@ tf_status tf_session_save_state_ex(tf_session_t *s, const char *path, const char
     if (!ts) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     for (size_t j = 0; j < total && !st; j++) {
         const tf_value *v = j < (size_t)s->p->params.n ? s->p->params.items[j] : s->p->buffers.items[j - (size_t)s->p->params.n];
-        if (skip_zero_init && tf_interp_init_is_zero(v)) continue;
+        if (skip_zero_init && tf_interp_init_is_zero(v) && !init_has(s->p, v->name)) continue;
         size_t i = n++;
         ts[i].name = (char *)v->name;
         ts[i].dtype = (tio_dtype)v->type.dtype;

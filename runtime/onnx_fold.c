@@ -33,10 +33,23 @@ static int bad(fold *f, const char *fmt, ...)
     return -1;
 }
 
+/* A value as an integer index or size: false when it is not finite or past 2^62 (a cast would be undefined). */
+static bool as_int(double v, int64_t *out)
+{
+    if (!(fabs(v) <= 4611686018427387904.0)) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+/* Elements, saturating at 2^62 (a result that large is refused when it is allocated). */
 static int64_t count(const int64_t *shape, int rank)
 {
     int64_t n = 1;
-    for (int i = 0; i < rank; i++) n *= shape[i];
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] <= 0) return 0;
+        if (n > ((int64_t)1 << 62) / shape[i]) return (int64_t)1 << 62;
+        n *= shape[i];
+    }
     return n;
 }
 
@@ -150,7 +163,7 @@ static double apply(fold *f, int op, const double *v, tf_dt dt, bool *fail_div)
     case E_NOT: return a == 0;
     case E_ISNAN: return a != a;
     case E_ISINF: {
-        int neg = (int)attr_i(f, "detect_negative", 1), pos = (int)attr_i(f, "detect_positive", 1);
+        bool neg = attr_i(f, "detect_negative", 1) != 0, pos = attr_i(f, "detect_positive", 1) != 0;
         return (pos && a == INFINITY) || (neg && a == -INFINITY);
     }
     case E_IDENT: return a;
@@ -211,7 +224,8 @@ static int ints(fold *f, int k, int64_t *v, int *n, int cap)
     const tf_onnx_cval *x = &f->in[k];
     int64_t m = count(x->shape, x->rank);
     if (x->rank > 1 || m > cap) return bad(f, "input %d: expected a list of at most %d integers", k, cap);
-    for (int64_t i = 0; i < m; i++) v[i] = (int64_t)x->c[i];
+    for (int64_t i = 0; i < m; i++)
+        if (!as_int(x->c[i], &v[i])) return bad(f, "input %d holds %g, not an integer tfuse takes", k, x->c[i]);
     *n = (int)m;
     return 0;
 }
@@ -242,7 +256,8 @@ static int range(fold *f, tf_onnx_cval *out)
     double start = f->in[0].c[0], limit = f->in[1].c[0], delta = f->in[2].c[0];
     if (delta == 0) return bad(f, "Range with delta 0");
     double steps = ceil((limit - start) / delta);
-    int64_t n = steps > 0 ? (int64_t)steps : 0;
+    int64_t n = 0;
+    if (steps > 0 && !as_int(steps, &n)) return bad(f, "Range of %g elements", steps);
     double *c = result(f, out, f->in[0].dt, &n, 1);
     if (!c) return bad(f, "a constant too large to fold");
     for (int64_t i = 0; i < n; i++) c[i] = tf_dtype_round(f->in[0].dt, start + (double)i * delta);
@@ -261,6 +276,10 @@ static int gather(fold *f, bool elements, tf_onnx_cval *out)
     int r;
     if (elements) {
         if (ix->rank != x->rank) return bad(f, "GatherElements' indices must have the data's rank");
+        for (int a = 0; a < x->rank; a++)
+            if (a != axis && ix->shape[a] > x->shape[a])
+                return bad(f, "GatherElements' indices are %lld long on axis %d, where the data is %lld", (long long)ix->shape[a], a,
+                           (long long)x->shape[a]);
         r = ix->rank;
         memcpy(shape, ix->shape, (size_t)r * sizeof *shape);
     } else {
@@ -275,8 +294,9 @@ static int gather(fold *f, bool elements, tf_onnx_cval *out)
     if (!c) return bad(f, "a constant too large to fold");
     int64_t idx[TF_MAX_RANK] = {0}, src[TF_MAX_RANK];
     for (int64_t o = 0, n = count(shape, r); o < n; o++, next(idx, shape, r)) {
-        int64_t i = (int64_t)ix->c[elements ? o : at(ix, idx + axis, ix->rank)];
-        if (i < -e || i >= e) return bad(f, "index %lld outside a dim of %lld", (long long)i, (long long)e);
+        double iv = ix->c[elements ? o : at(ix, idx + axis, ix->rank)];
+        int64_t i = 0;
+        if (!as_int(iv, &i) || i < -e || i >= e) return bad(f, "index %g outside a dim of %lld", iv, (long long)e);
         if (i < 0) i += e;
         if (elements) {
             memcpy(src, idx, (size_t)r * sizeof *src);
@@ -315,7 +335,7 @@ static int reshape(fold *f, const char *op, tf_onnx_cval *out)
             } else if (s[i] < 0) {
                 return bad(f, "Reshape to a dim of %lld", (long long)s[i]);
             } else {
-                known *= s[i];
+                known = count((int64_t[]){known, s[i]}, 2);
             }
         }
         if (minus >= 0) s[minus] = known ? n / known : 0;
@@ -327,8 +347,11 @@ static int reshape(fold *f, const char *op, tf_onnx_cval *out)
     } else {
         const tf_onnx_attr *a = attr(f, "axes");
         bool unsq = !strcmp(op, "Unsqueeze");
-        if (a && a->nints <= TF_MAX_RANK) memcpy(axes, a->ints, (size_t)(na = a->nints) * sizeof *axes);
-        else if (f->nin > 1 && f->in[1].c && ints(f, 1, axes, &na, TF_MAX_RANK)) return -1;
+        if (a && a->nints > TF_MAX_RANK) return bad(f, "%d axes (at most %d)", a->nints, TF_MAX_RANK);
+        if (a) {
+            na = a->nints;
+            if (na) memcpy(axes, a->ints, (size_t)na * sizeof *axes);
+        } else if (f->nin > 1 && f->in[1].c && ints(f, 1, axes, &na, TF_MAX_RANK)) return -1;
         int out_rank = unsq ? x->rank + na : x->rank;
         if (out_rank > TF_MAX_RANK) return bad(f, "a result of rank %d (at most %d)", out_rank, TF_MAX_RANK);
         bool mark[TF_MAX_RANK] = {false};
@@ -351,6 +374,92 @@ static int reshape(fold *f, const char *op, tf_onnx_cval *out)
     double *c = result(f, out, x->dt, s, r);
     if (!c) return bad(f, "a constant too large to fold");
     memcpy(c, x->c, (size_t)n * sizeof *c);
+    return 1;
+}
+
+/* Slice: starts, ends, axes, steps (attributes before opset 10, inputs 1-4 after), each axis clamped as ONNX says
+ * (negative steps walk back; an empty result is a dim of 0). */
+static int slice(fold *f, tf_onnx_cval *out)
+{
+    const tf_onnx_cval *x = &f->in[0];
+    int64_t st[TF_MAX_RANK], en[TF_MAX_RANK], ax[TF_MAX_RANK], sp[TF_MAX_RANK];
+    int ns, ne, na = -1, np = -1;
+    if (f->opset < 10) {
+        const tf_onnx_attr *a = attr(f, "starts"), *b = attr(f, "ends"), *c = attr(f, "axes");
+        if (!a || !b || a->nints > TF_MAX_RANK || b->nints != a->nints || (c && c->nints != a->nints))
+            return bad(f, "Slice needs starts and ends of one length (at most %d)", TF_MAX_RANK);
+        ns = ne = a->nints;
+        if (ns) memcpy(st, a->ints, (size_t)ns * sizeof *st);
+        if (ne) memcpy(en, b->ints, (size_t)ne * sizeof *en);
+        if (c && (na = c->nints)) memcpy(ax, c->ints, (size_t)na * sizeof *ax);
+    } else {
+        if (ints(f, 1, st, &ns, TF_MAX_RANK) || ints(f, 2, en, &ne, TF_MAX_RANK)) return -1;
+        if (f->nin > 3 && f->in[3].c && ints(f, 3, ax, &na, TF_MAX_RANK)) return -1;
+        if (f->nin > 4 && f->in[4].c && ints(f, 4, sp, &np, TF_MAX_RANK)) return -1;
+        if (ne != ns || (na >= 0 && na != ns) || (np >= 0 && np != ns)) return bad(f, "Slice's starts, ends, axes and steps differ in length");
+    }
+    int64_t lo[TF_MAX_RANK], step[TF_MAX_RANK], shape[TF_MAX_RANK];
+    for (int d = 0; d < x->rank; d++) lo[d] = 0, step[d] = 1, shape[d] = x->shape[d];
+    bool seen[TF_MAX_RANK] = {false};
+    for (int i = 0; i < ns; i++) {
+        int64_t a = na >= 0 ? ax[i] : i, k = np >= 0 ? sp[i] : 1, dim;
+        if (a < -x->rank || a >= x->rank) return bad(f, "axis %lld outside rank %d", (long long)a, x->rank);
+        if (a < 0) a += x->rank;
+        if (seen[a]) return bad(f, "axis %lld sliced twice", (long long)a);
+        seen[a] = true;
+        if (k == 0) return bad(f, "a step of 0");
+        dim = x->shape[a];
+        int64_t s0 = st[i] < 0 ? st[i] + dim : st[i], e0 = en[i] < 0 ? en[i] + dim : en[i], len;
+        if (st[i] < -((int64_t)1 << 62) || en[i] < -((int64_t)1 << 62)) return bad(f, "a start or end past -2^62");
+        if (k > 0) {
+            s0 = s0 < 0 ? 0 : s0 > dim ? dim : s0;
+            e0 = e0 < 0 ? 0 : e0 > dim ? dim : e0;
+            len = e0 > s0 ? (e0 - s0 + k - 1) / k : 0;
+        } else {
+            s0 = s0 < 0 ? -1 : s0 > dim - 1 ? dim - 1 : s0;
+            e0 = e0 < -1 ? -1 : e0 > dim - 1 ? dim - 1 : e0;
+            len = s0 > e0 ? (s0 - e0 + (-k) - 1) / (-k) : 0;
+        }
+        lo[a] = s0, step[a] = k, shape[a] = len;
+    }
+    double *c = result(f, out, x->dt, shape, x->rank);
+    if (!c) return bad(f, "a constant too large to fold");
+    int64_t idx[TF_MAX_RANK] = {0};
+    for (int64_t o = 0, n = count(shape, x->rank); o < n; o++, next(idx, shape, x->rank)) {
+        int64_t off = 0;
+        for (int d = 0; d < x->rank; d++) off = off * x->shape[d] + lo[d] + idx[d] * step[d];
+        c[o] = x->c[off];
+    }
+    return 1;
+}
+
+/* Concat of constants on any axis. */
+static int concat(fold *f, tf_onnx_cval *out)
+{
+    const tf_onnx_cval *x = &f->in[0];
+    int64_t axis = attr_i(f, "axis", 0);
+    if (x->rank < 1 || axis < -x->rank || axis >= x->rank) return bad(f, "axis %lld outside rank %d", (long long)axis, x->rank);
+    if (axis < 0) axis += x->rank;
+    int64_t shape[TF_MAX_RANK], inner = 1, outer = 1;
+    memcpy(shape, x->shape, (size_t)x->rank * sizeof *shape);
+    shape[axis] = 0;
+    for (int i = 0; i < f->nin; i++) {
+        const tf_onnx_cval *y = &f->in[i];
+        if (!y->c || y->rank != x->rank || y->dt != x->dt) return bad(f, "Concat of inputs of other ranks or types");
+        for (int d = 0; d < x->rank; d++)
+            if (d != axis && y->shape[d] != x->shape[d]) return bad(f, "Concat of inputs that differ off the axis");
+        shape[axis] += y->shape[axis];
+    }
+    for (int d = 0; d < x->rank; d++) *(d < axis ? &outer : d > axis ? &inner : &(int64_t){0}) *= x->shape[d];
+    double *c = result(f, out, x->dt, shape, x->rank);
+    if (!c) return bad(f, "a constant too large to fold");
+    int64_t at_ = 0;
+    for (int64_t o = 0; o < outer; o++)
+        for (int i = 0; i < f->nin; i++) {
+            int64_t len = f->in[i].shape[axis] * inner;
+            memcpy(c + at_, f->in[i].c + o * len, (size_t)len * sizeof *c);
+            at_ += len;
+        }
     return 1;
 }
 
@@ -377,6 +486,8 @@ int tf_onnx_fold(const tf_onnx_node *n, int64_t opset, const tf_onnx_cval *in, i
     if (tf_onnx_is(n->op_type, "Range")) return range(&f, out);
     if (tf_onnx_is(n->op_type, "Gather")) return gather(&f, false, out);
     if (tf_onnx_is(n->op_type, "GatherElements")) return gather(&f, true, out);
+    if (tf_onnx_is(n->op_type, "Slice")) return nin < 1 || !in[0].c ? bad(&f, "input 0 is required") : slice(&f, out);
+    if (tf_onnx_is(n->op_type, "Concat")) return nin < 1 || !in[0].c ? bad(&f, "input 0 is required") : concat(&f, out);
     static const char *const shaping[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"};
     for (size_t i = 0; i < sizeof shaping / sizeof *shaping; i++)
         if (tf_onnx_is(n->op_type, shaping[i])) {

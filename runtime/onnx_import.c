@@ -30,6 +30,7 @@ typedef struct ival {
     const tf_onnx_tensor *init;  /* an initializer, not yet read */
     double *c;                   /* a constant's elements (row-major), NULL: not known */
     bool stat;                   /* batch norm's running mean or variance: a buffer */
+    bool weight;                 /* a graph initializer: a param when floating (a Constant's tensor is a buffer) */
 } ival;
 
 typedef struct entry {
@@ -115,7 +116,8 @@ static void sanitize(tf_onnx_str s, char *out, size_t n)
     }
     out[k] = 0;
     /* the statement keywords cannot name values */
-    static const char *const kw[] = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield"};
+    static const char *const kw[] = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield",
+                                     "inf", "nan", "true", "false"};   /* and the literals */
     for (size_t i = 0; i < sizeof kw / sizeof *kw; i++)
         if (!strcmp(out, kw[i]) && k + 2 < n) {
             out[k] = '_', out[k + 1] = 0;
@@ -344,7 +346,7 @@ static tf_value *val(importer *im, ival *x, const char *hint)
         return NULL;
     }
     int64_t n = numel(x);
-    if (n == 1 && const_of(im, x)) {   /* a number, reshaped to the constant's rank */
+    if (n == 1 && is_float(x->dt) && const_of(im, x)) {   /* a number (the text's literals are floating), reshaped to the constant's rank */
         tf_value *v = tf_const(im->m, x->c[0], x->dt);
         if (v && x->rank > 0) {
             tf_diag d = {0};
@@ -366,7 +368,7 @@ static tf_value *val(importer *im, ival *x, const char *hint)
     const char *nm = tf_module_unique_name(im->m, name);
     tf_type ty = {x->dt, x->rank, {{0}}};
     for (int i = 0; i < x->rank; i++) ty.dims[i] = (tf_dim){x->shape[i], -1};
-    bool trainable = is_float(x->dt) && !x->stat;
+    bool trainable = is_float(x->dt) && !x->stat && x->weight;
     tf_value *v = nm ? tf_module_add_decl(im->m, nm, trainable ? TF_VAL_PARAM : TF_VAL_BUFFER, &ty, TF_INIT_ZEROS) : NULL;
     if (!v) {
         fail(im, "out of memory");
@@ -559,6 +561,16 @@ static int binary(importer *im, int o)
     if (!a || !b) return -1;
     if (o == TF_OP_DIV && !is_float(a->dt))
         return fail(im, "integer Div truncates toward zero, and tfuse's div of integers is not that division");
+    if (o == TF_OP_POW && (!is_float(a->dt) || !is_float(b->dt))) {   /* the exponent's type is free; an integer base in f64 */
+        tf_value *x = in_val(im, 0), *y = in_val(im, 1);
+        if (!x || !y) return -1;
+        tf_dt t = is_float(a->dt) ? a->dt : TF_DT_F64;
+        tf_named_attr to = {"to", tf_attr_dtype(t)}, back = {"to", tf_attr_dtype(a->dt)};
+        if (x->type.dtype != t) x = op(im, TF_OP_CAST, &x, 1, &to, 1);
+        if (y->type.dtype != t) y = op(im, TF_OP_CAST, &y, 1, &to, 1);
+        tf_value *r = op2(im, TF_OP_POW, x, y);
+        return set_out(im, 0, t == a->dt ? r : op(im, TF_OP_CAST, &r, 1, &back, 1));
+    }
     return set_out(im, 0, op2(im, o, in_val(im, 0), in_val(im, 1)));
 }
 
@@ -580,8 +592,17 @@ static int identity(importer *im, int arg)
     ival *x = need(im, 0);
     if (!x) return -1;
     ival copy = *x;
-    if (im->node->nout > 1 && im->node->out[1].n) return fail(im, "Dropout's mask output is not produced (an inference graph needs none)");
-    return bind(im, im->node->out[0], &copy) ? 0 : -1;
+    if (!bind(im, im->node->out[0], &copy)) return -1;
+    if (im->node->nout > 1 && im->node->out[1].n) {   /* Dropout's mask: every element kept in an inference graph */
+        if (im->node->nin > 2 && input(im, 2)) {
+            ival *t = input(im, 2);
+            if (t->v || !const_of(im, t) || t->c[0] != 0)
+                return fail(im, "training_mode must be a constant false: tfuse draws dropout itself when it trains");
+        }
+        tf_value *v = in_val(im, 0), *f = v ? op2(im, TF_OP_NE, v, v) : NULL;
+        return set_out(im, 1, f ? op2(im, TF_OP_EQ, f, f) : NULL);
+    }
+    return 0;
 }
 
 static int reciprocal(importer *im, int arg)
@@ -628,12 +649,17 @@ static int logic(importer *im, int kind)
     return set_out(im, 0, r);
 }
 
-static int cast(importer *im, int arg)
+/* Cast to the attribute's type; CastLike (like = 1) to input 1's. */
+static int cast(importer *im, int like)
 {
-    (void)arg;
     tf_dt to;
-    if (!dt_of_onnx((int32_t)attr_i(im, "to", 0), &to))
+    if (like) {
+        ival *l = need(im, 1);
+        if (!l) return -1;
+        to = l->dt;
+    } else if (!dt_of_onnx((int32_t)attr_i(im, "to", 0), &to)) {
         return fail(im, "Cast to %s: tfuse has f32 f16 bf16 f64 i64 i32 bool", tf_onnx_type_name((int32_t)attr_i(im, "to", 0)));
+    }
     ival *x = need(im, 0);
     if (!x) return -1;
     if (!x->v && const_of(im, x)) {   /* folded */
@@ -866,8 +892,9 @@ static int flatten(importer *im, int arg)
     (void)arg;
     tf_value *x = in_val(im, 0);
     if (!x) return -1;
-    int64_t axis = 0;
-    if (norm_axis(im, attr_i(im, "axis", 1), x->type.rank + 1, &axis)) return -1;
+    int64_t axis = attr_i(im, "axis", 1), r = x->type.rank;   /* in [-r, r]; a negative one counts from the end */
+    if (axis < -r || axis > r) return fail(im, "axis %lld is outside [-%lld, %lld]", (long long)axis, (long long)r, (long long)r);
+    if (axis < 0) axis += r;
     int64_t a = 1, b = 1;
     for (int i = 0; i < x->type.rank; i++) *(i < axis ? &a : &b) *= x->type.dims[i].n;
     return set_out(im, 0, reshape(im, x, (int64_t[]){a, b}, 2));
@@ -1003,27 +1030,53 @@ static int batchnorm(importer *im, int arg)
     return set_out(im, 0, op(im, TF_OP_BATCHNORM, in, 5, a, 2));
 }
 
+/* LayerNormalization over axes [axis, rank): tfuse's layernorm of the last axis on x seen as [P, Q]; Mean and InvStdDev
+ * (its optional outputs) as reductions over those axes, kept as dims of 1. */
 static int layernorm(importer *im, int arg)
 {
     (void)arg;
     tf_value *x = in_val(im, 0);
     if (!x) return -1;
     int64_t axis = 0;
-    if (norm_axis(im, attr_i(im, "axis", -1), x->type.rank, &axis)) return -1;
-    if (axis != x->type.rank - 1) return fail(im, "axis %lld: tfuse's layernorm normalizes the last axis", (long long)axis);
+    int r = x->type.rank;
+    if (norm_axis(im, attr_i(im, "axis", -1), r, &axis)) return -1;
+    double eps = attr_f(im, "epsilon", 1e-5);
+    int64_t p = 1, q = 1, shape[TF_MAX_RANK], axes[TF_MAX_RANK];
+    for (int i = 0; i < r; i++) *(i < axis ? &p : &q) *= x->type.dims[i].n, shape[i] = x->type.dims[i].n;
     tf_value *g = in_val(im, 1), *b = NULL;
-    if (input(im, 2)) b = in_val(im, 2);
-    else if (g) {   /* no bias: zeros */
-        ival z = {.dt = g->type.dtype, .rank = 1, .shape = {g->type.dims[0].n}};
-        z.c = own(im, z.shape[0]);
+    if (!g) return -1;
+    if (tf_type_numel(&g->type) != q)
+        return fail(im, "Scale has %lld elements, and the normalized axes hold %lld: tfuse takes a Scale of their shape",
+                    (long long)tf_type_numel(&g->type), (long long)q);
+    if (input(im, 2)) {
+        b = in_val(im, 2);
+        if (b && tf_type_numel(&b->type) != q)
+            return fail(im, "B has %lld elements, and the normalized axes hold %lld: tfuse takes a B of their shape",
+                        (long long)tf_type_numel(&b->type), (long long)q);
+    } else {   /* no bias: zeros */
+        ival z = {.dt = g->type.dtype, .rank = 1, .shape = {q}};
+        z.c = own(im, q);
         if (!z.c) return -1;
         b = val(im, &z, "layernorm_zero_bias");
     }
-    if (im->node->nout > 1 && (im->node->out[1].n || (im->node->nout > 2 && im->node->out[2].n)))
-        return fail(im, "LayerNormalization's Mean and InvStdDev outputs are not produced");
-    tf_value *in[3] = {x, g, b};
-    tf_named_attr a = {"eps", tf_attr_float(attr_f(im, "epsilon", 1e-5))};
-    return set_out(im, 0, op(im, TF_OP_LAYERNORM, in, 3, &a, 1));
+    if (im->failed) return -1;
+    bool last = axis == r - 1;
+    tf_value *xs = last ? x : reshape(im, x, (int64_t[]){p, q}, 2);
+    tf_value *gs = g->type.rank == 1 ? g : reshape(im, g, &q, 1), *bs = b->type.rank == 1 ? b : reshape(im, b, &q, 1);
+    tf_value *in[3] = {xs, gs, bs};
+    tf_named_attr a = {"eps", tf_attr_float(eps)};
+    tf_value *y = op(im, TF_OP_LAYERNORM, in, 3, &a, 1);
+    if (set_out(im, 0, last ? y : reshape(im, y, shape, r))) return -1;
+    bool mean_out = im->node->nout > 1 && im->node->out[1].n, inv_out = im->node->nout > 2 && im->node->out[2].n;
+    if (!mean_out && !inv_out) return 0;
+    for (int i = (int)axis; i < r; i++) axes[i - axis] = i;
+    tf_named_attr ra[2] = {{"axes", tf_attr_ints(im->m, axes, (int)(r - axis))}, {"keepdims", tf_attr_bool(true)}};
+    tf_value *mean = op(im, TF_OP_REDUCE_MEAN, &x, 1, ra, 2), *d = op2(im, TF_OP_SUB, x, mean);
+    tf_value *var = op2(im, TF_OP_MUL, d, d);
+    var = op(im, TF_OP_REDUCE_MEAN, &var, 1, ra, 2);
+    tf_value *inv = op1(im, TF_OP_RSQRT, op2(im, TF_OP_ADD, var, num(im, eps, x->type.dtype)));
+    if (mean_out && set_out(im, 1, mean)) return -1;
+    return inv_out ? set_out(im, 2, inv) : 0;
 }
 
 static int shape_op(importer *im, int size)
@@ -1158,6 +1211,7 @@ static int gather(importer *im, int arg)
         tf_value *x = in_val(im, 0), *parts[64];
         int64_t n = numel(idx), dim = data->shape[axis], shape[TF_MAX_RANK];
         for (int64_t i = 0; x && i < n; i++) {
+            if (!(fabs(idx->c[i]) <= 4611686018427387904.0)) return fail(im, "index %g is not an integer tfuse takes", idx->c[i]);
             int64_t k = (int64_t)idx->c[i];
             if (k < -dim || k >= dim) return fail(im, "index %lld is out of range [%lld, %lld)", (long long)k, (long long)-dim, (long long)dim);
             if (k < 0) k += dim;
@@ -1252,7 +1306,7 @@ static const op_entry ops[] = {
     {"Neg", unary, TF_OP_NEG}, {"Abs", unary, TF_OP_ABS}, {"Exp", unary, TF_OP_EXP}, {"Log", unary, TF_OP_LOG},
     {"Sqrt", unary, TF_OP_SQRT}, {"Tanh", unary, TF_OP_TANH}, {"Sigmoid", unary, TF_OP_SIGMOID}, {"Relu", unary, TF_OP_RELU},
     {"Sin", unary, TF_OP_SIN}, {"Cos", unary, TF_OP_COS}, {"Erf", unary, TF_OP_ERF}, {"Softplus", unary, TF_OP_SOFTPLUS},
-    {"Reciprocal", reciprocal, 0}, {"Identity", identity, 0}, {"Dropout", identity, 0}, {"Cast", cast, 0},
+    {"Reciprocal", reciprocal, 0}, {"Identity", identity, 0}, {"Dropout", identity, 0}, {"Cast", cast, 0}, {"CastLike", cast, 1},
     {"LeakyRelu", activation, ACT_LEAKY}, {"Elu", activation, ACT_ELU}, {"Selu", activation, ACT_SELU},
     {"HardSigmoid", activation, ACT_HARDSIGMOID}, {"HardSwish", activation, ACT_HARDSWISH}, {"Softsign", activation, ACT_SOFTSIGN},
     {"Clip", activation, ACT_CLIP}, {"Gelu", activation, ACT_GELU},
@@ -1284,7 +1338,7 @@ static int fold_node(importer *im)
         ival *x = input(im, i);
         if (im->failed) return -1;
         if (!x) continue;   /* an optional input left out */
-        if (x->v || (x->init && is_float(x->dt))) return 0;
+        if (x->v || (x->weight && is_float(x->dt))) return 0;
         const double *c = const_of(im, x);
         if (!c) return im->failed ? -1 : 0;
         in[i] = (tf_onnx_cval){x->dt, x->rank, {0}, c};
@@ -1329,7 +1383,7 @@ static int import_inputs(importer *im)
     const tf_onnx_graph *g = &im->om->graph;
     for (int i = 0; i < g->ninits; i++) {
         const tf_onnx_tensor *t = &g->inits[i];
-        ival x = {.init = t, .rank = t->rank};
+        ival x = {.init = t, .rank = t->rank, .weight = true};
         if (!dt_of_onnx(t->data_type, &x.dt))
             return fail(im, "initializer '%.*s' is of type %s, which tfuse does not have", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
         memcpy(x.shape, t->dims, (size_t)t->rank * sizeof *x.shape);
@@ -1352,6 +1406,9 @@ static int import_inputs(importer *im)
                 ty.dims[k] = (tf_dim){d->value, -1};
                 continue;
             }
+            if (d->value == 0)
+                return fail(im, "input '%.*s' has a dim of 0: tfuse's sizes are positive (an empty tensor has nothing to compute)",
+                            (int)in->name.n, in->name.p);
             char dn[600];
             if (d->param.n) sanitize(d->param, dn, sizeof dn);
             else snprintf(dn, sizeof dn, "%s_d%d", name, k);   /* no size and no name: one of its own */
@@ -1461,108 +1518,4 @@ void tf_onnx_import_free(tf_onnx_imported *im)
     for (size_t i = 0; i < im->nparams; i++) tio_tensor_free(&im->params[i]);
     tf_free(im->params);
     memset(im, 0, sizeof *im);
-}
-
-/* ---- the public entry (include/tfuse.h) ---- */
-
-/* The model at onnx_path as text (*ir_text, malloc'd) and its params' values: into the safetensors file params_path
- * when given, else moved into *init when given. */
-static tf_status import_file(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims, char **ir_text,
-                             const char *params_path, tf_init_state **init)
-{
-    *ir_text = NULL;
-    FILE *f = fopen(onnx_path, "rb");
-    if (!f) return tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot open: %s", onnx_path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return tf_set_error(ctx, TF_ERR_IO, "%s: error: not a regular file", onnx_path);
-    }
-    /* protobuf's own limit: a message is under 2 GiB (larger models keep their weights in external data files) */
-    if ((uint64_t)st.st_size >= ((uint64_t)1 << 31)) {
-        fclose(f);
-        return tf_set_error(ctx, TF_ERR_LIMIT, "%s: error: %lld bytes: an ONNX file is under 2 GiB (protobuf's limit); a larger model "
-                            "keeps its weights in external data files", onnx_path, (long long)st.st_size);
-    }
-    size_t n = (size_t)st.st_size;
-    unsigned char *buf = tf_malloc(n ? n : 1);
-    if (!buf) {
-        fclose(f);
-        return tf_set_error(ctx, TF_ERR_OOM, "%s: error: out of memory reading the file", onnx_path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    bool bad = ferror(f) || got != n;
-    fclose(f);
-    if (bad) {
-        tf_free(buf);
-        return tf_set_error(ctx, TF_ERR_IO, "%s: error: read failed", onnx_path);
-    }
-    tf_onnx_model om;
-    char err[4096];
-    tf_status rc = TF_OK;
-    if (tf_onnx_read(buf, n, &om, err, sizeof err)) {
-        rc = tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: not a valid ONNX model: %s", onnx_path, err);
-    } else {
-        tf_onnx_dim_value *dv = ndims ? tf_calloc(ndims, sizeof *dv) : NULL;
-        for (size_t i = 0; dv && i < ndims; i++) dv[i] = (tf_onnx_dim_value){dims[i].name, dims[i].value};
-        tf_onnx_imported im;
-        if (ndims && !dv) rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-        else if (tf_onnx_import_model(&om, onnx_path, dv, (int)ndims, &im, err, sizeof err))
-            rc = tf_set_error(ctx, TF_ERR_UNSUPPORTED, "%s", err);
-        else {
-            for (size_t i = 0; !rc && i < ndims; i++)
-                if (tf_module_find_dim(im.m, dims[i].name, strlen(dims[i].name)) < 0)
-                    rc = tf_set_error(ctx, TF_ERR_INVALID_ARG, "%s: error: --dim %s: the model has no dim of that name (its inputs' "
-                                      "dim_params, as tfuse names them, are its dims)", onnx_path, dims[i].name);
-            char *printed = rc ? NULL : tf_print_module(im.m), *text = printed ? tf_libc_copy(printed, strlen(printed) + 1) : NULL;   /* the caller's free() */
-            tf_free(printed);
-            if (!text && !rc) rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory printing the module");
-            char meta[128];
-            snprintf(meta, sizeof meta, "{\"format\":\"tfuse-onnx-import-1\"}");
-            if (!rc && params_path &&
-                tio_safetensors_write(params_path, im.params, im.nparams, meta, err, sizeof err))
-                rc = tf_set_error(ctx, TF_ERR_IO, "%s: error: %s", params_path, err);
-            if (!rc && init) {   /* the tensors move: the import's list keeps none */
-                tf_init_state *is = tf_calloc(1, sizeof *is);
-                char *src = is ? tf_malloc(strlen(onnx_path) + 1) : NULL;
-                if (!src) {
-                    tf_free(is);
-                    rc = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-                } else {
-                    memcpy(src, onnx_path, strlen(onnx_path) + 1);
-                    *is = (tf_init_state){1, src, im.params, im.nparams};
-                    im.params = NULL, im.nparams = 0;
-                    *init = is;
-                }
-            }
-            if (!rc) *ir_text = text;
-            else free(text);
-            tf_onnx_import_free(&im);
-        }
-        tf_free(dv);
-    }
-    tf_onnx_free(&om);
-    tf_free(buf);
-    return rc;
-}
-
-tf_status tf_onnx_import(tf_context_t *ctx, const char *onnx_path, const tf_dim_override *dims, size_t ndims, char **ir_text,
-                         const char *params_path)
-{
-    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
-    if (!ctx || !onnx_path || !ir_text) return tf_set_error(ctx, TF_ERR_INVALID_ARG, "error: NULL argument");
-    return import_file(ctx, onnx_path, dims, ndims, ir_text, params_path, NULL);
-}
-
-tf_status tf_onnx_load_model(tf_context_t *ctx, const char *path, const tf_dim_override *dims, size_t ndims, tf_model_t **out)
-{
-    TF_ALLOC_SCOPE(tf_context_allocator(ctx));
-    char *text = NULL;
-    tf_init_state *init = NULL;
-    tf_status st = import_file(ctx, path, dims, ndims, &text, NULL, &init);
-    if (!st) st = tf_model_parse_string(ctx, path, text, strlen(text), dims, ndims, out);
-    if (!st) (*out)->init = init;
-    else tf_init_state_release(init);
-    free(text);
-    return st;
 }

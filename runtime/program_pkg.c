@@ -427,6 +427,22 @@ tf_status tf_program_model(tf_context_t *ctx, const tf_program_t *p, tf_model_t 
     return st;
 }
 
+int tf_program_input_unread(const tf_program_t *p, const char *name)
+{
+    if (!p || !name || !p->model_text) return 0;
+    for (int i = 0; i < p->inputs.n; i++)
+        if (!strcmp(((const tf_value *)p->inputs.items[i])->name, name)) return 0;
+    size_t n = strlen(name);
+    /* the canonical text declares each input on a line of its own: "input  NAME : TYPE" */
+    for (const char *l = p->model_text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        if (strncmp(l, "input ", 6)) continue;
+        const char *q = l + 6;
+        while (*q == ' ') q++;
+        if (!strncmp(q, name, n) && (q[n] == ' ' || q[n] == ':')) return 1;
+    }
+    return 0;
+}
+
 tf_status tf_program_set_threads(tf_program_t *p, int threads)
 {
     if (!p || threads < 0) return TF_ERR_INVALID_ARG;

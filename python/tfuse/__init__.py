@@ -711,6 +711,8 @@ class Session:
         for name, obj in inputs.items():
             name = alias.get(name, name)
             spec = specs.get(name)
+            if spec is None and h.lib.tf_program_input_unread(self.program._h.ptr, name.encode()):
+                continue   # declared by the model, and nothing the outputs read depends on it: not needed
             if spec is None:
                 raise Error(f"error: the model has no input named '{name}' (it has: {', '.join(specs) or 'none'})",
                             "invalid argument")

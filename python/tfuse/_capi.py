@@ -138,6 +138,7 @@ _PROTOS = {
                                       POINTER(c_void_p)]),
     "tf_model_free": (None, [c_void_p]),
     "tf_model_add_loss": (c_int, [c_void_p, c_void_p, c_char_p, c_char_p]),
+    "tf_program_input_unread": (c_int, [c_void_p, c_char_p]),
     "tf_compile_options_init": (None, [POINTER(CompileOptions)]),
     "tf_program_compile": (c_int, [c_void_p, c_void_p, POINTER(CompileOptions), POINTER(c_void_p)]),
     "tf_program_free": (None, [c_void_p]),

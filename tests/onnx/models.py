@@ -108,6 +108,24 @@ def all_models():
         n("Gelu", ["ln"], ["ge"]), n("Gelu", ["ln"], ["gt"], approximate="tanh"), n("Add", ["ge", "gt"], ["out"]),
     ], [("ids", I64, ["batch", 5])], [("out", F, ["batch", 5, 8])],
         [init("table", rnd(11, 8, seed=16)), init("ln_g", rnd(8, seed=17)), init("ln_b", rnd(8, seed=18))], opset=20)
+    # masks: exporters' mask and index arithmetic on constants (folded at import: Range, Expand, GatherElements,
+    # Equal, Where, Mod, Floor, Sign, Not), then logic on the model's own values (And, Or, Xor, Not, IsNaN, IsInf)
+    # and a Gather of known indices on axis 1
+    i64 = lambda name, a: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(a, np.int64), name))
+    f32 = lambda name, a: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(a, np.float32), name))
+    ms["masks"] = model("masks", [
+        i64("zero", 0), i64("four", 4), i64("one", 1), i64("three", 3), i64("two", 2), i64("perm", [[3, 0, 1, 2], [1, 1, 0, 3]]),
+        f32("half", [-1.5, 2.5, 0.5, -0.25]), i64("cols", [3, 0]),
+        n("Shape", ["x"], ["shp"]), n("Range", ["zero", "four", "one"], ["r"]), n("Expand", ["r", "shp"], ["er"]),
+        n("GatherElements", ["er", "perm"], ["ge"], axis=1), n("Mod", ["ge", "two"], ["md"]), n("Equal", ["md", "zero"], ["even"]),
+        n("Less", ["ge", "three"], ["small"]), n("Not", ["small"], ["big"]),
+        n("Floor", ["half"], ["fl"]), n("Sign", ["fl"], ["sg"]), n("Where", ["even", "sg", "half"], ["w"]),
+        n("Greater", ["x", "w"], ["pos"]), n("And", ["pos", "even"], ["a"]), n("Or", ["pos", "big"], ["o"]),
+        n("Xor", ["a", "o"], ["xo"]), n("Not", ["xo"], ["nx"]),
+        n("Log", ["x"], ["lx"]), n("IsNaN", ["lx"], ["isnan"]),
+        n("Sub", ["x", "x"], ["z"]), n("Div", ["x", "z"], ["q"]), n("IsInf", ["q"], ["pinf"], detect_negative=0),
+        n("IsInf", ["q"], ["anyinf"]), n("Gather", ["x", "cols"], ["gx"], axis=1),
+    ], [("x", F, [2, 4])], [("nx", B, [2, 4]), ("isnan", B, [2, 4]), ("pinf", B, [2, 4]), ("anyinf", B, [2, 4]), ("gx", F, [2, 2])])
     return ms
 
 

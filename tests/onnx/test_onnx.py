@@ -62,16 +62,26 @@ class Imported(unittest.TestCase):
         for k, v in feeds.items():
             np.save(os.path.join(self.dir, f"{name}.in.{k}.npy"), v)
             args += ["--input", f"{k}={self.dir}/{name}.in.{k}.npy"]
-        for t in TARGETS:
+        dargs = [a for k, v in dims.items() for a in ("--dim", f"{k}={v}")]
+        for t in TARGETS + ["direct"]:   # the imported text with its params, then the .onnx file itself
             outs = [os.path.join(self.dir, f"{name}.{t}.{o.name}.npy") for o in m.graph.output]
             oargs = [a for o, f in zip(m.graph.output, outs) for a in ("--output", f"{o.name}={f}")]
-            tfuse("run", ir, f"--target={t}", "--params", ir[:-3] + ".safetensors", *args, *oargs)
+            if t == "direct":
+                tfuse("run", path, f"--target={TARGETS[-1]}", *dargs, *args, *oargs)
+            else:
+                tfuse("run", ir, f"--target={t}", "--params", ir[:-3] + ".safetensors", *args, *oargs)
             for o, f, w in zip(m.graph.output, outs, want):
                 got = np.load(f)
                 with self.subTest(model=name, target=t, output=o.name):
                     self.assertEqual(got.dtype, w.dtype)
                     self.assertEqual(got.shape, w.shape)
                     np.testing.assert_allclose(got, w, rtol=1e-3, atol=1e-5)
+
+    def feeds_of(self, m, dims=None):
+        return {i.name: (self.rng.integers(0, 11, [d.dim_value or dims[d.dim_param] for d in i.type.tensor_type.shape.dim])
+                         if NP[i.type.tensor_type.elem_type] == np.int64 else
+                         self.rng.standard_normal([d.dim_value or dims[d.dim_param] for d in i.type.tensor_type.shape.dim]))
+                .astype(NP[i.type.tensor_type.elem_type]) for i in m.graph.input}
 
     def test_models(self):
         for name, m in models.all_models().items():
@@ -125,6 +135,149 @@ class Imported(unittest.TestCase):
             torch.onnx.export(net, (torch.randn(2, 3, 64, 64),), path, dynamo=False, opset_version=17, input_names=["x"],
                               output_names=["y"])
             self.check(name, onnx.load(path))
+
+
+def small_bert(torch, transformers, seed):
+    """A transformers BERT classifier (2 layers, hidden 32, 4 heads), dropout off, its weights drawn again so that no
+    two are equal (torch.onnx.export writes equal initializers once, tying them)."""
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0, num_labels=3)
+    torch.manual_seed(seed)
+    net = transformers.BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 and p.shape[0] == 32 else 0.0))
+    return net
+
+
+class Direct(unittest.TestCase):
+    """The .onnx file given to compile, run, train and tfuse.compile: BERT against ONNX Runtime, packages, the messages
+    of --loss, and fine-tuning BERT against PyTorch doing the same in float64."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        cls.rng = np.random.default_rng()
+        cls.seed = int(cls.rng.integers(1 << 30))
+        try:
+            import torch
+            import transformers
+        except ImportError:
+            cls.bert = None
+            return
+        cls.torch, cls.net = torch, small_bert(torch, transformers, cls.seed)
+        cls.bert = os.path.join(cls.dir, "bert.onnx")
+        ids = torch.randint(0, 100, (2, 16))
+        mask = torch.ones(2, 16, dtype=torch.long)
+        torch.onnx.export(cls.net, (ids, mask), cls.bert, dynamo=False, opset_version=17,
+                          input_names=["input_ids", "attention_mask"], output_names=["logits"])
+
+    def batch(self):
+        ids = self.rng.integers(1, 100, (2, 16)).astype(np.int64)   # not 0, the padding row: ONNX has no padding_idx
+        mask = np.ones((2, 16), np.int64)
+        mask[1, int(self.rng.integers(4, 16)):] = 0   # the second sequence padded
+        return ids, mask
+
+    def test_bert_against_onnxruntime(self):
+        if not self.bert:
+            self.skipTest("no torch or transformers")
+        ids, mask = self.batch()
+        want = ort.InferenceSession(self.bert).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        np.save(os.path.join(self.dir, "ids.npy"), ids)
+        np.save(os.path.join(self.dir, "mask.npy"), mask)
+        for t in TARGETS:
+            out = os.path.join(self.dir, f"logits.{t}.npy")
+            tfuse("run", self.bert, f"--target={t}", "--input", f"input_ids={self.dir}/ids.npy", "--input",
+                  f"attention_mask={self.dir}/mask.npy", "--output", f"logits={out}")
+            got = np.load(out)
+            with self.subTest(target=t):
+                self.assertEqual(got.shape, want.shape)
+                np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+
+    def test_package(self):
+        """compile model.onnx -o pkg: the package holds the model's weights; running it gives ONNX Runtime's outputs."""
+        m = models.all_models()["conv"]
+        path = os.path.join(self.dir, "conv.onnx")
+        onnx.save(m, path)
+        x = self.rng.standard_normal([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+        want = ort.InferenceSession(path).run(None, {m.graph.input[0].name: x})
+        np.save(os.path.join(self.dir, "cx.npy"), x)
+        pkg = os.path.join(self.dir, "conv.tfp")
+        tfuse("compile", path, "--target=" + TARGETS[-1], "-o", pkg)
+        outs = [os.path.join(self.dir, f"pkg.{o.name}.npy") for o in m.graph.output]
+        tfuse("run", pkg, "--input", f"{m.graph.input[0].name}={self.dir}/cx.npy",
+              *[a for o, f in zip(m.graph.output, outs) for a in ("--output", f"{o.name}={f}")])
+        for f, w in zip(outs, want):
+            np.testing.assert_allclose(np.load(f), w, rtol=1e-3, atol=1e-5)
+
+    def expect(self, args, *words, code=1):
+        r = tfuse(*args, ok=False)
+        self.assertEqual(r.returncode, code, r.stdout + r.stderr)
+        for w in words:
+            self.assertIn(w, r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_loss_errors(self):
+        m = models.all_models()["conv"]
+        path = os.path.join(self.dir, "conv.onnx")
+        onnx.save(m, path)
+        x = os.path.join(self.dir, "tx.npy")
+        np.save(x, self.rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
+        data = ["--data", f"x={x}", "--steps", "1"]
+        self.expect(["train", path, *data], "needs an output named 'loss'", "--loss \"cross_entropy(OUTPUT, LABELS)\"")
+        self.expect(["train", path, "--loss", "cross_entropy(nope, labels)", *data], "no value named 'nope'", "its outputs: out, gmp")
+        self.expect(["train", path, "--loss", "cross_entropy(out, x)", *data], "'x' names a value of the model already")
+        self.expect(["train", path, "--loss", "hinge(out, y)", *data], "cross_entropy or mse_loss, not 'hinge'")
+        self.expect(["train", path, "--loss", "cross_entropy(out labels)", *data], "expected cross_entropy(OUTPUT, LABELS)")
+        self.expect(["train", path, "--loss", "mse_loss(out, t)", "--optimizer", "adamx(lr=1)", *data], "adamx")
+        self.expect(["run", path, "--loss", "mse_loss(out, t)"], "--loss", code=2)
+        pkg = os.path.join(self.dir, "c.tfp")
+        tfuse("compile", path, "--target=interp", "-o", pkg) if False else None
+        tfuse("compile", path, "--target=" + TARGETS[-1], "-o", pkg)
+        self.expect(["bench", pkg, "--loss", "mse_loss(out, t)"], "is a compiled package: --loss changes what it holds", code=2)
+
+    def test_finetune_bert_against_pytorch(self):
+        """Five SGD steps (momentum 0.9) of the imported BERT with cross_entropy on its logits, by tfuse.compile and
+        by PyTorch in float64 from the same weights: every loss within 1e-5 and every param within 1e-4 of its
+        largest value."""
+        if not self.bert:
+            self.skipTest("no torch or transformers")
+        torch = self.torch
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+        import tfuse as tf
+        batches = []
+        for _ in range(5):
+            ids, mask = self.batch()
+            batches.append((ids, mask, self.rng.integers(0, 3, 2).astype(np.int64)))
+        ref = type(self.net)(self.net.config).double()
+        ref.load_state_dict({k: v.double() for k, v in self.net.state_dict().items()})
+        ref.train()   # dropout is 0: the same function
+        opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+        want = []
+        for ids, mask, labels in batches:
+            out = ref(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits
+            loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(labels))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            want.append(loss.item())
+        for t in TARGETS:
+            p = tf.compile(self.bert, mode="train", target=t, loss="cross_entropy(logits, labels)",
+                           optimizer="sgd(lr=0.05, momentum=0.9)")
+            s = p.session()
+            got = [float(s.run({"input_ids": i, "attention_mask": m, "labels": lb})["loss"]) for i, m, lb in batches]
+            with self.subTest(target=t):
+                np.testing.assert_allclose(got, want, rtol=1e-5)
+                self.assertGreater(abs(want[-1] - want[0]), 1e-3)   # it learned something
+                sd, checked = s.state_dict(), 0
+                for k, v in ref.state_dict().items():
+                    if k in sd:
+                        w = v.numpy()
+                        np.testing.assert_allclose(sd[k], w, rtol=0, atol=1e-4 * max(np.abs(w).max(), 1e-6), err_msg=k)
+                        checked += 1
+                self.assertGreater(checked, 15)
 
 
 def varint(v):

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""node_tests.py — tfuse against the ONNX backend node tests (issue 32; docs/onnx.md).
+
+The onnx wheel's `onnx/backend/test/data/node` (onnx==1.22.0, pinned by
+scripts/setup.sh: the last release that ships the data; 1,765 cases) holds
+one directory per case: model.onnx and test_data_set_*/input_*.pb,
+output_*.pb. Each case is run as a user would run it:
+
+    tfuse run CASE/model.onnx --target=T --input NAME=IN.npy ... --output NAME=OUT.npy ...
+
+on each target asked (default interp and cpu), and each output compared
+with the reference: the same dtype and shape, values within rtol 1e-3 and
+atol 1e-5 (NaN where the reference has NaN). A case passes on a target when
+every data set of it does.
+
+    .venv/bin/python tests/onnx/node_tests.py                    # all cases, interp and cpu
+    .venv/bin/python tests/onnx/node_tests.py --targets interp --filter conv
+    .venv/bin/python tests/onnx/node_tests.py --write docs/onnx_node_tests.md
+
+The table gives, per ONNX op (a case counts for the op its name starts
+with), the cases passed / run on each target and, for every case that did
+not pass, why: the first line of tfuse's message (the import's reason for
+an op, attribute or type it does not take), or the comparison that failed.
+"Claimed" ops are those runtime/onnx_import.c imports (docs/onnx.md's
+table); the target is 95% of their cases on every target.
+"""
+import argparse
+import collections
+import concurrent.futures
+import datetime
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KEYWORDS = {"module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield", "inf", "nan", "true",
+            "false"}
+
+
+def tfuse_name(name):
+    """An ONNX name as tfuse names it (runtime/onnx_import.c's sanitize)."""
+    out = "" if name[:1].isascii() and (name[:1].isalpha() or name[:1] == "_") else "v"
+    out += "".join(ch if ch.isascii() and (ch.isalnum() or ch in "_.") else "_" for ch in name)
+    return out + "_" if out in KEYWORDS else out
+
+
+def claimed_ops():
+    """The ops runtime/onnx_import.c imports: its table's names."""
+    src = open(os.path.join(ROOT, "runtime", "onnx_import.c")).read()
+    table = src[src.index("static const op_entry ops[] = {"):]
+    table = table[:table.index("};")]
+    names = set(re.findall(r'\{"([A-Za-z]+)",', table))
+    folds = src[src.index("static bool folds_only"):]
+    names |= set(re.findall(r'"([A-Z][A-Za-z]+)"', folds[:folds.index("}")]))
+    return names
+
+
+def op_of(case, snake_ops):
+    """The ONNX op a case tests: the longest op whose snake_case name starts the case's name."""
+    name = case[len("test_"):]
+    best = None
+    for snake, op in snake_ops.items():
+        if (name == snake or name.startswith(snake + "_")) and (best is None or len(snake) > len(best[0])):
+            best = (snake, op)
+    return best[1] if best else "(other)"
+
+
+def snake(op):
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", op).lower()
+
+
+def compare(got, want):
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, the reference's {want.dtype}"
+    if got.shape != want.shape:
+        return f"shape {got.shape}, the reference's {want.shape}"
+    if want.dtype.kind in "fc":
+        ok = np.isclose(got, want, rtol=1e-3, atol=1e-5, equal_nan=True)
+    else:
+        ok = got == want
+    if not np.all(ok):
+        bad = np.argwhere(~ok)[0]
+        return f"{int((~ok).sum())} of {want.size} values differ (at {tuple(int(i) for i in bad)}: {got[tuple(bad)]!r}, the reference's {want[tuple(bad)]!r})"
+    return None
+
+
+def load_pb(path):
+    """A data set's tensor as an array; None for what is not one tensor numpy_helper reads (a sequence, an optional)."""
+    t = onnx.TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    try:
+        return t.name, numpy_helper.to_array(t)
+    except Exception:
+        return t.name, None
+
+
+TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE,
+         onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
+SKIP = "skipped: "
+
+
+def skip_reason(m):
+    """Why a case is not run: a graph input or output of a type tfuse has no tensors of."""
+    for v in list(m.graph.input) + list(m.graph.output):
+        t = v.type
+        if not t.HasField("tensor_type"):
+            return SKIP + f"'{v.name}' is a {t.WhichOneof('value')} (tfuse has tensors only)"
+        if t.tensor_type.elem_type not in TYPES:
+            return SKIP + (f"'{v.name}' is {onnx.TensorProto.DataType.Name(t.tensor_type.elem_type).lower()} "
+                           "(tfuse has f32 f16 bf16 f64 i64 i32 bool)")
+    return None
+
+
+STATIC = ("must be known when the model is imported", "imported only when its inputs are known at import")
+frozen = set()   # cases run with their integer inputs as initializers
+
+
+def freeze(m, inputs, ds, args, tmp):
+    """The model with its integer graph inputs turned into initializers of data set ds's values; the --input args left."""
+    m2 = onnx.ModelProto()
+    m2.CopyFrom(m)
+    keep = []
+    ints = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+    for k, name in enumerate(inputs):
+        v = next(i for i in m2.graph.input if i.name == name)
+        p = os.path.join(ds, f"input_{k}.pb")
+        if v.type.tensor_type.elem_type in ints and os.path.exists(p):
+            _, a = load_pb(p)
+            m2.graph.initializer.append(numpy_helper.from_array(a, name))
+            m2.graph.input.remove(v)
+        else:
+            keep.append(tfuse_name(name))
+    path = os.path.join(tmp, "frozen.onnx")
+    onnx.save(m2, path)
+    rest, i = [], 0
+    while i < len(args):
+        if args[i] == "--input" and args[i + 1].split("=", 1)[0] not in keep:
+            i += 2
+            continue
+        rest.append(args[i])
+        i += 1
+    return path, rest
+
+
+def run_case(tfuse, case_dir, target, tmp):
+    """None when the case passes on target, else the reason (SKIP...: not run)."""
+    m = onnx.load(os.path.join(case_dir, "model.onnx"), load_external_data=False)
+    why = skip_reason(m)
+    if why:
+        return why
+    inputs = [i.name for i in m.graph.input if i.name not in {t.name for t in m.graph.initializer}]
+    outputs = [o.name for o in m.graph.output]
+    sets = sorted(glob.glob(os.path.join(case_dir, "test_data_set_*")))
+    if not sets:
+        return "no data set"
+    for ds in sets:
+        args = []
+        for k, name in enumerate(inputs):
+            p = os.path.join(ds, f"input_{k}.pb")
+            if not os.path.exists(p):
+                continue   # an optional input left out
+            _, a = load_pb(p)
+            if a is None:
+                return "an input that is not a tensor (a sequence or an optional: tfuse has tensors only)"
+            if a.dtype == object:
+                return "string tensors (tfuse has none)"
+            f = os.path.join(tmp, f"in{k}.npy")
+            np.save(f, a)
+            args += ["--input", f"{tfuse_name(name)}={f}"]
+        outs = []
+        for k, name in enumerate(outputs):
+            f = os.path.join(tmp, f"out{k}.npy")
+            if os.path.exists(f):
+                os.unlink(f)
+            outs.append(f)
+            args += ["--output", f"{tfuse_name(name)}={f}"]
+        model = os.path.join(case_dir, "model.onnx")
+        for attempt in range(2):
+            try:
+                r = subprocess.run([tfuse, "run", model, f"--target={target}", *args], capture_output=True, text=True, timeout=120)
+            except subprocess.TimeoutExpired:
+                return "timed out (120 s)"
+            if attempt or r.returncode != 1 or not any(w in r.stderr for w in STATIC):
+                break
+            # tfuse's shapes are static: the integer inputs (shapes, axes, indices) become initializers holding this
+            # data set's values, as a model made for tfuse would have them
+            model, args = freeze(m, inputs, ds, args, tmp)
+            frozen.add(os.path.basename(case_dir))
+        if r.returncode != 0:
+            msg = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[0]
+            if r.returncode < 0 or r.returncode > 2:
+                return f"crashed (exit {r.returncode}): {msg}"
+            return msg
+        for k, name in enumerate(outputs):
+            _, want = load_pb(os.path.join(ds, f"output_{k}.pb"))
+            if want is None:
+                return "an output that is not a tensor (a sequence or an optional: tfuse has tensors only)"
+            if want.dtype == object:
+                return "string tensors (tfuse has none)"
+            why = compare(np.load(outs[k]), want)
+            if why:
+                return f"output {name}: {why}"
+    return None
+
+
+def reason_class(why):
+    """A short, stable form of a reason, for the summary of why cases fail."""
+    why = re.sub(r"^.*?\(\w+, opset \d+\): ", "", why)
+    why = re.sub(r"^tfuse: error: ", "", why)
+    why = re.sub(r"/\S+model\.onnx(:\d+:\d+)?: (error: )?", "", why)
+    why = re.sub(r"'[^']*'", "'…'", why)
+    why = re.sub(r"\d+", "N", why)
+    return why[:110]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tfuse", default=os.environ.get("TFUSE_CLI", os.path.join(ROOT, "build", "tfuse")))
+    ap.add_argument("--targets", nargs="+", default=["interp", "cpu"])
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--write", help="write the table (markdown) to this file")
+    a = ap.parse_args()
+    data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
+    if not os.path.isdir(data):
+        sys.exit(f"error: {data} does not exist: onnx {onnx.__version__} ships no node test data (scripts/setup.sh pins 1.22.0)")
+    cases = sorted(c for c in os.listdir(data) if c.startswith("test_") and a.filter in c)
+    snake_ops = {snake(s.name): s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}
+    claimed = claimed_ops()
+    results = {}   # (case, target) -> None or reason
+
+    def one(job):
+        case, target = job
+        with tempfile.TemporaryDirectory() as tmp:
+            return job, run_case(a.tfuse, os.path.join(data, case), target, tmp)
+
+    jobs = [(c, t) for c in cases for t in a.targets]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as ex:
+        for i, (job, why) in enumerate(ex.map(one, jobs)):
+            results[job] = why
+            if (i + 1) % 200 == 0:
+                print(f"{i + 1} of {len(jobs)} runs", file=sys.stderr)
+
+    by_op = collections.defaultdict(list)
+    for c in cases:
+        by_op[op_of(c, snake_ops)].append(c)
+    lines = []
+    total = {t: [0, 0] for t in a.targets}
+    claimed_total = {t: [0, 0] for t in a.targets}
+    rows = []
+    all_skipped = [0]
+    for op in sorted(by_op):
+        cs = by_op[op]
+        cells = []
+        skipped = sum(results[(c, a.targets[0])] is not None and results[(c, a.targets[0])].startswith(SKIP) for c in cs)
+        for t in a.targets:
+            ok = sum(results[(c, t)] is None for c in cs)
+            run = len(cs) - skipped
+            total[t][0] += ok
+            total[t][1] += run
+            if op in claimed:
+                claimed_total[t][0] += ok
+                claimed_total[t][1] += run
+            cells.append(f"{ok} / {run}")
+        all_skipped[0] += skipped
+        rows.append((op, op in claimed, cells + [str(skipped) if skipped else ""]))
+    stamp = datetime.date.today().isoformat()
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines.append(f"# ONNX backend node tests: tfuse {commit}, onnx {onnx.__version__}, {stamp}\n")
+    lines.append("Made by `.venv/bin/python tests/onnx/node_tests.py --write docs/onnx_node_tests.md` "
+                 "(tests/onnx/node_tests.py says how a case is run and compared).\n")
+    for t in a.targets:
+        ct, tt = claimed_total[t], total[t]
+        lines.append(f"- **{t}**: {tt[0]} of {tt[1]} cases pass ({100 * tt[0] / max(tt[1], 1):.1f}%); of the ops tfuse imports, "
+                     f"{ct[0]} of {ct[1]} ({100 * ct[0] / max(ct[1], 1):.1f}%).")
+    lines.append("\n## Per op\n")
+    lines.append(f"- {all_skipped[0]} cases are not run: a graph input or output of a type tfuse has no tensors of "
+                 "(uint8, int8, int16, uint16, uint32, uint64, string, float8, int4, complex) or that is no tensor "
+                 "(a sequence, an optional); each is listed below with its reason.")
+    lines.append("\n## Per op\n")
+    lines.append("Cases passed / run per target; `skipped` counts the cases not run.\n")
+    lines.append("| op | imported | " + " | ".join(a.targets) + " | skipped |")
+    lines.append("|---|---|" + "---|" * (len(a.targets) + 1))
+    for op, cl, cells in rows:
+        lines.append(f"| {op} | {'yes' if cl else ''} | " + " | ".join(cells) + " |")
+    lines.append("\n## Run with their integer inputs as constants\n")
+    lines.append("tfuse's shapes are static: where an op reads a shape, axes, sizes or indices from a graph input (as "
+                 "the node tests feed them), the case runs again with its integer inputs as initializers holding the "
+                 f"data set's values. {len(frozen)} cases ran so:\n")
+    lines.append(", ".join(sorted(frozen)) + "\n")
+    lines.append("\n## Why the others fail or are not run (ops tfuse imports)\n")
+    lines.append("Each case that does not pass on some target, with the reason of the first target it failed on.\n")
+    lines.append("| case | target | why |")
+    lines.append("|---|---|---|")
+    for op, cl, _ in rows:
+        if not cl:
+            continue
+        for c in by_op[op]:
+            for t in a.targets:
+                why = results[(c, t)]
+                if why is not None:
+                    lines.append(f"| {c} | {t} | {why.replace('|', '/')[:300]} |")
+                    break
+    lines.append("\n## Ops tfuse does not import\n")
+    lines.append(", ".join(f"{op} ({len(by_op[op])})" for op, cl, _ in rows if not cl) + "\n")
+    summary = collections.Counter(reason_class(results[(c, t)]) for (c, t) in results if results[(c, t)] is not None
+                                  and not results[(c, t)].startswith(SKIP) and op_of(c, snake_ops) in claimed)
+    lines.append("## Reasons among the imported ops' failures, most frequent first\n")
+    for why, n in summary.most_common(40):
+        lines.append(f"- {n}: {why}")
+    text = "\n".join(lines) + "\n"
+    if a.write:
+        with open(a.write, "w") as f:
+            f.write(text)
+    for t in a.targets:
+        ct, tt = claimed_total[t], total[t]
+        print(f"{t}: {tt[0]} / {tt[1]} cases ({100 * tt[0] / max(tt[1], 1):.1f}%); imported ops {ct[0]} / {ct[1]} "
+              f"({100 * ct[0] / max(ct[1], 1):.1f}%)")
+    for why, n in summary.most_common(25):
+        print(f"  {n:4d}  {why}")
+
+
+if __name__ == "__main__":
+    main()
