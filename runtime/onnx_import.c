@@ -674,7 +674,8 @@ static int cast(importer *im, int like)
 }
 
 /* LeakyRelu, Elu, Selu, HardSigmoid, HardSwish, Softsign, Clip, Gelu */
-enum { ACT_LEAKY, ACT_ELU, ACT_SELU, ACT_HARDSIGMOID, ACT_HARDSWISH, ACT_SOFTSIGN, ACT_CLIP, ACT_GELU };
+enum { ACT_LEAKY, ACT_ELU, ACT_SELU, ACT_HARDSIGMOID, ACT_HARDSWISH, ACT_SOFTSIGN, ACT_CLIP, ACT_GELU, ACT_SWISH, ACT_MISH,
+       ACT_CELU, ACT_SHRINK };
 static int activation(importer *im, int kind)
 {
     tf_value *x = in_val(im, 0);
@@ -717,6 +718,22 @@ static int activation(importer *im, int kind)
             if (lo) r = op2(im, TF_OP_MAXIMUM, r, val(im, lo, "clip_min"));
             if (hi) r = op2(im, TF_OP_MINIMUM, r, val(im, hi, "clip_max"));
         }
+        break;
+    }
+    case ACT_SWISH: r = op2(im, TF_OP_MUL, x, op1(im, TF_OP_SIGMOID, op2(im, TF_OP_MUL, x, num(im, attr_f(im, "alpha", 1.0), dt)))); break;
+    case ACT_MISH: r = op2(im, TF_OP_MUL, x, op1(im, TF_OP_TANH, op1(im, TF_OP_SOFTPLUS, x))); break;
+    case ACT_CELU: {   /* max(0, x) + min(0, alpha (exp(x / alpha) - 1)) */
+        tf_value *alpha = num(im, attr_f(im, "alpha", 1.0), dt), *zero = num(im, 0, dt);
+        tf_value *e = op2(im, TF_OP_MUL, alpha, op2(im, TF_OP_SUB, op1(im, TF_OP_EXP, op2(im, TF_OP_DIV, x, alpha)), num(im, 1, dt)));
+        r = op2(im, TF_OP_ADD, op2(im, TF_OP_MAXIMUM, x, zero), op2(im, TF_OP_MINIMUM, e, zero));
+        break;
+    }
+    case ACT_SHRINK: {   /* x + bias below -lambd, x - bias above lambd, else 0 */
+        double lambd = attr_f(im, "lambd", 0.5), bias = attr_f(im, "bias", 0.0);
+        tf_value *hi = op(im, TF_OP_WHERE, (tf_value *[]){op2(im, TF_OP_GT, x, num(im, lambd, dt)), op2(im, TF_OP_SUB, x, num(im, bias, dt)),
+                                                          num(im, 0, dt)}, 3, NULL, 0);
+        r = op(im, TF_OP_WHERE, (tf_value *[]){op2(im, TF_OP_LT, x, num(im, -lambd, dt)), op2(im, TF_OP_ADD, x, num(im, bias, dt)), hi}, 3,
+               NULL, 0);
         break;
     }
     case ACT_GELU: {
@@ -999,6 +1016,9 @@ static int softmax(importer *im, int o)
 }
 
 /* ReduceSum/Mean/Max: axes from the attribute, or input 1 (ReduceSum from opset 13, the others from 18). */
+/* ReduceMin, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp: tfuse's reductions of a pointwise op */
+enum { RED_MIN = -1, RED_SUMSQ = -2, RED_L1 = -3, RED_L2 = -4, RED_LOGSUM = -5, RED_LOGSUMEXP = -6 };
+
 static int reduce(importer *im, int o)
 {
     tf_value *x = in_val(im, 0);
@@ -1012,7 +1032,34 @@ static int reduce(importer *im, int o)
     }
     tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, n)}, {"keepdims", tf_attr_bool(attr_i(im, "keepdims", 1) != 0)}};
     if (n == 0 && x->type.rank == 0) return set_out(im, 0, x);
-    return set_out(im, 0, op(im, o, &x, 1, a, 2));
+    if (x->type.dtype == TF_DT_BOOL && (o == TF_OP_REDUCE_MAX || o == RED_MIN)) {   /* any, all: as i32 */
+        tf_named_attr to = {"to", tf_attr_dtype(TF_DT_I32)}, back = {"to", tf_attr_dtype(TF_DT_BOOL)};
+        tf_value *i = op(im, TF_OP_CAST, &x, 1, &to, 1);
+        if (o == RED_MIN) i = op1(im, TF_OP_NEG, i);
+        tf_value *r = op(im, TF_OP_REDUCE_MAX, &i, 1, a, 2);
+        if (o == RED_MIN) r = op1(im, TF_OP_NEG, r);
+        return set_out(im, 0, op(im, TF_OP_CAST, &r, 1, &back, 1));
+    }
+    if (o >= 0) return set_out(im, 0, op(im, o, &x, 1, a, 2));
+    if (!is_float(x->type.dtype) && o != RED_MIN)
+        return fail(im, "an input of %s: tfuse computes this reduction in floating point", tf_dtype_name(x->type.dtype));
+    tf_value *r = NULL;
+    switch (o) {
+    case RED_MIN: r = op1(im, TF_OP_NEG, op(im, TF_OP_REDUCE_MAX, (tf_value *[]){op1(im, TF_OP_NEG, x)}, 1, a, 2)); break;
+    case RED_SUMSQ: r = op(im, TF_OP_REDUCE_SUM, (tf_value *[]){op2(im, TF_OP_MUL, x, x)}, 1, a, 2); break;
+    case RED_L1: r = op(im, TF_OP_REDUCE_SUM, (tf_value *[]){op1(im, TF_OP_ABS, x)}, 1, a, 2); break;
+    case RED_L2: r = op1(im, TF_OP_SQRT, op(im, TF_OP_REDUCE_SUM, (tf_value *[]){op2(im, TF_OP_MUL, x, x)}, 1, a, 2)); break;
+    case RED_LOGSUM: r = op1(im, TF_OP_LOG, op(im, TF_OP_REDUCE_SUM, &x, 1, a, 2)); break;
+    default: {   /* log sum exp, shifted by the max (kept as dims of 1 to broadcast back) */
+        tf_named_attr k[2] = {a[0], {"keepdims", tf_attr_bool(true)}};
+        tf_value *m = op(im, TF_OP_REDUCE_MAX, &x, 1, k, 2), *fin = op1(im, TF_OP_ISFINITE, m);
+        tf_value *zero = num(im, 0, x->type.dtype), *mm = op(im, TF_OP_WHERE, (tf_value *[]){fin, m, zero}, 3, NULL, 0);
+        tf_value *e = op1(im, TF_OP_EXP, op2(im, TF_OP_SUB, x, mm));
+        tf_value *lse = op2(im, TF_OP_ADD, op1(im, TF_OP_LOG, op(im, TF_OP_REDUCE_SUM, &e, 1, k, 2)), mm);
+        r = attr_i(im, "keepdims", 1) ? lse : op(im, TF_OP_REDUCE_SUM, &lse, 1, a, 2);   /* dims of 1 dropped: a sum over them */
+    }
+    }
+    return set_out(im, 0, r);
 }
 
 static int batchnorm(importer *im, int arg)
@@ -1077,6 +1124,49 @@ static int layernorm(importer *im, int arg)
     tf_value *inv = op1(im, TF_OP_RSQRT, op2(im, TF_OP_ADD, var, num(im, eps, x->type.dtype)));
     if (mean_out && set_out(im, 1, mean)) return -1;
     return inv_out ? set_out(im, 2, inv) : 0;
+}
+
+/* RMSNormalization: x / sqrt(mean of x^2 over axes [axis, rank) + epsilon) * scale. */
+static int rmsnorm(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0), *g = in_val(im, 1);
+    if (!x || !g) return -1;
+    int64_t axis = 0, axes[TF_MAX_RANK];
+    int r = x->type.rank;
+    if (norm_axis(im, attr_i(im, "axis", -1), r, &axis)) return -1;
+    for (int i = (int)axis; i < r; i++) axes[i - axis] = i;
+    tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, (int)(r - axis))}, {"keepdims", tf_attr_bool(true)}};
+    tf_value *sq = op2(im, TF_OP_MUL, x, x), *ms = op(im, TF_OP_REDUCE_MEAN, &sq, 1, a, 2);
+    tf_value *inv = op1(im, TF_OP_RSQRT, op2(im, TF_OP_ADD, ms, num(im, attr_f(im, "epsilon", 1e-5), x->type.dtype)));
+    return set_out(im, 0, op2(im, TF_OP_MUL, op2(im, TF_OP_MUL, x, inv), g));
+}
+
+/* Tile: each axis repeated, as a broadcast of x with a new axis of the repeats before it, then merged. */
+static int tile(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *x = in_val(im, 0);
+    if (!x) return -1;
+    int r = x->type.rank, n;
+    int64_t rep[TF_MAX_RANK];
+    if (ints_of(im, NULL, 1, rep, &n, TF_MAX_RANK)) return -1;
+    if (n != r) return fail(im, "repeats holds %d values for a rank-%d input", n, r);
+    for (int i = 0; x && i < r; i++) {
+        if (rep[i] < 1 || rep[i] > ((int64_t)1 << 20)) return fail(im, "repeats[%d] = %lld: tfuse takes 1 to 2^20", i, (long long)rep[i]);
+        if (rep[i] == 1) continue;
+        int64_t s1[TF_MAX_RANK + 1], s2[TF_MAX_RANK + 1], s3[TF_MAX_RANK];
+        if (r + 1 > TF_MAX_RANK) return fail(im, "Tile of a rank-%d input (at most %d)", r, TF_MAX_RANK - 1);
+        for (int d = 0, k = 0; d < r; d++) {
+            if (d == i) s1[k] = 1, s2[k] = rep[i], k++;
+            s1[k] = s2[k] = x->type.dims[d].n, s3[d] = d == i ? rep[i] * x->type.dims[d].n : x->type.dims[d].n, k++;
+        }
+        tf_named_attr b = {"shape", tf_attr_ints(im->m, s2, r + 1)};
+        tf_value *e = reshape(im, x, s1, r + 1);
+        e = e ? op(im, TF_OP_BROADCAST, &e, 1, &b, 1) : NULL;
+        x = e ? reshape(im, e, s3, r) : NULL;
+    }
+    return set_out(im, 0, x);
 }
 
 static int shape_op(importer *im, int size)
@@ -1187,6 +1277,43 @@ static int expand(importer *im, int arg)
 }
 
 /* Gather: constants folded (shape arithmetic), else rows of a table (axis 0), as tfuse's gather. */
+/* x's slices at ids (non-negative) along axis: tfuse's gather takes rows of a 2-D table, so axis goes first, the rest
+ * flattened; the result is x.shape[:axis] + ids.shape + x.shape[axis+1:]. */
+static tf_value *gather_axis(importer *im, tf_value *x, tf_value *ids, int64_t axis)
+{
+    if (!x || !ids) return NULL;
+    int r = x->type.rank, k = ids->type.rank;
+    if (r - 1 + k > TF_MAX_RANK) {
+        fail(im, "a result of rank %d (at most %d)", r - 1 + k, TF_MAX_RANK);
+        return NULL;
+    }
+    int64_t perm[TF_MAX_RANK], shape[TF_MAX_RANK], rest = 1;
+    perm[0] = axis;
+    for (int i = 0, j = 1; i < r; i++)
+        if (i != axis) perm[j++] = i, rest *= x->type.dims[i].n;
+    tf_value *t = x;
+    if (axis) {
+        tf_named_attr a = {"perm", tf_attr_ints(im->m, perm, r)};
+        t = op(im, TF_OP_TRANSPOSE, &t, 1, &a, 1);
+    }
+    t = reshape(im, t, (int64_t[]){x->type.dims[axis].n, rest}, 2);
+    tf_value *id1 = k ? ids : reshape(im, ids, (int64_t[]){1}, 1);
+    tf_value *in[2] = {id1, t};
+    tf_value *g = op(im, TF_OP_GATHER, in, 2, NULL, 0);   /* ids.shape + [rest] */
+    int n = 0;
+    for (int i = 0; i < k; i++) shape[n++] = ids->type.dims[i].n;
+    for (int i = 1; i < r; i++) shape[n++] = x->type.dims[perm[i]].n;
+    g = reshape(im, g, shape, n);   /* ids dims, then x's other dims in order */
+    if (!axis || !k) return g;
+    int64_t back[TF_MAX_RANK];
+    n = 0;
+    for (int i = 0; i < axis; i++) back[n++] = k + i;   /* x's dims before axis */
+    for (int i = 0; i < k; i++) back[n++] = i;          /* then the ids' */
+    for (int i = (int)axis; i < r - 1; i++) back[n++] = k + i;
+    tf_named_attr a = {"perm", tf_attr_ints(im->m, back, n)};
+    return op(im, TF_OP_TRANSPOSE, &g, 1, &a, 1);
+}
+
 static int gather(importer *im, int arg)
 {
     (void)arg;
@@ -1226,11 +1353,13 @@ static int gather(importer *im, int arg)
         for (int a = (int)axis + 1; a < data->rank; a++) shape[r++] = data->shape[a];
         return set_out(im, 0, v ? reshape(im, v, shape, r) : NULL);
     }
-    if (axis != 0 || data->rank != 2)
-        return fail(im, "Gather on axis %lld of a rank-%d tensor with indices the model computes: tfuse gathers rows of a 2-D table "
-                    "(axis 0)", (long long)axis, data->rank);
-    tf_value *in[2] = {in_val(im, 1), in_val(im, 0)};
-    return set_out(im, 0, op(im, TF_OP_GATHER, in, 2, NULL, 0));
+    tf_value *x = in_val(im, 0), *ids = in_val(im, 1);
+    if (!x || !ids) return -1;
+    if (ids->type.dtype != TF_DT_I64 && ids->type.dtype != TF_DT_I32) return fail(im, "indices must be i64 or i32");
+    /* a negative index counts from the end */
+    tf_value *dim = num(im, (double)data->shape[axis], ids->type.dtype);
+    tf_value *w[3] = {op2(im, TF_OP_LT, ids, num(im, 0, ids->type.dtype)), op2(im, TF_OP_ADD, ids, dim), ids};
+    return set_out(im, 0, gather_axis(im, x, op(im, TF_OP_WHERE, w, 3, NULL, 0), axis));
 }
 
 /* Slice: starts/ends/axes/steps (attributes before opset 10, constant inputs after); one tfuse slice per axis. */
@@ -1252,14 +1381,106 @@ static int slice(importer *im, int arg)
         int64_t axis = 0;
         if (norm_axis(im, na >= 0 ? ax[i] : i, x->rank, &axis)) return -1;
         int64_t step = np >= 0 ? sp[i] : 1, dim = v->type.dims[axis].n;
-        if (step < 1) return fail(im, "a step of %lld: tfuse slices forward", (long long)step);
+        if (step == 0) return fail(im, "a step of 0");
         int64_t s = st[i] < 0 ? st[i] + dim : st[i], e = en[i] < 0 ? en[i] + dim : en[i];
+        if (step < 0) {   /* backwards: start clamped to [0, dim-1], end to [-1, dim-1]; the elements gathered */
+            s = s < 0 ? -1 : s > dim - 1 ? dim - 1 : s;
+            e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
+            if (s <= e) return fail(im, "an empty slice [%lld:%lld:%lld] of axis %lld", (long long)s, (long long)e, (long long)step,
+                                    (long long)axis);
+            ival ids = {.dt = TF_DT_I64, .rank = 1, .shape = {(s - e + (-step) - 1) / (-step)}};
+            if (!(ids.c = own(im, ids.shape[0]))) return -1;
+            for (int64_t k = 0; k < ids.shape[0]; k++) ids.c[k] = (double)(s + k * step);
+            v = gather_axis(im, v, val(im, &ids, "slice_indices"), axis);
+            continue;
+        }
         s = s < 0 ? 0 : s > dim ? dim : s;
         e = e < 0 ? 0 : e > dim ? dim : e;
         if (s == 0 && e == dim && step == 1) continue;
         if (e <= s) return fail(im, "an empty slice [%lld:%lld] of axis %lld", (long long)s, (long long)e, (long long)axis);
         tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(s)}, {"end", tf_attr_int(e)}, {"step", tf_attr_int(step)}};
         v = op(im, TF_OP_SLICE, &v, 1, a, 4);
+    }
+    return set_out(im, 0, v);
+}
+
+/* Pad: per axis, a crop (negative pads) then constant blocks concatenated (mode constant) or the elements that reflect,
+ * edge or wrap name, gathered. Pads, value and axes: attributes before opset 11, constant inputs after. */
+static int pad(importer *im, int arg)
+{
+    (void)arg;
+    tf_value *v = in_val(im, 0);
+    if (!v) return -1;
+    int r = v->type.rank;
+    int64_t pads[2 * TF_MAX_RANK], axes[TF_MAX_RANK];
+    int np, na = -1;
+    if (ints_of(im, im->opset < 11 ? "pads" : NULL, 1, pads, &np, 2 * TF_MAX_RANK)) return -1;
+    if (im->opset >= 18 && ints_of(im, NULL, 3, axes, &na, TF_MAX_RANK)) return -1;
+    if (na < 0) {
+        na = r;
+        for (int i = 0; i < r; i++) axes[i] = i;
+    }
+    if (np != 2 * na) return fail(im, "pads holds %d values for %d axes (it needs two per axis)", np, na);
+    const tf_onnx_attr *ma = attr(im, "mode");
+    int mode = !ma || tf_onnx_is(ma->s, "constant") ? 0 : tf_onnx_is(ma->s, "reflect") ? 1 : tf_onnx_is(ma->s, "edge") ? 2
+             : tf_onnx_is(ma->s, "wrap") ? 3 : -1;
+    if (mode < 0) return fail(im, "mode '%.*s': tfuse pads constant, reflect, edge and wrap", (int)ma->s.n, ma->s.p);
+    double value = attr_f(im, "value", 0);
+    if (im->opset >= 11 && input(im, 2)) {
+        ival *c = input(im, 2);
+        if (c->v || !const_of(im, c)) return fail(im, "constant_value must be known when the model is imported");
+        value = c->c[0];
+    }
+    if (im->failed) return -1;
+    for (int i = 0; v && i < na; i++) {
+        int64_t axis = 0;
+        if (norm_axis(im, axes[i], r, &axis)) return -1;
+        int64_t b = pads[i], e = pads[i + na], dim = v->type.dims[axis].n;
+        if (b < 0 || e < 0) {   /* a crop */
+            int64_t s0 = b < 0 ? -b : 0, e0 = dim + (e < 0 ? e : 0);
+            if (e0 <= s0) return fail(im, "pads crop axis %lld to nothing", (long long)axis);
+            tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(s0)}, {"end", tf_attr_int(e0)}, {"step", tf_attr_int(1)}};
+            v = op(im, TF_OP_SLICE, &v, 1, a, 4);
+            b = b < 0 ? 0 : b, e = e < 0 ? 0 : e, dim = e0 - s0;
+        }
+        if (!b && !e) continue;
+        if (b > ((int64_t)1 << 40) || e > ((int64_t)1 << 40)) return fail(im, "pads of more than 2^40");
+        if (mode == 0) {
+            tf_value *parts[3];
+            int n = 0;
+            for (int k = 0; k < 2; k++) {
+                int64_t len = k ? e : b, shape[TF_MAX_RANK];
+                if (!len) continue;
+                for (int d = 0; d < r; d++) shape[d] = d == axis ? len : v->type.dims[d].n;
+                tf_named_attr at = {"shape", tf_attr_ints(im->m, shape, r)};
+                tf_value *c = num(im, value, v->type.dtype);
+                tf_value *blk = c ? op(im, TF_OP_BROADCAST, &c, 1, &at, 1) : NULL;
+                if (!k) parts[n++] = blk, parts[n++] = v;
+                else {
+                    if (!n) parts[n++] = v;
+                    parts[n++] = blk;
+                }
+            }
+            if (n == 1) parts[n++] = v;
+            tf_named_attr ca = {"axis", tf_attr_int(axis)};
+            v = op(im, TF_OP_CONCAT, parts, n, &ca, 1);
+            continue;
+        }
+        if (mode == 1 && dim < 2) return fail(im, "reflect padding of an axis of %lld element", (long long)dim);
+        ival ids = {.dt = TF_DT_I64, .rank = 1, .shape = {b + dim + e}};
+        if (!(ids.c = own(im, ids.shape[0]))) return -1;
+        for (int64_t j = -b; j < dim + e; j++) {
+            int64_t k = j;
+            if (mode == 2) k = j < 0 ? 0 : j >= dim ? dim - 1 : j;
+            else if (mode == 3) k = ((j % dim) + dim) % dim;
+            else {   /* reflect: mirror at the ends without repeating them, period 2 (dim - 1) */
+                int64_t per = 2 * (dim - 1);
+                k = ((j % per) + per) % per;
+                if (k >= dim) k = per - k;
+            }
+            ids.c[j + b] = (double)k;
+        }
+        v = gather_axis(im, v, val(im, &ids, "pad_indices"), axis);
     }
     return set_out(im, 0, v);
 }
@@ -1309,17 +1530,20 @@ static const op_entry ops[] = {
     {"Reciprocal", reciprocal, 0}, {"Identity", identity, 0}, {"Dropout", identity, 0}, {"Cast", cast, 0}, {"CastLike", cast, 1},
     {"LeakyRelu", activation, ACT_LEAKY}, {"Elu", activation, ACT_ELU}, {"Selu", activation, ACT_SELU},
     {"HardSigmoid", activation, ACT_HARDSIGMOID}, {"HardSwish", activation, ACT_HARDSWISH}, {"Softsign", activation, ACT_SOFTSIGN},
-    {"Clip", activation, ACT_CLIP}, {"Gelu", activation, ACT_GELU},
+    {"Clip", activation, ACT_CLIP}, {"Gelu", activation, ACT_GELU}, {"Swish", activation, ACT_SWISH}, {"Mish", activation, ACT_MISH},
+    {"Celu", activation, ACT_CELU}, {"Shrink", activation, ACT_SHRINK}, {"RMSNormalization", rmsnorm, 0}, {"Tile", tile, 0},
     {"MatMul", matmul, 0}, {"Gemm", gemm, 0}, {"Conv", conv, 0}, {"MaxPool", pool, TF_OP_MAXPOOL2D},
     {"AveragePool", pool, TF_OP_AVGPOOL2D}, {"GlobalAveragePool", global_pool, TF_OP_REDUCE_MEAN},
     {"GlobalMaxPool", global_pool, TF_OP_REDUCE_MAX}, {"Reshape", reshape_op, 0}, {"Flatten", flatten, 0},
     {"Squeeze", squeeze, 0}, {"Unsqueeze", squeeze, 1}, {"Transpose", transpose, 0}, {"Concat", concat, 0},
     {"Softmax", softmax, TF_OP_SOFTMAX}, {"LogSoftmax", softmax, TF_OP_LOG_SOFTMAX}, {"ReduceSum", reduce, TF_OP_REDUCE_SUM},
-    {"ReduceMean", reduce, TF_OP_REDUCE_MEAN}, {"ReduceMax", reduce, TF_OP_REDUCE_MAX}, {"BatchNormalization", batchnorm, 0},
+    {"ReduceMean", reduce, TF_OP_REDUCE_MEAN}, {"ReduceMax", reduce, TF_OP_REDUCE_MAX}, {"ReduceMin", reduce, RED_MIN},
+    {"ReduceSumSquare", reduce, RED_SUMSQ}, {"ReduceL1", reduce, RED_L1}, {"ReduceL2", reduce, RED_L2},
+    {"ReduceLogSum", reduce, RED_LOGSUM}, {"ReduceLogSumExp", reduce, RED_LOGSUMEXP}, {"BatchNormalization", batchnorm, 0},
     {"LayerNormalization", layernorm, 0}, {"Shape", shape_op, 0}, {"Size", shape_op, 1}, {"Constant", constant, 0},
     {"ConstantOfShape", constant_of_shape, 0}, {"Expand", expand, 0}, {"Gather", gather, 0}, {"Slice", slice, 0},
     {"Split", split, 0}, {"Not", logic, LOGIC_NOT}, {"And", logic, LOGIC_AND}, {"Or", logic, LOGIC_OR}, {"Xor", logic, LOGIC_XOR},
-    {"IsNaN", logic, LOGIC_ISNAN}, {"IsInf", logic, LOGIC_ISINF},
+    {"IsNaN", logic, LOGIC_ISNAN}, {"IsInf", logic, LOGIC_ISINF}, {"Pad", pad, 0},
 };
 
 /* ---- constants: a node whose inputs are all known is evaluated here (onnx_fold.c) ---- */

@@ -107,8 +107,19 @@ TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLO
 SKIP = "skipped: "
 
 
-def skip_reason(m):
-    """Why a case is not run: a graph input or output of a type tfuse has no tensors of."""
+def skip_reason(m, case_dir):
+    """Why a case is not run: an opset before 7 (the import's range), a graph input or output of a type tfuse has no
+    tensors of, or data with a dim of 0 (tfuse's sizes are positive) or in bf16 (.npy has no bfloat16)."""
+    opset = max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < 7:
+        return SKIP + f"opset {opset} (the import reads opsets 7 and later)"
+    for ds in glob.glob(os.path.join(case_dir, "test_data_set_*")):
+        for p in sorted(glob.glob(os.path.join(ds, "*.pb"))):
+            _, a = load_pb(p)
+            if a is not None and a.size == 0 and a.dtype.kind in "fb":
+                return SKIP + f"{os.path.basename(p)} is empty (shape {a.shape}): tfuse's sizes are positive"
+            if a is not None and a.dtype.kind == "V":
+                return SKIP + f"{os.path.basename(p)} is bf16, which .npy (how tfuse run takes data) cannot hold"
     for v in list(m.graph.input) + list(m.graph.output):
         t = v.type
         if not t.HasField("tensor_type"):
@@ -119,12 +130,13 @@ def skip_reason(m):
     return None
 
 
-STATIC = ("must be known when the model is imported", "imported only when its inputs are known at import")
+STATIC = ("must be known when the model is imported", "imported only when its inputs are known at import", "has a dim of 0")
 frozen = set()   # cases run with their integer inputs as initializers
 
 
-def freeze(m, inputs, ds, args, tmp):
-    """The model with its integer graph inputs turned into initializers of data set ds's values; the --input args left."""
+def freeze(m, inputs, ds, args, tmp, every=False):
+    """The model with its integer graph inputs (every input) turned into Constant nodes of data set ds's values; the
+    --input args left."""
     m2 = onnx.ModelProto()
     m2.CopyFrom(m)
     keep = []
@@ -132,9 +144,9 @@ def freeze(m, inputs, ds, args, tmp):
     for k, name in enumerate(inputs):
         v = next(i for i in m2.graph.input if i.name == name)
         p = os.path.join(ds, f"input_{k}.pb")
-        if v.type.tensor_type.elem_type in ints and os.path.exists(p):
-            _, a = load_pb(p)
-            m2.graph.initializer.append(numpy_helper.from_array(a, name))
+        if (every or v.type.tensor_type.elem_type in ints) and os.path.exists(p):
+            _, a = load_pb(p)   # a Constant node: a value of the graph (an initializer of floats would be a weight)
+            m2.graph.node.insert(0, onnx.helper.make_node("Constant", [], [name], value=numpy_helper.from_array(a, name)))
             m2.graph.input.remove(v)
         else:
             keep.append(tfuse_name(name))
@@ -153,7 +165,7 @@ def freeze(m, inputs, ds, args, tmp):
 def run_case(tfuse, case_dir, target, tmp):
     """None when the case passes on target, else the reason (SKIP...: not run)."""
     m = onnx.load(os.path.join(case_dir, "model.onnx"), load_external_data=False)
-    why = skip_reason(m)
+    why = skip_reason(m, case_dir)
     if why:
         return why
     inputs = [i.name for i in m.graph.input if i.name not in {t.name for t in m.graph.initializer}]
@@ -183,17 +195,19 @@ def run_case(tfuse, case_dir, target, tmp):
             outs.append(f)
             args += ["--output", f"{tfuse_name(name)}={f}"]
         model = os.path.join(case_dir, "model.onnx")
-        for attempt in range(2):
+        all_args = list(args)
+        for attempt in range(3):
             try:
                 r = subprocess.run([tfuse, "run", model, f"--target={target}", *args], capture_output=True, text=True, timeout=120)
             except subprocess.TimeoutExpired:
                 return "timed out (120 s)"
-            if attempt or r.returncode != 1 or not any(w in r.stderr for w in STATIC):
+            if attempt == 2 or r.returncode != 1 or not any(w in r.stderr for w in STATIC):
                 break
-            # tfuse's shapes are static: the integer inputs (shapes, axes, indices) become initializers holding this
-            # data set's values, as a model made for tfuse would have them
-            model, args = freeze(m, inputs, ds, args, tmp)
-            frozen.add(os.path.basename(case_dir))
+            # tfuse's shapes are static: the integer inputs (shapes, axes, indices) become constants holding this
+            # data set's values, as a model made for tfuse would have them; then, if a size still depends on an
+            # input (Range's bounds), every input
+            model, args = freeze(m, inputs, ds, all_args, tmp, every=attempt == 1)
+            frozen.add(os.path.basename(case_dir) + (" (every input)" if attempt == 1 else ""))
         if r.returncode != 0:
             msg = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[0]
             if r.returncode < 0 or r.returncode > 2:
@@ -284,7 +298,8 @@ def main():
     lines.append("\n## Per op\n")
     lines.append(f"- {all_skipped[0]} cases are not run: a graph input or output of a type tfuse has no tensors of "
                  "(uint8, int8, int16, uint16, uint32, uint64, string, float8, int4, complex) or that is no tensor "
-                 "(a sequence, an optional); each is listed below with its reason.")
+                 "(a sequence, an optional), data with a dim of 0 (tfuse's sizes are positive) or in bf16 (which .npy, "
+                 "the files `tfuse run` reads, cannot hold), or a model of opset 1 to 6 (the import reads 7 and later).")
     lines.append("\n## Per op\n")
     lines.append("Cases passed / run per target; `skipped` counts the cases not run.\n")
     lines.append("| op | imported | " + " | ".join(a.targets) + " | skipped |")
@@ -293,8 +308,9 @@ def main():
         lines.append(f"| {op} | {'yes' if cl else ''} | " + " | ".join(cells) + " |")
     lines.append("\n## Run with their integer inputs as constants\n")
     lines.append("tfuse's shapes are static: where an op reads a shape, axes, sizes or indices from a graph input (as "
-                 "the node tests feed them), the case runs again with its integer inputs as initializers holding the "
-                 f"data set's values. {len(frozen)} cases ran so:\n")
+                 "the node tests feed them), the case runs again with its integer inputs as Constant nodes holding the "
+                 "data set's values, and if a size still depends on an input (Range's bounds), with every input so. "
+                 f"{len(frozen)} cases ran so:\n")
     lines.append(", ".join(sorted(frozen)) + "\n")
     lines.append("\n## Why the others fail or are not run (ops tfuse imports)\n")
     lines.append("Each case that does not pass on some target, with the reason of the first target it failed on.\n")
