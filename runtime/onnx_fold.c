@@ -70,7 +70,10 @@ static double *result(fold *f, tf_onnx_cval *out, tf_dt dt, const int64_t *shape
 {
     out->dt = dt;
     out->rank = rank;
-    if (rank) memcpy(out->shape, shape, (size_t)rank * sizeof *shape);
+    for (int i = 0; i < rank && i < TF_MAX_RANK; i++) {
+        if (shape[i] < 0 || shape[i] > ((int64_t)1 << 40)) return NULL;   /* tfuse's dims: at most 2^40 */
+        out->shape[i] = shape[i];
+    }
     double *c = f->alloc(f->actx, count(shape, rank));
     out->c = c;
     return c;
@@ -440,7 +443,7 @@ static int concat(fold *f, tf_onnx_cval *out)
     int64_t axis = attr_i(f, "axis", 0);
     if (x->rank < 1 || axis < -x->rank || axis >= x->rank) return bad(f, "axis %lld outside rank %d", (long long)axis, x->rank);
     if (axis < 0) axis += x->rank;
-    int64_t shape[TF_MAX_RANK], inner = 1, outer = 1;
+    int64_t shape[TF_MAX_RANK], inner, outer;
     memcpy(shape, x->shape, (size_t)x->rank * sizeof *shape);
     shape[axis] = 0;
     for (int i = 0; i < f->nin; i++) {
@@ -450,9 +453,10 @@ static int concat(fold *f, tf_onnx_cval *out)
             if (d != axis && y->shape[d] != x->shape[d]) return bad(f, "Concat of inputs that differ off the axis");
         shape[axis] += y->shape[axis];
     }
-    for (int d = 0; d < x->rank; d++) *(d < axis ? &outer : d > axis ? &inner : &(int64_t){0}) *= x->shape[d];
     double *c = result(f, out, x->dt, shape, x->rank);
     if (!c) return bad(f, "a constant too large to fold");
+    if (!count(shape, x->rank)) return 1;   /* empty: nothing to copy, however many rows of nothing */
+    outer = count(x->shape, (int)axis), inner = count(x->shape + axis + 1, x->rank - (int)axis - 1);   /* both within the result */
     int64_t at_ = 0;
     for (int64_t o = 0; o < outer; o++)
         for (int i = 0; i < f->nin; i++) {

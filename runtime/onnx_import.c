@@ -346,7 +346,7 @@ static tf_value *val(importer *im, ival *x, const char *hint)
         return NULL;
     }
     int64_t n = numel(x);
-    if (n == 1 && is_float(x->dt) && const_of(im, x)) {   /* a number (the text's literals are floating), reshaped to the constant's rank */
+    if (n == 1 && x->dt == TF_DT_F32 && const_of(im, x)) {   /* a number (the text's literals are f32), reshaped to the constant's rank */
         tf_value *v = tf_const(im->m, x->c[0], x->dt);
         if (v && x->rank > 0) {
             tf_diag d = {0};
@@ -559,8 +559,13 @@ static int binary(importer *im, int o)
 {
     ival *a = need(im, 0), *b = need(im, 1);
     if (!a || !b) return -1;
-    if (o == TF_OP_DIV && !is_float(a->dt))
-        return fail(im, "integer Div truncates toward zero, and tfuse's div of integers is not that division");
+    if (o == TF_OP_DIV && !is_float(a->dt)) {   /* integers truncate toward zero: in f64 (exact below 2^53), cast back */
+        tf_value *x = in_val(im, 0), *y = in_val(im, 1);
+        if (!x || !y) return -1;
+        tf_named_attr to = {"to", tf_attr_dtype(TF_DT_F64)}, back = {"to", tf_attr_dtype(a->dt)};
+        tf_value *q = op2(im, TF_OP_DIV, op(im, TF_OP_CAST, &x, 1, &to, 1), op(im, TF_OP_CAST, &y, 1, &to, 1));
+        return set_out(im, 0, q ? op(im, TF_OP_CAST, &q, 1, &back, 1) : NULL);
+    }
     if (o == TF_OP_POW && (!is_float(a->dt) || !is_float(b->dt))) {   /* the exponent's type is free; an integer base in f64 */
         tf_value *x = in_val(im, 0), *y = in_val(im, 1);
         if (!x || !y) return -1;
@@ -1126,6 +1131,139 @@ static int layernorm(importer *im, int arg)
     return inv_out ? set_out(im, 2, inv) : 0;
 }
 
+/* [B, T, H*D] (3-D, heads from the attribute) as [B, H, T, D]; a 4-D input as it is. */
+static tf_value *heads_first(importer *im, tf_value *x, const char *heads_attr)
+{
+    if (!x || x->type.rank == 4) return x;
+    int64_t h = attr_i(im, heads_attr, 0), b = x->type.dims[0].n, t = x->type.dims[1].n, w = x->type.dims[2].n;
+    if (x->type.rank != 3 || h < 1 || w % h) {
+        fail(im, "3-D inputs need %s dividing their last dim", heads_attr);
+        return NULL;
+    }
+    tf_value *r = reshape(im, x, (int64_t[]){b, t, h, w / h}, 4);
+    tf_named_attr a = {"perm", tf_attr_ints(im->m, (int64_t[]){0, 2, 1, 3}, 4)};
+    return r ? op(im, TF_OP_TRANSPOSE, &r, 1, &a, 1) : NULL;
+}
+
+/* Attention's steps as ONNX defines them, for what tfuse's attention op does not take (softcap; the scores as an output,
+ * qk_matmul_output_mode 0: Q K^T scale, 1: plus the mask and the causal bias, 2: softcapped, 3: the softmax): K's and V's
+ * heads repeated for grouped queries, S = Q K^T scale + bias (a bool mask and causal: 0 or -inf), softcap tanh(S / softcap),
+ * softmax, times V. Output 3 (the scores) is set here. */
+static tf_value *attention_steps(importer *im, tf_value *q, tf_value *k, tf_value *v, tf_value *mask, bool causal, double scale,
+                                 double softcap, int64_t past)
+{
+    tf_dt dt = q->type.dtype;
+    int64_t b = q->type.dims[0].n, h = q->type.dims[1].n, tq = q->type.dims[2].n, hk = k->type.dims[1].n, tk = k->type.dims[2].n;
+    if (hk < 1 || h % hk) {
+        fail(im, "%lld query heads over %lld key/value heads", (long long)h, (long long)hk);
+        return NULL;
+    }
+    tf_value *kv[2] = {k, v};
+    for (int i = 0; i < 2 && h != hk; i++) {   /* [B, Hk, T, D] -> [B, Hk, G, T, D] -> [B, H, T, D] */
+        int64_t d = kv[i]->type.dims[3].n;
+        tf_value *e = reshape(im, kv[i], (int64_t[]){b, hk, 1, tk, d}, 5);
+        tf_named_attr at = {"shape", tf_attr_ints(im->m, (int64_t[]){b, hk, h / hk, tk, d}, 5)};
+        e = e ? op(im, TF_OP_BROADCAST, &e, 1, &at, 1) : NULL;
+        kv[i] = e ? reshape(im, e, (int64_t[]){b, h, tk, d}, 4) : NULL;
+    }
+    tf_named_attr tr = {"perm", tf_attr_ints(im->m, (int64_t[]){0, 1, 3, 2}, 4)};
+    tf_value *kt = kv[0] ? op(im, TF_OP_TRANSPOSE, &kv[0], 1, &tr, 1) : NULL;
+    tf_value *s = op2(im, TF_OP_MUL, op2(im, TF_OP_MATMUL, q, kt), num(im, scale, dt));
+    /* softcap before the mask, so that a masked score stays -inf */
+    if (softcap > 0) s = op2(im, TF_OP_MUL, op1(im, TF_OP_TANH, op2(im, TF_OP_DIV, s, num(im, softcap, dt))), num(im, softcap, dt));
+    tf_value *s1 = s, *ninf = num(im, -INFINITY, dt), *zero = num(im, 0, dt);
+    if (mask && mask->type.dtype == TF_DT_BOOL) mask = op(im, TF_OP_WHERE, (tf_value *[]){mask, zero, ninf}, 3, NULL, 0);
+    if (mask) s = op2(im, TF_OP_ADD, s, mask);
+    if (causal) {   /* key j after query i + past: -inf (every past key seen) */
+        tf_named_attr ri[3] = {{"shape", tf_attr_ints(im->m, (int64_t[]){tq, tk}, 2)}, {"axis", tf_attr_int(0)}, {"dtype", tf_attr_dtype(TF_DT_I64)}};
+        tf_named_attr ci[3] = {ri[0], {"axis", tf_attr_int(1)}, ri[2]};
+        tf_value *row = op(im, TF_OP_IOTA, NULL, 0, ri, 3), *col = op(im, TF_OP_IOTA, NULL, 0, ci, 3);
+        if (past) {
+            ival off = {.dt = TF_DT_I64, .rank = 0, .c = own(im, 1)};
+            if (!off.c) return NULL;
+            off.c[0] = (double)past;
+            row = op2(im, TF_OP_ADD, row, val(im, &off, "causal_offset"));
+        }
+        s = op2(im, TF_OP_ADD, s, op(im, TF_OP_WHERE, (tf_value *[]){op2(im, TF_OP_GT, col, row), ninf, zero}, 3, NULL, 0));
+    }
+    tf_value *s2 = s;
+    tf_named_attr ax = {"axis", tf_attr_int(-1)};
+    tf_value *p = s ? op(im, TF_OP_SOFTMAX, &s, 1, &ax, 1) : NULL;
+    const tf_onnx_node *n = im->node;
+    if (n->nout > 3 && n->out[3].n) {
+        int64_t mode = attr_i(im, "qk_matmul_output_mode", 0);   /* 0, 1: Q K^T scale (softcapped); 2: plus the bias; 3: softmax */
+        tf_value *scores = mode == 0 || mode == 1 ? s1 : mode == 2 ? s2 : mode == 3 ? p : NULL;
+        if (!scores && !im->failed) fail(im, "qk_matmul_output_mode %lld (0 to 3)", (long long)mode);
+        if (!scores || set_out(im, 3, scores)) return NULL;
+    }
+    return p && kv[1] ? op2(im, TF_OP_MATMUL, p, kv[1]) : NULL;
+}
+
+/* Attention (opset 23): tfuse's attention (grouped-query heads, a bool or additive mask broadcast to [B, H, Tq, Tk],
+ * causal from the upper left, the scale), with past keys and values concatenated before the new ones (present_key and
+ * present_value are those); 3-D inputs as [B, T, H*D]. */
+static int attention(importer *im, int arg)
+{
+    (void)arg;
+    const tf_onnx_node *n = im->node;
+    if (n->nin > 6 && n->in[6].n) return fail(im, "nonpad_kv_seqlen is not read");
+    double softcap = attr_f(im, "softcap", 0);
+    bool decomposed = softcap != 0 || (n->nout > 3 && n->out[3].n);   /* tfuse's attention has neither: its steps as ops */
+    tf_value *q0 = in_val(im, 0), *q = heads_first(im, q0, "q_num_heads"), *k = heads_first(im, in_val(im, 1), "kv_num_heads");
+    tf_value *v = heads_first(im, in_val(im, 2), "kv_num_heads"), *mask = input(im, 3) ? in_val(im, 3) : NULL;
+    if (!q || !k || !v || im->failed) return -1;
+    tf_named_attr seq = {"axis", tf_attr_int(2)};
+    int64_t past = 0;
+    if (input(im, 4) && input(im, 5)) {   /* past keys and values */
+        past = input(im, 4)->shape[2];
+        tf_value *pk[2] = {in_val(im, 4), k}, *pv[2] = {in_val(im, 5), v};
+        k = op(im, TF_OP_CONCAT, pk, 2, &seq, 1);
+        v = op(im, TF_OP_CONCAT, pv, 2, &seq, 1);
+    } else if (input(im, 4) || input(im, 5)) {
+        return fail(im, "past_key and past_value come together");
+    }
+    int64_t tk = k ? k->type.dims[2].n : 0;
+    if (mask && mask->type.dims[mask->type.rank - 1].n < tk) {   /* a mask shorter than the keys: the rest masked */
+        int r = mask->type.rank;
+        int64_t shape[TF_MAX_RANK];
+        for (int i = 0; i < r; i++) shape[i] = mask->type.dims[i].n;
+        shape[r - 1] = tk - shape[r - 1];
+        tf_value *f = mask->type.dtype == TF_DT_BOOL ? op2(im, TF_OP_NE, mask, mask) : num(im, -INFINITY, mask->type.dtype);
+        if (mask->type.dtype == TF_DT_BOOL) {   /* false, as wide as the rest: the mask's first columns compared with themselves */
+            tf_named_attr sl[4] = {{"axis", tf_attr_int(r - 1)}, {"start", tf_attr_int(0)}, {"end", tf_attr_int(1)}, {"step", tf_attr_int(1)}};
+            f = op(im, TF_OP_SLICE, &f, 1, sl, 4);
+        }
+        tf_named_attr at = {"shape", tf_attr_ints(im->m, shape, r)};
+        f = f ? op(im, TF_OP_BROADCAST, &f, 1, &at, 1) : NULL;
+        tf_named_attr cat = {"axis", tf_attr_int(r - 1)};
+        mask = f ? op(im, TF_OP_CONCAT, (tf_value *[]){mask, f}, 2, &cat, 1) : NULL;
+    }
+    if (mask && mask->type.rank < 4) {   /* broadcast from the right: dims of 1 before */
+        int64_t shape[4] = {1, 1, 1, 1};
+        for (int i = 0; i < mask->type.rank; i++) shape[4 - mask->type.rank + i] = mask->type.dims[i].n;
+        mask = reshape(im, mask, shape, 4);
+    }
+    if (!k || !v || im->failed) return -1;
+    double scale = attr(im, "scale") ? attr_f(im, "scale", 1) : 1.0 / sqrt((double)q->type.dims[3].n);
+    bool causal = attr_i(im, "is_causal", 0) != 0;
+    tf_value *y;
+    if (decomposed || (causal && past)) {   /* tfuse's causal is from the upper left; with past keys it is offset */
+        y = attention_steps(im, q, k, v, mask, causal, scale, softcap, past);
+    } else {
+        tf_named_attr a[2] = {{"causal", tf_attr_bool(causal)}, {"scale", tf_attr_float(scale)}};
+        tf_value *in[4] = {q, k, v, mask};
+        y = op(im, TF_OP_ATTENTION, in, mask ? 4 : 3, a, 2);
+    }
+    if (y && q0->type.rank == 3) {   /* back to [B, T, H*Dv] */
+        tf_named_attr t = {"perm", tf_attr_ints(im->m, (int64_t[]){0, 2, 1, 3}, 4)};
+        y = op(im, TF_OP_TRANSPOSE, &y, 1, &t, 1);
+        y = y ? reshape(im, y, (int64_t[]){y->type.dims[0].n, y->type.dims[1].n, y->type.dims[2].n * y->type.dims[3].n}, 3) : NULL;
+    }
+    if (set_out(im, 0, y)) return -1;
+    if (n->nout > 1 && n->out[1].n && set_out(im, 1, k)) return -1;
+    return n->nout > 2 && n->out[2].n ? set_out(im, 2, v) : 0;
+}
+
 /* RMSNormalization: x / sqrt(mean of x^2 over axes [axis, rank) + epsilon) * scale. */
 static int rmsnorm(importer *im, int arg)
 {
@@ -1531,7 +1669,7 @@ static const op_entry ops[] = {
     {"LeakyRelu", activation, ACT_LEAKY}, {"Elu", activation, ACT_ELU}, {"Selu", activation, ACT_SELU},
     {"HardSigmoid", activation, ACT_HARDSIGMOID}, {"HardSwish", activation, ACT_HARDSWISH}, {"Softsign", activation, ACT_SOFTSIGN},
     {"Clip", activation, ACT_CLIP}, {"Gelu", activation, ACT_GELU}, {"Swish", activation, ACT_SWISH}, {"Mish", activation, ACT_MISH},
-    {"Celu", activation, ACT_CELU}, {"Shrink", activation, ACT_SHRINK}, {"RMSNormalization", rmsnorm, 0}, {"Tile", tile, 0},
+    {"Attention", attention, 0}, {"Celu", activation, ACT_CELU}, {"Shrink", activation, ACT_SHRINK}, {"RMSNormalization", rmsnorm, 0}, {"Tile", tile, 0},
     {"MatMul", matmul, 0}, {"Gemm", gemm, 0}, {"Conv", conv, 0}, {"MaxPool", pool, TF_OP_MAXPOOL2D},
     {"AveragePool", pool, TF_OP_AVGPOOL2D}, {"GlobalAveragePool", global_pool, TF_OP_REDUCE_MEAN},
     {"GlobalMaxPool", global_pool, TF_OP_REDUCE_MAX}, {"Reshape", reshape_op, 0}, {"Flatten", flatten, 0},

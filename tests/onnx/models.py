@@ -126,6 +126,29 @@ def all_models():
         n("Sub", ["x", "x"], ["z"]), n("Div", ["x", "z"], ["q"]), n("IsInf", ["q"], ["pinf"], detect_negative=0),
         n("IsInf", ["q"], ["anyinf"]), n("Gather", ["x", "cols"], ["gx"], axis=1),
     ], [("x", F, [2, 4])], [("nx", B, [2, 4]), ("isnan", B, [2, 4]), ("pinf", B, [2, 4]), ("anyinf", B, [2, 4]), ("gx", F, [2, 2])])
+    # newer ops, opset 23: Attention (grouped-query heads, a bool mask, causal; and softcap with the scores as an output),
+    # RMSNormalization, LayerNormalization over two axes with its statistics, Pad (reflect, constant), Tile, Gather of
+    # computed indices on axis 1, Slice with a negative step, the derived reductions, integer Div, Swish
+    ms["newer"] = model("newer", [
+        i64("pads", [0, 1, 0, 2]), i64("reps", [1, 2]), i64("st", [-1]), i64("en", [-100]), i64("ax", [1]), i64("stp", [-2]),
+        i64("rax", [1]),
+        n("Attention", ["q", "k", "v", "mask"], ["att"], is_causal=1),
+        n("Attention", ["q", "k", "v"], ["att2", "", "", "scores"], softcap=2.0, qk_matmul_output_mode=3),
+        n("RMSNormalization", ["x", "g"], ["rms"], axis=-1, epsilon=1e-4),
+        n("LayerNormalization", ["x3", "g2", "b2"], ["ln", "mu", "isd"], axis=1),
+        n("Pad", ["x", "pads"], ["prf"], mode="reflect"), n("Pad", ["x", "pads", "cval"], ["pc"]),
+        n("Tile", ["x", "reps"], ["tl"]), n("Gather", ["x", "ids"], ["gx"], axis=1),
+        n("Slice", ["x", "st", "en", "ax", "stp"], ["sl"]),
+        n("ReduceLogSumExp", ["x", "rax"], ["lse"], keepdims=0), n("ReduceL2", ["x", "rax"], ["l2"]),
+        n("ReduceMin", ["x", "rax"], ["mn"]), n("Div", ["ids", "two2"], ["idiv"]),
+    ], [("q", F, [2, 4, 5, 8]), ("k", F, [2, 2, 6, 8]), ("v", F, [2, 2, 6, 8]), ("mask", B, [5, 6]), ("x", F, [3, 6]),
+        ("x3", F, [2, 3, 4]), ("ids", I64, [2, 2])],
+        [("att", F, [2, 4, 5, 8]), ("att2", F, [2, 4, 5, 8]), ("scores", F, [2, 4, 5, 6]), ("rms", F, [3, 6]),
+         ("ln", F, [2, 3, 4]), ("mu", F, [2, 1, 1]), ("isd", F, [2, 1, 1]), ("prf", F, [3, 9]), ("pc", F, [3, 9]),
+         ("tl", F, [3, 12]), ("gx", F, [3, 2, 2]), ("sl", F, [3, 3]), ("lse", F, [3]), ("l2", F, [3, 1]), ("mn", F, [3, 1]),
+         ("idiv", I64, [2, 2])],
+        [init("g", rnd(6, seed=20)), init("g2", rnd(3, 4, seed=21)), init("b2", rnd(3, 4, seed=22)),
+         init("cval", np.array(0.5, np.float32)), init("two2", np.array([[2, -3]], np.int64))], opset=23)
     return ms
 
 

@@ -54,7 +54,8 @@ class Imported(unittest.TestCase):
         for i in m.graph.input:
             shape = [d.dim_value if d.dim_value else dims[d.dim_param] for d in i.type.tensor_type.shape.dim]
             dt = NP[i.type.tensor_type.elem_type]
-            feeds[i.name] = (self.rng.integers(0, 11, shape) if dt == np.int64 else self.rng.standard_normal(shape)).astype(dt)
+            feeds[i.name] = (self.rng.integers(0, 6, shape) if dt == np.int64 else self.rng.random(shape) < 0.75 if dt == np.bool_
+                             else self.rng.standard_normal(shape)).astype(dt)
         want = ort.InferenceSession(path).run(None, feeds)
         ir = os.path.join(self.dir, name + ".ir")
         tfuse("import", path, "-o", ir, *[a for k, v in dims.items() for a in ("--dim", f"{k}={v}")])
