@@ -15,7 +15,7 @@ every data set of it does.
 
     .venv/bin/python tests/onnx/node_tests.py                    # all cases, interp and cpu
     .venv/bin/python tests/onnx/node_tests.py --targets interp --filter conv
-    .venv/bin/python tests/onnx/node_tests.py --write docs/onnx_node_tests.md
+    .venv/bin/python tests/onnx/node_tests.py --write docs/onnx_node_tests.md   # and cuda-emu on every 10th case
 
 The table gives, per ONNX op (a case counts for the op its name starts
 with), the cases passed / run on each target and, for every case that did
@@ -244,6 +244,8 @@ def main():
     ap.add_argument("--filter", default="", help="only cases whose name contains this")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--write", help="write the table (markdown) to this file")
+    ap.add_argument("--sample-target", default="cuda-emu", help="a target run on a sample of the cases ('' for none)")
+    ap.add_argument("--sample", type=int, default=10, help="the sample: every N-th case that is run")
     a = ap.parse_args()
     data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
     if not os.path.isdir(data):
@@ -258,7 +260,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             return job, run_case(a.tfuse, os.path.join(data, case), target, tmp)
 
-    jobs = [(c, t) for c in cases for t in a.targets]
+    sample = [c for c in cases if a.sample_target][::max(a.sample, 1)]
+    jobs = [(c, t) for c in cases for t in a.targets] + [(c, a.sample_target) for c in sample]
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as ex:
         for i, (job, why) in enumerate(ex.map(one, jobs)):
             results[job] = why
@@ -301,6 +304,14 @@ def main():
                  "(uint8, int8, int16, uint16, uint32, uint64, string, float8, int4, complex) or that is no tensor "
                  "(a sequence, an optional), data with a dim of 0 (tfuse's sizes are positive) or in bf16 (which .npy, "
                  "the files `tfuse run` reads, cannot hold), or a model of opset 1 to 6 (the import reads 7 and later).")
+    if sample:
+        ran = [c for c in sample if not (results[(c, a.sample_target)] or "").startswith(SKIP)]
+        ok = [c for c in ran if results[(c, a.sample_target)] is None]
+        imp = [c for c in ran if op_of(c, snake_ops) in claimed]
+        lines.append(f"- **{a.sample_target}** (every {a.sample}th case): {len(ok)} of {len(ran)} cases run pass; of the ops tfuse "
+                     f"imports, {sum(results[(c, a.sample_target)] is None for c in imp)} of {len(imp)}; its failures: "
+                     + ("; ".join(f"{c}: {results[(c, a.sample_target)][:160]}" for c in ran if results[(c, a.sample_target)]
+                                  and op_of(c, snake_ops) in claimed) or "none") + ".")
     lines.append("\n## Per op\n")
     lines.append("Cases passed / run per target; `skipped` counts the cases not run.\n")
     lines.append("| op | imported | " + " | ".join(a.targets) + " | skipped |")
@@ -339,6 +350,8 @@ def main():
     if a.write:
         with open(a.write, "w") as f:
             f.write(text)
+    if sample:
+        print(lines[[i for i, l in enumerate(lines) if l.startswith(f"- **{a.sample_target}**")][0]][:300])
     for t in a.targets:
         ct, tt = claimed_total[t], total[t]
         print(f"{t}: {tt[0]} / {tt[1]} cases ({100 * tt[0] / max(tt[1], 1):.1f}%); imported ops {ct[0]} / {ct[1]} "
