@@ -177,7 +177,7 @@ static double apply(fold *f, int op, const double *v, tf_dt dt, bool *fail_div)
 /* An elementwise op over k inputs, broadcast; the result bool for comparisons and logic, else the type of input `typed`. */
 static int elementwise(fold *f, int op, int k, tf_onnx_cval *out)
 {
-    const tf_onnx_cval *xs[3];
+    const tf_onnx_cval *xs[3] = {NULL, NULL, NULL};
     for (int i = 0; i < k; i++) {
         if (i >= f->nin || !f->in[i].c) return bad(f, "input %d is required", i);
         xs[i] = &f->in[i];
