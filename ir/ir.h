@@ -238,6 +238,9 @@ typedef struct tf_value {
                             * (its storage is that state's; offset -1); NULL: none */
     bool zero_grad;        /* a param whose gradient is exactly zero: bias_drop's dropped bias, which the
                             * optimizer still sees (with a zero gradient, weight decay moves it, as in PyTorch) */
+    bool once;             /* memplan, inference: computed from params, buffers and constants alone (a batch
+                            * norm folded into a weight), so the same in every step until the state changes;
+                            * its memory is its own for the whole step, and a target may compute it once */
     tf_loc loc;
 } tf_value;
 

@@ -345,6 +345,32 @@ static void mp_lifetimes(mp *p)
     }
 }
 
+/* Inference: the values computed from params, buffers and constants alone (value->once). Each lives for the whole
+ * step in memory of its own, placed before the first op, so that what it holds at the end of a step is still there at
+ * the start of the next and a target may skip computing it again until the state changes. Not under --O0 (no
+ * optimizing pass: the plan stays the plain one). */
+static void mp_once(mp *p)
+{
+    tf_module *m = p->m;
+    for (int i = 0; i < p->N; i++) ((tf_node *)m->nodes.items[i])->out->once = false;
+    if (p->o->mode != TF_IR_INFER || p->o->opt0) return;
+    for (int i = 0; i < p->N; i++) {
+        tf_node *n = m->nodes.items[i];
+        bool once = n->op != TF_OP_DROPOUT_MASK && n->op != TF_OP_DROPOUT && tf_op_exec_of(n->op) != TF_OPX_COMM;
+        for (int k = 0; once && k < n->nin; k++) {
+            const tf_value *v = n->in[k];
+            once = v->kind == TF_VAL_CONST || v->kind == TF_VAL_PARAM || (v->kind == TF_VAL_BUFFER && !m->nupdates) ||
+                   (v->kind == TF_VAL_NODE && v->once);
+        }
+        n->out->once = once;
+        if (once && p->mem[n->out->id]) {
+            p->last[n->out->id] = p->N;   /* to the step's end (and, in place, to the next step) */
+            tf_explain(p->o, "memplan", &n->loc, "%s is computed from the state alone: memory of its own, and a target may "
+                       "compute it once per state", n->out->name);
+        }
+    }
+}
+
 /* The bytes of inputs, params and buffers, which live for the whole step. */
 static tf_ir_status mp_persistent(mp *p)
 {
@@ -406,10 +432,21 @@ static tf_ir_status mp_first_fit(mp *p)
         p->dies[p->last[v->id]] = i;
     }
     for (int i = 0; i < p->V; i++) p->blk[i] = -1;
+    for (int i = 0; i < p->N; i++) {   /* once values first, alive from before the first op to after the last */
+        tf_value *v = ((tf_node *)m->nodes.items[i])->out;
+        int64_t vbytes = bytes_of(v);
+        if (!v->once || !p->mem[v->id]) continue;
+        if (vbytes < 0) return too_big(m, p->o, v);
+        if (!heap_alloc(&p->h, vbytes, &v->offset)) return mp_oom(p);
+        p->blk[v->id] = p->nb;
+        p->life[p->nb] = (lifetime){align_up(vbytes ? vbytes : 1), 0, 0, p->N, p->nb};
+        p->nb++;
+    }
     for (int i = 0; i < p->N; i++) {
         tf_node *n = m->nodes.items[i];
         tf_value *v = n->out;
         int64_t vbytes = bytes_of(v);
+        if (v->once && p->blk[v->id] >= 0) continue;   /* placed above */
         /* free what died at the previous op */
         for (int j = i ? p->dies[i - 1] : -1; j >= 0; j = p->next[j]) {
             tf_value *w = ((tf_node *)m->nodes.items[j])->out;
@@ -485,9 +522,9 @@ static tf_ir_status mp_region_libraries(mp *p)
         if (size < 0) return too_big(m, p->o, v);
         size = align_up(size ? size : 1);
         int nb = 0, end = p->region_end[n->region];
-        for (int j = 0; j <= end; j++) {
+        for (int j = 0; j < p->N; j++) {   /* what is alive then: made by the region's end, or once (alive throughout) */
             tf_value *w = ((tf_node *)m->nodes.items[j])->out;
-            if (w->offset >= 0 && w != v && (p->last[w->id] < j ? j : p->last[w->id]) >= i)
+            if (w->offset >= 0 && w != v && ((j <= end && (p->last[w->id] < j ? j : p->last[w->id]) >= i) || w->once))
                 p->busy[nb++] = (block){w->offset, align_up(bytes_of(w) ? bytes_of(w) : 1)};
         }
         qsort(p->busy, (size_t)nb, sizeof *p->busy, by_offset);
@@ -571,6 +608,7 @@ tf_ir_status pass_memplan(tf_module *m, const tf_options *o)
         goto done;
     }
     mp_lifetimes(&p);
+    mp_once(&p);
     if ((p.homed = home_updates(m, o, p.mem)) < 0) {
         st = mp_oom(&p);
         goto done;

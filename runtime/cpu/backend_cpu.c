@@ -219,7 +219,14 @@ static tf_status prepare(tf_session_t *s, cpu *c)
             st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
             break;
         }
-        for (int b = 0; b < k->nbufs; b++) ck->bufs[b] = storage(c, k->bufs[b].value);
+        ck->once = s->p->mode == TF_IR_INFER && k->kind != TF_K_VIEW && !s->p->settings.cpu_state_every;   /* a view may alias what a step writes */
+        bool writes = false;
+        for (int b = 0; b < k->nbufs; b++) {
+            ck->bufs[b] = storage(c, k->bufs[b].value);
+            if (k->bufs[b].written) writes = true, ck->once = ck->once && k->bufs[b].value->once;
+        }
+        if (k->lib) writes = true, ck->once = ck->once && k->lib->out->once;
+        ck->once = ck->once && writes;
         int ax = tf_kernel_split_axis(k);
         ck->extent = ax < 0 ? 1 : k->dims[ax];
         ck->work = 1;
@@ -401,6 +408,7 @@ static tf_status cpu_run(tf_session_t *s)
     c->gen++;
     for (int i = 0; i < c->plan->nkernels; i++) {
         ckernel *ck = &c->ks[i];
+        if (ck->once && ck->once_gen == c->state_gen) continue;   /* from the state alone, and the state is as it was */
         double t0 = c->profile ? now_ns() : 0;
         tf_status st = tf_cpu_comm_before(s, c, i);
         if (!st) st = run_kernel(s, c, ck);
@@ -412,6 +420,7 @@ static tf_status cpu_run(tf_session_t *s)
             ck->ns += now_ns() - t0;
             ck->calls++;
         }
+        if (ck->once) ck->once_gen = c->state_gen;
     }
     tf_status cst = tf_cpu_comm_finish(s, c);
     if (cst) return cst;

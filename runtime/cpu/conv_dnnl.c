@@ -467,15 +467,17 @@ static void run_worker(void *arg, int64_t lo, int64_t hi)
     omp_set_num_threads(prev);
 }
 
+size_t tf_dnnl_conv_kept_bytes(const tf_dnnl_conv *c) { return c->shared; }
+
 bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
-                      void *scratch)
+                      void *scratch, void *kept, bool refresh)
 {
     run_job j = {.c = c, .a = a, .b = b, .bias = bias, .out = out, .scratch = scratch};
     atomic_init(&j.failed, false);
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    /* shared inputs (the weights) reordered once, before the pieces */
-    unsigned char *sh = (unsigned char *)scratch + (size_t)c->threads * c->per_worker;
+    /* shared inputs (the weights) reordered once, before the pieces; into kept, only when they changed */
+    unsigned char *sh = kept ? (unsigned char *)kept : (unsigned char *)scratch + (size_t)c->threads * c->per_worker;
     bool good = true;
     for (int vi = 0; vi < c->nv; vi++)
         for (int i = 0; i < c->v[vi].nargs; i++) {
@@ -483,7 +485,8 @@ bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const floa
             if (!ar->reorder || ar->per_piece) continue;
             j.shared[vi][i] = sh;
             sh += up64(ar->prim_bytes);
-            good = good && reorder(ar->reorder, c->streams[0], &ar->user, user_ptr(&j, ar, 0, 0), &ar->prim, j.shared[vi][i]);
+            if (!kept || refresh)
+                good = good && reorder(ar->reorder, c->streams[0], &ar->user, user_ptr(&j, ar, 0, 0), &ar->prim, j.shared[vi][i]);
         }
     omp_set_num_threads(prev);
     if (!good) return false;
@@ -528,10 +531,11 @@ tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool b
 void tf_dnnl_conv_free(tf_dnnl_conv *c) { (void)c; }
 void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n) { (void)c, snprintf(out, n, "no oneDNN"); }
 size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c) { (void)c; return 0; }
+size_t tf_dnnl_conv_kept_bytes(const tf_dnnl_conv *c) { (void)c; return 0; }
 bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
-                      void *scratch)
+                      void *scratch, void *kept, bool refresh)
 {
-    (void)c, (void)pool, (void)a, (void)b, (void)bias, (void)out, (void)scratch;
+    (void)c, (void)pool, (void)a, (void)b, (void)bias, (void)out, (void)scratch, (void)kept, (void)refresh;
     return false;
 }
 

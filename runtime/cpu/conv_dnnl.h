@@ -46,11 +46,17 @@ void tf_dnnl_conv_free(tf_dnnl_conv *c);
 void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n);
 /* Bytes of scratch a run needs (all threads' together). */
 size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c);
+/* Bytes of the weights reordered into the primitive's layout (0: it takes
+ * them as they are), to keep them between runs. */
+size_t tf_dnnl_conv_kept_bytes(const tf_dnnl_conv *c);
 /* Forward: a = x, b = w, bias, out = y. Input gradient: a = dy, b = w,
  * out = dx. Weight gradient: a = x, b = dy, out = dw. scratch: 64-byte
- * aligned, tf_dnnl_conv_scratch_bytes. false when a primitive failed
- * (nothing was written that the caller can rely on). */
+ * aligned, tf_dnnl_conv_scratch_bytes. kept (64-byte aligned,
+ * tf_dnnl_conv_kept_bytes; NULL: none): where the reordered weights stay
+ * between runs, reordered again only when refresh (the weights changed);
+ * without it they are reordered into scratch every run. false when a
+ * primitive failed (nothing was written that the caller can rely on). */
 bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
-                      void *scratch);
+                      void *scratch, void *kept, bool refresh);
 
 #endif

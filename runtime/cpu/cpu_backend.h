@@ -73,6 +73,10 @@ typedef struct ckernel {
     tf_dnnl_gemm *dgemm;   /* RUN_MATMUL: oneDNN with the weights packed (cpu_gemm.c's planning), or NULL: OpenBLAS (gemm_why) */
     void *packed;          /* then: the packed weights, current as of write generation packed_gen */
     uint64_t packed_gen;
+    void *kept;            /* RUN_CONV in inference, weights the step never changes: them in the primitive's layout, */
+    uint64_t kept_gen;     /* as of this write generation (0: never) */
+    bool once;             /* inference: everything it writes is computed from the state alone (value->once) */
+    uint64_t once_gen;     /* then: what it wrote is current as of this write generation (0: never run) */
     char gemm_why[200];
 } ckernel;
 

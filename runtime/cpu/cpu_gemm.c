@@ -121,7 +121,7 @@ tf_status tf_cpu_plan_packed_gemms(tf_session_t *s, cpu *c)
         if (s->p->settings.cpu_gemm_openblas) snprintf(why, wn, "--cpu-gemm=openblas");
         else if (av->type.dtype != TF_DT_F32 || bv->type.dtype != TF_DT_F32 || ov->type.dtype != TF_DT_F32)
             snprintf(why, wn, "not all f32");
-        else if (r->kind != TF_VAL_PARAM && r->kind != TF_VAL_BUFFER)
+        else if (r->kind != TF_VAL_PARAM && r->kind != TF_VAL_BUFFER && !r->once)
             snprintf(why, wn, "the right operand is computed in the step, not a weight");
         else if (step_writes(m, r)) snprintf(why, wn, "the step updates its weights (%s)", r->name ? r->name : "?");
         else if (bv->type.rank != 2 || (rk > 0 && (ta || !a_full))) snprintf(why, wn, "a batched GEMM");

@@ -125,7 +125,8 @@ void tf_cpu_run_conv(cpu *c, ckernel *ck)
         const float *bias = n->nin > 2 ? in[2] : NULL;
         float *dst = out;
         if (ck->epi_in_conv) bias = ck->bufs[ck->epi_bias], dst = ck->bufs[ck->epi_out];
-        if (tf_dnnl_conv_run(ck->dnnl, c->pool, in[0], in[1], bias, dst, at)) {
+        if (tf_dnnl_conv_run(ck->dnnl, c->pool, in[0], in[1], bias, dst, at, ck->kept, ck->kept_gen != c->state_gen)) {
+            ck->kept_gen = c->state_gen;
             if (ov->type.dtype != TF_DT_F32 && !ck->epi_in_conv) tf_cpu_from_f32(c, ov, out);
             return;
         }
@@ -251,6 +252,14 @@ void tf_cpu_conv_choose(tf_session_t *s, cpu *c, ckernel *ck)
                                    sizeof ck->conv_why);
     if (ck->dnnl && fuse) ck->epi_in_conv = true;
     else if (ck->dnnl && epi_why[0]) snprintf(ck->conv_why, sizeof ck->conv_why, "epilogue kept: %s", epi_why);
+    /* inference whose weights only the state decides (a param, or computed from params alone): the reorder into the
+     * primitive's layout is kept between steps and redone when the state changes, as packed GEMM weights are */
+    const tf_value *wr = root_of(wv);
+    bool steady = s->p->mode == TF_IR_INFER && !s->p->m->nupdates && !s->p->settings.cpu_state_every &&
+                  (wr->kind == TF_VAL_PARAM || wr->kind == TF_VAL_BUFFER || wr->once);
+    size_t kb = ck->dnnl && dir == TF_DNNL_FWD && steady ? tf_dnnl_conv_kept_bytes(ck->dnnl) : 0;
+    if (kb) ck->kept = tf_cpu_own(c, kb + 64);   /* NULL (no memory): reordered every step, as before */
+    if (ck->kept) ck->kept = (void *)(((uintptr_t)ck->kept + 63) / 64 * 64);
 }
 
 /* ---- pooling, gather and scatter_add, concat and slice_grad ---------------- */
