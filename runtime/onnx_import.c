@@ -18,51 +18,13 @@
 #include "alloc.h"
 #include "ops.h"
 #include "onnx_fold.h"
+#include "onnx_ix.h"
 #include "runtime.h"
-
-enum { MAX_CONST = 1 << 20 };   /* elements of a constant folded at import */
-
-typedef struct ival {
-    tf_value *v;                 /* the tfuse value, once made */
-    tf_dt dt;
-    int rank;
-    int64_t shape[TF_MAX_RANK];
-    const tf_onnx_tensor *init;  /* an initializer, not yet read */
-    double *c;                   /* a constant's elements (row-major), NULL: not known */
-    bool stat;                   /* batch norm's running mean or variance: a buffer */
-    bool weight;                 /* a graph initializer: a param when floating (a Constant's tensor is a buffer) */
-} ival;
-
-typedef struct entry {
-    tf_onnx_str name;
-    ival x;
-} entry;
-
-typedef struct importer {
-    const tf_onnx_model *om;
-    const char *path;
-    char dir[4096];              /* external data's directory */
-    tf_module *m;
-    entry *env;
-    int nenv, capenv;
-    tio_tensor *params;
-    size_t nparams, capparams;
-    const tf_onnx_dim_value *dims;
-    int ndims;
-    int64_t opset;
-    const tf_onnx_node *node;    /* the node being imported, for messages */
-    int node_index;
-    char *err;
-    size_t nerr;
-    bool failed;
-    double **owned;              /* constants' arrays */
-    int nowned, capowned;
-} importer;
 
 /* ---- messages ---- */
 
-static int fail(importer *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(importer *im, const char *fmt, ...)
+int ox_fail(importer *im, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ox_fail(importer *im, const char *fmt, ...)
 {
     if (im->failed) return -1;
     im->failed = true;
@@ -81,23 +43,23 @@ static int fail(importer *im, const char *fmt, ...)
     return -1;
 }
 
-static double *own(importer *im, int64_t n)
+double *ox_own(importer *im, int64_t n)
 {
     if (n > MAX_CONST) {
-        fail(im, "a constant of %lld elements to fold at import (at most %d)", (long long)n, MAX_CONST);
+        ox_fail(im, "a constant of %lld elements to fold at import (at most %d)", (long long)n, MAX_CONST);
         return NULL;
     }
     if (im->nowned == im->capowned) {
         int cap = im->capowned ? 2 * im->capowned : 64;
         double **p = tf_realloc(im->owned, (size_t)cap * sizeof *p);
         if (!p) {
-            fail(im, "out of memory");
+            ox_fail(im, "out of memory");
             return NULL;
         }
         im->owned = p, im->capowned = cap;
     }
     double *c = tf_calloc((size_t)(n ? n : 1), sizeof *c);
-    if (!c) fail(im, "out of memory");
+    if (!c) ox_fail(im, "out of memory");
     else im->owned[im->nowned++] = c;
     return c;
 }
@@ -105,7 +67,7 @@ static double *own(importer *im, int64_t n)
 /* ---- names and values ---- */
 
 /* An ONNX name as a tfuse name: [A-Za-z_][A-Za-z0-9_.]*, other characters '_'. */
-static void sanitize(tf_onnx_str s, char *out, size_t n)
+void ox_sanitize(tf_onnx_str s, char *out, size_t n)
 {
     size_t k = 0;
     if (!s.n || !((s.p[0] >= 'A' && s.p[0] <= 'Z') || (s.p[0] >= 'a' && s.p[0] <= 'z') || s.p[0] == '_')) out[k++] = 'v';
@@ -125,20 +87,20 @@ static void sanitize(tf_onnx_str s, char *out, size_t n)
         }
 }
 
-static entry *find(importer *im, tf_onnx_str name)
+entry *ox_find(importer *im, tf_onnx_str name)
 {
     for (int i = im->nenv - 1; i >= 0; i--)
         if (im->env[i].name.n == name.n && (!name.n || !memcmp(im->env[i].name.p, name.p, name.n))) return &im->env[i];
     return NULL;
 }
 
-static ival *bind(importer *im, tf_onnx_str name, const ival *x)
+ival *ox_bind(importer *im, tf_onnx_str name, const ival *x)
 {
     if (im->nenv == im->capenv) {
         int cap = im->capenv ? 2 * im->capenv : 256;
         entry *e = tf_realloc(im->env, (size_t)cap * sizeof *e);
         if (!e) {
-            fail(im, "out of memory");
+            ox_fail(im, "out of memory");
             return NULL;
         }
         im->env = e, im->capenv = cap;
@@ -148,7 +110,7 @@ static ival *bind(importer *im, tf_onnx_str name, const ival *x)
 }
 
 /* Elements, saturating at 2^62 (shapes are checked where they enter, by check_dims: this only keeps a bad one from overflowing). */
-static int64_t numel(const ival *x)
+int64_t ox_numel(const ival *x)
 {
     int64_t n = 1;
     for (int i = 0; i < x->rank; i++) {
@@ -160,18 +122,18 @@ static int64_t numel(const ival *x)
 }
 
 /* A tensor's dims as a file states them: each at most 2^40, together at most 2^48 elements. */
-static int check_dims(importer *im, tf_onnx_str name, const int64_t *dims, int rank)
+int ox_check_dims(importer *im, tf_onnx_str name, const int64_t *dims, int rank)
 {
     int64_t n = 1;
     for (int i = 0; i < rank; i++) {
         if (dims[i] < 0 || dims[i] > ((int64_t)1 << 40) || (dims[i] && n > ((int64_t)1 << 48) / dims[i]))
-            return fail(im, "tensor '%.*s' has a dim of %lld: too large", (int)name.n, name.p, (long long)dims[i]);
+            return ox_fail(im, "tensor '%.*s' has a dim of %lld: too large", (int)name.n, name.p, (long long)dims[i]);
         n *= dims[i];
     }
     return 0;
 }
 
-static bool dt_of_onnx(int32_t t, tf_dt *dt)
+bool ox_dt_of_onnx(int32_t t, tf_dt *dt)
 {
     switch (t) {
     case TF_ONNX_FLOAT: *dt = TF_DT_F32; return true;
@@ -185,7 +147,7 @@ static bool dt_of_onnx(int32_t t, tf_dt *dt)
     }
 }
 
-static bool is_float(tf_dt t) { return t == TF_DT_F32 || t == TF_DT_F64 || t == TF_DT_F16 || t == TF_DT_BF16; }
+bool ox_is_float(tf_dt t) { return t == TF_DT_F32 || t == TF_DT_F64 || t == TF_DT_F16 || t == TF_DT_BF16; }
 
 /* ---- initializers' data ---- */
 
@@ -194,20 +156,20 @@ static unsigned char *read_external(importer *im, const tf_onnx_tensor *t, size_
 {
     char loc[1024];
     if (t->location.n >= sizeof loc || memchr(t->location.p, 0, t->location.n)) {
-        fail(im, "tensor '%.*s': an external data location that is not a file name", (int)t->name.n, t->name.p);
+        ox_fail(im, "tensor '%.*s': an external data location that is not a file name", (int)t->name.n, t->name.p);
         return NULL;
     }
     memcpy(loc, t->location.p, t->location.n);
     loc[t->location.n] = 0;
     if (loc[0] == '/' || strstr(loc, "..")) {
-        fail(im, "tensor '%.*s': external data at '%s': a location must be a path under the model's directory", (int)t->name.n, t->name.p, loc);
+        ox_fail(im, "tensor '%.*s': external data at '%s': a location must be a path under the model's directory", (int)t->name.n, t->name.p, loc);
         return NULL;
     }
     char full[5200];
     snprintf(full, sizeof full, "%s/%s", im->dir, loc);
     FILE *f = fopen(full, "rb");
     if (!f) {
-        fail(im, "tensor '%.*s': cannot open its external data %s: %s", (int)t->name.n, t->name.p, full, strerror(errno));
+        ox_fail(im, "tensor '%.*s': cannot open its external data %s: %s", (int)t->name.n, t->name.p, full, strerror(errno));
         return NULL;
     }
     unsigned char *buf = NULL;
@@ -215,14 +177,14 @@ static unsigned char *read_external(importer *im, const tf_onnx_tensor *t, size_
         off_t size = ftello(f);
         if (size < 0 || t->offset > (int64_t)size || (int64_t)want > (int64_t)size - t->offset ||
             (t->length >= 0 && (size_t)t->length != want))
-            fail(im, "tensor '%.*s': its external data in %s (%lld bytes at offset %lld, length %lld) does not hold its %zu bytes",
+            ox_fail(im, "tensor '%.*s': its external data in %s (%lld bytes at offset %lld, length %lld) does not hold its %zu bytes",
                  (int)t->name.n, t->name.p, full, (long long)size, (long long)t->offset, (long long)t->length, want);
         else if ((buf = tf_malloc(want ? want : 1)) && (fseeko(f, t->offset, SEEK_SET) || fread(buf, 1, want, f) != want)) {
-            fail(im, "tensor '%.*s': reading its external data from %s failed", (int)t->name.n, t->name.p, full);
+            ox_fail(im, "tensor '%.*s': reading its external data from %s failed", (int)t->name.n, t->name.p, full);
             tf_free(buf);
             buf = NULL;
         } else if (!buf) {
-            fail(im, "out of memory for tensor '%.*s'", (int)t->name.n, t->name.p);
+            ox_fail(im, "out of memory for tensor '%.*s'", (int)t->name.n, t->name.p);
         }
     }
     fclose(f);
@@ -273,12 +235,12 @@ static int init_data(importer *im, const tf_onnx_tensor *t, const unsigned char 
     int64_t cnt = 1;
     for (int i = 0; i < t->rank; i++) {
         if (t->dims[i] > ((int64_t)1 << 40) || (t->dims[i] && cnt > ((int64_t)1 << 48) / t->dims[i]))
-            return fail(im, "tensor '%.*s' is too large", (int)t->name.n, t->name.p);
+            return ox_fail(im, "tensor '%.*s' is too large", (int)t->name.n, t->name.p);
         cnt *= t->dims[i];
     }
     *n = cnt;
     int eb = tf_onnx_type_bytes(t->data_type);
-    if (!eb) return fail(im, "tensor '%.*s' is of type %s, which tfuse does not read", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
+    if (!eb) return ox_fail(im, "tensor '%.*s' is of type %s, which tfuse does not read", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
     size_t want = (size_t)cnt * (size_t)eb;
     if (t->external) {
         if (!(*owned = read_external(im, t, want))) return -1;
@@ -287,19 +249,19 @@ static int init_data(importer *im, const tf_onnx_tensor *t, const unsigned char 
     }
     if (t->raw.p) {
         if (t->raw.n != want)
-            return fail(im, "tensor '%.*s': raw_data holds %zu bytes, and %lld elements of %s need %zu", (int)t->name.n, t->name.p, t->raw.n,
+            return ox_fail(im, "tensor '%.*s': raw_data holds %zu bytes, and %lld elements of %s need %zu", (int)t->name.n, t->name.p, t->raw.n,
                         (long long)cnt, tf_onnx_type_name(t->data_type), want);
         *raw = (const unsigned char *)t->raw.p;
         return 0;
     }
     if (t->nvals != cnt)
-        return fail(im, "tensor '%.*s': its data has %lld elements, and its shape %lld", (int)t->name.n, t->name.p, (long long)t->nvals,
+        return ox_fail(im, "tensor '%.*s': its data has %lld elements, and its shape %lld", (int)t->name.n, t->name.p, (long long)t->nvals,
                     (long long)cnt);
     return 0;
 }
 
 /* A constant's elements (an initializer read now); NULL when it is not one (or too large). */
-static const double *const_of(importer *im, ival *x)
+const double *ox_const_of(importer *im, ival *x)
 {
     if (x->c) return x->c;
     if (!x->init) return NULL;
@@ -307,7 +269,7 @@ static const double *const_of(importer *im, ival *x)
     unsigned char *owned;
     int64_t n;
     if (init_data(im, x->init, &raw, &owned, &n)) return NULL;
-    double *c = n <= MAX_CONST ? own(im, n) : NULL;
+    double *c = n <= MAX_CONST ? ox_own(im, n) : NULL;
     for (int64_t i = 0; c && i < n; i++) c[i] = tf_dtype_round(x->dt, init_elem(x->init, raw, i));
     tf_free(owned);
     return x->c = c;
@@ -318,13 +280,13 @@ static int add_param(importer *im, const char *name, tf_dt dt, const int64_t *sh
     if (im->nparams == im->capparams) {
         size_t cap = im->capparams ? 2 * im->capparams : 64;
         tio_tensor *p = tf_realloc(im->params, cap * sizeof *p);
-        if (!p) return fail(im, "out of memory");
+        if (!p) return ox_fail(im, "out of memory");
         im->params = p, im->capparams = cap;
     }
     tio_tensor *t = &im->params[im->nparams];
     memset(t, 0, sizeof *t);
     size_t len = strlen(name);
-    if (!(t->name = tf_malloc(len + 1))) return fail(im, "out of memory");
+    if (!(t->name = tf_malloc(len + 1))) return ox_fail(im, "out of memory");
     memcpy(t->name, name, len + 1);
     t->dtype = (tio_dtype)dt;
     t->rank = rank;
@@ -335,43 +297,43 @@ static int add_param(importer *im, const char *name, tf_dt dt, const int64_t *sh
     return 0;
 }
 
-static tf_loc here(const importer *im) { return (tf_loc){im->path, im->node ? im->node_index + 1 : 0, im->node ? 1 : 0}; }
+tf_loc ox_here(const importer *im) { return (tf_loc){im->path, im->node ? im->node_index + 1 : 0, im->node ? 1 : 0}; }
 
 /* x as a tfuse value: a number, or a param or buffer holding a constant. */
-static tf_value *val(importer *im, ival *x, const char *hint)
+tf_value *ox_val(importer *im, ival *x, const char *hint)
 {
     if (x->v) return x->v;
     if (!x->init && !x->c) {
-        fail(im, "an operand with no value");
+        ox_fail(im, "an operand with no value");
         return NULL;
     }
-    int64_t n = numel(x);
-    if (n == 1 && x->dt == TF_DT_F32 && const_of(im, x)) {   /* a number (the text's literals are f32), reshaped to the constant's rank */
+    int64_t n = ox_numel(x);
+    if (n == 1 && x->dt == TF_DT_F32 && ox_const_of(im, x)) {   /* a number (the text's literals are f32), reshaped to the constant's rank */
         tf_value *v = tf_const(im->m, x->c[0], x->dt);
         if (v && x->rank > 0) {
             tf_diag d = {0};
-            tf_loc loc = here(im);
+            tf_loc loc = ox_here(im);
             tf_named_attr a = {"shape", tf_attr_ints(im->m, x->shape, x->rank)};
             tf_value *in[1] = {v};
             if (!(v = tf_build(im->m, &d, TF_OP_RESHAPE, in, 1, &a, 1, hint, &loc))) {
-                fail(im, "%s", d.msg);
+                ox_fail(im, "%s", d.msg);
                 return NULL;
             }
         }
-        if (!v) fail(im, "out of memory");
+        if (!v) ox_fail(im, "out of memory");
         return x->v = v;
     }
     /* a declared tensor, its values saved with the params */
     char name[512];
     tf_onnx_str h = {hint, strlen(hint)};
-    sanitize(h, name, sizeof name);
+    ox_sanitize(h, name, sizeof name);
     const char *nm = tf_module_unique_name(im->m, name);
     tf_type ty = {x->dt, x->rank, {{0}}};
     for (int i = 0; i < x->rank; i++) ty.dims[i] = (tf_dim){x->shape[i], -1};
-    bool trainable = is_float(x->dt) && !x->stat && x->weight;
+    bool trainable = ox_is_float(x->dt) && !x->stat && x->weight;
     tf_value *v = nm ? tf_module_add_decl(im->m, nm, trainable ? TF_VAL_PARAM : TF_VAL_BUFFER, &ty, TF_INIT_ZEROS) : NULL;
     if (!v) {
-        fail(im, "out of memory");
+        ox_fail(im, "out of memory");
         return NULL;
     }
     size_t es = (size_t)tf_dtype_bytes(x->dt), bytes = (size_t)n * es;
@@ -383,7 +345,7 @@ static tf_value *val(importer *im, ival *x, const char *hint)
     unsigned char *data = tf_malloc(bytes ? bytes : 1);   /* tio_tensor_free frees it */
     if (!data) {
         tf_free(owned);
-        fail(im, "out of memory for %s (%zu bytes)", nm, bytes);
+        ox_fail(im, "out of memory for %s (%zu bytes)", nm, bytes);
         return NULL;
     }
     if (x->c) {
@@ -405,146 +367,146 @@ static tf_value *val(importer *im, ival *x, const char *hint)
 
 /* ---- building ---- */
 
-static tf_value *op(importer *im, int o, tf_value **in, int nin, const tf_named_attr *a, int na)
+tf_value *ox_op(importer *im, int o, tf_value **in, int nin, const tf_named_attr *a, int na)
 {
     if (im->failed) return NULL;
     for (int i = 0; i < nin; i++)
         if (!in[i]) return NULL;
     tf_diag d = {0};
-    tf_loc loc = here(im);
+    tf_loc loc = ox_here(im);
     char hint[260] = "t";   /* the value the node's output names is renamed so when it is made (set_out) */
     if (im->node && im->node->nout) {
-        sanitize(im->node->out[0], hint, sizeof hint - 4);
+        ox_sanitize(im->node->out[0], hint, sizeof hint - 4);
         strcat(hint, "_");
     }
     tf_value *v = tf_build(im->m, &d, o, in, nin, a, na, hint, &loc);
-    if (!v) fail(im, "%s", d.msg);
+    if (!v) ox_fail(im, "%s", d.msg);
     return v;
 }
-static tf_value *op1(importer *im, int o, tf_value *a) { return op(im, o, &a, 1, NULL, 0); }
-static tf_value *op2(importer *im, int o, tf_value *a, tf_value *b)
+tf_value *ox_op1(importer *im, int o, tf_value *a) { return ox_op(im, o, &a, 1, NULL, 0); }
+tf_value *ox_op2(importer *im, int o, tf_value *a, tf_value *b)
 {
     tf_value *in[2] = {a, b};
-    return op(im, o, in, 2, NULL, 0);
+    return ox_op(im, o, in, 2, NULL, 0);
 }
-static tf_value *num(importer *im, double v, tf_dt dt)
+tf_value *ox_num(importer *im, double v, tf_dt dt)
 {
     tf_value *c = tf_const(im->m, v, dt);
-    if (!c) fail(im, "out of memory");
+    if (!c) ox_fail(im, "out of memory");
     return c;
 }
-static tf_value *reshape(importer *im, tf_value *x, const int64_t *shape, int rank)
+tf_value *ox_reshape(importer *im, tf_value *x, const int64_t *shape, int rank)
 {
     tf_named_attr a = {"shape", tf_attr_ints(im->m, shape, rank)};
-    return op(im, TF_OP_RESHAPE, &x, 1, &a, 1);
+    return ox_op(im, TF_OP_RESHAPE, &x, 1, &a, 1);
 }
 
 /* The result of the node's output k: a tfuse value, named as the output when that name is free. */
-static int set_out(importer *im, int k, tf_value *v)
+int ox_set_out(importer *im, int k, tf_value *v)
 {
     if (!v) return -1;
     if (k >= im->node->nout || !im->node->out[k].n) return 0;
     char want[512];
-    sanitize(im->node->out[k], want, sizeof want);
+    ox_sanitize(im->node->out[k], want, sizeof want);
     if (v->kind == TF_VAL_NODE && strcmp(v->name, want) && !tf_module_find_value(im->m, want)) {
         const char *nm = tf_module_unique_name(im->m, want);
-        if (!nm) return fail(im, "out of memory");
+        if (!nm) return ox_fail(im, "out of memory");
         tf_module_remove_name(im->m, v);
         v->name = nm;
-        if (tf_module_add_name(im->m, v)) return fail(im, "out of memory");
+        if (tf_module_add_name(im->m, v)) return ox_fail(im, "out of memory");
     }
     ival x = {.v = v, .dt = v->type.dtype, .rank = v->type.rank};
     for (int i = 0; i < x.rank; i++) x.shape[i] = v->type.dims[i].n;
-    return bind(im, im->node->out[k], &x) ? 0 : -1;
+    return ox_bind(im, im->node->out[k], &x) ? 0 : -1;
 }
 /* ... or a constant (c: numel elements, owned by the importer). */
-static int set_const(importer *im, int k, tf_dt dt, const int64_t *shape, int rank, double *c)
+int ox_set_const(importer *im, int k, tf_dt dt, const int64_t *shape, int rank, double *c)
 {
     if (!c) return -1;
     if (k >= im->node->nout) return 0;
     ival x = {.dt = dt, .rank = rank, .c = c};
     if (rank) memcpy(x.shape, shape, (size_t)rank * sizeof *shape);
-    return bind(im, im->node->out[k], &x) ? 0 : -1;
+    return ox_bind(im, im->node->out[k], &x) ? 0 : -1;
 }
 
 /* ---- the node's inputs and attributes ---- */
 
-static ival *input(importer *im, int i)
+ival *ox_input(importer *im, int i)
 {
     const tf_onnx_node *n = im->node;
     if (i >= n->nin || !n->in[i].n) return NULL;
-    entry *e = find(im, n->in[i]);
+    entry *e = ox_find(im, n->in[i]);
     if (!e) {
-        fail(im, "input %d '%.*s' is defined by no earlier node, initializer or graph input", i, (int)n->in[i].n, n->in[i].p);
+        ox_fail(im, "input %d '%.*s' is defined by no earlier node, initializer or graph input", i, (int)n->in[i].n, n->in[i].p);
         return NULL;
     }
     return &e->x;
 }
-static ival *need(importer *im, int i)
+ival *ox_need(importer *im, int i)
 {
-    ival *x = input(im, i);
-    if (!x && !im->failed) fail(im, "input %d is required", i);
+    ival *x = ox_input(im, i);
+    if (!x && !im->failed) ox_fail(im, "input %d is required", i);
     return x;
 }
-static tf_value *in_val(importer *im, int i)
+tf_value *ox_in_val(importer *im, int i)
 {
-    ival *x = need(im, i);
+    ival *x = ox_need(im, i);
     if (!x) return NULL;
     char hint[256];
-    sanitize(im->node->in[i], hint, sizeof hint);
-    return val(im, x, hint);
+    ox_sanitize(im->node->in[i], hint, sizeof hint);
+    return ox_val(im, x, hint);
 }
 
-static const tf_onnx_attr *attr(const importer *im, const char *name)
+const tf_onnx_attr *ox_attr(const importer *im, const char *name)
 {
     for (int i = 0; i < im->node->nattrs; i++)
         if (tf_onnx_is(im->node->attrs[i].name, name)) return &im->node->attrs[i];
     return NULL;
 }
-static int64_t attr_i(const importer *im, const char *name, int64_t dflt)
+int64_t ox_attr_i(const importer *im, const char *name, int64_t dflt)
 {
-    const tf_onnx_attr *a = attr(im, name);
+    const tf_onnx_attr *a = ox_attr(im, name);
     return a ? a->i : dflt;
 }
-static double attr_f(const importer *im, const char *name, double dflt)
+double ox_attr_f(const importer *im, const char *name, double dflt)
 {
-    const tf_onnx_attr *a = attr(im, name);
+    const tf_onnx_attr *a = ox_attr(im, name);
     return a ? a->f : dflt;
 }
-static bool attr_s(const importer *im, const char *name, const char *value)
+bool ox_attr_s(const importer *im, const char *name, const char *value)
 {
-    const tf_onnx_attr *a = attr(im, name);
+    const tf_onnx_attr *a = ox_attr(im, name);
     return a && tf_onnx_is(a->s, value);
 }
 /* An INTS attribute, or input k as a constant (newer opsets moved them there); *n -1: neither given. */
-static int ints_of(importer *im, const char *aname, int k, int64_t *out, int *n, int cap)
+int ox_ints_of(importer *im, const char *aname, int k, int64_t *out, int *n, int cap)
 {
     *n = -1;
-    const tf_onnx_attr *a = aname ? attr(im, aname) : NULL;
+    const tf_onnx_attr *a = aname ? ox_attr(im, aname) : NULL;
     if (a) {
-        if (a->nints > cap) return fail(im, "attribute %s has %d values (at most %d)", aname, a->nints, cap);
+        if (a->nints > cap) return ox_fail(im, "attribute %s has %d values (at most %d)", aname, a->nints, cap);
         if (a->nints) memcpy(out, a->ints, (size_t)a->nints * sizeof *out);
         *n = a->nints;
         return 0;
     }
-    ival *x = k >= 0 ? input(im, k) : NULL;
+    ival *x = k >= 0 ? ox_input(im, k) : NULL;
     if (im->failed) return -1;
     if (!x) return 0;
-    const double *c = const_of(im, x);
-    if (!c) return fail(im, "input %d must be known when the model is imported (a constant or initializer): tfuse's shapes are static", k);
-    int64_t cnt = numel(x);
-    if (cnt > cap) return fail(im, "input %d has %lld values (at most %d)", k, (long long)cnt, cap);
+    const double *c = ox_const_of(im, x);
+    if (!c) return ox_fail(im, "input %d must be known when the model is imported (a constant or initializer): tfuse's shapes are static", k);
+    int64_t cnt = ox_numel(x);
+    if (cnt > cap) return ox_fail(im, "input %d has %lld values (at most %d)", k, (long long)cnt, cap);
     for (int64_t i = 0; i < cnt; i++) {
-        if (!(fabs(c[i]) <= 4611686018427387904.0)) return fail(im, "input %d holds %g, not an integer tfuse takes", k, c[i]);
+        if (!(fabs(c[i]) <= 4611686018427387904.0)) return ox_fail(im, "input %d holds %g, not an integer tfuse takes", k, c[i]);
         out[i] = (int64_t)c[i];
     }
     *n = (int)cnt;
     return 0;
 }
 
-static int norm_axis(importer *im, int64_t axis, int rank, int64_t *out)
+int ox_norm_axis(importer *im, int64_t axis, int rank, int64_t *out)
 {
-    if (axis < -rank || axis >= rank) return fail(im, "axis %lld is outside rank %d", (long long)axis, rank);
+    if (axis < -rank || axis >= rank) return ox_fail(im, "axis %lld is outside rank %d", (long long)axis, rank);
     *out = axis < 0 ? axis + rank : axis;
     return 0;
 }
@@ -553,59 +515,59 @@ static int norm_axis(importer *im, int64_t axis, int rank, int64_t *out)
 
 typedef int (*import_fn)(importer *im, int arg);
 
-static int unary(importer *im, int o) { return set_out(im, 0, op1(im, o, in_val(im, 0))); }
+static int unary(importer *im, int o) { return ox_set_out(im, 0, ox_op1(im, o, ox_in_val(im, 0))); }
 
 static int binary(importer *im, int o)
 {
-    ival *a = need(im, 0), *b = need(im, 1);
+    ival *a = ox_need(im, 0), *b = ox_need(im, 1);
     if (!a || !b) return -1;
-    if (o == TF_OP_DIV && !is_float(a->dt)) {   /* integers truncate toward zero: in f64 (exact below 2^53), cast back */
-        tf_value *x = in_val(im, 0), *y = in_val(im, 1);
+    if (o == TF_OP_DIV && !ox_is_float(a->dt)) {   /* integers truncate toward zero: in f64 (exact below 2^53), cast back */
+        tf_value *x = ox_in_val(im, 0), *y = ox_in_val(im, 1);
         if (!x || !y) return -1;
         tf_named_attr to = {"to", tf_attr_dtype(TF_DT_F64)}, back = {"to", tf_attr_dtype(a->dt)};
-        tf_value *q = op2(im, TF_OP_DIV, op(im, TF_OP_CAST, &x, 1, &to, 1), op(im, TF_OP_CAST, &y, 1, &to, 1));
-        return set_out(im, 0, q ? op(im, TF_OP_CAST, &q, 1, &back, 1) : NULL);
+        tf_value *q = ox_op2(im, TF_OP_DIV, ox_op(im, TF_OP_CAST, &x, 1, &to, 1), ox_op(im, TF_OP_CAST, &y, 1, &to, 1));
+        return ox_set_out(im, 0, q ? ox_op(im, TF_OP_CAST, &q, 1, &back, 1) : NULL);
     }
-    if (o == TF_OP_POW && (!is_float(a->dt) || !is_float(b->dt))) {   /* the exponent's type is free; an integer base in f64 */
-        tf_value *x = in_val(im, 0), *y = in_val(im, 1);
+    if (o == TF_OP_POW && (!ox_is_float(a->dt) || !ox_is_float(b->dt))) {   /* the exponent's type is free; an integer base in f64 */
+        tf_value *x = ox_in_val(im, 0), *y = ox_in_val(im, 1);
         if (!x || !y) return -1;
-        tf_dt t = is_float(a->dt) ? a->dt : TF_DT_F64;
+        tf_dt t = ox_is_float(a->dt) ? a->dt : TF_DT_F64;
         tf_named_attr to = {"to", tf_attr_dtype(t)}, back = {"to", tf_attr_dtype(a->dt)};
-        if (x->type.dtype != t) x = op(im, TF_OP_CAST, &x, 1, &to, 1);
-        if (y->type.dtype != t) y = op(im, TF_OP_CAST, &y, 1, &to, 1);
-        tf_value *r = op2(im, TF_OP_POW, x, y);
-        return set_out(im, 0, t == a->dt ? r : op(im, TF_OP_CAST, &r, 1, &back, 1));
+        if (x->type.dtype != t) x = ox_op(im, TF_OP_CAST, &x, 1, &to, 1);
+        if (y->type.dtype != t) y = ox_op(im, TF_OP_CAST, &y, 1, &to, 1);
+        tf_value *r = ox_op2(im, TF_OP_POW, x, y);
+        return ox_set_out(im, 0, t == a->dt ? r : ox_op(im, TF_OP_CAST, &r, 1, &back, 1));
     }
-    return set_out(im, 0, op2(im, o, in_val(im, 0), in_val(im, 1)));
+    return ox_set_out(im, 0, ox_op2(im, o, ox_in_val(im, 0), ox_in_val(im, 1)));
 }
 
 /* Max, Min, Sum: a chain; Mean: the sum over the count. */
 static int variadic(importer *im, int o)
 {
     int n = im->node->nin;
-    if (n < 1) return fail(im, "no inputs");
+    if (n < 1) return ox_fail(im, "no inputs");
     bool mean = o < 0;
-    tf_value *acc = in_val(im, 0);
-    for (int i = 1; i < n && acc; i++) acc = op2(im, mean ? TF_OP_ADD : o, acc, in_val(im, i));
-    if (mean && acc && n > 1) acc = op2(im, TF_OP_DIV, acc, num(im, n, acc->type.dtype));
-    return set_out(im, 0, acc);
+    tf_value *acc = ox_in_val(im, 0);
+    for (int i = 1; i < n && acc; i++) acc = ox_op2(im, mean ? TF_OP_ADD : o, acc, ox_in_val(im, i));
+    if (mean && acc && n > 1) acc = ox_op2(im, TF_OP_DIV, acc, ox_num(im, n, acc->type.dtype));
+    return ox_set_out(im, 0, acc);
 }
 
 static int identity(importer *im, int arg)
 {
     (void)arg;
-    ival *x = need(im, 0);
+    ival *x = ox_need(im, 0);
     if (!x) return -1;
     ival copy = *x;
-    if (!bind(im, im->node->out[0], &copy)) return -1;
+    if (!ox_bind(im, im->node->out[0], &copy)) return -1;
     if (im->node->nout > 1 && im->node->out[1].n) {   /* Dropout's mask: every element kept in an inference graph */
-        if (im->node->nin > 2 && input(im, 2)) {
-            ival *t = input(im, 2);
-            if (t->v || !const_of(im, t) || t->c[0] != 0)
-                return fail(im, "training_mode must be a constant false: tfuse draws dropout itself when it trains");
+        if (im->node->nin > 2 && ox_input(im, 2)) {
+            ival *t = ox_input(im, 2);
+            if (t->v || !ox_const_of(im, t) || t->c[0] != 0)
+                return ox_fail(im, "training_mode must be a constant false: tfuse draws dropout itself when it trains");
         }
-        tf_value *v = in_val(im, 0), *f = v ? op2(im, TF_OP_NE, v, v) : NULL;
-        return set_out(im, 1, f ? op2(im, TF_OP_EQ, f, f) : NULL);
+        tf_value *v = ox_in_val(im, 0), *f = v ? ox_op2(im, TF_OP_NE, v, v) : NULL;
+        return ox_set_out(im, 1, f ? ox_op2(im, TF_OP_EQ, f, f) : NULL);
     }
     return 0;
 }
@@ -613,45 +575,45 @@ static int identity(importer *im, int arg)
 static int reciprocal(importer *im, int arg)
 {
     (void)arg;
-    tf_value *x = in_val(im, 0);
-    return set_out(im, 0, x ? op2(im, TF_OP_DIV, num(im, 1, x->type.dtype), x) : NULL);
+    tf_value *x = ox_in_val(im, 0);
+    return ox_set_out(im, 0, x ? ox_op2(im, TF_OP_DIV, ox_num(im, 1, x->type.dtype), x) : NULL);
 }
 
-static int compare(importer *im, int o) { return set_out(im, 0, op2(im, o, in_val(im, 0), in_val(im, 1))); }
+static int compare(importer *im, int o) { return ox_set_out(im, 0, ox_op2(im, o, ox_in_val(im, 0), ox_in_val(im, 1))); }
 
 static int where(importer *im, int arg)
 {
     (void)arg;
-    tf_value *in[3] = {in_val(im, 0), in_val(im, 1), in_val(im, 2)};
-    return set_out(im, 0, op(im, TF_OP_WHERE, in, 3, NULL, 0));
+    tf_value *in[3] = {ox_in_val(im, 0), ox_in_val(im, 1), ox_in_val(im, 2)};
+    return ox_set_out(im, 0, ox_op(im, TF_OP_WHERE, in, 3, NULL, 0));
 }
 
 /* Not, And, Or, Xor on bools; IsNaN and IsInf: comparisons and where. */
 enum { LOGIC_NOT, LOGIC_AND, LOGIC_OR, LOGIC_XOR, LOGIC_ISNAN, LOGIC_ISINF };
 static int logic(importer *im, int kind)
 {
-    tf_value *a = in_val(im, 0), *b = kind >= LOGIC_AND && kind <= LOGIC_XOR ? in_val(im, 1) : NULL;
+    tf_value *a = ox_in_val(im, 0), *b = kind >= LOGIC_AND && kind <= LOGIC_XOR ? ox_in_val(im, 1) : NULL;
     if (!a || ((kind >= LOGIC_AND && kind <= LOGIC_XOR) && !b)) return -1;
     if (kind <= LOGIC_XOR && (a->type.dtype != TF_DT_BOOL || (b && b->type.dtype != TF_DT_BOOL)))
-        return fail(im, "inputs must be bool");
+        return ox_fail(im, "inputs must be bool");
     /* tfuse's literals are numbers: false is a comparison that fails, x != x for a finite x */
     tf_value *r = NULL;
     switch (kind) {
-    case LOGIC_NOT: r = op2(im, TF_OP_EQ, a, op2(im, TF_OP_NE, a, a)); break;
-    case LOGIC_AND: r = op(im, TF_OP_WHERE, (tf_value *[]){a, b, a}, 3, NULL, 0); break;
-    case LOGIC_OR: r = op(im, TF_OP_WHERE, (tf_value *[]){a, a, b}, 3, NULL, 0); break;
-    case LOGIC_XOR: r = op2(im, TF_OP_NE, a, b); break;
-    case LOGIC_ISNAN: r = op2(im, TF_OP_NE, a, a); break;
+    case LOGIC_NOT: r = ox_op2(im, TF_OP_EQ, a, ox_op2(im, TF_OP_NE, a, a)); break;
+    case LOGIC_AND: r = ox_op(im, TF_OP_WHERE, (tf_value *[]){a, b, a}, 3, NULL, 0); break;
+    case LOGIC_OR: r = ox_op(im, TF_OP_WHERE, (tf_value *[]){a, a, b}, 3, NULL, 0); break;
+    case LOGIC_XOR: r = ox_op2(im, TF_OP_NE, a, b); break;
+    case LOGIC_ISNAN: r = ox_op2(im, TF_OP_NE, a, a); break;
     default: {   /* infinite: not finite and not NaN, of the signs asked for */
-        tf_value *fin = op1(im, TF_OP_ISFINITE, a), *no = op2(im, TF_OP_NE, fin, fin);
-        tf_value *inf = op(im, TF_OP_WHERE, (tf_value *[]){fin, no, op2(im, TF_OP_EQ, a, a)}, 3, NULL, 0);
-        tf_value *zero = num(im, 0, a->type.dtype);
-        if (!attr_i(im, "detect_negative", 1)) inf = op(im, TF_OP_WHERE, (tf_value *[]){inf, op2(im, TF_OP_GT, a, zero), inf}, 3, NULL, 0);
-        if (!attr_i(im, "detect_positive", 1)) inf = op(im, TF_OP_WHERE, (tf_value *[]){inf, op2(im, TF_OP_LT, a, zero), inf}, 3, NULL, 0);
+        tf_value *fin = ox_op1(im, TF_OP_ISFINITE, a), *no = ox_op2(im, TF_OP_NE, fin, fin);
+        tf_value *inf = ox_op(im, TF_OP_WHERE, (tf_value *[]){fin, no, ox_op2(im, TF_OP_EQ, a, a)}, 3, NULL, 0);
+        tf_value *zero = ox_num(im, 0, a->type.dtype);
+        if (!ox_attr_i(im, "detect_negative", 1)) inf = ox_op(im, TF_OP_WHERE, (tf_value *[]){inf, ox_op2(im, TF_OP_GT, a, zero), inf}, 3, NULL, 0);
+        if (!ox_attr_i(im, "detect_positive", 1)) inf = ox_op(im, TF_OP_WHERE, (tf_value *[]){inf, ox_op2(im, TF_OP_LT, a, zero), inf}, 3, NULL, 0);
         r = inf;
     }
     }
-    return set_out(im, 0, r);
+    return ox_set_out(im, 0, r);
 }
 
 /* Cast to the attribute's type; CastLike (like = 1) to input 1's. */
@@ -659,23 +621,23 @@ static int cast(importer *im, int like)
 {
     tf_dt to;
     if (like) {
-        ival *l = need(im, 1);
+        ival *l = ox_need(im, 1);
         if (!l) return -1;
         to = l->dt;
-    } else if (!dt_of_onnx((int32_t)attr_i(im, "to", 0), &to)) {
-        return fail(im, "Cast to %s: tfuse has f32 f16 bf16 f64 i64 i32 bool", tf_onnx_type_name((int32_t)attr_i(im, "to", 0)));
+    } else if (!ox_dt_of_onnx((int32_t)ox_attr_i(im, "to", 0), &to)) {
+        return ox_fail(im, "Cast to %s: tfuse has f32 f16 bf16 f64 i64 i32 bool", tf_onnx_type_name((int32_t)ox_attr_i(im, "to", 0)));
     }
-    ival *x = need(im, 0);
+    ival *x = ox_need(im, 0);
     if (!x) return -1;
-    if (!x->v && const_of(im, x)) {   /* folded */
-        int64_t n = numel(x);
-        double *c = own(im, n);
+    if (!x->v && ox_const_of(im, x)) {   /* folded */
+        int64_t n = ox_numel(x);
+        double *c = ox_own(im, n);
         for (int64_t i = 0; c && i < n; i++) c[i] = tf_dtype_round(to, to == TF_DT_BOOL ? x->c[i] != 0 : x->c[i]);
-        return set_const(im, 0, to, x->shape, x->rank, c);
+        return ox_set_const(im, 0, to, x->shape, x->rank, c);
     }
     tf_named_attr a = {"to", tf_attr_dtype(to)};
-    tf_value *v = in_val(im, 0);
-    return set_out(im, 0, v && v->type.dtype == to ? v : op(im, TF_OP_CAST, &v, 1, &a, 1));
+    tf_value *v = ox_in_val(im, 0);
+    return ox_set_out(im, 0, v && v->type.dtype == to ? v : ox_op(im, TF_OP_CAST, &v, 1, &a, 1));
 }
 
 /* LeakyRelu, Elu, Selu, HardSigmoid, HardSwish, Softsign, Clip, Gelu */
@@ -683,86 +645,86 @@ enum { ACT_LEAKY, ACT_ELU, ACT_SELU, ACT_HARDSIGMOID, ACT_HARDSWISH, ACT_SOFTSIG
        ACT_CELU, ACT_SHRINK };
 static int activation(importer *im, int kind)
 {
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
     tf_dt dt = x->type.dtype;
     tf_value *r = NULL;
     switch (kind) {
     case ACT_LEAKY: {
-        tf_value *pos = op2(im, TF_OP_GT, x, num(im, 0, dt)), *neg = op2(im, TF_OP_MUL, x, num(im, attr_f(im, "alpha", 0.01), dt));
+        tf_value *pos = ox_op2(im, TF_OP_GT, x, ox_num(im, 0, dt)), *neg = ox_op2(im, TF_OP_MUL, x, ox_num(im, ox_attr_f(im, "alpha", 0.01), dt));
         tf_value *in[3] = {pos, x, neg};
-        r = op(im, TF_OP_WHERE, in, 3, NULL, 0);
+        r = ox_op(im, TF_OP_WHERE, in, 3, NULL, 0);
         break;
     }
     case ACT_ELU: case ACT_SELU: {
-        double alpha = attr_f(im, "alpha", kind == ACT_ELU ? 1.0 : 1.67326319217681884765625);
-        tf_value *pos = op2(im, TF_OP_GT, x, num(im, 0, dt));
-        tf_value *e = op2(im, TF_OP_MUL, op2(im, TF_OP_SUB, op1(im, TF_OP_EXP, x), num(im, 1, dt)), num(im, alpha, dt));
+        double alpha = ox_attr_f(im, "alpha", kind == ACT_ELU ? 1.0 : 1.67326319217681884765625);
+        tf_value *pos = ox_op2(im, TF_OP_GT, x, ox_num(im, 0, dt));
+        tf_value *e = ox_op2(im, TF_OP_MUL, ox_op2(im, TF_OP_SUB, ox_op1(im, TF_OP_EXP, x), ox_num(im, 1, dt)), ox_num(im, alpha, dt));
         tf_value *in[3] = {pos, x, e};
-        r = op(im, TF_OP_WHERE, in, 3, NULL, 0);
-        if (kind == ACT_SELU) r = op2(im, TF_OP_MUL, r, num(im, attr_f(im, "gamma", 1.05070102214813232421875), dt));
+        r = ox_op(im, TF_OP_WHERE, in, 3, NULL, 0);
+        if (kind == ACT_SELU) r = ox_op2(im, TF_OP_MUL, r, ox_num(im, ox_attr_f(im, "gamma", 1.05070102214813232421875), dt));
         break;
     }
     case ACT_HARDSIGMOID: case ACT_HARDSWISH: {
-        double alpha = kind == ACT_HARDSWISH ? 1.0 / 6 : attr_f(im, "alpha", 0.2), beta = kind == ACT_HARDSWISH ? 0.5 : attr_f(im, "beta", 0.5);
-        tf_value *t = op2(im, TF_OP_ADD, op2(im, TF_OP_MUL, x, num(im, alpha, dt)), num(im, beta, dt));
-        r = op2(im, TF_OP_MAXIMUM, op2(im, TF_OP_MINIMUM, t, num(im, 1, dt)), num(im, 0, dt));
-        if (kind == ACT_HARDSWISH) r = op2(im, TF_OP_MUL, x, r);
+        double alpha = kind == ACT_HARDSWISH ? 1.0 / 6 : ox_attr_f(im, "alpha", 0.2), beta = kind == ACT_HARDSWISH ? 0.5 : ox_attr_f(im, "beta", 0.5);
+        tf_value *t = ox_op2(im, TF_OP_ADD, ox_op2(im, TF_OP_MUL, x, ox_num(im, alpha, dt)), ox_num(im, beta, dt));
+        r = ox_op2(im, TF_OP_MAXIMUM, ox_op2(im, TF_OP_MINIMUM, t, ox_num(im, 1, dt)), ox_num(im, 0, dt));
+        if (kind == ACT_HARDSWISH) r = ox_op2(im, TF_OP_MUL, x, r);
         break;
     }
-    case ACT_SOFTSIGN: r = op2(im, TF_OP_DIV, x, op2(im, TF_OP_ADD, op1(im, TF_OP_ABS, x), num(im, 1, dt))); break;
+    case ACT_SOFTSIGN: r = ox_op2(im, TF_OP_DIV, x, ox_op2(im, TF_OP_ADD, ox_op1(im, TF_OP_ABS, x), ox_num(im, 1, dt))); break;
     case ACT_CLIP: {
         r = x;
-        ival *lo = input(im, 1), *hi = input(im, 2);
+        ival *lo = ox_input(im, 1), *hi = ox_input(im, 2);
         if (im->failed) return -1;
         if (im->opset < 11) {
-            const tf_onnx_attr *a = attr(im, "min"), *b = attr(im, "max");
-            if (a) r = op2(im, TF_OP_MAXIMUM, r, num(im, a->f, dt));
-            if (b) r = op2(im, TF_OP_MINIMUM, r, num(im, b->f, dt));
+            const tf_onnx_attr *a = ox_attr(im, "min"), *b = ox_attr(im, "max");
+            if (a) r = ox_op2(im, TF_OP_MAXIMUM, r, ox_num(im, a->f, dt));
+            if (b) r = ox_op2(im, TF_OP_MINIMUM, r, ox_num(im, b->f, dt));
         } else {
-            if (lo) r = op2(im, TF_OP_MAXIMUM, r, val(im, lo, "clip_min"));
-            if (hi) r = op2(im, TF_OP_MINIMUM, r, val(im, hi, "clip_max"));
+            if (lo) r = ox_op2(im, TF_OP_MAXIMUM, r, ox_val(im, lo, "clip_min"));
+            if (hi) r = ox_op2(im, TF_OP_MINIMUM, r, ox_val(im, hi, "clip_max"));
         }
         break;
     }
-    case ACT_SWISH: r = op2(im, TF_OP_MUL, x, op1(im, TF_OP_SIGMOID, op2(im, TF_OP_MUL, x, num(im, attr_f(im, "alpha", 1.0), dt)))); break;
-    case ACT_MISH: r = op2(im, TF_OP_MUL, x, op1(im, TF_OP_TANH, op1(im, TF_OP_SOFTPLUS, x))); break;
+    case ACT_SWISH: r = ox_op2(im, TF_OP_MUL, x, ox_op1(im, TF_OP_SIGMOID, ox_op2(im, TF_OP_MUL, x, ox_num(im, ox_attr_f(im, "alpha", 1.0), dt)))); break;
+    case ACT_MISH: r = ox_op2(im, TF_OP_MUL, x, ox_op1(im, TF_OP_TANH, ox_op1(im, TF_OP_SOFTPLUS, x))); break;
     case ACT_CELU: {   /* max(0, x) + min(0, alpha (exp(x / alpha) - 1)) */
-        tf_value *alpha = num(im, attr_f(im, "alpha", 1.0), dt), *zero = num(im, 0, dt);
-        tf_value *e = op2(im, TF_OP_MUL, alpha, op2(im, TF_OP_SUB, op1(im, TF_OP_EXP, op2(im, TF_OP_DIV, x, alpha)), num(im, 1, dt)));
-        r = op2(im, TF_OP_ADD, op2(im, TF_OP_MAXIMUM, x, zero), op2(im, TF_OP_MINIMUM, e, zero));
+        tf_value *alpha = ox_num(im, ox_attr_f(im, "alpha", 1.0), dt), *zero = ox_num(im, 0, dt);
+        tf_value *e = ox_op2(im, TF_OP_MUL, alpha, ox_op2(im, TF_OP_SUB, ox_op1(im, TF_OP_EXP, ox_op2(im, TF_OP_DIV, x, alpha)), ox_num(im, 1, dt)));
+        r = ox_op2(im, TF_OP_ADD, ox_op2(im, TF_OP_MAXIMUM, x, zero), ox_op2(im, TF_OP_MINIMUM, e, zero));
         break;
     }
     case ACT_SHRINK: {   /* x + bias below -lambd, x - bias above lambd, else 0 */
-        double lambd = attr_f(im, "lambd", 0.5), bias = attr_f(im, "bias", 0.0);
-        tf_value *hi = op(im, TF_OP_WHERE, (tf_value *[]){op2(im, TF_OP_GT, x, num(im, lambd, dt)), op2(im, TF_OP_SUB, x, num(im, bias, dt)),
-                                                          num(im, 0, dt)}, 3, NULL, 0);
-        r = op(im, TF_OP_WHERE, (tf_value *[]){op2(im, TF_OP_LT, x, num(im, -lambd, dt)), op2(im, TF_OP_ADD, x, num(im, bias, dt)), hi}, 3,
+        double lambd = ox_attr_f(im, "lambd", 0.5), bias = ox_attr_f(im, "bias", 0.0);
+        tf_value *hi = ox_op(im, TF_OP_WHERE, (tf_value *[]){ox_op2(im, TF_OP_GT, x, ox_num(im, lambd, dt)), ox_op2(im, TF_OP_SUB, x, ox_num(im, bias, dt)),
+                                                          ox_num(im, 0, dt)}, 3, NULL, 0);
+        r = ox_op(im, TF_OP_WHERE, (tf_value *[]){ox_op2(im, TF_OP_LT, x, ox_num(im, -lambd, dt)), ox_op2(im, TF_OP_ADD, x, ox_num(im, bias, dt)), hi}, 3,
                NULL, 0);
         break;
     }
     case ACT_GELU: {
-        const char *approx = attr_s(im, "approximate", "tanh") ? "tanh" : "none";
-        if (attr(im, "approximate") && !attr_s(im, "approximate", "tanh") && !attr_s(im, "approximate", "none"))
-            return fail(im, "approximate must be \"none\" or \"tanh\"");
+        const char *approx = ox_attr_s(im, "approximate", "tanh") ? "tanh" : "none";
+        if (ox_attr(im, "approximate") && !ox_attr_s(im, "approximate", "tanh") && !ox_attr_s(im, "approximate", "none"))
+            return ox_fail(im, "approximate must be \"none\" or \"tanh\"");
         tf_named_attr a = {"approx", tf_attr_str(approx)};
-        r = op(im, TF_OP_GELU, &x, 1, &a, 1);
+        r = ox_op(im, TF_OP_GELU, &x, 1, &a, 1);
         break;
     }
     }
-    return set_out(im, 0, r);
+    return ox_set_out(im, 0, r);
 }
 
 static int matmul(importer *im, int arg)
 {
     (void)arg;
-    tf_value *a = in_val(im, 0), *b = in_val(im, 1);
+    tf_value *a = ox_in_val(im, 0), *b = ox_in_val(im, 1);
     if (!a || !b) return -1;
     int ra = a->type.rank, rb = b->type.rank;
     /* 1-D operands as numpy does: a row (prepended 1) and a column (appended 1), removed after */
-    if (ra == 1) a = reshape(im, a, (int64_t[]){1, a->type.dims[0].n}, 2);
-    if (rb == 1) b = reshape(im, b, (int64_t[]){b->type.dims[0].n, 1}, 2);
-    tf_value *r = op2(im, TF_OP_MATMUL, a, b);
+    if (ra == 1) a = ox_reshape(im, a, (int64_t[]){1, a->type.dims[0].n}, 2);
+    if (rb == 1) b = ox_reshape(im, b, (int64_t[]){b->type.dims[0].n, 1}, 2);
+    tf_value *r = ox_op2(im, TF_OP_MATMUL, a, b);
     if (r && (ra == 1 || rb == 1)) {
         int64_t shape[TF_MAX_RANK];
         int k = 0;
@@ -770,28 +732,28 @@ static int matmul(importer *im, int arg)
             if ((ra == 1 && i == r->type.rank - 2) || (rb == 1 && i == r->type.rank - 1)) continue;
             shape[k++] = r->type.dims[i].n;
         }
-        r = reshape(im, r, shape, k);
+        r = ox_reshape(im, r, shape, k);
     }
-    return set_out(im, 0, r);
+    return ox_set_out(im, 0, r);
 }
 
 static int gemm(importer *im, int arg)
 {
     (void)arg;
-    tf_value *a = in_val(im, 0), *b = in_val(im, 1);
+    tf_value *a = ox_in_val(im, 0), *b = ox_in_val(im, 1);
     if (!a || !b) return -1;
-    if (a->type.rank != 2 || b->type.rank != 2) return fail(im, "Gemm takes 2-D A and B");
-    tf_named_attr at[2] = {{"transpose_a", tf_attr_bool(attr_i(im, "transA", 0) != 0)}, {"transpose_b", tf_attr_bool(attr_i(im, "transB", 0) != 0)}};
+    if (a->type.rank != 2 || b->type.rank != 2) return ox_fail(im, "Gemm takes 2-D A and B");
+    tf_named_attr at[2] = {{"transpose_a", tf_attr_bool(ox_attr_i(im, "transA", 0) != 0)}, {"transpose_b", tf_attr_bool(ox_attr_i(im, "transB", 0) != 0)}};
     tf_value *in[2] = {a, b};
-    tf_value *r = op(im, TF_OP_MATMUL, in, 2, at, 2);
-    double alpha = attr_f(im, "alpha", 1), beta = attr_f(im, "beta", 1);
-    if (r && alpha != 1) r = op2(im, TF_OP_MUL, r, num(im, alpha, r->type.dtype));
-    if (r && input(im, 2)) {
-        tf_value *c = in_val(im, 2);
-        if (c && beta != 1) c = op2(im, TF_OP_MUL, c, num(im, beta, c->type.dtype));
-        r = op2(im, TF_OP_ADD, r, c);
+    tf_value *r = ox_op(im, TF_OP_MATMUL, in, 2, at, 2);
+    double alpha = ox_attr_f(im, "alpha", 1), beta = ox_attr_f(im, "beta", 1);
+    if (r && alpha != 1) r = ox_op2(im, TF_OP_MUL, r, ox_num(im, alpha, r->type.dtype));
+    if (r && ox_input(im, 2)) {
+        tf_value *c = ox_in_val(im, 2);
+        if (c && beta != 1) c = ox_op2(im, TF_OP_MUL, c, ox_num(im, beta, c->type.dtype));
+        r = ox_op2(im, TF_OP_ADD, r, c);
     }
-    return set_out(im, 0, r);
+    return ox_set_out(im, 0, r);
 }
 
 /* Conv's and the pools' pads: symmetric, per spatial axis; auto_pad resolved. */
@@ -801,22 +763,22 @@ static int pads2d(importer *im, const int64_t *in_hw, const int64_t *k, const in
     int np;
     for (int i = 0; i < 2; i++)
         if (k[i] < 1 || s[i] < 1 || d[i] < 1 || k[i] > (1 << 20) || s[i] > (1 << 20) || d[i] > (1 << 20))
-            return fail(im, "kernel %lld, stride %lld, dilation %lld: each must be from 1 to 2^20", (long long)k[i], (long long)s[i], (long long)d[i]);
-    if (ints_of(im, "pads", -1, p, &np, 8)) return -1;
-    bool same = attr_s(im, "auto_pad", "SAME_UPPER") || attr_s(im, "auto_pad", "SAME_LOWER");
+            return ox_fail(im, "kernel %lld, stride %lld, dilation %lld: each must be from 1 to 2^20", (long long)k[i], (long long)s[i], (long long)d[i]);
+    if (ox_ints_of(im, "pads", -1, p, &np, 8)) return -1;
+    bool same = ox_attr_s(im, "auto_pad", "SAME_UPPER") || ox_attr_s(im, "auto_pad", "SAME_LOWER");
     if (same) {
         for (int i = 0; i < 2; i++) {
             int64_t out = (in_hw[i] + s[i] - 1) / s[i], need = (out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_hw[i];
             if (need < 0) need = 0;
-            if (need % 2) return fail(im, "auto_pad SAME needs %lld padding rows on axis %d, unevenly split: tfuse pads symmetrically", (long long)need, i + 2);
+            if (need % 2) return ox_fail(im, "auto_pad SAME needs %lld padding rows on axis %d, unevenly split: tfuse pads symmetrically", (long long)need, i + 2);
             pad[i] = need / 2;
         }
         return 0;
     }
-    if (np > 0 && np != 4) return fail(im, "pads of %d values for a 2-D op (want 4)", np);
+    if (np > 0 && np != 4) return ox_fail(im, "pads of %d values for a 2-D op (want 4)", np);
     for (int i = 0; i < 2; i++) {
         if (np > 0 && p[i] != p[i + 2])
-            return fail(im, "asymmetric pads [%lld, %lld, %lld, %lld]: tfuse pads each side alike", (long long)p[0], (long long)p[1],
+            return ox_fail(im, "asymmetric pads [%lld, %lld, %lld, %lld]: tfuse pads each side alike", (long long)p[0], (long long)p[1],
                         (long long)p[2], (long long)p[3]);
         pad[i] = np > 0 ? p[i] : 0;
     }
@@ -826,198 +788,198 @@ static int pads2d(importer *im, const int64_t *in_hw, const int64_t *k, const in
 static int conv(importer *im, int arg)
 {
     (void)arg;
-    tf_value *x = in_val(im, 0), *w = in_val(im, 1);
+    tf_value *x = ox_in_val(im, 0), *w = ox_in_val(im, 1);
     if (!x || !w) return -1;
-    if (x->type.rank != 4 || w->type.rank != 4) return fail(im, "Conv of rank %d: tfuse convolves 2-D images (NCHW)", x->type.rank);
+    if (x->type.rank != 4 || w->type.rank != 4) return ox_fail(im, "Conv of rank %d: tfuse convolves 2-D images (NCHW)", x->type.rank);
     int64_t k[2] = {w->type.dims[2].n, w->type.dims[3].n}, s[2] = {1, 1}, d[2] = {1, 1}, pad[2], hw[2] = {x->type.dims[2].n, x->type.dims[3].n};
     int n;
     int64_t tmp[8];
-    if (ints_of(im, "strides", -1, tmp, &n, 8)) return -1;
+    if (ox_ints_of(im, "strides", -1, tmp, &n, 8)) return -1;
     if (n == 2) s[0] = tmp[0], s[1] = tmp[1];
-    if (ints_of(im, "dilations", -1, tmp, &n, 8)) return -1;
+    if (ox_ints_of(im, "dilations", -1, tmp, &n, 8)) return -1;
     if (n == 2) d[0] = tmp[0], d[1] = tmp[1];
     if (pads2d(im, hw, k, s, d, pad)) return -1;
     tf_named_attr a[4] = {{"stride", tf_attr_ints(im->m, s, 2)}, {"padding", tf_attr_ints(im->m, pad, 2)},
-                          {"dilation", tf_attr_ints(im->m, d, 2)}, {"groups", tf_attr_int(attr_i(im, "group", 1))}};
+                          {"dilation", tf_attr_ints(im->m, d, 2)}, {"groups", tf_attr_int(ox_attr_i(im, "group", 1))}};
     tf_value *in[3] = {x, w, NULL};
     int nin = 2;
-    if (input(im, 2)) in[nin++] = in_val(im, 2);
-    return set_out(im, 0, op(im, TF_OP_CONV2D, in, nin, a, 4));
+    if (ox_input(im, 2)) in[nin++] = ox_in_val(im, 2);
+    return ox_set_out(im, 0, ox_op(im, TF_OP_CONV2D, in, nin, a, 4));
 }
 
 static int pool(importer *im, int o)
 {
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
-    if (x->type.rank != 4) return fail(im, "a pool over rank %d: tfuse pools 2-D images (NCHW)", x->type.rank);
+    if (x->type.rank != 4) return ox_fail(im, "a pool over rank %d: tfuse pools 2-D images (NCHW)", x->type.rank);
     int64_t k[8], s[8] = {1, 1}, d[2] = {1, 1}, pad[2], hw[2] = {x->type.dims[2].n, x->type.dims[3].n};
     int nk, ns, nd;
-    if (ints_of(im, "kernel_shape", -1, k, &nk, 8) || ints_of(im, "strides", -1, s, &ns, 8) || ints_of(im, "dilations", -1, d, &nd, 8)) return -1;
-    if (nk != 2) return fail(im, "kernel_shape must give 2 sizes");
+    if (ox_ints_of(im, "kernel_shape", -1, k, &nk, 8) || ox_ints_of(im, "strides", -1, s, &ns, 8) || ox_ints_of(im, "dilations", -1, d, &nd, 8)) return -1;
+    if (nk != 2) return ox_fail(im, "kernel_shape must give 2 sizes");
     if (ns < 0) s[0] = s[1] = 1;
-    if (nd == 2 && (d[0] != 1 || d[1] != 1)) return fail(im, "dilated pooling is not in tfuse");
-    if (attr_i(im, "ceil_mode", 0)) return fail(im, "ceil_mode=1: tfuse's pools round the output size down");
+    if (nd == 2 && (d[0] != 1 || d[1] != 1)) return ox_fail(im, "dilated pooling is not in tfuse");
+    if (ox_attr_i(im, "ceil_mode", 0)) return ox_fail(im, "ceil_mode=1: tfuse's pools round the output size down");
     if (pads2d(im, hw, k, s, (int64_t[]){1, 1}, pad)) return -1;
-    if (o == TF_OP_AVGPOOL2D && (pad[0] || pad[1]) && !attr_i(im, "count_include_pad", 0))
-        return fail(im, "count_include_pad=0 with padding: tfuse's avgpool2d divides by the whole window, padding included");
+    if (o == TF_OP_AVGPOOL2D && (pad[0] || pad[1]) && !ox_attr_i(im, "count_include_pad", 0))
+        return ox_fail(im, "count_include_pad=0 with padding: tfuse's avgpool2d divides by the whole window, padding included");
     tf_named_attr a[3] = {{"kernel", tf_attr_ints(im->m, k, 2)}, {"stride", tf_attr_ints(im->m, s, 2)}, {"padding", tf_attr_ints(im->m, pad, 2)}};
-    return set_out(im, 0, op(im, o, &x, 1, a, 3));
+    return ox_set_out(im, 0, ox_op(im, o, &x, 1, a, 3));
 }
 
 static int global_pool(importer *im, int o)
 {
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
     int r = x->type.rank;
-    if (r < 3) return fail(im, "a global pool of rank %d", r);
+    if (r < 3) return ox_fail(im, "a global pool of rank %d", r);
     int64_t axes[TF_MAX_RANK];
     for (int i = 2; i < r; i++) axes[i - 2] = i;
     tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, r - 2)}, {"keepdims", tf_attr_bool(true)}};
-    return set_out(im, 0, op(im, o, &x, 1, a, 2));
+    return ox_set_out(im, 0, ox_op(im, o, &x, 1, a, 2));
 }
 
 /* Reshape's target: 0 copies the input's dim (unless allowzero), -1 is inferred by tfuse's reshape. */
 static int reshape_op(importer *im, int arg)
 {
     (void)arg;
-    ival *x = need(im, 0);
+    ival *x = ox_need(im, 0);
     int64_t shape[TF_MAX_RANK];
     int n;
-    if (!x || ints_of(im, "shape", 1, shape, &n, TF_MAX_RANK)) return -1;
-    if (n < 0) return fail(im, "no target shape");
-    bool allowzero = attr_i(im, "allowzero", 0) != 0;
+    if (!x || ox_ints_of(im, "shape", 1, shape, &n, TF_MAX_RANK)) return -1;
+    if (n < 0) return ox_fail(im, "no target shape");
+    bool allowzero = ox_attr_i(im, "allowzero", 0) != 0;
     for (int i = 0; i < n; i++)
         if (shape[i] == 0 && !allowzero) {
-            if (i >= x->rank) return fail(im, "shape[%d] = 0 copies a dim the input (rank %d) lacks", i, x->rank);
+            if (i >= x->rank) return ox_fail(im, "shape[%d] = 0 copies a dim the input (rank %d) lacks", i, x->rank);
             shape[i] = x->shape[i];
         }
-    if (!x->v && const_of(im, x)) {   /* a constant stays one */
+    if (!x->v && ox_const_of(im, x)) {   /* a constant stays one */
         int64_t known = 1, at = -1;
         for (int i = 0; i < n; i++) {
             if (shape[i] == -1 && at < 0) at = i;
-            else if (shape[i] < 1 || shape[i] > MAX_CONST) return fail(im, "shape[%d] = %lld", i, (long long)shape[i]);
+            else if (shape[i] < 1 || shape[i] > MAX_CONST) return ox_fail(im, "shape[%d] = %lld", i, (long long)shape[i]);
             else known *= shape[i];
-            if (known > MAX_CONST) return fail(im, "a reshape of a %lld-element constant to more elements", (long long)numel(x));
+            if (known > MAX_CONST) return ox_fail(im, "a reshape of a %lld-element constant to more elements", (long long)ox_numel(x));
         }
-        if (at >= 0) shape[at] = numel(x) / known;
+        if (at >= 0) shape[at] = ox_numel(x) / known;
         int64_t total = 1;
         for (int i = 0; i < n; i++) total *= shape[i];
-        if (total != numel(x)) return fail(im, "a reshape of %lld elements to %lld", (long long)numel(x), (long long)total);
-        return set_const(im, 0, x->dt, shape, n, x->c);
+        if (total != ox_numel(x)) return ox_fail(im, "a reshape of %lld elements to %lld", (long long)ox_numel(x), (long long)total);
+        return ox_set_const(im, 0, x->dt, shape, n, x->c);
     }
-    tf_value *v = in_val(im, 0);
-    return set_out(im, 0, v ? reshape(im, v, shape, n) : NULL);
+    tf_value *v = ox_in_val(im, 0);
+    return ox_set_out(im, 0, v ? ox_reshape(im, v, shape, n) : NULL);
 }
 
 static int flatten(importer *im, int arg)
 {
     (void)arg;
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
-    int64_t axis = attr_i(im, "axis", 1), r = x->type.rank;   /* in [-r, r]; a negative one counts from the end */
-    if (axis < -r || axis > r) return fail(im, "axis %lld is outside [-%lld, %lld]", (long long)axis, (long long)r, (long long)r);
+    int64_t axis = ox_attr_i(im, "axis", 1), r = x->type.rank;   /* in [-r, r]; a negative one counts from the end */
+    if (axis < -r || axis > r) return ox_fail(im, "axis %lld is outside [-%lld, %lld]", (long long)axis, (long long)r, (long long)r);
     if (axis < 0) axis += r;
     int64_t a = 1, b = 1;
     for (int i = 0; i < x->type.rank; i++) *(i < axis ? &a : &b) *= x->type.dims[i].n;
-    return set_out(im, 0, reshape(im, x, (int64_t[]){a, b}, 2));
+    return ox_set_out(im, 0, ox_reshape(im, x, (int64_t[]){a, b}, 2));
 }
 
 /* Squeeze and Unsqueeze as reshapes (their axes from the attribute, or input 1 from opset 13) */
 static int squeeze(importer *im, int unsq)
 {
-    ival *x = need(im, 0);
+    ival *x = ox_need(im, 0);
     int64_t axes[TF_MAX_RANK];
     int n;
-    if (!x || ints_of(im, "axes", 1, axes, &n, TF_MAX_RANK)) return -1;
+    if (!x || ox_ints_of(im, "axes", 1, axes, &n, TF_MAX_RANK)) return -1;
     int out_rank = unsq ? x->rank + (n > 0 ? n : 0) : x->rank;
     bool mark[TF_MAX_RANK * 2] = {false};
-    if (unsq && n < 0) return fail(im, "Unsqueeze needs axes");
+    if (unsq && n < 0) return ox_fail(im, "Unsqueeze needs axes");
     for (int i = 0; i < (n > 0 ? n : 0); i++) {
         int64_t a = 0;
-        if (norm_axis(im, axes[i], out_rank, &a)) return -1;
+        if (ox_norm_axis(im, axes[i], out_rank, &a)) return -1;
         mark[a] = true;
     }
     int64_t shape[TF_MAX_RANK * 2];
     int k = 0, j = 0;
     if (unsq) {
-        if (out_rank > TF_MAX_RANK) return fail(im, "a result of rank %d (tfuse's limit is %d)", out_rank, TF_MAX_RANK);
+        if (out_rank > TF_MAX_RANK) return ox_fail(im, "a result of rank %d (tfuse's limit is %d)", out_rank, TF_MAX_RANK);
         for (int i = 0; i < out_rank; i++) shape[k++] = mark[i] ? 1 : x->shape[j++];
     } else {
         for (int i = 0; i < x->rank; i++) {
             bool drop = n > 0 ? mark[i] : x->shape[i] == 1;
-            if (drop && x->shape[i] != 1) return fail(im, "axis %d has size %lld, not 1", i, (long long)x->shape[i]);
+            if (drop && x->shape[i] != 1) return ox_fail(im, "axis %d has size %lld, not 1", i, (long long)x->shape[i]);
             if (!drop) shape[k++] = x->shape[i];
         }
     }
-    if (!x->v && const_of(im, x)) return set_const(im, 0, x->dt, shape, k, x->c);
-    tf_value *v = in_val(im, 0);
-    return set_out(im, 0, v ? reshape(im, v, shape, k) : NULL);
+    if (!x->v && ox_const_of(im, x)) return ox_set_const(im, 0, x->dt, shape, k, x->c);
+    tf_value *v = ox_in_val(im, 0);
+    return ox_set_out(im, 0, v ? ox_reshape(im, v, shape, k) : NULL);
 }
 
 static int transpose(importer *im, int arg)
 {
     (void)arg;
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
     int64_t perm[TF_MAX_RANK];
     int n;
-    if (ints_of(im, "perm", -1, perm, &n, TF_MAX_RANK)) return -1;
+    if (ox_ints_of(im, "perm", -1, perm, &n, TF_MAX_RANK)) return -1;
     if (n < 0)
         for (n = 0; n < x->type.rank; n++) perm[n] = x->type.rank - 1 - n;
     tf_named_attr a = {"perm", tf_attr_ints(im->m, perm, n)};
-    return set_out(im, 0, op(im, TF_OP_TRANSPOSE, &x, 1, &a, 1));
+    return ox_set_out(im, 0, ox_op(im, TF_OP_TRANSPOSE, &x, 1, &a, 1));
 }
 
 static int concat(importer *im, int arg)
 {
     (void)arg;
     int n = im->node->nin;
-    if (n < 1 || n > 64) return fail(im, "Concat of %d inputs (1 to 64)", n);
-    ival *first = need(im, 0);
+    if (n < 1 || n > 64) return ox_fail(im, "Concat of %d inputs (1 to 64)", n);
+    ival *first = ox_need(im, 0);
     if (!first) return -1;
     int64_t axis = 0;
-    if (norm_axis(im, attr_i(im, "axis", 0), first->rank, &axis)) return -1;
+    if (ox_norm_axis(im, ox_attr_i(im, "axis", 0), first->rank, &axis)) return -1;
     bool consts = true;   /* shape arithmetic: fold */
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        ival *x = need(im, i);
+        ival *x = ox_need(im, i);
         if (!x) return -1;
-        consts = consts && !x->v && x->rank == 1 && const_of(im, x);
+        consts = consts && !x->v && x->rank == 1 && ox_const_of(im, x);
         total += x->rank ? x->shape[x->rank - 1] : 1;
     }
     if (consts && first->rank == 1) {
-        double *c = own(im, total);
+        double *c = ox_own(im, total);
         int64_t at = 0;
         for (int i = 0; c && i < n; i++) {
-            ival *x = input(im, i);
+            ival *x = ox_input(im, i);
             memcpy(c + at, x->c, (size_t)x->shape[0] * sizeof *c);
             at += x->shape[0];
         }
-        return set_const(im, 0, first->dt, (int64_t[]){total}, 1, c);
+        return ox_set_const(im, 0, first->dt, (int64_t[]){total}, 1, c);
     }
     tf_value *in[64];
-    for (int i = 0; i < n; i++) in[i] = in_val(im, i);
+    for (int i = 0; i < n; i++) in[i] = ox_in_val(im, i);
     tf_named_attr a = {"axis", tf_attr_int(axis)};
-    return set_out(im, 0, op(im, TF_OP_CONCAT, in, n, &a, 1));
+    return ox_set_out(im, 0, ox_op(im, TF_OP_CONCAT, in, n, &a, 1));
 }
 
 /* Softmax and LogSoftmax: before opset 13, the input is seen as 2-D at axis (default 1). */
 static int softmax(importer *im, int o)
 {
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
     int r = x->type.rank;
     int64_t axis = 0;
-    if (norm_axis(im, attr_i(im, "axis", im->opset < 13 ? 1 : -1), r, &axis)) return -1;
+    if (ox_norm_axis(im, ox_attr_i(im, "axis", im->opset < 13 ? 1 : -1), r, &axis)) return -1;
     if (im->opset >= 13 || axis == r - 1) {
         tf_named_attr a = {"axis", tf_attr_int(axis)};
-        return set_out(im, 0, op(im, o, &x, 1, &a, 1));
+        return ox_set_out(im, 0, ox_op(im, o, &x, 1, &a, 1));
     }
     int64_t a = 1, b = 1, shape[TF_MAX_RANK];
     for (int i = 0; i < r; i++) *(i < axis ? &a : &b) *= x->type.dims[i].n, shape[i] = x->type.dims[i].n;
     tf_named_attr at = {"axis", tf_attr_int(-1)};
-    tf_value *f = reshape(im, x, (int64_t[]){a, b}, 2);
-    return set_out(im, 0, reshape(im, op(im, o, &f, 1, &at, 1), shape, r));
+    tf_value *f = ox_reshape(im, x, (int64_t[]){a, b}, 2);
+    return ox_set_out(im, 0, ox_reshape(im, ox_op(im, o, &f, 1, &at, 1), shape, r));
 }
 
 /* ReduceSum/Mean/Max: axes from the attribute, or input 1 (ReduceSum from opset 13, the others from 18). */
@@ -1026,335 +988,110 @@ enum { RED_MIN = -1, RED_SUMSQ = -2, RED_L1 = -3, RED_L2 = -4, RED_LOGSUM = -5, 
 
 static int reduce(importer *im, int o)
 {
-    tf_value *x = in_val(im, 0);
+    tf_value *x = ox_in_val(im, 0);
     if (!x) return -1;
     int64_t axes[TF_MAX_RANK];
     int n;
-    if (ints_of(im, "axes", 1, axes, &n, TF_MAX_RANK)) return -1;
+    if (ox_ints_of(im, "axes", 1, axes, &n, TF_MAX_RANK)) return -1;
     if (n <= 0) {
-        if (attr_i(im, "noop_with_empty_axes", 0)) return set_out(im, 0, x);
+        if (ox_attr_i(im, "noop_with_empty_axes", 0)) return ox_set_out(im, 0, x);
         n = 0;   /* every axis */
     }
-    tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, n)}, {"keepdims", tf_attr_bool(attr_i(im, "keepdims", 1) != 0)}};
-    if (n == 0 && x->type.rank == 0) return set_out(im, 0, x);
+    tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, n)}, {"keepdims", tf_attr_bool(ox_attr_i(im, "keepdims", 1) != 0)}};
+    if (n == 0 && x->type.rank == 0) return ox_set_out(im, 0, x);
     if (x->type.dtype == TF_DT_BOOL && (o == TF_OP_REDUCE_MAX || o == RED_MIN)) {   /* any, all: as i32 */
         tf_named_attr to = {"to", tf_attr_dtype(TF_DT_I32)}, back = {"to", tf_attr_dtype(TF_DT_BOOL)};
-        tf_value *i = op(im, TF_OP_CAST, &x, 1, &to, 1);
-        if (o == RED_MIN) i = op1(im, TF_OP_NEG, i);
-        tf_value *r = op(im, TF_OP_REDUCE_MAX, &i, 1, a, 2);
-        if (o == RED_MIN) r = op1(im, TF_OP_NEG, r);
-        return set_out(im, 0, op(im, TF_OP_CAST, &r, 1, &back, 1));
+        tf_value *i = ox_op(im, TF_OP_CAST, &x, 1, &to, 1);
+        if (o == RED_MIN) i = ox_op1(im, TF_OP_NEG, i);
+        tf_value *r = ox_op(im, TF_OP_REDUCE_MAX, &i, 1, a, 2);
+        if (o == RED_MIN) r = ox_op1(im, TF_OP_NEG, r);
+        return ox_set_out(im, 0, ox_op(im, TF_OP_CAST, &r, 1, &back, 1));
     }
-    if (o >= 0) return set_out(im, 0, op(im, o, &x, 1, a, 2));
-    if (!is_float(x->type.dtype) && o != RED_MIN)
-        return fail(im, "an input of %s: tfuse computes this reduction in floating point", tf_dtype_name(x->type.dtype));
+    if (o >= 0) return ox_set_out(im, 0, ox_op(im, o, &x, 1, a, 2));
+    if (!ox_is_float(x->type.dtype) && o != RED_MIN)
+        return ox_fail(im, "an input of %s: tfuse computes this reduction in floating point", tf_dtype_name(x->type.dtype));
     tf_value *r = NULL;
     switch (o) {
-    case RED_MIN: r = op1(im, TF_OP_NEG, op(im, TF_OP_REDUCE_MAX, (tf_value *[]){op1(im, TF_OP_NEG, x)}, 1, a, 2)); break;
-    case RED_SUMSQ: r = op(im, TF_OP_REDUCE_SUM, (tf_value *[]){op2(im, TF_OP_MUL, x, x)}, 1, a, 2); break;
-    case RED_L1: r = op(im, TF_OP_REDUCE_SUM, (tf_value *[]){op1(im, TF_OP_ABS, x)}, 1, a, 2); break;
-    case RED_L2: r = op1(im, TF_OP_SQRT, op(im, TF_OP_REDUCE_SUM, (tf_value *[]){op2(im, TF_OP_MUL, x, x)}, 1, a, 2)); break;
-    case RED_LOGSUM: r = op1(im, TF_OP_LOG, op(im, TF_OP_REDUCE_SUM, &x, 1, a, 2)); break;
+    case RED_MIN: r = ox_op1(im, TF_OP_NEG, ox_op(im, TF_OP_REDUCE_MAX, (tf_value *[]){ox_op1(im, TF_OP_NEG, x)}, 1, a, 2)); break;
+    case RED_SUMSQ: r = ox_op(im, TF_OP_REDUCE_SUM, (tf_value *[]){ox_op2(im, TF_OP_MUL, x, x)}, 1, a, 2); break;
+    case RED_L1: r = ox_op(im, TF_OP_REDUCE_SUM, (tf_value *[]){ox_op1(im, TF_OP_ABS, x)}, 1, a, 2); break;
+    case RED_L2: r = ox_op1(im, TF_OP_SQRT, ox_op(im, TF_OP_REDUCE_SUM, (tf_value *[]){ox_op2(im, TF_OP_MUL, x, x)}, 1, a, 2)); break;
+    case RED_LOGSUM: r = ox_op1(im, TF_OP_LOG, ox_op(im, TF_OP_REDUCE_SUM, &x, 1, a, 2)); break;
     default: {   /* log sum exp, shifted by the max (kept as dims of 1 to broadcast back) */
         tf_named_attr k[2] = {a[0], {"keepdims", tf_attr_bool(true)}};
-        tf_value *m = op(im, TF_OP_REDUCE_MAX, &x, 1, k, 2), *fin = op1(im, TF_OP_ISFINITE, m);
-        tf_value *zero = num(im, 0, x->type.dtype), *mm = op(im, TF_OP_WHERE, (tf_value *[]){fin, m, zero}, 3, NULL, 0);
-        tf_value *e = op1(im, TF_OP_EXP, op2(im, TF_OP_SUB, x, mm));
-        tf_value *lse = op2(im, TF_OP_ADD, op1(im, TF_OP_LOG, op(im, TF_OP_REDUCE_SUM, &e, 1, k, 2)), mm);
-        r = attr_i(im, "keepdims", 1) ? lse : op(im, TF_OP_REDUCE_SUM, &lse, 1, a, 2);   /* dims of 1 dropped: a sum over them */
+        tf_value *m = ox_op(im, TF_OP_REDUCE_MAX, &x, 1, k, 2), *fin = ox_op1(im, TF_OP_ISFINITE, m);
+        tf_value *zero = ox_num(im, 0, x->type.dtype), *mm = ox_op(im, TF_OP_WHERE, (tf_value *[]){fin, m, zero}, 3, NULL, 0);
+        tf_value *e = ox_op1(im, TF_OP_EXP, ox_op2(im, TF_OP_SUB, x, mm));
+        tf_value *lse = ox_op2(im, TF_OP_ADD, ox_op1(im, TF_OP_LOG, ox_op(im, TF_OP_REDUCE_SUM, &e, 1, k, 2)), mm);
+        r = ox_attr_i(im, "keepdims", 1) ? lse : ox_op(im, TF_OP_REDUCE_SUM, &lse, 1, a, 2);   /* dims of 1 dropped: a sum over them */
     }
     }
-    return set_out(im, 0, r);
+    return ox_set_out(im, 0, r);
 }
 
 static int batchnorm(importer *im, int arg)
 {
     (void)arg;
-    if (attr_i(im, "training_mode", 0)) return fail(im, "training_mode=1: import an inference graph (tfuse trains batch norm itself)");
+    if (ox_attr_i(im, "training_mode", 0)) return ox_fail(im, "training_mode=1: import an inference graph (tfuse trains batch norm itself)");
     for (int i = 3; i < 5; i++) {
-        ival *s = need(im, i);
+        ival *s = ox_need(im, i);
         if (!s) return -1;
         s->stat = true;
     }
     tf_value *in[5];
-    for (int i = 0; i < 5; i++) in[i] = in_val(im, i);
-    tf_named_attr a[2] = {{"eps", tf_attr_float(attr_f(im, "epsilon", 1e-5))}, {"momentum", tf_attr_float(1 - attr_f(im, "momentum", 0.9))}};
-    return set_out(im, 0, op(im, TF_OP_BATCHNORM, in, 5, a, 2));
-}
-
-/* LayerNormalization over axes [axis, rank): tfuse's layernorm of the last axis on x seen as [P, Q]; Mean and InvStdDev
- * (its optional outputs) as reductions over those axes, kept as dims of 1. */
-static int layernorm(importer *im, int arg)
-{
-    (void)arg;
-    tf_value *x = in_val(im, 0);
-    if (!x) return -1;
-    int64_t axis = 0;
-    int r = x->type.rank;
-    if (norm_axis(im, attr_i(im, "axis", -1), r, &axis)) return -1;
-    double eps = attr_f(im, "epsilon", 1e-5);
-    int64_t p = 1, q = 1, shape[TF_MAX_RANK], axes[TF_MAX_RANK];
-    for (int i = 0; i < r; i++) *(i < axis ? &p : &q) *= x->type.dims[i].n, shape[i] = x->type.dims[i].n;
-    tf_value *g = in_val(im, 1), *b = NULL;
-    if (!g) return -1;
-    if (tf_type_numel(&g->type) != q)
-        return fail(im, "Scale has %lld elements, and the normalized axes hold %lld: tfuse takes a Scale of their shape",
-                    (long long)tf_type_numel(&g->type), (long long)q);
-    if (input(im, 2)) {
-        b = in_val(im, 2);
-        if (b && tf_type_numel(&b->type) != q)
-            return fail(im, "B has %lld elements, and the normalized axes hold %lld: tfuse takes a B of their shape",
-                        (long long)tf_type_numel(&b->type), (long long)q);
-    } else {   /* no bias: zeros */
-        ival z = {.dt = g->type.dtype, .rank = 1, .shape = {q}};
-        z.c = own(im, q);
-        if (!z.c) return -1;
-        b = val(im, &z, "layernorm_zero_bias");
-    }
-    if (im->failed) return -1;
-    bool last = axis == r - 1;
-    tf_value *xs = last ? x : reshape(im, x, (int64_t[]){p, q}, 2);
-    tf_value *gs = g->type.rank == 1 ? g : reshape(im, g, &q, 1), *bs = b->type.rank == 1 ? b : reshape(im, b, &q, 1);
-    tf_value *in[3] = {xs, gs, bs};
-    tf_named_attr a = {"eps", tf_attr_float(eps)};
-    tf_value *y = op(im, TF_OP_LAYERNORM, in, 3, &a, 1);
-    if (set_out(im, 0, last ? y : reshape(im, y, shape, r))) return -1;
-    bool mean_out = im->node->nout > 1 && im->node->out[1].n, inv_out = im->node->nout > 2 && im->node->out[2].n;
-    if (!mean_out && !inv_out) return 0;
-    for (int i = (int)axis; i < r; i++) axes[i - axis] = i;
-    tf_named_attr ra[2] = {{"axes", tf_attr_ints(im->m, axes, (int)(r - axis))}, {"keepdims", tf_attr_bool(true)}};
-    tf_value *mean = op(im, TF_OP_REDUCE_MEAN, &x, 1, ra, 2), *d = op2(im, TF_OP_SUB, x, mean);
-    tf_value *var = op2(im, TF_OP_MUL, d, d);
-    var = op(im, TF_OP_REDUCE_MEAN, &var, 1, ra, 2);
-    tf_value *inv = op1(im, TF_OP_RSQRT, op2(im, TF_OP_ADD, var, num(im, eps, x->type.dtype)));
-    if (mean_out && set_out(im, 1, mean)) return -1;
-    return inv_out ? set_out(im, 2, inv) : 0;
-}
-
-/* [B, T, H*D] (3-D, heads from the attribute) as [B, H, T, D]; a 4-D input as it is. */
-static tf_value *heads_first(importer *im, tf_value *x, const char *heads_attr)
-{
-    if (!x || x->type.rank == 4) return x;
-    int64_t h = attr_i(im, heads_attr, 0), b = x->type.dims[0].n, t = x->type.dims[1].n, w = x->type.dims[2].n;
-    if (x->type.rank != 3 || h < 1 || w % h) {
-        fail(im, "3-D inputs need %s dividing their last dim", heads_attr);
-        return NULL;
-    }
-    tf_value *r = reshape(im, x, (int64_t[]){b, t, h, w / h}, 4);
-    tf_named_attr a = {"perm", tf_attr_ints(im->m, (int64_t[]){0, 2, 1, 3}, 4)};
-    return r ? op(im, TF_OP_TRANSPOSE, &r, 1, &a, 1) : NULL;
-}
-
-/* Attention's steps as ONNX defines them, for what tfuse's attention op does not take (softcap; the scores as an output,
- * qk_matmul_output_mode 0: Q K^T scale, 1: plus the mask and the causal bias, 2: softcapped, 3: the softmax): K's and V's
- * heads repeated for grouped queries, S = Q K^T scale + bias (a bool mask and causal: 0 or -inf), softcap tanh(S / softcap),
- * softmax, times V. Output 3 (the scores) is set here. */
-static tf_value *attention_steps(importer *im, tf_value *q, tf_value *k, tf_value *v, tf_value *mask, bool causal, double scale,
-                                 double softcap, int64_t past)
-{
-    tf_dt dt = q->type.dtype;
-    int64_t b = q->type.dims[0].n, h = q->type.dims[1].n, tq = q->type.dims[2].n, hk = k->type.dims[1].n, tk = k->type.dims[2].n;
-    if (hk < 1 || h % hk) {
-        fail(im, "%lld query heads over %lld key/value heads", (long long)h, (long long)hk);
-        return NULL;
-    }
-    tf_value *kv[2] = {k, v};
-    for (int i = 0; i < 2 && h != hk; i++) {   /* [B, Hk, T, D] -> [B, Hk, G, T, D] -> [B, H, T, D] */
-        int64_t d = kv[i]->type.dims[3].n;
-        tf_value *e = reshape(im, kv[i], (int64_t[]){b, hk, 1, tk, d}, 5);
-        tf_named_attr at = {"shape", tf_attr_ints(im->m, (int64_t[]){b, hk, h / hk, tk, d}, 5)};
-        e = e ? op(im, TF_OP_BROADCAST, &e, 1, &at, 1) : NULL;
-        kv[i] = e ? reshape(im, e, (int64_t[]){b, h, tk, d}, 4) : NULL;
-    }
-    tf_named_attr tr = {"perm", tf_attr_ints(im->m, (int64_t[]){0, 1, 3, 2}, 4)};
-    tf_value *kt = kv[0] ? op(im, TF_OP_TRANSPOSE, &kv[0], 1, &tr, 1) : NULL;
-    tf_value *s = op2(im, TF_OP_MUL, op2(im, TF_OP_MATMUL, q, kt), num(im, scale, dt));
-    /* softcap before the mask, so that a masked score stays -inf */
-    if (softcap > 0) s = op2(im, TF_OP_MUL, op1(im, TF_OP_TANH, op2(im, TF_OP_DIV, s, num(im, softcap, dt))), num(im, softcap, dt));
-    tf_value *s1 = s, *ninf = num(im, -INFINITY, dt), *zero = num(im, 0, dt);
-    if (mask && mask->type.dtype == TF_DT_BOOL) mask = op(im, TF_OP_WHERE, (tf_value *[]){mask, zero, ninf}, 3, NULL, 0);
-    if (mask) s = op2(im, TF_OP_ADD, s, mask);
-    if (causal) {   /* key j after query i + past: -inf (every past key seen) */
-        tf_named_attr ri[3] = {{"shape", tf_attr_ints(im->m, (int64_t[]){tq, tk}, 2)}, {"axis", tf_attr_int(0)}, {"dtype", tf_attr_dtype(TF_DT_I64)}};
-        tf_named_attr ci[3] = {ri[0], {"axis", tf_attr_int(1)}, ri[2]};
-        tf_value *row = op(im, TF_OP_IOTA, NULL, 0, ri, 3), *col = op(im, TF_OP_IOTA, NULL, 0, ci, 3);
-        if (past) {
-            ival off = {.dt = TF_DT_I64, .rank = 0, .c = own(im, 1)};
-            if (!off.c) return NULL;
-            off.c[0] = (double)past;
-            row = op2(im, TF_OP_ADD, row, val(im, &off, "causal_offset"));
-        }
-        s = op2(im, TF_OP_ADD, s, op(im, TF_OP_WHERE, (tf_value *[]){op2(im, TF_OP_GT, col, row), ninf, zero}, 3, NULL, 0));
-    }
-    tf_value *s2 = s;
-    tf_named_attr ax = {"axis", tf_attr_int(-1)};
-    tf_value *p = s ? op(im, TF_OP_SOFTMAX, &s, 1, &ax, 1) : NULL;
-    const tf_onnx_node *n = im->node;
-    if (n->nout > 3 && n->out[3].n) {
-        int64_t mode = attr_i(im, "qk_matmul_output_mode", 0);   /* 0, 1: Q K^T scale (softcapped); 2: plus the bias; 3: softmax */
-        tf_value *scores = mode == 0 || mode == 1 ? s1 : mode == 2 ? s2 : mode == 3 ? p : NULL;
-        if (!scores && !im->failed) fail(im, "qk_matmul_output_mode %lld (0 to 3)", (long long)mode);
-        if (!scores || set_out(im, 3, scores)) return NULL;
-    }
-    return p && kv[1] ? op2(im, TF_OP_MATMUL, p, kv[1]) : NULL;
-}
-
-/* Attention (opset 23): tfuse's attention (grouped-query heads, a bool or additive mask broadcast to [B, H, Tq, Tk],
- * causal from the upper left, the scale), with past keys and values concatenated before the new ones (present_key and
- * present_value are those); 3-D inputs as [B, T, H*D]. */
-static int attention(importer *im, int arg)
-{
-    (void)arg;
-    const tf_onnx_node *n = im->node;
-    if (n->nin > 6 && n->in[6].n) return fail(im, "nonpad_kv_seqlen is not read");
-    double softcap = attr_f(im, "softcap", 0);
-    bool decomposed = softcap != 0 || (n->nout > 3 && n->out[3].n);   /* tfuse's attention has neither: its steps as ops */
-    tf_value *q0 = in_val(im, 0), *q = heads_first(im, q0, "q_num_heads"), *k = heads_first(im, in_val(im, 1), "kv_num_heads");
-    tf_value *v = heads_first(im, in_val(im, 2), "kv_num_heads"), *mask = input(im, 3) ? in_val(im, 3) : NULL;
-    if (!q || !k || !v || im->failed) return -1;
-    tf_named_attr seq = {"axis", tf_attr_int(2)};
-    int64_t past = 0;
-    if (input(im, 4) && input(im, 5)) {   /* past keys and values */
-        past = input(im, 4)->shape[2];
-        tf_value *pk[2] = {in_val(im, 4), k}, *pv[2] = {in_val(im, 5), v};
-        k = op(im, TF_OP_CONCAT, pk, 2, &seq, 1);
-        v = op(im, TF_OP_CONCAT, pv, 2, &seq, 1);
-    } else if (input(im, 4) || input(im, 5)) {
-        return fail(im, "past_key and past_value come together");
-    }
-    int64_t tk = k ? k->type.dims[2].n : 0;
-    if (mask && mask->type.dims[mask->type.rank - 1].n < tk) {   /* a mask shorter than the keys: the rest masked */
-        int r = mask->type.rank;
-        int64_t shape[TF_MAX_RANK];
-        for (int i = 0; i < r; i++) shape[i] = mask->type.dims[i].n;
-        shape[r - 1] = tk - shape[r - 1];
-        tf_value *f = mask->type.dtype == TF_DT_BOOL ? op2(im, TF_OP_NE, mask, mask) : num(im, -INFINITY, mask->type.dtype);
-        if (mask->type.dtype == TF_DT_BOOL) {   /* false, as wide as the rest: the mask's first columns compared with themselves */
-            tf_named_attr sl[4] = {{"axis", tf_attr_int(r - 1)}, {"start", tf_attr_int(0)}, {"end", tf_attr_int(1)}, {"step", tf_attr_int(1)}};
-            f = op(im, TF_OP_SLICE, &f, 1, sl, 4);
-        }
-        tf_named_attr at = {"shape", tf_attr_ints(im->m, shape, r)};
-        f = f ? op(im, TF_OP_BROADCAST, &f, 1, &at, 1) : NULL;
-        tf_named_attr cat = {"axis", tf_attr_int(r - 1)};
-        mask = f ? op(im, TF_OP_CONCAT, (tf_value *[]){mask, f}, 2, &cat, 1) : NULL;
-    }
-    if (mask && mask->type.rank < 4) {   /* broadcast from the right: dims of 1 before */
-        int64_t shape[4] = {1, 1, 1, 1};
-        for (int i = 0; i < mask->type.rank; i++) shape[4 - mask->type.rank + i] = mask->type.dims[i].n;
-        mask = reshape(im, mask, shape, 4);
-    }
-    if (!k || !v || im->failed) return -1;
-    double scale = attr(im, "scale") ? attr_f(im, "scale", 1) : 1.0 / sqrt((double)q->type.dims[3].n);
-    bool causal = attr_i(im, "is_causal", 0) != 0;
-    tf_value *y;
-    if (decomposed || (causal && past)) {   /* tfuse's causal is from the upper left; with past keys it is offset */
-        y = attention_steps(im, q, k, v, mask, causal, scale, softcap, past);
-    } else {
-        tf_named_attr a[2] = {{"causal", tf_attr_bool(causal)}, {"scale", tf_attr_float(scale)}};
-        tf_value *in[4] = {q, k, v, mask};
-        y = op(im, TF_OP_ATTENTION, in, mask ? 4 : 3, a, 2);
-    }
-    if (y && q0->type.rank == 3) {   /* back to [B, T, H*Dv] */
-        tf_named_attr t = {"perm", tf_attr_ints(im->m, (int64_t[]){0, 2, 1, 3}, 4)};
-        y = op(im, TF_OP_TRANSPOSE, &y, 1, &t, 1);
-        y = y ? reshape(im, y, (int64_t[]){y->type.dims[0].n, y->type.dims[1].n, y->type.dims[2].n * y->type.dims[3].n}, 3) : NULL;
-    }
-    if (set_out(im, 0, y)) return -1;
-    if (n->nout > 1 && n->out[1].n && set_out(im, 1, k)) return -1;
-    return n->nout > 2 && n->out[2].n ? set_out(im, 2, v) : 0;
-}
-
-/* RMSNormalization: x / sqrt(mean of x^2 over axes [axis, rank) + epsilon) * scale. */
-static int rmsnorm(importer *im, int arg)
-{
-    (void)arg;
-    tf_value *x = in_val(im, 0), *g = in_val(im, 1);
-    if (!x || !g) return -1;
-    int64_t axis = 0, axes[TF_MAX_RANK];
-    int r = x->type.rank;
-    if (norm_axis(im, attr_i(im, "axis", -1), r, &axis)) return -1;
-    for (int i = (int)axis; i < r; i++) axes[i - axis] = i;
-    tf_named_attr a[2] = {{"axes", tf_attr_ints(im->m, axes, (int)(r - axis))}, {"keepdims", tf_attr_bool(true)}};
-    tf_value *sq = op2(im, TF_OP_MUL, x, x), *ms = op(im, TF_OP_REDUCE_MEAN, &sq, 1, a, 2);
-    tf_value *inv = op1(im, TF_OP_RSQRT, op2(im, TF_OP_ADD, ms, num(im, attr_f(im, "epsilon", 1e-5), x->type.dtype)));
-    return set_out(im, 0, op2(im, TF_OP_MUL, op2(im, TF_OP_MUL, x, inv), g));
-}
-
-/* Tile: each axis repeated, as a broadcast of x with a new axis of the repeats before it, then merged. */
-static int tile(importer *im, int arg)
-{
-    (void)arg;
-    tf_value *x = in_val(im, 0);
-    if (!x) return -1;
-    int r = x->type.rank, n;
-    int64_t rep[TF_MAX_RANK];
-    if (ints_of(im, NULL, 1, rep, &n, TF_MAX_RANK)) return -1;
-    if (n != r) return fail(im, "repeats holds %d values for a rank-%d input", n, r);
-    for (int i = 0; x && i < r; i++) {
-        if (rep[i] < 1 || rep[i] > ((int64_t)1 << 20)) return fail(im, "repeats[%d] = %lld: tfuse takes 1 to 2^20", i, (long long)rep[i]);
-        if (rep[i] == 1) continue;
-        int64_t s1[TF_MAX_RANK + 1], s2[TF_MAX_RANK + 1], s3[TF_MAX_RANK];
-        if (r + 1 > TF_MAX_RANK) return fail(im, "Tile of a rank-%d input (at most %d)", r, TF_MAX_RANK - 1);
-        for (int d = 0, k = 0; d < r; d++) {
-            if (d == i) s1[k] = 1, s2[k] = rep[i], k++;
-            s1[k] = s2[k] = x->type.dims[d].n, s3[d] = d == i ? rep[i] * x->type.dims[d].n : x->type.dims[d].n, k++;
-        }
-        tf_named_attr b = {"shape", tf_attr_ints(im->m, s2, r + 1)};
-        tf_value *e = reshape(im, x, s1, r + 1);
-        e = e ? op(im, TF_OP_BROADCAST, &e, 1, &b, 1) : NULL;
-        x = e ? reshape(im, e, s3, r) : NULL;
-    }
-    return set_out(im, 0, x);
+    for (int i = 0; i < 5; i++) in[i] = ox_in_val(im, i);
+    tf_named_attr a[2] = {{"eps", tf_attr_float(ox_attr_f(im, "epsilon", 1e-5))}, {"momentum", tf_attr_float(1 - ox_attr_f(im, "momentum", 0.9))}};
+    return ox_set_out(im, 0, ox_op(im, TF_OP_BATCHNORM, in, 5, a, 2));
 }
 
 static int shape_op(importer *im, int size)
 {
-    ival *x = need(im, 0);
+    ival *x = ox_need(im, 0);
     if (!x) return -1;
     if (size) {
-        double *c = own(im, 1);
-        if (c) c[0] = (double)numel(x);
-        return set_const(im, 0, TF_DT_I64, NULL, 0, c);
+        double *c = ox_own(im, 1);
+        if (c) c[0] = (double)ox_numel(x);
+        return ox_set_const(im, 0, TF_DT_I64, NULL, 0, c);
     }
-    int64_t start = attr_i(im, "start", 0), end = attr_i(im, "end", x->rank);
+    int64_t start = ox_attr_i(im, "start", 0), end = ox_attr_i(im, "end", x->rank);
     if (start < 0) start += x->rank;
     if (end < 0) end += x->rank;
     start = start < 0 ? 0 : start > x->rank ? x->rank : start;
     end = end < start ? start : end > x->rank ? x->rank : end;
-    double *c = own(im, end - start);
+    double *c = ox_own(im, end - start);
     for (int64_t i = start; c && i < end; i++) c[i - start] = (double)x->shape[i];
-    return set_const(im, 0, TF_DT_I64, (int64_t[]){end - start}, 1, c);
+    return ox_set_const(im, 0, TF_DT_I64, (int64_t[]){end - start}, 1, c);
 }
 
 static int constant(importer *im, int arg)
 {
     (void)arg;
     const tf_onnx_node *n = im->node;
-    if (n->nattrs != 1) return fail(im, "Constant takes exactly one value attribute");
+    if (n->nattrs != 1) return ox_fail(im, "Constant takes exactly one value attribute");
     const tf_onnx_attr *a = &n->attrs[0];
     ival x = {0};
     if (tf_onnx_is(a->name, "value") && a->t) {
-        if (!dt_of_onnx(a->t->data_type, &x.dt)) return fail(im, "a constant of type %s", tf_onnx_type_name(a->t->data_type));
+        if (!ox_dt_of_onnx(a->t->data_type, &x.dt)) return ox_fail(im, "a constant of type %s", tf_onnx_type_name(a->t->data_type));
         x.rank = a->t->rank;
         memcpy(x.shape, a->t->dims, (size_t)x.rank * sizeof *x.shape);
-        if (check_dims(im, a->name, a->t->dims, a->t->rank)) return -1;
+        if (ox_check_dims(im, a->name, a->t->dims, a->t->rank)) return -1;
         x.init = a->t;
-        if (numel(&x) <= MAX_CONST && !const_of(im, &x)) return -1;
+        if (ox_numel(&x) <= MAX_CONST && !ox_const_of(im, &x)) return -1;
     } else if (tf_onnx_is(a->name, "value_float") || tf_onnx_is(a->name, "value_int")) {
         x.dt = tf_onnx_is(a->name, "value_float") ? TF_DT_F32 : TF_DT_I64;
-        if (!(x.c = own(im, 1))) return -1;
+        if (!(x.c = ox_own(im, 1))) return -1;
         x.c[0] = x.dt == TF_DT_F32 ? a->f : (double)a->i;
     } else if (tf_onnx_is(a->name, "value_floats") || tf_onnx_is(a->name, "value_ints")) {
         bool fl = tf_onnx_is(a->name, "value_floats");
         x.dt = fl ? TF_DT_F32 : TF_DT_I64;
         x.rank = 1;
         x.shape[0] = fl ? a->nfloats : a->nints;
-        if (!(x.c = own(im, x.shape[0]))) return -1;
+        if (!(x.c = ox_own(im, x.shape[0]))) return -1;
         for (int64_t i = 0; i < x.shape[0]; i++) x.c[i] = fl ? a->floats[i] : (double)a->ints[i];
     } else {
-        return fail(im, "Constant's %.*s attribute is not read (value, value_float(s), value_int(s) are)", (int)a->name.n, a->name.p);
+        return ox_fail(im, "Constant's %.*s attribute is not read (value, value_float(s), value_int(s) are)", (int)a->name.n, a->name.p);
     }
-    return bind(im, n->out[0], &x) ? 0 : -1;
+    return ox_bind(im, n->out[0], &x) ? 0 : -1;
 }
 
 static int constant_of_shape(importer *im, int arg)
@@ -1362,293 +1099,36 @@ static int constant_of_shape(importer *im, int arg)
     (void)arg;
     int64_t shape[TF_MAX_RANK];
     int n;
-    if (ints_of(im, NULL, 0, shape, &n, TF_MAX_RANK)) return -1;
-    if (n < 0) return fail(im, "no shape input");
-    const tf_onnx_attr *a = attr(im, "value");
+    if (ox_ints_of(im, NULL, 0, shape, &n, TF_MAX_RANK)) return -1;
+    if (n < 0) return ox_fail(im, "no shape input");
+    const tf_onnx_attr *a = ox_attr(im, "value");
     tf_dt dt = TF_DT_F32;
     double v = 0;
     if (a && a->t) {
         ival t = {.init = a->t};
-        if (!dt_of_onnx(a->t->data_type, &t.dt)) return fail(im, "a value of type %s", tf_onnx_type_name(a->t->data_type));
+        if (!ox_dt_of_onnx(a->t->data_type, &t.dt)) return ox_fail(im, "a value of type %s", tf_onnx_type_name(a->t->data_type));
         dt = t.dt;
         t.rank = a->t->rank;
         memcpy(t.shape, a->t->dims, (size_t)t.rank * sizeof *t.shape);
-        if (check_dims(im, a->name, a->t->dims, a->t->rank)) return -1;
-        const double *c = const_of(im, &t);
-        if (!c || numel(&t) != 1) return fail(im, "value must be one element");
+        if (ox_check_dims(im, a->name, a->t->dims, a->t->rank)) return -1;
+        const double *c = ox_const_of(im, &t);
+        if (!c || ox_numel(&t) != 1) return ox_fail(im, "value must be one element");
         v = c[0];
     }
     int64_t cnt = 1;
     for (int i = 0; i < n; i++) {
-        if (shape[i] < 1 || shape[i] > ((int64_t)1 << 40)) return fail(im, "shape[%d] = %lld: tfuse's sizes are positive", i, (long long)shape[i]);
-        if (cnt > ((int64_t)1 << 48) / shape[i]) return fail(im, "a shape of more than 2^48 elements");
+        if (shape[i] < 1 || shape[i] > ((int64_t)1 << 40)) return ox_fail(im, "shape[%d] = %lld: tfuse's sizes are positive", i, (long long)shape[i]);
+        if (cnt > ((int64_t)1 << 48) / shape[i]) return ox_fail(im, "a shape of more than 2^48 elements");
         cnt *= shape[i];
     }
     if (cnt <= 4096) {
-        double *c = own(im, cnt);
+        double *c = ox_own(im, cnt);
         for (int64_t i = 0; c && i < cnt; i++) c[i] = v;
-        return set_const(im, 0, dt, shape, n, c);
+        return ox_set_const(im, 0, dt, shape, n, c);
     }
-    tf_value *s = num(im, v, dt);
+    tf_value *s = ox_num(im, v, dt);
     tf_named_attr at = {"shape", tf_attr_ints(im->m, shape, n)};
-    return set_out(im, 0, s ? op(im, TF_OP_BROADCAST, &s, 1, &at, 1) : NULL);
-}
-
-static int expand(importer *im, int arg)
-{
-    (void)arg;
-    tf_value *x = in_val(im, 0);
-    int64_t shape[TF_MAX_RANK], out[TF_MAX_RANK];
-    int n;
-    if (!x || ints_of(im, NULL, 1, shape, &n, TF_MAX_RANK)) return -1;
-    if (n < 0) return fail(im, "no shape input");
-    int r = n > x->type.rank ? n : x->type.rank;
-    for (int i = 0; i < n; i++)
-        if (shape[i] < 1) return fail(im, "shape[%d] = %lld: tfuse's sizes are positive", i, (long long)shape[i]);
-    for (int i = 0; i < r; i++) {   /* numpy's broadcast of the two shapes */
-        int64_t a = i - (r - n) >= 0 ? shape[i - (r - n)] : 1, b = i - (r - x->type.rank) >= 0 ? x->type.dims[i - (r - x->type.rank)].n : 1;
-        if (a != b && a != 1 && b != 1) return fail(im, "shape %lld does not broadcast with the input's %lld at axis %d", (long long)a, (long long)b, i);
-        out[i] = a == 1 ? b : a;
-    }
-    tf_named_attr at = {"shape", tf_attr_ints(im->m, out, r)};
-    return set_out(im, 0, op(im, TF_OP_BROADCAST, &x, 1, &at, 1));
-}
-
-/* Gather: constants folded (shape arithmetic), else rows of a table (axis 0), as tfuse's gather. */
-/* x's slices at ids (non-negative) along axis: tfuse's gather takes rows of a 2-D table, so axis goes first, the rest
- * flattened; the result is x.shape[:axis] + ids.shape + x.shape[axis+1:]. */
-static tf_value *gather_axis(importer *im, tf_value *x, tf_value *ids, int64_t axis)
-{
-    if (!x || !ids) return NULL;
-    int r = x->type.rank, k = ids->type.rank;
-    if (r - 1 + k > TF_MAX_RANK) {
-        fail(im, "a result of rank %d (at most %d)", r - 1 + k, TF_MAX_RANK);
-        return NULL;
-    }
-    int64_t perm[TF_MAX_RANK], shape[TF_MAX_RANK], rest = 1;
-    perm[0] = axis;
-    for (int i = 0, j = 1; i < r; i++)
-        if (i != axis) perm[j++] = i, rest *= x->type.dims[i].n;
-    tf_value *t = x;
-    if (axis) {
-        tf_named_attr a = {"perm", tf_attr_ints(im->m, perm, r)};
-        t = op(im, TF_OP_TRANSPOSE, &t, 1, &a, 1);
-    }
-    t = reshape(im, t, (int64_t[]){x->type.dims[axis].n, rest}, 2);
-    tf_value *id1 = k ? ids : reshape(im, ids, (int64_t[]){1}, 1);
-    tf_value *in[2] = {id1, t};
-    tf_value *g = op(im, TF_OP_GATHER, in, 2, NULL, 0);   /* ids.shape + [rest] */
-    int n = 0;
-    for (int i = 0; i < k; i++) shape[n++] = ids->type.dims[i].n;
-    for (int i = 1; i < r; i++) shape[n++] = x->type.dims[perm[i]].n;
-    g = reshape(im, g, shape, n);   /* ids dims, then x's other dims in order */
-    if (!axis || !k) return g;
-    int64_t back[TF_MAX_RANK];
-    n = 0;
-    for (int i = 0; i < axis; i++) back[n++] = k + i;   /* x's dims before axis */
-    for (int i = 0; i < k; i++) back[n++] = i;          /* then the ids' */
-    for (int i = (int)axis; i < r - 1; i++) back[n++] = k + i;
-    tf_named_attr a = {"perm", tf_attr_ints(im->m, back, n)};
-    return op(im, TF_OP_TRANSPOSE, &g, 1, &a, 1);
-}
-
-static int gather(importer *im, int arg)
-{
-    (void)arg;
-    ival *data = need(im, 0), *idx = need(im, 1);
-    if (!data || !idx) return -1;
-    int64_t axis = 0;
-    if (norm_axis(im, attr_i(im, "axis", 0), data->rank, &axis)) return -1;
-    if (!data->v && !idx->v && const_of(im, data) && const_of(im, idx) && data->rank == 1 && numel(idx) <= 64) {
-        int64_t n = numel(idx);
-        double *c = own(im, n);
-        for (int64_t i = 0; c && i < n; i++) {
-            if (!(fabs(idx->c[i]) <= 4611686018427387904.0)) return fail(im, "index %g is not an integer", idx->c[i]);
-            int64_t k = (int64_t)idx->c[i];
-            if (k < 0) k += data->shape[0];
-            if (k < 0 || k >= data->shape[0]) return fail(im, "index %lld is out of range [0, %lld)", (long long)idx->c[i], (long long)data->shape[0]);
-            c[i] = data->c[k];
-        }
-        return set_const(im, 0, data->dt, idx->shape, idx->rank, c);
-    }
-    if ((axis != 0 || data->rank != 2) && !idx->v && const_of(im, idx) && numel(idx) <= 64 && data->rank - 1 + idx->rank <= TF_MAX_RANK) {
-        /* known indices on any axis: a slice per index, concatenated, reshaped to data[:axis] + indices + data[axis+1:] */
-        tf_value *x = in_val(im, 0), *parts[64];
-        int64_t n = numel(idx), dim = data->shape[axis], shape[TF_MAX_RANK];
-        for (int64_t i = 0; x && i < n; i++) {
-            if (!(fabs(idx->c[i]) <= 4611686018427387904.0)) return fail(im, "index %g is not an integer tfuse takes", idx->c[i]);
-            int64_t k = (int64_t)idx->c[i];
-            if (k < -dim || k >= dim) return fail(im, "index %lld is out of range [%lld, %lld)", (long long)k, (long long)-dim, (long long)dim);
-            if (k < 0) k += dim;
-            tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(k)}, {"end", tf_attr_int(k + 1)}, {"step", tf_attr_int(1)}};
-            parts[i] = dim == 1 ? x : op(im, TF_OP_SLICE, &x, 1, a, 4);
-        }
-        tf_named_attr ca = {"axis", tf_attr_int(axis)};
-        tf_value *v = n == 1 ? parts[0] : op(im, TF_OP_CONCAT, parts, (int)n, &ca, 1);
-        int r = 0;
-        for (int a = 0; a < axis; a++) shape[r++] = data->shape[a];
-        for (int a = 0; a < idx->rank; a++) shape[r++] = idx->shape[a];
-        for (int a = (int)axis + 1; a < data->rank; a++) shape[r++] = data->shape[a];
-        return set_out(im, 0, v ? reshape(im, v, shape, r) : NULL);
-    }
-    tf_value *x = in_val(im, 0), *ids = in_val(im, 1);
-    if (!x || !ids) return -1;
-    if (ids->type.dtype != TF_DT_I64 && ids->type.dtype != TF_DT_I32) return fail(im, "indices must be i64 or i32");
-    /* a negative index counts from the end */
-    tf_value *dim = num(im, (double)data->shape[axis], ids->type.dtype);
-    tf_value *w[3] = {op2(im, TF_OP_LT, ids, num(im, 0, ids->type.dtype)), op2(im, TF_OP_ADD, ids, dim), ids};
-    return set_out(im, 0, gather_axis(im, x, op(im, TF_OP_WHERE, w, 3, NULL, 0), axis));
-}
-
-/* Slice: starts/ends/axes/steps (attributes before opset 10, constant inputs after); one tfuse slice per axis. */
-static int slice(importer *im, int arg)
-{
-    (void)arg;
-    ival *x = need(im, 0);
-    if (!x) return -1;
-    int64_t st[TF_MAX_RANK], en[TF_MAX_RANK], ax[TF_MAX_RANK], sp[TF_MAX_RANK];
-    int ns, ne, na, np;
-    if (ints_of(im, im->opset < 10 ? "starts" : NULL, 1, st, &ns, TF_MAX_RANK) ||
-        ints_of(im, im->opset < 10 ? "ends" : NULL, 2, en, &ne, TF_MAX_RANK) ||
-        ints_of(im, im->opset < 10 ? "axes" : NULL, 3, ax, &na, TF_MAX_RANK) || ints_of(im, NULL, 4, sp, &np, TF_MAX_RANK))
-        return -1;
-    if (ns < 0 || ne != ns) return fail(im, "starts and ends must be given, as many of each");
-    if ((na >= 0 && na != ns) || (np >= 0 && np != ns)) return fail(im, "axes and steps, where given, must be as many as starts");
-    tf_value *v = in_val(im, 0);
-    for (int i = 0; v && i < ns; i++) {
-        int64_t axis = 0;
-        if (norm_axis(im, na >= 0 ? ax[i] : i, x->rank, &axis)) return -1;
-        int64_t step = np >= 0 ? sp[i] : 1, dim = v->type.dims[axis].n;
-        if (step == 0) return fail(im, "a step of 0");
-        int64_t s = st[i] < 0 ? st[i] + dim : st[i], e = en[i] < 0 ? en[i] + dim : en[i];
-        if (step < 0) {   /* backwards: start clamped to [0, dim-1], end to [-1, dim-1]; the elements gathered */
-            s = s < 0 ? -1 : s > dim - 1 ? dim - 1 : s;
-            e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
-            if (s <= e) return fail(im, "an empty slice [%lld:%lld:%lld] of axis %lld", (long long)s, (long long)e, (long long)step,
-                                    (long long)axis);
-            ival ids = {.dt = TF_DT_I64, .rank = 1, .shape = {(s - e + (-step) - 1) / (-step)}};
-            if (!(ids.c = own(im, ids.shape[0]))) return -1;
-            for (int64_t k = 0; k < ids.shape[0]; k++) ids.c[k] = (double)(s + k * step);
-            v = gather_axis(im, v, val(im, &ids, "slice_indices"), axis);
-            continue;
-        }
-        s = s < 0 ? 0 : s > dim ? dim : s;
-        e = e < 0 ? 0 : e > dim ? dim : e;
-        if (s == 0 && e == dim && step == 1) continue;
-        if (e <= s) return fail(im, "an empty slice [%lld:%lld] of axis %lld", (long long)s, (long long)e, (long long)axis);
-        tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(s)}, {"end", tf_attr_int(e)}, {"step", tf_attr_int(step)}};
-        v = op(im, TF_OP_SLICE, &v, 1, a, 4);
-    }
-    return set_out(im, 0, v);
-}
-
-/* Pad: per axis, a crop (negative pads) then constant blocks concatenated (mode constant) or the elements that reflect,
- * edge or wrap name, gathered. Pads, value and axes: attributes before opset 11, constant inputs after. */
-static int pad(importer *im, int arg)
-{
-    (void)arg;
-    tf_value *v = in_val(im, 0);
-    if (!v) return -1;
-    int r = v->type.rank;
-    int64_t pads[2 * TF_MAX_RANK], axes[TF_MAX_RANK];
-    int np, na = -1;
-    if (ints_of(im, im->opset < 11 ? "pads" : NULL, 1, pads, &np, 2 * TF_MAX_RANK)) return -1;
-    if (im->opset >= 18 && ints_of(im, NULL, 3, axes, &na, TF_MAX_RANK)) return -1;
-    if (na < 0) {
-        na = r;
-        for (int i = 0; i < r; i++) axes[i] = i;
-    }
-    if (np != 2 * na) return fail(im, "pads holds %d values for %d axes (it needs two per axis)", np, na);
-    const tf_onnx_attr *ma = attr(im, "mode");
-    int mode = !ma || tf_onnx_is(ma->s, "constant") ? 0 : tf_onnx_is(ma->s, "reflect") ? 1 : tf_onnx_is(ma->s, "edge") ? 2
-             : tf_onnx_is(ma->s, "wrap") ? 3 : -1;
-    if (mode < 0) return fail(im, "mode '%.*s': tfuse pads constant, reflect, edge and wrap", (int)ma->s.n, ma->s.p);
-    double value = attr_f(im, "value", 0);
-    if (im->opset >= 11 && input(im, 2)) {
-        ival *c = input(im, 2);
-        if (c->v || !const_of(im, c)) return fail(im, "constant_value must be known when the model is imported");
-        value = c->c[0];
-    }
-    if (im->failed) return -1;
-    for (int i = 0; v && i < na; i++) {
-        int64_t axis = 0;
-        if (norm_axis(im, axes[i], r, &axis)) return -1;
-        int64_t b = pads[i], e = pads[i + na], dim = v->type.dims[axis].n;
-        if (b < 0 || e < 0) {   /* a crop */
-            int64_t s0 = b < 0 ? -b : 0, e0 = dim + (e < 0 ? e : 0);
-            if (e0 <= s0) return fail(im, "pads crop axis %lld to nothing", (long long)axis);
-            tf_named_attr a[4] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(s0)}, {"end", tf_attr_int(e0)}, {"step", tf_attr_int(1)}};
-            v = op(im, TF_OP_SLICE, &v, 1, a, 4);
-            b = b < 0 ? 0 : b, e = e < 0 ? 0 : e, dim = e0 - s0;
-        }
-        if (!b && !e) continue;
-        if (b > ((int64_t)1 << 40) || e > ((int64_t)1 << 40)) return fail(im, "pads of more than 2^40");
-        if (mode == 0) {
-            tf_value *parts[3];
-            int n = 0;
-            for (int k = 0; k < 2; k++) {
-                int64_t len = k ? e : b, shape[TF_MAX_RANK];
-                if (!len) continue;
-                for (int d = 0; d < r; d++) shape[d] = d == axis ? len : v->type.dims[d].n;
-                tf_named_attr at = {"shape", tf_attr_ints(im->m, shape, r)};
-                tf_value *c = num(im, value, v->type.dtype);
-                tf_value *blk = c ? op(im, TF_OP_BROADCAST, &c, 1, &at, 1) : NULL;
-                if (!k) parts[n++] = blk, parts[n++] = v;
-                else {
-                    if (!n) parts[n++] = v;
-                    parts[n++] = blk;
-                }
-            }
-            if (n == 1) parts[n++] = v;
-            tf_named_attr ca = {"axis", tf_attr_int(axis)};
-            v = op(im, TF_OP_CONCAT, parts, n, &ca, 1);
-            continue;
-        }
-        if (mode == 1 && dim < 2) return fail(im, "reflect padding of an axis of %lld element", (long long)dim);
-        ival ids = {.dt = TF_DT_I64, .rank = 1, .shape = {b + dim + e}};
-        if (!(ids.c = own(im, ids.shape[0]))) return -1;
-        for (int64_t j = -b; j < dim + e; j++) {
-            int64_t k = j;
-            if (mode == 2) k = j < 0 ? 0 : j >= dim ? dim - 1 : j;
-            else if (mode == 3) k = ((j % dim) + dim) % dim;
-            else {   /* reflect: mirror at the ends without repeating them, period 2 (dim - 1) */
-                int64_t per = 2 * (dim - 1);
-                k = ((j % per) + per) % per;
-                if (k >= dim) k = per - k;
-            }
-            ids.c[j + b] = (double)k;
-        }
-        v = gather_axis(im, v, val(im, &ids, "pad_indices"), axis);
-    }
-    return set_out(im, 0, v);
-}
-
-static int split(importer *im, int arg)
-{
-    (void)arg;
-    tf_value *x = in_val(im, 0);
-    if (!x) return -1;
-    int64_t axis = 0;
-    if (norm_axis(im, attr_i(im, "axis", 0), x->type.rank, &axis)) return -1;
-    int64_t sizes[64];
-    int n, nout = im->node->nout;
-    if (nout > 64) return fail(im, "Split into %d parts (at most 64)", nout);
-    if (ints_of(im, im->opset < 13 ? "split" : NULL, 1, sizes, &n, 64)) return -1;
-    int64_t dim = x->type.dims[axis].n;
-    if (n < 0) {   /* equal parts (the last smaller, from opset 18) */
-        int64_t part = (dim + nout - 1) / nout;
-        for (int i = 0; i < nout; i++) sizes[i] = i < nout - 1 ? part : dim - part * (nout - 1);
-        n = nout;
-    }
-    if (n != nout) return fail(im, "%d sizes for %d outputs", n, nout);
-    int64_t at = 0;
-    for (int i = 0; i < n; i++) {
-        if (sizes[i] <= 0 || at + sizes[i] > dim) return fail(im, "part %d of size %lld does not fit axis %lld of size %lld", i, (long long)sizes[i], (long long)axis, (long long)dim);
-        tf_named_attr a[3] = {{"axis", tf_attr_int(axis)}, {"start", tf_attr_int(at)}, {"end", tf_attr_int(at + sizes[i])}};
-        if (set_out(im, i, op(im, TF_OP_SLICE, &x, 1, a, 3))) return -1;
-        at += sizes[i];
-    }
-    return 0;
+    return ox_set_out(im, 0, s ? ox_op(im, TF_OP_BROADCAST, &s, 1, &at, 1) : NULL);
 }
 
 typedef struct op_entry {
@@ -1669,7 +1149,8 @@ static const op_entry ops[] = {
     {"LeakyRelu", activation, ACT_LEAKY}, {"Elu", activation, ACT_ELU}, {"Selu", activation, ACT_SELU},
     {"HardSigmoid", activation, ACT_HARDSIGMOID}, {"HardSwish", activation, ACT_HARDSWISH}, {"Softsign", activation, ACT_SOFTSIGN},
     {"Clip", activation, ACT_CLIP}, {"Gelu", activation, ACT_GELU}, {"Swish", activation, ACT_SWISH}, {"Mish", activation, ACT_MISH},
-    {"Attention", attention, 0}, {"Celu", activation, ACT_CELU}, {"Shrink", activation, ACT_SHRINK}, {"RMSNormalization", rmsnorm, 0}, {"Tile", tile, 0},
+    {"Attention", ox_attention, 0}, {"Celu", activation, ACT_CELU}, {"Shrink", activation, ACT_SHRINK},
+    {"RMSNormalization", ox_rmsnorm, 0}, {"Tile", ox_tile, 0},
     {"MatMul", matmul, 0}, {"Gemm", gemm, 0}, {"Conv", conv, 0}, {"MaxPool", pool, TF_OP_MAXPOOL2D},
     {"AveragePool", pool, TF_OP_AVGPOOL2D}, {"GlobalAveragePool", global_pool, TF_OP_REDUCE_MEAN},
     {"GlobalMaxPool", global_pool, TF_OP_REDUCE_MAX}, {"Reshape", reshape_op, 0}, {"Flatten", flatten, 0},
@@ -1678,15 +1159,15 @@ static const op_entry ops[] = {
     {"ReduceMean", reduce, TF_OP_REDUCE_MEAN}, {"ReduceMax", reduce, TF_OP_REDUCE_MAX}, {"ReduceMin", reduce, RED_MIN},
     {"ReduceSumSquare", reduce, RED_SUMSQ}, {"ReduceL1", reduce, RED_L1}, {"ReduceL2", reduce, RED_L2},
     {"ReduceLogSum", reduce, RED_LOGSUM}, {"ReduceLogSumExp", reduce, RED_LOGSUMEXP}, {"BatchNormalization", batchnorm, 0},
-    {"LayerNormalization", layernorm, 0}, {"Shape", shape_op, 0}, {"Size", shape_op, 1}, {"Constant", constant, 0},
-    {"ConstantOfShape", constant_of_shape, 0}, {"Expand", expand, 0}, {"Gather", gather, 0}, {"Slice", slice, 0},
-    {"Split", split, 0}, {"Not", logic, LOGIC_NOT}, {"And", logic, LOGIC_AND}, {"Or", logic, LOGIC_OR}, {"Xor", logic, LOGIC_XOR},
-    {"IsNaN", logic, LOGIC_ISNAN}, {"IsInf", logic, LOGIC_ISINF}, {"Pad", pad, 0},
+    {"LayerNormalization", ox_layernorm, 0}, {"Shape", shape_op, 0}, {"Size", shape_op, 1}, {"Constant", constant, 0},
+    {"ConstantOfShape", constant_of_shape, 0}, {"Expand", ox_expand, 0}, {"Gather", ox_gather, 0}, {"Slice", ox_slice, 0},
+    {"Split", ox_split, 0}, {"Not", logic, LOGIC_NOT}, {"And", logic, LOGIC_AND}, {"Or", logic, LOGIC_OR}, {"Xor", logic, LOGIC_XOR},
+    {"IsNaN", logic, LOGIC_ISNAN}, {"IsInf", logic, LOGIC_ISINF}, {"Pad", ox_pad, 0},
 };
 
 /* ---- constants: a node whose inputs are all known is evaluated here (onnx_fold.c) ---- */
 
-static double *fold_alloc(void *ctx, int64_t n) { return own(ctx, n); }
+static double *fold_alloc(void *ctx, int64_t n) { return ox_own(ctx, n); }
 
 /* 1: the node's outputs are constants now; 0: it is imported as ops; -1: failed. Float initializers are params, not
  * constants: a node that reads one is the model's computation. */
@@ -1697,11 +1178,11 @@ static int fold_node(importer *im)
     tf_onnx_cval in[8];
     for (int i = 0; i < n->nin; i++) {
         memset(&in[i], 0, sizeof in[i]);
-        ival *x = input(im, i);
+        ival *x = ox_input(im, i);
         if (im->failed) return -1;
         if (!x) continue;   /* an optional input left out */
-        if (x->v || (x->weight && is_float(x->dt))) return 0;
-        const double *c = const_of(im, x);
+        if (x->v || (x->weight && ox_is_float(x->dt))) return 0;
+        const double *c = ox_const_of(im, x);
         if (!c) return im->failed ? -1 : 0;
         in[i] = (tf_onnx_cval){x->dt, x->rank, {0}, c};
         memcpy(in[i].shape, x->shape, (size_t)x->rank * sizeof *x->shape);
@@ -1710,9 +1191,9 @@ static int fold_node(importer *im)
     int nout = 0;
     char why[512];
     int r = tf_onnx_fold(n, im->opset, in, n->nin, out, &nout, fold_alloc, im, why, sizeof why);
-    if (r < 0) return im->failed ? -1 : fail(im, "%s", why);
+    if (r < 0) return im->failed ? -1 : ox_fail(im, "%s", why);
     for (int k = 0; r > 0 && k < nout; k++)
-        if (set_const(im, k, out[k].dt, out[k].shape, out[k].rank, (double *)out[k].c)) return -1;
+        if (ox_set_const(im, k, out[k].dt, out[k].shape, out[k].rank, (double *)out[k].c)) return -1;
     return r;
 }
 
@@ -1720,7 +1201,7 @@ static int fold_node(importer *im)
 static int not_constant(importer *im, int arg)
 {
     (void)arg;
-    return fail(im, "imported only when its inputs are known at import (constants), and an input here is computed by the model");
+    return ox_fail(im, "imported only when its inputs are known at import (constants), and an input here is computed by the model");
 }
 static const op_entry fold_only = {"", not_constant, 0};
 static bool folds_only(const tf_onnx_node *n)
@@ -1746,21 +1227,21 @@ static int import_inputs(importer *im)
     for (int i = 0; i < g->ninits; i++) {
         const tf_onnx_tensor *t = &g->inits[i];
         ival x = {.init = t, .rank = t->rank, .weight = true};
-        if (!dt_of_onnx(t->data_type, &x.dt))
-            return fail(im, "initializer '%.*s' is of type %s, which tfuse does not have", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
+        if (!ox_dt_of_onnx(t->data_type, &x.dt))
+            return ox_fail(im, "initializer '%.*s' is of type %s, which tfuse does not have", (int)t->name.n, t->name.p, tf_onnx_type_name(t->data_type));
         memcpy(x.shape, t->dims, (size_t)t->rank * sizeof *x.shape);
-        if (check_dims(im, t->name, t->dims, t->rank) || !bind(im, t->name, &x)) return -1;
+        if (ox_check_dims(im, t->name, t->dims, t->rank) || !ox_bind(im, t->name, &x)) return -1;
     }
     for (int i = 0; i < g->ninputs; i++) {
         const tf_onnx_value *in = &g->inputs[i];
-        if (find(im, in->name)) continue;   /* an initializer listed as an input (IR version 3 and before) */
+        if (ox_find(im, in->name)) continue;   /* an initializer listed as an input (IR version 3 and before) */
         tf_dt dt;
-        if (!dt_of_onnx(in->elem_type, &dt))
-            return fail(im, "input '%.*s' is of type %s: tfuse's inputs are tensors of f32 f16 bf16 f64 i64 i32 bool", (int)in->name.n, in->name.p,
+        if (!ox_dt_of_onnx(in->elem_type, &dt))
+            return ox_fail(im, "input '%.*s' is of type %s: tfuse's inputs are tensors of f32 f16 bf16 f64 i64 i32 bool", (int)in->name.n, in->name.p,
                         tf_onnx_type_name(in->elem_type));
-        if (!in->has_shape) return fail(im, "input '%.*s' has no shape: tfuse needs each input's rank", (int)in->name.n, in->name.p);
+        if (!in->has_shape) return ox_fail(im, "input '%.*s' has no shape: tfuse needs each input's rank", (int)in->name.n, in->name.p);
         char name[512];
-        sanitize(in->name, name, sizeof name);
+        ox_sanitize(in->name, name, sizeof name);
         tf_type ty = {dt, in->rank, {{0}}};
         for (int k = 0; k < in->rank; k++) {
             const tf_onnx_dim *d = &in->dims[k];
@@ -1769,27 +1250,27 @@ static int import_inputs(importer *im)
                 continue;
             }
             if (d->value == 0)
-                return fail(im, "input '%.*s' has a dim of 0: tfuse's sizes are positive (an empty tensor has nothing to compute)",
+                return ox_fail(im, "input '%.*s' has a dim of 0: tfuse's sizes are positive (an empty tensor has nothing to compute)",
                             (int)in->name.n, in->name.p);
             char dn[600];
-            if (d->param.n) sanitize(d->param, dn, sizeof dn);
+            if (d->param.n) ox_sanitize(d->param, dn, sizeof dn);
             else snprintf(dn, sizeof dn, "%s_d%d", name, k);   /* no size and no name: one of its own */
             int sym = tf_module_find_dim(im->m, dn, strlen(dn));
             if (sym < 0) {
                 tf_loc loc = {im->path, 0, 0};
-                if (tf_module_add_dim(im->m, dn, dim_value(im, dn), loc)) return fail(im, "out of memory");
+                if (tf_module_add_dim(im->m, dn, dim_value(im, dn), loc)) return ox_fail(im, "out of memory");
                 sym = tf_module_find_dim(im->m, dn, strlen(dn));
             }
             ty.dims[k] = (tf_dim){im->m->dims[sym].value, sym};
         }
         int64_t dims[TF_MAX_RANK];
         for (int k = 0; k < in->rank; k++) dims[k] = ty.dims[k].n;
-        if (check_dims(im, in->name, dims, in->rank)) return -1;
+        if (ox_check_dims(im, in->name, dims, in->rank)) return -1;
         tf_value *v = tf_module_add_decl(im->m, tf_module_unique_name(im->m, name), TF_VAL_INPUT, &ty, -1);
-        if (!v) return fail(im, "out of memory");
+        if (!v) return ox_fail(im, "out of memory");
         ival x = {.v = v, .dt = dt, .rank = in->rank};
         for (int k = 0; k < in->rank; k++) x.shape[k] = ty.dims[k].n;
-        if (!bind(im, in->name, &x)) return -1;
+        if (!ox_bind(im, in->name, &x)) return -1;
     }
     return 0;
 }
@@ -1805,17 +1286,17 @@ int tf_onnx_import_model(const tf_onnx_model *om, const char *path, const tf_onn
     if (slash) *slash = 0;
     else snprintf(im.dir, sizeof im.dir, ".");
     im.opset = tf_onnx_opset_version(om);
-    if (!im.opset) fail(&im, "the model imports no opset of the default domain (ai.onnx)");
-    else if (im.opset < 7) fail(&im, "opset %lld: tfuse reads opsets 7 and later", (long long)im.opset);
+    if (!im.opset) ox_fail(&im, "the model imports no opset of the default domain (ai.onnx)");
+    else if (im.opset < 7) ox_fail(&im, "opset %lld: tfuse reads opsets 7 and later", (long long)im.opset);
     /* other domains' opsets: an error only where a node uses one */
-    if (!im.failed && !(im.m = tf_module_create(path))) fail(&im, "out of memory");
+    if (!im.failed && !(im.m = tf_module_create(path))) ox_fail(&im, "out of memory");
     if (!im.failed) import_inputs(&im);
     const tf_onnx_graph *g = &om->graph;
     for (int i = 0; !im.failed && i < g->nnodes; i++) {
         im.node = &g->nodes[i];
         im.node_index = i;
         if (im.node->domain.n && !tf_onnx_is(im.node->domain, "ai.onnx")) {
-            fail(&im, "an op of domain '%.*s': tfuse reads the default domain's ops", (int)im.node->domain.n, im.node->domain.p);
+            ox_fail(&im, "an op of domain '%.*s': tfuse reads the default domain's ops", (int)im.node->domain.n, im.node->domain.p);
             break;
         }
         const op_entry *e = NULL;
@@ -1823,36 +1304,36 @@ int tf_onnx_import_model(const tf_onnx_model *om, const char *path, const tf_onn
             if (tf_onnx_is(im.node->op_type, ops[k].name)) e = &ops[k];
         if (!e && folds_only(im.node)) e = &fold_only;
         if (!e) {
-            fail(&im, "tfuse has no import for this op (docs/onnx.md lists the ops it reads)");
+            ox_fail(&im, "tfuse has no import for this op (docs/onnx.md lists the ops it reads)");
             break;
         }
         if (im.node->nout < 1 || !im.node->out[0].n) {
-            fail(&im, "a node whose first output has no name");
+            ox_fail(&im, "a node whose first output has no name");
             break;
         }
         for (int a = 0; a < im.node->nattrs; a++)
             if (im.node->attrs[a].has_graph) {
-                fail(&im, "attribute %.*s is a subgraph: control flow (If, Loop, Scan) is not imported", (int)im.node->attrs[a].name.n,
+                ox_fail(&im, "attribute %.*s is a subgraph: control flow (If, Loop, Scan) is not imported", (int)im.node->attrs[a].name.n,
                      im.node->attrs[a].name.p);
                 break;
             }
         if (im.failed) break;
         int folded = fold_node(&im);
         if (folded < 0) break;
-        if (!folded && e->fn(&im, e->arg) && !im.failed) fail(&im, "not imported");
+        if (!folded && e->fn(&im, e->arg) && !im.failed) ox_fail(&im, "not imported");
     }
     im.node = NULL;
     for (int i = 0; !im.failed && i < g->noutputs; i++) {
-        entry *e = find(&im, g->outputs[i].name);
+        entry *e = ox_find(&im, g->outputs[i].name);
         if (!e) {
-            fail(&im, "graph output '%.*s' is computed by no node", (int)g->outputs[i].name.n, g->outputs[i].name.p);
+            ox_fail(&im, "graph output '%.*s' is computed by no node", (int)g->outputs[i].name.n, g->outputs[i].name.p);
             break;
         }
         char name[512];
-        sanitize(g->outputs[i].name, name, sizeof name);
-        tf_value *v = val(&im, &e->x, name);
+        ox_sanitize(g->outputs[i].name, name, sizeof name);
+        tf_value *v = ox_val(&im, &e->x, name);
         tf_loc loc = {path, 0, 0};
-        if (v && tf_module_add_output(im.m, name, v, loc)) fail(&im, "out of memory");
+        if (v && tf_module_add_output(im.m, name, v, loc)) ox_fail(&im, "out of memory");
     }
     for (int i = 0; i < im.nowned; i++) tf_free(im.owned[i]);
     tf_free(im.owned);
