@@ -629,7 +629,7 @@ static int cast(importer *im, int like)
     }
     ival *x = ox_need(im, 0);
     if (!x) return -1;
-    if (!x->v && ox_const_of(im, x)) {   /* folded */
+    if (!x->v && !x->weight && ox_const_of(im, x)) {   /* folded (a weight stays a param: a cast of it is computed) */
         int64_t n = ox_numel(x);
         double *c = ox_own(im, n);
         for (int64_t i = 0; c && i < n; i++) c[i] = tf_dtype_round(to, to == TF_DT_BOOL ? x->c[i] != 0 : x->c[i]);
@@ -853,20 +853,6 @@ static int reshape_op(importer *im, int arg)
             if (i >= x->rank) return ox_fail(im, "shape[%d] = 0 copies a dim the input (rank %d) lacks", i, x->rank);
             shape[i] = x->shape[i];
         }
-    if (!x->v && ox_const_of(im, x)) {   /* a constant stays one */
-        int64_t known = 1, at = -1;
-        for (int i = 0; i < n; i++) {
-            if (shape[i] == -1 && at < 0) at = i;
-            else if (shape[i] < 1 || shape[i] > MAX_CONST) return ox_fail(im, "shape[%d] = %lld", i, (long long)shape[i]);
-            else known *= shape[i];
-            if (known > MAX_CONST) return ox_fail(im, "a reshape of a %lld-element constant to more elements", (long long)ox_numel(x));
-        }
-        if (at >= 0) shape[at] = ox_numel(x) / known;
-        int64_t total = 1;
-        for (int i = 0; i < n; i++) total *= shape[i];
-        if (total != ox_numel(x)) return ox_fail(im, "a reshape of %lld elements to %lld", (long long)ox_numel(x), (long long)total);
-        return ox_set_const(im, 0, x->dt, shape, n, x->c);
-    }
     tf_value *v = ox_in_val(im, 0);
     return ox_set_out(im, 0, v ? ox_reshape(im, v, shape, n) : NULL);
 }
@@ -911,7 +897,6 @@ static int squeeze(importer *im, int unsq)
             if (!drop) shape[k++] = x->shape[i];
         }
     }
-    if (!x->v && ox_const_of(im, x)) return ox_set_const(im, 0, x->dt, shape, k, x->c);
     tf_value *v = ox_in_val(im, 0);
     return ox_set_out(im, 0, v ? ox_reshape(im, v, shape, k) : NULL);
 }
@@ -939,24 +924,8 @@ static int concat(importer *im, int arg)
     if (!first) return -1;
     int64_t axis = 0;
     if (ox_norm_axis(im, ox_attr_i(im, "axis", 0), first->rank, &axis)) return -1;
-    bool consts = true;   /* shape arithmetic: fold */
-    int64_t total = 0;
-    for (int i = 0; i < n; i++) {
-        ival *x = ox_need(im, i);
-        if (!x) return -1;
-        consts = consts && !x->v && x->rank == 1 && ox_const_of(im, x);
-        total += x->rank ? x->shape[x->rank - 1] : 1;
-    }
-    if (consts && first->rank == 1) {
-        double *c = ox_own(im, total);
-        int64_t at = 0;
-        for (int i = 0; c && i < n; i++) {
-            ival *x = ox_input(im, i);
-            memcpy(c + at, x->c, (size_t)x->shape[0] * sizeof *c);
-            at += x->shape[0];
-        }
-        return ox_set_const(im, 0, first->dt, (int64_t[]){total}, 1, c);
-    }
+    for (int i = 0; i < n; i++)
+        if (!ox_need(im, i)) return -1;
     tf_value *in[64];
     for (int i = 0; i < n; i++) in[i] = ox_in_val(im, i);
     tf_named_attr a = {"axis", tf_attr_int(axis)};

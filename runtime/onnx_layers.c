@@ -303,18 +303,6 @@ int ox_gather(importer *im, int arg)
     if (!data || !idx) return -1;
     int64_t axis = 0;
     if (ox_norm_axis(im, ox_attr_i(im, "axis", 0), data->rank, &axis)) return -1;
-    if (!data->v && !idx->v && ox_const_of(im, data) && ox_const_of(im, idx) && data->rank == 1 && ox_numel(idx) <= 64) {
-        int64_t n = ox_numel(idx);
-        double *c = ox_own(im, n);
-        for (int64_t i = 0; c && i < n; i++) {
-            if (!(fabs(idx->c[i]) <= 4611686018427387904.0)) return ox_fail(im, "index %g is not an integer", idx->c[i]);
-            int64_t k = (int64_t)idx->c[i];
-            if (k < 0) k += data->shape[0];
-            if (k < 0 || k >= data->shape[0]) return ox_fail(im, "index %lld is out of range [0, %lld)", (long long)idx->c[i], (long long)data->shape[0]);
-            c[i] = data->c[k];
-        }
-        return ox_set_const(im, 0, data->dt, idx->shape, idx->rank, c);
-    }
     if ((axis != 0 || data->rank != 2) && !idx->v && ox_const_of(im, idx) && ox_numel(idx) <= 64 && data->rank - 1 + idx->rank <= TF_MAX_RANK) {
         /* known indices on any axis: a slice per index, concatenated, reshaped to data[:axis] + indices + data[axis+1:] */
         tf_value *x = ox_in_val(im, 0), *parts[64];
