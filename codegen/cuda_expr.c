@@ -352,7 +352,7 @@ static void op_code(const em *e, int i, char *out, size_t n)
         snprintf(out, n, "tf_scalar_expression_too_long");
         return;
     }
-    cu_conv(cmp ? TF_DT_BOOL : w.ct, x->dtype, r, out, n);
+    cu_conv(cmp ? TF_DT_BOOL : w.ct, tf_kexpr_round(x), r, out, n);
 }
 
 static void emit_expr(em *e, int depth, int i)
@@ -367,7 +367,7 @@ static void emit_expr(em *e, int depth, int i)
     case TF_KX_INDEX:
         if (k->dims[x->axis] > 1) snprintf(t, sizeof t, "(long long)i%d", x->axis);
         else snprintf(t, sizeof t, "0LL");
-        cu_conv(TF_DT_I64, x->dtype, t, code, sizeof code);
+        cu_conv(TF_DT_I64, tf_kexpr_round(x), t, code, sizeof code);
         break;
     case TF_KX_OP: op_code(e, i, code, sizeof code); break;
     }
@@ -383,7 +383,7 @@ void cu_emit_selected(em *e, int depth, sel which)
 /* The store of expression ex into buffer b at index `at`. */
 void cu_emit_store(em *e, int depth, const tf_kstore *st, const char *at)
 {
-    tf_dt bt = e->k->bufs[st->buf].value->type.dtype, xt = e->k->exprs[st->expr].dtype;
+    tf_dt bt = e->k->bufs[st->buf].value->type.dtype, xt = tf_kexpr_round(&e->k->exprs[st->expr]);
     char v[32], c[256];
     snprintf(v, sizeof v, "e%d", st->expr);
     cu_conv(xt, bt, v, c, sizeof c);

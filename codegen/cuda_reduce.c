@@ -325,9 +325,9 @@ static void emit_one(rx *x, int r)
         char cnt[64];
         cu_literal(acc == TF_DT_F64 ? TF_DT_F64 : TF_DT_F32, rd->count, cnt, sizeof cnt);
         snprintf(tot, sizeof tot, acc == TF_DT_I64 ? "(double)tf_a / %s" : "tf_a / %s", cnt);
-        cu_conv(acc == TF_DT_I64 ? TF_DT_F64 : acc, rd->dtype, tot, c, sizeof c);
+        cu_conv(acc == TF_DT_I64 ? TF_DT_F64 : acc, tf_kreduce_round(rd), tot, c, sizeof c);
     } else {
-        cu_conv(acc, rd->dtype, "tf_a", c, sizeof c);
+        cu_conv(acc, tf_kreduce_round(rd), "tf_a", c, sizeof c);
     }
     cu_line(s, 3, "tf_r%d = %s;", r, c);
     if (x->c->second)

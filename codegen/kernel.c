@@ -184,8 +184,10 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
         unsigned mask = reduce_mask(n);
         for (int i = 0; i < n->in[0]->type.rank; i++)
             if ((mask >> i) & 1) count *= (double)n->in[0]->type.dims[i].n;
-        k->reds[k->nreds] = (tf_kreduce){n->op, arg, n->out->type.dtype, count};
-        tf_kexpr e = {.kind = TF_KX_REDUCED, .dtype = n->out->type.dtype, .red = k->nreds++, .reduced_domain = true, .node = n};
+        bool wide = tf_node_wide(b->m, n);
+        k->reds[k->nreds] = (tf_kreduce){n->op, arg, n->out->type.dtype, count, wide};
+        tf_kexpr e = {.kind = TF_KX_REDUCED, .dtype = n->out->type.dtype, .red = k->nreds++, .reduced_domain = true, .node = n,
+                      .wide = wide};
         int id = add_expr(b, e);
         if (id < 0 || !remember(b, n->out->id, id)) return tf_diag_error(b->d, TF_IR_ERR_OOM, &n->loc, "out of memory building kernels");
         b->place_of[n->out->id] = res;
@@ -198,7 +200,8 @@ static tf_ir_status add_node(kb *b, const tf_node *n)
         b->place_of[n->out->id] = res;
         return TF_IR_OK;
     }
-    tf_kexpr e = {.kind = TF_KX_OP, .op = n->op, .dtype = n->out->type.dtype, .reduced_domain = true, .node = n};
+    tf_kexpr e = {.kind = TF_KX_OP, .op = n->op, .dtype = n->out->type.dtype, .reduced_domain = true, .node = n,
+                  .wide = tf_node_wide(b->m, n)};
     if (tf_op_exec_of(n->op) == TF_OPX_INDEX) {   /* iota: the index along its axis */
         int ax = 0;
         tf_axis_norm(tf_node_int(n, "axis"), n->out->type.rank, &ax);
@@ -430,7 +433,7 @@ char *tf_kernel_key(const tf_kernel *k)
         KEY("%d%c%c", (int)k->bufs[b].value->type.dtype, k->bufs[b].written ? 'w' : 'r', k->bufs[b].disjoint ? 'd' : 'a');
     for (int e = 0; e < k->nexprs; e++) {
         const tf_kexpr *x = &k->exprs[e];
-        KEY(" e%d:%d:%d:%d(", (int)x->kind, x->op, (int)x->dtype, x->reduced_domain);
+        KEY(" e%d:%d:%d%s:%d(", (int)x->kind, x->op, (int)x->dtype, x->wide ? "w" : "", x->reduced_domain);
         for (int q = 0; q < x->nargs; q++) KEY("%d,", x->args[q]);
         switch (x->kind) {
         case TF_KX_LOAD:
@@ -446,7 +449,8 @@ char *tf_kernel_key(const tf_kernel *k)
         }
         KEY(")");
     }
-    for (int r = 0; r < k->nreds; r++) KEY(" r%d:%d:%d:%a", k->reds[r].op, k->reds[r].arg, (int)k->reds[r].dtype, k->reds[r].count);
+    for (int r = 0; r < k->nreds; r++)
+        KEY(" r%d:%d:%d%s:%a", k->reds[r].op, k->reds[r].arg, (int)k->reds[r].dtype, k->reds[r].wide ? "w" : "", k->reds[r].count);
     for (int t = 0; t < k->nstores; t++) KEY(" s%d:%d:%d", k->stores[t].buf, k->stores[t].expr, k->stores[t].reduced_domain);
 #undef KEY
     if (n >= cap) {   /* cannot happen with the estimate above; never hand out a truncated key */
@@ -678,7 +682,8 @@ char *tf_kernels_print(const tf_module *m, const tf_kernel_plan *p)
         if (k->lib) tf_strbuf_printf(&s, "  call %s -> %s\n", tf_op_info_of(k->lib->op)->name, k->lib->out->name);
         for (int e = 0; e < k->nexprs; e++) {
             const tf_kexpr *x = &k->exprs[e];
-            tf_strbuf_printf(&s, "  e%d : %s%s = ", e, tf_dtype_name(x->dtype), x->reduced_domain && k->reduce_mask ? " outer" : "");
+            tf_strbuf_printf(&s, "  e%d : %s%s%s = ", e, tf_dtype_name(x->dtype), x->wide ? " held f32" : "",
+                             x->reduced_domain && k->reduce_mask ? " outer" : "");
             switch (x->kind) {
             case TF_KX_LOAD:
                 tf_strbuf_printf(&s, "load %s[", k->bufs[x->buf].value->name);

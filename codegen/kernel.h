@@ -23,8 +23,8 @@
  *
  * Buffers are module values (inputs, params, buffers, results in the arena).
  * Expressions use the op table's scalar semantics: each expression has a
- * dtype and its value is rounded to it, exactly as the interpreter rounds
- * each op, so evaluating the kernel IR (kernel_eval.c) reproduces the
+ * dtype and its value is rounded to it (to f32 when held wide, tf_node_wide),
+ * exactly as the interpreter rounds each op, so evaluating the kernel IR (kernel_eval.c) reproduces the
  * interpreter bit for bit: the test of the whole lowering. */
 #ifndef TF_CODEGEN_KERNEL_H
 #define TF_CODEGEN_KERNEL_H
@@ -57,14 +57,21 @@ typedef struct tf_kexpr {
                             * for dropout_mask, which draws by a flat index: that of
                             * the outer axes when set, else of the full space */
     const tf_node *node;   /* the op it comes from (names, locations) */
+    bool wide;             /* an f16/bf16 value held at f32 (tf_node_wide): rounded to f32, not its dtype */
 } tf_kexpr;
+
+/* The dtype a value is rounded to: its own, or f32 when held wide. */
+static inline tf_dt tf_kexpr_round(const tf_kexpr *x) { return x->wide ? TF_DT_F32 : x->dtype; }
 
 typedef struct tf_kreduce {
     int op;                /* TF_OP_REDUCE_SUM / _MEAN / _MAX */
     int arg;               /* expression on the full space */
     tf_dt dtype;           /* result dtype */
     double count;          /* elements reduced (for mean) */
+    bool wide;             /* held at f32 (tf_node_wide) */
 } tf_kreduce;
+
+static inline tf_dt tf_kreduce_round(const tf_kreduce *r) { return r->wide ? TF_DT_F32 : r->dtype; }
 
 typedef struct tf_kstore {
     int buf;

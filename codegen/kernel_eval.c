@@ -65,7 +65,7 @@ static void eval_exprs(ev *e, const int64_t *idx)
             break;
         }
         }
-        e->val[i] = tf_dtype_round(x->dtype, v);
+        e->val[i] = tf_dtype_round(tf_kexpr_round(x), v);
     }
 }
 
@@ -123,7 +123,7 @@ static void outer_step(ev *e, const int64_t *idx, void *arg)
         visit(e, idx, true, accumulate, &a);
         double v = k->reds[r].op == TF_OP_REDUCE_MAX ? tf_lanes_max(a.lanes) : tf_lanes_sum(a.lanes);
         if (k->reds[r].op == TF_OP_REDUCE_MEAN) v /= k->reds[r].count;
-        e->red[r] = tf_dtype_round(k->reds[r].dtype, v);
+        e->red[r] = tf_dtype_round(tf_kreduce_round(&k->reds[r]), v);
     }
     eval_exprs(e, idx);   /* outer stores: the index's inner part is irrelevant to them */
     for (int s = 0; s < k->nstores; s++)

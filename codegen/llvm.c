@@ -207,6 +207,27 @@ static LLVMValueRef round_ieee(gen *g, LLVMValueRef v, int mbits, int emin, int 
     return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealOLT, a, cf(g, t), ""), r, big, "");
 }
 
+static bool f16c;
+static void find_f16c(void)
+{
+    char *feat = LLVMGetHostCPUFeatures();
+    f16c = feat && strstr(feat, "+f16c");
+    LLVMDisposeMessage(feat);
+}
+
+/* Whether the host converts between f16 and f32 in hardware (x86's F16C:
+ * vcvtph2ps, vcvtps2ph). An f16 load or store is then two conversions, as
+ * exact as the integer code below and several times cheaper; without it,
+ * LLVM would call compiler-rt's helpers, which object code loaded without
+ * LLVM (objload.c) cannot resolve. The disk cache's key has the host's
+ * features, so an object compiled either way is only found by such a host. */
+static bool host_f16c(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, find_f16c);
+    return f16c;
+}
+
 /* A 16-bit pattern (i16) to double. */
 static LLVMValueRef half_to_f(gen *g, tf_dt t, LLVMValueRef h)
 {
@@ -216,6 +237,9 @@ static LLVMValueRef half_to_f(gen *g, tf_dt t, LLVMValueRef h)
         LLVMValueRef w = LLVMBuildShl(B, LLVMBuildZExt(B, h, i32, ""), LLVMConstInt(i32, 16, 0), "");
         return LLVMBuildFPExt(B, LLVMBuildBitCast(B, w, LLVMFloatTypeInContext(g->cx), ""), g->f64, "");
     }
+    if (host_f16c())   /* exact: every f16 is an f32, every f32 a double */
+        return LLVMBuildFPExt(B, LLVMBuildFPExt(B, LLVMBuildBitCast(B, h, LLVMHalfTypeInContext(g->cx), ""),
+                                                LLVMFloatTypeInContext(g->cx), ""), g->f64, "");
     LLVMValueRef x = LLVMBuildZExt(B, h, g->i64, "");
     LLVMValueRef e = LLVMBuildAnd(B, LLVMBuildLShr(B, x, ci(g, 10), ""), ci(g, 31), "");
     LLVMValueRef m = LLVMBuildAnd(B, x, ci(g, 1023), "");
@@ -241,6 +265,10 @@ static LLVMValueRef f_to_half(gen *g, tf_dt t, LLVMValueRef v)
         LLVMValueRef h = LLVMBuildTrunc(B, LLVMBuildLShr(B, w, LLVMConstInt(i32, 16, 0), ""), i16, "");
         /* a NaN stores as core.c stores it: 0x7fc0, whatever its sign and payload */
         return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), LLVMConstInt(i16, 0x7FC0, 0), h, "");
+    }
+    if (host_f16c()) {   /* v is an f16 value: both narrowings are exact */
+        LLVMValueRef f = LLVMBuildFPTrunc(B, LLVMBuildFPTrunc(B, v, LLVMFloatTypeInContext(g->cx), ""), LLVMHalfTypeInContext(g->cx), "");
+        return LLVMBuildSelect(B, LLVMBuildFCmp(B, LLVMRealUNO, v, v, ""), LLVMConstInt(i16, 0x7E00, 0), LLVMBuildBitCast(B, f, i16, ""), "");
     }
     LLVMValueRef bits = f_to_bits(g, v);
     LLVMValueRef sign = LLVMBuildAnd(B, LLVMBuildLShr(B, bits, ci(g, 48), ""), ci(g, 0x8000), "");
@@ -445,7 +473,7 @@ static LLVMValueRef expr(gen *g, int i)
     /* a 16-bit load in its own dtype is exact: rounding it is the identity */
     bool exact = x->kind == TF_KX_LOAD && (x->dtype == TF_DT_F16 || x->dtype == TF_DT_BF16) &&
                  k->bufs[x->buf].value->type.dtype == x->dtype;
-    if (!exact) v = round_to(g, x->dtype, v);
+    if (!exact) v = round_to(g, tf_kexpr_round(x), v);
     g->memo[i] = v;
     return v;
 }
@@ -466,7 +494,11 @@ static void store(gen *g, const tf_kstore *s, bool outer)
 {
     tf_dt st = g->k->bufs[s->buf].value->type.dtype;
     LLVMTypeRef et = storage_type(g, st);
-    LLVMValueRef v = round_to(g, st, expr(g, s->expr)), e;
+    /* expr() rounds every value to tf_kexpr_round: one already rounded to
+     * the storage dtype is not rounded again (LLVM does not see that
+     * rounding is idempotent, and a 16-bit rounding is a dozen vector ops) */
+    LLVMValueRef v = expr(g, s->expr), e;
+    if (tf_kexpr_round(&g->k->exprs[s->expr]) != st) v = round_to(g, st, v);
     switch (st) {
     case TF_DT_F32: e = LLVMBuildFPTrunc(g->b, v, et, ""); break;
     case TF_DT_F64: e = v; break;
@@ -551,7 +583,7 @@ static LLVMValueRef red_finish(gen *g, int r, LLVMValueRef *l)
     LLVMValueRef b = red_step(g, r, red_step(g, r, l[4], l[5]), red_step(g, r, l[6], l[7]));
     LLVMValueRef v = red_step(g, r, a, b);
     if (g->k->reds[r].op == TF_OP_REDUCE_MEAN) v = LLVMBuildFDiv(g->b, v, cf(g, g->k->reds[r].count), "");
-    return round_to(g, g->k->reds[r].dtype, v);
+    return round_to(g, tf_kreduce_round(&g->k->reds[r]), v);
 }
 
 /* Row-major position of the current index within the axes of mask. */

@@ -81,7 +81,7 @@ const char *const tf_parser_words[] = {
     "module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield",
     /* train-block keys and precisions, region and op marks, literals */
     "optimizer", "schedule", "precision", "clip_grad_norm", "accumulate", "fp32", "fp16", "bf16",
-    "kind", "recompute", "backward", "true", "false", "inf", "nan", "-inf",
+    "kind", "numerics", "fast", "exact", "recompute", "backward", "true", "false", "inf", "nan", "-inf",
 };
 const int tf_parser_nwords = (int)(sizeof tf_parser_words / sizeof *tf_parser_words);
 
@@ -689,11 +689,20 @@ static tf_ir_status parse_region(parser *p, const tf_token *kw)
         kind = (tf_region_kind)k;
         advance(p);
     }
+    bool wide = false;   /* numerics=fast: tf_node_wide */
+    if (tok_is(&p->tok, "numerics")) {
+        advance(p);
+        if (expect(p, TK_EQ, "'=' after 'numerics'")) return FAIL(p);
+        if (!tok_is(&p->tok, "fast") && !tok_is(&p->tok, "exact")) return expected(p, "a numerics mode (fast or exact)");
+        wide = tok_is(&p->tok, "fast");
+        advance(p);
+    }
     if (expect(p, TK_LBRACE, "'{' to open the region")) return FAIL(p);
     char nm[300];
     snprintf(nm, sizeof nm, "%.*s", (int)name.len, name.p);
     int id = tf_module_add_region(p->m, nm, kind, loc_of(p, &name));
     if (!id) return oom(p);
+    p->m->regions[id - 1].wide = wide;
     p->region = id;
     /* yields: as many as the region defines (a multi-tensor region of a large model yields thousands);
      * in the module's arena, so that no error below has anything to free */

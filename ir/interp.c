@@ -341,7 +341,8 @@ tf_ir_status tf_interp_run(tf_interp_ctx *ip, tf_diag *d)
         tf_tensor_release(out);
         if ((st = tf_tensor_alloc(out, &n->out->type, d))) break;
         if ((st = tf_op_info_of(n->op)->interp(ip, n, in, out))) break;
-        for (int64_t j = 0; j < out->numel; j++) out->data[j] = tf_dtype_round(out->dtype, out->data[j]);
+        tf_dt held = tf_node_wide(ip->m, n) ? TF_DT_F32 : out->dtype;   /* a fast region's f32-held value */
+        for (int64_t j = 0; j < out->numel; j++) out->data[j] = tf_dtype_round(held, out->data[j]);
     }
     for (int i = 0; i < ip->m->nupdates && !st; i++) {
         tf_tensor *t = tf_interp_tensor(ip, ip->m->updates[i].value, d);

@@ -322,6 +322,8 @@ typedef struct tf_region {
     tf_value **yields;     /* arena */
     int nyields;
     tf_loc loc;
+    bool wide;             /* `numerics=fast` (fuse, unless --numerics=exact): the f16/bf16 values
+                            * the region keeps to itself are held at f32 (tf_node_wide) */
 } tf_region;
 
 const char *tf_region_kind_name(tf_region_kind k);
@@ -370,6 +372,18 @@ tf_value *tf_module_add_decl(tf_module *m, const char *name, tf_value_kind kind,
 int tf_module_add_region(tf_module *m, const char *name, tf_region_kind kind, tf_loc loc);
 /* Forget every region: nodes stay, each runs on its own again. */
 void tf_module_clear_regions(tf_module *m);
+/* Fast 16-bit numerics (docs/numerics.md). In a region marked
+ * numerics=fast, the value of a node is held at f32 precision, not rounded
+ * to its f16/bf16 dtype, when the region keeps it to itself: the node is a
+ * pointwise op other than cast, a reduction or a broadcast, and the region
+ * does not yield it. It is rounded to its dtype only where it is stored (a
+ * yield), as a kernel computes a chain in f32 and rounds on the store. An
+ * explicit cast still rounds. A multi-tensor region never holds values wide.
+ * The interpreter and every code generator round by this one rule. */
+bool tf_node_wide(const tf_module *m, const tf_node *n);
+/* Whether a region marked numerics=fast would hold any value wide: fuse
+ * marks only regions where the mark changes something. */
+bool tf_region_has_wide(const tf_module *m, int region);
 
 /* Name lookups. Values are found through a hash table kept by
  * tf_module_add_name (the parser and tf_build register every name). */

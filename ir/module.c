@@ -123,8 +123,37 @@ int tf_module_add_region(tf_module *m, const char *name, tf_region_kind kind, tf
     if (tf_grow((void **)&m->regions, m->nregions, &m->cap_regions, sizeof *m->regions)) return 0;
     const char *nm = tf_arena_strdup(&m->arena, name);
     if (!nm) return 0;
-    m->regions[m->nregions++] = (tf_region){nm, kind, NULL, 0, loc};
+    m->regions[m->nregions++] = (tf_region){nm, kind, NULL, 0, loc, false};
     return m->nregions;
+}
+
+/* n's value could be held wide in a fast region: a 16-bit float result of
+ * a pointwise op (not a cast), a reduction or a broadcast. */
+static bool widenable(const tf_module *m, const tf_node *n)
+{
+    tf_dt t = n->out->type.dtype;
+    if (!n->region || (t != TF_DT_F16 && t != TF_DT_BF16) || n->op == TF_OP_CAST) return false;
+    if (m->regions[n->region - 1].kind == TF_REGION_MULTI) return false;
+    tf_op_exec x = tf_op_exec_of(n->op);
+    if (!tf_exec_elementwise(x) && x != TF_OPX_REDUCE && x != TF_OPX_BCAST) return false;
+    const tf_region *r = &m->regions[n->region - 1];
+    for (int i = 0; i < r->nyields; i++)
+        if (r->yields[i] == n->out) return false;
+    return true;
+}
+
+bool tf_node_wide(const tf_module *m, const tf_node *n)
+{
+    return n->region && m->regions[n->region - 1].wide && widenable(m, n);
+}
+
+bool tf_region_has_wide(const tf_module *m, int region)
+{
+    for (int i = 0; i < m->nodes.n; i++) {
+        const tf_node *n = m->nodes.items[i];
+        if (n->region == region && widenable(m, n)) return true;
+    }
+    return false;
 }
 
 void tf_module_clear_regions(tf_module *m)
@@ -606,6 +635,7 @@ tf_module *tf_module_clone(tf_module *m)
         const tf_region *r = &m->regions[i];
         if (!tf_module_add_region(c, r->name, r->kind, (tf_loc){c->file, r->loc.line, r->loc.col})) goto fail;
         tf_region *cr = &c->regions[i];
+        cr->wide = r->wide;
         if (!(cr->yields = tf_arena_array(&c->arena, (size_t)(r->nyields ? r->nyields : 1), sizeof *cr->yields))) goto fail;
         for (int k = 0; k < r->nyields; k++) cr->yields[k] = map[r->yields[k]->id];
         cr->nyields = r->nyields;

@@ -150,7 +150,8 @@ char *tf_print_module(const tf_module *m)
                 tf_strbuf_printf(&s, "\n}\n");
             }
             if (r != cur && r)
-                tf_strbuf_printf(&s, "region %s kind=%s {\n", m->regions[r - 1].name, tf_region_kind_name(m->regions[r - 1].kind));
+                tf_strbuf_printf(&s, "region %s kind=%s%s {\n", m->regions[r - 1].name, tf_region_kind_name(m->regions[r - 1].kind),
+                                 m->regions[r - 1].wide ? " numerics=fast" : "");
             cur = r;
             if (n) print_node(&s, m, n, r ? "  " : "");
         }

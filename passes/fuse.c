@@ -729,6 +729,8 @@ tf_ir_status pass_fuse(tf_module *m, const tf_options *o)
             if (leaving[nd->out->id]) rg->yields[cnt++] = nd->out;
         }
         rg->nyields = cnt;
+        /* fast 16-bit numerics (tf_node_wide): marked where it changes something */
+        rg->wide = !o->numerics_exact && tf_region_has_wide(m, f.nodes[i]->region);
         tf_explain(o, "fuse", &rg->loc, "%s (%s): %d ops in one kernel, %d value%s leave%s it: %s", rg->name,
                    tf_region_kind_name(rg->kind), total, cnt, cnt == 1 ? "" : "s", cnt == 1 ? "s" : "", list);
     }

@@ -43,6 +43,8 @@ typedef struct tf_options {
     int64_t memory_budget;  /* bytes the training step should plan within (checkpoint) */
     double memory_budget_pct;   /* or this percentage of its unconstrained planned peak (0: bytes) */
     const tf_recompute *recompute;   /* set by tf_fit_pipeline for the checkpoint pass; NULL otherwise */
+    bool numerics_exact;    /* fuse: every f16/bf16 value rounded to its dtype, op by op (--numerics=exact); else
+                             * a region holds the 16-bit values it keeps to itself at f32 (tf_node_wide) */
     bool attention_decomposed;   /* lower: attention as matmul, softmax, matmul (--attention=decomposed), not flash_attention */
     bool data_parallel;     /* autodiff: each gradient averaged over the session's ranks (allreduce), in buckets */
     int64_t allreduce_bucket;   /* ... of about this many bytes */

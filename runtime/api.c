@@ -226,6 +226,7 @@ static tf_status make_options(tf_context_t *ctx, const tf_compile_options *opts,
                             opts->memory_budget_percent);
     o->memory_budget_pct = opts->memory_budget > 0 ? 0 : opts->memory_budget_percent;
     o->attention_decomposed = opts->attention_decomposed != 0;
+    o->numerics_exact = opts->numerics_exact != 0;
     o->data_parallel = opts->data_parallel != 0;
     o->sync_batchnorm = opts->sync_batchnorm != 0;
     const char *sh = opts->shard_optimizer;

@@ -102,13 +102,14 @@ void tf_cpu_cache_free(tf_cache_t *c)
 }
 
 /* A kernel's name in object code and on disk: "tf_" + the FNV-1a of its disk
- * key ("tfuse cpu kernel 2", the target, the kernel's key), malloc'd into
+ * key ("tfuse cpu kernel 3": bumped when llvm.c emits other code for the same
+ * kernel key; the target; the kernel's key), malloc'd into
  * *dkey; false when out of memory. */
 bool tf_cpu_kernel_sym(const char *target, const char *key, char **dkey, char sym[32])
 {
     size_t n = strlen(target) + strlen(key) + 64;
     if (!(*dkey = tf_malloc(n))) return false;
-    snprintf(*dkey, n, "tfuse cpu kernel 2\n%s\n%s", target, key);
+    snprintf(*dkey, n, "tfuse cpu kernel 3\n%s\n%s", target, key);
     snprintf(sym, 32, "tf_%016llx", (unsigned long long)tf_fnv1a(TF_FNV_BASIS, *dkey, strlen(*dkey)));
     return true;
 }

@@ -190,6 +190,9 @@ bool tf_cuda_plan_epilogue(const tf_kernel *k, epi_plan *e, bool *oom, char *why
         e->d_buf = k->stores[0].buf;
         return true;
     }
+    if (k->exprs[add].wide)   /* the GEMM would store it rounded to its 16-bit dtype */
+        return snprintf(why, n, "the bias add's value stays in the region at f32 (numerics=fast): the GEMM would round it to %s",
+                        tf_dtype_name(dt)), false;
     /* the rest stays: the bias add becomes a load of what the GEMM wrote */
     tf_kernel *r = tf_calloc(1, sizeof *r);
     if (r) *r = *k;

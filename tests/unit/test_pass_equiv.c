@@ -10,7 +10,9 @@
  * Error rule: the largest difference in a tensor, relative to the largest
  * magnitude in the reference tensor (fp64-accumulated by the interpreter):
  * 2e-5 in f32; when the two runs differ in half-precision arithmetic (amp
- * on one side only, or bias_drop in a half-precision model), a few units of
+ * on one side only, bias_drop in a half-precision model, or fuse under
+ * --numerics=fast, whose regions hold 16-bit values at f32: fuse is also
+ * run under --numerics=exact, where it must change nothing), a few units of
  * the half type's precision: 2^-8 for fp16, 2^-5 for bf16, which also
  * bounds the rounding of every input of a half-precision matmul. State after
  * a training step (gradients, moments, updated params) gets 4x that bound
@@ -73,7 +75,7 @@ static void compare(const char *label, const char *name, const tf_tensor *ref, c
           label, name, (long long)at, ref->data[at], got->data[at], worst, scale, tol, (unsigned long long)g_seed);
 }
 
-static tf_module *compile(const char *path, const char *text, tf_ir_mode mode, const char *disable, bool o0)
+static tf_module *compile(const char *path, const char *text, tf_ir_mode mode, const char *disable, bool o0, bool exact)
 {
     tf_diag d = {0};
     tf_module *m;
@@ -82,7 +84,7 @@ static tf_module *compile(const char *path, const char *text, tf_ir_mode mode, c
         return NULL;
     }
     const char *dis[1] = {disable};
-    tf_options o = {.mode = mode, .diag = &d, .disabled = dis, .ndisabled = disable ? 1 : 0, .opt0 = o0};
+    tf_options o = {.mode = mode, .diag = &d, .disabled = dis, .ndisabled = disable ? 1 : 0, .opt0 = o0, .numerics_exact = exact};
     if (tf_run_pipeline(m, NULL, &o)) {
         CHECK(0, "%s: pipeline without %s: %s", path, disable ? disable : "-", d.msg);
         tf_module_free(m);
@@ -91,23 +93,24 @@ static tf_module *compile(const char *path, const char *text, tf_ir_mode mode, c
     return m;
 }
 
-static void run_case(const char *path, const char *text, tf_ir_mode mode, const char *pass, bool o0)
+static void run_case(const char *path, const char *text, tf_ir_mode mode, const char *pass, bool o0, bool exact)
 {
     tf_module *orig = NULL, *a = NULL, *b = NULL;
     tf_diag d = {0};
     tf_parse(path, text, strlen(text), NULL, 0, &orig, &d);
-    a = compile(path, text, mode, NULL, false);
-    b = compile(path, text, mode, pass, o0);
+    a = compile(path, text, mode, NULL, false, exact);
+    b = compile(path, text, mode, pass, o0, exact);
     if (!orig || !a || !b) goto done;
     tf_ir_precision prec = orig->train.has_precision ? orig->train.precision : TF_PREC_FP32;
     /* passes that change the arithmetic (not just its grouping or order):
      * amp itself, and bias_drop, whose cancellation is exact only in exact
      * arithmetic and which runs in half precision when the model does */
-    bool amp_differs = prec != TF_PREC_FP32 && (o0 || !strcmp(pass, "amp") || !strcmp(pass, "bias_drop"));
+    bool amp_differs = prec != TF_PREC_FP32 && (o0 || !strcmp(pass, "amp") || !strcmp(pass, "bias_drop") ||
+                                                (!exact && !strcmp(pass, "fuse")));
     double tol = !amp_differs ? 2e-5 : prec == TF_PREC_FP16 ? 1.0 / 256 : 1.0 / 32;
     char label[512];
-    snprintf(label, sizeof label, "%s %s, with vs %s%s:", path, mode == TF_IR_TRAIN ? "train" : "infer",
-             o0 ? "--O0" : "without ", o0 ? "" : pass);
+    snprintf(label, sizeof label, "%s %s%s, with vs %s%s:", path, mode == TF_IR_TRAIN ? "train" : "infer",
+             exact ? " --numerics=exact" : "", o0 ? "--O0" : "without ", o0 ? "" : pass);
     tf_interp_ctx *ia = tf_interp_create(a, mode, g_seed), *ib = tf_interp_create(b, mode, g_seed);
     for (int step = 0; ia && ib && step < 2; step++) {
         if (!fill(ia, a, orig, g_seed + (uint64_t)step) || !fill(ib, b, orig, g_seed + (uint64_t)step) ||
@@ -156,8 +159,9 @@ int main(void)
              * test_training check it against finite differences */
             for (int p = 0; p < tf_npasses; p++)
                 if (strcmp(tf_passes[p].name, "lower") != 0 && strcmp(tf_passes[p].name, "autodiff") != 0)
-                    run_case(path, text, (tf_ir_mode)mode, tf_passes[p].name, false);
-            run_case(path, text, (tf_ir_mode)mode, NULL, true);
+                    run_case(path, text, (tf_ir_mode)mode, tf_passes[p].name, false, false);
+            run_case(path, text, (tf_ir_mode)mode, "fuse", false, true);   /* exact numerics: fusing is only grouping */
+            run_case(path, text, (tf_ir_mode)mode, NULL, true, false);
         }
         free(text);
     }
