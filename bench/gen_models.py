@@ -85,6 +85,38 @@ MODELS = {
                 "gpt.ir is. One difference from GPT-2: the output projection is its own param (head.w),",
                 "not tied to the token embedding; the FLOPs are the same."],
     },
+    # Small models, the sizes people fine-tune and serve on CPUs (steps of 0.2-2 ms): issue 33's small rows
+    "small_conv": {
+        "kind": "resnet",
+        "blocks": [1, 1],
+        "image": 16,
+        "dims": {"N": 16, "C1": 16, "C2": 32, "K": 10},
+        "dim_notes": {"N": "batch", "C1": "stage 1 width (16x16)", "C2": "stage 2 width (8x8)", "K": "classes"},
+        "train": {"optimizer": "sgd(lr=0.1, momentum=0.9, nesterov=true, weight_decay=5e-4)", "precision": "fp32"},
+        "doc": ["A small conv-batchnorm net for 16x16 RGB images, batch 16: a 3x3 stem and two stages of",
+                "one basic block (the second stride 2 with a 1x1 conv + batchnorm shortcut), global average",
+                "pooling and a linear classifier."],
+    },
+    "small_mlp": {
+        "kind": "mlp",
+        "hidden_layers": 3,
+        "residual": True,
+        "dims": {"B": 32, "F": 64, "H": 256, "C": 10},
+        "dim_notes": {"B": "batch", "F": "input features", "H": "hidden width", "C": "classes"},
+        "train": {"optimizer": "adamw(lr=1e-3, weight_decay=0.01)", "precision": "fp32"},
+        "doc": ["A residual MLP 64-256-256-256-10 at batch 32: linear -> relu, then two residual",
+                "layers a = a + relu(linear(a)), a linear classifier and the mean cross-entropy."],
+    },
+    "small_gpt": {
+        "kind": "gpt",
+        "layers": 1,
+        "dims": {"B": 4, "T": 32, "V": 256, "E": 128, "H": 4, "D": 32, "F": 512},
+        "dim_notes": {"B": "batch", "T": "sequence length (= positions)", "V": "vocabulary", "E": "model width = H * D",
+                      "H": "heads", "D": "head size", "F": "MLP width = 4 * E"},
+        "train": {"optimizer": "adamw(lr=3e-4, beta2=0.95, weight_decay=0.1)", "precision": "fp32", "clip_grad_norm": "1.0"},
+        "doc": ["One GPT block at T = 32 (gpt.ir's structure with one layer, E = 128, 4 heads of 32):",
+                "the transformer block people fine-tune and serve on CPUs."],
+    },
 }
 
 
@@ -137,7 +169,11 @@ def emit_mlp(name, cfg):
     prev = "x"
     for i in range(1, n + 1):
         w(f"h{i} = linear({prev}, fc{i}.w, fc{i}.b)")
-        w(f"a{i} = relu(h{i})")
+        if cfg.get("residual") and i > 1:   # a = a + relu(linear(a))
+            w(f"r{i} = relu(h{i})")
+            w(f"a{i} = add({prev}, r{i})")
+        else:
+            w(f"a{i} = relu(h{i})")
         prev = f"a{i}"
     w(f"lg = linear({prev}, fc{n + 1}.w, fc{n + 1}.b)")
     w("loss = cross_entropy(lg, y)")
@@ -160,7 +196,8 @@ def resnet_stages(cfg):
 def emit_resnet(name, cfg):
     w = Writer()
     header(w, name, cfg)
-    w("input  images : f32[N, 3, 32, 32]")
+    img = cfg.get("image", 32)
+    w(f"input  images : f32[N, 3, {img}, {img}]")
     w("input  labels : i64[N]")
     w()
 

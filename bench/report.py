@@ -25,7 +25,7 @@ import os
 import re
 import sys
 
-FILE_RE = re.compile(r"^(?P<model>[A-Za-z0-9]+)__(?P<prec>[a-z0-9]+)__(?P<mode>train|infer)__(?P<peer>[a-z-]+)"
+FILE_RE = re.compile(r"^(?P<model>[A-Za-z0-9_]+?)__(?P<prec>[a-z0-9]+)__(?P<mode>train|infer)__(?P<peer>[a-z-]+)"
                      r"(?:__r(?P<rep>[0-9]+))?\.txt$")
 SPREAD_WARN = 0.30
 

@@ -5,15 +5,17 @@
 #
 #   bench/run.sh                      # everything: venv, build, all models, train and infer
 #   bench/run.sh --models gpt --modes infer --iters 10
-#   bench/run.sh --precision bf16     # mixed precision: tfuse --precision=bf16, the peers under autocast
+#   bench/run.sh --precision bf16     # mixed precision only: tfuse --precision=bf16, the peers under autocast
 #   bench/run.sh --quick              # tiny sizes, 3 steps, 1 repetition: checks the harness, records nothing
 #
 # It makes (or reuses) a virtual environment with torch (CPU), onnx, onnxscript
 # and onnxruntime; builds tfuse in Release (build-bench/; where Release does not
 # build, RelWithDebInfo, and the results say so); measures this machine's fp32
 # FMA peak (bench/peak.c); then, --reps times over (default 5), for each model
-# (bench/models/{mlp,resnet,gpt}.ir at their own sizes) and mode (train, infer),
-# one after the other so that a slow spell of the machine hits every tool alike:
+# (bench/models/{mlp,resnet,gpt}.ir at their own sizes, and the small models
+# small_{conv,mlp,gpt}.ir, steps of 0.2-2 ms), mode (train, infer) and
+# precision (fp32, bf16, fp16), one after the other so that a slow spell of
+# the machine hits every tool alike:
 #
 #   tfuse    build-bench/tfuse bench MODEL --mode=M --target=cpu --iters N
 #   eager    bench/peers.py --peer eager   (the twin in bench/twins.py)
@@ -31,7 +33,7 @@
 #
 # Options:
 #   --reps N           repetitions of every measurement, interleaved (default 5)
-#   --precision P      fp32 (default), bf16 or fp16, for tfuse and the peers
+#   --precision "P.."  of fp32, bf16 and fp16 (default all three), for tfuse and the peers
 #   --peers "A B"      default "eager compile ort" (ort: inference only)
 #   --iters N          timed steps per measurement (default 20); the median is reported
 #   --warmup N         untimed steps before them (default 3; tfuse gets --warmup N
@@ -39,7 +41,7 @@
 #   --threads N        threads to ask for (default: nproc); tfuse gets it as
 #                      --threads N where its `bench --help` lists that flag, and
 #                      always as OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, TFUSE_NUM_THREADS
-#   --models "A B"     default "mlp resnet gpt"
+#   --models "A B"     default "mlp resnet gpt small_conv small_mlp small_gpt"
 #   --modes "A B"      default "train infer"
 #   --dim MODEL:K=V    override a dim for one model, for every tool (repeatable)
 #   --venv DIR         default $TFUSE_BENCH_VENV or $HOME/.cache/tfuse-bench-venv
@@ -60,7 +62,7 @@ LOAD_AT_START="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || true)"
 awk -v l="${LOAD_AT_START:-0}" 'BEGIN { exit !(l + 0 > 0.5) }' &&
     echo "bench/run.sh: warning: load average $LOAD_AT_START: other work is running, CPU timings will be skewed" >&2
 
-ITERS=20 WARMUP=3 THREADS="$(nproc)" MODELS="mlp resnet gpt" MODES="train infer" REPS=5 PRECISION=fp32 PEERS="eager compile ort"
+ITERS=20 WARMUP=3 THREADS="$(nproc)" MODELS="mlp resnet gpt small_conv small_mlp small_gpt" MODES="train infer" REPS=5 PRECISION="fp32 bf16 fp16" PEERS="eager compile ort"
 VENV="${TFUSE_BENCH_VENV:-$HOME/.cache/tfuse-bench-venv}"
 INSTALL=1 TFUSE="" PEERS_ONLY=0 QUICK=0 RECORD=1 OUT="" TIMEOUT=1800
 declare -A DIMS=()
@@ -96,7 +98,10 @@ while [ $# -gt 0 ]; do
 done
 
 case "$REPS" in ''|*[!0-9]*|0) die "--reps wants a positive integer, got '$REPS'" ;; esac
-case "$PRECISION" in fp32|bf16|fp16) ;; *) die "--precision wants fp32, bf16 or fp16, got '$PRECISION'" ;; esac
+PRECISION="${PRECISION//,/ }"
+for prec in $PRECISION; do
+    case "$prec" in fp32|bf16|fp16) ;; *) die "--precision wants fp32, bf16 or fp16 (or a list of them), got '$prec'" ;; esac
+done
 for peer in $PEERS; do
     case "$peer" in eager|compile|ort) ;; *) die "--peers: unknown peer '$peer' (eager, compile, ort)" ;; esac
 done
@@ -158,19 +163,20 @@ else
     echo "reason: bench/peak.c did not compile ($(tail -1 "$OUT/peak.err"))" > "$OUT/peak.txt"
 fi
 
-TFUSE_PREC=()
-[ "$PRECISION" = fp32 ] || TFUSE_PREC=(--precision="$PRECISION")
 for rep in $(seq 1 "$REPS"); do
 for model in $MODELS; do
     [ -f "bench/models/$model.ir" ] || die "no model bench/models/$model.ir"
     for mode in $MODES; do
-        base="$OUT/${model}__${PRECISION}__${mode}"
+    for prec in $PRECISION; do
+        TFUSE_PREC=()
+        [ "$prec" = fp32 ] || TFUSE_PREC=(--precision="$prec")
+        base="$OUT/${model}__${prec}__${mode}"
         sfx="__r$rep"
         threads="$THREADS"
         if [ -n "$TFUSE_NA" ]; then
             printf 'reason: %s\n' "$TFUSE_NA" > "${base}__tfuse${sfx}.txt"
         else
-            echo "== [$rep/$REPS] $model $mode: tfuse" >&2
+            echo "== [$rep/$REPS] $model $mode $prec: tfuse" >&2
             # shellcheck disable=SC2046
             tfuse_env timeout "$TIMEOUT" "$TFUSE" bench "bench/models/$model.ir" --mode="$mode" --target=cpu \
                 --iters "$ITERS" "${TFUSE_FLAGS[@]}" "${TFUSE_PREC[@]}" $(dim_flags "$model") > "${base}__tfuse${sfx}.txt" 2>&1 ||
@@ -183,13 +189,14 @@ for model in $MODELS; do
         fi
         for peer in $PEERS; do
             [ "$peer" = ort ] && [ "$mode" = train ] && continue   # ORT times inference only
-            echo "== [$rep/$REPS] $model $mode: $peer ($threads threads)" >&2
+            echo "== [$rep/$REPS] $model $mode $prec: $peer ($threads threads)" >&2
             # shellcheck disable=SC2046
             timeout "$TIMEOUT" "$PY" bench/peers.py --model "$model" --mode "$mode" --peer "$peer" --device cpu \
-                --precision "$PRECISION" --threads "$threads" --iters "$ITERS" --warmup "$WARMUP" $(dim_flags "$model") \
+                --precision "$prec" --threads "$threads" --iters "$ITERS" --warmup "$WARMUP" $(dim_flags "$model") \
                 > "${base}__${peer}${sfx}.txt" 2> "${base}__${peer}${sfx}.err" ||
                 echo "reason: peers.py exited with status $? ($(tail -1 "${base}__${peer}${sfx}.err"))" >> "${base}__${peer}${sfx}.txt"
         done
+    done
     done
 done
 done

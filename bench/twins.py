@@ -321,11 +321,13 @@ if torch is not None:
                 fin = d["H"]
             setattr(self, f"fc{n + 1}", Linear(d["H"], d["C"]))
             self.n = n
+            self.residual = cfg.get("residual", False)
             self.label_bounds = {"y": d["C"]}
 
         def forward(self, x, y):
             for i in range(1, self.n + 1):
-                x = F.relu(getattr(self, f"fc{i}")(x))
+                a = F.relu(getattr(self, f"fc{i}")(x))
+                x = x + a if self.residual and i > 1 else a
             logits = getattr(self, f"fc{self.n + 1}")(x)
             return F.cross_entropy(logits.float(), y), logits
 

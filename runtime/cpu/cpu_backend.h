@@ -70,9 +70,10 @@ typedef struct ckernel {
     bool epi_in_conv;      /* RUN_CONV: the primitive writes the region's epilogue (bias, ReLU): fn does not run */
     int epi_bias, epi_out; /* then: the bias's buffer and the stored result's (indices into k->bufs) */
     char conv_why[320];
-    tf_dnnl_gemm *dgemm;   /* RUN_MATMUL: oneDNN with the weights packed (cpu_gemm.c's planning), or NULL: OpenBLAS (gemm_why) */
+    tf_dnnl_gemm *dgemm;   /* RUN_MATMUL(_BF16): oneDNN with the weights packed (cpu_gemm.c's planning), or NULL: OpenBLAS (gemm_why) */
     void *packed;          /* then: the packed weights, current as of write generation packed_gen */
     uint64_t packed_gen;
+    bool dgemm_widen;      /* then: f16 operands or result, through f32 (the weights widened when packed) */
     void *kept;            /* RUN_CONV in inference, weights the step never changes: them in the primitive's layout, */
     uint64_t kept_gen;     /* as of this write generation (0: never) */
     bool once;             /* inference: everything it writes is computed from the state alone (value->once) */

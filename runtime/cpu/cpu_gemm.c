@@ -93,12 +93,16 @@ static bool step_writes(const tf_module *m, const tf_value *r)
     return false;
 }
 
-/* Packed weights: an f32 GEMM whose right operand is a param or buffer the
- * step never writes (inference) runs through oneDNN with that operand
- * packed once into the kernel's layout (gemm_dnnl.h), up to
- * $TFUSE_CPU_PACKED_MB MiB of packed copies in all (default 1024; 0: none),
- * in plan order. A training step rewrites its weights every step, so its
- * GEMMs stay on OpenBLAS. */
+/* Packed weights: a GEMM whose right operand is a param or buffer the step
+ * never writes, or a value computed from them alone (inference) runs
+ * through oneDNN with that operand packed once into the kernel's layout
+ * (gemm_dnnl.h), up to $TFUSE_CPU_PACKED_MB MiB of packed copies in all
+ * (default 1024; 0: none), in plan order. f32 and bf16 operands go to
+ * oneDNN as they are (bf16 with an f32 or bf16 result); f16 ones (this
+ * oneDNN has no f16 matmul on most CPUs) are widened to f32, the weights
+ * once when they are packed, and an f16 result rounded from f32, as
+ * tf_cpu_run_matmul does. A training step rewrites its weights every step,
+ * so its GEMMs stay on OpenBLAS and tf_cpu_gemm_bf16. */
 tf_status tf_cpu_plan_packed_gemms(tf_session_t *s, cpu *c)
 {
     const tf_module *m = s->p->m;
@@ -109,9 +113,13 @@ tf_status tf_cpu_plan_packed_gemms(tf_session_t *s, cpu *c)
     c->state_gen = 1;
     for (int i = 0; i < c->plan->nkernels; i++) {
         ckernel *ck = &c->ks[i];
-        if (ck->how != RUN_MATMUL) continue;
+        if (ck->how != RUN_MATMUL && ck->how != RUN_MATMUL_BF16) continue;
         const tf_node *n = ck->k->lib;
         const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out, *r = root_of(bv);
+        tf_dt at = av->type.dtype, bt = bv->type.dtype, ot = ov->type.dtype;
+        bool f32ish_a = at == TF_DT_F32 || at == TF_DT_F16, f32ish_b = bt == TF_DT_F32 || bt == TF_DT_F16;
+        bool bf16 = at == TF_DT_BF16 && bt == TF_DT_BF16 && (ot == TF_DT_BF16 || ot == TF_DT_F32);
+        bool f32 = f32ish_a && f32ish_b && (ot == TF_DT_F32 || ot == TF_DT_F16);   /* f16 widened to f32 */
         bool ta = tf_node_bool(n, "transpose_a"), tb = tf_node_bool(n, "transpose_b");
         int ra = av->type.rank - 2, rk = ov->type.rank - 2;
         bool a_full = ra == rk;
@@ -119,8 +127,9 @@ tf_status tf_cpu_plan_packed_gemms(tf_session_t *s, cpu *c)
         char *why = ck->gemm_why;
         size_t wn = sizeof ck->gemm_why;
         if (s->p->settings.cpu_gemm_openblas) snprintf(why, wn, "--cpu-gemm=openblas");
-        else if (av->type.dtype != TF_DT_F32 || bv->type.dtype != TF_DT_F32 || ov->type.dtype != TF_DT_F32)
-            snprintf(why, wn, "not all f32");
+        else if (!bf16 && !f32)
+            snprintf(why, wn, "operands %s x %s giving %s (oneDNN here: f32 or f16 widened, or bf16 x bf16)", tf_dtype_name(at),
+                     tf_dtype_name(bt), tf_dtype_name(ot));
         else if (r->kind != TF_VAL_PARAM && r->kind != TF_VAL_BUFFER && !r->once)
             snprintf(why, wn, "the right operand is computed in the step, not a weight");
         else if (step_writes(m, r)) snprintf(why, wn, "the step updates its weights (%s)", r->name ? r->name : "?");
@@ -128,7 +137,9 @@ tf_status tf_cpu_plan_packed_gemms(tf_session_t *s, cpu *c)
         else {
             int64_t N = ov->type.dims[rk + 1].n, K = av->type.dims[ta ? ra : ra + 1].n, M = numel(ov) / (N ? N : 1);
             bool oom = false;
-            if (!(ck->dgemm = tf_dnnl_gemm_create(M, N, K, ta, tb, tf_pool_threads(c->pool), &oom, why, wn))) {
+            ck->dgemm_widen = f32 && (at != TF_DT_F32 || bt != TF_DT_F32 || ot != TF_DT_F32);
+            if (!(ck->dgemm = tf_dnnl_gemm_create(M, N, K, ta, tb, bf16, bf16 && ot == TF_DT_BF16, tf_pool_threads(c->pool), &oom,
+                                                  why, wn))) {
                 if (oom) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
                 continue;
             }
@@ -205,11 +216,30 @@ static void batch_piece(void *arg, int64_t lo, int64_t hi)
 bool tf_cpu_run_packed(cpu *c, ckernel *ck)
 {
     const tf_node *n = ck->k->lib;
+    const tf_value *av = n->in[0], *bv = n->in[1], *ov = n->out;
     if (ck->packed_gen != c->state_gen) {
-        if (!tf_dnnl_gemm_pack(ck->dgemm, storage(c, n->in[1]), ck->packed)) return false;
+        const void *B = storage(c, bv);
+        if (ck->dgemm_widen && bv->type.dtype != TF_DT_F32) B = tf_cpu_as_f32(c, bv, tf_cpu_scratch(c, (size_t)numel(bv)));
+        if (!tf_dnnl_gemm_pack(ck->dgemm, B, ck->packed)) return false;
         ck->packed_gen = c->state_gen;
     }
-    return tf_dnnl_gemm_run(ck->dgemm, c->pool, storage(c, n->in[0]), ck->packed, storage(c, n->out), c->gemm_scratch);
+    const void *A = storage(c, av);
+    void *C = storage(c, ov);
+    float *at = NULL;
+    if (ck->dgemm_widen) {   /* f16 in or out: through f32 */
+        bool wa = av->type.dtype != TF_DT_F32, wc = ov->type.dtype != TF_DT_F32;
+        size_t need = (size_t)((wa ? numel(av) : 0) + (wc ? numel(ov) : 0));
+        at = tf_cpu_scratch(c, need ? need : 1);
+        if (wa) {
+            A = gemm_operand(c, av, at);
+            if (A == at) at += numel(av);
+        }
+        if (wc) C = at;
+        else at = NULL;
+    }
+    if (!tf_dnnl_gemm_run(ck->dgemm, c->pool, A, ck->packed, C, c->gemm_scratch)) return false;
+    if (at) tf_cpu_from_f32(c, ov, at);
+    return true;
 }
 
 /* bf16: both operands bf16, multiplied as they are stored (RUN_MATMUL_BF16). */

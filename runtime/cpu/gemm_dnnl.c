@@ -28,6 +28,7 @@ typedef struct gvariant {
 struct tf_dnnl_gemm {
     int64_t M, N, K;
     bool ta, tb;
+    bool bf16_in, bf16_out;   /* A and B bf16 (else f32); C bf16 (else f32) */
     int64_t pieces, rows;     /* rows per piece, the last one fewer */
     gvariant v[2];
     int nv;
@@ -44,8 +45,8 @@ static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
 static bool piece_mds(const tf_dnnl_gemm *g, int64_t rows, dnnl_memory_desc_t *a, dnnl_memory_desc_t *c, char *why, size_t n)
 {
     dnnl_dims_t ad = {rows, g->K}, as = {g->ta ? 1 : g->K, g->ta ? g->M : 1}, cd = {rows, g->N}, cs = {g->N, 1};
-    return tf_dnnl_ok(dnnl_memory_desc_init_by_strides(a, 2, ad, dnnl_f32, as), "A", why, n) &&
-           tf_dnnl_ok(dnnl_memory_desc_init_by_strides(c, 2, cd, dnnl_f32, cs), "C", why, n);
+    return tf_dnnl_ok(dnnl_memory_desc_init_by_strides(a, 2, ad, g->bf16_in ? dnnl_bf16 : dnnl_f32, as), "A", why, n) &&
+           tf_dnnl_ok(dnnl_memory_desc_init_by_strides(c, 2, cd, g->bf16_out ? dnnl_bf16 : dnnl_f32, cs), "C", why, n);
 }
 
 /* want: the packed layout to use, or NULL to let oneDNN pick it */
@@ -57,7 +58,8 @@ static bool variant_make(tf_dnnl_gemm *g, gvariant *v, int64_t rows, const dnnl_
     dnnl_matmul_desc_t d;
     dnnl_primitive_attr_t attr = NULL;
     bool good = piece_mds(g, rows, &v->a, &v->c, why, n) &&
-                (want || tf_dnnl_ok(dnnl_memory_desc_init_by_tag(&any, 2, bd, dnnl_f32, dnnl_format_tag_any), "B", why, n)) &&
+                (want || tf_dnnl_ok(dnnl_memory_desc_init_by_tag(&any, 2, bd, g->bf16_in ? dnnl_bf16 : dnnl_f32, dnnl_format_tag_any),
+                                    "B", why, n)) &&
                 tf_dnnl_ok(dnnl_matmul_desc_init(&d, &v->a, want ? want : &any, NULL, &v->c), "the matmul", why, n) &&
                 tf_dnnl_ok(dnnl_primitive_attr_create(&attr), "attributes", why, n) &&
                 tf_dnnl_ok(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "the scratchpad mode", why, n) &&
@@ -84,8 +86,8 @@ void tf_dnnl_gemm_free(tf_dnnl_gemm *g)
     tf_free(g);
 }
 
-tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int threads, bool *oom, char *why,
-                                  size_t n)
+tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bf16_in, bool bf16_out, int threads,
+                                  bool *oom, char *why, size_t n)
 {
     *oom = false;
     const char *no = NULL;
@@ -103,7 +105,7 @@ tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool
         snprintf(why, n, "out of memory");
         return NULL;
     }
-    g->M = M, g->N = N, g->K = K, g->ta = ta, g->tb = tb;
+    g->M = M, g->N = N, g->K = K, g->ta = ta, g->tb = tb, g->bf16_in = bf16_in, g->bf16_out = bf16_out;
     g->threads = threads < 1 ? 1 : threads;
     int64_t np = tf_cpu_gemm_pieces(), rows = (M + np - 1) / np;
     if (rows < TF_DNNL_GEMM_MIN_ROWS) rows = TF_DNNL_GEMM_MIN_ROWS;
@@ -115,9 +117,14 @@ tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool
      * OpenMP threads of the thread that creates them */
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    bool good = tf_dnnl_ok(dnnl_memory_desc_init_by_strides(&g->user_b, 2, bd, dnnl_f32, bs), "B", why, n) &&
+    bool good = tf_dnnl_ok(dnnl_memory_desc_init_by_strides(&g->user_b, 2, bd, bf16_in ? dnnl_bf16 : dnnl_f32, bs), "B", why, n) &&
                 variant_make(g, &g->v[0], rows, NULL, why, n);
     g->nv = 1;
+    const char *impl = NULL;   /* a reference implementation (bf16 on a CPU without its instructions) is far slower than OpenBLAS */
+    if (good && dnnl_primitive_desc_query(g->v[0].pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        !strncmp(impl, "ref", 3))
+        good = false, snprintf(why, n, "oneDNN has only its reference matmul (%s) for %s operands on this CPU", impl,
+                               bf16_in ? "bf16" : "f32");
     if (good) g->packed_b = *dnnl_primitive_desc_query_md(g->v[0].pd, dnnl_query_weights_md, 0);
     int64_t last = M - (g->pieces - 1) * rows;
     if (good && last != rows) good = variant_make(g, &g->v[1], last, &g->packed_b, why, n), g->nv = 2;
@@ -160,7 +167,7 @@ static bool run_on(dnnl_primitive_t p, dnnl_stream_t s, const dnnl_memory_desc_t
     return good;
 }
 
-bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const float *B, void *packed)
+bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const void *B, void *packed)
 {
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -174,9 +181,9 @@ bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const float *B, void *packed)
 
 typedef struct gjob {
     tf_dnnl_gemm *g;
-    const float *A;
+    const char *A;
     const void *packed;
-    float *C;
+    char *C;
     unsigned char *scratch;
     int workers;
     atomic_bool failed;
@@ -187,10 +194,11 @@ static bool run_piece(gjob *j, int t, int64_t q)
     tf_dnnl_gemm *g = j->g;
     int64_t r0 = q * g->rows;
     gvariant *v = &g->v[q == g->pieces - 1 && g->nv == 2 ? 1 : 0];
-    const float *a = g->ta ? j->A + r0 : j->A + r0 * g->K;
+    size_t ea = g->bf16_in ? 2 : 4, ec = g->bf16_out ? 2 : 4;
+    const char *a = j->A + (size_t)(g->ta ? r0 : r0 * g->K) * ea;
     const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(v->pd, dnnl_query_scratchpad_md, 0);
     const dnnl_memory_desc_t *md[4] = {&v->a, &g->packed_b, &v->c, sp};
-    void *ptr[4] = {(void *)a, (void *)j->packed, j->C + r0 * g->N, j->scratch + (size_t)t * g->per_worker};
+    void *ptr[4] = {(void *)a, (void *)j->packed, j->C + (size_t)(r0 * g->N) * ec, j->scratch + (size_t)t * g->per_worker};
     int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
     return run_on(v->prim, g->streams[t], md, ptr, arg, v->scratchpad ? 4 : 3);
 }
@@ -206,7 +214,7 @@ static void run_worker(void *arg, int64_t lo, int64_t hi)
     omp_set_num_threads(prev);
 }
 
-bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const float *A, const void *packed, float *C, void *scratch)
+bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const void *A, const void *packed, void *C, void *scratch)
 {
     gjob j = {.g = g, .A = A, .packed = packed, .C = C, .scratch = scratch};
     atomic_init(&j.failed, false);
@@ -228,16 +236,17 @@ void tf_dnnl_gemm_explain(const tf_dnnl_gemm *g, char *out, size_t n)
     dnnl_primitive_desc_query(g->v[0].pd, dnnl_query_impl_info_str, 0, &impl);
     char lay[64];
     tf_dnnl_layout_str(&g->packed_b, lay, sizeof lay);
-    snprintf(out, n, "oneDNN matmul %s, weights packed once into %s (%zu bytes); %lld pieces of %lld%s rows", impl, lay,
-             tf_dnnl_gemm_packed_bytes(g), (long long)g->pieces, (long long)g->rows, g->nv > 1 ? " or fewer" : "");
+    snprintf(out, n, "oneDNN matmul %s, %s operands, %s result, weights packed once into %s (%zu bytes); %lld pieces of %lld%s rows",
+             impl, g->bf16_in ? "bf16" : "f32", g->bf16_out ? "bf16" : "f32", lay, tf_dnnl_gemm_packed_bytes(g), (long long)g->pieces,
+             (long long)g->rows, g->nv > 1 ? " or fewer" : "");
 }
 
 #else /* !TFUSE_HAVE_ONEDNN */
 
-tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int threads, bool *oom, char *why,
-                                  size_t n)
+tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bf16_in, bool bf16_out, int threads,
+                                  bool *oom, char *why, size_t n)
 {
-    (void)M, (void)N, (void)K, (void)ta, (void)tb, (void)threads;
+    (void)M, (void)N, (void)K, (void)ta, (void)tb, (void)bf16_in, (void)bf16_out, (void)threads;
     *oom = false;
     snprintf(why, n, "this build has no oneDNN");
     return NULL;
@@ -245,8 +254,8 @@ tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool
 void tf_dnnl_gemm_free(tf_dnnl_gemm *g) { (void)g; }
 size_t tf_dnnl_gemm_packed_bytes(const tf_dnnl_gemm *g) { (void)g; return 0; }
 size_t tf_dnnl_gemm_scratch_bytes(const tf_dnnl_gemm *g) { (void)g; return 0; }
-bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const float *B, void *packed) { (void)g, (void)B, (void)packed; return false; }
-bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const float *A, const void *packed, float *C, void *scratch)
+bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const void *B, void *packed) { (void)g, (void)B, (void)packed; return false; }
+bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const void *A, const void *packed, void *C, void *scratch)
 {
     (void)g, (void)pool, (void)A, (void)packed, (void)C, (void)scratch;
     return false;

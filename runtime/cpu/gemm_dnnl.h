@@ -1,6 +1,8 @@
-/* gemm_dnnl.h — f32 GEMMs whose right operand stays the same from run to
- * run (an inference session's weights), through oneDNN's matmul with that
- * operand packed once into the layout oneDNN's kernel reads.
+/* gemm_dnnl.h — GEMMs whose right operand stays the same from run to run
+ * (an inference session's weights), through oneDNN's matmul with that
+ * operand packed once into the layout oneDNN's kernel reads. Operands are
+ * f32 or bf16 (bf16 x bf16 sums in f32, as tf_cpu_gemm_bf16 does; the
+ * result f32 or rounded to bf16 once); the caller widens f16 operands to f32.
  *
  * OpenBLAS packs both operands of every call again, and tf_cpu_gemm's
  * pieces each pack their share again: for the thin GEMMs of inference (the
@@ -34,18 +36,18 @@ typedef struct tf_dnnl_gemm tf_dnnl_gemm;
 /* NULL, with *why filled, when the build has no oneDNN, oneDNN refuses
  * the shape, or memory ran out (*oom set: the caller reports it rather than
  * falling back). threads: the pool's. */
-tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int threads, bool *oom, char *why,
-                                  size_t n);
+tf_dnnl_gemm *tf_dnnl_gemm_create(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bf16_in, bool bf16_out, int threads,
+                                  bool *oom, char *why, size_t n);
 void tf_dnnl_gemm_free(tf_dnnl_gemm *g);
 /* Bytes of the packed operand, and of scratch a run needs (all threads'). */
 size_t tf_dnnl_gemm_packed_bytes(const tf_dnnl_gemm *g);
 size_t tf_dnnl_gemm_scratch_bytes(const tf_dnnl_gemm *g);
-/* B as stored (row-major [K,N], or [N,K] when tb) into packed (64-byte
- * aligned, tf_dnnl_gemm_packed_bytes). */
-bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const float *B, void *packed);
+/* B as stored (row-major [K,N], or [N,K] when tb; f32 or bf16 bits) into
+ * packed (64-byte aligned, tf_dnnl_gemm_packed_bytes). */
+bool tf_dnnl_gemm_pack(tf_dnnl_gemm *g, const void *B, void *packed);
 /* C = op(A) B with B packed; scratch 64-byte aligned. false when a primitive
  * failed. */
-bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const float *A, const void *packed, float *C, void *scratch);
+bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const void *A, const void *packed, void *C, void *scratch);
 /* The implementation, the packed layout and the pieces, for --cpu-explain. */
 void tf_dnnl_gemm_explain(const tf_dnnl_gemm *g, char *out, size_t n);
 

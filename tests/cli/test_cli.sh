@@ -246,7 +246,7 @@ if "$tfuse" doctor | grep -q "^target cpu: available"; then
   expect 0 "cpu: kernel k[0-9]+_conv2d: conv2d through im2col \+ GEMM .*: --cpu-conv=im2col" -- "$tfuse" run "$repo/bench/models/resnet.ir" --random-inputs --target=cpu --cpu-conv=im2col --cpu-explain
   if "$tfuse" doctor | grep -q "^cpu: convolutions through oneDNN"; then
     expect 0 "cpu: kernel k[0-9]+_conv2d: conv2d through oneDNN [a-z_0-9:]+" -- "$tfuse" run "$repo/bench/models/resnet.ir" --random-inputs --target=cpu --cpu-explain
-    expect 0 "cpu: kernel k[0-9]+_matmul: matmul \(64 x 256\) through oneDNN matmul [a-z_0-9:]+, weights packed once" -- "$tfuse" run "$ex/mlp.ir" --mode=infer --precision=fp32 --random-inputs --target=cpu --cpu-explain
+    expect 0 "cpu: kernel k[0-9]+_matmul: matmul \(64 x 256\) through oneDNN matmul [a-z_0-9:]+, f32 operands, f32 result, weights packed once" -- "$tfuse" run "$ex/mlp.ir" --mode=infer --precision=fp32 --random-inputs --target=cpu --cpu-explain
     expect 0 "cpu: kernel k[0-9]+_matmul: matmul \(64 x 256\) through OpenBLAS: --cpu-gemm=openblas" -- "$tfuse" run "$ex/mlp.ir" --mode=infer --precision=fp32 --random-inputs --target=cpu --cpu-explain --cpu-gemm=openblas
     expect 0 "cpu: kernel k[0-9]+_matmul: matmul \(64 x 256\) through OpenBLAS: the step updates its weights \(w1\)" -- "$tfuse" bench "$ex/mlp.ir" --precision=fp32 --iters 1 --warmup 0 --target=cpu --cpu-explain
   fi

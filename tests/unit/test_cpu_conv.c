@@ -17,7 +17,9 @@
  *     the build every such kernel's `how` says "gemm.onednn" (packed
  *     weights), with --cpu-gemm=openblas none does, and a training step's
  *     GEMMs never do; shapes whose rows the pieces do not divide, fewer rows
- *     than a piece, a batched left operand, either operand transposed;
+ *     than a piece, a batched left operand, either operand transposed, bf16
+ *     operands (oneDNN's bf16 matmul where the CPU has one) and f16 ones
+ *     (widened to f32) with weights cast from f32 once per state;
  *     after tf_session_set_state gives a weight new values, the next run
  *     uses them (the packed copy is made again). */
 #include <math.h>
@@ -100,8 +102,9 @@ static bool pair_make(pair *q, const char *label, const char *text, tf_mode mode
     return pair_make_with(q, label, text, mode, im2col, false, nan_at);
 }
 
-/* Outputs elementwise (2e-5 of the tensor's scale, test_cpu's fp32 bound),
- * params after the step by relative L2 error (1e-4, test_cpu's). */
+/* Outputs elementwise (test_cpu's bounds: 2e-5 of the tensor's scale in
+ * fp32, 2^-8 in f16, 2^-6 in bf16: a few units of their rounding), params
+ * after the step by relative L2 error (1e-4, test_cpu's). */
 static void pair_compare(pair *q, const char *label)
 {
     for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_OUTPUT); i++) {
@@ -110,7 +113,7 @@ static void pair_compare(pair *q, const char *label)
         tf_program_io(q->p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
         tf_session_output(q->ref, name, &a);
         tf_session_output(q->cpu, name, &b);
-        double r = tc_compare_elems(&b, &a, 2e-5);
+        double r = tc_compare_elems(&b, &a, a.dtype == TF_DTYPE_BF16 ? 1.0 / 64 : a.dtype == TF_DTYPE_F16 ? 1.0 / 256 : 2e-5);
         CHECK(r <= 1, "%s: output %s: error %.3g x the tolerance (seed %llu)", label, name, r, (unsigned long long)g_seed);
     }
     for (size_t i = 0; i < tf_program_io_count(q->p, TF_IO_PARAM); i++) {
@@ -236,20 +239,39 @@ static void gemm_hows(pair *q, int *gemms, int *packed)
 typedef struct gemm_shape {
     const char *label, *text;
     int gemms;
+    bool bf16;   /* packed only where oneDNN has a bf16 matmul of its own (fast_bf16) */
 } gemm_shape;
+
+static bool fast_bf16(void);
 
 static const gemm_shape gemm_shapes[] = {
     {"37 rows (pieces of 16, 16 and 5), bias + relu, a second layer",
      "input x : f32[37, 20]\nparam w : f32[20, 29] = uniform()\nparam b : f32[29] = uniform()\nparam w2 : f32[29, 5] = uniform()\n"
-     "h = linear(x, w, b)\na = relu(h)\ny = matmul(a, w2)\noutput y\n", 2},
-    {"5 rows (fewer than a piece)", "input x : f32[5, 8]\nparam w : f32[8, 3] = uniform()\ny = matmul(x, w)\noutput y\n", 1},
+     "h = linear(x, w, b)\na = relu(h)\ny = matmul(a, w2)\noutput y\n", 2, false},
+    {"5 rows (fewer than a piece)", "input x : f32[5, 8]\nparam w : f32[8, 3] = uniform()\ny = matmul(x, w)\noutput y\n", 1, false},
     {"batched left operand [3, 7, 12] x [12, 9]",
-     "input x : f32[3, 7, 12]\nparam w : f32[12, 9] = uniform()\ny = matmul(x, w)\noutput y\n", 1},
+     "input x : f32[3, 7, 12]\nparam w : f32[12, 9] = uniform()\ny = matmul(x, w)\noutput y\n", 1, false},
     {"transposed weights [21, 12] x [9, 12]^T",
-     "input x : f32[21, 12]\nparam w : f32[9, 12] = uniform()\ny = matmul(x, w, transpose_b=true)\noutput y\n", 1},
+     "input x : f32[21, 12]\nparam w : f32[9, 12] = uniform()\ny = matmul(x, w, transpose_b=true)\noutput y\n", 1, false},
     {"transposed left operand [12, 21]^T x [12, 9]",
-     "input x : f32[12, 21]\nparam w : f32[12, 9] = uniform()\ny = matmul(x, w, transpose_a=true)\noutput y\n", 1},
+     "input x : f32[12, 21]\nparam w : f32[12, 9] = uniform()\ny = matmul(x, w, transpose_a=true)\noutput y\n", 1, false},
+    /* 16-bit inference (mixed precision's pattern): f32 weights cast once per state */
+    {"bf16: 37 rows, weights cast from f32, bf16 result",
+     "input x : bf16[37, 20]\nparam w : f32[20, 29] = uniform()\nwc = cast(w, to=bf16)\ny = matmul(x, wc)\noutput y\n", 1, true},
+    {"f16 (through f32): 37 rows, transposed weights cast from f32, f16 result",
+     "input x : f16[37, 20]\nparam w : f32[29, 20] = uniform()\nwc = cast(w, to=f16)\ny = matmul(x, wc, transpose_b=true)\noutput y\n",
+     1, false},
 };
+
+/* Whether oneDNN has more than its reference bf16 matmul here (AVX-512 BF16): gemm_dnnl.c refuses the reference. */
+static bool fast_bf16(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
 
 /* New values for param name in both sessions: its current ones times -1.5
  * plus 0.25. */
@@ -277,12 +299,14 @@ static void gemm_case(const gemm_shape *g, bool openblas)
         int gemms, packed;
         gemm_hows(&q, &gemms, &packed);
         CHECK(gemms == g->gemms, "%s: %d GEMM kernels ran, expected %d", label, gemms, g->gemms);
-        int want = openblas || !tf_dnnl_available() ? 0 : g->gemms;
+        int want = openblas || !tf_dnnl_available() || (g->bf16 && !fast_bf16()) ? 0 : g->gemms;
         CHECK(packed == want, "%s: %d of %d GEMM kernels ran with packed weights, expected %d", label, packed, gemms, want);
         /* the weights change: the next run multiplies by the new ones */
         tf_tensor_view before;
         tf_session_output(q.cpu, "y", &before);
-        float first = ((const float *)before.data)[0];
+        unsigned char first[4] = {0};   /* the first element's bytes, whatever its dtype */
+        size_t esz = before.dtype == TF_DTYPE_F32 ? 4 : 2;
+        memcpy(first, before.data, esz);
         rewrite_param(&q, "w");
         if (tf_session_run(q.ref) || tf_session_run(q.cpu)) {
             CHECK(0, "%s: second run: %s", label, tf_context_last_error(q.ctx));
@@ -292,7 +316,7 @@ static void gemm_case(const gemm_shape *g, bool openblas)
             pair_compare(&q, l2);
             tf_tensor_view after;
             tf_session_output(q.cpu, "y", &after);
-            CHECK(((const float *)after.data)[0] != first, "%s: the output did not change", l2);
+            CHECK(memcmp(after.data, first, esz) != 0, "%s: the output did not change", l2);
         }
     }
     pair_free(&q);
