@@ -68,6 +68,9 @@ SMALL = {
     "resnet18": {"N": 2, "C1": 4, "C2": 4, "C3": 8, "C4": 8, "K": 10},
     "gpt": {"B": 2, "T": 8, "V": 32, "E": 16, "H": 2, "D": 8, "F": 64},
     "gpt2": {"B": 2, "T": 8, "V": 32, "E": 16, "H": 2, "D": 8, "F": 64},
+    "small_conv": {"N": 4, "C1": 4, "C2": 8, "K": 10},
+    "small_mlp": {"B": 8, "F": 24, "H": 32, "C": 10},
+    "small_gpt": {"B": 2, "T": 8, "V": 32, "E": 16, "H": 2, "D": 8, "F": 64},
 }
 
 # torch optimizer state slot -> tfuse buffer prefix
