@@ -21,6 +21,7 @@ typedef struct train_args {
     uint64_t steps, epochs;            /* 0: not given */
     uint64_t log_every, eval_every, save_every, workers;
     const char *save, *resume, *log;
+    const char *early_stop, *early_metric;   /* --early-stop=PATIENCE[,MIN_DELTA], --early-stop-metric=loss|accuracy */
 } train_args;
 
 /* the target settings, in tfuse_settings.def's order */

@@ -19,6 +19,12 @@
  *   eval      --eval-data: the model compiled for inference, given the train
  *             session's params and buffers, run over the whole set (an
  *             unshuffled loader).
+ *   early     --early-stop: the evaluation's loss (or accuracy) is watched;
+ *             each new best is saved beside --save (CKPT.best.safetensors),
+ *             and PATIENCE evaluations without an improvement of more than
+ *             MIN_DELTA end the run (exit 0, the last checkpoint written).
+ *             The watcher's state is in the checkpoint's metadata, so a
+ *             resumed run counts on.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -34,7 +40,8 @@
 
 const char train_synopsis[] =
     "FILE --data NAME=FILE.npy,... [--steps N | --epochs N] [--eval-data NAME=FILE.npy,...]\n"
-    "                     [--eval-every N] [--save CKPT] [--save-every N] [--resume CKPT] [--params FILE]\n"
+    "                     [--eval-every N] [--early-stop=PATIENCE[,MIN_DELTA]] [--early-stop-metric=loss|accuracy]\n"
+    "                     [--save CKPT] [--save-every N] [--resume CKPT] [--params FILE]\n"
     "                     [--log FILE.csv] [--log-every N] [--workers N] [--seed N] [--dim K=V]\n"
     "                     [--target=...] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--explain]\n"
     "                     [--checkpoint=none|auto --memory-budget=BYTES]";
@@ -61,6 +68,14 @@ const char train_help[] =
     "                             (argmax of logits == label). A last partial batch is filled up with\n"
     "                             samples from the start of the set; those repeats count for no\n"
     "                             accuracy and the batch's loss is weighted by its real samples.\n"
+    "  --early-stop=PATIENCE[,MIN_DELTA]\n"
+    "                             stop when PATIENCE evaluations in a row have not improved on the\n"
+    "                             best one by more than MIN_DELTA (default 0): the evaluation loss, or\n"
+    "                             the accuracy with --early-stop-metric=accuracy. Needs --eval-data;\n"
+    "                             evaluates every --eval-every N steps (default: every epoch). With\n"
+    "                             --save CKPT, each new best is written to CKPT.best.safetensors (CKPT\n"
+    "                             with .best before its extension) and the last state to CKPT. The run\n"
+    "                             says at which step it stopped and why, and exits 0; --resume counts on.\n"
     "  --save CKPT                write a checkpoint at the end (and every --save-every N steps): all\n"
     "                             params and buffers (optimizer state, loss scale, step counter) as\n"
     "                             safetensors, with the step, seed and data position as metadata;\n"
@@ -72,7 +87,9 @@ const char train_help[] =
     "  --params FILE              start from these params/buffers (as 'tfuse run --params'; not with\n"
     "                             --resume); ones the file lacks keep their seeded initial values\n"
     "  --log FILE.csv             one row per step: step,epoch,loss,lr,samples_per_s (flushed as\n"
-    "                             written). epoch counts from 0; lr is empty when the program has no\n"
+    "                             written), and one per evaluation with eval_loss and eval_accuracy\n"
+    "                             (its other fields empty); 'tfuse plot FILE.csv' draws it. epoch counts\n"
+    "                             from 0; lr is empty when the program has no\n"
     "                             'lr' output. A resumed run continues the log: rows past the\n"
     "                             checkpoint's step (steps done after it by a run that then stopped)\n"
     "                             are dropped and logged again, so each step has one row.\n"
@@ -160,6 +177,14 @@ int train_parse_flag(int argc, char **argv, int *i, args *a)
     if ((v = cli_flag_value(argc, argv, i, "--save"))) return path_flag("--save", v, &t->save);
     if ((v = cli_flag_value(argc, argv, i, "--resume"))) return path_flag("--resume", v, &t->resume);
     if ((v = cli_flag_value(argc, argv, i, "--log"))) return path_flag("--log", v, &t->log);
+    if ((v = cli_flag_value(argc, argv, i, "--early-stop-metric"))) {
+        if (t->early_metric) return twice("--early-stop-metric");
+        if (strcmp(v, "loss") && strcmp(v, "accuracy"))
+            return cli_usage_error("train", "--early-stop-metric expects loss or accuracy, found '%s'", v);
+        t->early_metric = v;
+        return 1;
+    }
+    if ((v = cli_flag_value(argc, argv, i, "--early-stop"))) return path_flag("--early-stop", v, &t->early_stop);
     return 0;
 }
 
@@ -288,10 +313,54 @@ static bool meta_u64(tf_context_t *ctx, const char *json, const char *key, uint6
 
 typedef struct cursor { uint64_t step, epoch; int64_t pos; } cursor;
 
+/* The early-stopping watcher (--early-stop): its settings and its state,
+ * which a checkpoint's metadata carries ("early_stop"), so that a resumed
+ * run counts on where the stopped one was. */
+typedef struct watcher {
+    bool on, acc;             /* watching; the accuracy (else the evaluation loss) */
+    uint64_t patience;
+    double min_delta;
+    bool have;                /* a best so far */
+    double best;
+    uint64_t best_step, bad;  /* its step; evaluations since it without an improvement */
+    char best_path[4200];     /* --save's CKPT.best.safetensors, or "" */
+} watcher;
+
+/* --early-stop=PATIENCE[,MIN_DELTA] into w; false (message printed) when malformed. */
+static bool watcher_parse(const train_args *t, watcher *w)
+{
+    memset(w, 0, sizeof *w);
+    if (!t->early_stop) return true;
+    char buf[64], *comma, *end;
+    snprintf(buf, sizeof buf, "%s", t->early_stop);
+    if ((comma = strchr(buf, ','))) *comma = 0;
+    w->on = true;
+    w->acc = t->early_metric && !strcmp(t->early_metric, "accuracy");
+    if (strlen(t->early_stop) >= sizeof buf || !cli_parse_u64(buf, &w->patience) || w->patience < 1 || w->patience > 1000000) {
+        cli_usage_error("train", "--early-stop expects PATIENCE[,MIN_DELTA]: a whole number of evaluations from 1 to 1000000, "
+                        "then optionally a comma and the least improvement that counts (>= 0), found '%s'", t->early_stop);
+        return false;
+    }
+    if (comma) {
+        errno = 0;
+        w->min_delta = strtod(comma + 1, &end);
+        if (errno || end == comma + 1 || *end || !(w->min_delta >= 0) || !isfinite(w->min_delta)) {
+            cli_usage_error("train", "--early-stop's MIN_DELTA expects a finite number >= 0, found '%s'", comma + 1);
+            return false;
+        }
+    }
+    if (t->save) {   /* CKPT.best.safetensors: .best before the extension, or after the name */
+        const char *slash = strrchr(t->save, '/'), *dot = strrchr(t->save, '.');
+        size_t stem = dot && dot > (slash ? slash : t->save) ? (size_t)(dot - t->save) : strlen(t->save);
+        snprintf(w->best_path, sizeof w->best_path, "%.*s.best%s", (int)stem, t->save, t->save + stem);
+    }
+    return true;
+}
+
 /* "batch" is the global batch (ranks x the batch dim): the data order depends on it alone, so a run
  * resumes on another number of ranks with the same global batch exactly where it was. */
 static int save_checkpoint(tf_context_t *ctx, tf_session_t *s, const char *path, const cursor *cur, uint64_t seed,
-                           const dataset *d, int ranks, const char *model)
+                           const dataset *d, int ranks, const char *model, const watcher *w)
 {
     char name[256];
     size_t k = 0;
@@ -308,9 +377,12 @@ static int save_checkpoint(tf_context_t *ctx, tf_session_t *s, const char *path,
     snprintf(num[5], sizeof num[5], "%" PRId64, tf_loader_batch_size(d->L) * ranks);
     const char *const kv[][2] = {{"format", CKPT_FORMAT}, {"step", num[0]},    {"epoch", num[1]}, {"position", num[2]},
                                  {"seed", num[3]},        {"samples", num[4]}, {"batch", num[5]}, {"model", name}};
-    char *meta = NULL;
-    for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
-        if (tf_metadata_set(ctx, &meta, kv[i][0], kv[i][1])) {
+    char *meta = NULL, es[160];
+    if (w && w->on)
+        snprintf(es, sizeof es, "metric=%s,best=%.17g,best_step=%" PRIu64 ",bad=%" PRIu64, w->acc ? "accuracy" : "loss",
+                 w->have ? w->best : NAN, w->best_step, w->bad);
+    for (size_t i = 0; i < sizeof kv / sizeof *kv + (w && w->on); i++)
+        if (tf_metadata_set(ctx, &meta, i < sizeof kv / sizeof *kv ? kv[i][0] : "early_stop", i < sizeof kv / sizeof *kv ? kv[i][1] : es)) {
             free(meta);
             return api_error(ctx, "--save");
         }
@@ -474,8 +546,9 @@ static int copy_state(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *f
  * waits for another's whole evaluation in a collective with a timeout) and
  * the evaluation takes 1/size of the time; rank 0 prints. */
 static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts, evaluator *e, uint64_t step,
-                    progress *pr, tf_comm_t *comm, int rank, int size)
+                    progress *pr, tf_comm_t *comm, int rank, int size, double *eloss, double *eacc)
 {
+    *eloss = *eacc = NAN;
     int rc = copy_state(ctx, tp, ts, e);
     if (rc) return rc;
     tf_loader_t *L = e->data.L;
@@ -543,8 +616,8 @@ static int evaluate(tf_context_t *ctx, const tf_program_t *tp, tf_session_t *ts,
     int64_t n = tf_loader_samples(L);
     printf("eval after step %" PRIu64 ":", step);
     char ls[32];
-    if (e->has_loss) printf("  loss %s", num_str(ls, sizeof ls, "%.6f", loss_sum / (double)n));
-    if (e->label) printf("  accuracy %.4f", (double)correct / (double)counted);
+    if (e->has_loss) printf("  loss %s", num_str(ls, sizeof ls, "%.6f", *eloss = loss_sum / (double)n));
+    if (e->label) printf("  accuracy %.4f", *eacc = counted ? (double)correct / (double)counted : NAN);
     printf("  (%" PRId64 " samples)\n", n);
     fflush(stdout);
     return 0;
@@ -566,6 +639,7 @@ typedef struct trainer {
     bool stop_all;            /* a rank was interrupted: every rank stops after this step */
     bool agreed;              /* the run ends by a decision every rank made alike: no need to abort the job */
     bool sharded;             /* the optimizer state is sharded over the ranks (shard_optimizer) */
+    watcher watch;            /* --early-stop */
 } trainer;
 
 /* Do two paths name one file? (The same text, or the same inode.) */
@@ -586,6 +660,9 @@ static int check_usage(const args *a)
         return cli_usage_errorf("train", "--params and --resume both load state; a checkpoint is resumed with --resume alone");
     if (t->eval_every && !t->neval_data) return cli_usage_errorf("train", "--eval-every needs --eval-data");
     if (t->save_every && !t->save) return cli_usage_errorf("train", "--save-every needs --save CKPT");
+    if (t->early_stop && !t->neval_data)
+        return cli_usage_errorf("train", "--early-stop needs --eval-data: it watches the evaluation's loss or accuracy");
+    if (t->early_metric && !t->early_stop) return cli_usage_errorf("train", "--early-stop-metric needs --early-stop=PATIENCE");
     /* files that would overwrite each other */
     if (t->log && t->save && same_file(t->log, t->save))
         return cli_usage_errorf("train", "--log and --save name the same file, '%s'", t->log);
@@ -605,7 +682,8 @@ static int check_not_data(const char *flag, const char *path, const dataset *d, 
     return 0;
 }
 
-#define LOG_HEADER "step,epoch,loss,lr,samples_per_s"
+#define LOG_HEADER "step,epoch,loss,lr,samples_per_s,eval_loss,eval_accuracy"
+#define LOG_HEADER_V1 "step,epoch,loss,lr,samples_per_s"   /* before the evaluation columns */
 
 /* Before anything runs: the files training will write can be written, and a
  * log that a resumed run continues is one of ours. Nothing is modified. */
@@ -622,6 +700,9 @@ static int check_outputs(const args *a)
     if (!f) return cli_errorf("--log %s: cannot open: %s", t->log, strerror(errno));
     bool ours = fgets(line, sizeof line, f) && !strcmp(line, LOG_HEADER "\n");
     fclose(f);
+    if (!strcmp(line, LOG_HEADER_V1 "\n"))
+        return cli_errorf("--log %s: written by an earlier tfuse, without the evaluation columns (eval_loss, eval_accuracy), so a "
+                          "resumed run does not continue it: give another path", t->log);
     if (!ours)
         return cli_errorf("--log %s: not a log of 'tfuse train' (its first line is not '" LOG_HEADER "'), so a resumed "
                           "run does not continue it: give another path", t->log);
@@ -686,7 +767,7 @@ static int log_open(const char *path, bool resuming, uint64_t step, FILE **out)
 
 /* Load the checkpoint into s; fill the cursor and the seed it was run with. */
 static int resume(tf_context_t *ctx, tf_session_t *s, const char *path, cursor *cur, uint64_t *seed,
-                  const dataset *d, int ranks, bool quiet)
+                  const dataset *d, int ranks, bool quiet, watcher *w)
 {
     char *meta = NULL;
     if (tf_session_load_state_meta(s, path, &meta)) return api_error(ctx, "--resume");
@@ -711,6 +792,23 @@ static int resume(tf_context_t *ctx, tf_session_t *s, const char *path, cursor *
                     path, samples, batch, n, b);
         tf_session_set_step(s, cur->step);
     }
+    char *es = NULL;   /* the early-stopping watcher's state, when both runs watch the same metric */
+    if (!rc && w->on && !tf_metadata_get(ctx, meta, "early_stop", &es) && es) {
+        char metric[16] = "", best[40] = "";
+        unsigned long long bs = 0, bad = 0;
+        if (sscanf(es, "metric=%15[a-z],best=%39[^,],best_step=%llu,bad=%llu", metric, best, &bs, &bad) != 4)
+            rc = errorf("%s: malformed early-stopping metadata: %s", path, es);
+        else if (strcmp(metric, w->acc ? "accuracy" : "loss")) {
+            if (!quiet)
+                fprintf(stderr, "tfuse: note: %s watched the evaluation %s; this run watches the %s, from scratch\n", path, metric,
+                        w->acc ? "accuracy" : "loss");
+        } else {
+            w->best = strtod(best, NULL);
+            w->have = !isnan(w->best);
+            w->best_step = bs, w->bad = bad;
+        }
+    }
+    free(es);
     free(meta);
     return rc;
 }
@@ -723,7 +821,7 @@ static int stop_interrupted(tf_context_t *ctx, const args *a, trainer *T, const 
     const train_args *t = &a->train;
     fflush(stdout);
     if (T->rank > 0) {   /* rank 0 writes the checkpoint and says so; this rank takes part (sharded state is gathered) */
-        if (t->save && cur->step != first && !saved) save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, T->size, a->file);
+        if (t->save && cur->step != first && !saved) save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, T->size, a->file, &T->watch);
         return RC_INTERRUPTED;
     }
     if (cur->step == first) {
@@ -735,7 +833,7 @@ static int stop_interrupted(tf_context_t *ctx, const args *a, trainer *T, const 
         fprintf(stderr, "tfuse: interrupted at step %" PRIu64 ": no checkpoint written (no --save given)\n", cur->step);
         return RC_INTERRUPTED;
     }
-    int rc = saved ? 0 : save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, T->size, a->file);   /* saved: by --save-every */
+    int rc = saved ? 0 : save_checkpoint(ctx, T->s, t->save, cur, seed, &T->data, T->size, a->file, &T->watch);   /* saved: by --save-every */
     if (rc) return rc;
     fprintf(stderr, "tfuse: interrupted at step %" PRIu64 ": checkpoint written to %s (continue with --resume %s)\n",
             cur->step, t->save, t->save);
@@ -758,6 +856,7 @@ typedef struct train_plan {
     int workers;              /* the loader's threads */
     int64_t N, B;             /* samples, batch size */
     uint64_t per_epoch, total, seed, log_every;
+    uint64_t eval_every;      /* --eval-every, or every epoch under --early-stop; 0: at the end only */
     cursor cur;               /* where the run starts: step, epoch, position */
 } train_plan;
 
@@ -778,6 +877,13 @@ static int train_check(const args *a, trainer *T)
         return rc;
     if (t->resume && cli_check_readable("--resume", t->resume)) return 1;
     if (a->params && cli_check_readable("--params", a->params)) return 1;
+    const char *best = T->watch.best_path[0] ? T->watch.best_path : NULL;   /* --early-stop's best checkpoint */
+    if ((rc = check_not_data("--save's best checkpoint", best, &T->data, "--data")) ||
+        (rc = check_not_data("--save's best checkpoint", best, &T->ev.data, "--eval-data")))
+        return rc;
+    if (best && t->log && same_file(best, t->log))
+        return cli_usage_errorf("train", "--log %s is the best checkpoint --early-stop writes beside --save", t->log);
+    if (best && cli_check_writable("--save", best, true)) return 1;
     return check_outputs(a);
 }
 
@@ -973,7 +1079,7 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
                 tf_session_missing_params(T->s));
     if (t->resume) {
         uint64_t ck_seed;
-        if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, T->size, T->rank > 0))) return rc;
+        if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, T->size, T->rank > 0, &T->watch))) return rc;
         if (ck_seed != P->seed) {
             if (a->seed_set)
                 return cli_usage_errorf("train", "--seed %" PRIu64 " differs from the seed %" PRIu64
@@ -983,11 +1089,17 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
             T->s = NULL;
             if (tf_session_create(ctx, T->p, P->target, P->seed, &T->s) || tf_session_set_comm(T->s, T->comm))
                 return api_error(ctx, NULL);
-            if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, T->size, true))) return rc;
+            if ((rc = resume(ctx, T->s, t->resume, &P->cur, &ck_seed, d, T->size, true, &T->watch))) return rc;
         }
     }
     if (tf_loader_set_position(d->L, &(tf_loader_position){P->cur.epoch, P->cur.pos, P->seed})) return api_error(ctx, "--resume");
     if (T->have_ev && (rc = evaluator_init(ctx, a, T->m, P->target, P->workers, &T->ev))) return rc;
+    if (T->watch.on && T->watch.acc && !T->ev.label)
+        return errorf("--early-stop-metric=accuracy: the evaluation of %s gives no accuracy (that needs an output 'logits' "
+                      "and an integer label input of its batch shape); watch the loss instead", a->file);
+    if (T->watch.on && !T->watch.acc && !T->ev.has_loss)
+        return errorf("--early-stop: the evaluation of %s gives no loss (the model has no output 'loss')", a->file);
+    P->eval_every = t->eval_every ? t->eval_every : T->watch.on ? P->per_epoch : 0;   /* early stopping: every epoch */
     if (T->size > 1 && (rc = ranks_agree(ctx, T, P))) return rc;
     if (cli_interrupted()) return stop_early();
     /* from here on the run writes: the log first (rank 0's) */
@@ -1040,7 +1152,7 @@ static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, 
         char ls[32], lrs[32];
         fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",%s,", step, epoch, num_str(ls, sizeof ls, "%.9g", loss));
         if (P->has_lr) fputs(num_str(lrs, sizeof lrs, "%.9g", lr), T->log);
-        fprintf(T->log, ",%.1f\n", dt > 0 ? (double)(P->B * T->size) / dt : 0.0);
+        fprintf(T->log, ",%.1f,,\n", dt > 0 ? (double)(P->B * T->size) / dt : 0.0);
         fflush(T->log);
     }
     if (!isfinite(loss)) {
@@ -1054,6 +1166,49 @@ static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, 
                step, isnan(loss) ? "nan" : "inf");
     }
     progress_show(pr, step, epoch, loss, lr, step == P->total);
+    return 0;
+}
+
+/* After an evaluation at cur->step: log it; the watcher takes its value (a
+ * new best is saved to CKPT.best), and *stop says PATIENCE evaluations in a
+ * row have not improved. Every rank decides alike (the evaluation's values
+ * are gathered) and saves (a collective when the optimizer is sharded). */
+static int after_eval(tf_context_t *ctx, const args *a, trainer *T, const train_plan *P, double eloss, double eacc, bool *stop)
+{
+    watcher *w = &T->watch;
+    const cursor *cur = &P->cur;
+    *stop = false;
+    if (T->log) {
+        char ls[32], as[32];
+        fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",,,,%s,%s\n", cur->step, cur->epoch, isnan(eloss) ? "" : num_str(ls, sizeof ls, "%.9g", eloss),
+                isnan(eacc) ? "" : num_str(as, sizeof as, "%.9g", eacc));
+        fflush(T->log);
+    }
+    if (!w->on) return 0;
+    double v = w->acc ? eacc : eloss;
+    const char *what = w->acc ? "accuracy" : "loss";
+    bool better = !w->have || (w->acc ? v > w->best + w->min_delta : v < w->best - w->min_delta);
+    if (isnan(v)) better = false;   /* a nan evaluation is never the best */
+    char vs[32], bs[32];
+    if (better) {
+        w->have = true, w->best = v, w->best_step = cur->step, w->bad = 0;
+        if (!w->best_path[0]) {
+            if (T->rank == 0) printf("early stop: new best evaluation %s %s at step %" PRIu64 "\n", what, num_str(vs, sizeof vs, "%.6g", v),
+                                     cur->step);
+            return 0;
+        }
+        int rc = save_checkpoint(ctx, T->s, w->best_path, cur, P->seed, &T->data, T->size, a->file, w);
+        if (!rc && T->rank == 0)
+            printf("early stop: new best evaluation %s %s at step %" PRIu64 ", saved to %s\n", what, num_str(vs, sizeof vs, "%.6g", v),
+                   cur->step, w->best_path);
+        return rc;
+    }
+    w->bad++;
+    *stop = w->bad >= w->patience;
+    if (T->rank == 0)
+        printf("early stop: evaluation %s %s, no improvement on %s (step %" PRIu64 ") by more than %g: %" PRIu64 " of %" PRIu64 "\n",
+               what, num_str(vs, sizeof vs, "%.6g", v), num_str(bs, sizeof bs, "%.6g", w->best), w->best_step, w->min_delta, w->bad,
+               w->patience);
     return 0;
 }
 
@@ -1071,6 +1226,8 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     double last = now_s();
     uint64_t epoch = cur->epoch, skipped = 0;
     bool interrupted = false, saved = false;   /* saved: the state of cur->step is in t->save */
+    bool stopped = false;                      /* by the early-stopping watcher */
+    double eloss, eacc;
     while (cur->step < P.total) {
         /* between steps: the state is that of cur->step steps (data parallel: when any rank was interrupted) */
         if ((interrupted = T->size > 1 ? T->stop_all : cli_interrupted())) break;
@@ -1094,11 +1251,13 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         double pause0 = now_s();
         saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
         /* every rank saves (a collective when the optimizer state is sharded); the library writes on rank 0 */
-        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) break;
-        if (t->eval_every && cur->step % t->eval_every == 0 && cur->step < P.total &&
-            (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size))) {
-            if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
-            break;
+        if (saved && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file, &T->watch))) break;
+        if (P.eval_every && cur->step % P.eval_every == 0 && cur->step < P.total) {
+            if ((rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size, &eloss, &eacc))) {
+                if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
+                break;
+            }
+            if ((rc = after_eval(ctx, a, T, &P, eloss, eacc, &stopped)) || stopped) break;
         }
         double paused = now_s() - pause0;
         pr.paused += paused;
@@ -1117,15 +1276,26 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         if ((rc = ranks_same_state(ctx, T))) return rc;
     }
     if (t->save) {
-        if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file))) return rc;
+        if ((rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file, &T->watch))) return rc;
         printf("saved %s (step %" PRIu64 ")\n", t->save, cur->step);
     }
-    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size)) == RC_INTERRUPTED &&
+    if (stopped) {   /* evaluated at this step already */
+        const watcher *w = &T->watch;
+        char bs[32];
+        if (T->rank == 0)
+            printf("stopped early at step %" PRIu64 ": the evaluation %s has not improved on %s (step %" PRIu64 ") by more than %g "
+                   "in %" PRIu64 " evaluations%s%s\n", cur->step, w->acc ? "accuracy" : "loss", num_str(bs, sizeof bs, "%.6g", w->best),
+                   w->best_step, w->min_delta, w->patience, w->best_path[0] ? "; the best state is in " : "", w->best_path);
+        return 0;
+    }
+    if (T->have_ev && (rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size, &eloss, &eacc)) == RC_INTERRUPTED &&
         T->rank == 0) {
         fflush(stdout);
         fprintf(stderr, "tfuse: interrupted during the evaluation after step %" PRIu64 "%s%s\n", cur->step,
                 t->save ? ": training is done and the checkpoint written to " : "", t->save ? t->save : "");
     }
+    bool unused;
+    if (!rc && T->have_ev) rc = after_eval(ctx, a, T, &P, eloss, eacc, &unused);   /* the final state may be the best */
     return rc;
 }
 
@@ -1136,6 +1306,7 @@ int cmd_train(tf_context_t *ctx, const args *a0)
     args job = *a0, *a = &job;
     trainer T;
     memset(&T, 0, sizeof T);
+    if (!watcher_parse(&a->train, &T.watch)) return 2;
     rc = cli_join_job(ctx, a, &T.comm, &T.rank, &T.size);
     const char *sh = a->setting[CLI_SETTING_shard_optimizer];
     T.sharded = sh && strcmp(sh, "off") && strcmp(sh, "0");

@@ -87,6 +87,10 @@ np.save(f"{d}/x3.npy", rng.normal(size=(3, 3)).astype(np.float32))     # fewer t
 np.save(f"{d}/y3.npy", rng.randint(0, 5, size=3).astype(np.int64))
 np.save(f"{d}/ex.npy", rng.normal(size=(9, 3)).astype(np.float32))     # eval: 2 batches + 1
 np.save(f"{d}/ey.npy", rng.randint(0, 5, size=9).astype(np.int64))
+# early stopping: an MLP overfitting random labels (train 256, eval 64)
+for name, n in (("es", 256), ("ev", 64)):
+    np.save(f"{d}/{name}x.npy", rng.normal(size=(n, 64)).astype(np.float32))
+    np.save(f"{d}/{name}y.npy", rng.randint(0, 10, size=n).astype(np.int64))
 # a safetensors file with w alone and no metadata (not a training checkpoint)
 w = np.full((3, 5), 0.25, np.float32)
 h = json.dumps({"w": {"dtype": "F32", "shape": [3, 5], "data_offsets": [0, 60]}}).encode()
@@ -98,7 +102,7 @@ data="x=$tmp/x.npy,y=$tmp/y.npy"
 
 # ---- help and usage errors
 expect 0 "usage: tfuse train FILE --data NAME=FILE.npy" -- "$tfuse" train --help
-for f in --data --steps --epochs --eval-data --eval-every --save --save-every --resume --params --log --log-every --workers --seed; do
+for f in --data --steps --epochs --eval-data --eval-every --early-stop --early-stop-metric --save --save-every --resume --params --log --log-every --workers --seed; do
   expect 0 "$f" -- "$tfuse" train --help
 done
 expect 2 "no training data: give --data" -- "$tfuse" train "$m"
@@ -112,6 +116,11 @@ expect 2 "--workers expects an integer in \[1, 64\]" -- "$tfuse" train "$m" --da
 expect 2 "give --steps or --epochs, not both" -- "$tfuse" train "$m" --data "$data" --steps 3 --epochs 1
 expect 2 "--eval-every needs --eval-data" -- "$tfuse" train "$m" --data "$data" --eval-every 2
 expect 2 "--save-every needs --save" -- "$tfuse" train "$m" --data "$data" --save-every 2
+expect 2 "--early-stop needs --eval-data: it watches the evaluation's loss or accuracy" -- "$tfuse" train "$m" --data "$data" --early-stop=3
+expect 2 "--early-stop-metric needs --early-stop=PATIENCE" -- "$tfuse" train "$m" --data "$data" --early-stop-metric=accuracy
+expect 2 "--early-stop-metric expects loss or accuracy, found 'f1'" -- "$tfuse" train "$m" --data "$data" --early-stop-metric=f1
+expect 2 "--early-stop expects PATIENCE\[,MIN_DELTA\]: a whole number of evaluations from 1 to 1000000" -- "$tfuse" train "$m" --data "$data" --eval-data "$data" --early-stop=0
+expect 2 "--early-stop's MIN_DELTA expects a finite number >= 0, found '-1'" -- "$tfuse" train "$m" --data "$data" --eval-data "$data" --early-stop=2,-1
 expect 2 "train reads its data with --data" -- "$tfuse" train "$m" --input "x=$tmp/x.npy"
 expect 2 "train compiles in train mode" -- "$tfuse" train "$m" --data "$data" --mode=infer
 expect 2 "unknown or incomplete option '--data'" -- "$tfuse" run "$m" --data "$data"
@@ -135,9 +144,9 @@ if grep -q "22 samples, batches of 4, 5 steps per epoch (2 samples per epoch lef
 n=$(grep -cE "^step [0-9]+/5  epoch 0  loss [0-9.]+  lr [0-9.e-]+  samples/s [0-9.]+  ETA [0-9:]+$" <<<"$out")
 if [ "$n" -eq 3 ] && grep -q "^step 2/5 " <<<"$out" && grep -q "^step 4/5 " <<<"$out" && grep -q "^step 5/5 " <<<"$out"; then ok
 else bad "progress lines (wanted steps 2, 4, 5): $out"; fi
-if [ "$(head -n1 "$tmp/run.csv")" = "step,epoch,loss,lr,samples_per_s" ] && [ "$(wc -l <"$tmp/run.csv")" -eq 6 ] &&
+if [ "$(head -n1 "$tmp/run.csv")" = "step,epoch,loss,lr,samples_per_s,eval_loss,eval_accuracy" ] && [ "$(wc -l <"$tmp/run.csv")" -eq 6 ] &&
    [ "$(tail -n +2 "$tmp/run.csv" | cut -d, -f1 | tr '\n' ' ')" = "1 2 3 4 5 " ] &&
-   [ "$(tail -n +2 "$tmp/run.csv" | grep -cE '^[0-9]+,0,[0-9.e+-]+,[0-9.e+-]*,[0-9.]+$')" -eq 5 ]; then ok
+   [ "$(tail -n +2 "$tmp/run.csv" | grep -cE '^[0-9]+,0,[0-9.e+-]+,[0-9.e+-]*,[0-9.]+,,$')" -eq 5 ]; then ok
 else bad "CSV: $(cat "$tmp/run.csv")"; fi
 if ls "$tmp" | grep -q '\.tmp\.'; then bad "a temporary file was left: $(ls "$tmp")"; else ok; fi
 # the checkpoint's metadata
@@ -255,6 +264,33 @@ if [ $rc -eq 0 ] && grep -qE "^eval after step 3:  loss [0-9.]+  accuracy [0-9.]
    grep -qE "^eval after step 6:  loss [0-9.]+  accuracy [0-9.]+  \(9 samples\)$" <<<"$out"; then ok
 else bad "eval (rc $rc): $out"; fi
 expect 1 "x4.npy: the array is f32\[22, 4\]" -- "$tfuse" train "$m" --data "$data" --steps 1 --eval-data "x=$tmp/x4.npy,y=$tmp/y.npy"
+# the log has a row per evaluation: step, epoch, empty training fields, eval_loss, eval_accuracy
+"$tfuse" train "$m" --data "$data" --steps 6 --eval-data "x=$tmp/ex.npy,y=$tmp/ey.npy" --eval-every 3 --log "$tmp/ev.csv" >/dev/null 2>&1
+if [ "$(grep -cE '^(3,0|6,1),,,,[0-9.e+-]+,[0-9.e+-]+$' "$tmp/ev.csv")" -eq 2 ] && [ "$(wc -l <"$tmp/ev.csv")" -eq 9 ]; then ok
+else bad "eval rows in the CSV: $(cat "$tmp/ev.csv")"; fi
+
+# ---- early stopping: a model that overfits random labels. The evaluation loss's best is kept in CKPT.best;
+# PATIENCE evaluations without improvement stop the run (exit 0, last checkpoint written); a run stopped by
+# --steps and resumed counts on, and ends byte-identical (both checkpoints) to the straight run.
+es="$repo/examples/mlp.ir --dim F=64 --dim B=16 --data x=$tmp/esx.npy,y=$tmp/esy.npy --eval-data x=$tmp/evx.npy,y=$tmp/evy.npy --log-every 1000"
+out=$("$tfuse" train $es --epochs 60 --early-stop=3 --save "$tmp/es.st" --log "$tmp/es.csv" 2>&1); rc=$?
+stop=$(sed -n 's/^stopped early at step \([0-9]*\): the evaluation loss has not improved on [0-9.e+-]* (step \([0-9]*\)) by more than 0 in 3 evaluations; the best state is in .*es.best.st$/\1 \2/p' <<<"$out")
+if [ $rc -eq 0 ] && [ -n "$stop" ] && [ "${stop% *}" -lt 960 ] && [ "$(grep -c '^early stop: evaluation loss .* 3 of 3$' <<<"$out")" -eq 1 ] &&
+   [ -f "$tmp/es.best.st" ] && grep -q "saved .*es.st (step ${stop% *})" <<<"$out"; then ok
+else bad "early stop (rc $rc, stop '$stop'): $out"; fi
+# the best checkpoint holds the state of the best evaluation's step: its loss is the smallest eval_loss of the log
+best=$(grep -E '^[0-9]+,[0-9]+,,,,' "$tmp/es.csv" | sort -t, -k6 -g | head -n1 | cut -d, -f1)
+if [ "$best" = "${stop#* }" ] && python3 -c '
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+sys.exit(h["__metadata__"]["step"] != sys.argv[2])' "$tmp/es.best.st" "$best"; then ok
+else bad "the best checkpoint is not the step of the least eval_loss ($best; stop line '$stop')"; fi
+"$tfuse" train $es --steps $(( ${stop% *} - 24 )) --early-stop=3 --save "$tmp/esr.st" >/dev/null 2>&1
+expect 0 "stopped early at step ${stop% *}:" -- "$tfuse" train $es --epochs 60 --early-stop=3 --save "$tmp/esr.st" --resume "$tmp/esr.st"
+same "$tmp/es.st" "$tmp/esr.st" "early stopping, straight vs stopped by --steps and resumed (last)"
+same "$tmp/es.best.st" "$tmp/esr.best.st" "early stopping, straight vs resumed (best)"
+grep -v "output logits" "$m" >"$tmp/nologits.ir"
+expect 1 "--early-stop-metric=accuracy: the evaluation of .*nologits.ir gives no accuracy" -- "$tfuse" train "$tmp/nologits.ir" --data "$data" --eval-data "$data" --early-stop=2 --early-stop-metric=accuracy
 
 # ---- a non-finite loss: fp32 stops naming the step; fp16 goes on
 expect 1 "tfuse: error: loss is nan at step 4 \(in fp32" -- "$tfuse" train "$tmp/nan.ir" --data "$data" --steps 6 --log "$tmp/nan.csv"
