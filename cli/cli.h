@@ -144,6 +144,7 @@ extern const char bench_synopsis[], bench_help[];
 int cmd_bench(tf_context_t *ctx, const args *a);
 int cmd_import(int argc, char **argv);   /* import.c: tfuse import MODEL.onnx */
 int cmd_cache(int argc, char **argv);    /* cache.c: tfuse cache stats | clear */
+int cmd_plot(int argc, char **argv);     /* plot.c: tfuse plot LOG.csv... -o OUT.svg */
 /* A malformed TFUSE_CACHE_MAX stops a command that writes the cache (cache.c); returns 2, or 0. */
 int cli_check_cache_max(tf_context_t *ctx);
 void cli_usage_cmd(const char *cmd, FILE *f);   /* main.c: a command's usage and help */

@@ -1362,6 +1362,9 @@ static const struct {
     {"import", "MODEL.onnx [-o MODEL.ir] [--dim NAME=N ...]",
      "An ONNX model as tfuse's text and its initializers as safetensors beside it (docs/onnx.md);\n"
      "`tfuse import --help` says more."},
+    {"plot", "LOG.csv [LOG.csv ...] [-o OUT.svg] [--title TEXT]",
+     "Training logs (tfuse train --log) drawn as an SVG: loss, evaluation loss and accuracy, learning rate\n"
+     "and any other column against the step; several logs compare runs. `tfuse plot --help` says more."},
 };
 
 static void usage_cmd(const char *cmd, FILE *f)
@@ -1417,6 +1420,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "cache")) return cmd_cache(argc, argv);
     if (!strcmp(cmd, "import")) return cmd_import(argc, argv);
+    if (!strcmp(cmd, "plot")) return cmd_plot(argc, argv);
     args a = {.cmd = cmd, .mode = TF_MODE_TRAIN, .target = tf_default_target()};
     int rc = parse_args(argc, argv, &a);
     if (!rc && !a.mode_set && cli_is_onnx(a.file) && !a.loss) a.mode = TF_MODE_INFER;   /* an ONNX model infers, unless given a loss */

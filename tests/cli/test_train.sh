@@ -289,6 +289,30 @@ else bad "the best checkpoint is not the step of the least eval_loss ($best; sto
 expect 0 "stopped early at step ${stop% *}:" -- "$tfuse" train $es --epochs 60 --early-stop=3 --save "$tmp/esr.st" --resume "$tmp/esr.st"
 same "$tmp/es.st" "$tmp/esr.st" "early stopping, straight vs stopped by --steps and resumed (last)"
 same "$tmp/es.best.st" "$tmp/esr.best.st" "early stopping, straight vs resumed (best)"
+# ---- tfuse plot: the log as an SVG, one panel per quantity, a dot per evaluation; errors name file:line:col
+out=$("$tfuse" plot "$tmp/es.csv" -o "$tmp/es.svg" 2>&1); rc=$?
+nev=$(grep -cE '^[0-9]+,[0-9]+,,,,' "$tmp/es.csv")
+if [ $rc -eq 0 ] && grep -q "wrote $tmp/es.svg: 3 panels, 1 log" <<<"$out" && python3 - "$tmp/es.svg" "$nev" <<'PY'; then ok
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+ns = "{http://www.w3.org/2000/svg}"
+texts = [t.text for t in root.iter(ns + "text")]
+dots = len(list(root.iter(ns + "circle")))
+lines = [p for p in root.iter(ns + "polyline") if len(p.get("points").split()) > 10]
+sys.exit(not ({"loss", "evaluation accuracy", "learning rate"} <= set(texts) and dots == 2 * int(sys.argv[2]) and len(lines) >= 2))
+PY
+else bad "plot (rc $rc): $out"; fi
+expect 0 "wrote $tmp/two.svg: 3 panels, 2 logs" -- "$tfuse" plot "$tmp/es.csv" "$tmp/run.csv" -o "$tmp/two.svg" --title "two runs"
+expect 2 "no log to draw" -- "$tfuse" plot
+expect 2 "-o $tmp/es.csv is one of the logs" -- "$tfuse" plot "$tmp/es.csv" -o "$tmp/es.csv"
+expect 1 "$tmp/none.csv: cannot open" -- "$tfuse" plot "$tmp/none.csv"
+printf 'a,b\n1,2\n' >"$tmp/other.csv"
+expect 1 "other.csv:1: not a training log" -- "$tfuse" plot "$tmp/other.csv"
+printf 'step,epoch,loss\n1,0,0.5\n2,0,x1\n' >"$tmp/badrow.csv"
+expect 1 "badrow.csv:3:5: expected a number in column 'loss', found 'x1'" -- "$tfuse" plot "$tmp/badrow.csv"
+printf 'step,epoch,loss\n' >"$tmp/empty.csv"
+expect 1 "empty.csv: no rows to plot \(only the header\)" -- "$tfuse" plot "$tmp/empty.csv"
+
 grep -v "output logits" "$m" >"$tmp/nologits.ir"
 expect 1 "--early-stop-metric=accuracy: the evaluation of .*nologits.ir gives no accuracy" -- "$tfuse" train "$tmp/nologits.ir" --data "$data" --eval-data "$data" --early-stop=2 --early-stop-metric=accuracy
 
