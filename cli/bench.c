@@ -18,6 +18,7 @@
 
 const char bench_synopsis[] =
     "FILE [--mode=train|infer] [--target=interp|cpu|cuda|cuda-emu] [--iters N] [--warmup N] [--threads N] [--profile]\n"
+    "                     [--trace FILE.json]\n"
     "                     [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--checkpoint=auto --memory-budget=B]";
 const char bench_help[] =
     "Time one step of a model on random inputs: prints key: value lines (target, mode, threads,\n"
@@ -27,7 +28,9 @@ const char bench_help[] =
     "(the least traffic: each byte read or written once), GB/s, and for generated kernels the share\n"
     "of a plain copy's bandwidth in the same memory (copy_gbps, measured then); fused_gbps and\n"
     "fused_of_copy sum the generated kernels' bytes over their time. cuda: device_bytes, the\n"
-    "device memory the session holds for its steps.";
+    "device memory the session holds for its steps. --trace FILE.json writes the timed steps' timeline:\n"
+    "every kernel call (as --profile names them) inside its step, as Chrome trace-event JSON that\n"
+    "ui.perfetto.dev opens (docs/cli.md).";
 
 static double now_ms(void)
 {
@@ -121,6 +124,8 @@ int cmd_bench(tf_context_t *ctx, const args *a0)
     void *data[MAX_ITEMS] = {0};
     double *times = calloc(iters, sizeof *times);
     int rc = times ? 0 : 1;
+    cli_trace *tr = NULL;   /* rank 0's alone under mpirun */
+    if (!rc && rank == 0 && cli_trace_open(a->trace, &tr)) rc = 1;
     double compile_ms = 0, t0;
     tf_target target = a->target;
     tf_program_t *p = rc ? NULL : cli_load_program(ctx, a, a->mode, stderr, &target, &compile_ms, &rc);
@@ -155,13 +160,19 @@ int cmd_bench(tf_context_t *ctx, const args *a0)
     for (uint64_t i = 0; !rc && i < warmup; i++)
         if (tf_session_run(s) || (first_output && tf_session_output(s, first_output, &ov))) rc = cli_fail(ctx);
     if (!rc && a->profile && tf_session_set_profiling(s, 1)) rc = cli_fail(ctx);
+    if (!rc && tr && tf_session_set_tracing(s, 1)) rc = cli_fail(ctx);   /* the timed steps, as the profile counts them */
     tf_comm_totals c0, c1;
     tf_comm_stats(comm, &c0);
     for (uint64_t i = 0; !rc && i < iters; i++) {
         t0 = now_ms();
+        double u0 = cli_now_us();
         if (tf_session_run(s) || (first_output && tf_session_output(s, first_output, &ov))) rc = cli_fail(ctx);
         times[i] = now_ms() - t0;
+        char label[32];
+        snprintf(label, sizeof label, "step %" PRIu64, i);
+        cli_trace_span(tr, "step", label, u0, cli_now_us());
     }
+    if (!rc) rc = cli_trace_write(tr, s, a->file);
     if (!rc) {
         tf_session_info info;
         tf_session_get_info(s, &info);
@@ -218,6 +229,7 @@ int cmd_bench(tf_context_t *ctx, const args *a0)
     }
     for (size_t i = 0; i < MAX_ITEMS; i++) free(data[i]);
     free(times);
+    cli_trace_free(tr);
     tf_session_free(s);
     tf_program_free(p);
     if (comm && rc) {   /* a rank failing alone would leave the others in a collective */

@@ -42,6 +42,7 @@ typedef struct args {
     bool mode_set;
     tf_target target;
     const char *passes, *dump_ir, *dump_dir, *out, *params;
+    const char *trace;       /* run, bench, train: --trace FILE.json (trace.c) */
     const char *loss, *optimizer; /* --loss, --optimizer: added to a model that has none (tf_model_add_loss) */
     tf_precision precision;   /* --precision; TF_PRECISION_DEFAULT: not given */
     bool stats, random_inputs, help, explain, o0;
@@ -145,6 +146,14 @@ int cmd_bench(tf_context_t *ctx, const args *a);
 int cmd_import(int argc, char **argv);   /* import.c: tfuse import MODEL.onnx */
 int cmd_cache(int argc, char **argv);    /* cache.c: tfuse cache stats | clear */
 int cmd_plot(int argc, char **argv);     /* plot.c: tfuse plot LOG.csv... -o OUT.svg */
+
+/* trace.c: --trace FILE.json, the session's timeline and the command's spans as Chrome trace-event JSON */
+typedef struct cli_trace cli_trace;
+double cli_now_us(void);   /* CLOCK_MONOTONIC, the runtime's clock for kernel calls */
+int cli_trace_open(const char *path, cli_trace **out);   /* NULL path: *out NULL, no trace; else checks it can be written */
+void cli_trace_span(cli_trace *t, const char *cat, const char *label, double t0_us, double t1_us);   /* t NULL: nothing */
+int cli_trace_write(cli_trace *t, tf_session_t *s, const char *what);
+void cli_trace_free(cli_trace *t);
 /* A malformed TFUSE_CACHE_MAX stops a command that writes the cache (cache.c); returns 2, or 0. */
 int cli_check_cache_max(tf_context_t *ctx);
 void cli_usage_cmd(const char *cmd, FILE *f);   /* main.c: a command's usage and help */

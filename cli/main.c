@@ -112,7 +112,7 @@ typedef enum flag_id {
     F_DIM, F_SEED, F_MODE, F_TARGET, F_PASSES, F_DUMP_IR, F_DUMP_DIR, F_DISABLE_PASS, F_DUMP_KERNELS, F_ARCH,
     F_DUMP_LLVM, F_THREADS, F_ITERS, F_WARMUP, F_PROFILE, F_CHECKPOINT, F_MEMORY_BUDGET, F_MEMORY_LIMIT,
     F_PRECISION, F_O0, F_EXPLAIN, F_PARAMS, F_INPUT, F_OUTPUT, F_OUT, F_STATS, F_RANDOM_INPUTS,
-    F_JIT_CACHE_KERNELS, F_NO_PARAMS, F_LOSS, F_OPTIMIZER,
+    F_JIT_CACHE_KERNELS, F_NO_PARAMS, F_LOSS, F_OPTIMIZER, F_TRACE,
     F_SETTING0,   /* then one per target setting, in tfuse_settings.def's order */
     NFLAGS = F_SETTING0 + CLI_NSETTINGS
 } flag_id;
@@ -155,6 +155,7 @@ static const struct flag_info {
     [F_JIT_CACHE_KERNELS] = {"--jit-cache-kernels", C_SETTING,             false, NULL},
     [F_LOSS]           = {"--loss",           C_COMPILE | C_TRAIN | C_BENCH, false, "it makes a model trainable, and run is inference"},
     [F_OPTIMIZER]      = {"--optimizer",      C_COMPILE | C_TRAIN | C_BENCH, false, "it is the training step's, and run is inference"},
+    [F_TRACE]          = {"--trace",          C_RUN | C_TRAIN | C_BENCH,   false, "it records a running session's kernels"},
 #define C_SETTING_cpu C_SETTING
 #define C_SETTING_cuda C_SETTING
 #define C_SETTING_all (C_SETTING | C_OPT)   /* read by the passes: `tfuse opt` takes it too */
@@ -348,6 +349,7 @@ STRING_FLAG(set_params, "--params", params)
 STRING_FLAG(set_out, "-o", out)
 STRING_FLAG(set_loss, "--loss", loss)
 STRING_FLAG(set_optimizer, "--optimizer", optimizer)
+STRING_FLAG(set_trace, "--trace", trace)
 #undef STRING_FLAG
 
 /* A flag that takes no value and sets a bool. */
@@ -490,7 +492,7 @@ static const struct flag_parse {
     [F_OUT] = {true, set_out, NULL},               [F_STATS] = {false, set_stats, NULL},
     [F_RANDOM_INPUTS] = {false, set_random_inputs, NULL}, [F_JIT_CACHE_KERNELS] = {true, set_jit_cache_kernels, NULL},
     [F_NO_PARAMS] = {false, set_no_params, NULL},  [F_LOSS] = {true, set_loss, NULL},
-    [F_OPTIMIZER] = {true, set_optimizer, NULL},
+    [F_OPTIMIZER] = {true, set_optimizer, NULL},   [F_TRACE] = {true, set_trace, NULL},
 };
 
 /* The flag of flag_table at argv[*i] (its value in *v, *i past it), or -1. */
@@ -1211,10 +1213,15 @@ static int cmd_run(tf_context_t *ctx, args *a)
     if (a->params && cli_check_readable("--params", a->params)) return 1;
     for (size_t i = 0; i < a->noutputs; i++)
         if (cli_check_writable("--output", a->outputs[i].val, true)) return 1;
+    cli_trace *tr = NULL;
+    if (cli_trace_open(a->trace, &tr)) return 1;
     int rc = 0;
     tf_target target;
     tf_program_t *p = cli_load_program(ctx, a, TF_MODE_INFER, stdout, &target, NULL, &rc);
-    if (!p) return rc;
+    if (!p) {
+        cli_trace_free(tr);
+        return rc;
+    }
     tf_session_t *s = NULL;
     tf_array_t *arrays[MAX_ITEMS] = {0};
     void *randoms[MAX_ITEMS] = {0};
@@ -1273,7 +1280,19 @@ static int cmd_run(tf_context_t *ctx, args *a)
             rc = fail(ctx);
         }
     }
+    if (!rc && tr && tf_session_set_tracing(s, 1)) rc = fail(ctx);
+    double t0 = cli_now_us();
     if (!rc && tf_session_run(s)) rc = fail(ctx);
+    if (!rc && tr) {   /* the step's end: the cuda target's outputs wait for it */
+        const char *first;
+        tf_tensor_view v;
+        if (tf_program_io_count(p, TF_IO_OUTPUT) && !tf_program_io(p, TF_IO_OUTPUT, 0, &first, NULL, NULL, NULL) &&
+            tf_session_output(s, first, &v))
+            rc = fail(ctx);
+        cli_trace_span(tr, "step", "run", t0, cli_now_us());
+        if (!rc) rc = cli_trace_write(tr, s, a->file);
+    }
+    cli_trace_free(tr);
     if (!rc && a->stats) cli_print_session_stats(s);
     for (size_t i = 0; !rc && i < a->noutputs; i++) {
         tf_tensor_view v;
@@ -1339,7 +1358,8 @@ static const struct {
      "which kernel) and manifest.txt. The default target is cpu when this\n"
      "build has LLVM, else interp."},
     {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
-     "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME] [--stats]",
+     "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME] [--stats]\n"
+     "                     [--trace FILE.json]",
      "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
      "keep their seeded initial values), run, and write outputs to .npy (or print them). --stats prints\n"
      "key: value lines: the target, its kernels, those JIT-compiled now and those this process had, and the\n"

@@ -42,7 +42,7 @@ const char train_synopsis[] =
     "FILE --data NAME=FILE.npy,... [--steps N | --epochs N] [--eval-data NAME=FILE.npy,...]\n"
     "                     [--eval-every N] [--early-stop=PATIENCE[,MIN_DELTA]] [--early-stop-metric=loss|accuracy]\n"
     "                     [--save CKPT] [--save-every N] [--resume CKPT] [--params FILE]\n"
-    "                     [--log FILE.csv] [--log-every N] [--workers N] [--seed N] [--dim K=V]\n"
+    "                     [--log FILE.csv] [--log-every N] [--trace FILE.json] [--workers N] [--seed N] [--dim K=V]\n"
     "                     [--target=...] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME] [--explain]\n"
     "                     [--checkpoint=none|auto --memory-budget=BYTES]";
 
@@ -96,6 +96,9 @@ const char train_help[] =
     "  --log-every N              when stdout is not a terminal, print a progress line every N steps\n"
     "                             (default 10) and after the last; on a terminal one line updates in\n"
     "                             place. Progress: step/total, loss, learning rate, samples/s, ETA.\n"
+    "  --trace FILE.json          the run's timeline as Chrome trace-event JSON (ui.perfetto.dev opens it):\n"
+    "                             each step, its kernels (named as 'tfuse bench --profile' names them),\n"
+    "                             the waits for the next batch, evaluations and checkpoints\n"
     "  --workers N                threads that assemble batches ahead of the step (default 2)\n"
     "  --seed N                   initializers, dropout and the data order (default 0)\n"
     "\n"
@@ -640,6 +643,7 @@ typedef struct trainer {
     bool agreed;              /* the run ends by a decision every rank made alike: no need to abort the job */
     bool sharded;             /* the optimizer state is sharded over the ranks (shard_optimizer) */
     watcher watch;            /* --early-stop */
+    cli_trace *trace;         /* --trace (rank 0's) */
 } trainer;
 
 /* Do two paths name one file? (The same text, or the same inode.) */
@@ -884,6 +888,7 @@ static int train_check(const args *a, trainer *T)
     if (best && t->log && same_file(best, t->log))
         return cli_usage_errorf("train", "--log %s is the best checkpoint --early-stop writes beside --save", t->log);
     if (best && cli_check_writable("--save", best, true)) return 1;
+    if (T->rank == 0 && cli_trace_open(a->trace, &T->trace)) return 1;
     return check_outputs(a);
 }
 
@@ -1218,6 +1223,7 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
     train_plan P = {0};
     int rc;
     if ((rc = train_check(a, T)) || (rc = train_prepare(ctx, a, T, &P)) || (rc = train_start(ctx, a, T, &P))) return rc;
+    if (T->trace && tf_session_set_tracing(T->s, 1)) return api_error(ctx, "--trace");
     const dataset *d = &T->data;
     cursor *cur = &P.cur;
     /* under mpirun rank 0's stdout is a pseudo-terminal whatever the launcher's is: progress in lines there */
@@ -1232,10 +1238,13 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         /* between steps: the state is that of cur->step steps (data parallel: when any rank was interrupted) */
         if ((interrupted = T->size > 1 ? T->stop_all : cli_interrupted())) break;
         tf_batch_info bi;
+        double u0 = cli_now_us();
         if (tf_loader_next(d->L, T->s, &bi)) {
             rc = api_error(ctx, "binding a batch");
             break;
         }
+        double u1 = cli_now_us();
+        cli_trace_span(T->trace, "data", "next batch", u0, u1);
         if (T->size == 1 && (interrupted = cli_interrupted())) break;   /* while waiting for the batch: abandon the step */
         if (tf_session_run(T->s)) {
             progress_clear(&pr);
@@ -1247,13 +1256,21 @@ static int train_run(tf_context_t *ctx, const args *a, trainer *T)
         cur->step++;
         cur->epoch = epoch = bi.epoch;
         cur->pos = bi.next.offset;
-        if ((rc = train_after_step(ctx, T, &P, &pr, epoch, &last, &skipped))) break;
+        rc = train_after_step(ctx, T, &P, &pr, epoch, &last, &skipped);   /* reads the loss: the step is done */
+        char label[40];
+        snprintf(label, sizeof label, "step %" PRIu64, cur->step);
+        cli_trace_span(T->trace, "step", label, u1, cli_now_us());
+        if (rc) break;
         double pause0 = now_s();
         saved = t->save_every && cur->step % t->save_every == 0 && cur->step < P.total;
         /* every rank saves (a collective when the optimizer state is sharded); the library writes on rank 0 */
         if (saved && (rc = save_checkpoint(ctx, T->s, t->save, cur, P.seed, d, T->size, a->file, &T->watch))) break;
+        if (saved) cli_trace_span(T->trace, "checkpoint", "save", pause0 * 1e6, now_s() * 1e6);
         if (P.eval_every && cur->step % P.eval_every == 0 && cur->step < P.total) {
-            if ((rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size, &eloss, &eacc))) {
+            double e0 = cli_now_us();
+            rc = evaluate(ctx, T->p, T->s, &T->ev, cur->step, &pr, T->comm, T->rank, T->size, &eloss, &eacc);
+            cli_trace_span(T->trace, "eval", "evaluation", e0, cli_now_us());
+            if (rc) {
                 if (rc == RC_INTERRUPTED) interrupted = true, rc = 0;
                 break;
             }
@@ -1322,6 +1339,11 @@ int cmd_train(tf_context_t *ctx, const args *a0)
         snprintf(msg, sizeof msg, "tfuse: interrupt: stopping after the current step (interrupt again to stop at once)");
     cli_signals_graceful(T.rank ? "" : msg);   /* rank 0 speaks for the job */
     rc = train_run(ctx, a, &T);
+    if (T.trace && T.s) {   /* what ran, also when the run stopped on an error or an interrupt */
+        int trc = cli_trace_write(T.trace, T.s, a->file);
+        if (!rc) rc = trc;
+    }
+    cli_trace_free(T.trace);
     if (T.log && fclose(T.log) != 0 && !rc) rc = errorf("--log %s: write failed: %s", a->train.log, strerror(errno));
     if (T.have_ev) evaluator_free(&T.ev);
     dataset_free(&T.data);

@@ -610,6 +610,30 @@ typedef struct tf_kernel_profile {
 tf_status tf_session_set_profiling(tf_session_t *s, int on);
 size_t    tf_session_profile_count(const tf_session_t *s);
 tf_status tf_session_profile(const tf_session_t *s, size_t i, tf_kernel_profile *out);
+/* A timeline of the session's kernel calls, for trace viewers (`--trace`
+ * writes it as Chrome/Perfetto trace-event JSON). tf_session_set_tracing(s,
+ * 1) switches profiling on too (clearing the profile, so the two count the
+ * same calls) and starts an empty timeline; every kernel call of every run
+ * after it is an event: its kernel (an index of tf_session_profile's
+ * entries, which name it), its start on CLOCK_MONOTONIC in microseconds,
+ * its duration, the run (from 0 since tracing started) and the lane: 0 the
+ * host thread that ran it (cpu), 1 the device (cuda: start and duration from
+ * CUDA events, the start placed after the moment the run was enqueued). A
+ * kernel's durations over the timeline add up to its profile's total_ms.
+ * At most TF_TRACE_MAX_EVENTS are kept; tf_session_trace_dropped counts the
+ * rest. Switching it off keeps the timeline; the interp target has no
+ * kernels and records none. */
+#define TF_TRACE_MAX_EVENTS 2000000
+typedef struct tf_trace_event {
+    size_t kernel;
+    double start_us, dur_us;
+    int64_t run;
+    int lane;
+} tf_trace_event;
+tf_status tf_session_set_tracing(tf_session_t *s, int on);
+size_t    tf_session_trace_count(const tf_session_t *s);
+uint64_t  tf_session_trace_dropped(const tf_session_t *s);
+tf_status tf_session_trace_event(const tf_session_t *s, size_t i, tf_trace_event *out);
 /* The bandwidth of a plain copy in the session's memory, in GB/s (1e9
  * bytes, counting each byte read and each byte written): cuda, one
  * device-to-device cuMemcpyDtoDAsync of 256 MiB (less when the device

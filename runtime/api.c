@@ -907,6 +907,7 @@ void tf_session_free(tf_session_t *s)
 {
     if (!s) return;
     tf_free(s->missing);
+    tf_free(s->trace);
     if (s->be && s->impl) s->be->session_free(s);
     if (s->out)
         for (int i = 0; i < s->p->m->noutputs; i++) tf_free(s->out[i]);
@@ -991,7 +992,9 @@ tf_status tf_session_run(tf_session_t *s)
             return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: input '%s' is not bound",
                                 ((tf_value *)s->p->inputs.items[i])->name);
     tf_status st = check_indices(s);
-    return st ? st : s->be->run(s);
+    if (!st) st = s->be->run(s);
+    if (s->tracing) s->trace_run++;   /* the backends tag this run's calls with the count before it */
+    return st;
 }
 
 tf_status tf_session_output(tf_session_t *s, const char *name, tf_tensor_view *out)

@@ -154,7 +154,16 @@ struct tf_session {
     tf_comm_t *comm;        /* tf_session_set_comm's: the ranks allreduce averages over; NULL: one rank */
     int64_t init_elements;  /* elements the cpu backend's initializers drew (zeros() draws none; 0 when
                              * state_given); what tests check a package's session by */
+    /* tf_session_set_tracing's timeline (trace.c): backends add their kernel calls with tf_trace_add */
+    bool tracing;
+    int64_t trace_run;      /* the run being enqueued (tf_session_run counts them while tracing) */
+    tf_trace_event *trace;
+    size_t ntrace, cap_trace;
+    uint64_t trace_dropped;
 };
+
+/* One kernel call into s's timeline (when tracing; a no-op otherwise). */
+void tf_trace_add(tf_session_t *s, size_t kernel, double start_us, double dur_us, int64_t run, int lane);
 
 struct tf_backend {
     const char *name;

@@ -417,8 +417,10 @@ static tf_status cpu_run(tf_session_t *s)
             return st;
         }
         if (c->profile) {
-            ck->ns += now_ns() - t0;
+            double t1 = now_ns();
+            ck->ns += t1 - t0;
             ck->calls++;
+            tf_trace_add(s, (size_t)i, t0 / 1e3, (t1 - t0) / 1e3, s->trace_run, 0);
         }
         if (ck->once) ck->once_gen = c->state_gen;
     }

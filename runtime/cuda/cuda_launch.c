@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm.h"
 #include "cuda_session.h"
@@ -272,10 +273,14 @@ tf_status tf_cuda_wait(tf_session_t *s)
     if (c->pending_profile) {
         c->pending_profile = false;
         for (int i = 0; i < c->plan->nkernels; i++) {
-            float ms = 0;
+            float ms = 0, at = 0;
             CU_DO("reading the profiler's events", EventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
             c->ks[i].ms += ms;
             c->ks[i].calls++;
+            if (s->tracing) {   /* the device's timeline: from the step's first event, after the moment it was enqueued */
+                CU_DO("reading the profiler's events", EventElapsedTime(&at, c->ev[0], c->ev[2 * i]));
+                tf_trace_add(s, (size_t)i, c->trace_base_us + 1e3 * at, 1e3 * ms, c->trace_run, 1);
+            }
         }
     }
     return TF_OK;
@@ -449,6 +454,11 @@ tf_status tf_cuda_run(tf_session_t *s)
     if ((st = stage_inputs(s, c, k))) return drain(c, st);
     c->slot = 1 - k;
     bool graph = c->graph.on && !c->profile;   /* profiles time each kernel: launched one by one */
+    if (c->profile) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        c->trace_base_us = (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+    }
     if (graph && !c->graph.exec && (st = capture_step(s, c))) return drain(c, st);
     if (graph && c->graph.exec) {
         tf_cu_result r = c->libs.cu.GraphLaunch(c->graph.exec, c->stream);
@@ -463,6 +473,7 @@ tf_status tf_cuda_run(tf_session_t *s)
         return drain(c, cu_fail(s, c, r, "marking the step's end"));
     c->pending = true;
     c->pending_profile = c->profile;
+    c->trace_run = s->trace_run;
     c->rt[1]++;
     tf_cuda_comm_count(s, c);
     return TF_OK;

@@ -189,6 +189,8 @@ typedef struct cuda_session {
     bool staged_rec[2], consumed_rec;
     bool pending;               /* a step was enqueued and not yet waited for */
     bool pending_profile;       /* ... with per-kernel events to read */
+    double trace_base_us;       /* when that step was enqueued (CLOCK_MONOTONIC), for the timeline */
+    int64_t trace_run;          /* ... and which run it was (tf_session_t.trace_run) */
     tf_status failed;           /* a step failed on the GPU: every later call says so (0: none) */
     char failed_msg[2600];
     unsigned char *host;        /* fallback kernels' transfers, grown on demand */

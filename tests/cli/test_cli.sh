@@ -89,6 +89,31 @@ if cpu=$("$tfuse" run "$ex/cnn.ir" --target=cpu --random-inputs --seed 5 2>&1); 
   # each kernel's least traffic (relu over 16384 floats: 64 KiB read, 64 KiB written), its GB/s and its share of a copy's
   expect 0 "^k0_relu +jit +16384 +3 +[0-9.]+ +100.0% +0.131 +[0-9.]+ +[0-9]+%" -- "$tfuse" bench "$tmp/relu.ir" --mode=infer --target=cpu --iters 3 --profile
   expect 0 " copy_gbps: [0-9.]+ fused_kernels: 1 .*fused_of_copy: [0-9.]+" -- sh -c "'$tfuse' bench '$tmp/relu.ir' --mode=infer --target=cpu --iters 3 --profile | tr '\n' ' '"
+  # --trace: Chrome trace-event JSON; every kernel call inside its step's span, and each kernel's calls adding up
+  # to its --profile row (ms/step x iters)
+  out=$("$tfuse" bench "$ex/transformer.ir" --target=cpu --iters 4 --profile --trace "$tmp/tr.json" 2>&1); rc=$?
+  printf '%s\n' "$out" >"$tmp/tr.out"
+  if [ $rc -eq 0 ] && grep -q "wrote the trace $tmp/tr.json: [0-9]* kernel calls and 4 spans" <<<"$out" &&
+     python3 - "$tmp/tr.json" 4 "$tmp/tr.out" <<'PY'; then ok
+import json, re, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+iters = int(sys.argv[2])
+steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "step")
+ks = [e for e in ev if e.get("ph") == "X" and e.get("cat") != "step"]
+assert len(steps) == iters and ks, (len(steps), len(ks))
+assert all(any(a <= k["ts"] and k["ts"] + k["dur"] <= b + 1e-3 for a, b in steps) for k in ks), "a kernel call outside every step"
+sums = {}
+for k in ks:
+    sums[k["name"]] = sums.get(k["name"], 0) + k["dur"] / 1e3
+rows = {m[0]: float(m[1]) for m in re.findall(r"^(k\d+_\w+) +\S+ +\d+ +\d+ +([0-9.]+) ", open(sys.argv[3]).read(), re.M)}
+assert rows and set(rows) == set(sums), (sorted(set(rows) ^ set(sums)))
+bad = [(n, sums[n] / iters, rows[n]) for n in rows if abs(sums[n] / iters - rows[n]) > 1e-4 + 1e-3 * rows[n]]
+assert not bad, bad
+PY
+  else bad "bench --trace (rc $rc): $out"; fi
+  expect 0 "wrote the trace $tmp/run.json: [1-9][0-9]* kernel calls and 1 spans" -- "$tfuse" run "$ex/mlp.ir" --target=cpu --random-inputs --trace "$tmp/run.json"
+  expect 1 "--trace /nonexistent/t.json" -- "$tfuse" bench "$ex/mlp.ir" --iters 1 --trace /nonexistent/t.json
+  expect 2 "--trace" -- "$tfuse" compile "$ex/mlp.ir" --trace "$tmp/c.json"
   expect 0 "^target: cpu" -- "$tfuse" bench "$ex/mlp.ir" --iters 2
   expect 0 "^compile_ms: [0-9.]+" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
   expect 0 "^threads: 1$" -- "$tfuse" bench "$ex/mlp.ir" --iters 2 --threads 1
