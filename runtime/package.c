@@ -1,6 +1,7 @@
 /* package.c — see package.h. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -91,6 +92,23 @@ bool tf_pkg_add(tf_pkg *p, const char *name, const void *data, size_t len, char 
     return true;
 }
 
+bool tf_pkg_add_owned(tf_pkg *p, const char *name, unsigned char *data, size_t len, char *why, size_t n)
+{
+    if (!name_ok(name, strlen(name)) || tf_pkg_find(p, name)) {
+        snprintf(why, n, tf_pkg_find(p, name) ? "section '%.64s' twice" : "bad section name '%.64s'", name);
+        tf_free(data);
+        return false;
+    }
+    data[len] = 0;
+    if (!add_section(p, name, strlen(name), data, len, true)) {
+        snprintf(why, n, "out of memory");
+        tf_free(data);
+        return false;
+    }
+    p->s[p->n - 1].borrowed = false;   /* owned: freed with the package */
+    return true;
+}
+
 void tf_pkg_free(tf_pkg *p)
 {
     for (int i = 0; i < p->n; i++) {
@@ -134,16 +152,49 @@ bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *w
     return true;
 }
 
-bool tf_pkg_write(const tf_pkg *p, const char *path, char *why, size_t n)
+/* The bytes tf_pkg_serialize makes, streamed from the sections into a
+ * temporary file beside path, made durable and renamed over it: a package
+ * of large params is never held twice in memory. */
+bool tf_pkg_write(const tf_pkg *p, const char *path, size_t *written, char *why, size_t n)
 {
-    unsigned char *b;
-    size_t len;
-    if (!tf_pkg_serialize(p, &b, &len, why, n)) return false;
-    bool ok = tf_write_atomic(path, b, len, b);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%.4200s.tmp.%ld.%llx", path, (long)getpid(), (unsigned long long)(uintptr_t)p);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(why, n, "cannot write it: %s", strerror(errno ? errno : EIO));
+        return false;
+    }
+    unsigned char head[24], b[4 + 255 + 8], tail[9];
+    memcpy(head, MAGIC, 16);
+    put32(head + 16, TF_PKG_VERSION), put32(head + 20, (uint32_t)p->n);
+    uint64_t dir = tf_fnv1a(TF_FNV_BASIS, head, 24);
+    size_t total = 24;
+    bool ok = fwrite(head, 1, 24, f) == 24;
+    for (int i = 0; ok && i < p->n; i++) {
+        size_t nl = strlen(p->s[i].name);
+        put32(b, (uint32_t)nl);
+        memcpy(b + 4, p->s[i].name, nl);
+        tf_le64_put(b + 4 + nl, p->s[i].len);
+        dir = tf_fnv1a(dir, b, 4 + nl + 8);
+        tail[0] = 0;
+        tf_le64_put(tail + 1, tf_hash64(p->s[i].data, p->s[i].len));
+        dir = tf_fnv1a(dir, tail, 9);
+        ok = fwrite(b, 1, 4 + nl + 8, f) == 4 + nl + 8 && (!p->s[i].len || fwrite(p->s[i].data, 1, p->s[i].len, f) == p->s[i].len) &&
+             fwrite(tail, 1, 9, f) == 9;
+        total += 4 + nl + 8 + p->s[i].len + 9;
+    }
+    tf_le64_put(head, dir);
+    ok = ok && fwrite(head, 1, 8, f) == 8 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int e = errno;
-    tf_free(b);
-    if (!ok) snprintf(why, n, "cannot write it: %s", strerror(e ? e : EIO));
-    return ok;
+    if (fclose(f) != 0 && ok) ok = false, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+    if (!ok) {
+        remove(tmp);
+        snprintf(why, n, "cannot write it: %s", strerror(e ? e : EIO));
+        return false;
+    }
+    if (written) *written = total + 8;
+    return true;
 }
 
 bool tf_pkg_parse(tf_pkg *p, const unsigned char *b, size_t len, bool *oom, char *why, size_t n)

@@ -16,9 +16,8 @@
  * file's (every byte is covered once: the data by tf_hash64, 4-8x faster
  * than FNV-1a on the params, the rest by the trailer); a truncated or altered file is refused with the byte offset or the
  * section that does not check out, never read past its end. Names are
- * printable ASCII up to 255 bytes and unique. The writer builds the file in
- * memory and writes it atomically (tf_write_atomic: a temporary file
- * renamed over the target). Nothing here knows what the sections mean:
+ * printable ASCII up to 255 bytes and unique. The writer streams the file
+ * from the sections into a temporary file renamed over the target. Nothing here knows what the sections mean:
  * runtime/api.c (tf_program_save / tf_program_load) does. */
 #ifndef TF_RUNTIME_PACKAGE_H
 #define TF_RUNTIME_PACKAGE_H
@@ -46,14 +45,18 @@ typedef struct tf_pkg {
 /* Add a copy of data under name (replacing nothing: names must be new).
  * false: out of memory, or a bad or repeated name (*why says which). */
 bool tf_pkg_add(tf_pkg *p, const char *name, const void *data, size_t len, char *why, size_t n);
+/* The same without the copy: data (tf_malloc'd, len + 1 bytes: a NUL goes at
+ * data[len]) becomes the package's, freed with it, also on failure. */
+bool tf_pkg_add_owned(tf_pkg *p, const char *name, unsigned char *data, size_t len, char *why, size_t n);
 /* The section named, or NULL. */
 const tf_pkg_section *tf_pkg_find(const tf_pkg *p, const char *name);
 void tf_pkg_free(tf_pkg *p);
 
-/* The whole file as bytes (malloc'd into *out, *len), and written to path
- * atomically. false with *why filled on failure. */
+/* The whole file as bytes (malloc'd into *out, *len); or written to path
+ * atomically (streamed: a temporary file beside it, fsync, rename; its
+ * size into *written, which may be NULL). false with *why filled. */
 bool tf_pkg_serialize(const tf_pkg *p, unsigned char **out, size_t *len, char *why, size_t n);
-bool tf_pkg_write(const tf_pkg *p, const char *path, char *why, size_t n);
+bool tf_pkg_write(const tf_pkg *p, const char *path, size_t *written, char *why, size_t n);
 /* Parse bytes / a file into p (which must be empty): the sections point
  * into b, which must outlive p (tf_pkg_read's buffer is p's). false with
  * *why ("truncated: ...", "checksum of section 'x' does not match", ...).

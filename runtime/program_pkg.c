@@ -44,6 +44,7 @@
 
 #include "alloc.h"
 #include "cache_file.h"
+#include "interp.h"
 #include "package.h"
 #include "parser.h"
 #include "runtime.h"
@@ -72,37 +73,90 @@ static uint64_t final_ir_hash(tf_context_t *ctx, const tf_program_t *p, char **t
     return tf_fnv1a(TF_FNV_BASIS, *text, strlen(*text));
 }
 
-/* The initial state of a fresh session (interp: the initializers every
- * target shares) as safetensors bytes, through a temporary file. */
+/* The initial state of a fresh session as safetensors bytes (tf_malloc'd,
+ * len + 1 bytes for the package's NUL), laid out in place: each param and
+ * buffer in the program's order, but those whose initializer is zeros()
+ * (a session starts them at zero) and none the model's own initial values
+ * (an ONNX model's) lack; a drawn tensor is drawn by the interpreter's
+ * initializers a block at a time (they are counter-based: a block gives
+ * the elements the whole would) and rounded into its dtype. The bytes are
+ * those tf_session_save_state_ex writes for an interp session that has run
+ * its initializers, which holds every value as a double (GPT-2's 124 M
+ * params and their optimizer moments: 3 GB): here the peak is the file.
+ * (A sharded optimizer's slots, whose files have their params' shapes, are
+ * zeros() and left out.) */
 static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_t seed, unsigned char **out, size_t *len)
 {
     *out = NULL, *len = 0;
-    const char *tmpdir = tf_env("TMPDIR");
-    char path[4200];
-    snprintf(path, sizeof path, "%s/tfuse-state-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    int fd = mkstemp(path);
-    if (fd < 0) return tf_set_error(ctx, TF_ERR_IO, "error: cannot create a temporary file in %s: %s", tmpdir ? tmpdir : "/tmp", strerror(errno));
-    close(fd);
-    tf_session_t *s = NULL;
-    tf_status st = tf_session_create(ctx, p, TF_TARGET_INTERP, seed, &s);
-    if (!st) st = tf_session_save_state_ex(s, path, NULL, true);   /* zeros() left out (optimizer moments, biases) */
-    tf_session_free(s);
-    FILE *f = st ? NULL : fopen(path, "rb");
-    if (!st && !f) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot read back: %s", path, strerror(errno));
-    if (f) {
-        long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-        if (n < 0 || fseek(f, 0, SEEK_SET) != 0) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot read back", path);
-        else if (!(*out = tf_malloc((size_t)n + 1))) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
-        else if (fread(*out, 1, (size_t)n, f) != (size_t)n) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: read failed", path);
-        else *len = (size_t)n;
-        fclose(f);
+    size_t total = (size_t)(p->params.n + p->buffers.n), n = 0;
+    tio_tensor *ts = tf_calloc(total ? total : 1, sizeof *ts);
+    const tio_tensor **given = tf_calloc(total ? total : 1, sizeof *given);
+    static unsigned char placeholder;   /* tio_safetensors_header wants data; it reads none */
+    tf_status st = ts && given ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    for (size_t j = 0; j < total && !st; j++) {
+        const tf_value *v = j < (size_t)p->params.n ? p->params.items[j] : p->buffers.items[j - (size_t)p->params.n];
+        const tio_tensor *g = NULL;
+        for (size_t k = 0; p->init && k < p->init->n && !g; k++)
+            if (!strcmp(p->init->ts[k].name, v->name)) g = &p->init->ts[k];
+        if (!g && tf_interp_init_is_zero(v)) continue;
+        tio_tensor *t = &ts[n];
+        given[n++] = g;
+        t->name = (char *)v->name;
+        t->dtype = (tio_dtype)v->type.dtype;
+        t->rank = v->type.rank;
+        for (int k = 0; k < v->type.rank; k++) t->shape[k] = v->type.dims[k].n;
+        t->nbytes = (size_t)tf_type_numel(&v->type) * (size_t)tf_dtype_bytes(v->type.dtype);
+        t->data = &placeholder;
     }
-    unlink(path);
+    char *hdr = NULL, err[5120];
+    size_t hlen = 0, bytes = 0;
+    tio_status hs = st ? TIO_OK : tio_safetensors_header(ts, n, NULL, &hdr, &hlen, err, sizeof err);
+    if (!st && hs) st = tf_set_error(ctx, hs == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_INTERNAL, "error: the initial state: %s", err);
+    for (size_t i = 0; !st && i < n; i++) bytes += ts[i].nbytes;
+    unsigned char *b = st ? NULL : tf_malloc(hlen + bytes + 1);
+    if (!st && !b) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory for the package's initial state (%zu bytes)", hlen + bytes);
+    enum { BLOCK = 1 << 16 };
+    double *blk = st ? NULL : tf_malloc(BLOCK * sizeof *blk);
+    if (!st && !blk) st = tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    size_t at = hlen;
+    if (!st) memcpy(b, hdr, hlen);
+    for (size_t i = 0; !st && i < n; i++) {
+        const tio_tensor *t = &ts[i];
+        const tf_value *v = NULL;
+        for (int k = 0; k < p->params.n + p->buffers.n && !v; k++) {
+            const tf_value *c = k < p->params.n ? p->params.items[k] : p->buffers.items[k - p->params.n];
+            if (c->name == t->name) v = c;
+        }
+        tf_dt dt = v->type.dtype;
+        int64_t ne = tf_type_numel(&v->type);
+        const tio_tensor *g = given[i];
+        if (g && g->dtype == t->dtype && g->nbytes == t->nbytes) {
+            memcpy(b + at, g->data, t->nbytes);
+        } else if (g) {   /* the model's values in another dtype: as a session converts them */
+            int64_t gn = 1;
+            for (int k = 0; k < g->rank; k++) gn *= g->shape[k];
+            if (gn != ne) st = tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: the initial value of '%s' has %lld elements, not %lld",
+                                            p->init->source, v->name, (long long)gn, (long long)ne);
+            for (int64_t e = 0; !st && e < ne; e++) tf_elem_store(dt, b + at, e, tf_dtype_round(dt, tf_elem_load((tf_dt)g->dtype, g->data, e)));
+        } else {
+            for (int64_t lo = 0; lo < ne; lo += BLOCK) {
+                int64_t hi = ne - lo < BLOCK ? ne : lo + BLOCK;
+                tf_interp_init_range(v, seed, lo, hi, blk);
+                for (int64_t e = lo; e < hi; e++) tf_elem_store(dt, b + at, e, blk[e - lo]);
+            }
+        }
+        at += t->nbytes;
+    }
+    tf_free(blk);
+    tf_libc_free(hdr);
+    tf_free(ts);
+    tf_free(given);
     if (st) {
-        tf_free(*out);
-        *out = NULL;
+        tf_free(b);
+        return st;
     }
-    return st;
+    *out = b, *len = hlen + bytes;
+    return TF_OK;
 }
 
 /* The memory plan final.ir's comments give (ir/printer.c writes them):
@@ -241,9 +295,10 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
     if (!st && with_params) {
         unsigned char *state = NULL;
         size_t n = 0;
+        char why[256];
         st = initial_state(ctx, p, seed, &state, &n);
-        if (!st) st = add(ctx, &pkg, "state.safetensors", state, n);
-        tf_free(state);
+        if (!st && !tf_pkg_add_owned(&pkg, "state.safetensors", state, n, why, sizeof why))   /* the package's now */
+            st = tf_set_error(ctx, TF_ERR_OOM, "error: package: %s", why);
         if (info) info->has_params = !st;
     }
     int nobj = 0, cached = 0;
@@ -255,13 +310,9 @@ tf_status tf_program_save(tf_context_t *ctx, const tf_program_t *p, const char *
         st = !m.oom && m.p ? add(ctx, &pkg, "manifest", m.p, strlen(m.p)) : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     }
     char why[512];
-    unsigned char *bytes = NULL;
     size_t len = 0;
-    if (!st && !tf_pkg_serialize(&pkg, &bytes, &len, why, sizeof why)) st = tf_set_error(ctx, TF_ERR_OOM, "error: %s", why);
-    if (!st && !tf_write_atomic(path, bytes, len, bytes))
-        st = tf_set_error(ctx, TF_ERR_IO, "%s: error: cannot write: %s", path, strerror(errno ? errno : EIO));
+    if (!st && !tf_pkg_write(&pkg, path, &len, why, sizeof why)) st = tf_set_error(ctx, TF_ERR_IO, "%s: error: %s", path, why);
     if (!st && info) info->objects = nobj, info->objects_cached = cached, info->bytes = (int64_t)len;
-    tf_free(bytes);
     tf_free(m.p);
     tf_free(final);
     tf_pkg_free(&pkg);

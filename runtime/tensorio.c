@@ -1090,31 +1090,29 @@ static tio_status st_check_tensors(const ectx *E, const tio_tensor *ts, size_t n
     return st;
 }
 
-tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t n, const char *meta, char *err,
-                                 size_t errlen)
+/* The header of a safetensors file of ts (the 8-byte length, then the JSON,
+ * padded so the data starts 8-aligned) into *hdr (libc malloc, via
+ * open_memstream: tf_libc_free it) and *hlen; what follows it is each
+ * tensor's nbytes in order. */
+static tio_status st_header(ectx *E, const tio_tensor *ts, size_t n, const char *meta, char **hdr, size_t *hlen)
 {
-    ectx E = {path, err, errlen};
-    if (err && errlen) err[0] = 0;
-    if (!path || (!ts && n)) return fail(&E, TIO_ERR_ARG, "NULL %s argument", path ? "tensors" : "path");
-    tio_status st = st_check_tensors(&E, ts, n);
+    *hdr = NULL, *hlen = 0;
+    if (!ts && n) return fail(E, TIO_ERR_ARG, "NULL tensors argument");
+    tio_status st = st_check_tensors(E, ts, n);
     if (st) return st;
     if (meta) {
         /* Validate with the reader's parser, then embed the text verbatim. */
-        pcur c = {&E, "metadata JSON", (const unsigned char *)meta, strlen(meta), 0, 0, false};
+        pcur c = {E, "metadata JSON", (const unsigned char *)meta, strlen(meta), 0, 0, false};
         jval m = {0};
         if (!(st = jparse(&c, &m))) st = check_metadata(&c, &m);
         jfree(&m);
         if (st) return st == TIO_ERR_OOM ? st : TIO_ERR_ARG;
     }
     /* Build the header with stdio into a growing buffer (POSIX open_memstream). */
-    char *hdr = NULL;
-    size_t hlen = 0;
     uint64_t off = 0;
-    uint8_t lenbuf[8];
-    chunk *cs = tf_malloc((n + 2) * sizeof *cs);
-    FILE *m = cs ? open_memstream(&hdr, &hlen) : NULL;
-    if (!m) { tf_free(cs); return fail(&E, TIO_ERR_OOM, "out of memory"); }
-    fputc('{', m);
+    FILE *m = open_memstream(hdr, hlen);
+    if (!m) return fail(E, TIO_ERR_OOM, "out of memory");
+    fputs("        {", m);   /* the length, written below */
     if (meta) fputs("\"__metadata__\":", m), fputs(meta, m);
     for (size_t i = 0; i < n; i++) {
         const tio_tensor *t = &ts[i];
@@ -1130,24 +1128,50 @@ tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t 
         /* each tensor is in memory and <= 2^40 bytes, so the sum cannot wrap */
         fprintf(m, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + t->nbytes));
         off += t->nbytes;
-        cs[2 + i] = (chunk){t->data, t->nbytes};
     }
     fputc('}', m);
     long pos = ftell(m);
-    while (pos > 0 && pos % 8) fputc(' ', m), pos++;   /* the data area (at 8 + pos) starts 8-aligned */
+    while (pos > 8 && (pos - 8) % 8) fputc(' ', m), pos++;   /* the data area (at 8 + the JSON) starts 8-aligned */
     bool bad = pos < 0 || ferror(m);
-    if (fclose(m) != 0 || bad) st = fail(&E, TIO_ERR_OOM, "out of memory building the header");
-    else if (hlen > ST_MAX_HEADER)
-        st = fail(&E, TIO_ERR_LIMIT, "header would be %zu bytes, over the 100 MB limit readers enforce", hlen);
+    if (fclose(m) != 0 || bad) st = fail(E, TIO_ERR_OOM, "out of memory building the header");
+    else if (*hlen - 8 > ST_MAX_HEADER)
+        st = fail(E, TIO_ERR_LIMIT, "header would be %zu bytes, over the 100 MB limit readers enforce", *hlen - 8);
+    if (!st) put_le((uint8_t *)*hdr, *hlen - 8, 8);
+    if (st) {
+        tf_libc_free(*hdr);
+        *hdr = NULL;
+    }
+    return st;
+}
+
+tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t n, const char *meta, char *err,
+                                 size_t errlen)
+{
+    ectx E = {path, err, errlen};
+    if (err && errlen) err[0] = 0;
+    if (!path) return fail(&E, TIO_ERR_ARG, "NULL path argument");
+    char *hdr;
+    size_t hlen;
+    tio_status st = st_header(&E, ts, n, meta, &hdr, &hlen);
+    if (st) return st;
+    chunk *cs = tf_malloc((n + 1) * sizeof *cs);
+    if (!cs) st = fail(&E, TIO_ERR_OOM, "out of memory");
     if (!st) {
-        put_le(lenbuf, hlen, 8);
-        cs[0] = (chunk){lenbuf, 8};
-        cs[1] = (chunk){hdr, hlen};
-        st = atomic_write(&E, cs, n + 2);
+        cs[0] = (chunk){hdr, hlen};
+        for (size_t i = 0; i < n; i++) cs[1 + i] = (chunk){ts[i].data, ts[i].nbytes};
+        st = atomic_write(&E, cs, n + 1);
     }
     tf_free(cs);
     tf_libc_free(hdr);   /* stdio's buffer */
     return st;
+}
+
+tio_status tio_safetensors_header(const tio_tensor *ts, size_t n, const char *meta, char **hdr, size_t *hlen, char *err,
+                                  size_t errlen)
+{
+    ectx E = {"safetensors", err, errlen};
+    if (err && errlen) err[0] = 0;
+    return st_header(&E, ts, n, meta, hdr, hlen);
 }
 
 /* ---- metadata objects -------------------------------------------------------------------- */

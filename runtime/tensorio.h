@@ -110,6 +110,13 @@ tio_status tio_safetensors_read_meta(const char *path, tio_tensor **out, size_t 
 tio_status tio_safetensors_write(const char *path, const tio_tensor *ts, size_t n,
                                  const char *metadata_json_object_or_NULL,
                                  char *err, size_t errlen);
+/* What tio_safetensors_write writes before the tensors' bytes (the 8-byte
+ * length and the JSON header, padded to 8), for a caller that lays out the
+ * data itself: *hdr is from the C library's malloc (free() it), *hlen its
+ * bytes; the tensors' nbytes follow in order. ts[i].data is not read (but,
+ * as for the writer, it must not be NULL when nbytes > 0). */
+tio_status tio_safetensors_header(const tio_tensor *ts, size_t n, const char *metadata_json_object_or_NULL,
+                                  char **hdr, size_t *hlen, char *err, size_t errlen);
 
 /* The same readers over a caller's buffer of len bytes (the fuzz targets
  * use these); `name` stands for the path in messages. */

@@ -186,12 +186,32 @@ class LibraryNotFound(OSError):
     pass
 
 
+try:   # written by CMake into a package that pip built with its own libtfuse (CMakeLists.txt, SKBUILD)
+    from . import _build as BUILD
+except ImportError:   # the repository's python/ itself: an editable install, PYTHONPATH=python or a copy
+    BUILD = None
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUNDLED = os.path.join(HERE, "libtfuse.so.0")   # where a package built by pip has its library
+
+
+def how_built():
+    """How this package came to be, for messages."""
+    if BUILD is None:
+        return (f"this tfuse package ({HERE}) is the repository's python/ (an editable install, PYTHONPATH=python "
+                f"or a copy), which carries no library of its own")
+    c = BUILD.CONFIG
+    parts = [c["build_type"], c["compiler"], c["system"]] + [f"{k} {'on' if c[k] else 'off'}"
+                                                               for k in ("llvm", "openblas", "onednn")]
+    return f"this tfuse package ({HERE}) was built by {BUILD.BUILT_BY} with libtfuse {c['version']} ({', '.join(parts)})"
+
+
 def candidates():
     """Where libtfuse.so is looked for, in order (see the package README)."""
     env = os.environ.get("TFUSE_LIBRARY")
     if env:
         return [env]   # asked for: that one or none
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = HERE
     out = [os.path.join(here, n) for n in ("libtfuse.so.0", "libtfuse.so")]
     # a build tree of the repository this package lies in (python/tfuse/ -> ../../build*)
     repo = os.path.dirname(os.path.dirname(here))
@@ -216,14 +236,28 @@ def load():
         else:
             tried.append("the system's library path (ctypes.util.find_library('tfuse'))")
     if path is None:
+        if os.environ.get("TFUSE_LIBRARY"):
+            raise LibraryNotFound(f"tfuse: libtfuse.so not found: TFUSE_LIBRARY={tried[0]} does not exist; "
+                                  f"unset it to use the package's own search ({how_built()})")
+        if BUILD is not None:
+            raise LibraryNotFound(
+                f"tfuse: libtfuse.so not found; {how_built()}, which put the library at {BUNDLED}, but it is not "
+                f"there (removed, or an interrupted install). Reinstall the package (pip install --force-reinstall "
+                f"./python in the tfuse repository), or set TFUSE_LIBRARY to a libtfuse.so; also looked at "
+                + ", ".join(tried[1:]))
         raise LibraryNotFound(
-            "tfuse: libtfuse.so not found; looked at " + ", ".join(tried) +
-            ". Build it (cmake -S . -B build && cmake --build build), install it (cmake --install build), "
-            "or set TFUSE_LIBRARY to its path")
+            "tfuse: libtfuse.so not found; looked at " + ", ".join(tried) + f"; {how_built()}. "
+            "Build the library in the repository (cmake -S . -B build && cmake --build build), install it "
+            "(cmake --install build), set TFUSE_LIBRARY to its path, or install the package with the library "
+            "inside it: pip install ./python")
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
-        raise LibraryNotFound(f"tfuse: cannot load {path}: {e}") from None
+        hint = ""
+        if BUILD is not None and os.path.abspath(path) == BUNDLED:
+            hint = (f" ({how_built()}; the library uses that machine's system libraries, such as LLVM's and "
+                    f"oneDNN's: install them here, or build the package on this machine: pip install ./python)")
+        raise LibraryNotFound(f"tfuse: cannot load {path}: {e}{hint}") from None
     for name, (res, args) in _PROTOS.items():
         try:
             fn = getattr(lib, name)

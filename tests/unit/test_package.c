@@ -303,7 +303,7 @@ static bool edit_section(const char *src, const char *dst, const char *name, con
         }
         free(t);
     }
-    ok = ok && found && tf_pkg_write(&out, dst, why, sizeof why);
+    ok = ok && found && tf_pkg_write(&out, dst, NULL, why, sizeof why);
     tf_pkg_free(&in);
     tf_pkg_free(&out);
     return ok;
@@ -405,6 +405,24 @@ static void container(void)
     CHECK(tf_pkg_serialize(&p, &b, &n, why, sizeof why) && tf_pkg_parse(&q, b, n, &oom, why, sizeof why), "round trip: %s", why);
     const tf_pkg_section *a = tf_pkg_find(&q, "a"), *e = tf_pkg_find(&q, "empty");
     CHECK(q.n == 2 && a && a->len == 3 && !memcmp(a->data, "xyz", 3) && e && e->len == 0, "sections round-trip");
+    /* an owned section (the params' bytes, not copied), and the streaming writer: the serializer's bytes exactly */
+    unsigned char *big = tf_malloc(100001);
+    for (int i = 0; big && i < 100000; i++) big[i] = (unsigned char)(i * 7);
+    CHECK(big && tf_pkg_add_owned(&p, "big", big, 100000, why, sizeof why), "add_owned: %s", why);
+    unsigned char *b2 = NULL;
+    size_t n2 = 0, written = 0;
+    char path[400];
+    snprintf(path, sizeof path, "%s/streamed.tfp", g_dir);
+    CHECK(tf_pkg_serialize(&p, &b2, &n2, why, sizeof why) && tf_pkg_write(&p, path, &written, why, sizeof why), "write: %s", why);
+    FILE *f = fopen(path, "rb");
+    unsigned char *got = tf_malloc(n2 + 1);
+    size_t rd = f && got ? fread(got, 1, n2 + 1, f) : 0;
+    if (f) fclose(f);
+    CHECK(rd == n2 && written == n2 && got && !memcmp(got, b2, n2), "tf_pkg_write's file (%zu bytes, %zu said) is tf_pkg_serialize's %zu bytes",
+          rd, written, n2);
+    tf_free(got);
+    tf_free(b2);
+    CHECK(!tf_pkg_add_owned(&p, "big", tf_malloc(2), 1, why, sizeof why) && strstr(why, "twice"), "a repeated owned name is refused (and freed)");
     tf_pkg_free(&p);
     tf_pkg_free(&q);
     tf_free(b);
