@@ -33,18 +33,17 @@ fi
 if ! python3 -c 'import sklearn' 2>/dev/null; then
   pip_install scikit-learn
 fi
-# setuptools and wheel build the Python package (python/) without fetching
-# anything (pip install --no-build-isolation; the python_install test).
-if ! python3 -c 'import setuptools, wheel' 2>/dev/null; then
-  pip_install setuptools wheel
-fi
 # The Python package, editable, in the repository's own virtual environment
 # (.venv; Debian's Python refuses pip installs into itself, PEP 668), which
 # sees this Python's NumPy: after the build, `.venv/bin/python -c 'import
-# tfuse'` finds build/libtfuse.so (docs/python.md).
+# tfuse'` finds build/libtfuse.so (docs/python.md). An editable install builds
+# nothing (python/pyproject.toml; pip fetches its build backend,
+# scikit-build-core, from PyPI); `pip install ./python` would build libtfuse
+# into the package (tests/cli/test_wheel.sh, in a venv of its own:
+# python3-venv).
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python3 -m venv --system-site-packages "$repo/.venv"
-"$repo/.venv/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e "$repo/python"
+"$repo/.venv/bin/python" -m pip install --quiet --no-deps -e "$repo/python"
 # PyTorch, torchvision, timm and transformers in the venv, for tfuse.export's
 # tests and the model zoo (tests/zoo, scripts/test.sh's zoo stage): pinned, so
 # that a new release of any of them changes CI only when this line changes.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh — build tfuse three ways (plain, ASan+UBSan, and without LLVM or oneDNN, as
 # on a machine that lacks it, in Release so -O3's extra warnings are errors
-# too) and run the whole ctest suite on each, then a short fuzz run. This is the README's test
+# too) and run the whole ctest suite on each, then the PyTorch tests, the
+# Python wheel, the README's commands and a short fuzz run. This is the README's test
 # command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,12 @@ PYTHONPATH=python "$py" -m unittest python/tests/test_export.py
 "$py" tests/zoo/run.py --subset ci
 "$py" tests/onnx/test_onnx.py   # tfuse import against ONNX Runtime (docs/onnx.md)
 unset TFUSE_LIBRARY TFUSE_CLI
+# Wheel stage: `pip install ./python` as a user runs it, with nothing built
+# (tests/cli/test_wheel.sh): the wheel built once (scikit-build-core from PyPI
+# driving CMake, Release, in a temporary directory), its contents, installed
+# into a fresh venv and run from outside the tree; then the editable install.
+echo "== wheel"
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" tests/cli/test_wheel.sh python3
 # The README's own commands (scripts/check_readme.py): the build and the
 # example it shows, and its Python snippets, as a newcomer would run them.
 echo "== readme"

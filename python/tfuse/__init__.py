@@ -108,6 +108,8 @@ def _status_name(st):
 def _check(ctx, st):
     if st != C.TF_OK:
         msg = _L().tf_context_last_error(ctx).decode("utf-8", "replace") if ctx else ""
+        if "LLVM JIT module" in msg and C.BUILD is not None and library_path == C.BUNDLED:
+            msg += f" ({C.how_built()}: reinstall it, pip install --force-reinstall ./python)"
         raise Error(msg or "tfuse: " + _status_name(st), _status_name(st))
 
 
