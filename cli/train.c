@@ -414,7 +414,8 @@ static void progress_clear(progress *pr)
     }
 }
 
-static void progress_show(progress *pr, uint64_t step, uint64_t epoch, double loss, double lr, bool final)
+static void progress_show(progress *pr, uint64_t step, uint64_t epoch, double loss, double lr, bool final, const char *const *mn,
+                          const double *mv, size_t nm)
 {
     double t = now_s(), busy = t - pr->t0 - pr->paused;
     uint64_t done = step - pr->first;
@@ -426,14 +427,19 @@ static void progress_show(progress *pr, uint64_t step, uint64_t epoch, double lo
     if (isnan(lr)) snprintf(lrs, sizeof lrs, "-");
     else snprintf(lrs, sizeof lrs, "%.4g", lr);
     fmt_duration(etas, sizeof etas, eta);
+    char ms[512] = "";   /* the train block's metrics, after the loss */
+    for (size_t i = 0, k = 0; i < nm && k < sizeof ms; i++) {
+        char vs[32];
+        k += (size_t)snprintf(ms + k, sizeof ms - k, "  %s %s", mn[i], num_str(vs, sizeof vs, pr->tty ? "%.4g" : "%.6g", mv[i]));
+    }
     if (pr->tty) {
-        printf("\r\033[Kstep %" PRIu64 "/%" PRIu64 "  epoch %" PRIu64 "  loss %s  lr %s  %.0f samples/s  ETA %s", step,
-               pr->total, epoch, num_str(ls, sizeof ls, "%.4f", loss), lrs, rate, etas);
+        printf("\r\033[Kstep %" PRIu64 "/%" PRIu64 "  epoch %" PRIu64 "  loss %s%s  lr %s  %.0f samples/s  ETA %s", step,
+               pr->total, epoch, num_str(ls, sizeof ls, "%.4f", loss), ms, lrs, rate, etas);
         if (final) putchar('\n');
         pr->drawn = !final;
     } else {
-        printf("step %" PRIu64 "/%" PRIu64 "  epoch %" PRIu64 "  loss %s  lr %s  samples/s %.1f  ETA %s\n", step,
-               pr->total, epoch, num_str(ls, sizeof ls, "%.6f", loss), lrs, rate, etas);
+        printf("step %" PRIu64 "/%" PRIu64 "  epoch %" PRIu64 "  loss %s%s  lr %s  samples/s %.1f  ETA %s\n", step,
+               pr->total, epoch, num_str(ls, sizeof ls, "%.6f", loss), ms, lrs, rate, etas);
     }
     fflush(stdout);
     pr->last_draw = t;
@@ -644,6 +650,7 @@ typedef struct trainer {
     bool sharded;             /* the optimizer state is sharded over the ranks (shard_optimizer) */
     watcher watch;            /* --early-stop */
     cli_trace *trace;         /* --trace (rank 0's) */
+    double mvals[64];         /* the last step's metrics (train_plan.metrics) */
 } trainer;
 
 /* Do two paths name one file? (The same text, or the same inode.) */
@@ -700,9 +707,10 @@ static int check_outputs(const args *a)
     struct stat st;
     if (!t->resume || stat(t->log, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return 0;
     FILE *f = fopen(t->log, "r");
-    char line[64] = "";
+    char line[128] = "";
     if (!f) return cli_errorf("--log %s: cannot open: %s", t->log, strerror(errno));
-    bool ours = fgets(line, sizeof line, f) && !strcmp(line, LOG_HEADER "\n");
+    bool ours = fgets(line, sizeof line, f) && !strncmp(line, LOG_HEADER, strlen(LOG_HEADER)) &&
+                (line[strlen(LOG_HEADER)] == '\n' || line[strlen(LOG_HEADER)] == ',');   /* then the metrics' columns */
     fclose(f);
     if (!strcmp(line, LOG_HEADER_V1 "\n"))
         return cli_errorf("--log %s: written by an earlier tfuse, without the evaluation columns (eval_loss, eval_accuracy), so a "
@@ -718,7 +726,7 @@ static int check_outputs(const args *a)
  * it (steps a run did after its last checkpoint before it stopped) are
  * dropped, since those steps are done again and logged again; so each step
  * has one row. */
-static int log_open(const char *path, bool resuming, uint64_t step, FILE **out)
+static int log_open(const char *path, bool resuming, uint64_t step, const char *header_text, FILE **out)
 {
     struct stat st;
     bool keep = resuming && stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
@@ -726,7 +734,7 @@ static int log_open(const char *path, bool resuming, uint64_t step, FILE **out)
         struct stat s2;
         bool special = stat(path, &s2) == 0 && !S_ISREG(s2.st_mode);   /* /dev/stdout, a pipe */
         if (!(*out = fopen(path, special ? "a" : "w"))) return errorf("--log %s: cannot write: %s", path, strerror(errno));
-        fputs(LOG_HEADER "\n", *out);
+        fprintf(*out, "%s\n", header_text);
         fflush(*out);
         return 0;
     }
@@ -739,6 +747,14 @@ static int log_open(const char *path, bool resuming, uint64_t step, FILE **out)
     uint64_t dropped = 0;
     bool cutting = false, header = true;
     while ((n = getline(&line, &cap, f)) > 0) {
+        if (header && (strncmp(line, header_text, strlen(header_text)) || line[strlen(header_text)] != '\n')) {
+            fclose(f);
+            int rc = errorf("--log %s: its columns are '%.*s', and this run's are '%s' (the model's metrics differ): "
+                            "a resumed run does not continue it; give another path", path, (int)(n && line[n - 1] == '\n' ? n - 1 : n), line,
+                            header_text);
+            free(line);
+            return rc;
+        }
         if (!cutting) {
             uint64_t k;
             char *comma = strchr(line, ',');
@@ -861,6 +877,9 @@ typedef struct train_plan {
     int64_t N, B;             /* samples, batch size */
     uint64_t per_epoch, total, seed, log_every;
     uint64_t eval_every;      /* --eval-every, or every epoch under --early-stop; 0: at the end only */
+    const char *const *metrics;   /* the train block's metrics: outputs logged and shown beside the loss */
+    size_t nmetrics;
+    char header[4096];        /* the --log CSV's first line */
     cursor cur;               /* where the run starts: step, epoch, position */
 } train_plan;
 
@@ -910,6 +929,12 @@ static int train_prepare(tf_context_t *ctx, const args *a, trainer *T, train_pla
         return errorf("%s: output 'loss' has %" PRId64 " elements; training needs a scalar loss", a->file,
                       numel(loss_shape, 0, loss_rank));
     P->has_lr = has_output(T->p, "lr", NULL, NULL, NULL);
+    tf_train_config tc;
+    if (tf_program_train_config(ctx, T->p, &tc)) return api_error(ctx, NULL);
+    P->metrics = tc.metrics, P->nmetrics = tc.nmetrics < 64 ? tc.nmetrics : 64;
+    size_t hk = (size_t)snprintf(P->header, sizeof P->header, "%s", LOG_HEADER);
+    for (size_t i = 0; i < P->nmetrics && hk < sizeof P->header; i++)
+        hk += (size_t)snprintf(P->header + hk, sizeof P->header - hk, ",%s", P->metrics[i]);
     tf_train_config cfg;
     if (tf_program_train_config(ctx, T->p, &cfg)) return api_error(ctx, NULL);
     P->precision = tf_precision_name(cfg.precision);
@@ -1108,7 +1133,7 @@ static int train_start(tf_context_t *ctx, const args *a, trainer *T, train_plan 
     if (T->size > 1 && (rc = ranks_agree(ctx, T, P))) return rc;
     if (cli_interrupted()) return stop_early();
     /* from here on the run writes: the log first (rank 0's) */
-    if (t->log && T->rank == 0 && (rc = log_open(t->log, t->resume != NULL, P->cur.step, &T->log))) return rc;
+    if (t->log && T->rank == 0 && (rc = log_open(t->log, t->resume != NULL, P->cur.step, P->header, &T->log))) return rc;
     P->log_every = t->log_every ? t->log_every : 10;
     int64_t G = P->B * T->size;   /* the global batch */
     if (T->size > 1)
@@ -1151,13 +1176,17 @@ static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, 
     int rc;
     if (T->size > 1 && (rc = ranks_after_step(ctx, T, &loss))) return rc;
     if (P->has_lr && !tf_session_output(T->s, "lr", &v)) lr = tf_view_element(&v, 0);
+    for (size_t i = 0; i < P->nmetrics; i++)   /* this rank's value (each rank's own batch under mpirun) */
+        T->mvals[i] = tf_session_output(T->s, P->metrics[i], &v) ? NAN : tf_view_element(&v, 0);
     double tnow = now_s(), dt = tnow - *last;
     *last = tnow;
     if (T->log) {
         char ls[32], lrs[32];
         fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",%s,", step, epoch, num_str(ls, sizeof ls, "%.9g", loss));
         if (P->has_lr) fputs(num_str(lrs, sizeof lrs, "%.9g", lr), T->log);
-        fprintf(T->log, ",%.1f,,\n", dt > 0 ? (double)(P->B * T->size) / dt : 0.0);
+        fprintf(T->log, ",%.1f,,", dt > 0 ? (double)(P->B * T->size) / dt : 0.0);
+        for (size_t i = 0; i < P->nmetrics; i++) fprintf(T->log, ",%s", num_str(ls, sizeof ls, "%.9g", T->mvals[i]));
+        fputc('\n', T->log);
         fflush(T->log);
     }
     if (!isfinite(loss)) {
@@ -1170,7 +1199,7 @@ static int train_after_step(tf_context_t *ctx, trainer *T, const train_plan *P, 
         printf("note: step %" PRIu64 ": loss is %s in fp16; the loss scaler skips the step and halves the scale\n",
                step, isnan(loss) ? "nan" : "inf");
     }
-    progress_show(pr, step, epoch, loss, lr, step == P->total);
+    progress_show(pr, step, epoch, loss, lr, step == P->total, P->metrics, T->mvals, P->nmetrics);
     return 0;
 }
 
@@ -1185,8 +1214,10 @@ static int after_eval(tf_context_t *ctx, const args *a, trainer *T, const train_
     *stop = false;
     if (T->log) {
         char ls[32], as[32];
-        fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",,,,%s,%s\n", cur->step, cur->epoch, isnan(eloss) ? "" : num_str(ls, sizeof ls, "%.9g", eloss),
+        fprintf(T->log, "%" PRIu64 ",%" PRIu64 ",,,,%s,%s", cur->step, cur->epoch, isnan(eloss) ? "" : num_str(ls, sizeof ls, "%.9g", eloss),
                 isnan(eacc) ? "" : num_str(as, sizeof as, "%.9g", eacc));
+        for (size_t i = 0; i < P->nmetrics; i++) fputc(',', T->log);
+        fputc('\n', T->log);
         fflush(T->log);
     }
     if (!w->on) return 0;

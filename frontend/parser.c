@@ -80,7 +80,7 @@ const char *const tf_parser_words[] = {
     /* statement keywords: TF_PARSER_NKEYWORDS */
     "module", "dim", "input", "param", "buffer", "output", "update", "train", "region", "yield",
     /* train-block keys and precisions, region and op marks, literals */
-    "optimizer", "schedule", "precision", "clip_grad_norm", "accumulate", "fp32", "fp16", "bf16",
+    "optimizer", "schedule", "precision", "clip_grad_norm", "accumulate", "metrics", "fp32", "fp16", "bf16",
     "kind", "numerics", "fast", "exact", "recompute", "backward", "true", "false", "inf", "nan", "-inf",
 };
 const int tf_parser_nwords = (int)(sizeof tf_parser_words / sizeof *tf_parser_words);
@@ -600,7 +600,7 @@ static tf_ir_status parse_train(parser *p, const tf_token *kw)
         if (p->tok.kind == TK_EOF)
             return err_at(p, &p->tok, "unterminated train block (opened at line %d): expected '}'", tr->loc.line);
         tf_token key = p->tok;
-        if (key.kind != TK_IDENT) return expected(p, "a train key (optimizer, schedule, precision, clip_grad_norm, accumulate) or '}'");
+        if (key.kind != TK_IDENT) return expected(p, "a train key (optimizer, schedule, precision, clip_grad_norm, accumulate, metrics) or '}'");
         advance(p);
         if (expect(p, TK_EQ, "'=' after the key")) return FAIL(p);
         tf_token vt = p->tok;
@@ -632,9 +632,29 @@ static tf_ir_status parse_train(parser *p, const tf_token *kw)
             tr->accumulate = vt.ival;
             tr->has_accumulate = true;
             advance(p);
+        } else if (tok_is(&key, "metrics")) {   /* output names; tf_verify checks they are scalar outputs */
+            if (tr->nmetrics) return err_at(p, &key, "metrics given twice");
+            for (;;) {
+                tf_token nt = p->tok;
+                if (nt.kind != TK_IDENT) return expected(p, "the name of an output (a metric)");
+                for (int i = 0; i < tr->nmetrics; i++)
+                    if (strlen(tr->metrics[i]) == nt.len && !memcmp(tr->metrics[i], nt.p, nt.len))
+                        return err_at(p, &nt, "metric '%.*s' named twice", (int)(nt.len > 60 ? 60 : nt.len), nt.p);
+                if (tr->nmetrics == 64) return err_at(p, &nt, "more than 64 metrics");
+                if (!tr->metrics && (!(tr->metrics = tf_arena_array(&p->m->arena, 64, sizeof *tr->metrics)) ||
+                                     !(tr->metric_locs = tf_arena_array(&p->m->arena, 64, sizeof *tr->metric_locs))))
+                    return oom(p);
+                char nm[256];
+                snprintf(nm, sizeof nm, "%.*s", (int)(nt.len > 255 ? 255 : nt.len), nt.p);
+                if (!(tr->metrics[tr->nmetrics] = tf_arena_strdup(&p->m->arena, nm))) return oom(p);
+                tr->metric_locs[tr->nmetrics++] = loc_of(p, &nt);
+                advance(p);
+                if (p->tok.kind != TK_COMMA) break;
+                advance(p);
+            }
         } else {
-            return err_at(p, &key, "unknown train key '%.*s'; expected one of: optimizer, schedule, precision, clip_grad_norm, accumulate",
-                          (int)(key.len > 60 ? 60 : key.len), key.p);
+            return err_at(p, &key, "unknown train key '%.*s'; expected one of: optimizer, schedule, precision, clip_grad_norm, "
+                          "accumulate, metrics", (int)(key.len > 60 ? 60 : key.len), key.p);
         }
         if (p->tok.kind != TK_NEWLINE && p->tok.kind != TK_RBRACE) return expected(p, "end of line");
     }

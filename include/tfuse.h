@@ -663,6 +663,9 @@ typedef struct tf_train_config {
     tf_precision precision;            /* FP32, FP16 or BF16: never DEFAULT */
     double clip_grad_norm;             /* 0: no clipping */
     int64_t accumulate;                /* micro-batches per optimizer step, >= 1 */
+    const char *const *metrics;        /* `metrics = a, b`: outputs `tfuse train` logs beside the loss; the model's or
+                                        * program's strings, valid while it lives */
+    size_t nmetrics;
 } tf_train_config;
 /* The model's train block (precision: the block's, fp32 when it names none). */
 tf_status tf_model_train_config(tf_context_t *ctx, const tf_model_t *m, tf_train_config *out);

@@ -296,6 +296,9 @@ typedef struct tf_train {
     tf_ir_precision precision;
     double clip_grad_norm;  /* 0: off */
     int64_t accumulate;     /* >= 1 */
+    const char **metrics;   /* `metrics = a, b`: scalar outputs logged beside the loss (tfuse train); arena */
+    tf_loc *metric_locs;
+    int nmetrics;
 } tf_train;
 
 /* ---- fused regions ----------------------------------------------------------------- */

@@ -646,6 +646,15 @@ tf_module *tf_module_clone(tf_module *m)
     if (!clone_call(c, &c->train.optimizer, &m->train.optimizer) ||
         !clone_call(c, &c->train.schedule, &m->train.schedule))
         goto fail;
+    if (m->train.nmetrics) {   /* the names into c's arena */
+        if (!(c->train.metrics = tf_arena_array(&c->arena, (size_t)m->train.nmetrics, sizeof *c->train.metrics)) ||
+            !(c->train.metric_locs = tf_arena_array(&c->arena, (size_t)m->train.nmetrics, sizeof *c->train.metric_locs)))
+            goto fail;
+        for (int i = 0; i < m->train.nmetrics; i++) {
+            if (!(c->train.metrics[i] = tf_arena_strdup(&c->arena, m->train.metrics[i]))) goto fail;
+            c->train.metric_locs[i] = (tf_loc){c->file, m->train.metric_locs[i].line, m->train.metric_locs[i].col};
+        }
+    }
     tf_free(map);
     tf_module_renumber(c);
     return c;

@@ -202,6 +202,7 @@ char *tf_print_module(const tf_module *m)
             tf_strbuf_printf(&s, "  clip_grad_norm = %s\n", b);
         }
         if (t->has_accumulate) tf_strbuf_printf(&s, "  accumulate = %lld\n", (long long)t->accumulate);
+        for (int i = 0; i < t->nmetrics; i++) tf_strbuf_printf(&s, "%s%s%s", i ? ", " : "  metrics = ", t->metrics[i], i == t->nmetrics - 1 ? "\n" : "");
         tf_strbuf_printf(&s, "}\n");
     }
     if (s.oom) {

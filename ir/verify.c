@@ -232,6 +232,18 @@ tf_ir_status tf_verify(tf_module *m, tf_diag *d)
         if (!in_module(m, m->outputs[i].value))
             return tf_diag_error(d, TF_IR_ERR_INTERNAL, &m->outputs[i].loc, "internal: output '%s' names a value "
                                  "that is not in the module", m->outputs[i].name);
+    for (int i = 0; i < m->train.nmetrics; i++) {   /* metrics: scalar float outputs */
+        const tf_output *o = NULL;
+        for (int k = 0; k < m->noutputs && !o; k++)
+            if (!strcmp(m->outputs[k].name, m->train.metrics[i])) o = &m->outputs[k];
+        char b1[256];
+        if (!o)
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &m->train.metric_locs[i], "metric '%s' is not an output of the model; "
+                                 "declare it with 'output %s'", m->train.metrics[i], m->train.metrics[i]);
+        if (tf_type_numel(&o->value->type) != 1 || !tf_dtype_is_float(o->value->type.dtype))
+            return tf_diag_error(d, TF_IR_ERR_VERIFY, &m->train.metric_locs[i], "metric '%s' is %s; a metric is one floating number "
+                                 "(reduce it, e.g. with reduce_mean)", o->name, tf_type_str(m, &o->value->type, b1));
+    }
     for (int i = 0; i < m->nupdates; i++) {
         tf_update *u = &m->updates[i];
         if (!in_module(m, u->buffer) || !in_module(m, u->value))

@@ -204,7 +204,7 @@ static const struct { const char *type, *field; size_t at; } g_layout[] = {
     S(tf_train_config), F(tf_train_config, has_block), F(tf_train_config, optimizer), F(tf_train_config, lr),
     F(tf_train_config, optimizer_params), F(tf_train_config, noptimizer_params), F(tf_train_config, schedule),
     F(tf_train_config, schedule_params), F(tf_train_config, nschedule_params), F(tf_train_config, precision),
-    F(tf_train_config, clip_grad_norm), F(tf_train_config, accumulate),
+    F(tf_train_config, clip_grad_norm), F(tf_train_config, accumulate), F(tf_train_config, metrics), F(tf_train_config, nmetrics),
     S(tf_kernel_profile), F(tf_kernel_profile, name), F(tf_kernel_profile, how), F(tf_kernel_profile, total_ms),
     F(tf_kernel_profile, calls), F(tf_kernel_profile, elements), F(tf_kernel_profile, bytes),
     S(tf_cache_info), F(tf_cache_info, limit), F(tf_cache_info, kernels), F(tf_cache_info, in_use), F(tf_cache_info, evicted),

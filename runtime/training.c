@@ -96,6 +96,8 @@ static void fill_train_config(const tf_module *m, tf_precision precision, tf_tra
     out->precision = precision;
     out->clip_grad_norm = t->has_clip ? t->clip_grad_norm : 0;
     out->accumulate = t->has_accumulate ? t->accumulate : 1;
+    out->metrics = t->metrics;
+    out->nmetrics = (size_t)t->nmetrics;
 }
 
 tf_status tf_model_train_config(tf_context_t *ctx, const tf_model_t *m, tf_train_config *out)

@@ -72,6 +72,10 @@ class Compile(unittest.TestCase):
         tc = tfuse.compile(MLP, dims={"B": 8}).train_config
         self.assertEqual((tc["optimizer"], tc["schedule"], tc["precision"]), ("adamw", "onecycle", "bf16"))
         self.assertAlmostEqual(tc["optimizer_params"]["weight_decay"], 0.01)
+        self.assertEqual(tc["metrics"], [])
+        met = open(MLP).read().replace("train {", "output lg_mean = m\ntrain {\n  metrics = lg_mean").replace(
+            "loss = cross_entropy(lg, y)", "loss = cross_entropy(lg, y)\nm = reduce_mean(lg, axes=[0, 1])")
+        self.assertEqual(tfuse.compile(met, dims={"B": 8}).train_config["metrics"], ["lg_mean"])
 
     def test_text_and_options(self):
         p = tfuse.compile(TINY, mode="infer", target="interp", dims={"N": 2}, opt_level=0)

@@ -547,7 +547,7 @@ class Program:
             "schedule_params": {tc.schedule_params[i].name.decode(): tc.schedule_params[i].value
                                 for i in range(tc.nschedule_params)},
             "precision": lib.tf_precision_name(tc.precision).decode(), "clip_grad_norm": tc.clip_grad_norm,
-            "accumulate": tc.accumulate,
+            "accumulate": tc.accumulate, "metrics": [tc.metrics[i].decode() for i in range(tc.nmetrics)],
         }
 
     @property

@@ -100,6 +100,7 @@ class TrainConfig(ctypes.Structure):
         ("has_block", c_int), ("optimizer", c_char_p), ("lr", c_double), ("optimizer_params", TrainParam * 8),
         ("noptimizer_params", c_size_t), ("schedule", c_char_p), ("schedule_params", TrainParam * 8),
         ("nschedule_params", c_size_t), ("precision", c_int), ("clip_grad_norm", c_double), ("accumulate", c_int64),
+        ("metrics", POINTER(c_char_p)), ("nmetrics", c_size_t),
     ]
 
 

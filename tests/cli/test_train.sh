@@ -304,6 +304,34 @@ sys.exit(not ok)
 PY
 else bad "train --trace (rc $rc): $out"; fi
 
+# ---- metrics: scalar outputs the train block names are logged (a CSV column each), shown and plotted
+cat >"$tmp/met.ir" <<'EOF2'
+module met
+dim B = 16
+input x : f32[B, 64]
+input y : i64[B]
+param w : f32[64, 10] = kaiming_uniform()
+lg = matmul(x, w)
+loss = cross_entropy(lg, y)
+sq = mul(w, w)
+wnorm = reduce_sum(sq, axes=[0, 1])
+output loss
+output wnorm
+train {
+  optimizer = sgd(lr=0.1)
+  metrics = wnorm
+}
+EOF2
+out=$("$tfuse" train "$tmp/met.ir" --data "x=$tmp/esx.npy,y=$tmp/esy.npy" --steps 8 --log-every 4 --log "$tmp/met.csv" --save "$tmp/met.st" 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -cE '^step [48]/8  epoch 0  loss [0-9.]+  wnorm [0-9.]+  lr ' <<<"$out")" -eq 2 ] &&
+   [ "$(head -n1 "$tmp/met.csv")" = "step,epoch,loss,lr,samples_per_s,eval_loss,eval_accuracy,wnorm" ] &&
+   [ "$(tail -n +2 "$tmp/met.csv" | grep -cE '^[0-9]+,0,[0-9.e+-]+,[0-9.e+-]+,[0-9.]+,,,[0-9.e+-]+$')" -eq 8 ]; then ok
+else bad "metrics (rc $rc): $out $(cat "$tmp/met.csv")"; fi
+expect 0 "wrote $tmp/met.svg: 3 panels" -- "$tfuse" plot "$tmp/met.csv" -o "$tmp/met.svg"
+# a resumed run whose metrics differ from its log's columns: refused before any step, naming both
+sed 's/  metrics = wnorm//' "$tmp/met.ir" >"$tmp/nomet.ir"
+expect 1 "--log $tmp/met.csv: its columns are 'step,epoch,loss,lr,samples_per_s,eval_loss,eval_accuracy,wnorm', and this run's are 'step,epoch,loss,lr,samples_per_s,eval_loss,eval_accuracy'" -- "$tfuse" train "$tmp/nomet.ir" --data "x=$tmp/esx.npy,y=$tmp/esy.npy" --steps 12 --log "$tmp/met.csv" --resume "$tmp/met.st"
+
 # ---- tfuse plot: the log as an SVG, one panel per quantity, a dot per evaluation; errors name file:line:col
 out=$("$tfuse" plot "$tmp/es.csv" -o "$tmp/es.svg" 2>&1); rc=$?
 nev=$(grep -cE '^[0-9]+,[0-9]+,,,,' "$tmp/es.csv")

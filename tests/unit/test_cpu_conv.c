@@ -81,10 +81,10 @@ static bool pair_make_with(pair *q, const char *label, const char *text, tf_mode
         int64_t shape[8], n = 1;
         tf_program_io(q->p, TF_IO_INPUT, i, &name, &dt, &rank, shape);
         for (int k = 0; k < rank; k++) n *= shape[k];
-        float *d = calloc((size_t)(n ? n : 1), sizeof *d);
+        void *d = calloc((size_t)(n ? n : 1), 8);   /* in the input's dtype (f32, or 16-bit) */
         q->data[i] = d;
-        for (int64_t k = 0; k < n; k++) d[k] = (float)(4 * test_rnd(&s) - 2);
-        if (i == 0 && nan_at >= 0 && nan_at < n) d[nan_at] = NAN;
+        for (int64_t k = 0; k < n; k++) tf_elem_store((tf_dt)dt, d, k, tf_dtype_round((tf_dt)dt, 4 * test_rnd(&s) - 2));
+        if (i == 0 && nan_at >= 0 && nan_at < n) tf_elem_store((tf_dt)dt, d, nan_at, NAN);
         if (tf_session_bind(q->ref, name, dt, shape, rank, d) || tf_session_bind(q->cpu, name, dt, shape, rank, d)) {
             CHECK(0, "%s: bind %s: %s", label, name, tf_context_last_error(q->ctx));
             return false;
