@@ -147,6 +147,11 @@ int cmd_import(int argc, char **argv);   /* import.c: tfuse import MODEL.onnx */
 int cmd_cache(int argc, char **argv);    /* cache.c: tfuse cache stats | clear */
 int cmd_plot(int argc, char **argv);     /* plot.c: tfuse plot LOG.csv... -o OUT.svg */
 
+/* help.c: every command's name, synopsis and help text, in `tfuse --help`'s order */
+typedef struct cli_command { const char *name, *synopsis, *help; } cli_command;
+extern const cli_command cli_commands[];
+extern const size_t cli_ncommands;
+
 /* trace.c: --trace FILE.json, the session's timeline and the command's spans as Chrome trace-event JSON */
 typedef struct cli_trace cli_trace;
 double cli_now_us(void);   /* CLOCK_MONOTONIC, the runtime's clock for kernel calls */

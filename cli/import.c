@@ -70,7 +70,10 @@ int cmd_import(int argc, char **argv)
         ir = out ? strdup(out) : with_ext(model, ".ir");
         params = with_ext(to_stdout ? model : ir ? ir : "", ".safetensors");
         if (!ir || !params) rc = cli_errorf("out of memory");
-        else if (!to_stdout && !strcmp(ir, model)) rc = cli_errorf("-o %s: that is the model itself", ir);
+        else if (!to_stdout && !strcmp(ir, model))
+            rc = out ? cli_errorf("-o %s: that is the model itself", ir)
+                     : cli_errorf("%s: 'tfuse import' reads an ONNX model (.onnx), and this one's output would be the model itself "
+                                  "(its name with .ir); a .ir file is tfuse's own text and needs no import", model);
     }
     /* before the work: the outputs can be written */
     if (!rc) rc = cli_check_readable("model", model);

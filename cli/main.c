@@ -197,11 +197,14 @@ int cli_usage_errorf(const char *cmd, const char *fmt, ...)
     return 2;
 }
 
+static bool flag_valued(flag_id f);
+
 /* Count flag f; a second one of a flag that does not repeat is an error. */
 static int note_flag(args *a, flag_id f)
 {
     if (++a->seen[f] > 1 && !flag_table[f].repeats)
-        return cli_usage_errorf(a->cmd, "%s is given twice (it takes one value; which one was meant?)", flag_table[f].name);
+        return cli_usage_errorf(a->cmd, flag_valued(f) ? "%s is given twice (it takes one value; which one was meant?)"
+                                                       : "%s is given twice", flag_table[f].name);
     return 0;
 }
 
@@ -495,6 +498,14 @@ static const struct flag_parse {
     [F_OPTIMIZER] = {true, set_optimizer, NULL},   [F_TRACE] = {true, set_trace, NULL},
 };
 
+/* Whether flag f takes a value (--O0, --profile and --no-tf32 do not). */
+static bool flag_valued(flag_id f)
+{
+    if (f < F_SETTING0) return flag_parse[f].valued;
+    const struct setting_flag *sf = &setting_flags[f - F_SETTING0];
+    return sf->is_str || sf->on[0];
+}
+
 /* The flag of flag_table at argv[*i] (its value in *v, *i past it), or -1. */
 static int match_flag(int argc, char **argv, int *i, const char **v)
 {
@@ -579,7 +590,11 @@ static int check_flags(const args *a)
         const char *name = flag_table[f].name;
         if (!strcmp(cmd, "train") && (f == F_INPUT || f == F_OUTPUT || f == F_RANDOM_INPUTS))
             return cli_usage_errorf(cmd, "train reads its data with --data NAME=FILE.npy,... (%s is for 'tfuse run')", name);
-        if (flag_table[f].why) return cli_usage_errorf(cmd, "'tfuse %s' takes no %s: %s", cmd, name, flag_table[f].why);
+        /* the reasons of --checkpoint, --memory-budget, --loss and --optimizer are run's; --passes's are for the
+         * commands with a fixed pipeline: elsewhere the list of the commands that take the flag says it */
+        bool runs_why = f == F_CHECKPOINT || f == F_MEMORY_BUDGET || f == F_LOSS || f == F_OPTIMIZER;
+        bool why_fits = runs_why ? !strcmp(cmd, "run") : f == F_PASSES ? (me & C_COMPILING) != 0 : true;
+        if (flag_table[f].why && why_fits) return cli_usage_errorf(cmd, "'tfuse %s' takes no %s: %s", cmd, name, flag_table[f].why);
         char takers[128] = "";
         size_t k = 0;
         for (unsigned c = 0; c < sizeof cmd_names / sizeof *cmd_names; c++)
@@ -815,9 +830,29 @@ int cli_check_writable(const char *flag, const char *path, bool replace)
 
 #define fail cli_fail
 
+/* print, opt and compile read a model's text (or an ONNX model): a package
+ * or a data file is said to be what it is, not lexed as text */
+static bool wrong_kind;   /* load_model said what the file is: no context error to print */
+
 static tf_model_t *load_model(tf_context_t *ctx, const args *a)
 {
     tf_model_t *m = NULL;
+    wrong_kind = false;
+    unsigned char head[8] = {0};
+    FILE *f = fopen(a->file, "rb");
+    size_t got = f ? fread(head, 1, sizeof head, f) : 0;
+    if (f) fclose(f);
+    if (tf_is_package(a->file)) {
+        cli_errorf("%s: a compiled package, not a model's text: 'tfuse %s' reads the .ir (or .onnx) it was compiled from; "
+                   "run, train and bench take the package", a->file, a->cmd);
+        wrong_kind = true;
+        return NULL;
+    }
+    if (got >= 6 && !memcmp(head, "\x93NUMPY", 6)) {
+        cli_errorf("%s: a .npy array, not a model: give the model's .ir (or .onnx) file", a->file);
+        wrong_kind = true;
+        return NULL;
+    }
     if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m)) return NULL;
     return m;
 }
@@ -828,7 +863,7 @@ static int cmd_print(tf_context_t *ctx, const args *a)
     char *text = NULL;
     if (!m || tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
-        return fail(ctx);
+        return wrong_kind ? 1 : fail(ctx);
     }
     fputs(text, stdout);
     free(text);
@@ -874,6 +909,7 @@ static int cmd_opt(tf_context_t *ctx, const args *a)
     cli_fill_options(a, &o, stderr);   /* the module goes to stdout */
     if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", &o) || tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
+        if (wrong_kind) return 1;
         return fail(ctx);
     }
     fputs(text, stdout);
@@ -996,15 +1032,38 @@ static int write_file(const char *path, const char *text)
 
 /* Train mode minimizes the output named loss: without one there is nothing
  * to train (the library would compile a forward-only step, silently). */
+/* The compiler's rule (autodiff's find_loss): the output named 'loss', else
+ * the first output that is one floating number (said in a note). how NULL:
+ * compile's default mode, where a model without a loss gets a note, not an
+ * error (it compiles as a forward step in train mode). */
 int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how)
 {
+    bool note_only = !how;
+    if (!how) how = "compile's default --mode=train";
+    const char *scalar = NULL;
     for (size_t i = 0; i < tf_program_io_count(p, TF_IO_OUTPUT); i++) {
         const char *name;
-        tf_program_io(p, TF_IO_OUTPUT, i, &name, NULL, NULL, NULL);
+        tf_dtype dt;
+        int rank;
+        int64_t shape[8];
+        tf_program_io(p, TF_IO_OUTPUT, i, &name, &dt, &rank, shape);
         if (!strcmp(name, "loss")) return 0;
+        if (!scalar && rank == 0 && (dt == TF_DTYPE_F32 || dt == TF_DTYPE_F64 || dt == TF_DTYPE_F16 || dt == TF_DTYPE_BF16)) scalar = name;
     }
     fflush(stdout);
-    fprintf(stderr, "%s: error: %s needs an output named 'loss' to minimize, and the model has none: %s\n", file, how,
+    if (scalar) {
+        fprintf(stderr, "%s: note: no output named 'loss': %s minimizes '%s', the model's first output that is one floating number\n",
+                file, how, scalar);
+        return 0;
+    }
+    if (note_only) {
+        fprintf(stderr, "%s: note: the model has no loss (an output named 'loss', or one floating number output): %s compiled "
+                "its forward pass alone, in train mode (batchnorm on batch statistics, dropout on); --mode=infer compiles it for "
+                "inference\n", file, how);
+        return 0;
+    }
+    fprintf(stderr, "%s: error: %s needs a loss to minimize: an output named 'loss' (or one floating number output), and the model "
+            "has neither: %s\n", file, how,
             cli_is_onnx(file) ? "give one with --loss \"cross_entropy(OUTPUT, LABELS)\" or --loss \"mse_loss(OUTPUT, TARGET)\""
                               : "add 'output loss' (or 'output loss = VALUE'), or give one with --loss");
     return 1;
@@ -1102,14 +1161,15 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
     }
     double t0 = wall_ms();
     tf_model_t *m = load_model(ctx, a);
-    if (!m) {
+    if (!m || ((a->loss || a->optimizer) && tf_model_add_loss(ctx, m, a->loss, a->optimizer))) {   /* as train and bench apply them */
+        tf_model_free(m);
         free(pkg_path);
-        return fail(ctx);
+        return wrong_kind ? 1 : fail(ctx);
     }
     tf_program_t *p = compile(ctx, m, a);
     int rc = 0;
     if (!p) rc = fail(ctx);
-    if (!rc && a->mode_set && a->mode == TF_MODE_TRAIN) rc = cli_check_train_loss(p, a->file, "--mode=train");
+    if (!rc && a->mode == TF_MODE_TRAIN) rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : NULL);
     if (!rc && a->stats)
         for (size_t i = 0; i < tf_program_stat_count(p); i++) {
             const char *name;
@@ -1335,69 +1395,21 @@ void cli_print_session_stats(const tf_session_t *s)
     if (info.jit_package) printf("kernels_jit_package: %d\n", info.jit_package);
 }
 
-static const struct {
-    const char *name, *synopsis, *help;
-} commands[] = {
-    {"print", "FILE [--dim K=V]",
-     "Parse and verify a model, then print its canonical text (every value typed)."},
-    {"opt", "FILE [--passes=a,b,...] [--mode=train|infer] [--explain] [--dim K=V]",
-     "Run passes (default: lower) and print the module; --explain writes each decision to stderr."},
-    {"compile", "FILE [--mode=train|infer] [--target=interp|cpu|cuda|cuda-emu] [--arch=sm_90] [--precision=fp32|fp16|bf16] [--O0] [--disable-pass=NAME]\n"
-     "                     [--explain] [--dim K=V|K=auto --memory-limit=BYTES] [--checkpoint=none|auto --memory-budget=BYTES|PCT%]\n"
-     "                     [--dump-ir=all|PASS] [--dump-dir=DIR] [--dump-kernels=DIR] [--dump-llvm=DIR] [--stats] [-o OUT]",
-     "Run the full pipeline. --stats prints key: value lines (ops, kernels, fused_regions, casts, params,\n"
-     "peak_bytes, ...); --explain prints one line per decision and why; --O0 runs no optimizing pass;\n"
-     "--dim B=auto picks the largest B whose planned peak fits --memory-limit (512M, 16G, ...);\n"
-     "train mode (the model needs an output 'loss', one floating number): --checkpoint=auto recomputes\n"
-     "forward values (cheapest per byte first) until the step's planned peak fits --memory-budget (bytes or 50%);\n"
-     "--dump-ir writes DIR/NN-PASS.ir after each pass (each parses again); --dump-kernels writes\n"
-     "DIR/kernels.txt, the kernel IR of every kernel; --dump-llvm writes DIR/kernels.ll, the optimized\n"
-     "LLVM IR the cpu target runs; -o writes the compiled IR. With --target=cuda, -o DIR writes a directory:\n"
-     "program.ir, kernels.txt, cuda/*.cu for every generated kernel, cuda/*.<arch>.cubin (NVRTC programs of\n"
-     "several kernels; no GPU needed; --arch picks the GPU, default sm_90), cubins.txt (which cubin holds\n"
-     "which kernel) and manifest.txt. The default target is cpu when this\n"
-     "build has LLVM, else interp."},
-    {"run", "FILE [--input NAME=FILE.npy ...] [--random-inputs] [--params FILE.safetensors] [--output NAME=FILE.npy ...]\n"
-     "                     [--seed N] [--target=...] [--threads N] [--precision=...] [--O0] [--disable-pass=NAME] [--stats]\n"
-     "                     [--trace FILE.json]",
-     "Inference: bind inputs from .npy files, load params (names = IR names; params the file lacks\n"
-     "keep their seeded initial values), run, and write outputs to .npy (or print them). --stats prints\n"
-     "key: value lines: the target, its kernels, those JIT-compiled now and those this process had, and the\n"
-     "disk cache's hits and misses (kernels found in $TFUSE_CACHE_DIR, and compiled now; see 'tfuse cache')."},
-    {"train", train_synopsis, train_help},
-    {"bench", bench_synopsis, bench_help},
-    {"doctor", "[target settings]", "What this build and machine can run: the targets (and why one cannot run here), the cpu\n"
-                   "target's GEMM library and threads, the CUDA libraries found (or where the search looked) and the GPUs;\n"
-                   "then each target setting, its value and where it came from (default, env VAR=VALUE, or option:\n"
-                   "a flag given here)."},
-    {"cache", "stats | clear [cpu|cuda|cuda-emu]",
-     "The compile cache on disk: $TFUSE_CACHE_DIR (default ~/.cache/tfuse), where each process leaves what it\n"
-     "compiled for the next: cpu/ the cpu target's object code, cuda/ cubins and cuBLASLt and cuDNN algorithm\n"
-     "choices, cuda-emu/ cuda-emu's host objects. Its parts share one bound, $TFUSE_CACHE_MAX bytes (a\n"
-     "number, or one with K, M, G or T: powers of 1024), 2G by default; a write that passes it evicts the least\n"
-     "recently used entries until 90% of it is left.\n"
-     "  stats   the directory, each part's entries and bytes, the total and the bound\n"
-     "  clear   remove the entries of every part, or of the one named, and say what went (files that\n"
-     "          another process is writing stay)"},
-    {"import", "MODEL.onnx [-o MODEL.ir] [--dim NAME=N ...]",
-     "An ONNX model as tfuse's text and its initializers as safetensors beside it (docs/onnx.md);\n"
-     "`tfuse import --help` says more."},
-    {"plot", "LOG.csv [LOG.csv ...] [-o OUT.svg] [--title TEXT]",
-     "Training logs (tfuse train --log) drawn as an SVG: loss, evaluation loss and accuracy, learning rate\n"
-     "and any other column against the step; several logs compare runs. `tfuse plot --help` says more."},
-};
 
 static void usage_cmd(const char *cmd, FILE *f)
 {
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(commands[i].name, cmd)) {
+    for (size_t i = 0; i < cli_ncommands; i++)
+        if (!strcmp(cli_commands[i].name, cmd)) {
             if (!strcmp(cmd, "cache")) {
-                fprintf(f, "usage: tfuse %s %s\n\n%s\n", cmd, commands[i].synopsis, commands[i].help);
+                fprintf(f, "usage: tfuse %s %s\n\n%s\n", cmd, cli_commands[i].synopsis, cli_commands[i].help);
                 return;
             }
-            fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s", cmd, commands[i].synopsis, commands[i].help,
+            bool pkg = !strcmp(cmd, "run") || !strcmp(cmd, "train") || !strcmp(cmd, "bench");   /* they take packages */
+            fprintf(f, "usage: tfuse %s %s\n\n%s\n\n%s%s", cmd, cli_commands[i].synopsis, cli_commands[i].help,
+                    !strcmp(cmd, "doctor") ? "" : pkg ? "FILE is a model (.ir), a package (.tfp) or an ONNX model (.onnx, docs/onnx.md). "
+                                                      : "FILE is a model (.ir) or an ONNX model (.onnx, docs/onnx.md). ",
                     !strcmp(cmd, "doctor") ? "It takes no flags but --help and the target settings below.\n\n"
-                    : "FILE is a model (.ir), a package (.tfp) or an ONNX model (.onnx, docs/onnx.md). compile, train and bench\n"
+                    : "compile, train and bench\n"
                       "take --loss \"cross_entropy(OUTPUT, LABELS)\" or --loss \"mse_loss(OUTPUT, TARGET)\" (a new input) and\n"
                       "--optimizer \"adamw(lr=1e-3)\" for a model that has none: how an ONNX model is fine-tuned.\n"
                       "Every command also takes --dim K=V (repeatable) and --help; run, train and bench take --seed N.\n"
@@ -1411,8 +1423,8 @@ static void usage_cmd(const char *cmd, FILE *f)
 static void usage(FILE *f)
 {
     fprintf(f, "tfuse %s — a graph compiler and kernel fuser for training and inference\n\nusage:\n", TFUSE_VERSION);
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  tfuse %-8s %s\n", commands[i].name, commands[i].synopsis);
+    for (size_t i = 0; i < cli_ncommands; i++)
+        fprintf(f, "  tfuse %-8s %s\n", cli_commands[i].name, cli_commands[i].synopsis);
     fprintf(f, "\n'tfuse COMMAND --help' describes one command.\n");
 }
 
@@ -1432,7 +1444,7 @@ int main(int argc, char **argv)
         return 0;
     }
     bool known = false;
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) known |= !strcmp(commands[i].name, cmd);
+    for (size_t i = 0; i < cli_ncommands; i++) known |= !strcmp(cli_commands[i].name, cmd);
     if (!known) {
         fprintf(stderr, "tfuse: error: unknown command '%s'\n", cmd);
         usage(stderr);

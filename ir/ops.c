@@ -719,7 +719,8 @@ tf_ir_status sh_concat(tf_module *m, tf_node *n, tf_type *out, tf_diag *d)
         bool ok = y->rank == x->rank;
         for (int k = 0; ok && k < x->rank; k++) ok = k == ax || y->dims[k].n == x->dims[k].n;
         if (!ok)
-            return ERR("concat: operand %d %s does not match %s outside axis %d", i, tstr(m, y, b2), tstr(m, x, b1), ax);
+            return ERR("concat: operand %d ('%s', %s) does not match operand 1 ('%s', %s) outside axis %d", i + 1,
+                       n->in[i]->name ? n->in[i]->name : "?", tstr(m, y, b2), n->in[0]->name ? n->in[0]->name : "?", tstr(m, x, b1), ax);
         out->dims[ax].n += y->dims[ax].n;
         out->dims[ax].sym = -1;
         if (out->dims[ax].n > TF_MAX_DIM) return ERR("concat: axis %d grows beyond %lld", ax, (long long)TF_MAX_DIM);

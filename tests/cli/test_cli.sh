@@ -282,8 +282,15 @@ expect 0 "usage: tfuse doctor" -- "$tfuse" doctor --help
 
 # ---- train mode needs an output named loss (exit 1, naming the file)
 printf 'input x : f32[4]\nparam w : f32[4] = ones()\nh = mul(x, w)\noutput h\n' > "$tmp/noloss.ir"
-expect 1 "noloss.ir: error: --mode=train needs an output named 'loss' to minimize, and the model has none" -- "$tfuse" compile "$tmp/noloss.ir" --mode=train
-expect 1 "noloss.ir: error: bench's default --mode=train needs an output named 'loss'" -- "$tfuse" bench "$tmp/noloss.ir" --iters 1
+expect 1 "noloss.ir: error: --mode=train needs a loss to minimize: an output named 'loss' \(or one floating number output\), and the model has neither" -- "$tfuse" compile "$tmp/noloss.ir" --mode=train
+expect 0 "noloss.ir: note: the model has no loss .*: compile's default --mode=train compiled its forward pass alone, in train mode .*--mode=infer compiles it for inference" -- "$tfuse" compile "$tmp/noloss.ir" -o "$tmp/nl.tfp"
+expect 1 "noloss.ir: error: bench's default --mode=train needs a loss to minimize" -- "$tfuse" bench "$tmp/noloss.ir" --iters 1
+# compile applies --loss and --optimizer as train and bench do (they were once dropped without a word)
+expect 0 "compiled .*noloss.ir: train" -- "$tfuse" compile "$tmp/noloss.ir" --loss "mse_loss(h, t)" --optimizer "sgd(lr=0.1)" -o "$tmp/nl.tfp"
+expect 1 "unknown optimizer 'nonsense'" -- "$tfuse" compile "$tmp/noloss.ir" --loss "mse_loss(h, t)" --optimizer "nonsense" -o "$tmp/nl.tfp"
+# the compiler's rule, said: a scalar output not named loss is what training minimizes
+printf 'input x : f32[4]\nparam w : f32[4] = ones()\nh = mul(x, w)\nl = reduce_mean(h, axes=[0])\noutput l\n' > "$tmp/scalarl.ir"
+expect 0 "scalarl.ir: note: no output named 'loss': --mode=train minimizes 'l'" -- "$tfuse" compile "$tmp/scalarl.ir" --mode=train -o "$tmp/sl.tfp"
 expect 0 "^ops: " -- "$tfuse" compile "$tmp/noloss.ir" --mode=infer --stats
 # ... and a loss that is not one floating number is an error at its output
 printf 'input x : f32[4]\nparam w : f32[4] = ones()\nh = mul(x, w)\noutput loss = h\n' > "$tmp/vecloss.ir"
