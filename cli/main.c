@@ -991,9 +991,11 @@ tf_program_t *cli_load_program(tf_context_t *ctx, const args *a, tf_mode mode, F
         bad = "target", snprintf(want, sizeof want, "%s", target_name(a->target)), snprintf(have, sizeof have, "%s", target_name(pt));
     else if (a->precision != TF_PRECISION_DEFAULT && a->precision != pp)
         bad = "precision", snprintf(want, sizeof want, "%s", precision_name(a->precision)), snprintf(have, sizeof have, "%s", precision_name(pp));
-    if (bad) {
-        *rc = cli_usage_errorf(a->cmd, "%s was compiled with %s %s, and this asks for %s: compile the model with --%s=%s", a->file, bad,
-                               have, want, bad, want);
+    if (bad) {   /* what was asked: a flag given, or the command's default (bench: train); and the flag that runs the package as it is */
+        bool given = strcmp(bad, "mode") || a->mode_set;
+        *rc = cli_usage_errorf(a->cmd, "%s was compiled with %s %s, and %s %s: %s --%s=%s (the package's), or compile the model with --%s=%s",
+                               a->file, bad, have, given ? "this asks for" : "the command's default is", want, given ? "give" : "add", bad,
+                               have, bad, want);
         tf_program_free(p);
         return NULL;
     }
@@ -1141,6 +1143,9 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
     bool package = !ir_text && !cuda_dir && a->target != TF_TARGET_CUDA_EMU;
     char *pkg_path = package ? (a->out ? strdup(a->out) : default_package_path(a->file)) : NULL;
     if (package && !pkg_path) return cli_errorf("out of memory");
+    if (a->target == TF_TARGET_CUDA_EMU && a->out && !ir_text)
+        return cli_usage_errorf(a->cmd, "-o %s: a cuda-emu program is not packaged (its kernels are compiled for this host when a "
+                                "session starts): drop -o, write the final IR with -o NAME.ir, or compile for --target=cpu or cuda", a->out);
     if (cuda_dir && a->arch && strchr(a->arch, ',')) {
         free(pkg_path);
         return cli_usage_errorf(a->cmd, "-o %s writes one architecture's cubins into a directory; a package (-o NAME.tfp) holds "

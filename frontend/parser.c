@@ -798,7 +798,8 @@ static tf_ir_status parse_statement(parser *p, bool *seen_stmt)
         if (defines) return err_at(p, &t, "'%.*s' is a keyword and cannot name a value", (int)t.len, t.p);
     }
     if (tok_is(&t, "module")) {
-        if (!first) return err_at(p, &t, "'module' must be the first statement");
+        if (!first) return err_at(p, &t, p->m->name ? "a second 'module' statement: a file holds one module"
+                                                    : "'module' must be the first statement");
         advance(p);
         if (p->tok.kind != TK_IDENT) return expected(p, "the module's name");
         if (!(p->m->name = tok_str(p, &p->tok))) return oom(p);
@@ -850,7 +851,7 @@ static tf_ir_status literal_too_big(tf_diag *d, const tf_loc *at, const char *wh
     if (!isfinite(v) || fabs(v) < lim) return TF_IR_OK;
     shortest(v, vs, sizeof vs);
     snprintf(ls, sizeof ls, "%.9g", largest);
-    return tf_diag_error(d, TF_IR_ERR_VERIFY, at, "%s %s is too large for %s (largest finite %s): it would "
+    return tf_diag_error(d, TF_IR_ERR_VERIFY, at, "%s %s is outside %s's range (finite values are within +-%s): it would "
                          "become %sinf; write %sinf if that is meant", what, vs, tf_dtype_name(dt), ls,
                          v < 0 ? "-" : "", v < 0 ? "-" : "");
 }

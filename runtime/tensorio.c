@@ -917,9 +917,18 @@ static tio_status st_parse(const ectx *E, const source *S, tio_tensor **out, siz
     tio_status st = src_read(E, S, 0, lenbuf, 8);
     if (st) return st;
     uint64_t hl = get_le(lenbuf, 8), far = 0;
+    if (!memcmp(lenbuf, "\x93NUMPY", 6))   /* another format's magic, not a length */
+        return fail(E, TIO_ERR_FORMAT, "not a safetensors file: it is a .npy array (NumPy's format); params and checkpoints "
+                    "are safetensors files (what tfuse train --save writes)");
+    if (!memcmp(lenbuf, "TFUSE-PA", 8))
+        return fail(E, TIO_ERR_FORMAT, "not a safetensors file: it is a tfuse package (.tfp); run, train and bench take it as "
+                    "the model (FILE), not as params");
+    if (hl > len - 8 && hl <= ST_MAX_HEADER)
+        return fail(E, TIO_ERR_FORMAT, "header length %llu goes beyond the end of the file (%llu bytes follow "
+                    "the length)", (unsigned long long)hl, (unsigned long long)(len - 8));
     if (hl > ST_MAX_HEADER)
-        return fail(E, TIO_ERR_LIMIT, "header length %llu is over the 100 MB limit (file is %llu bytes)",
-                    (unsigned long long)hl, (unsigned long long)len);
+        return fail(E, TIO_ERR_LIMIT, "header length %llu is over the 100 MB limit (file is %llu bytes): not a safetensors file%s",
+                    (unsigned long long)hl, (unsigned long long)len, hl > len ? ", or a truncated one" : "");
     if (hl > len - 8)
         return fail(E, TIO_ERR_FORMAT, "header length %llu goes beyond the end of the file (%llu bytes follow "
                     "the length)", (unsigned long long)hl, (unsigned long long)(len - 8));

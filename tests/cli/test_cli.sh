@@ -229,7 +229,8 @@ fi
 c=$("$tfuse" run "$tmp/np.tfp" --random-inputs --seed 0 | grep loss)
 d=$("$tfuse" run "$mlp" --random-inputs --seed 0 | grep loss)
 if [ -n "$c" ] && [ "$c" = "$d" ]; then ok; else bad "a --no-params package runs the initializers: '$c' vs '$d'"; fi
-expect 2 "p.tfp was compiled with mode infer, and this asks for train: compile the model with --mode=train" -- "$tfuse" bench "$tmp/p.tfp" --iters 1
+expect 2 "p.tfp was compiled with mode infer, and the command's default is train: add --mode=infer \(the package's\), or compile the model with --mode=train" -- "$tfuse" bench "$tmp/p.tfp" --iters 1
+expect 2 "p.tfp was compiled with mode infer, and this asks for train: give --mode=infer \(the package's\), or compile the model with --mode=train" -- "$tfuse" bench "$tmp/p.tfp" --iters 1 --mode=train
 expect 2 "p.tfp is a compiled package: --dim changes what it holds" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --dim B=2
 expect 2 "p.tfp was compiled with precision bf16, and this asks for fp32" -- "$tfuse" run "$tmp/p.tfp" --random-inputs --precision=fp32
 expect 2 "--no-params leaves out the initial params of a package, and this writes none" -- "$tfuse" compile "$mlp" --no-params -o "$tmp/x.ir"

@@ -410,13 +410,13 @@ static void test_regressions(tf_context_t *ctx)
     expect_reject(ctx, "# only a comment\n\n   \n", TF_ERR_PARSE, "1:1:", "only comments and blank lines");
     /* a finite literal its dtype cannot hold is an error at the literal, not inf */
     expect_reject(ctx, "module m\ninput x : f32[2]\ny = mul(x, 1e39)\noutput y\n", TF_ERR_VERIFY, "3:12:",
-                  "1e+39 is too large for f32");
+                  "1e+39 is outside f32's range");
     expect_reject(ctx, "module m\ninput x : f16[2]\ny = add(x, 70000)\noutput y\n", TF_ERR_VERIFY, "3:12:",
-                  "70000 is too large for f16");
+                  "70000 is outside f16's range");
     expect_reject(ctx, "module m\ninput x : bf16[2]\ny = add(x, -3.4e38)\noutput y\n", TF_ERR_VERIFY, "3:12:",
                   "would become -inf");
     expect_reject(ctx, "module m\nparam w : f16[2] = uniform(-65536, 1)\noutput w\n", TF_ERR_VERIFY, "2:20:",
-                  "uniform(low=...): the value -65536 is too large for f16");
+                  "uniform(low=...): the value -65536 is outside f16's range");
     /* ... while the largest finite values, and inf/nan written as such, are fine */
     static const char *const fine[] = {
         "module m\ninput x : f16[2]\ny = add(x, 65504)\nz = mul(y, 65519)\nw = add(z, -inf)\nv = add(w, nan)\noutput v\n",
