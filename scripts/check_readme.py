@@ -60,6 +60,9 @@ def read_blocks(path):
     while i < len(lines):
         text = lines[i]
         m = MARKER.match(text)
+        if not m and re.match(r"^\s*<!--\s*check_readme\b", text):   # a marker this reads otherwise would skip nothing
+            sys.exit(f"{path}:{i + 1}: a check_readme marker it cannot read (the form is "
+                     f"'<!-- check_readme: skip COMMAND_START (why) -->', COMMAND_START one word): {text.strip()}")
         if m:
             pending.append((m.group(1), m.group(2) or "no reason given", i + 1))
             i += 1
