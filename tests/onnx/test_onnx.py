@@ -227,7 +227,7 @@ class Direct(unittest.TestCase):
         x = os.path.join(self.dir, "tx.npy")
         np.save(x, self.rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
         data = ["--data", f"x={x}", "--steps", "1"]
-        self.expect(["train", path, *data], "needs an output named 'loss'", "--loss \"cross_entropy(OUTPUT, LABELS)\"")
+        self.expect(["train", path, *data], "needs a loss to minimize", "--loss \"cross_entropy(OUTPUT, LABELS)\"")
         self.expect(["train", path, "--loss", "cross_entropy(nope, labels)", *data], "no value named 'nope'", "its outputs: out, gmp")
         self.expect(["train", path, "--loss", "cross_entropy(out, x)", *data], "'x' names a value of the model already")
         self.expect(["train", path, "--loss", "hinge(out, y)", *data], "cross_entropy or mse_loss, not 'hinge'")
