@@ -212,7 +212,8 @@ static void gemm_run(tf_pool *pool, gemm_job *j)
         j->block = block;
         j->pieces = (side + block - 1) / block;
     }
-    tf_pool_run(pool, j->pieces, gemm_piece, j);
+    if ((double)M * (double)N * (double)K < TF_CPU_GEMM_POOL_MIN_MACS) gemm_piece(j, 0, j->pieces);
+    else tf_pool_run(pool, j->pieces, gemm_piece, j);
 }
 
 void tf_cpu_gemm(tf_pool *pool, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,

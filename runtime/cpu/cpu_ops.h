@@ -37,6 +37,12 @@ const char *tf_cpu_blas_name(void);
 
 /* The most pieces a GEMM is cut into: twice the machine's CPUs, 4 to 16
  * (fixed by the machine, never by a session's thread count). */
+/* Below this many multiply-adds a GEMM's pieces run one after the other on
+ * the calling thread: waking the pool costs more than the second thread
+ * saves (bench/RESULTS.md, 2026-11-28, small GEMMs: 128x128x128 took 1.42x
+ * as long on 2 threads as on 1, 128x512x128 0.79x). The pieces, and so the
+ * bits, are the same either way. */
+enum { TF_CPU_GEMM_POOL_MIN_MACS = 4 << 20 };
 int64_t tf_cpu_gemm_pieces(void);
 
 /* C[M,N] = op(A) op(B) (+ C when accumulate), row-major; op(A) is A[M,K]

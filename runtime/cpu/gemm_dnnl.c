@@ -221,6 +221,7 @@ bool tf_dnnl_gemm_run(tf_dnnl_gemm *g, tf_pool *pool, const void *A, const void 
     j.workers = tf_pool_threads(pool);
     if (j.workers > g->threads) j.workers = g->threads;
     if (j.workers > g->pieces) j.workers = (int)g->pieces;
+    if ((double)g->M * (double)g->N * (double)g->K < TF_CPU_GEMM_POOL_MIN_MACS) j.workers = 1;   /* small: on this thread */
     if (j.workers <= 1) {
         j.workers = 1;
         run_worker(&j, 0, 1);

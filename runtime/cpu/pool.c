@@ -1,11 +1,19 @@
-/* pool.c — see pool.h. Workers sleep on a condition variable between runs;
- * a run bumps a generation counter, and the last worker to finish wakes the
- * caller. Work per run is a kernel (tens of microseconds and up), so one
- * mutex round trip per piece costs little. */
+/* pool.c — see pool.h. A run publishes its work and bumps a generation
+ * counter; the last worker to finish tells the caller. Between runs a
+ * worker first spins on the counter for a while (SPIN_NS), then sleeps on a
+ * condition variable; the caller waits for the workers the same way. A
+ * step's kernels come one after another, microseconds apart: woken from a
+ * condition variable each time, a worker came 20-50 us late on the bench
+ * machine, and small models' steps (a few hundred microseconds of kernels)
+ * took twice as long on 2 threads as on 1 (bench/RESULTS.md, 2026-11-28).
+ * Between steps (data, evaluation) the spin runs out and the workers sleep,
+ * leaving the cores to the rest of the process. */
 #include <sched.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pool.h"
@@ -23,9 +31,9 @@ struct tf_pool {
     int started;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t generation;
-    int pending;               /* workers still on the current run */
-    bool stop;
+    atomic_uint_fast64_t generation;   /* bumped (release) once the run below is published */
+    atomic_int pending;        /* workers still on the current run */
+    atomic_bool stop;
     /* the current run */
     int64_t total;
     tf_pool_fn fn;
@@ -38,26 +46,68 @@ static void piece(const struct tf_pool *p, int i, int64_t *lo, int64_t *hi)
     *hi = p->total * (i + 1) / p->n;
 }
 
+enum { SPIN_NS = 100000 };   /* 100 us: a step's next kernel comes sooner, the next step's later */
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spin until cond(p, v) holds or SPIN_NS pass; whether it held. */
+static bool spin(struct tf_pool *p, bool (*cond)(struct tf_pool *, uint64_t), uint64_t v)
+{
+    uint64_t t0 = now_ns();
+    for (int i = 0;; i++) {
+        if (cond(p, v)) return true;
+        relax();
+        if ((i & 63) == 63 && now_ns() - t0 > SPIN_NS) return cond(p, v);
+    }
+}
+
+static bool moved(struct tf_pool *p, uint64_t seen)
+{
+    return atomic_load_explicit(&p->generation, memory_order_acquire) != seen || atomic_load(&p->stop);
+}
+
+static bool finished(struct tf_pool *p, uint64_t unused)
+{
+    (void)unused;
+    return atomic_load_explicit(&p->pending, memory_order_acquire) == 0;
+}
+
 static void *work(void *arg)
 {
     worker *w = arg;
     struct tf_pool *p = w->pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->go, &p->mu);
-        if (p->stop) break;
-        seen = p->generation;
+        if (!spin(p, moved, seen)) {   /* asleep until the next run */
+            pthread_mutex_lock(&p->mu);
+            while (!moved(p, seen)) pthread_cond_wait(&p->go, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         int64_t lo, hi;
         piece(p, w->index, &lo, &hi);
         tf_pool_fn fn = p->fn;
         void *a = p->arg;
-        pthread_mutex_unlock(&p->mu);
         if (lo < hi) fn(a, lo, hi);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {   /* the last: tell the caller */
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -110,7 +160,7 @@ void tf_pool_free(tf_pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = true;
+    atomic_store(&p->stop, true);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->started; i++) pthread_join(p->threads[i], NULL);
@@ -131,18 +181,21 @@ void tf_pool_run(tf_pool *p, int64_t n, tf_pool_fn fn, void *arg)
         fn(arg, 0, n);
         return;
     }
-    pthread_mutex_lock(&p->mu);
+    /* every worker is done with the last run (the caller waited for it): the run's fields are free to write */
     p->total = n;
     p->fn = fn;
     p->arg = arg;
-    p->pending = p->n - 1;
-    p->generation++;
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->mu);   /* a worker that is not spinning sleeps on go */
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     int64_t lo, hi;
     piece(p, 0, &lo, &hi);
     if (lo < hi) fn(arg, lo, hi);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (!spin(p, finished, 0)) {
+        pthread_mutex_lock(&p->mu);
+        while (!finished(p, 0)) pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
