@@ -62,14 +62,19 @@ static inline void relax(void)
 #endif
 }
 
-/* Spin until cond(p, v) holds or SPIN_NS pass; whether it held. */
+/* Spin until cond(p, v) holds or SPIN_NS pass; whether it held. After a
+ * short busy wait the spinner yields its core at each turn: a thread the
+ * scheduler put on the same core (the caller, with more threads than free
+ * cores) then runs instead of waiting out a busy spinner's time slice,
+ * which made whole steps 10x slower in one run of two. */
 static bool spin(struct tf_pool *p, bool (*cond)(struct tf_pool *, uint64_t), uint64_t v)
 {
     uint64_t t0 = now_ns();
     for (int i = 0;; i++) {
         if (cond(p, v)) return true;
-        relax();
-        if ((i & 63) == 63 && now_ns() - t0 > SPIN_NS) return cond(p, v);
+        if (i < 256) relax();
+        else sched_yield();
+        if ((i & 15) == 15 && now_ns() - t0 > SPIN_NS) return cond(p, v);
     }
 }
 
@@ -140,10 +145,31 @@ tf_pool *tf_pool_create(int nthreads)
             tf_pool_free(p);
             return NULL;
         }
+        /* a pool as wide as the CPUs the process may use pins its workers, one to each CPU of the mask but the
+         * one the creating thread runs on (which it is left to, unpinned): spinning workers the scheduler had
+         * stacked on one CPU with the caller stayed there for whole runs (bench/RESULTS.md, 2026-11-28) */
+        int cpus[256], ncpus = 0;
+#ifdef CPU_COUNT
+        cpu_set_t mask;
+        int here = sched_getcpu();
+        if (sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) == nthreads && here >= 0 && CPU_ISSET(here, &mask)) {
+            cpus[ncpus++] = here;   /* the caller's: cpus[1..] are the workers' */
+            for (int c = 0; c < CPU_SETSIZE && ncpus < 256; c++)
+                if (CPU_ISSET(c, &mask) && c != here) cpus[ncpus++] = c;
+        }
+#endif
         for (int i = 0; i < nthreads - 1; i++) {
             p->ws[i] = (worker){p, i + 1};
             if (pthread_create(&p->threads[i], NULL, work, &p->ws[i])) break;
             p->started++;
+#ifdef CPU_COUNT
+            if (i + 1 < ncpus) {   /* best effort: an unpinned worker still works */
+                cpu_set_t one;
+                CPU_ZERO(&one);
+                CPU_SET(cpus[i + 1], &one);
+                pthread_setaffinity_np(p->threads[i], sizeof one, &one);
+            }
+#endif
         }
         if (p->started < nthreads - 1) {   /* run with the workers we got */
             if (!p->started) {
