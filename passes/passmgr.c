@@ -131,11 +131,17 @@ tf_ir_status tf_pipeline_parse(const char *list, const tf_options *o, tf_pipelin
         }
         p += len + (comma ? 1 : 0);
     }
+    char all[512];   /* the passes, for the messages below */
+    size_t k = 0;
+    for (int i = 0; i < tf_npasses && k < sizeof all; i++)
+        k += (size_t)snprintf(all + k, sizeof all - k, "%s%s", i ? ", " : "", tf_passes[i].name);
     if (o->dump_ir && strcmp(o->dump_ir, "all") && !tf_pass_find(o->dump_ir, strlen(o->dump_ir)))
-        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--dump-ir=%s names no pass", o->dump_ir);
+        return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--dump-ir=%s names no pass (it takes all, or one of: %s)", o->dump_ir,
+                             all);
     for (int i = 0; i < o->ndisabled; i++)
         if (!tf_pass_find(o->disabled[i], strlen(o->disabled[i])))
-            return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--disable-pass=%s names no pass", o->disabled[i]);
+            return tf_diag_error(o->diag, TF_IR_ERR_VERIFY, NULL, "--disable-pass=%s names no pass; passes are: %s", o->disabled[i],
+                                 all);
     return TF_IR_OK;
 }
 
