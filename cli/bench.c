@@ -131,7 +131,7 @@ int cmd_bench(tf_context_t *ctx, const args *a0)
     tf_program_t *p = rc ? NULL : cli_load_program(ctx, a, a->mode, stderr, &target, &compile_ms, &rc);
     /* timing a "training step" that has no backward pass would be a number about nothing */
     if (!rc && a->mode == TF_MODE_TRAIN)
-        rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : "bench's default --mode=train");
+        rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : "bench's default --mode=train", true);
     t0 = now_ms();
     if (!rc && (tf_session_create(ctx, p, target, a->seed, &s) || tf_session_set_comm(s, comm))) rc = cli_fail(ctx);
     double jit_ms = now_ms() - t0;

@@ -136,7 +136,7 @@ int cli_fail(tf_context_t *ctx);   /* cli_report(ctx, NULL) */
  * mode. */
 /* Whether path names an ONNX model (by its extension, as the library decides). */
 bool cli_is_onnx(const char *path);
-int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how);
+int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how, bool required);
 /* run --stats: the session's target, kernels and disk cache hits and misses, as key: value lines */
 void cli_print_session_stats(const tf_session_t *s);
 

@@ -831,13 +831,11 @@ int cli_check_writable(const char *flag, const char *path, bool replace)
 #define fail cli_fail
 
 /* print, opt and compile read a model's text (or an ONNX model): a package
- * or a data file is said to be what it is, not lexed as text */
-static bool wrong_kind;   /* load_model said what the file is: no context error to print */
-
+ * or a data file is said to be what it is, not lexed as text. NULL when it
+ * failed, said already. */
 static tf_model_t *load_model(tf_context_t *ctx, const args *a)
 {
     tf_model_t *m = NULL;
-    wrong_kind = false;
     unsigned char head[8] = {0};
     FILE *f = fopen(a->file, "rb");
     size_t got = f ? fread(head, 1, sizeof head, f) : 0;
@@ -845,15 +843,13 @@ static tf_model_t *load_model(tf_context_t *ctx, const args *a)
     if (tf_is_package(a->file)) {
         cli_errorf("%s: a compiled package, not a model's text: 'tfuse %s' reads the .ir (or .onnx) it was compiled from; "
                    "run, train and bench take the package", a->file, a->cmd);
-        wrong_kind = true;
         return NULL;
     }
     if (got >= 6 && !memcmp(head, "\x93NUMPY", 6)) {
         cli_errorf("%s: a .npy array, not a model: give the model's .ir (or .onnx) file", a->file);
-        wrong_kind = true;
         return NULL;
     }
-    if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m)) return NULL;
+    if (tf_model_parse_file(ctx, a->file, a->dims, a->ndims, &m)) fail(ctx);
     return m;
 }
 
@@ -861,9 +857,10 @@ static int cmd_print(tf_context_t *ctx, const args *a)
 {
     tf_model_t *m = load_model(ctx, a);
     char *text = NULL;
-    if (!m || tf_model_print(ctx, m, &text)) {
+    if (!m) return 1;
+    if (tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
-        return wrong_kind ? 1 : fail(ctx);
+        return fail(ctx);
     }
     fputs(text, stdout);
     free(text);
@@ -905,11 +902,11 @@ static int cmd_opt(tf_context_t *ctx, const args *a)
 {
     tf_model_t *m = load_model(ctx, a);
     char *text = NULL;
+    if (!m) return 1;
     tf_compile_options o;
     cli_fill_options(a, &o, stderr);   /* the module goes to stdout */
-    if (!m || tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", &o) || tf_model_print(ctx, m, &text)) {
+    if (tf_model_run_passes(ctx, m, a->passes ? a->passes : "lower", &o) || tf_model_print(ctx, m, &text)) {
         tf_model_free(m);
-        if (wrong_kind) return 1;
         return fail(ctx);
     }
     fputs(text, stdout);
@@ -1032,16 +1029,14 @@ static int write_file(const char *path, const char *text)
     return 0;
 }
 
-/* Train mode minimizes the output named loss: without one there is nothing
- * to train (the library would compile a forward-only step, silently). */
-/* The compiler's rule (autodiff's find_loss): the output named 'loss', else
- * the first output that is one floating number (said in a note). how NULL:
- * compile's default mode, where a model without a loss gets a note, not an
- * error (it compiles as a forward step in train mode). */
-int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how)
+/* Train mode minimizes a loss, by the compiler's rule (autodiff's
+ * find_loss): the output named 'loss', else the first output that is one
+ * floating number (said in a note). Without one the library would compile a
+ * forward-only step: an error, or, when not required (compile's default
+ * mode), a note that says what was compiled. how: what asked for training. */
+int cli_check_train_loss(const tf_program_t *p, const char *file, const char *how, bool required)
 {
-    bool note_only = !how;
-    if (!how) how = "compile's default --mode=train";
+    bool note_only = !required;
     const char *scalar = NULL;
     for (size_t i = 0; i < tf_program_io_count(p, TF_IO_OUTPUT); i++) {
         const char *name;
@@ -1167,14 +1162,15 @@ static int cmd_compile(tf_context_t *ctx, const args *a)
     double t0 = wall_ms();
     tf_model_t *m = load_model(ctx, a);
     if (!m || ((a->loss || a->optimizer) && tf_model_add_loss(ctx, m, a->loss, a->optimizer))) {   /* as train and bench apply them */
+        int rc = m ? fail(ctx) : 1;
         tf_model_free(m);
         free(pkg_path);
-        return wrong_kind ? 1 : fail(ctx);
+        return rc;
     }
     tf_program_t *p = compile(ctx, m, a);
     int rc = 0;
     if (!p) rc = fail(ctx);
-    if (!rc && a->mode == TF_MODE_TRAIN) rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : NULL);
+    if (!rc && a->mode == TF_MODE_TRAIN) rc = cli_check_train_loss(p, a->file, a->mode_set ? "--mode=train" : "compile's default --mode=train", a->mode_set);
     if (!rc && a->stats)
         for (size_t i = 0; i < tf_program_stat_count(p); i++) {
             const char *name;

@@ -18,7 +18,7 @@
 
 #include "cli.h"
 
-typedef struct span { const char *name; char label[48]; double t0, t1; } span;
+typedef struct span { const char *cat; char label[48]; double t0, t1; } span;
 
 struct cli_trace {
     const char *path;
@@ -59,7 +59,7 @@ void cli_trace_span(cli_trace *t, const char *cat, const char *label, double t0,
         t->spans = s, t->cap = cap;
     }
     span *s = &t->spans[t->n++];
-    s->name = cat, s->t0 = t0, s->t1 = t1;
+    s->cat = cat, s->t0 = t0, s->t1 = t1;
     snprintf(s->label, sizeof s->label, "%s", label);
 }
 
@@ -88,7 +88,7 @@ int cli_trace_write(cli_trace *t, tf_session_t *s, const char *what)
     for (size_t i = 0; i < t->n; i++) {
         const span *p = &t->spans[i];
         fputs(",\n{\"ph\": \"X\", \"pid\": 1, \"tid\": 1, \"cat\": ", f);
-        json_str(f, p->name);
+        json_str(f, p->cat);
         fputs(", \"name\": ", f);
         json_str(f, p->label);
         fprintf(f, ", \"ts\": %.3f, \"dur\": %.3f}", p->t0, p->t1 - p->t0);

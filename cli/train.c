@@ -923,7 +923,7 @@ static int train_prepare(tf_context_t *ctx, const args *a, trainer *T, train_pla
     tf_dtype loss_dt;
     int loss_rank;
     int64_t loss_shape[8];
-    if ((rc = cli_check_train_loss(T->p, a->file, "training"))) return rc;
+    if ((rc = cli_check_train_loss(T->p, a->file, "training", true))) return rc;
     has_output(T->p, "loss", &loss_dt, &loss_rank, loss_shape);
     if (numel(loss_shape, 0, loss_rank) != 1)   /* autodiff refuses these first, with the place */
         return errorf("%s: output 'loss' has %" PRId64 " elements; training needs a scalar loss", a->file,

@@ -91,8 +91,9 @@ static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_
     size_t total = (size_t)(p->params.n + p->buffers.n), n = 0;
     tio_tensor *ts = tf_calloc(total ? total : 1, sizeof *ts);
     const tio_tensor **given = tf_calloc(total ? total : 1, sizeof *given);
+    const tf_value **vals = tf_calloc(total ? total : 1, sizeof *vals);   /* the value each tensor of ts is */
     static unsigned char placeholder;   /* tio_safetensors_header wants data; it reads none */
-    tf_status st = ts && given ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
+    tf_status st = ts && given && vals ? TF_OK : tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
     for (size_t j = 0; j < total && !st; j++) {
         const tf_value *v = j < (size_t)p->params.n ? p->params.items[j] : p->buffers.items[j - (size_t)p->params.n];
         const tio_tensor *g = NULL;
@@ -100,6 +101,7 @@ static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_
             if (!strcmp(p->init->ts[k].name, v->name)) g = &p->init->ts[k];
         if (!g && tf_interp_init_is_zero(v)) continue;
         tio_tensor *t = &ts[n];
+        vals[n] = v;
         given[n++] = g;
         t->name = (char *)v->name;
         t->dtype = (tio_dtype)v->type.dtype;
@@ -122,11 +124,7 @@ static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_
     if (!st) memcpy(b, hdr, hlen);
     for (size_t i = 0; !st && i < n; i++) {
         const tio_tensor *t = &ts[i];
-        const tf_value *v = NULL;
-        for (int k = 0; k < p->params.n + p->buffers.n && !v; k++) {
-            const tf_value *c = k < p->params.n ? p->params.items[k] : p->buffers.items[k - p->params.n];
-            if (c->name == t->name) v = c;
-        }
+        const tf_value *v = vals[i];
         tf_dt dt = v->type.dtype;
         int64_t ne = tf_type_numel(&v->type);
         const tio_tensor *g = given[i];
@@ -151,6 +149,7 @@ static tf_status initial_state(tf_context_t *ctx, const tf_program_t *p, uint64_
     tf_libc_free(hdr);
     tf_free(ts);
     tf_free(given);
+    tf_free(vals);
     if (st) {
         tf_free(b);
         return st;
