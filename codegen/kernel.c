@@ -585,6 +585,52 @@ int tf_kernel_split_axis(const tf_kernel *k)
     return best;
 }
 
+/* Whether axes a and a + 1 of k may be one axis: the same kind (both
+ * reduced or both not; in a reduction only outer axes, so that the reduced
+ * rows keep the shape the emitters block them by), and every load steps
+ * them as one row-major axis (an axis of extent 1 goes with either
+ * neighbour). */
+static bool axes_merge(const tf_kernel *k, int a)
+{
+    bool ra = (k->reduce_mask >> a) & 1, rb = (k->reduce_mask >> (a + 1)) & 1;
+    if (ra != rb || ra) return false;
+    if (k->dims[a] == 1 || k->dims[a + 1] == 1) return true;
+    for (int e = 0; e < k->nexprs; e++) {
+        const tf_kexpr *x = &k->exprs[e];
+        if (x->kind == TF_KX_LOAD && x->strides[a] != x->strides[a + 1] * k->dims[a + 1]) return false;
+    }
+    return true;
+}
+
+/* Adjacent axes that every load steps as one become one axis, outermost
+ * first: an update of a [512, 512, 3, 3] conv weight runs as one loop of
+ * 2.4 M elements that vectorizes, not 262 144 loops of 3 that do not. Row-
+ * major order is kept, so each element's flat index, and with it every
+ * store, dropout draw and reduction lane, is the same. A kernel with an
+ * index expression (iota) names its axes and keeps them. */
+static void merge_axes(tf_kernel *k)
+{
+    if (k->kind != TF_K_ELEMENTWISE && k->kind != TF_K_REDUCTION) return;
+    for (int e = 0; e < k->nexprs; e++)
+        if (k->exprs[e].kind == TF_KX_INDEX) return;
+    for (int a = k->rank - 2; a >= 0; a--) {
+        if (!axes_merge(k, a)) continue;
+        for (int e = 0; e < k->nexprs; e++) {
+            tf_kexpr *x = &k->exprs[e];
+            if (x->kind != TF_KX_LOAD) continue;
+            if (k->dims[a + 1] != 1) x->strides[a] = x->strides[a + 1];
+            for (int b = a + 1; b + 1 < k->rank; b++) x->strides[b] = x->strides[b + 1];
+            x->strides[k->rank - 1] = 0;
+        }
+        k->dims[a] *= k->dims[a + 1];
+        for (int b = a + 1; b + 1 < k->rank; b++) k->dims[b] = k->dims[b + 1];
+        k->dims[k->rank - 1] = 0;
+        unsigned low = k->reduce_mask & ((1u << (a + 1)) - 1);
+        k->reduce_mask = low | ((k->reduce_mask >> (a + 2)) << (a + 1));
+        k->rank--;
+    }
+}
+
 tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d)
 {
     memset(out, 0, sizeof *out);
@@ -631,6 +677,7 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     }
     for (int i = 0; !st && i < out->nkernels; i++) {
         tf_kernel *k = &out->kernels[i];
+        merge_axes(k);
         for (int b = 0; b < k->nbufs; b++) {
             k->bufs[b].disjoint = true;
             for (int c = 0; c < k->nbufs && k->bufs[b].disjoint; c++)
