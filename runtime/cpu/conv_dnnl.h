@@ -8,7 +8,9 @@
  * forward and input gradient split the images into at most
  * TF_DNNL_CONV_PIECES contiguous groups, the weight gradient into
  * tf_conv_grad_weight_groups(g) groups whose partial weight gradients are
- * added in order. A primitive is made per distinct group size (at most two)
+ * added in order, or, where the gradient is larger than the input, into
+ * groups of at least TF_DNNL_GW_CHANNELS output channels over the whole
+ * batch (each writes its own slice: nothing to add). A primitive is made per distinct group size (at most two)
  * when the session starts, so the bits a convolution produces do not depend
  * on the number of threads, and no OpenMP thread ever competes with the
  * pool's.
@@ -25,7 +27,7 @@
 
 #include "cpu_ops.h"
 
-enum { TF_DNNL_CONV_PIECES = 16 };
+enum { TF_DNNL_CONV_PIECES = 16, TF_DNNL_GW_CHANNELS = 32 };
 
 typedef enum tf_dnnl_dir { TF_DNNL_FWD, TF_DNNL_BWD_DATA, TF_DNNL_BWD_WEIGHTS } tf_dnnl_dir;
 

@@ -164,6 +164,9 @@ static const geom geoms[] = {
     {"batch 1, 3x1 pad [1, 0]", 1, 3, 8, 5, 5, 3, 1, 1, 1, 1, 1, 0, 1, 1, true},
     {"batch 19 (pieces of 2 and 1), 2x3 no pad", 19, 3, 6, 7, 4, 2, 3, 1, 1, 2, 0, 0, 1, 1, false},
     {"dilation 3, pad 3, groups 2", 2, 4, 10, 9, 6, 3, 3, 2, 1, 1, 3, 3, 3, 3, true},
+    /* weight gradients larger than their input: split by output channels (grad_weight_split) */
+    {"3x3 images, 64 -> 100 channels", 3, 64, 3, 3, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
+    {"2x2 images, 32 -> 64 channels, stride 2", 2, 32, 2, 2, 64, 3, 3, 1, 2, 2, 1, 1, 1, 1, false},
 };
 
 /* One training step of conv(x * xs, w, b) -> mean(y * y): the forward, the
@@ -363,6 +366,38 @@ static void no_reference_code(void)
     }
 }
 
+/* The weight gradient of a convolution whose weights outnumber its input
+ * (a deep layer at small images) is split by output channels over the whole
+ * batch, in pieces the shape alone decides (of 34 and 33 channels for 100),
+ * and one whose input is larger by images; grouped ones always by images.
+ * The geometry cases above check both against the interpreter. */
+static void grad_weight_split(void)
+{
+    if (!tf_dnnl_available()) return;
+    static const struct { int n, c, hw, o, groups; const char *want; } cases[] = {
+        {3, 64, 3, 100, 1, "3 pieces of 34 or fewer output channels over the whole batch"},
+        {4, 512, 2, 512, 1, "16 pieces of 32 output channels over the whole batch"},
+        {2, 32, 2, 64, 1, "2 pieces of 32 output channels"},
+        {4, 64, 16, 64, 1, "4 pieces of 1 image(s)"},       /* input 65536 > weights 36864 */
+        {4, 64, 2, 128, 2, "4 pieces of 1 image(s)"},       /* grouped */
+        {2, 64, 2, 32, 1, "2 pieces of 1 image(s)"},        /* too few channels to split */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tf_conv_geom g = {.N = cases[i].n, .C = cases[i].c, .H = cases[i].hw, .W = cases[i].hw, .O = cases[i].o, .KH = 3,
+                          .KW = 3, .Ho = cases[i].hw, .Wo = cases[i].hw, .G = cases[i].groups, .s = {1, 1}, .p = {1, 1},
+                          .dl = {1, 1}};
+        g.Cg = g.C / g.G, g.Og = g.O / g.G;
+        char why[256] = "", how[512] = "";
+        tf_dnnl_conv *c = tf_dnnl_conv_create(TF_DNNL_BWD_WEIGHTS, &g, false, false, true, 2, why, sizeof why);
+        CHECK(c != NULL, "weight gradient %d -> %d at %dx%d: %s", cases[i].c, cases[i].o, cases[i].hw, cases[i].hw, why);
+        if (!c) continue;
+        tf_dnnl_conv_explain(c, how, sizeof how);
+        CHECK(strstr(how, cases[i].want) != NULL, "weight gradient %d -> %d at %dx%d, batch %d: expected '%s' in: %s", cases[i].c,
+              cases[i].o, cases[i].hw, cases[i].hw, cases[i].n, cases[i].want, how);
+        tf_dnnl_conv_free(c);
+    }
+}
+
 int main(void)
 {
     g_seed = test_seed();
@@ -382,5 +417,6 @@ int main(void)
         for (size_t i = 0; i < sizeof gemm_shapes / sizeof *gemm_shapes; i++) gemm_case(&gemm_shapes[i], openblas != 0);
     gemm_train_case();
     no_reference_code();
+    grad_weight_split();
     return check_report();
 }
