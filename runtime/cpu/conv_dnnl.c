@@ -64,28 +64,38 @@ void tf_dnnl_describe(char *out, size_t n)
              runtime_name(v->cpu_runtime), isa_name(dnnl_get_effective_cpu_isa()));
 }
 
+/* Where an argument's memory is: each piece's own slice (reordered, when
+ * it must be, in the piece's scratch); one for all pieces, state (the
+ * weights: reordered before the pieces, once per state when the session
+ * keeps it) or an activation (reordered before the pieces at every call);
+ * or each piece's slice of the weights, reordered like state before the
+ * pieces run (a split by channels). */
+typedef enum carg_kind { A_PIECE, A_STATE, A_ACT, A_SLOT } carg_kind;
+
 /* An argument of the primitive: tfuse's plain layout (user), the
  * primitive's (prim), and the reorder between them when they differ. */
 typedef struct carg {
     int arg;                  /* DNNL_ARG_* */
-    bool output, per_piece;   /* written by the primitive; one slice per piece (else shared by all) */
+    bool output;              /* written by the primitive */
+    carg_kind kind;
     dnnl_memory_desc_t user, prim;
     dnnl_primitive_t reorder; /* user -> prim (inputs) or prim -> user (outputs); NULL: same layout */
     size_t prim_bytes;
-    int64_t stride;           /* floats per image (per piece slices; per output channel when split by
-                               * channels) or per partial */
+    int64_t stride;           /* A_PIECE and A_SLOT: floats per image (per channel when split by
+                               * channels); a weight gradient's partials: floats per partial */
 } carg;
 
 /* One primitive per group size. */
 typedef struct variant {
-    int64_t mb, oc;           /* images and output channels of one call */
+    int64_t mb, oc, ic;       /* images, output and input channels of one call */
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     carg args[4];
     int nargs;
     size_t scratchpad;        /* bytes */
     size_t piece_bytes;       /* scratchpad + per-piece reorder buffers, 64-aligned */
-    size_t shared_bytes;      /* shared reordered buffers (weights) */
+    size_t state_bytes, act_bytes;   /* reordered buffers of its A_STATE and A_ACT arguments */
+    size_t slot_bytes;        /* its A_SLOT argument's reordered buffer, one per piece (0: none, or no reorder) */
 } variant;
 
 struct tf_dnnl_conv {
@@ -93,13 +103,14 @@ struct tf_dnnl_conv {
     tf_conv_geom g;
     bool bias, relu, blocked;
     bool plain16;             /* forward: src/dst asked for in nChw16c (conv_mds) */
-    bool by_channel;          /* weight gradient: pieces are groups of output channels over the whole batch */
-    int64_t pieces;           /* groups of images (or of output channels) */
+    bool by_channel;          /* pieces are groups of channels over the whole batch (conv_split_by_channel) */
+    int64_t pieces;           /* groups of images (or of channels) */
     variant v[2];
     int nv;
     int threads;
     dnnl_stream_t *streams;   /* one per worker */
-    size_t per_worker, shared, partials;   /* scratch layout, bytes */
+    size_t per_worker, shared, partials, act;   /* scratch layout, bytes: per worker; state (the session's kept
+                                                 * memory when it has some); partials; activations */
 };
 
 static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
@@ -134,12 +145,12 @@ void tf_dnnl_conv_free(tf_dnnl_conv *c)
 
 /* Memory descriptors of the convolution over mb images: src, weights, dst
  * in tfuse's layout or `any`. */
-static bool conv_mds(const tf_dnnl_conv *c, int64_t mb, int64_t oc, bool any, dnnl_memory_desc_t *src, dnnl_memory_desc_t *wei,
-                     dnnl_memory_desc_t *dst, char *why, size_t n)
+static bool conv_mds(const tf_dnnl_conv *c, int64_t mb, int64_t oc, int64_t ic, bool any, dnnl_memory_desc_t *src,
+                     dnnl_memory_desc_t *wei, dnnl_memory_desc_t *dst, char *why, size_t n)
 {
     const tf_conv_geom *g = &c->g;
-    dnnl_dims_t sd = {mb, g->C, g->H, g->W}, dd = {mb, oc, g->Ho, g->Wo};
-    dnnl_dims_t wd = {oc, g->Cg, g->KH, g->KW}, gwd = {g->G, g->Og, g->Cg, g->KH, g->KW};
+    dnnl_dims_t sd = {mb, ic, g->H, g->W}, dd = {mb, oc, g->Ho, g->Wo};
+    dnnl_dims_t wd = {oc, g->G > 1 ? g->Cg : ic, g->KH, g->KW}, gwd = {g->G, g->Og, g->Cg, g->KH, g->KW};
     /* The forward pass in nChw16c wherever the channels allow, not the nhwc
      * oneDNN picks for `any` (brgconv): brgconv's order of adding a window's
      * products loses 5x more than PyTorch's NCHW convolution (a VGG conv,
@@ -153,8 +164,8 @@ static bool conv_mds(const tf_dnnl_conv *c, int64_t mb, int64_t oc, bool any, dn
      * again with `any` (plain16 false). */
     dnnl_format_tag_t st = any ? dnnl_format_tag_any : dnnl_nchw, dt = st;
     if (any && c->dir == TF_DNNL_FWD && c->plain16) {
-        if (g->C % 16 == 0) st = dnnl_nChw16c;
-        if (g->O % 16 == 0) dt = dnnl_nChw16c;
+        if (ic % 16 == 0) st = dnnl_nChw16c;
+        if (oc % 16 == 0) dt = dnnl_nChw16c;
     }
     return ok(dnnl_memory_desc_init_by_tag(src, 4, sd, dnnl_f32, st), "source", why, n) &&
            ok(dnnl_memory_desc_init_by_tag(dst, 4, dd, dnnl_f32, dt), "destination", why, n) &&
@@ -163,12 +174,12 @@ static bool conv_mds(const tf_dnnl_conv *c, int64_t mb, int64_t oc, bool any, dn
               "weights", why, n);
 }
 
-static bool conv_desc(const tf_dnnl_conv *c, tf_dnnl_dir dir, int64_t mb, int64_t oc, dnnl_convolution_desc_t *d, char *why,
-                      size_t n)
+static bool conv_desc(const tf_dnnl_conv *c, tf_dnnl_dir dir, int64_t mb, int64_t oc, int64_t ic, dnnl_convolution_desc_t *d,
+                      char *why, size_t n)
 {
     const tf_conv_geom *g = &c->g;
     dnnl_memory_desc_t src, wei, dst, bias;
-    if (!conv_mds(c, mb, oc, c->blocked, &src, &wei, &dst, why, n)) return false;
+    if (!conv_mds(c, mb, oc, ic, c->blocked, &src, &wei, &dst, why, n)) return false;
     dnnl_dims_t st = {g->s[0], g->s[1]}, dl = {g->dl[0] - 1, g->dl[1] - 1}, pl = {g->p[0], g->p[1]}, pr = {g->p[0], g->p[1]};
     dnnl_dims_t bd = {oc};
     if (dir == TF_DNNL_FWD) {
@@ -188,11 +199,11 @@ static bool conv_desc(const tf_dnnl_conv *c, tf_dnnl_dir dir, int64_t mb, int64_
 }
 
 /* The argument `arg` of v: its plain layout, the primitive's, a reorder. */
-static bool add_arg(variant *v, int arg, bool output, bool per_piece, const dnnl_memory_desc_t *user,
-                    int64_t stride, char *why, size_t n)
+static bool add_arg(variant *v, int arg, bool output, carg_kind kind, const dnnl_memory_desc_t *user, int64_t stride, char *why,
+                    size_t n)
 {
     carg *a = &v->args[v->nargs++];
-    a->arg = arg, a->output = output, a->per_piece = per_piece, a->user = *user, a->stride = stride;
+    a->arg = arg, a->output = output, a->kind = kind, a->user = *user, a->stride = stride;
     const dnnl_memory_desc_t *pm = dnnl_primitive_desc_query_md(v->pd, dnnl_query_exec_arg_md, arg);
     if (!pm) {
         snprintf(why, n, "oneDNN gave no memory descriptor for argument %d", arg);
@@ -210,27 +221,31 @@ static bool add_arg(variant *v, int arg, bool output, bool per_piece, const dnnl
     dnnl_status_t st = dnnl_primitive_create(&a->reorder, rpd);
     dnnl_primitive_desc_destroy(rpd);
     if (!ok(st, "a reorder", why, n)) return false;
-    if (per_piece) v->piece_bytes += up64(a->prim_bytes);
-    else v->shared_bytes += up64(a->prim_bytes);
+    switch (kind) {
+    case A_PIECE: v->piece_bytes += up64(a->prim_bytes); break;
+    case A_STATE: v->state_bytes += up64(a->prim_bytes); break;
+    case A_ACT: v->act_bytes += up64(a->prim_bytes); break;
+    case A_SLOT: v->slot_bytes = up64(a->prim_bytes); break;
+    }
     return true;
 }
 
-static bool variant_make(tf_dnnl_conv *c, variant *v, int64_t mb, int64_t oc, char *why, size_t n)
+static bool variant_make(tf_dnnl_conv *c, variant *v, int64_t mb, int64_t oc, int64_t ic, char *why, size_t n)
 {
     const tf_conv_geom *g = &c->g;
-    v->mb = mb, v->oc = oc;
+    v->mb = mb, v->oc = oc, v->ic = ic;
     dnnl_convolution_desc_t d, fd;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t hint = NULL;
-    bool good = conv_desc(c, c->dir, mb, oc, &d, why, n) && ok(dnnl_primitive_attr_create(&attr), "attributes", why, n) &&
+    bool good = conv_desc(c, c->dir, mb, oc, ic, &d, why, n) && ok(dnnl_primitive_attr_create(&attr), "attributes", why, n) &&
                 ok(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "the scratchpad mode", why, n);
     if (good && c->relu)
         good = ok(dnnl_post_ops_create(&po), "post-ops", why, n) &&
                ok(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f), "the ReLU post-op", why, n) &&
                ok(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops", why, n);
     if (good && c->dir != TF_DNNL_FWD)   /* the backward primitives take a forward one as a hint */
-        good = conv_desc(c, TF_DNNL_FWD, mb, oc, &fd, why, n) &&
+        good = conv_desc(c, TF_DNNL_FWD, mb, oc, ic, &fd, why, n) &&
                ok(dnnl_primitive_desc_create(&hint, &fd, NULL, engine(), NULL), "the forward hint", why, n);
     if (good) good = ok(dnnl_primitive_desc_create(&v->pd, &d, attr, engine(), hint), "the primitive descriptor", why, n);
     const char *impl = "";
@@ -239,7 +254,7 @@ static bool variant_make(tf_dnnl_conv *c, variant *v, int64_t mb, int64_t oc, ch
         dnnl_primitive_desc_destroy(v->pd);
         v->pd = NULL;
         c->plain16 = false;
-        good = conv_desc(c, c->dir, mb, oc, &d, why, n) &&
+        good = conv_desc(c, c->dir, mb, oc, ic, &d, why, n) &&
                ok(dnnl_primitive_desc_create(&v->pd, &d, attr, engine(), hint), "the primitive descriptor", why, n);
     }
     if (good) good = ok(dnnl_primitive_create(&v->prim, v->pd), "the primitive", why, n);
@@ -251,35 +266,107 @@ static bool variant_make(tf_dnnl_conv *c, variant *v, int64_t mb, int64_t oc, ch
     v->scratchpad = sp ? dnnl_memory_desc_get_size(sp) : 0;
     v->piece_bytes = up64(v->scratchpad);
     dnnl_memory_desc_t src, wei, dst, bias;
-    dnnl_dims_t bd = {g->O};
-    if (!conv_mds(c, mb, oc, false, &src, &wei, &dst, why, n)) return false;
+    dnnl_dims_t bd = {oc};
+    if (!conv_mds(c, mb, oc, ic, false, &src, &wei, &dst, why, n)) return false;
     int64_t img = g->C * g->H * g->W, oimg = g->O * g->Ho * g->Wo, wsize = g->O * g->Cg * g->KH * g->KW;
-    if (c->by_channel) {   /* the piece's channels of the whole batch's diff_dst: a strided slice of it */
+    int64_t wrow = g->Cg * g->KH * g->KW;   /* weights per output channel */
+    if (c->by_channel) {
+        /* the piece's channels over the whole batch: strided slices of the
+         * images, its rows (or, for the input gradient, its columns) of the
+         * weights */
         dnnl_dims_t dd = {mb, oc, g->Ho, g->Wo}, ds = {oimg, g->Ho * g->Wo, g->Wo, 1};
-        return ok(dnnl_memory_desc_init_by_strides(&dst, 4, dd, dnnl_f32, ds), "the diff_dst slice", why, n) &&
-               add_arg(v, DNNL_ARG_SRC, false, false, &src, 0, why, n) &&
-               add_arg(v, DNNL_ARG_DIFF_DST, false, true, &dst, g->Ho * g->Wo, why, n) &&
-               add_arg(v, DNNL_ARG_DIFF_WEIGHTS, true, true, &wei, g->Cg * g->KH * g->KW, why, n);
+        dnnl_dims_t sd = {mb, ic, g->H, g->W}, ss = {img, g->H * g->W, g->W, 1};
+        dnnl_dims_t wd = {oc, ic, g->KH, g->KW}, ws = {g->C * g->KH * g->KW, g->KH * g->KW, g->KW, 1};
+        switch (c->dir) {
+        case TF_DNNL_FWD:
+            good = ok(dnnl_memory_desc_init_by_strides(&dst, 4, dd, dnnl_f32, ds), "the destination slice", why, n) &&
+                   add_arg(v, DNNL_ARG_SRC, false, A_ACT, &src, 0, why, n) &&
+                   add_arg(v, DNNL_ARG_WEIGHTS, false, A_SLOT, &wei, wrow, why, n) &&
+                   add_arg(v, DNNL_ARG_DST, true, A_PIECE, &dst, g->Ho * g->Wo, why, n);
+            if (good && c->bias)
+                good = ok(dnnl_memory_desc_init_by_tag(&bias, 1, bd, dnnl_f32, dnnl_a), "bias", why, n) &&
+                       add_arg(v, DNNL_ARG_BIAS, false, A_PIECE, &bias, 1, why, n);
+            return good;
+        case TF_DNNL_BWD_DATA:
+            return ok(dnnl_memory_desc_init_by_strides(&src, 4, sd, dnnl_f32, ss), "the diff_src slice", why, n) &&
+                   ok(dnnl_memory_desc_init_by_strides(&wei, 4, wd, dnnl_f32, ws), "the weights' columns", why, n) &&
+                   add_arg(v, DNNL_ARG_DIFF_DST, false, A_ACT, &dst, 0, why, n) &&
+                   add_arg(v, DNNL_ARG_WEIGHTS, false, A_SLOT, &wei, g->KH * g->KW, why, n) &&
+                   add_arg(v, DNNL_ARG_DIFF_SRC, true, A_PIECE, &src, g->H * g->W, why, n);
+        case TF_DNNL_BWD_WEIGHTS:
+            return ok(dnnl_memory_desc_init_by_strides(&dst, 4, dd, dnnl_f32, ds), "the diff_dst slice", why, n) &&
+                   add_arg(v, DNNL_ARG_SRC, false, A_ACT, &src, 0, why, n) &&
+                   add_arg(v, DNNL_ARG_DIFF_DST, false, A_PIECE, &dst, g->Ho * g->Wo, why, n) &&
+                   add_arg(v, DNNL_ARG_DIFF_WEIGHTS, true, A_PIECE, &wei, wrow, why, n);
+        }
     }
     switch (c->dir) {
     case TF_DNNL_FWD:
-        good = add_arg(v, DNNL_ARG_SRC, false, true, &src, img, why, n) && add_arg(v, DNNL_ARG_WEIGHTS, false, false, &wei, 0, why, n) &&
-               add_arg(v, DNNL_ARG_DST, true, true, &dst, oimg, why, n);
+        good = add_arg(v, DNNL_ARG_SRC, false, A_PIECE, &src, img, why, n) &&
+               add_arg(v, DNNL_ARG_WEIGHTS, false, A_STATE, &wei, 0, why, n) && add_arg(v, DNNL_ARG_DST, true, A_PIECE, &dst, oimg, why, n);
         if (good && c->bias)
             good = ok(dnnl_memory_desc_init_by_tag(&bias, 1, bd, dnnl_f32, dnnl_a), "bias", why, n) &&
-                   add_arg(v, DNNL_ARG_BIAS, false, false, &bias, 0, why, n);
+                   add_arg(v, DNNL_ARG_BIAS, false, A_STATE, &bias, 0, why, n);
         break;
     case TF_DNNL_BWD_DATA:
-        good = add_arg(v, DNNL_ARG_DIFF_DST, false, true, &dst, oimg, why, n) &&
-               add_arg(v, DNNL_ARG_WEIGHTS, false, false, &wei, 0, why, n) &&
-               add_arg(v, DNNL_ARG_DIFF_SRC, true, true, &src, img, why, n);
+        good = add_arg(v, DNNL_ARG_DIFF_DST, false, A_PIECE, &dst, oimg, why, n) &&
+               add_arg(v, DNNL_ARG_WEIGHTS, false, A_STATE, &wei, 0, why, n) &&
+               add_arg(v, DNNL_ARG_DIFF_SRC, true, A_PIECE, &src, img, why, n);
         break;
     case TF_DNNL_BWD_WEIGHTS:
-        good = add_arg(v, DNNL_ARG_SRC, false, true, &src, img, why, n) && add_arg(v, DNNL_ARG_DIFF_DST, false, true, &dst, oimg, why, n) &&
-               add_arg(v, DNNL_ARG_DIFF_WEIGHTS, true, true, &wei, wsize, why, n);
+        good = add_arg(v, DNNL_ARG_SRC, false, A_PIECE, &src, img, why, n) &&
+               add_arg(v, DNNL_ARG_DIFF_DST, false, A_PIECE, &dst, oimg, why, n) &&
+               add_arg(v, DNNL_ARG_DIFF_WEIGHTS, true, A_PIECE, &wei, wsize, why, n);
         break;
     }
     return good;
+}
+
+/* Whether c's pieces are groups of channels over the whole batch rather
+ * than groups of images: where the weights outnumber the images (deep
+ * layers at small images: ResNet-18's 512 -> 512 3x3 convs at 2x2, batch 4,
+ * 2.4 M weights for 8 K inputs). Split by images, every piece reads every
+ * weight (the forward and the input gradient) or writes a whole weight
+ * gradient that is added up afterwards (four 9.4 MB partials: a 9.5 ms
+ * call; split by output channels 2.0 ms). The forward and the weight
+ * gradient split the output channels, the input gradient the input
+ * channels, into at most TF_DNNL_CONV_PIECES groups of at least
+ * TF_DNNL_GW_CHANNELS. Grouped convolutions are split by images. */
+static bool conv_split_by_channel(const tf_conv_geom *g, tf_dnnl_dir dir, int64_t *pieces)
+{
+    int64_t ch = dir == TF_DNNL_BWD_DATA ? g->C : g->O;
+    if (g->G != 1 || ch < 2 * TF_DNNL_GW_CHANNELS || g->O * g->Cg * g->KH * g->KW <= g->N * g->C * g->H * g->W) return false;
+    *pieces = ch / TF_DNNL_GW_CHANNELS < TF_DNNL_CONV_PIECES ? ch / TF_DNNL_GW_CHANNELS : TF_DNNL_CONV_PIECES;
+    return true;
+}
+
+/* What the pieces split: images, or (by_channel) the input gradient's input
+ * channels or the other directions' output channels. */
+static int64_t piece_units(const tf_dnnl_conv *c)
+{
+    return !c->by_channel ? c->g.N : c->dir == TF_DNNL_BWD_DATA ? c->g.C : c->g.O;
+}
+
+static void piece_range(const tf_dnnl_conv *c, int64_t q, int64_t *u0, int64_t *u1)
+{
+    int64_t U = piece_units(c);
+    *u0 = U * q / c->pieces, *u1 = U * (q + 1) / c->pieces;
+}
+
+static int piece_variant(const tf_dnnl_conv *c, int64_t q)
+{
+    int64_t u0, u1;
+    piece_range(c, q, &u0, &u1);
+    const variant *v = &c->v[0];
+    return u1 - u0 == (!c->by_channel ? v->mb : c->dir == TF_DNNL_BWD_DATA ? v->ic : v->oc) ? 0 : 1;
+}
+
+/* The variant for pieces of `units` images or channels. */
+static bool variant_for(tf_dnnl_conv *c, variant *v, int64_t units, char *why, size_t n)
+{
+    const tf_conv_geom *g = &c->g;
+    if (!c->by_channel) return variant_make(c, v, units, g->O, g->C, why, n);
+    return c->dir == TF_DNNL_BWD_DATA ? variant_make(c, v, g->N, g->O, units, why, n) : variant_make(c, v, g->N, units, g->C, why, n);
 }
 
 tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool bias, bool relu, bool blocked, int threads,
@@ -305,29 +392,17 @@ tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool b
     c->dir = dir, c->g = *g, c->bias = bias && dir == TF_DNNL_FWD, c->relu = relu && dir == TF_DNNL_FWD, c->blocked = blocked;
     c->plain16 = dir == TF_DNNL_FWD;
     c->pieces = dir == TF_DNNL_BWD_WEIGHTS ? tf_conv_grad_weight_groups(g) : g->N < TF_DNNL_CONV_PIECES ? g->N : TF_DNNL_CONV_PIECES;
-    /* A weight gradient larger than its input (deep layers at small images:
-     * ResNet-18's 512 -> 512 3x3 convs at 2x2, batch 4, 2.4 M weights from
-     * 8 K inputs) splits by output channels: each piece computes its
-     * channels' slice of the gradient over the whole batch, written once
-     * where it belongs, instead of one whole gradient per group of images
-     * added up afterwards (four 9.4 MB partials, a 9.5 ms call; with the
-     * split 1.1 ms). Either way the pieces follow from the shape alone, so
-     * the result does not depend on the thread count. */
+    c->by_channel = conv_split_by_channel(g, dir, &c->pieces);   /* either way the shape alone decides the pieces */
     int64_t wsize = g->O * g->Cg * g->KH * g->KW;
-    if (dir == TF_DNNL_BWD_WEIGHTS && g->G == 1 && g->O >= 2 * TF_DNNL_GW_CHANNELS && wsize > g->N * g->C * g->H * g->W) {
-        c->by_channel = true;
-        c->pieces = g->O / TF_DNNL_GW_CHANNELS < TF_DNNL_CONV_PIECES ? g->O / TF_DNNL_GW_CHANNELS : TF_DNNL_CONV_PIECES;
-    }
     c->threads = threads < 1 ? 1 : threads;
     /* primitives are made for one thread: oneDNN sizes its blocking by the
      * OpenMP threads of the thread that creates them */
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    int64_t units = c->by_channel ? g->O : g->N, lo = units / c->pieces, hi = (units + c->pieces - 1) / c->pieces;
-    bool good = c->by_channel ? variant_make(c, &c->v[0], g->N, hi, why, n) : variant_make(c, &c->v[0], hi, g->O, why, n);
+    int64_t units = piece_units(c), lo = units / c->pieces, hi = (units + c->pieces - 1) / c->pieces;
+    bool good = variant_for(c, &c->v[0], hi, why, n);
     c->nv = 1;
-    if (good && lo != hi)
-        good = c->by_channel ? variant_make(c, &c->v[1], g->N, lo, why, n) : variant_make(c, &c->v[1], lo, g->O, why, n), c->nv = 2;
+    if (good && lo != hi) good = variant_for(c, &c->v[1], lo, why, n), c->nv = 2;
     omp_set_num_threads(prev);
     if (good && !(c->streams = tf_calloc((size_t)c->threads, sizeof *c->streams))) good = false, snprintf(why, n, "out of memory");
     for (int t = 0; good && t < c->threads; t++)
@@ -338,8 +413,10 @@ tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool b
     }
     for (int i = 0; i < c->nv; i++) {
         if (c->v[i].piece_bytes > c->per_worker) c->per_worker = c->v[i].piece_bytes;
-        c->shared += up64(c->v[i].shared_bytes);
+        c->shared += c->v[i].state_bytes;
+        c->act += c->v[i].act_bytes;
     }
+    for (int64_t q = 0; c->by_channel && q < c->pieces; q++) c->shared += c->v[piece_variant(c, q)].slot_bytes;
     if (dir == TF_DNNL_BWD_WEIGHTS && !c->by_channel) c->partials = up64((size_t)(c->pieces * wsize) * sizeof(float));
     return c;
 }
@@ -383,20 +460,26 @@ void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n)
                                : a->arg == DNNL_ARG_DIFF_DST ? "diff_dst" : "diff_weights",
                                l, a->reorder ? " (reordered)" : "");
     }
+    const variant *v = &c->v[0];
     snprintf(out, n, "oneDNN %s (algorithm direct), %s; %lld pieces of %lld%s %s%s%s", impl, lay, (long long)c->pieces,
-             (long long)(c->by_channel ? c->v[0].oc : c->v[0].mb), c->nv > 1 ? " or fewer" : "",
-             c->by_channel ? "output channels over the whole batch" : "image(s)", c->bias ? ", bias in the primitive" : "",
-             c->relu ? ", ReLU post-op" : "");
+             (long long)(!c->by_channel ? v->mb : c->dir == TF_DNNL_BWD_DATA ? v->ic : v->oc), c->nv > 1 ? " or fewer" : "",
+             !c->by_channel ? "image(s)" : c->dir == TF_DNNL_BWD_DATA ? "input channels over the whole batch"
+                                                                   : "output channels over the whole batch",
+             c->bias ? ", bias in the primitive" : "", c->relu ? ", ReLU post-op" : "");
 }
 
-size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c) { return (size_t)c->threads * c->per_worker + c->shared + c->partials; }
+size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c)
+{
+    return (size_t)c->threads * c->per_worker + c->shared + c->partials + c->act;
+}
 
 typedef struct run_job {
     tf_dnnl_conv *c;
     const float *a, *b, *bias;
     float *out;
     unsigned char *scratch;
-    void *shared[2][4];      /* per variant, per argument: its reordered shared buffer */
+    void *shared[2][4];      /* per variant, per argument: its reordered A_STATE or A_ACT buffer */
+    void *slot[TF_DNNL_CONV_PIECES];   /* per piece: its reordered A_SLOT buffer (by_channel) */
     int workers;
     atomic_bool failed;
 } run_job;
@@ -416,7 +499,7 @@ static void *user_ptr(const run_job *j, const carg *a, int64_t q, int64_t u0)
     case DNNL_ARG_SRC: p = j->a; break;
     default: p = j->out; break;   /* DST, DIFF_SRC */
     }
-    return (void *)(p + (a->per_piece ? u0 * a->stride : 0));
+    return (void *)(p + (a->kind == A_PIECE || a->kind == A_SLOT ? u0 * a->stride : 0));
 }
 
 bool tf_dnnl_exec(dnnl_primitive_t p, dnnl_stream_t s, int nargs, const dnnl_exec_arg_t *args)
@@ -442,8 +525,9 @@ static bool reorder(dnnl_primitive_t r, dnnl_stream_t s, const dnnl_memory_desc_
 static bool run_piece(run_job *j, int t, int64_t q)
 {
     tf_dnnl_conv *c = j->c;
-    int64_t U = c->by_channel ? c->g.O : c->g.N, n0 = U * q / c->pieces, n1 = U * (q + 1) / c->pieces;
-    int vi = n1 - n0 == (c->by_channel ? c->v[0].oc : c->v[0].mb) ? 0 : 1;
+    int64_t n0, n1;
+    piece_range(c, q, &n0, &n1);
+    int vi = piece_variant(c, q);
     variant *v = &c->v[vi];
     dnnl_stream_t s = c->streams[t];
     unsigned char *ws = j->scratch + (size_t)t * c->per_worker, *at = ws + up64(v->scratchpad);
@@ -455,10 +539,12 @@ static bool run_piece(run_job *j, int t, int64_t q)
         carg *a = &v->args[i];
         void *u = user_ptr(j, a, q, n0);
         prim_ptr[i] = u;
-        if (a->reorder && a->per_piece) {
+        if (a->reorder && a->kind == A_PIECE) {
             prim_ptr[i] = at;
             at += up64(a->prim_bytes);
             if (!a->output) good = reorder(a->reorder, s, &a->user, u, &a->prim, prim_ptr[i]);
+        } else if (a->reorder && a->kind == A_SLOT) {
+            prim_ptr[i] = j->slot[q];
         } else if (a->reorder) {
             prim_ptr[i] = j->shared[vi][i];
         }
@@ -502,18 +588,34 @@ bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const floa
     atomic_init(&j.failed, false);
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    /* shared inputs (the weights) reordered once, before the pieces; into kept, only when they changed */
+    /* inputs shared by the pieces reordered before them: the weights (and
+     * each piece's slice of them) into kept, only when they changed; the
+     * activations at every call */
     unsigned char *sh = kept ? (unsigned char *)kept : (unsigned char *)scratch + (size_t)c->threads * c->per_worker;
+    unsigned char *act = (unsigned char *)scratch + (size_t)c->threads * c->per_worker + c->shared + c->partials;
     bool good = true;
     for (int vi = 0; vi < c->nv; vi++)
         for (int i = 0; i < c->v[vi].nargs; i++) {
             carg *ar = &c->v[vi].args[i];
-            if (!ar->reorder || ar->per_piece) continue;
-            j.shared[vi][i] = sh;
-            sh += up64(ar->prim_bytes);
-            if (!kept || refresh)
+            if (!ar->reorder || (ar->kind != A_STATE && ar->kind != A_ACT)) continue;
+            unsigned char **at = ar->kind == A_STATE ? &sh : &act;
+            j.shared[vi][i] = *at;
+            *at += up64(ar->prim_bytes);
+            if (ar->kind == A_ACT || !kept || refresh)
                 good = good && reorder(ar->reorder, c->streams[0], &ar->user, user_ptr(&j, ar, 0, 0), &ar->prim, j.shared[vi][i]);
         }
+    for (int64_t q = 0; c->by_channel && q < c->pieces; q++) {
+        variant *v = &c->v[piece_variant(c, q)];
+        for (int i = 0; i < v->nargs; i++) {
+            carg *ar = &v->args[i];
+            if (!ar->reorder || ar->kind != A_SLOT) continue;
+            int64_t u0, u1;
+            piece_range(c, q, &u0, &u1);
+            j.slot[q] = sh;
+            sh += up64(ar->prim_bytes);
+            if (!kept || refresh) good = good && reorder(ar->reorder, c->streams[0], &ar->user, user_ptr(&j, ar, q, u0), &ar->prim, j.slot[q]);
+        }
+    }
     omp_set_num_threads(prev);
     if (!good) return false;
     j.workers = tf_pool_threads(pool);

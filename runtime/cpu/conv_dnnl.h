@@ -8,9 +8,11 @@
  * forward and input gradient split the images into at most
  * TF_DNNL_CONV_PIECES contiguous groups, the weight gradient into
  * tf_conv_grad_weight_groups(g) groups whose partial weight gradients are
- * added in order, or, where the gradient is larger than the input, into
- * groups of at least TF_DNNL_GW_CHANNELS output channels over the whole
- * batch (each writes its own slice: nothing to add). A primitive is made per distinct group size (at most two)
+ * added in order. Where the weights outnumber the input images, the pieces
+ * are groups of at least TF_DNNL_GW_CHANNELS channels over the whole batch
+ * instead (output channels; the input gradient's input channels): each
+ * reads its slice of the weights and writes its slice of the result, so
+ * no piece reads every weight and no partials are added. A primitive is made per distinct group size (at most two)
  * when the session starts, so the bits a convolution produces do not depend
  * on the number of threads, and no OpenMP thread ever competes with the
  * pool's.

@@ -6,7 +6,8 @@
  *     `how` says ".onednn" (forward, input and weight gradients), and with
  *     --cpu-conv=im2col (tf_compile_options.cpu_conv_im2col) none does;
  *   - odd geometries (groups, dilation, stride, asymmetric padding, 1x1,
- *     batch 1, a batch the pieces do not divide), one training step each
+ *     batch 1, a batch the pieces do not divide, weights that outnumber the
+ *     images, split by channels unevenly), one training step each
  *     (forward, both gradients, the update) on both paths against the
  *     float64 interpreter, at test_cpu's tolerances;
  *   - the inference patterns conv + batchnorm (folded into a bias, which
@@ -164,9 +165,10 @@ static const geom geoms[] = {
     {"batch 1, 3x1 pad [1, 0]", 1, 3, 8, 5, 5, 3, 1, 1, 1, 1, 1, 0, 1, 1, true},
     {"batch 19 (pieces of 2 and 1), 2x3 no pad", 19, 3, 6, 7, 4, 2, 3, 1, 1, 2, 0, 0, 1, 1, false},
     {"dilation 3, pad 3, groups 2", 2, 4, 10, 9, 6, 3, 3, 2, 1, 1, 3, 3, 3, 3, true},
-    /* weight gradients larger than their input: split by output channels (grad_weight_split) */
+    /* weights outnumbering the images: split by channels (split_by_channel) */
     {"3x3 images, 64 -> 100 channels", 3, 64, 3, 3, 100, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
     {"2x2 images, 32 -> 64 channels, stride 2", 2, 32, 2, 2, 64, 3, 3, 1, 2, 2, 1, 1, 1, 1, false},
+    {"2x2 images, 100 -> 64 channels", 2, 100, 2, 2, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
 };
 
 /* One training step of conv(x * xs, w, b) -> mean(y * y): the forward, the
@@ -196,19 +198,38 @@ static void geometry_case(const geom *g, bool im2col)
     pair_free(&q);
 }
 
+static void rewrite_param(pair *q, const char *name);
+
 /* conv + batchnorm + relu in inference: batchnorm folds into the weights
  * and a per-channel bias, fuse makes conv's region with the epilogue
- * relu(conv + bias), which the oneDNN primitive writes itself. */
-static void epilogue_case(bool im2col, bool relu)
+ * relu(conv + bias), which the oneDNN primitive writes itself. `deep`: 64
+ * -> 100 channels at 2x2, whose forward splits by output channels (pieces
+ * of 34 and 33, each with its slice of the weights kept in oneDNN's layout
+ * and its slice of the bias); after set_state gives the weights new values
+ * the next run uses them. */
+static void epilogue_case(bool im2col, bool relu, bool deep)
 {
-    char text[1024], label[128];
-    snprintf(text, sizeof text, "input x : f32[3, 4, 9, 8]\nparam w : f32[6, 4, 3, 3] = uniform()\nparam g : f32[6] = uniform()\n"
-             "param b : f32[6] = uniform()\nbuffer m : f32[6] = uniform()\nbuffer v : f32[6] = ones()\n"
-             "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, m, v)\n%s\noutput r\n", relu ? "r = relu(n)" : "r = mul(n, 1.0)");
-    snprintf(label, sizeof label, "conv + batchnorm%s, NaN in the image [%s]", relu ? " + relu" : "", im2col ? "im2col" : "default");
+    char text[1024], label[160];
+    int n = deep ? 2 : 3, c = deep ? 64 : 4, o = deep ? 100 : 6, h = deep ? 2 : 9, w = deep ? 2 : 8;
+    snprintf(text, sizeof text, "input x : f32[%d, %d, %d, %d]\nparam w : f32[%d, %d, 3, 3] = uniform()\nparam g : f32[%d] = uniform()\n"
+             "param b : f32[%d] = uniform()\nbuffer m : f32[%d] = uniform()\nbuffer v : f32[%d] = ones()\n"
+             "c = conv2d(x, w, padding=1)\nn = batchnorm(c, g, b, m, v)\n%s\noutput r\n", n, c, h, w, o, c, o, o, o, o,
+             relu ? "r = relu(n)" : "r = mul(n, 1.0)");
+    snprintf(label, sizeof label, "conv %d -> %d at %dx%d + batchnorm%s, NaN in the image [%s]", c, o, h, w, relu ? " + relu" : "",
+             im2col ? "im2col" : "default");
     pair q;
-    if (pair_make(&q, label, text, TF_MODE_INFER, im2col, 2 * 72 + 4 * 8 + 4)) {   /* image 0, channel 2, (4, 4) */
+    if (pair_make(&q, label, text, TF_MODE_INFER, im2col, 2 * h * w + (h / 2) * w + w / 2)) {   /* image 0, channel 2, the middle */
         pair_compare(&q, label);
+        if (deep) {
+            rewrite_param(&q, "w");
+            if (tf_session_run(q.ref) || tf_session_run(q.cpu)) {
+                CHECK(0, "%s: second run: %s", label, tf_context_last_error(q.ctx));
+            } else {
+                char l2[200];
+                snprintf(l2, sizeof l2, "%s, after set_state(w)", label);
+                pair_compare(&q, l2);
+            }
+        }
         tf_tensor_view a, b;
         tf_session_output(q.ref, "r", &a);
         tf_session_output(q.cpu, "r", &b);
@@ -281,15 +302,18 @@ static bool fast_bf16(void)
 static void rewrite_param(pair *q, const char *name)
 {
     tf_tensor_view t = {0};
-    float buf[4096];
+    enum { MOST = 65536 };
+    float *buf = malloc(MOST * sizeof *buf);
     t.data = buf;
-    if (tf_session_get_state(q->cpu, name, &t, sizeof buf)) {
+    if (!buf || tf_session_get_state(q->cpu, name, &t, MOST * sizeof *buf)) {
         CHECK(0, "get_state %s: %s", name, tf_context_last_error(q->ctx));
+        free(buf);
         return;
     }
     for (int64_t i = 0; i < tc_numel(&t); i++) buf[i] = buf[i] * -1.5f + 0.25f;
     CHECK(!tf_session_set_state(q->cpu, name, &t) && !tf_session_set_state(q->ref, name, &t), "set_state %s: %s", name,
           tf_context_last_error(q->ctx));
+    free(buf);
 }
 
 static void gemm_case(const gemm_shape *g, bool openblas)
@@ -366,21 +390,26 @@ static void no_reference_code(void)
     }
 }
 
-/* The weight gradient of a convolution whose weights outnumber its input
- * (a deep layer at small images) is split by output channels over the whole
- * batch, in pieces the shape alone decides (of 34 and 33 channels for 100),
- * and one whose input is larger by images; grouped ones always by images.
- * The geometry cases above check both against the interpreter. */
-static void grad_weight_split(void)
+/* A convolution whose weights outnumber its input (a deep layer at small
+ * images) is split by channels over the whole batch, in pieces the shape
+ * alone decides (of 34 and 33 channels for 100): the forward and the weight
+ * gradient by output channels, the input gradient by input channels; one
+ * whose input is larger by images, and grouped ones always by images. The
+ * geometry cases above check both against the interpreter. */
+static void split_by_channel(void)
 {
     if (!tf_dnnl_available()) return;
-    static const struct { int n, c, hw, o, groups; const char *want; } cases[] = {
-        {3, 64, 3, 100, 1, "3 pieces of 34 or fewer output channels over the whole batch"},
-        {4, 512, 2, 512, 1, "16 pieces of 32 output channels over the whole batch"},
-        {2, 32, 2, 64, 1, "2 pieces of 32 output channels"},
-        {4, 64, 16, 64, 1, "4 pieces of 1 image(s)"},       /* input 65536 > weights 36864 */
-        {4, 64, 2, 128, 2, "4 pieces of 1 image(s)"},       /* grouped */
-        {2, 64, 2, 32, 1, "2 pieces of 1 image(s)"},        /* too few channels to split */
+    static const struct { tf_dnnl_dir dir; int n, c, hw, o, groups; const char *want; } cases[] = {
+        {TF_DNNL_BWD_WEIGHTS, 3, 64, 3, 100, 1, "3 pieces of 34 or fewer output channels over the whole batch"},
+        {TF_DNNL_BWD_WEIGHTS, 4, 512, 2, 512, 1, "16 pieces of 32 output channels over the whole batch"},
+        {TF_DNNL_BWD_WEIGHTS, 2, 32, 2, 64, 1, "2 pieces of 32 output channels"},
+        {TF_DNNL_BWD_WEIGHTS, 4, 64, 16, 64, 1, "4 pieces of 1 image(s)"},       /* input 65536 > weights 36864 */
+        {TF_DNNL_BWD_WEIGHTS, 4, 64, 2, 128, 2, "4 pieces of 1 image(s)"},       /* grouped */
+        {TF_DNNL_BWD_WEIGHTS, 2, 64, 2, 32, 1, "2 pieces of 1 image(s)"},        /* too few channels to split */
+        {TF_DNNL_FWD, 2, 64, 2, 100, 1, "3 pieces of 34 or fewer output channels over the whole batch"},
+        {TF_DNNL_FWD, 4, 64, 16, 64, 1, "4 pieces of 1 image(s)"},
+        {TF_DNNL_BWD_DATA, 2, 100, 2, 64, 1, "3 pieces of 34 or fewer input channels over the whole batch"},
+        {TF_DNNL_BWD_DATA, 2, 32, 2, 64, 1, "2 pieces of 1 image(s)"},           /* 32 input channels: too few */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         tf_conv_geom g = {.N = cases[i].n, .C = cases[i].c, .H = cases[i].hw, .W = cases[i].hw, .O = cases[i].o, .KH = 3,
@@ -388,12 +417,13 @@ static void grad_weight_split(void)
                           .dl = {1, 1}};
         g.Cg = g.C / g.G, g.Og = g.O / g.G;
         char why[256] = "", how[512] = "";
-        tf_dnnl_conv *c = tf_dnnl_conv_create(TF_DNNL_BWD_WEIGHTS, &g, false, false, true, 2, why, sizeof why);
-        CHECK(c != NULL, "weight gradient %d -> %d at %dx%d: %s", cases[i].c, cases[i].o, cases[i].hw, cases[i].hw, why);
+        tf_dnnl_conv *c = tf_dnnl_conv_create(cases[i].dir, &g, false, false, true, 2, why, sizeof why);
+        CHECK(c != NULL, "conv (direction %d) %d -> %d at %dx%d: %s", cases[i].dir, cases[i].c, cases[i].o, cases[i].hw, cases[i].hw,
+              why);
         if (!c) continue;
         tf_dnnl_conv_explain(c, how, sizeof how);
-        CHECK(strstr(how, cases[i].want) != NULL, "weight gradient %d -> %d at %dx%d, batch %d: expected '%s' in: %s", cases[i].c,
-              cases[i].o, cases[i].hw, cases[i].hw, cases[i].n, cases[i].want, how);
+        CHECK(strstr(how, cases[i].want) != NULL, "conv (direction %d) %d -> %d at %dx%d, batch %d: expected '%s' in: %s",
+              cases[i].dir, cases[i].c, cases[i].o, cases[i].hw, cases[i].hw, cases[i].n, cases[i].want, how);
         tf_dnnl_conv_free(c);
     }
 }
@@ -410,13 +440,14 @@ int main(void)
     printf("convolutions: %s\n", lib);
     for (int im2col = 0; im2col < 2; im2col++) {
         for (size_t i = 0; i < sizeof geoms / sizeof *geoms; i++) geometry_case(&geoms[i], im2col);
-        epilogue_case(im2col, true);
-        epilogue_case(im2col, false);
+        epilogue_case(im2col, true, false);
+        epilogue_case(im2col, false, false);
+        epilogue_case(im2col, true, true);
     }
     for (int openblas = 0; openblas < 2; openblas++)
         for (size_t i = 0; i < sizeof gemm_shapes / sizeof *gemm_shapes; i++) gemm_case(&gemm_shapes[i], openblas != 0);
     gemm_train_case();
     no_reference_code();
-    grad_weight_split();
+    split_by_channel();
     return check_report();
 }
