@@ -7,8 +7,12 @@ enough to run over the whole zoo (about 15 s a model).
     .venv/bin/python bench/zoo.py                       # every zoo model -> bench/results/DATE-zoo/
     .venv/bin/python bench/zoo.py --models resnet50,mobilenet_v2 --reps 7
 
-Per model and mode: `reps` interleaved repetitions, each the mean of
-`iters` steps of tfuse then `iters` of eager after one warm-up of each; the
+Per model and mode: `reps` interleaved repetitions, each the mean of n
+steps of tfuse then n of eager after two warm-up steps of each, with n the
+larger of `iters` and what makes each side's share of a repetition at least
+`--min-ms` (a 0.2 ms inference step timed 4 times is mostly the hand-over
+between the two runtimes' threads: PyTorch's OpenMP workers spin after
+its call while tfuse's wake, and the other way round); the
 ratio is tfuse/eager (below 1: tfuse is faster), the median of the
 per-repetition ratios with its range. The summary is the geometric mean of
 the ratios per mode and the worst model of each; a model slower than eager
@@ -35,13 +39,40 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, ZOO)
 
 
-def one(name, threads, reps, iters):
+def time_pair(f_tfuse, f_eager, reps, iters, min_ms):
+    """(median tfuse ms, median eager ms, median ratio, (min ratio, max
+    ratio)) over `reps` interleaved repetitions (module docstring)."""
+    for _ in range(2):
+        f_tfuse(), f_eager()
+    t0 = time.perf_counter()
+    f_tfuse()
+    t1 = time.perf_counter()
+    f_eager()
+    t2 = time.perf_counter()
+    n = max(iters, min(1000, math.ceil(min_ms / 1e3 / max(min(t1 - t0, t2 - t1), 1e-6))))
+    ts, es, rs = [], [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f_tfuse()
+        t1 = time.perf_counter()
+        for _ in range(n):
+            f_eager()
+        t2 = time.perf_counter()
+        ts.append((t1 - t0) / n * 1e3)
+        es.append((t2 - t1) / n * 1e3)
+        rs.append(ts[-1] / es[-1])
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    return med(ts), med(es), med(rs), (min(rs), max(rs))
+
+
+def one(name, threads, reps, iters, min_ms):
     """Times one model; prints one JSON line ("ZOO-SPEED {...}")."""
     import copy
     import torch
     import tfuse
     import models
-    from run import _feed, _time_pair, _where_time_goes, call
+    from run import _feed, _where_time_goes, call
     torch.set_num_threads(threads)
     spec = models.by_name(name)
     res = {"name": name, "family": spec.family, "source": spec.source}
@@ -56,7 +87,7 @@ def one(name, threads, reps, iters):
         feed = _feed(ex, case.inputs)
         stage = "infer"
         with torch.no_grad():
-            res["infer"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), reps, iters)
+            res["infer"] = time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), reps, iters, min_ms)
         if res["infer"][2] > 1:
             res["infer_why"] = _where_time_goes(sess, lambda: sess.run(**feed))
         sess = None
@@ -76,7 +107,7 @@ def one(name, threads, reps, iters):
             case.loss_fn(call(mt, case.inputs), *case.targets).backward()
             ot.step()
         stage = "train"
-        res["train"] = _time_pair(lambda: sess.train_step(**feed), eager_step, reps, max(1, iters // 2))
+        res["train"] = time_pair(lambda: sess.train_step(**feed), eager_step, reps, max(1, iters // 2), min_ms)
         if res["train"][2] > 1:
             res["train_why"] = _where_time_goes(sess, lambda: sess.train_step(**feed), 2)
     except Exception as e:   # the model's failure, reported in its row
@@ -127,6 +158,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     ap.add_argument("--iters", type=int, default=4, help="inference steps per repetition (training: half)")
+    ap.add_argument("--min-ms", type=float, default=50.0,
+                    help="each side's least time per repetition, in ms (default 50): sets the steps for fast models")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per model (default 300)")
     ap.add_argument("--out", help="results directory (default bench/results/DATE-zoo)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -134,7 +167,7 @@ def main(argv=None):
     if a.reps < 1 or a.iters < 1 or a.threads < 1:
         ap.error("--reps, --iters and --threads must be at least 1")
     if a.one:
-        one(a.one, a.threads, a.reps, a.iters)
+        one(a.one, a.threads, a.reps, a.iters, a.min_ms)
         return 0
     import models
     known = [s.name for s in models.ZOO]
@@ -157,7 +190,7 @@ def main(argv=None):
         for n in names:
             t0 = time.time()
             cmd = [sys.executable, os.path.abspath(__file__), "--one", n, "--threads", str(a.threads),
-                   "--reps", str(a.reps), "--iters", str(a.iters)]
+                   "--reps", str(a.reps), "--iters", str(a.iters), "--min-ms", str(a.min_ms)]
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
                 line = next((ln for ln in p.stdout.splitlines() if ln.startswith("ZOO-SPEED ")), None)
@@ -176,7 +209,7 @@ def main(argv=None):
             ft = f"{r['train'][2]:.2f}" if r.get("train") else "—"
             print(f"{n:28s} infer {fi:>5s}  train {ft:>5s}  {r['seconds']:6.1f} s  {r.get('error', '')}", flush=True)
     head = (f"tfuse {commit}, {platform.machine()}, {os.cpu_count()} CPUs, {a.threads} threads; load average "
-            f"{load:.2f} at the start; `bench/zoo.py --reps {a.reps} --iters {a.iters}`"
+            f"{load:.2f} at the start; `bench/zoo.py --reps {a.reps} --iters {a.iters} --min-ms {a.min_ms:g}`"
             f"{' --models ' + a.models if a.models else ''}; {time.time() - t_all:.0f} s")
     text = report(results, head)
     with open(os.path.join(out, "table.md"), "w") as f:
