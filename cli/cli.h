@@ -66,7 +66,7 @@ typedef struct args {
      * takes none), NULL where not given (the environment's default stands) */
     const char *setting[CLI_NSETTINGS];
     uint64_t jit_cache_kernels;   /* --jit-cache-kernels=N */
-    unsigned short seen[48];  /* how often each flag of main.c's table was given */
+    unsigned short seen[64];  /* how often each flag of main.c's table was given */
 } args;
 
 /* main.c

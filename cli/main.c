@@ -646,7 +646,7 @@ static int check_flags(const args *a)
     return 0;
 }
 
-_Static_assert(NFLAGS <= 48, "args.seen has 48 counters");
+_Static_assert(NFLAGS <= 64, "args.seen has 64 counters");
 
 char cli_rank_tag[32];
 

@@ -608,9 +608,8 @@ static bool axes_merge(const tf_kernel *k, int a)
  * major order is kept, so each element's flat index, and with it every
  * store, dropout draw and reduction lane, is the same. A kernel with an
  * index expression (iota) names its axes and keeps them. */
-static void merge_axes(tf_kernel *k)
+static void merge_axes_of(tf_kernel *k)
 {
-    if (k->kind != TF_K_ELEMENTWISE && k->kind != TF_K_REDUCTION) return;
     for (int e = 0; e < k->nexprs; e++)
         if (k->exprs[e].kind == TF_KX_INDEX) return;
     for (int a = k->rank - 2; a >= 0; a--) {
@@ -629,6 +628,13 @@ static void merge_axes(tf_kernel *k)
         k->reduce_mask = low | ((k->reduce_mask >> (a + 2)) << (a + 1));
         k->rank--;
     }
+}
+
+/* A library kernel's epilogue keeps the library op's shape (the GEMM and
+ * convolution code match their epilogues against it). */
+static void merge_axes(tf_kernel *k)
+{
+    if (k->kind == TF_K_ELEMENTWISE || k->kind == TF_K_REDUCTION) merge_axes_of(k);
 }
 
 tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d)
@@ -690,6 +696,81 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     tf_free(inside);
     if (st) tf_kernels_free(out);
     return st;
+}
+
+int tf_kernel_blocked(const tf_kernel *k, const bool *blocked, int64_t N, int64_t C, int64_t S, int64_t B, tf_kernel *out)
+{
+    if ((k->kind != TF_K_ELEMENTWISE && !(k->kind == TF_K_LIBRARY && k->nexprs)) || k->multi || B < 1 || C % B ||
+        N * C * S != space_numel(k) || N * C * S <= 0)
+        return 0;
+    for (int e = 0; e < k->nexprs; e++)
+        if (k->exprs[e].kind == TF_KX_INDEX || (k->exprs[e].kind == TF_KX_OP && k->exprs[e].op == TF_OP_DROPOUT_MASK)) return 0;
+    for (int t = 0; t < k->nstores; t++)
+        if (!blocked[k->stores[t].buf] || k->stores[t].reduced_domain) return 0;
+    tf_kernel o = *k;
+    o.bufs = tf_malloc((size_t)(k->nbufs ? k->nbufs : 1) * sizeof *o.bufs);
+    o.exprs = tf_malloc((size_t)(k->nexprs ? k->nexprs : 1) * sizeof *o.exprs);
+    o.stores = tf_malloc((size_t)(k->nstores ? k->nstores : 1) * sizeof *o.stores);
+    o.reds = NULL, o.nreds = 0;
+    if (!o.bufs || !o.exprs || !o.stores) {
+        tf_kernel_free(&o);
+        return -1;
+    }
+    memcpy(o.bufs, k->bufs, (size_t)k->nbufs * sizeof *o.bufs);
+    memcpy(o.exprs, k->exprs, (size_t)k->nexprs * sizeof *o.exprs);
+    memcpy(o.stores, k->stores, (size_t)k->nstores * sizeof *o.stores);
+    /* each axis (the library's shape merged as far as the loads allow) a run of whole n, c, s axes */
+    merge_axes_of(&o);
+    int64_t logical[3] = {C * S, S, 1}, fs[TF_MAX_RANK], f = 1;
+    for (int a = o.rank - 1; a >= 0; a--) {
+        fs[a] = f;
+        f *= o.dims[a];
+        bool lo = fs[a] == 1 || fs[a] == S || fs[a] == C * S, hi = f == S || f == C * S || f == N * C * S;
+        if (o.dims[a] > 1 && (!lo || !hi)) {
+            tf_kernel_free(&o);
+            return 0;
+        }
+    }
+    int rank = o.rank;
+    int64_t dims[TF_MAX_RANK];
+    memcpy(dims, o.dims, sizeof dims);
+    o.rank = 4;
+    memset(o.dims, 0, sizeof o.dims);
+    o.dims[0] = N, o.dims[1] = C / B, o.dims[2] = S, o.dims[3] = B;
+    o.reduce_mask = 0;
+    for (int e = 0; e < o.nexprs; e++) {
+        tf_kexpr *x = &o.exprs[e];
+        if (x->kind != TF_KX_LOAD) continue;
+        int64_t ls[3];   /* its step along n, c, s: the axis holding that flat stride, scaled within it */
+        for (int l = 0; l < 3; l++) {
+            ls[l] = 0;
+            for (int a = 0; a < rank; a++)
+                if (fs[a] <= logical[l] && logical[l] < fs[a] * dims[a]) ls[l] = x->strides[a] * (logical[l] / fs[a]);
+        }
+        memset(x->strides, 0, sizeof x->strides);
+        if (blocked[x->buf]) {
+            if ((N > 1 && ls[0] != C * S) || (C > 1 && ls[1] != S) || (S > 1 && ls[2] != 1) || x->offset || tf_type_numel(&o.bufs[x->buf].value->type) != N * C * S) {
+                tf_kernel_free(&o);
+                return 0;
+            }
+            x->strides[0] = C * S, x->strides[1] = B * S, x->strides[2] = B, x->strides[3] = 1;
+        } else {
+            x->strides[0] = ls[0], x->strides[1] = B * ls[1], x->strides[2] = ls[2], x->strides[3] = ls[1];
+        }
+        for (int a = 0; a < 4; a++)
+            if (o.dims[a] == 1) x->strides[a] = 0;
+    }
+    *out = o;
+    return 1;
+}
+
+void tf_kernel_free(tf_kernel *k)
+{
+    tf_free(k->bufs);
+    tf_free(k->exprs);
+    tf_free(k->reds);
+    tf_free(k->stores);
+    memset(k, 0, sizeof *k);
 }
 
 void tf_kernels_free(tf_kernel_plan *p)

@@ -147,6 +147,21 @@ int64_t tf_kernel_bytes(const tf_kernel *k);
  * reads or writes (values, their views, and memplan's arena placement). */
 bool tf_kernels_independent(const tf_kernel *a, const tf_kernel *b);
 
+/* k over the channel-blocked index space [N, C / B, S, B] in place of its
+ * own, whose elements (row-major) are the NCHW tensor's [N, C, S] (S = H *
+ * W): the buffers marked in blocked (one flag per k->bufs) are in the
+ * layout (n, c / B, s, c % B), as oneDNN's nChw16c is for B = 16, and are
+ * read and written there; the others are read where they are (an NCHW
+ * image, a per-channel bias, a scalar). Its stores then write blocked
+ * buffers by their flat index, which is the blocked layout's offset, so
+ * every stored buffer must be blocked. An elementwise kernel, or a library
+ * kernel's epilogue; no iota or dropout (both see the flat index), and
+ * each of k's axes must be a run of whole n, c, s axes. 1 when it made out
+ * (freed with tf_kernel_free), 0 when k is not such a kernel, -1 when out
+ * of memory (out untouched either way). */
+int tf_kernel_blocked(const tf_kernel *k, const bool *blocked, int64_t N, int64_t C, int64_t S, int64_t B, tf_kernel *out);
+void tf_kernel_free(tf_kernel *k);
+
 /* The reductions a kernel can hold (sum, mean, max): the ones both code
  * generators fold in their reduction loops. */
 bool tf_kernel_reduction_ok(int op);

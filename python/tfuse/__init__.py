@@ -354,7 +354,7 @@ def compile(source, mode="train", target=None, precision=None, dims=None, *, nam
     removed). settings: the target settings of tf_compile_options
     (include/tfuse_settings.def: llvm_pipeline, no_tf32, cuda_sync,
     cuda_fallback_all, cuda_explain, cuda_no_graphs, cpu_conv_im2col,
-    cpu_gemm_openblas, cpu_state_every, cpu_explain, numerics_exact, attention_decomposed,
+    cpu_gemm_openblas, cpu_state_every, cpu_conv_plain, cpu_explain, numerics_exact, attention_decomposed,
     data_parallel, allreduce_bucket;
     tfuse.settings() lists them); unset
     ones keep their defaults from the environment. outputs: compute only

@@ -277,7 +277,8 @@ static tf_status prepare(tf_session_t *s, cpu *c)
     c->jit_ms = (now_ns() - t0) / 1e6;
     for (int i = 0; i < c->plan->nkernels; i++)
         if (c->ks[i].how == RUN_CONV || c->ks[i].how == RUN_CONV_GI || c->ks[i].how == RUN_CONV_GW) tf_cpu_conv_choose(s, c, &c->ks[i]);
-    st = tf_cpu_plan_gemm_operands(s, c);
+    st = tf_cpu_plan_layouts(s, c);
+    if (!st) st = tf_cpu_plan_gemm_operands(s, c);
     return st ? st : tf_cpu_plan_packed_gemms(s, c);
 }
 
@@ -374,7 +375,7 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
         if (!ck->dgemm) tf_cpu_run_matmul(c, k->lib, ck->how == RUN_MATMUL_BF16);
         break;
     case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW:
-        tf_cpu_run_conv(c, ck);
+        if (tf_cpu_run_conv(c, ck)) return TF_OK;   /* the epilogue ran piece by piece */
         if (ck->epi_in_conv) return TF_OK;   /* the primitive wrote the epilogue's result */
         break;
     case RUN_POOL: case RUN_POOL_GRAD: tf_cpu_run_pool(c, k->lib, ck->how == RUN_POOL_GRAD); break;
@@ -477,6 +478,8 @@ static void cpu_free(tf_session_t *s)
         tf_dnnl_gemm_free(c->ks[i].dgemm);
     }
     tf_cpu_comm_free(c);
+    for (int i = 0; i < c->nrelaid; i++) tf_kernel_free(&c->relaid[i]);
+    tf_free(c->relaid);
     tf_free_aligned(c->gemm_scratch);
     tf_cache_release(c->cache);
     tf_free(c->ks);

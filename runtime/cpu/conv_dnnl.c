@@ -480,6 +480,8 @@ typedef struct run_job {
     unsigned char *scratch;
     void *shared[2][4];      /* per variant, per argument: its reordered A_STATE or A_ACT buffer */
     void *slot[TF_DNNL_CONV_PIECES];   /* per piece: its reordered A_SLOT buffer (by_channel) */
+    tf_dnnl_after_fn after;  /* run on each piece's images after it (NULL: none) */
+    void *after_arg;
     int workers;
     atomic_bool failed;
 } run_job;
@@ -563,6 +565,7 @@ static bool run_piece(run_job *j, int t, int64_t q)
         carg *a = &v->args[i];
         if (a->output && a->reorder) good = reorder(a->reorder, s, &a->prim, prim_ptr[i], &a->user, user_ptr(j, a, q, n0));
     }
+    if (good && j->after) j->after(j->after_arg, n0, n1);
     for (int i = 0; i < 5; i++)
         if (mem[i]) dnnl_memory_destroy(mem[i]);
     return good;
@@ -581,10 +584,54 @@ static void run_worker(void *arg, int64_t lo, int64_t hi)
 
 size_t tf_dnnl_conv_kept_bytes(const tf_dnnl_conv *c) { return c->shared; }
 
-bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
-                      void *scratch, void *kept, bool refresh)
+/* The argument of v for a forward convolution's image or result. */
+static carg *image_arg(variant *v, bool dst)
 {
-    run_job j = {.c = c, .a = a, .b = b, .bias = bias, .out = out, .scratch = scratch};
+    for (int i = 0; i < v->nargs; i++)
+        if (v->args[i].arg == (dst ? DNNL_ARG_DST : DNNL_ARG_SRC)) return &v->args[i];
+    return NULL;
+}
+
+bool tf_dnnl_conv_blocked_ok(const tf_dnnl_conv *c, bool dst)
+{
+    if (c->dir != TF_DNNL_FWD || c->by_channel) return false;
+    for (int i = 0; i < c->nv; i++) {
+        const variant *v = &c->v[i];
+        carg *a = image_arg((variant *)v, dst);
+        dnnl_memory_desc_t want;
+        dnnl_dims_t d = {v->mb, dst ? c->g.O : c->g.C, dst ? c->g.Ho : c->g.H, dst ? c->g.Wo : c->g.W};
+        if (!a || a->kind != A_PIECE || d[1] % 16 ||
+            dnnl_memory_desc_init_by_tag(&want, 4, d, dnnl_f32, dnnl_nChw16c) != dnnl_success || !dnnl_memory_desc_equal(&a->prim, &want))
+            return false;
+    }
+    return true;
+}
+
+void tf_dnnl_conv_take_blocked(tf_dnnl_conv *c, bool dst)
+{
+    for (int i = 0; i < c->nv; i++) {
+        carg *a = image_arg(&c->v[i], dst);
+        if (!a) continue;
+        a->user = a->prim;   /* the same size: nChw16c pads nothing when the channels are a multiple of 16 */
+        if (a->reorder) dnnl_primitive_destroy(a->reorder);
+        a->reorder = NULL;
+    }
+}
+
+bool tf_dnnl_conv_is_blocked(const tf_dnnl_conv *c, bool dst)
+{
+    carg *a = c->dir == TF_DNNL_FWD ? image_arg((variant *)&c->v[0], dst) : NULL;
+    return a && a->kind == A_PIECE && !a->reorder && dnnl_memory_desc_equal(&a->user, &a->prim) &&
+           tf_dnnl_conv_blocked_ok(c, dst);
+}
+
+bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
+                      void *scratch, void *kept, bool refresh, tf_dnnl_after_fn after, void *after_arg, bool *after_ran)
+{
+    bool by_images = c->dir == TF_DNNL_FWD && !c->by_channel;
+    run_job j = {.c = c, .a = a, .b = b, .bias = bias, .out = out, .scratch = scratch, .after = by_images ? after : NULL,
+                 .after_arg = after_arg};
+    if (after_ran) *after_ran = j.after != NULL;
     atomic_init(&j.failed, false);
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -657,13 +704,17 @@ tf_dnnl_conv *tf_dnnl_conv_create(tf_dnnl_dir dir, const tf_conv_geom *g, bool b
 }
 
 void tf_dnnl_conv_free(tf_dnnl_conv *c) { (void)c; }
+bool tf_dnnl_conv_blocked_ok(const tf_dnnl_conv *c, bool dst) { (void)c, (void)dst; return false; }
+void tf_dnnl_conv_take_blocked(tf_dnnl_conv *c, bool dst) { (void)c, (void)dst; }
+bool tf_dnnl_conv_is_blocked(const tf_dnnl_conv *c, bool dst) { (void)c, (void)dst; return false; }
 void tf_dnnl_conv_explain(const tf_dnnl_conv *c, char *out, size_t n) { (void)c, snprintf(out, n, "no oneDNN"); }
 size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c) { (void)c; return 0; }
 size_t tf_dnnl_conv_kept_bytes(const tf_dnnl_conv *c) { (void)c; return 0; }
 bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
-                      void *scratch, void *kept, bool refresh)
+                      void *scratch, void *kept, bool refresh, tf_dnnl_after_fn after, void *after_arg, bool *after_ran)
 {
-    (void)c, (void)pool, (void)a, (void)b, (void)bias, (void)out, (void)scratch, (void)kept, (void)refresh;
+    (void)c, (void)pool, (void)a, (void)b, (void)bias, (void)out, (void)scratch, (void)kept, (void)refresh, (void)after, (void)after_arg;
+    if (after_ran) *after_ran = false;
     return false;
 }
 

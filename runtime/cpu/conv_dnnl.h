@@ -53,14 +53,30 @@ size_t tf_dnnl_conv_scratch_bytes(const tf_dnnl_conv *c);
 /* Bytes of the weights reordered into the primitive's layout (0: it takes
  * them as they are), to keep them between runs. */
 size_t tf_dnnl_conv_kept_bytes(const tf_dnnl_conv *c);
+/* A forward convolution's image (`dst` false) or result (true) in oneDNN's
+ * blocked layout nChw16c, the layout its primitive computes in: whether it
+ * can take or give it as it is, without a reorder (pieces of images, the
+ * primitive's own layout nChw16c for every piece size), and, with
+ * tf_dnnl_conv_take_blocked, make it do so from then on (the caller's
+ * memory for that argument is then in nChw16c: cpu_layout.c). */
+bool tf_dnnl_conv_blocked_ok(const tf_dnnl_conv *c, bool dst);
+void tf_dnnl_conv_take_blocked(tf_dnnl_conv *c, bool dst);
+/* Whether a's layout of `arg` is nChw16c: for explain. */
+bool tf_dnnl_conv_is_blocked(const tf_dnnl_conv *c, bool dst);
+
 /* Forward: a = x, b = w, bias, out = y. Input gradient: a = dy, b = w,
  * out = dx. Weight gradient: a = x, b = dy, out = dw. scratch: 64-byte
  * aligned, tf_dnnl_conv_scratch_bytes. kept (64-byte aligned,
  * tf_dnnl_conv_kept_bytes; NULL: none): where the reordered weights stay
  * between runs, reordered again only when refresh (the weights changed);
- * without it they are reordered into scratch every run. false when a
- * primitive failed (nothing was written that the caller can rely on). */
+ * without it they are reordered into scratch every run. after (NULL:
+ * none), for a forward convolution split by images: called on the piece's
+ * thread with its images [n0, n1) once it has written them, while they are
+ * in that core's cache (the epilogue kernel's share of them); returns
+ * whether it was called (for every piece). false when a primitive failed
+ * (nothing was written that the caller can rely on). */
+typedef void (*tf_dnnl_after_fn)(void *arg, int64_t n0, int64_t n1);
 bool tf_dnnl_conv_run(tf_dnnl_conv *c, tf_pool *pool, const float *a, const float *b, const float *bias, float *out,
-                      void *scratch, void *kept, bool refresh);
+                      void *scratch, void *kept, bool refresh, tf_dnnl_after_fn after, void *after_arg, bool *after_ran);
 
 #endif

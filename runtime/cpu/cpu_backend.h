@@ -12,6 +12,8 @@
  *                  conversion;
  *   cpu_attention.c  flash_attention and its gradient over tiles (sgemm
  *                  per tile, the online softmax between);
+ *   cpu_layout.c   which activations stay in oneDNN's blocked layout
+ *                  between convolutions;
  *   cpu_explain.c  --cpu-explain, `tfuse doctor` and op support.
  * Almost all of it exists only in a build with LLVM (TFUSE_HAVE_LLVM). */
 #ifndef TF_RUNTIME_CPU_BACKEND_H
@@ -111,6 +113,8 @@ typedef struct cpu {
     double jit_ms;
     tf_cache_t *cache;     /* where its kernels are (the context's at the start), referenced */
     struct cpu_comm *comm; /* the allreduce kernels' buckets for the session's communicator (cpu_comm.c), or NULL */
+    tf_kernel *relaid;     /* kernels rebuilt over nChw16c's index space (cpu_layout.c), which ks[].k then point to */
+    int nrelaid;
 } cpu;
 
 /* v's elements. */
@@ -134,6 +138,11 @@ void *tf_cpu_own(cpu *c, size_t bytes);
 float *tf_cpu_scratch(cpu *c, size_t floats);
 /* How a library kernel's node runs: one of the RUN_* library cases, or RUN_FALLBACK (backend_cpu.c). */
 how tf_cpu_library_how(const tf_node *n);
+
+/* Inference: the activations that stay in nChw16c between convolutions,
+ * their convolutions told to take and give them as they are (after
+ * tf_cpu_conv_choose; cpu_layout.c). Out of memory is an error. */
+tf_status tf_cpu_plan_layouts(tf_session_t *s, cpu *c);
 
 /* ---- allreduce (cpu_comm.c) ---- */
 /* Plan kernel i, an allreduce: its operand into its bucket (sent when full), or a copy with one rank. */
@@ -224,8 +233,9 @@ const float *tf_cpu_as_f32(cpu *c, const tf_value *v, float *dst);
 void tf_cpu_from_f32(cpu *c, const tf_value *v, const float *src);
 /* How a convolution kernel runs: oneDNN's primitives, made now, or im2col (ck->conv_why says why). */
 void tf_cpu_conv_choose(tf_session_t *s, cpu *c, ckernel *ck);
-/* A convolution or one of its gradients. */
-void tf_cpu_run_conv(cpu *c, ckernel *ck);
+/* A convolution or one of its gradients; true when it also ran the
+ * kernel's epilogue (piece by piece, tf_dnnl_conv_run's after). */
+bool tf_cpu_run_conv(cpu *c, ckernel *ck);
 /* Pooling, or its gradient when grad. */
 void tf_cpu_run_pool(cpu *c, const tf_node *n, bool grad);
 /* gather, or scatter_add when scatter; false when an id is out of range. */

@@ -46,8 +46,11 @@ void tf_cpu_explain(FILE *f, const cpu *c)
             continue;
         }
         tf_dnnl_conv_explain(ck->dnnl, how, sizeof how);
-        fprintf(f, "cpu: kernel %s: %s through %s%s%s%s\n", ck->k->name, op, how,
+        bool bx = tf_dnnl_conv_is_blocked(ck->dnnl, false), by = tf_dnnl_conv_is_blocked(ck->dnnl, true);
+        fprintf(f, "cpu: kernel %s: %s through %s%s%s%s%s\n", ck->k->name, op, how,
                 ck->epi_in_conv ? "; the region's epilogue is in the primitive (no epilogue kernel)" : "",
+                bx && by ? "; image and result kept in nChw16c (no reorder)" : bx ? "; image kept in nChw16c (no reorder)"
+                : by ? "; result kept in nChw16c (no reorder)" : "",
                 ck->conv_why[0] ? "; " : "", ck->conv_why);
     }
 }

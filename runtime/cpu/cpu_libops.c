@@ -94,7 +94,16 @@ static void conv_geom(const tf_node *n, const tf_type *x, const tf_type *w, cons
     g->Ho = y->dims[2].n, g->Wo = y->dims[3].n, g->Og = g->O / g->G;
 }
 
-void tf_cpu_run_conv(cpu *c, ckernel *ck)
+typedef struct epi_job { ckernel *ck; const uint64_t *rt; } epi_job;
+
+/* The epilogue kernel over images [n0, n1) (its split axis is the images). */
+static void epi_piece(void *arg, int64_t n0, int64_t n1)
+{
+    const epi_job *e = arg;
+    e->ck->fn(e->ck->bufs, n0, n1, e->rt);
+}
+
+bool tf_cpu_run_conv(cpu *c, ckernel *ck)
 {
     const tf_node *n = ck->k->lib;
     how h = ck->how;
@@ -125,10 +134,15 @@ void tf_cpu_run_conv(cpu *c, ckernel *ck)
         const float *bias = n->nin > 2 ? in[2] : NULL;
         float *dst = out;
         if (ck->epi_in_conv) bias = ck->bufs[ck->epi_bias], dst = ck->bufs[ck->epi_out];
-        if (tf_dnnl_conv_run(ck->dnnl, c->pool, in[0], in[1], bias, dst, at, ck->kept, ck->kept_gen != c->state_gen)) {
+        /* an epilogue kernel split along the images runs on each piece's images as soon as they are written */
+        int ax = ck->fn && !ck->epi_in_conv && ov->type.dtype == TF_DT_F32 ? tf_kernel_split_axis(ck->k) : -1;
+        epi_job e = {ck, c->rt};
+        bool per_piece = ax == 0 && ck->k->dims[0] == g.N && h == RUN_CONV, ran = false;
+        if (tf_dnnl_conv_run(ck->dnnl, c->pool, in[0], in[1], bias, dst, at, ck->kept, ck->kept_gen != c->state_gen,
+                             per_piece ? epi_piece : NULL, &e, &ran)) {
             ck->kept_gen = c->state_gen;
             if (ov->type.dtype != TF_DT_F32 && !ck->epi_in_conv) tf_cpu_from_f32(c, ov, out);
-            return;
+            return ran;
         }
         /* a primitive failed at run time: im2col from now on (said by --cpu-explain) */
         tf_dnnl_conv_free(ck->dnnl);
@@ -142,6 +156,7 @@ void tf_cpu_run_conv(cpu *c, ckernel *ck)
     else if (h == RUN_CONV_GI) tf_cpu_conv2d_grad_input(c->pool, &g, in[0], in[1], out, col);
     else tf_cpu_conv2d_grad_weight(c->pool, &g, in[0], in[1], out, col, at);
     if (ov->type.dtype != TF_DT_F32) tf_cpu_from_f32(c, ov, out);
+    return false;
 }
 
 /* Whether storage of a and b overlaps. */

@@ -10,6 +10,8 @@
  *     images, split by channels unevenly), one training step each
  *     (forward, both gradients, the update) on both paths against the
  *     float64 interpreter, at test_cpu's tolerances;
+ *   - inference through a chain of convolutions whose activations stay in
+ *     oneDNN's nChw16c between them, bit for bit what NCHW gives;
  *   - the inference patterns conv + batchnorm (folded into a bias, which
  *     the oneDNN primitive adds itself) and conv + batchnorm + relu (the
  *     epilogue kernel keeps relu: oneDNN's ReLU post-op turned NaN into 0):
@@ -35,6 +37,7 @@
 #include "tfuse.h"
 
 static uint64_t g_seed;
+static bool g_conv_plain;   /* pair_make_with: --cpu-conv-layout=plain */
 
 typedef struct pair {
     tf_context_t *ctx;
@@ -67,6 +70,7 @@ static bool pair_make_with(pair *q, const char *label, const char *text, tf_mode
     o.target = TF_TARGET_CPU;
     o.cpu_conv_im2col = im2col;
     o.cpu_gemm_openblas = openblas;
+    o.cpu_conv_plain = g_conv_plain;
     if (tf_model_parse_string(q->ctx, label, text, strlen(text), NULL, 0, &q->m) || tf_program_compile(q->ctx, q->m, &o, &q->p) ||
         tf_session_create(q->ctx, q->p, TF_TARGET_INTERP, g_seed, &q->ref) ||
         tf_session_create(q->ctx, q->p, TF_TARGET_CPU, g_seed, &q->cpu)) {
@@ -245,6 +249,46 @@ static void epilogue_case(bool im2col, bool relu, bool deep)
               convs, onednn);
     }
     pair_free(&q);
+}
+
+/* Inference through a chain of convolutions whose activations stay in
+ * nChw16c between them (cpu_layout.c): a bias + ReLU epilogue and a 1x1
+ * convolution's scaling over the blocked layout, a residual add of two
+ * blocked values, an add of an NCHW input into a blocked value, and a
+ * global mean that needs NCHW again; one NaN in the image. Against the
+ * interpreter, and bit for bit against the same program with every value
+ * in NCHW (--cpu-conv-layout=plain): the layout moves values, it does not
+ * change one. */
+static void layout_chain_case(void)
+{
+    const char *text =
+        "input x : f32[4, 16, 8, 8]\ninput y : f32[4, 32, 8, 8]\n"
+        "param w1 : f32[32, 16, 3, 3] = uniform()\nparam b1 : f32[32] = uniform()\n"
+        "param w2 : f32[32, 32, 3, 3] = uniform()\nparam w3 : f32[32, 32, 1, 1] = uniform()\n"
+        "param w4 : f32[48, 32, 3, 3] = uniform()\n"
+        "c1 = conv2d(x, w1, b1, padding=1)\nr1 = relu(c1)\nc2 = conv2d(r1, w2, padding=1)\ns = add(c2, r1)\nr2 = relu(s)\n"
+        "c3 = conv2d(r2, w3)\nm = mul(c3, 0.5)\nt = add(m, y)\nc4 = conv2d(t, w4, padding=1)\ng = mean(c4, axes=[2, 3])\n"
+        "output g\n";
+    const char *label = "a chain of convolutions in nChw16c";
+    pair blocked, plain;
+    bool ok = pair_make(&blocked, label, text, TF_MODE_INFER, false, 3 * 64 + 27);   /* image 0, channel 3, (3, 3) */
+    g_conv_plain = true;
+    ok = pair_make(&plain, "the chain in NCHW", text, TF_MODE_INFER, false, 3 * 64 + 27) && ok;
+    g_conv_plain = false;
+    if (ok) {
+        pair_compare(&blocked, label);
+        tf_tensor_view a, b, r;
+        tf_session_output(blocked.cpu, "g", &a);
+        tf_session_output(plain.cpu, "g", &b);
+        tf_session_output(blocked.ref, "g", &r);
+        CHECK(memcmp(a.data, b.data, (size_t)tc_numel(&a) * sizeof(float)) == 0,
+              "%s: the result differs from the same program's with every value in NCHW", label);
+        int nans = 0;
+        for (int64_t i = 0; i < tc_numel(&a); i++) nans += isnan(((const float *)a.data)[i]) && isnan(((const float *)r.data)[i]);
+        CHECK(nans > 0, "%s: the image's NaN did not reach the result as it does in the interpreter", label);
+    }
+    pair_free(&blocked);
+    pair_free(&plain);
 }
 
 /* How many GEMM kernels ran, and how many of them with packed weights. */
@@ -449,5 +493,6 @@ int main(void)
     gemm_train_case();
     no_reference_code();
     split_by_channel();
+    layout_chain_case();
     return check_report();
 }
