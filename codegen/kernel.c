@@ -586,14 +586,15 @@ int tf_kernel_split_axis(const tf_kernel *k)
 }
 
 /* Whether axes a and a + 1 of k may be one axis: the same kind (both
- * reduced or both not; in a reduction only outer axes, so that the reduced
- * rows keep the shape the emitters block them by), and every load steps
- * them as one row-major axis (an axis of extent 1 goes with either
- * neighbour). */
+ * reduced or both not; two reduced axes only up to TF_KERNEL_MERGE_REDUCED
+ * elements together, the longest row the LLVM emitter keeps in one block,
+ * so that its blocks stay as they were), and every load steps them as one
+ * row-major axis (an axis of extent 1 goes with either neighbour). */
+enum { TF_KERNEL_MERGE_REDUCED = 4096 };
 static bool axes_merge(const tf_kernel *k, int a)
 {
     bool ra = (k->reduce_mask >> a) & 1, rb = (k->reduce_mask >> (a + 1)) & 1;
-    if (ra != rb || ra) return false;
+    if (ra != rb || (ra && k->dims[a] * k->dims[a + 1] > TF_KERNEL_MERGE_REDUCED)) return false;
     if (k->dims[a] == 1 || k->dims[a + 1] == 1) return true;
     for (int e = 0; e < k->nexprs; e++) {
         const tf_kexpr *x = &k->exprs[e];
@@ -606,7 +607,8 @@ static bool axes_merge(const tf_kernel *k, int a)
  * first: an update of a [512, 512, 3, 3] conv weight runs as one loop of
  * 2.4 M elements that vectorizes, not 262 144 loops of 3 that do not. Row-
  * major order is kept, so each element's flat index, and with it every
- * store, dropout draw and reduction lane, is the same. A kernel with an
+ * store, dropout draw and reduction lane (by its flat position among the
+ * reduced elements), is the same. A kernel with an
  * index expression (iota) names its axes and keeps them. */
 static void merge_axes_of(tf_kernel *k)
 {

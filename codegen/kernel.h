@@ -22,8 +22,8 @@
  * load carries the permuted, zero or stepped strides and the slice's offset.
  *
  * The index space is the region's shape with adjacent axes merged where
- * every load steps them as one row-major axis (outer axes only, in a
- * reduction; kernel.c merge_axes): a contiguous update of a [512, 512, 3, 3]
+ * every load steps them as one row-major axis (reduced ones up to 4096
+ * elements together; kernel.c merge_axes): a contiguous update of a [512, 512, 3, 3]
  * weight is one axis of 2.4 M elements, and flat indices are unchanged.
  *
  * Buffers are module values (inputs, params, buffers, results in the arena).
