@@ -39,40 +39,13 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, ZOO)
 
 
-def time_pair(f_tfuse, f_eager, reps, iters, min_ms):
-    """(median tfuse ms, median eager ms, median ratio, (min ratio, max
-    ratio)) over `reps` interleaved repetitions (module docstring)."""
-    for _ in range(2):
-        f_tfuse(), f_eager()
-    t0 = time.perf_counter()
-    f_tfuse()
-    t1 = time.perf_counter()
-    f_eager()
-    t2 = time.perf_counter()
-    n = max(iters, min(1000, math.ceil(min_ms / 1e3 / max(min(t1 - t0, t2 - t1), 1e-6))))
-    ts, es, rs = [], [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f_tfuse()
-        t1 = time.perf_counter()
-        for _ in range(n):
-            f_eager()
-        t2 = time.perf_counter()
-        ts.append((t1 - t0) / n * 1e3)
-        es.append((t2 - t1) / n * 1e3)
-        rs.append(ts[-1] / es[-1])
-    med = lambda xs: sorted(xs)[len(xs) // 2]
-    return med(ts), med(es), med(rs), (min(rs), max(rs))
-
-
 def one(name, threads, reps, iters, min_ms):
     """Times one model; prints one JSON line ("ZOO-SPEED {...}")."""
     import copy
     import torch
     import tfuse
     import models
-    from run import _feed, _where_time_goes, call
+    from run import _feed, _time_pair, _where_time_goes, call
     torch.set_num_threads(threads)
     spec = models.by_name(name)
     res = {"name": name, "family": spec.family, "source": spec.source}
@@ -87,7 +60,7 @@ def one(name, threads, reps, iters, min_ms):
         feed = _feed(ex, case.inputs)
         stage = "infer"
         with torch.no_grad():
-            res["infer"] = time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), reps, iters, min_ms)
+            res["infer"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), reps, iters, min_ms)
         if res["infer"][2] > 1:
             res["infer_why"] = _where_time_goes(sess, lambda: sess.run(**feed))
         sess = None
@@ -107,7 +80,7 @@ def one(name, threads, reps, iters, min_ms):
             case.loss_fn(call(mt, case.inputs), *case.targets).backward()
             ot.step()
         stage = "train"
-        res["train"] = time_pair(lambda: sess.train_step(**feed), eager_step, reps, max(1, iters // 2), min_ms)
+        res["train"] = _time_pair(lambda: sess.train_step(**feed), eager_step, reps, max(1, iters // 2), min_ms)
         if res["train"][2] > 1:
             res["train_why"] = _where_time_goes(sess, lambda: sess.train_step(**feed), 2)
     except Exception as e:   # the model's failure, reported in its row

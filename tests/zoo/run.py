@@ -207,22 +207,34 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def _time_pair(f_tfuse, f_eager, reps, iters):
-    """Interleaved repetitions: per repetition the mean time of `iters`
-    calls of each; returns (median tfuse ms, median eager ms, median ratio,
-    (min ratio, max ratio))."""
-    f_tfuse(), f_eager()   # warm
+def _time_pair(f_tfuse, f_eager, reps, iters, min_ms=0.0):
+    """Interleaved repetitions: per repetition the mean time of n calls of
+    each, n the larger of `iters` and what makes each side's share at least
+    min_ms (a fast step timed a few times measures the hand-over between
+    PyTorch's spinning OpenMP workers and tfuse's pool, bench/zoo.py);
+    returns (median tfuse ms, median eager ms, median ratio, (min ratio,
+    max ratio))."""
+    for _ in range(2):   # warm
+        f_tfuse(), f_eager()
+    n = iters
+    if min_ms > 0:
+        t0 = time.perf_counter()
+        f_tfuse()
+        t1 = time.perf_counter()
+        f_eager()
+        t2 = time.perf_counter()
+        n = max(iters, min(1000, math.ceil(min_ms / 1e3 / max(min(t1 - t0, t2 - t1), 1e-6))))
     ts, es, rs = [], [], []
     for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(n):
             f_tfuse()
         t1 = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(n):
             f_eager()
         t2 = time.perf_counter()
-        ts.append((t1 - t0) / iters * 1e3)
-        es.append((t2 - t1) / iters * 1e3)
+        ts.append((t1 - t0) / n * 1e3)
+        es.append((t2 - t1) / n * 1e3)
         rs.append(ts[-1] / es[-1])
     return _median(ts), _median(es), _median(rs), (min(rs), max(rs))
 
@@ -315,7 +327,7 @@ def run_one(name, speed, threads, steps):
         if speed:
             feed = _feed(ex, case.inputs)
             with torch.no_grad():
-                res["infer"]["ms"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), 5, 3)
+                res["infer"]["ms"] = _time_pair(lambda: sess.run(**feed), lambda: call(model, case.inputs), 5, 3, 50.0)
             if res["infer"]["ms"][2] > 1:
                 res["infer"]["why"] = _where_time_goes(sess, lambda: sess.run(**feed))
         sess = prog = None   # freed before the training runs
@@ -394,7 +406,7 @@ def run_one(name, speed, threads, steps):
                     ot.zero_grad()
                     case.loss_fn(call(mt, case.inputs), *case.targets).backward()
                     ot.step()
-                res[opt_name]["ms"] = _time_pair(lambda: sess.train_step(**feed), eager_step, 5, 2)
+                res[opt_name]["ms"] = _time_pair(lambda: sess.train_step(**feed), eager_step, 5, 2, 50.0)
                 if res[opt_name]["ms"][2] > 1:
                     res[opt_name]["why"] = _where_time_goes(sess, lambda: sess.train_step(**feed), 2)
             sess = prog = runs = sd64 = g64 = got = pairs = None
