@@ -487,7 +487,7 @@ typedef struct run_job {
 } run_job;
 
 /* The user's pointer of argument i for piece q, whose first image (or
- * output channel, by_channel) is u0. */
+ * channel, by_channel: piece_units) is u0. */
 static void *user_ptr(const run_job *j, const carg *a, int64_t q, int64_t u0)
 {
     const tf_dnnl_conv *c = j->c;
