@@ -639,6 +639,39 @@ static void merge_axes(tf_kernel *k)
     if (k->kind == TF_K_ELEMENTWISE || k->kind == TF_K_REDUCTION) merge_axes_of(k);
 }
 
+/* A reduced axis longer than TF_KERNEL_MERGE_REDUCED becomes two, [L / b,
+ * b] with b the largest multiple of 8 up to that many that divides L: the
+ * LLVM emitter adds a long row in blocks of its innermost reduced axes, and
+ * a row of 16 384 in one axis (a GroupNorm(1) over [C, H, W] flattened)
+ * had no block to take and was added one element at a time. Row-major
+ * order is kept, so every lane adds what it added. */
+static void split_long_rows(tf_kernel *k)
+{
+    if (k->kind != TF_K_REDUCTION) return;
+    for (int e = 0; e < k->nexprs; e++)
+        if (k->exprs[e].kind == TF_KX_INDEX) return;   /* it names its axes */
+    for (int a = k->rank - 1; a >= 0 && k->rank < TF_MAX_RANK; a--) {
+        int64_t L = k->dims[a], b = 0;
+        if (!((k->reduce_mask >> a) & 1) || L <= TF_KERNEL_MERGE_REDUCED) continue;
+        for (int64_t c = TF_KERNEL_MERGE_REDUCED; c >= 8 && !b; c -= 8)
+            if (L % c == 0) b = c;
+        if (!b) continue;
+        for (int e = 0; e < k->nexprs; e++) {
+            tf_kexpr *x = &k->exprs[e];
+            if (x->kind != TF_KX_LOAD) continue;
+            for (int q = k->rank; q > a + 1; q--) x->strides[q] = x->strides[q - 1];
+            x->strides[a + 1] = x->strides[a];
+            x->strides[a] *= b;
+        }
+        for (int q = k->rank; q > a + 1; q--) k->dims[q] = k->dims[q - 1];
+        k->dims[a] = L / b, k->dims[a + 1] = b;
+        unsigned low = k->reduce_mask & ((1u << (a + 1)) - 1), high = k->reduce_mask >> (a + 1);
+        k->reduce_mask = low | (high << (a + 2)) | (1u << (a + 1));
+        k->rank++;
+        return;   /* one: the emitter's blocks come from the innermost reduced axes */
+    }
+}
+
 tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *d)
 {
     memset(out, 0, sizeof *out);
@@ -686,6 +719,7 @@ tf_ir_status tf_kernels_build(const tf_module *m, tf_kernel_plan *out, tf_diag *
     for (int i = 0; !st && i < out->nkernels; i++) {
         tf_kernel *k = &out->kernels[i];
         merge_axes(k);
+        split_long_rows(k);
         for (int b = 0; b < k->nbufs; b++) {
             k->bufs[b].disjoint = true;
             for (int c = 0; c < k->nbufs && k->bufs[b].disjoint; c++)
