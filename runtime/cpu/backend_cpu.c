@@ -375,7 +375,12 @@ static tf_status run_kernel(tf_session_t *s, cpu *c, ckernel *ck)
         if (!ck->dgemm) tf_cpu_run_matmul(c, k->lib, ck->how == RUN_MATMUL_BF16);
         break;
     case RUN_CONV: case RUN_CONV_GI: case RUN_CONV_GW:
-        if (tf_cpu_run_conv(c, ck)) return TF_OK;   /* the epilogue ran piece by piece */
+        if (tf_cpu_run_conv(c, ck)) {   /* the epilogue ran piece by piece */
+            if (ck->conv_failed)
+                return tf_set_error(s->ctx, TF_ERR_RUNTIME, "error: kernel %s: a oneDNN convolution primitive failed (--cpu-conv=im2col "
+                                    "avoids oneDNN; --cpu-conv-layout=plain keeps the images in NCHW)", k->name);
+            return TF_OK;
+        }
         if (ck->epi_in_conv) return TF_OK;   /* the primitive wrote the epilogue's result */
         break;
     case RUN_POOL: case RUN_POOL_GRAD: tf_cpu_run_pool(c, k->lib, ck->how == RUN_POOL_GRAD); break;

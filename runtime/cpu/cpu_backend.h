@@ -70,6 +70,7 @@ typedef struct ckernel {
     int label_expr;        /* a one_hot whose labels load an integer buffer (checked before the kernel), or -1 */
     tf_dnnl_conv *dnnl;    /* RUN_CONV*: oneDNN's primitives, or NULL: im2col (conv_why says why) */
     bool epi_in_conv;      /* RUN_CONV: the primitive writes the region's epilogue (bias, ReLU): fn does not run */
+    bool conv_failed;      /* RUN_CONV*: a primitive failed where im2col cannot take over (tf_cpu_run_conv) */
     int epi_bias, epi_out; /* then: the bias's buffer and the stored result's (indices into k->bufs) */
     char conv_why[320];
     tf_dnnl_gemm *dgemm;   /* RUN_MATMUL(_BF16): oneDNN with the weights packed (cpu_gemm.c's planning), or NULL: OpenBLAS (gemm_why) */
@@ -234,7 +235,9 @@ void tf_cpu_from_f32(cpu *c, const tf_value *v, const float *src);
 /* How a convolution kernel runs: oneDNN's primitives, made now, or im2col (ck->conv_why says why). */
 void tf_cpu_conv_choose(tf_session_t *s, cpu *c, ckernel *ck);
 /* A convolution or one of its gradients; true when it also ran the
- * kernel's epilogue (piece by piece, tf_dnnl_conv_run's after). */
+ * kernel's epilogue (piece by piece, tf_dnnl_conv_run's after), or when a
+ * primitive failed where im2col cannot take over (ck->conv_failed: the
+ * step fails). */
 bool tf_cpu_run_conv(cpu *c, ckernel *ck);
 /* Pooling, or its gradient when grad. */
 void tf_cpu_run_pool(cpu *c, const tf_node *n, bool grad);

@@ -105,6 +105,7 @@ static void epi_piece(void *arg, int64_t n0, int64_t n1)
 
 bool tf_cpu_run_conv(cpu *c, ckernel *ck)
 {
+    ck->conv_failed = false;
     const tf_node *n = ck->k->lib;
     how h = ck->how;
     const tf_value *xv, *wv, *yv, *ov = n->out;
@@ -144,7 +145,13 @@ bool tf_cpu_run_conv(cpu *c, ckernel *ck)
             if (ov->type.dtype != TF_DT_F32 && !ck->epi_in_conv) tf_cpu_from_f32(c, ov, out);
             return ran;
         }
-        /* a primitive failed at run time: im2col from now on (said by --cpu-explain) */
+        /* a primitive failed at run time: im2col from now on (said by --cpu-explain), unless the images are in
+         * nChw16c, which im2col cannot read, or an epilogue already ran on some pieces (its result may be
+         * where the image was): then the step fails */
+        if (per_piece || tf_dnnl_conv_is_blocked(ck->dnnl, false) || tf_dnnl_conv_is_blocked(ck->dnnl, true)) {
+            ck->conv_failed = true;
+            return true;
+        }
         tf_dnnl_conv_free(ck->dnnl);
         ck->dnnl = NULL;
         ck->epi_in_conv = false;
