@@ -229,6 +229,19 @@ void tf_loader_free(tf_loader_t *L)
     tf_free(L);
 }
 
+/* The name of the dim that input `in`'s first axis is declared with, or
+ * NULL when it is a number. */
+static const char *batch_dim(const tf_program_t *p, const char *in)
+{
+    for (int i = 0; i < p->inputs.n; i++) {
+        const tf_value *v = p->inputs.items[i];
+        if (strcmp(v->name, in) || v->type.rank < 1) continue;
+        int32_t sym = v->type.dims[0].sym;
+        return sym >= 0 && sym < p->m->ndims ? p->m->dims[sym].name : NULL;
+    }
+    return NULL;
+}
+
 /* Match every source to an input, and every input to a source. */
 static tf_status match_inputs(tf_loader_t *L, const tf_program_t *p, const char *name)
 {
@@ -272,7 +285,7 @@ static tf_status match_inputs(tf_loader_t *L, const tf_program_t *p, const char 
 }
 
 /* Load every array and check it against its input. */
-static tf_status load_arrays(tf_loader_t *L, const char *name)
+static tf_status load_arrays(tf_loader_t *L, const tf_program_t *p, const char *name)
 {
     for (size_t i = 0; i < L->ncol; i++) {
         column *c = &L->col[i];
@@ -316,14 +329,22 @@ static tf_status load_arrays(tf_loader_t *L, const char *name)
         }
     }
     if (L->n == 0) return tf_set_error(L->ctx, TF_ERR_INVALID_ARG, "error: %s: the arrays hold no samples", name);
-    if (L->shuffle && L->ranks == 1 && L->n < L->batch)
-        return tf_set_error(L->ctx, TF_ERR_INVALID_ARG,
-                            "error: %s has %" PRId64 " samples, fewer than one batch of %" PRId64
-                            " (the inputs' first axis; pick a smaller one with --dim)", name, L->n, L->batch);
-    if (L->shuffle && L->ranks > 1 && L->n < L->batch * L->ranks)
-        return tf_set_error(L->ctx, TF_ERR_INVALID_ARG,
-                            "error: %s has %" PRId64 " samples, fewer than one global batch of %d ranks x %" PRId64
-                            " (the inputs' first axis; pick a smaller one with --dim)", name, L->n, L->ranks, L->batch);
+    if (L->shuffle && L->n < L->batch * L->ranks) {
+        /* the remedy: the dim the first axis is declared with, or that there is none to set */
+        char how[320], glob[64] = "";
+        const char *dim = batch_dim(p, L->col[0].input);
+        int64_t fits = L->n / L->ranks > 0 ? L->n / L->ranks : 1;
+        if (dim)
+            snprintf(how, sizeof how, "the inputs' first axis, dim %s = %" PRId64 "; pick a smaller one with --dim %s=%" PRId64, dim,
+                     L->batch, dim, fits);
+        else
+            snprintf(how, sizeof how, "the inputs' first axis, %" PRId64 ", is a number in the model: declare a dim (dim B = %" PRId64
+                     ") and write it as the inputs' first axis to choose the batch with --dim", L->batch, L->batch);
+        if (L->ranks > 1) snprintf(glob, sizeof glob, "global batch of %d ranks x ", L->ranks);
+        else snprintf(glob, sizeof glob, "batch of ");
+        return tf_set_error(L->ctx, TF_ERR_INVALID_ARG, "error: %s has %" PRId64 " samples, fewer than one %s%" PRId64 " (%s)", name,
+                            L->n, glob, L->batch, how);
+    }
     return TF_OK;
 }
 
@@ -397,7 +418,7 @@ tf_status tf_loader_create(tf_context_t *ctx, const tf_program_t *p, const tf_da
             return tf_set_error(ctx, TF_ERR_OOM, "error: out of memory");
         }
     tf_status st = match_inputs(L, p, name);
-    if (!st) st = load_arrays(L, name);
+    if (!st) st = load_arrays(L, p, name);
     if (!st) st = make_ring(L);
     if (st) {
         tf_loader_free(L);

@@ -63,6 +63,17 @@ train {
 }
 EOF
 # An input without a batch axis.
+cat >"$tmp/literal.ir" <<'EOF'
+input  x : f32[4, 3]
+input  y : i64[4]
+param  w : f32[3, 5] = kaiming_uniform()
+lg   = linear(x, w)
+loss = cross_entropy(lg, y)
+output loss
+train {
+  optimizer = sgd(lr=0.1)
+}
+EOF
 cat >"$tmp/scalar.ir" <<'EOF'
 input  x : f32[]
 param  w : f32[] = ones()
@@ -132,7 +143,10 @@ expect 1 "x4.npy: the array is f32\[22, 4\], so its samples are \[4\]; input 'x'
   -- "$tfuse" train "$m" --data "x=$tmp/x4.npy,y=$tmp/y.npy"
 expect 1 "x.npy has 22 samples but .*y21.npy has 21" -- "$tfuse" train "$m" --data "x=$tmp/x.npy,y=$tmp/y21.npy"
 expect 1 "x64.npy: the array is f64, input 'x' is f32 \(no silent conversion" -- "$tfuse" train "$m" --data "x=$tmp/x64.npy,y=$tmp/y.npy"
-expect 1 "has 3 samples, fewer than one batch of 4" -- "$tfuse" train "$m" --data "x=$tmp/x3.npy,y=$tmp/y3.npy"
+expect 1 "has 3 samples, fewer than one batch of 4 \(the inputs' first axis, dim B = 4; pick a smaller one with --dim B=3\)" \
+  -- "$tfuse" train "$m" --data "x=$tmp/x3.npy,y=$tmp/y3.npy"
+expect 1 "fewer than one batch of 4 \(the inputs' first axis, 4, is a number in the model: declare a dim" \
+  -- "$tfuse" train "$tmp/literal.ir" --data "x=$tmp/x3.npy,y=$tmp/y3.npy"
 expect 0 "3 samples, batches of 3" -- "$tfuse" train "$m" --data "x=$tmp/x3.npy,y=$tmp/y3.npy" --dim B=3 --steps 1
 expect 1 "nope.npy.*cannot open" -- "$tfuse" train "$m" --data "x=$tmp/nope.npy,y=$tmp/y.npy"
 expect 1 "'x' is a scalar" -- "$tfuse" train "$tmp/scalar.ir" --data "x=$tmp/x.npy"
