@@ -608,8 +608,8 @@ static bool axes_merge(const tf_kernel *k, int a)
  * 2.4 M elements that vectorizes, not 262 144 loops of 3 that do not. Row-
  * major order is kept, so each element's flat index, and with it every
  * store, dropout draw and reduction lane (by its flat position among the
- * reduced elements), is the same. A kernel with an
- * index expression (iota) names its axes and keeps them. */
+ * reduced elements), is the same. A kernel with an index expression (iota)
+ * names its axes and keeps them. */
 static void merge_axes_of(tf_kernel *k)
 {
     for (int e = 0; e < k->nexprs; e++)
@@ -785,7 +785,8 @@ int tf_kernel_blocked(const tf_kernel *k, const bool *blocked, int64_t N, int64_
         }
         memset(x->strides, 0, sizeof x->strides);
         if (blocked[x->buf]) {
-            if ((N > 1 && ls[0] != C * S) || (C > 1 && ls[1] != S) || (S > 1 && ls[2] != 1) || x->offset || tf_type_numel(&o.bufs[x->buf].value->type) != N * C * S) {
+            if ((N > 1 && ls[0] != C * S) || (C > 1 && ls[1] != S) || (S > 1 && ls[2] != 1) || x->offset ||
+                tf_type_numel(&o.bufs[x->buf].value->type) != N * C * S) {
                 tf_kernel_free(&o);
                 return 0;
             }

@@ -2,28 +2,29 @@
  *
  * A oneDNN convolution computes in nChw16c (channels in blocks of 16
  * innermost) and, given tfuse's NCHW, reorders every piece's images into
- * that layout and its results back: on bench/models/resnet.ir's inference
- * that is a third of the step. Between two convolutions the NCHW copy is of
- * no use to anyone, so the values that only convolutions and layout-blind
- * kernels touch stay in nChw16c in memory, and the convolutions read and
- * write them as they are.
+ * that layout and its results back. Between two convolutions the NCHW copy
+ * is of no use to anyone, so the values that only convolutions and
+ * generated elementwise kernels touch stay in nChw16c in memory, and the
+ * convolutions read and write them as they are (bench/models/resnet.ir's
+ * inference: 7.2-7.8 ms against 8.0-8.8 ms, bench/RESULTS.md).
  *
- * A kernel is layout-blind when it is an elementwise kernel whose index
- * space (merged to one axis, kernel.c merge_axes) steps every image-sized
- * buffer it touches contiguously from its start, and every other load is a
- * scalar: the residual add and ReLU between two blocks. Element i of each of
- * its image-sized buffers is then the same (n, c, h, w) whatever that layout
- * is, so it computes the same values on nChw16c memory as on NCHW, provided
- * all of them are in the same layout and of one shape.
+ * An elementwise kernel that touches such values, a convolution's epilogue
+ * included, runs over the blocked index space [N, C/16, H*W, 16] instead of
+ * its own (tf_kernel_blocked): it reads and writes the blocked values there,
+ * reads the others (an NCHW image, a per-channel bias, a scalar) through
+ * permuted strides, and computes the same values element for element. It
+ * must store only blocked values: its stores write by the flat index, which
+ * is then the blocked layout's offset.
  *
  * A value is kept blocked when it is a 4-d f32 activation of a multiple of
  * 16 channels, written by a convolution that can give nChw16c as it is or
- * by a layout-blind kernel, and read only by convolutions that can take it
- * as it is and by layout-blind kernels whose other image-sized buffers are
- * blocked too; never an input, an output, state or a view's operand. The
- * largest such set is found by starting from every candidate and dropping
- * what breaks a rule until nothing changes. Only inference: a training
- * step's batch norms reduce over the channels of these values.
+ * by such an elementwise kernel, and read only by convolutions that can
+ * take it as it is and by elementwise kernels that can be rebuilt; never an
+ * input, an output, state or a view's operand. The largest such set is
+ * found by starting from every candidate and dropping what breaks a rule
+ * until nothing changes. Only inference: a training step's batch norms
+ * reduce over the channels of these values, and reductions over the
+ * blocked space ran at scalar speed (bench/RESULTS.md, 2026-11-29).
  * --cpu-conv-layout=plain (cpu_conv_plain) keeps every value in NCHW. */
 #include <string.h>
 
