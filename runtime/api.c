@@ -1321,8 +1321,8 @@ tf_status tf_array_load_npy(tf_context_t *ctx, const char *path, tf_array_t **ou
         return tf_set_error(ctx, st == TIO_ERR_IO ? TF_ERR_IO : st == TIO_ERR_OOM ? TF_ERR_OOM : TF_ERR_FORMAT, "%s", err);
     }
     if (a->t.dtype > TIO_BOOL) {
-        tf_set_error(ctx, TF_ERR_FORMAT, "%s: error: dtype %s is not one tfuse uses (f32 f16 bf16 f64 i64 i32 bool)", path,
-                     tio_dtype_name(a->t.dtype));
+        tf_set_error(ctx, TF_ERR_FORMAT, "error: %s: the array is %s, a dtype tfuse does not use: save it as one of f32 f16 "
+                     "f64 i64 i32 bool (numpy: arr.astype(np.float32), or np.int32 for ids)", path, tio_dtype_name(a->t.dtype));
         tf_array_free(a);
         return TF_ERR_FORMAT;
     }

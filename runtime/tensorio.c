@@ -634,8 +634,8 @@ static tio_status npy_header(pcur *c, const jval *d, tio_tensor *t, bool *swap, 
     size_t i = 0;
     while (de->len && i < NDT && !(DT[i].npy && !strcmp(de->str + 1, DT[i].npy))) i++;
     if (de->len < 2 || !strchr("<>=|", de->str[0]) || i == NDT)
-        return cfail(c, TIO_ERR_FORMAT, de->at, "unsupported descr '%s' (expected one of <f4 <f2 <f8 <i8 <i4 <i2 "
-                     "|i1 |u1 |b1, or these with byte order '>' or '=')", descr);
+        return cfail(c, TIO_ERR_FORMAT, de->at, "unsupported descr '%s' (tfuse reads <f4 <f2 <f8 <i8 <i4 |b1, and "
+                     "these with byte order '>' or '=')", descr);
     if (de->str[0] == '|' && DT[i].size > 1)
         return cfail(c, TIO_ERR_FORMAT, de->at, "descr '%s': byte order '|' is only valid for 1-byte types, "
                      "expected '<' or '>'", descr);
