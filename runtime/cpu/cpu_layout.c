@@ -141,18 +141,13 @@ static int enforce(cpu *c, bool *blocked, bool *mask)
  * leaves every value in NCHW. */
 static tf_status commit(tf_session_t *s, cpu *c, const bool *blocked, bool *mask)
 {
-    int n = 0;
-    for (int i = 0; i < c->plan->nkernels; i++) {
-        int r = elementwise(&c->ks[i]) ? relayable(c->ks[i].k, blocked, mask) : 0;
-        if (r < 0) return tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
-        n += r;
-    }
-    tf_kernel *ks = tf_calloc((size_t)(n ? n : 1), sizeof *ks);
-    int *which = tf_calloc((size_t)(n ? n : 1), sizeof *which);
-    jit_req *rs = tf_calloc((size_t)(n ? n : 1), sizeof *rs);
+    size_t n = (size_t)(c->plan->nkernels ? c->plan->nkernels : 1);   /* at most one each */
+    tf_kernel *ks = tf_calloc(n, sizeof *ks);
+    int *which = tf_calloc(n, sizeof *which);
+    jit_req *rs = tf_calloc(n, sizeof *rs);
     tf_status st = ks && which && rs ? TF_OK : tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");
     int made = 0;
-    for (int i = 0; !st && i < c->plan->nkernels && made < n; i++) {
+    for (int i = 0; !st && i < c->plan->nkernels; i++) {
         const ckernel *ck = &c->ks[i];
         int r = elementwise(ck) ? relaid(ck->k, blocked, mask, &ks[made]) : 0;
         if (r < 0) st = tf_set_error(s->ctx, TF_ERR_OOM, "error: out of memory");

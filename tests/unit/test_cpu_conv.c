@@ -202,7 +202,7 @@ static void geometry_case(const geom *g, bool im2col)
     pair_free(&q);
 }
 
-static void rewrite_param(pair *q, const char *name);
+static bool rerun_with_new_w(pair *q, const char *label);
 
 /* conv + batchnorm + relu in inference: batchnorm folds into the weights
  * and a per-channel bias, fuse makes conv's region with the epilogue
@@ -224,16 +224,7 @@ static void epilogue_case(bool im2col, bool relu, bool deep)
     pair q;
     if (pair_make(&q, label, text, TF_MODE_INFER, im2col, 2 * h * w + (h / 2) * w + w / 2)) {   /* image 0, channel 2, the middle */
         pair_compare(&q, label);
-        if (deep) {
-            rewrite_param(&q, "w");
-            if (tf_session_run(q.ref) || tf_session_run(q.cpu)) {
-                CHECK(0, "%s: second run: %s", label, tf_context_last_error(q.ctx));
-            } else {
-                char l2[200];
-                snprintf(l2, sizeof l2, "%s, after set_state(w)", label);
-                pair_compare(&q, l2);
-            }
-        }
+        if (deep) rerun_with_new_w(&q, label);
         tf_tensor_view a, b;
         tf_session_output(q.ref, "r", &a);
         tf_session_output(q.cpu, "r", &b);
@@ -360,6 +351,21 @@ static void rewrite_param(pair *q, const char *name)
     free(buf);
 }
 
+/* Param w rewritten in both sessions, both run again and compared; false
+ * when a run failed (reported). */
+static bool rerun_with_new_w(pair *q, const char *label)
+{
+    rewrite_param(q, "w");
+    if (tf_session_run(q->ref) || tf_session_run(q->cpu)) {
+        CHECK(0, "%s: second run: %s", label, tf_context_last_error(q->ctx));
+        return false;
+    }
+    char l2[300];
+    snprintf(l2, sizeof l2, "%s, after set_state(w)", label);
+    pair_compare(q, l2);
+    return true;
+}
+
 static void gemm_case(const gemm_shape *g, bool openblas)
 {
     char label[256];
@@ -378,16 +384,10 @@ static void gemm_case(const gemm_shape *g, bool openblas)
         unsigned char first[4] = {0};   /* the first element's bytes, whatever its dtype */
         size_t esz = before.dtype == TF_DTYPE_F32 ? 4 : 2;
         memcpy(first, before.data, esz);
-        rewrite_param(&q, "w");
-        if (tf_session_run(q.ref) || tf_session_run(q.cpu)) {
-            CHECK(0, "%s: second run: %s", label, tf_context_last_error(q.ctx));
-        } else {
-            char l2[300];
-            snprintf(l2, sizeof l2, "%s, after set_state(w)", label);
-            pair_compare(&q, l2);
+        if (rerun_with_new_w(&q, label)) {
             tf_tensor_view after;
             tf_session_output(q.cpu, "y", &after);
-            CHECK(memcmp(after.data, first, esz) != 0, "%s: the output did not change", l2);
+            CHECK(memcmp(after.data, first, esz) != 0, "%s, after set_state(w): the output did not change", label);
         }
     }
     pair_free(&q);
